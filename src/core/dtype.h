@@ -1,0 +1,58 @@
+// Element / block types of tensors. The numeric values are GGML's type ids as
+// stored in GGUF tensor infos (ggml.h `enum ggml_type`), so a DType read from a
+// file can be cast directly once validated with dtype_is_known().
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace quern {
+
+enum class DType : uint32_t {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
+    Q8_0 = 8,
+    Q8_1 = 9,
+    Q2_K = 10,
+    Q3_K = 11,
+    Q4_K = 12,
+    Q5_K = 13,
+    Q6_K = 14,
+    Q8_K = 15,
+    I8 = 24,
+    I16 = 25,
+    I32 = 26,
+    I64 = 27,
+    F64 = 28,
+    BF16 = 30,
+};
+
+/// Layout facts of one type: a tensor row of n elements (n a multiple of
+/// block_size) occupies n / block_size * type_size bytes.
+struct DTypeInfo {
+    DType type;
+    std::string_view name;  // as GGML names it: "q4_K" is written "Q4_K" here
+    int block_size;         // elements per block (1 for plain types)
+    int type_size;          // bytes per block
+};
+
+/// Facts for a known type; nullptr for a type id quern does not know.
+const DTypeInfo* dtype_info(uint32_t id);
+/// Facts for a known type (asserts it is known).
+const DTypeInfo& dtype_info(DType t);
+inline bool dtype_is_known(uint32_t id) { return dtype_info(id) != nullptr; }
+std::string_view dtype_name(DType t);
+/// Parses a name such as "Q4_K" or "q4_k" or "f16"; nullopt if unknown.
+std::optional<DType> dtype_from_name(std::string_view name);
+inline bool dtype_is_quantized(DType t) { return dtype_info(t).block_size > 1; }
+
+/// Bytes of one row of n elements. Throws quern::Error when n is not a multiple
+/// of the block size.
+size_t row_size(DType t, int64_t n);
+
+}  // namespace quern

@@ -1,0 +1,180 @@
+// GGUF reader and writer.
+//
+// Follows the GGUF specification (ggml/docs/gguf.md), versions 2 and 3:
+//   header:   magic "GGUF" (4 bytes), uint32 version, uint64 tensor_count,
+//             uint64 metadata_kv_count
+//   metadata: kv_count × { gguf_string key, uint32 value_type, value }
+//   tensors:  tensor_count × { gguf_string name, uint32 n_dims, uint64 ne[n_dims],
+//             uint32 ggml_type, uint64 offset (relative to the data section) }
+//   padding to general.alignment (default 32), then the data section.
+// gguf_string = uint64 length + bytes (not NUL-terminated). All little-endian.
+//
+// The reader memory-maps the file and validates everything before use: every
+// length and count against the bytes left in the file, every tensor's shape
+// product and byte size against overflow, every tensor's data range against the
+// file size and the alignment. Any violation throws quern::Error naming what
+// (key or tensor), where (byte offset) and why.
+#pragma once
+#include <array>
+#include <functional>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/mmap.h"
+#include "core/tensor.h"
+
+namespace quern {
+
+/// Metadata value types (gguf_metadata_value_type).
+enum class GgufType : uint32_t {
+    UINT8 = 0,
+    INT8 = 1,
+    UINT16 = 2,
+    INT16 = 3,
+    UINT32 = 4,
+    INT32 = 5,
+    FLOAT32 = 6,
+    BOOL = 7,
+    STRING = 8,
+    ARRAY = 9,
+    UINT64 = 10,
+    INT64 = 11,
+    FLOAT64 = 12,
+};
+std::string_view gguf_type_name(GgufType t);
+
+struct GgufValue;
+/// An array value: element type plus elements (arrays may nest).
+struct GgufArray {
+    GgufType type = GgufType::UINT8;
+    std::vector<GgufValue> items;
+};
+
+/// One metadata value. Integers are widened to int64/uint64, floats to double;
+/// `type` keeps the stored type so a writer can reproduce it.
+struct GgufValue {
+    GgufType type = GgufType::UINT8;
+    std::variant<uint64_t, int64_t, double, bool, std::string, GgufArray> v;
+
+    bool is_integer() const;
+    bool is_float() const;
+    /// Numeric value as int64 (integers only; throws quern::Error otherwise or
+    /// when a uint64 does not fit).
+    int64_t as_int() const;
+    /// Numeric value as double (integers and floats).
+    double as_double() const;
+    const std::string& as_string() const;  // throws unless STRING
+    bool as_bool() const;                  // throws unless BOOL
+    const GgufArray& as_array() const;     // throws unless ARRAY
+    /// Short human-readable rendering (arrays abbreviated after `max_items`).
+    std::string to_string(size_t max_items = 8) const;
+};
+
+struct GgufKV {
+    std::string key;
+    GgufValue value;
+};
+
+/// One tensor info entry, validated.
+struct GgufTensorInfo {
+    std::string name;
+    DType type = DType::F32;
+    int n_dims = 0;
+    std::array<int64_t, 4> ne{1, 1, 1, 1};
+    uint64_t offset = 0;   // absolute byte offset of the data in the file
+    uint64_t nbytes = 0;   // bytes of data
+};
+
+/// A GGUF file opened read-only and memory-mapped.
+class GgufFile {
+public:
+    /// Opens and validates `path`. Throws quern::Error on any malformed input.
+    explicit GgufFile(const std::string& path);
+
+    uint32_t version() const { return version_; }
+    uint64_t alignment() const { return alignment_; }
+    uint64_t data_offset() const { return data_offset_; }
+    const std::string& path() const { return file_->path(); }
+    uint64_t file_size() const { return file_->size(); }
+
+    const std::vector<GgufKV>& metadata() const { return kv_; }
+    const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+
+    /// Metadata lookup; nullptr when absent.
+    const GgufValue* find(std::string_view key) const;
+    /// Typed getters: throw quern::Error naming the key when it is missing (the
+    /// non-defaulted forms) or has an incompatible type.
+    int64_t get_int(std::string_view key) const;
+    int64_t get_int(std::string_view key, int64_t def) const;
+    double get_float(std::string_view key) const;
+    double get_float(std::string_view key, double def) const;
+    bool get_bool(std::string_view key, bool def) const;
+    std::string get_string(std::string_view key) const;
+    std::string get_string(std::string_view key, std::string_view def) const;
+    /// Arrays of the named element kind; throw if missing or of another kind.
+    std::vector<std::string> get_string_array(std::string_view key) const;
+    std::vector<float> get_float_array(std::string_view key) const;
+    std::vector<int64_t> get_int_array(std::string_view key) const;
+
+    /// Tensor lookup; nullptr when absent.
+    const GgufTensorInfo* find_tensor(std::string_view name) const;
+    /// A CPU view of a tensor's data inside the mapping (contiguous strides).
+    Tensor tensor_view(const GgufTensorInfo& info) const;
+    const uint8_t* data(const GgufTensorInfo& info) const { return file_->data() + info.offset; }
+
+private:
+    std::unique_ptr<MappedFile> file_;
+    uint32_t version_ = 0;
+    uint64_t alignment_ = 32;
+    uint64_t data_offset_ = 0;
+    std::vector<GgufKV> kv_;
+    std::vector<GgufTensorInfo> tensors_;
+};
+
+/// Builds a GGUF file (version 3) in memory-light streaming fashion: metadata
+/// and tensor infos are collected, then write() lays out the header, the infos
+/// and the aligned tensor data. Throws quern::Error on I/O errors or duplicate
+/// keys / tensor names.
+class GgufWriter {
+public:
+    void set(std::string key, GgufValue value);
+    void set_u32(std::string key, uint32_t v);
+    void set_i32(std::string key, int32_t v);
+    void set_f32(std::string key, float v);
+    void set_bool(std::string key, bool v);
+    void set_string(std::string key, std::string v);
+    void set_string_array(std::string key, std::vector<std::string> v);
+    void set_f32_array(std::string key, const std::vector<float>& v);
+    void set_i32_array(std::string key, const std::vector<int32_t>& v);
+    void set_alignment(uint32_t alignment);  // also writes general.alignment
+
+    /// Adds a tensor; `data` must hold row_size(type, ne[0]) * rows bytes and
+    /// stay valid until write() returns.
+    void add_tensor(std::string name, DType type, std::array<int64_t, 4> ne, int n_dims, const void* data);
+
+    /// Writes the file. `progress`, when set, is called with bytes written so far
+    /// and the total.
+    void write(const std::string& path,
+               const std::function<void(uint64_t done, uint64_t total)>& progress = {}) const;
+
+private:
+    struct PendingTensor {
+        std::string name;
+        DType type;
+        std::array<int64_t, 4> ne;
+        int n_dims;
+        const void* data;
+        uint64_t nbytes;
+    };
+    std::vector<GgufKV> kv_;
+    std::vector<PendingTensor> tensors_;
+    uint32_t alignment_ = 32;
+};
+
+}  // namespace quern

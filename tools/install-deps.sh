@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what quern needs to build and test: Debian packages (compiler
+# toolchain, libraries) and the PyPI packages the tests use. Safe to re-run.
+set -euo pipefail
+DEBS=(build-essential cmake ninja-build ccache pkg-config
+      libfmt-dev libpcre2-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libspdlog-dev
+      libgtest-dev libgmock-dev libbenchmark-dev python3-pip)
+missing=()
+for p in "${DEBS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  echo "quern: installing Debian packages: ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+PY=(numpy gguf)
+if ! python3 -c "import numpy, gguf" >/dev/null 2>&1; then
+  echo "quern: installing Python packages: ${PY[*]}" >&2
+  python3 -m pip install -q --disable-pip-version-check "${PY[@]}" 2>&1 | grep -v "WARNING: Running pip as" || true
+fi

@@ -1,0 +1,154 @@
+// Non-matmul CPU ops. These are a small share of the forward pass (the weight
+// products dominate); they are written for clarity with loops the compiler
+// vectorizes, except attention's inner products which use AVX2 when present.
+#include "backend/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "quant/reference.h"
+
+namespace quern::cpu {
+
+namespace {
+float dot_f32(const float* a, const float* b, int n);
+void axpy_f32(float a, const float* x, float* y, int n);
+}  // namespace
+
+// Defined in attention_avx2.cpp.
+float dot_f32_avx2(const float* a, const float* b, int n);
+void axpy_f32_avx2(float a, const float* x, float* y, int n);
+
+namespace {
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+
+float dot_f32(const float* a, const float* b, int n) {
+    if (kHaveAvx2) return dot_f32_avx2(a, b, n);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+    float s = 0;
+    for (; i < n; ++i) s += a[i] * b[i];
+    for (float x : acc) s += x;
+    return s;
+}
+
+void axpy_f32(float a, const float* x, float* y, int n) {
+    if (kHaveAvx2) return axpy_f32_avx2(a, x, y, n);
+    for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+}  // namespace
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps) {
+    for (int64_t r = 0; r < n; ++r) {
+        const float* xr = x + r * dim;
+        float* yr = y + r * dim;
+        double ss = 0.0;
+        for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+        const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+        for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+void rope(float* x, const int32_t* pos, int64_t n, int n_heads, int head_dim, int rope_dim,
+          float base, bool neox, const float* freq_factors) {
+    const int half = rope_dim / 2;
+    std::vector<float> inv_freq(static_cast<size_t>(half));
+    for (int i = 0; i < half; ++i) {
+        double f = std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
+        if (freq_factors) f /= freq_factors[i];
+        inv_freq[static_cast<size_t>(i)] = static_cast<float>(f);
+    }
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    for (int64_t t = 0; t < n; ++t) {
+        for (int i = 0; i < half; ++i) {
+            const double a = static_cast<double>(pos[t]) * inv_freq[static_cast<size_t>(i)];
+            cs[static_cast<size_t>(i)] = static_cast<float>(std::cos(a));
+            sn[static_cast<size_t>(i)] = static_cast<float>(std::sin(a));
+        }
+        for (int h = 0; h < n_heads; ++h) {
+            float* v = x + (t * n_heads + h) * head_dim;
+            for (int i = 0; i < half; ++i) {
+                const int i0 = neox ? i : 2 * i;
+                const int i1 = neox ? i + half : 2 * i + 1;
+                const float a = v[i0], b = v[i1];
+                const float c = cs[static_cast<size_t>(i)], s = sn[static_cast<size_t>(i)];
+                v[i0] = a * c - b * s;
+                v[i1] = a * s + b * c;
+            }
+        }
+    }
+}
+
+void swiglu(const float* gate, const float* up, float* out, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+}
+
+void add_inplace(float* y, const float* x, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) y[i] += x[i];
+}
+
+void get_rows(const Tensor& table, const int32_t* ids, int64_t n, float* out) {
+    const int64_t dim = table.ne[0];
+    for (int64_t i = 0; i < n; ++i) {
+        if (ids[i] < 0 || ids[i] >= table.ne[1])
+            fail("token id {} is outside the vocabulary [0, {})", ids[i], table.ne[1]);
+        dequantize_row_ref(table.type, table.row(ids[i]), out + i * dim, dim);
+    }
+}
+
+void softmax(float* x, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
+               int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
+               ThreadPool& pool) {
+    if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
+    const int group = n_head / n_head_kv;
+    const int64_t work = n * n_head;
+    pool.parallel_for(work, 1, [&](int64_t b, int64_t e, int) {
+        thread_local std::vector<float> scores;
+        for (int64_t w = b; w < e; ++w) {
+            const int64_t t = w / n_head;
+            const int h = static_cast<int>(w % n_head);
+            const int kvh = h / group;
+            const int64_t len = static_cast<int64_t>(pos[t]) + 1;
+            if (static_cast<int64_t>(scores.size()) < len) scores.resize(static_cast<size_t>(len));
+            const float* qh = q + (t * n_head + h) * head_dim;
+            float mx = -INFINITY;
+            for (int64_t p = 0; p < len; ++p) {
+                const float s = dot_f32(qh, k + p * kv_stride + kvh * head_dim, head_dim) * scale;
+                scores[static_cast<size_t>(p)] = s;
+                mx = std::max(mx, s);
+            }
+            float sum = 0.0f;
+            for (int64_t p = 0; p < len; ++p) {
+                const float e2 = std::exp(scores[static_cast<size_t>(p)] - mx);
+                scores[static_cast<size_t>(p)] = e2;
+                sum += e2;
+            }
+            float* o = out + (t * n_head + h) * head_dim;
+            std::fill(o, o + head_dim, 0.0f);
+            const float inv = 1.0f / sum;
+            for (int64_t p = 0; p < len; ++p)
+                axpy_f32(scores[static_cast<size_t>(p)] * inv, v + p * kv_stride + kvh * head_dim, o, head_dim);
+        }
+    });
+}
+
+}  // namespace quern::cpu

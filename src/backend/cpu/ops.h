@@ -1,0 +1,51 @@
+// CPU implementations of the non-matmul ops of a transformer forward pass.
+// All activations are float32, row-major with the innermost dimension first
+// (a row of `dim` floats per token). Each op has a scalar reference in
+// tests/kernel/ops_test.cpp.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace quern::cpu {
+
+/// RMSNorm (Zhang & Sennrich 2019): y = x / sqrt(mean(x²) + eps) * w, for n rows
+/// of `dim` floats. y may alias x.
+void rms_norm(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps);
+
+/// Rotary position embedding (Su et al. 2021, RoFormer) applied in place to n
+/// tokens × n_heads heads of head_dim floats (row stride n_heads*head_dim).
+/// Only the first rope_dim elements of each head rotate.
+///   neox = false: pairs (x[2i], x[2i+1])          (GGML_ROPE_TYPE_NORMAL, llama)
+///   neox = true:  pairs (x[i], x[i + rope_dim/2])   (GGML_ROPE_TYPE_NEOX)
+/// Angle for pair i at position p: p * base^(-2i/rope_dim) / freq_factors[i]
+/// (freq_factors may be null: all 1).
+void rope(float* x, const int32_t* pos, int64_t n, int n_heads, int head_dim, int rope_dim,
+          float base, bool neox, const float* freq_factors);
+
+/// SwiGLU (Shazeer 2020): out = silu(gate) * up elementwise, count elements.
+void swiglu(const float* gate, const float* up, float* out, int64_t count);
+
+/// y += x elementwise.
+void add_inplace(float* y, const float* x, int64_t count);
+
+/// Embedding lookup: row ids[i] of table (ne[0] = dim, ne[1] = rows, any type
+/// with a reference dequantizer) into out[i*dim ...]. Throws quern::Error for
+/// an id outside [0, rows).
+void get_rows(const Tensor& table, const int32_t* ids, int64_t n, float* out);
+
+/// Causal grouped-query attention (Ainslie et al. 2023) over a contiguous KV cache.
+///   q:   n tokens × n_head × head_dim (row stride n_head*head_dim)
+///   k,v: cache rows, one per position: n_head_kv × head_dim floats (row stride kv_stride floats)
+///   pos[i]: the position of query token i; it attends to cache positions 0..pos[i].
+///   out: n tokens × n_head × head_dim.
+/// Query head h reads KV head h / (n_head / n_head_kv). scale is usually 1/sqrt(head_dim).
+void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
+               int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
+               ThreadPool& pool);
+
+/// Numerically stable in-place softmax of n floats.
+void softmax(float* x, int64_t n);
+
+}  // namespace quern::cpu

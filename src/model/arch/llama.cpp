@@ -1,0 +1,162 @@
+// The Llama family (Llama 1/2/3, Mistral, SmolLM): pre-norm decoder blocks of
+// RMSNorm → GQA self-attention with RoPE → residual, RMSNorm → SwiGLU FFN →
+// residual; final RMSNorm and an output projection (tied to the token
+// embedding when output.weight is absent). Tensor names follow llama.cpp's GGUF
+// convention (token_embd, blk.N.attn_q, ..., output_norm, output).
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "model/model.h"
+
+namespace quern {
+
+namespace {
+
+struct Layer {
+    const Tensor* attn_norm;
+    const Tensor* wq;
+    const Tensor* wk;
+    const Tensor* wv;
+    const Tensor* wo;
+    const Tensor* ffn_norm;
+    const Tensor* w_gate;
+    const Tensor* w_up;
+    const Tensor* w_down;
+};
+
+class LlamaModel final : public Model {
+public:
+    LlamaModel(const ModelConfig& cfg, WeightStore w) : Model(cfg, std::move(w)) { bind(); }
+
+    void forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
+                 ThreadPool& pool) override;
+
+private:
+    void bind();
+    void ensure_scratch(int64_t nb);
+
+    const Tensor* tok_embd_ = nullptr;
+    const Tensor* out_norm_ = nullptr;
+    const Tensor* output_ = nullptr;
+    const Tensor* rope_freqs_ = nullptr;
+    std::vector<Layer> layers_;
+
+    int64_t scratch_rows_ = 0;
+    std::vector<float> x_, h_, q_, attn_, gate_, up_;
+    std::vector<int32_t> pos_;
+
+    static constexpr int64_t kBatch = 512;  // tokens per forward chunk
+};
+
+void LlamaModel::bind() {
+    const auto& c = cfg_;
+    const auto& mm = matmul_weight_types();
+    const std::vector<DType> f32{DType::F32};
+    tok_embd_ = &weights_.require("token_embd.weight", {c.n_embd, c.n_vocab}, mm);
+    out_norm_ = &weights_.require("output_norm.weight", {c.n_embd}, f32);
+    output_ = weights_.optional("output.weight", {c.n_embd, c.n_vocab}, mm);
+    if (!output_) output_ = tok_embd_;  // tied embeddings
+    rope_freqs_ = weights_.optional("rope_freqs.weight", {c.rope_dim / 2}, f32);
+    layers_.resize(static_cast<size_t>(c.n_layer));
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+        auto n = [&](const char* s) { return fmt::format("blk.{}.{}.weight", i, s); };
+        Layer& L = layers_[static_cast<size_t>(i)];
+        L.attn_norm = &weights_.require(n("attn_norm"), {c.n_embd}, f32);
+        L.wq = &weights_.require(n("attn_q"), {c.n_embd, c.q_dim()}, mm);
+        L.wk = &weights_.require(n("attn_k"), {c.n_embd, c.kv_dim()}, mm);
+        L.wv = &weights_.require(n("attn_v"), {c.n_embd, c.kv_dim()}, mm);
+        L.wo = &weights_.require(n("attn_output"), {c.q_dim(), c.n_embd}, mm);
+        L.ffn_norm = &weights_.require(n("ffn_norm"), {c.n_embd}, f32);
+        L.w_gate = &weights_.require(n("ffn_gate"), {c.n_embd, c.n_ff}, mm);
+        L.w_up = &weights_.require(n("ffn_up"), {c.n_embd, c.n_ff}, mm);
+        L.w_down = &weights_.require(n("ffn_down"), {c.n_ff, c.n_embd}, mm);
+    }
+}
+
+void LlamaModel::ensure_scratch(int64_t nb) {
+    if (nb <= scratch_rows_) return;
+    const auto& c = cfg_;
+    const auto sz = [nb](int64_t d) { return static_cast<size_t>(nb * d); };
+    x_.resize(sz(c.n_embd));
+    h_.resize(sz(c.n_embd));
+    q_.resize(sz(c.q_dim()));
+    attn_.resize(sz(c.q_dim()));
+    gate_.resize(sz(c.n_ff));
+    up_.resize(sz(c.n_ff));
+    pos_.resize(static_cast<size_t>(nb));
+    scratch_rows_ = nb;
+}
+
+void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
+                         ThreadPool& pool) {
+    const auto& c = cfg_;
+    if (n <= 0) return;
+    if (cache.kv_dim() != c.kv_dim()) fail("KV cache row size {} does not match the model ({})", cache.kv_dim(), c.kv_dim());
+    if (cache.size() + n > cache.n_ctx())
+        fail("context is full: {} tokens in the cache + {} new > context size {} (raise -c)", cache.size(), n,
+             cache.n_ctx());
+    for (int64_t i = 0; i < n; ++i)
+        if (tokens[i] < 0 || tokens[i] >= c.n_vocab)
+            fail("token id {} is outside the vocabulary [0, {})", tokens[i], c.n_vocab);
+
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float* ff = rope_freqs_ ? static_cast<const float*>(rope_freqs_->data) : nullptr;
+    const int64_t kvd = c.kv_dim();
+
+    for (int64_t b0 = 0; b0 < n; b0 += kBatch) {
+        const int64_t nb = std::min(kBatch, n - b0);
+        ensure_scratch(nb);
+        const int64_t p0 = cache.size();
+        for (int64_t i = 0; i < nb; ++i) pos_[static_cast<size_t>(i)] = static_cast<int32_t>(p0 + i);
+        float* x = x_.data();
+        float* h = h_.data();
+        cpu::get_rows(*tok_embd_, tokens + b0, nb, x);
+
+        for (int64_t il = 0; il < c.n_layer; ++il) {
+            const Layer& L = layers_[static_cast<size_t>(il)];
+            cpu::rms_norm(x, static_cast<const float*>(L.attn_norm->data), h, nb, c.n_embd, c.rms_eps);
+            float* kc = cache.k(il);
+            float* vc = cache.v(il);
+            cpu::matmul(*L.wq, h, nb, q_.data(), c.q_dim(), pool);
+            cpu::matmul(*L.wk, h, nb, kc + p0 * kvd, kvd, pool);
+            cpu::matmul(*L.wv, h, nb, vc + p0 * kvd, kvd, pool);
+            cpu::rope(q_.data(), pos_.data(), nb, static_cast<int>(c.n_head), static_cast<int>(c.head_dim),
+                      static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
+            cpu::rope(kc + p0 * kvd, pos_.data(), nb, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                      static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
+            cpu::attention(q_.data(), kc, vc, kvd, pos_.data(), nb, static_cast<int>(c.n_head),
+                           static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), scale, attn_.data(), pool);
+            cpu::matmul(*L.wo, attn_.data(), nb, h, c.n_embd, pool);
+            cpu::add_inplace(x, h, nb * c.n_embd);
+
+            cpu::rms_norm(x, static_cast<const float*>(L.ffn_norm->data), h, nb, c.n_embd, c.rms_eps);
+            cpu::matmul(*L.w_gate, h, nb, gate_.data(), c.n_ff, pool);
+            cpu::matmul(*L.w_up, h, nb, up_.data(), c.n_ff, pool);
+            cpu::swiglu(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
+            cpu::matmul(*L.w_down, gate_.data(), nb, h, c.n_embd, pool);
+            cpu::add_inplace(x, h, nb * c.n_embd);
+        }
+        cache.set_size(p0 + nb);
+
+        const float* onw = static_cast<const float*>(out_norm_->data);
+        if (all_logits) {
+            cpu::rms_norm(x, onw, h, nb, c.n_embd, c.rms_eps);
+            cpu::matmul(*output_, h, nb, logits + b0 * c.n_vocab, c.n_vocab, pool);
+        } else if (b0 + nb == n) {
+            cpu::rms_norm(x + (nb - 1) * c.n_embd, onw, h, 1, c.n_embd, c.rms_eps);
+            cpu::matmul(*output_, h, 1, logits, c.n_vocab, pool);
+        }
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama(const ModelConfig& cfg, WeightStore w) {
+    return std::make_unique<LlamaModel>(cfg, std::move(w));
+}
+
+}  // namespace quern

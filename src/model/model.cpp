@@ -1,0 +1,42 @@
+#include "model/model.h"
+
+#include "core/error.h"
+#include "formats/gguf.h"
+
+namespace quern {
+
+std::unique_ptr<Model> make_llama(const ModelConfig& cfg, WeightStore w);  // arch/llama.cpp
+
+const std::vector<DType>& matmul_weight_types() {
+    static const std::vector<DType> k{DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,
+                                      DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,
+                                      DType::Q4_K, DType::Q5_K, DType::Q6_K};
+    return k;
+}
+
+int64_t Model::n_params() const {
+    int64_t n = 0;
+    for (const auto& [name, t] : weights_.all()) n += t.nelements();
+    return n;
+}
+
+uint64_t Model::n_bytes() const {
+    uint64_t n = 0;
+    for (const auto& [name, t] : weights_.all()) n += t.nbytes();
+    return n;
+}
+
+std::unique_ptr<Model> Model::from_gguf(std::shared_ptr<GgufFile> file) {
+    ModelConfig cfg = ModelConfig::from_gguf(*file);
+    WeightStore w;
+    for (const auto& info : file->tensors()) w.add(file->tensor_view(info), file);
+    return from_weights(cfg, std::move(w));
+}
+
+std::unique_ptr<Model> Model::from_weights(const ModelConfig& cfg, WeightStore weights) {
+    cfg.validate();
+    if (cfg.arch == "llama") return make_llama(cfg, std::move(weights));
+    fail("model architecture '{}' is not supported", cfg.arch);
+}
+
+}  // namespace quern

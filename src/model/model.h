@@ -1,0 +1,51 @@
+// Model: a transformer's weights bound by name and shape, and its forward pass.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "runtime/kv_cache.h"
+
+namespace quern {
+
+class GgufFile;
+
+/// Weight types a matrix product may have on the CPU.
+const std::vector<DType>& matmul_weight_types();
+
+class Model {
+public:
+    virtual ~Model() = default;
+    const ModelConfig& config() const { return cfg_; }
+    const WeightStore& weights() const { return weights_; }
+
+    /// A KV cache for one sequence of up to n_ctx positions.
+    KvCache make_cache(int64_t n_ctx) const { return KvCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
+
+    /// Runs n tokens of one sequence at positions cache.size() .. cache.size()+n-1,
+    /// appending their keys/values to `cache`. Writes logits (n_vocab floats per
+    /// row) for every token when all_logits, else for the last token only.
+    /// Throws quern::Error when the cache would overflow or an id is out of range.
+    virtual void forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
+                         ThreadPool& pool) = 0;
+
+    /// Parameters (elements) and bytes of all weights.
+    int64_t n_params() const;
+    uint64_t n_bytes() const;
+
+    /// Builds the model described by a GGUF file (kept open by the model).
+    static std::unique_ptr<Model> from_gguf(std::shared_ptr<GgufFile> file);
+    /// Builds a model from a config and weights made elsewhere (synthetic models).
+    static std::unique_ptr<Model> from_weights(const ModelConfig& cfg, WeightStore weights);
+
+protected:
+    Model(ModelConfig cfg, WeightStore w) : cfg_(std::move(cfg)), weights_(std::move(w)) {}
+    ModelConfig cfg_;
+    WeightStore weights_;
+};
+
+}  // namespace quern

@@ -1,0 +1,98 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace quern {
+
+Sampler::Sampler(const SamplingParams& p, int64_t n_vocab) : p_(p), n_vocab_(n_vocab), rng_(p.seed) {
+    if (n_vocab <= 0) fail("sampler: vocabulary size must be positive");
+    if (p.temperature < 0 || !std::isfinite(p.temperature)) fail("temperature must be >= 0, got {}", p.temperature);
+    if (p.top_p <= 0 || p.top_p > 1 || std::isnan(p.top_p)) fail("top-p must be in (0, 1], got {}", p.top_p);
+    if (p.min_p < 0 || p.min_p > 1 || std::isnan(p.min_p)) fail("min-p must be in [0, 1], got {}", p.min_p);
+    if (p.repeat_penalty <= 0 || !std::isfinite(p.repeat_penalty))
+        fail("repeat penalty must be positive, got {}", p.repeat_penalty);
+}
+
+void Sampler::reset() {
+    history_.clear();
+    rng_.seed(p_.seed);
+}
+
+void Sampler::accept(int32_t token) {
+    history_.push_back(token);
+    const size_t cap = p_.repeat_last_n < 0 ? SIZE_MAX : static_cast<size_t>(p_.repeat_last_n);
+    while (history_.size() > cap) history_.pop_front();
+}
+
+int32_t Sampler::sample(const float* logits) {
+    work_.assign(logits, logits + n_vocab_);
+    // Penalties over the recent history.
+    const bool penalize = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
+    if (penalize && !history_.empty()) {
+        std::unordered_map<int32_t, int> counts;
+        for (int32_t t : history_)
+            if (t >= 0 && t < n_vocab_) counts[t]++;
+        for (const auto& [t, n] : counts) {
+            float& l = work_[static_cast<size_t>(t)];
+            if (p_.repeat_penalty != 1.0f) l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+            l -= static_cast<float>(n) * p_.frequency_penalty + p_.presence_penalty;
+        }
+    }
+    if (p_.temperature <= 0.0f) {
+        return static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+    }
+    cand_.resize(static_cast<size_t>(n_vocab_));
+    for (int64_t i = 0; i < n_vocab_; ++i) cand_[static_cast<size_t>(i)] = {static_cast<int32_t>(i), work_[static_cast<size_t>(i)]};
+    auto by_logit = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+    size_t n = cand_.size();
+    // top-k (keeps the list sorted descending from here on)
+    if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
+        std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+        n = static_cast<size_t>(p_.top_k);
+    } else {
+        std::sort(cand_.begin(), cand_.end(), by_logit);
+    }
+    // probabilities at temperature 1 for top-p / min-p
+    const float mx = cand_[0].logit;
+    std::vector<float>& pr = work_;  // reuse: work_ is no longer needed
+    pr.resize(n);
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        pr[i] = std::exp(cand_[i].logit - mx);
+        sum += pr[i];
+    }
+    if (p_.top_p < 1.0f) {
+        double cum = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+            cum += pr[i] / sum;
+            if (cum >= p_.top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (p_.min_p > 0.0f) {
+        // pr[0] is the maximum (== 1 before normalisation)
+        size_t keep = 1;
+        while (keep < n && pr[keep] >= p_.min_p * pr[0]) ++keep;
+        n = keep;
+    }
+    // temperature, softmax, draw
+    double total = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        pr[i] = std::exp((cand_[i].logit - mx) / p_.temperature);
+        total += pr[i];
+    }
+    const double r = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) * total;
+    double acc = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        acc += pr[i];
+        if (r < acc) return cand_[i].id;
+    }
+    return cand_[n - 1].id;
+}
+
+}  // namespace quern

@@ -1,0 +1,52 @@
+// Token sampling: a chain of logit transforms and a seeded draw.
+//   penalties (repetition / presence / frequency over the last repeat_last_n
+//   tokens) → top-k → top-p (nucleus, Holtzman et al. 2019) → min-p → temperature → draw.
+// top-k / top-p / min-p are computed on the untempered distribution, as
+// llama.cpp's default sampler chain does. temperature <= 0 selects greedy argmax
+// (after penalties).
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+namespace quern {
+
+struct SamplingParams {
+    float temperature = 0.8f;
+    int top_k = 40;            // <= 0: off
+    float top_p = 0.95f;       // >= 1: off
+    float min_p = 0.05f;       // <= 0: off
+    float repeat_penalty = 1.0f;  // 1: off (CTRL-style: divide positive logits, multiply negative ones)
+    int repeat_last_n = 64;    // window for all penalties; -1: whole history
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    uint64_t seed = 0;         // same seed + same logits → same tokens
+};
+
+class Sampler {
+public:
+    Sampler(const SamplingParams& p, int64_t n_vocab);
+
+    /// Picks the next token from n_vocab logits (not modified).
+    int32_t sample(const float* logits);
+    /// Records a token of the sequence (prompt or generated) for the penalties.
+    void accept(int32_t token);
+    void reset();
+    const SamplingParams& params() const { return p_; }
+
+private:
+    struct Cand {
+        int32_t id;
+        float logit;
+    };
+    SamplingParams p_;
+    int64_t n_vocab_;
+    std::mt19937_64 rng_;
+    std::deque<int32_t> history_;
+    std::vector<Cand> cand_;
+    std::vector<float> work_;
+};
+
+}  // namespace quern

@@ -18,6 +18,7 @@
 #include "core/fp16.h"
 #include "quant/blocks.h"
 #include "quant/ref_rows.h"
+#include "quant/traits.h"
 
 #if defined(__clang__)
 #pragma clang fp contract(off)
@@ -533,61 +534,11 @@ void from_float_q8_K(const float* x, void* y, int64_t k) {
 
 namespace quern {
 
-namespace {
-struct RefFns {
-    void (*to_float)(const void*, float*, int64_t);
-    void (*from_float)(const float*, void*, int64_t);
-};
+// The traits table (quant/traits.cpp) is the one list of per-type functions.
+bool quant_ref_supports(DType t) { return find_quant_traits(t) != nullptr; }
 
-const RefFns* ref_fns(DType t) {
-    using namespace ref;
-    static constexpr RefFns f32{to_float_f32, from_float_f32}, f16{to_float_f16, from_float_f16},
-        bf16{to_float_bf16, from_float_bf16}, q4_0{to_float_q4_0, from_float_q4_0},
-        q4_1{to_float_q4_1, from_float_q4_1}, q5_0{to_float_q5_0, from_float_q5_0},
-        q5_1{to_float_q5_1, from_float_q5_1}, q8_0{to_float_q8_0, from_float_q8_0},
-        q8_1{to_float_q8_1, from_float_q8_1}, q2_K{to_float_q2_K, from_float_q2_K},
-        q3_K{to_float_q3_K, from_float_q3_K}, q4_K{to_float_q4_K, from_float_q4_K},
-        q5_K{to_float_q5_K, from_float_q5_K}, q6_K{to_float_q6_K, from_float_q6_K},
-        q8_K{to_float_q8_K, from_float_q8_K};
-    switch (t) {
-        case DType::F32: return &f32;
-        case DType::F16: return &f16;
-        case DType::BF16: return &bf16;
-        case DType::Q4_0: return &q4_0;
-        case DType::Q4_1: return &q4_1;
-        case DType::Q5_0: return &q5_0;
-        case DType::Q5_1: return &q5_1;
-        case DType::Q8_0: return &q8_0;
-        case DType::Q8_1: return &q8_1;
-        case DType::Q2_K: return &q2_K;
-        case DType::Q3_K: return &q3_K;
-        case DType::Q4_K: return &q4_K;
-        case DType::Q5_K: return &q5_K;
-        case DType::Q6_K: return &q6_K;
-        case DType::Q8_K: return &q8_K;
-        default: return nullptr;
-    }
-}
+void dequantize_row_ref(DType t, const void* x, float* y, int64_t k) { quant_traits(t).to_float(x, y, k); }
 
-const RefFns& require(DType t, const char* what) {
-    const RefFns* f = ref_fns(t);
-    if (!f) {
-        const DTypeInfo* info = dtype_info(static_cast<uint32_t>(t));
-        if (info) fail("{}: type {} is not supported", what, info->name);
-        fail("{}: unknown type id {}", what, static_cast<uint32_t>(t));
-    }
-    return *f;
-}
-}  // namespace
-
-bool quant_ref_supports(DType t) { return ref_fns(t) != nullptr; }
-
-void dequantize_row_ref(DType t, const void* x, float* y, int64_t k) {
-    require(t, "dequantize_row_ref").to_float(x, y, k);
-}
-
-void quantize_row_ref(DType t, const float* x, void* y, int64_t k) {
-    require(t, "quantize_row_ref").from_float(x, y, k);
-}
+void quantize_row_ref(DType t, const float* x, void* y, int64_t k) { quant_traits(t).from_float(x, y, k); }
 
 }  // namespace quern

@@ -28,6 +28,7 @@
 #include "quant/blocks.h"
 #include "quant/ref_rows.h"
 #include "quant/reference.h"
+#include "quant/traits.h"
 
 using namespace quern;
 namespace fs = std::filesystem;
@@ -647,6 +648,57 @@ TEST(QuantRef, MalformedArgumentsThrow) {
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("Q4_K"), std::string::npos) << e.what();
         EXPECT_NE(std::string(e.what()).find("300"), std::string::npos) << e.what();
+    }
+}
+
+// ------------------------------------------------------------ 5. traits table
+
+TEST(QuantTraits, TableMatchesDTypeInfo) {
+    for (DType t : kAllSupported) {
+        const QuantTraits& tr = quant_traits(t);
+        EXPECT_EQ(tr.type, t);
+        EXPECT_EQ(tr.block_size, dtype_info(t).block_size) << type_name(t);
+        EXPECT_EQ(tr.type_size, dtype_info(t).type_size) << type_name(t);
+        EXPECT_NE(tr.to_float, nullptr);
+        EXPECT_NE(tr.from_float, nullptr);
+        EXPECT_EQ(find_quant_traits(t), &tr);
+    }
+    EXPECT_EQ(find_quant_traits(DType::I8), nullptr);
+    EXPECT_THROW(quant_traits(DType::I32), Error);
+    EXPECT_THROW(quant_traits(static_cast<DType>(99)), Error);
+}
+
+TEST(QuantTraits, VecDotPartners) {
+    const std::map<DType, DType> want = {
+        {DType::F32, DType::F32},   {DType::F16, DType::F32},   {DType::BF16, DType::F32},
+        {DType::Q4_0, DType::Q8_0}, {DType::Q5_0, DType::Q8_0}, {DType::Q8_0, DType::Q8_0},
+        {DType::Q4_1, DType::Q8_1}, {DType::Q5_1, DType::Q8_1}, {DType::Q8_1, DType::Q8_1},
+        {DType::Q2_K, DType::Q8_K}, {DType::Q3_K, DType::Q8_K}, {DType::Q4_K, DType::Q8_K},
+        {DType::Q5_K, DType::Q8_K}, {DType::Q6_K, DType::Q8_K}, {DType::Q8_K, DType::Q8_K},
+    };
+    for (const auto& [w, a] : want) {
+        EXPECT_EQ(quant_traits(w).vec_dot_type, a) << type_name(w);
+        // The partner's block tiles the weight's block exactly.
+        EXPECT_EQ(quant_traits(w).block_size % quant_traits(a).block_size, 0) << type_name(w);
+    }
+}
+
+TEST(QuantTraits, FunctionPointersAreTheReferences) {
+    auto rng = rng_for(5);
+    for (DType t : kAllSupported) {
+        const QuantTraits& tr = quant_traits(t);
+        const int bs = tr.block_size == 1 ? 32 : tr.block_size;
+        const auto x = random_floats(8 * bs, bs, rng);
+        std::vector<uint8_t> a(row_size(t, 8 * bs)), b(a.size());
+        tr.from_float(x.data(), a.data(), 8 * bs);
+        quantize_row_ref(t, x.data(), b.data(), 8 * bs);
+        ASSERT_EQ(a, b) << type_name(t);
+        std::vector<float> ya(static_cast<size_t>(8 * bs)), yb(ya.size());
+        tr.to_float(a.data(), ya.data(), 8 * bs);
+        dequantize_row_ref(t, a.data(), yb.data(), 8 * bs);
+        ASSERT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * 4), 0) << type_name(t);
+        EXPECT_THROW(tr.from_float(x.data(), a.data(), tr.block_size == 1 ? -1 : tr.block_size + 1), Error) << type_name(t);
+        EXPECT_THROW(tr.to_float(a.data(), ya.data(), tr.block_size == 1 ? -1 : tr.block_size + 1), Error) << type_name(t);
     }
 }
 

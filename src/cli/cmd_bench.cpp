@@ -1,0 +1,172 @@
+// quern bench: prefill (pp) and decode (tg) throughput, as llama.cpp's
+// llama-bench measures them: pp<N> evaluates N random tokens in one batch from
+// an empty cache; tg<N> generates N tokens one at a time from an empty cache.
+// Each test runs once to warm up, then -r times; mean ± stdev is reported with
+// the achieved weight bandwidth (tg) and arithmetic rate (pp).
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "model/synth.h"
+
+namespace quern::cli {
+namespace {
+
+struct BenchOptions {
+    std::string model;
+    std::string synthetic;
+    std::string quant = "Q4_K_M";
+    int n_prompt = 512;
+    int n_gen = 128;
+    int reps = 5;
+    int threads = 0;
+    bool json = false;
+};
+
+struct Stats {
+    double mean = 0, stdev = 0;
+    std::vector<double> samples;
+};
+
+Stats stats(const std::vector<double>& v) {
+    Stats s;
+    s.samples = v;
+    for (double x : v) s.mean += x;
+    s.mean /= static_cast<double>(v.size());
+    for (double x : v) s.stdev += (x - s.mean) * (x - s.mean);
+    s.stdev = v.size() > 1 ? std::sqrt(s.stdev / static_cast<double>(v.size() - 1)) : 0.0;
+    return s;
+}
+
+void bench(const BenchOptions& o) {
+    std::unique_ptr<Model> model;
+    std::shared_ptr<GgufFile> file;
+    std::string label;
+    const bool tty = stderr_is_tty() && !o.json;
+    if (!o.synthetic.empty()) {
+        const SynthPreset& p = synth_preset(o.synthetic);
+        auto progress = [&](int64_t d, int64_t t) {
+            if (tty) std::fprintf(stderr, "\rquern: building %s %s weights %lld/%lld", p.name.c_str(), o.quant.c_str(),
+                                  static_cast<long long>(d), static_cast<long long>(t));
+        };
+        SynthModel sm = make_synthetic(p, o.quant, 1234, progress);
+        if (tty) std::fputc('\n', stderr);
+        model = Model::from_weights(sm.cfg, std::move(sm.weights));
+        label = p.name + " " + o.quant + " (synthetic)";
+    } else {
+        file = std::make_shared<GgufFile>(resolve_model_path(o.model));
+        model = Model::from_gguf(file);
+        std::string base = file->path().substr(file->path().find_last_of('/') + 1);
+        label = base;
+    }
+    const auto& cfg = model->config();
+    ThreadPool pool(o.threads);
+    const int64_t n_ctx = std::max(o.n_prompt, o.n_gen) + 16;
+    KvCache cache = model->make_cache(n_ctx);
+    std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
+    std::mt19937 rng(42);
+    std::uniform_int_distribution<int32_t> tokdist(0, static_cast<int32_t>(cfg.n_vocab - 1));
+
+    // Bytes a decode step reads: every weight once except the embedding table,
+    // of which one row is read (unless it is also the output projection).
+    const Tensor* emb = model->weights().find("token_embd.weight");
+    const bool tied = model->weights().find("output.weight") == nullptr;
+    const double step_bytes = static_cast<double>(model->n_bytes()) - (emb && !tied ? emb->nbytes() : 0);
+    const double matmul_params =
+        static_cast<double>(model->n_params()) - (emb && !tied ? static_cast<double>(emb->nelements()) : 0.0);
+
+    struct Row {
+        std::string test;
+        Stats tps;
+        double rate;  // GB/s for tg, GFLOP/s for pp
+    };
+    std::vector<Row> rows;
+    auto run_test = [&](bool prefill, int n) {
+        std::vector<double> tps;
+        for (int r = -1; r < o.reps; ++r) {  // r = -1: warm-up
+            cache.clear();
+            std::vector<int32_t> toks(static_cast<size_t>(prefill ? n : 1));
+            for (auto& t : toks) t = tokdist(rng);
+            const double t0 = now_seconds();
+            if (prefill) {
+                model->forward(toks.data(), n, cache, logits.data(), false, pool);
+            } else {
+                int32_t t = toks[0];
+                for (int i = 0; i < n; ++i) {
+                    model->forward(&t, 1, cache, logits.data(), false, pool);
+                    t = tokdist(rng);
+                }
+            }
+            const double dt = now_seconds() - t0;
+            if (r >= 0) tps.push_back(n / dt);
+            if (tty)
+                std::fprintf(stderr, "\rquern: %s%d run %d/%d: %.1f tok/s     ", prefill ? "pp" : "tg", n, r + 1, o.reps,
+                             n / dt);
+        }
+        if (tty) std::fprintf(stderr, "\r%60s\r", "");
+        Stats s = stats(tps);
+        const double rate = prefill ? 2.0 * matmul_params * s.mean / 1e9 : step_bytes * s.mean / 1e9;
+        rows.push_back({fmt::format("{}{}", prefill ? "pp" : "tg", n), s, rate});
+    };
+    if (o.n_prompt > 0) run_test(true, o.n_prompt);
+    if (o.n_gen > 0) run_test(false, o.n_gen);
+
+    if (o.json) {
+        nlohmann::json j = nlohmann::json::array();
+        for (const auto& r : rows)
+            j.push_back({{"model", label},
+                         {"size_bytes", model->n_bytes()},
+                         {"n_params", model->n_params()},
+                         {"backend", "CPU"},
+                         {"threads", pool.size()},
+                         {"test", r.test},
+                         {"avg_ts", r.tps.mean},
+                         {"stddev_ts", r.tps.stdev},
+                         {"samples_ts", r.tps.samples},
+                         {r.test.rfind("pp", 0) == 0 ? "gflops" : "weight_gbps", r.rate}});
+        std::printf("%s\n", j.dump(1).c_str());
+        return;
+    }
+    std::printf("| %-40s | %10s | %9s | %7s | %7s | %6s | %16s | %14s |\n", "model", "size", "params", "backend",
+                "threads", "test", "t/s", "rate");
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(), std::string(10, '-').c_str(),
+                std::string(9, '-').c_str(), std::string(7, '-').c_str(), std::string(7, '-').c_str(),
+                std::string(6, '-').c_str(), std::string(16, '-').c_str(), std::string(14, '-').c_str());
+    for (const auto& r : rows) {
+        const std::string rate = r.test.rfind("pp", 0) == 0 ? fmt::format("{:.1f} GFLOP/s", r.rate)
+                                                            : fmt::format("{:.2f} GB/s", r.rate);
+        std::printf("| %-40s | %6.2f MiB | %7.2f M | %7s | %7d | %6s | %7.2f ± %6.2f | %14s |\n", label.c_str(),
+                    model->n_bytes() / 1048576.0, model->n_params() / 1e6, "CPU", pool.size(), r.test.c_str(),
+                    r.tps.mean, r.tps.stdev, rate.c_str());
+    }
+}
+
+}  // namespace
+}  // namespace quern::cli
+
+void add_bench_command(CLI::App& app) {
+    using namespace quern::cli;
+    auto o = std::make_shared<BenchOptions>();
+    CLI::App* cmd = app.add_subcommand("bench", "Measure prefill (pp) and decode (tg) tokens/s, like llama-bench");
+    cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
+    cmd->add_option("--synthetic", o->synthetic,
+                    "Benchmark a synthetic model of a named shape instead (smollm2-135m, llama3-1b, llama3-8b, qwen2-7b)");
+    cmd->add_option("--quant", o->quant, "Weight type of the synthetic model (a block type, Q4_K_M or Q5_K_M)")
+        ->capture_default_str();
+    cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp test (0 = skip)")->capture_default_str();
+    cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens for the tg test (0 = skip)")->capture_default_str();
+    cmd->add_option("-r,--repetitions", o->reps, "Timed repetitions of each test")->capture_default_str()->check(CLI::Range(1, 1000));
+    cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    cmd->add_flag("--json", o->json, "Print results as JSON");
+    cmd->footer(
+        "Examples:\n"
+        "  quern bench                                   # default model, pp512 and tg128, 5 repetitions\n"
+        "  quern bench -m model.gguf -p 512 -n 128 -r 10 --json\n"
+        "  quern bench --synthetic llama3-8b --quant Q4_K_M -p 0 -n 32");
+    cmd->callback([o] { bench(*o); });
+}

@@ -1,0 +1,119 @@
+// quern perplexity: perplexity of a text file, computed as llama.cpp's
+// llama-perplexity does. The whole text is tokenized once (BOS only if the
+// model adds one), cut into consecutive non-overlapping chunks of n_ctx tokens;
+// each chunk is evaluated from an empty cache (its first token replaced by BOS
+// when the model adds BOS) and only the predictions of the second half of each
+// chunk are scored, so every scored token has at least n_ctx/2 tokens of context.
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+
+namespace quern::cli {
+namespace {
+
+struct PplOptions {
+    std::string model;
+    std::string file;
+    int64_t n_ctx = 512;
+    int64_t max_chunks = -1;
+    int threads = 0;
+    bool json = false;
+};
+
+void perplexity(const PplOptions& o) {
+    std::ifstream in(o.file, std::ios::binary);
+    if (!in) fail("cannot open text file '{}'", o.file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+
+    LoadedModel m = load_model(o.model);
+    const auto& cfg = m.model->config();
+    const Tokenizer& tok = *m.tokenizer;
+    const double t_tok = now_seconds();
+    std::vector<int32_t> ids = tok.encode(text, true, false);
+    const double tok_s = now_seconds() - t_tok;
+    const int64_t n_ctx = o.n_ctx;
+    if (n_ctx < 4) fail("context size must be at least 4, got {}", n_ctx);
+    int64_t n_chunk = static_cast<int64_t>(ids.size()) / n_ctx;
+    if (n_chunk == 0)
+        fail("'{}' has {} tokens, fewer than one chunk of {} (use a longer text or a smaller -c)", o.file, ids.size(), n_ctx);
+    if (o.max_chunks > 0) n_chunk = std::min(n_chunk, o.max_chunks);
+    std::fprintf(stderr, "quern: %s: %zu tokens (tokenized in %.2f s), %lld chunks of %lld\n", o.file.c_str(),
+                 ids.size(), tok_s, static_cast<long long>(n_chunk), static_cast<long long>(n_ctx));
+
+    ThreadPool pool(o.threads);
+    KvCache cache = m.model->make_cache(n_ctx);
+    std::vector<float> logits(static_cast<size_t>(n_ctx * cfg.n_vocab));
+    const int64_t first = n_ctx / 2;
+    double nll = 0, nll2 = 0;
+    int64_t count = 0;
+    const bool tty = stderr_is_tty();
+    const double t0 = now_seconds();
+    for (int64_t c = 0; c < n_chunk; ++c) {
+        std::vector<int32_t> chunk(ids.begin() + c * n_ctx, ids.begin() + (c + 1) * n_ctx);
+        if (tok.add_bos()) chunk[0] = tok.bos();
+        cache.clear();
+        m.model->forward(chunk.data(), n_ctx, cache, logits.data(), true, pool);
+        for (int64_t i = first; i < n_ctx - 1; ++i) {
+            const float* l = logits.data() + i * cfg.n_vocab;
+            float mx = l[0];
+            for (int64_t v = 1; v < cfg.n_vocab; ++v) mx = std::max(mx, l[v]);
+            double sum = 0;
+            for (int64_t v = 0; v < cfg.n_vocab; ++v) sum += std::exp(static_cast<double>(l[v]) - mx);
+            const double lp = static_cast<double>(l[chunk[static_cast<size_t>(i + 1)]]) - mx - std::log(sum);
+            nll -= lp;
+            nll2 += lp * lp;
+            ++count;
+        }
+        if (tty) {
+            const double el = now_seconds() - t0;
+            std::fprintf(stderr, "\r[%lld/%lld] PPL %.4f  (%.0f tok/s, %.0f s left)   ", static_cast<long long>(c + 1),
+                         static_cast<long long>(n_chunk), std::exp(nll / count), (c + 1) * n_ctx / el,
+                         el / (c + 1) * (n_chunk - c - 1));
+        }
+    }
+    if (tty) std::fputc('\n', stderr);
+    const double mean = nll / count;
+    const double var = nll2 / count - mean * mean;
+    const double ppl = std::exp(mean);
+    const double err = ppl * std::sqrt(std::max(var, 0.0) / static_cast<double>(count - 1));
+    const double secs = now_seconds() - t0;
+    if (o.json) {
+        nlohmann::json j{{"file", o.file},       {"n_tokens", ids.size()}, {"n_ctx", n_ctx}, {"n_chunks", n_chunk},
+                         {"n_scored", count},    {"ppl", ppl},            {"ppl_err", err},  {"seconds", secs},
+                         {"add_bos", tok.add_bos()}};
+        std::printf("%s\n", j.dump(1).c_str());
+    } else {
+        std::printf("Final estimate: PPL = %.4f +/- %.5f\n", ppl, err);
+    }
+    std::fprintf(stderr, "quern: %lld tokens scored in %.1f s (%.0f tok/s evaluated)\n", static_cast<long long>(count),
+                 secs, n_chunk * n_ctx / secs);
+}
+
+}  // namespace
+}  // namespace quern::cli
+
+void add_perplexity_command(CLI::App& app) {
+    using namespace quern::cli;
+    auto o = std::make_shared<PplOptions>();
+    CLI::App* cmd = app.add_subcommand("perplexity", "Perplexity of a text file (llama.cpp's method)");
+    cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
+    cmd->add_option("-f,--file", o->file, "Text file to score")->required();
+    cmd->add_option("-c,--ctx-size", o->n_ctx, "Tokens per chunk")->capture_default_str()->check(CLI::Range(4, 1 << 20));
+    cmd->add_option("--chunks", o->max_chunks, "Score at most this many chunks (-1 = all)")->capture_default_str();
+    cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    cmd->add_flag("--json", o->json, "Print the result as JSON");
+    cmd->footer(
+        "Examples:\n"
+        "  quern perplexity -f tests/data/genesis-kjv.txt\n"
+        "  quern perplexity -m model.gguf -f wiki.test.raw -c 2048 --chunks 20 --json");
+    cmd->callback([o] { perplexity(*o); });
+}

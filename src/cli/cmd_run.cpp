@@ -1,0 +1,135 @@
+// quern run: generate text from a prompt, streaming it to stdout.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <random>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "runtime/sampler.h"
+#include "tokenizer/detokenizer.h"
+
+namespace quern::cli {
+namespace {
+
+struct RunOptions {
+    std::string model;
+    std::string prompt;
+    std::string prompt_file;
+    int n_predict = 128;
+    int64_t n_ctx = 4096;
+    int threads = 0;
+    bool no_special = false;
+    bool ignore_eos = false;
+    SamplingParams sp;
+    int64_t seed = -1;
+};
+
+int run(const RunOptions& o) {
+    std::string prompt = o.prompt;
+    if (!o.prompt_file.empty()) {
+        std::FILE* f = std::fopen(o.prompt_file.c_str(), "rb");
+        if (!f) fail("cannot open prompt file '{}'", o.prompt_file);
+        char buf[65536];
+        size_t n;
+        while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) prompt.append(buf, n);
+        std::fclose(f);
+    }
+    LoadedModel m = load_model(o.model);
+    const auto& cfg = m.model->config();
+    std::fprintf(stderr, "quern: loaded %s (%s, %.1fM params, %.1f MiB) in %.2f s\n", m.file->path().c_str(),
+                 cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6,
+                 m.model->n_bytes() / 1048576.0, m.load_seconds);
+
+    std::vector<int32_t> ids = m.tokenizer->encode(prompt, true, !o.no_special);
+    if (ids.empty()) fail("the prompt is empty; pass text with -p");
+    if (static_cast<int64_t>(ids.size()) >= o.n_ctx)
+        fail("the prompt has {} tokens, more than the context size {} allows (raise -c)", ids.size(), o.n_ctx);
+
+    SamplingParams sp = o.sp;
+    sp.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
+    Sampler sampler(sp, cfg.n_vocab);
+    for (int32_t t : ids) sampler.accept(t);
+    if (o.seed < 0 && sp.temperature > 0)
+        std::fprintf(stderr, "quern: seed %llu\n", static_cast<unsigned long long>(sp.seed));
+
+    ThreadPool pool(o.threads);
+    KvCache cache = m.model->make_cache(o.n_ctx);
+    std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
+
+    const double t0 = now_seconds();
+    m.model->forward(ids.data(), static_cast<int64_t>(ids.size()), cache, logits.data(), false, pool);
+    const double t1 = now_seconds();
+
+    Detokenizer detok(*m.tokenizer, false);
+    int generated = 0;
+    for (; generated < o.n_predict; ++generated) {
+        const int32_t tok = sampler.sample(logits.data());
+        if (!o.ignore_eos && m.tokenizer->is_eog(tok)) break;
+        sampler.accept(tok);
+        const std::string text = detok.push(tok);
+        if (!text.empty()) {
+            std::fwrite(text.data(), 1, text.size(), stdout);
+            std::fflush(stdout);
+        }
+        if (cache.size() >= cache.n_ctx()) {
+            std::fprintf(stderr, "\nquern: context full (%lld tokens)\n", static_cast<long long>(cache.n_ctx()));
+            ++generated;
+            break;
+        }
+        if (generated + 1 < o.n_predict) m.model->forward(&tok, 1, cache, logits.data(), false, pool);
+    }
+    const std::string rest = detok.flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    const double t2 = now_seconds();
+
+    const double pp = static_cast<double>(ids.size()) / (t1 - t0);
+    // Decode time counts the forward passes after the first sampled token.
+    const int decode_steps = generated > 1 ? generated - 1 : 0;
+    std::fprintf(stderr, "quern: prompt %zu tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s)\n",
+                 ids.size(), t1 - t0, pp, generated, t2 - t1,
+                 decode_steps > 0 ? decode_steps / (t2 - t1) : 0.0);
+    return 0;
+}
+
+}  // namespace
+
+void add_sampling_options(CLI::App* cmd, SamplingParams& sp, int64_t& seed) {
+    cmd->add_option("--temp", sp.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
+    cmd->add_option("--top-k", sp.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
+    cmd->add_option("--top-p", sp.top_p, "Nucleus sampling threshold (1 = off)")->capture_default_str();
+    cmd->add_option("--min-p", sp.min_p, "Drop tokens below min-p × the top probability (0 = off)")->capture_default_str();
+    cmd->add_option("--repeat-penalty", sp.repeat_penalty, "Penalty for repeated tokens (1 = off)")->capture_default_str();
+    cmd->add_option("--repeat-last-n", sp.repeat_last_n, "Tokens the penalties look back over (-1 = all)")->capture_default_str();
+    cmd->add_option("--presence-penalty", sp.presence_penalty, "Subtracted once from seen tokens")->capture_default_str();
+    cmd->add_option("--frequency-penalty", sp.frequency_penalty, "Subtracted per occurrence")->capture_default_str();
+    cmd->add_option("--seed", seed, "Random seed (-1 = random); same seed, same output")->capture_default_str();
+}
+
+}  // namespace quern::cli
+
+void add_run_command(CLI::App& app) {
+    using namespace quern::cli;
+    auto o = std::make_shared<RunOptions>();
+    CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (text to stdout, timings to stderr)");
+    cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
+    cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
+    cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file");
+    cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
+    cmd->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    cmd->add_flag("--no-special", o->no_special, "Treat special-token text in the prompt as plain text");
+    cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
+    add_sampling_options(cmd, o->sp, o->seed);
+    cmd->footer(
+        "Examples:\n"
+        "  quern run -p \"The capital of France is\" -n 32 --temp 0\n"
+        "  quern run -m model.gguf -p \"Once upon a time\" --temp 0.7 --top-p 0.9 --seed 42\n"
+        "  quern run -f prompt.txt -n 256 -c 8192 -t 4");
+    cmd->callback([o] {
+        if (o->prompt.empty() && o->prompt_file.empty()) throw CLI::ValidationError("-p", "give a prompt with -p TEXT or -f FILE");
+        run(*o);
+    });
+}

@@ -1,0 +1,48 @@
+#include "cli/common.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace quern::cli {
+
+std::string quern_home() {
+    if (const char* h = std::getenv("QUERN_HOME"); h && *h) return h;
+    const char* home = std::getenv("HOME");
+    return std::string(home && *home ? home : ".") + "/.cache/quern";
+}
+
+std::string default_model_path() { return quern_home() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+
+std::string resolve_model_path(const std::string& path) {
+    if (path.empty()) {
+        const std::string d = default_model_path();
+        if (!std::filesystem::exists(d))
+            fail("the default model is not at {}; fetch it with: bash tools/fetch-model.sh (or pass -m FILE.gguf)", d);
+        return d;
+    }
+    if (!std::filesystem::exists(path)) fail("model file '{}' does not exist", path);
+    return path;
+}
+
+LoadedModel load_model(const std::string& path) {
+    const double t0 = now_seconds();
+    LoadedModel m;
+    m.file = std::make_shared<GgufFile>(resolve_model_path(path));
+    m.model = Model::from_gguf(m.file);
+    m.tokenizer = Tokenizer::from_gguf(*m.file);
+    m.load_seconds = now_seconds() - t0;
+    return m;
+}
+
+bool stderr_is_tty() { return ::isatty(STDERR_FILENO) != 0; }
+
+double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace quern::cli

@@ -1,0 +1,47 @@
+// Helpers shared by the quern subcommands: model path resolution, loading
+// with timing, terminal detection.
+#pragma once
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "formats/gguf.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace quern::cli {
+
+/// $QUERN_HOME (default ~/.cache/quern).
+std::string quern_home();
+/// Where tools/fetch-model.sh puts the default model.
+std::string default_model_path();
+/// `path` if given, else the default model; throws quern::Error with the fetch
+/// command when the default model is missing, or naming a missing path.
+std::string resolve_model_path(const std::string& path);
+
+/// A model loaded from a GGUF file, with its tokenizer.
+struct LoadedModel {
+    std::shared_ptr<GgufFile> file;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Tokenizer> tokenizer;
+    double load_seconds = 0;
+};
+LoadedModel load_model(const std::string& path);
+
+/// True when stderr is a terminal (progress output is shown only then).
+bool stderr_is_tty();
+/// Seconds on a monotonic clock.
+double now_seconds();
+
+}  // namespace quern::cli
+
+namespace CLI {
+class App;
+}
+namespace quern {
+struct SamplingParams;
+}
+namespace quern::cli {
+/// Adds --temp/--top-k/--top-p/--min-p/penalties/--seed options to a command.
+void add_sampling_options(CLI::App* cmd, SamplingParams& sp, int64_t& seed);
+}  // namespace quern::cli

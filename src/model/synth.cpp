@@ -1,0 +1,236 @@
+#include "model/synth.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/error.h"
+#include "formats/gguf.h"
+#include "quant/reference.h"
+#include "tokenizer/unicode.h"
+
+namespace quern {
+
+namespace {
+
+ModelConfig shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads, int64_t kv_heads,
+                  int64_t ff, int64_t ctx, float rope_base, float eps) {
+    ModelConfig c;
+    c.arch = "llama";
+    c.name = std::move(name);
+    c.n_vocab = vocab;
+    c.n_embd = embd;
+    c.n_layer = layers;
+    c.n_head = heads;
+    c.n_head_kv = kv_heads;
+    c.n_ff = ff;
+    c.head_dim = embd / heads;
+    c.rope_dim = c.head_dim;
+    c.n_ctx_train = ctx;
+    c.rope_base = rope_base;
+    c.rms_eps = eps;
+    return c;
+}
+
+// llama.cpp's rule for giving some layers more bits in the _M mixes.
+bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+bool is_k_quant(DType t) {
+    return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+}
+
+}  // namespace
+
+const std::vector<SynthPreset>& synth_presets() {
+    static const std::vector<SynthPreset> k{
+        {"smollm2-135m", "SmolLM2-135M shape, untied output (163M parameters)",
+         shape("synthetic smollm2-135m", 49152, 576, 30, 9, 3, 1536, 8192, 100000.0f, 1e-5f), false},
+        {"llama3-1b", "Llama-3.2-1B shape, tied output (1.24B parameters)",
+         shape("synthetic llama3-1b", 128256, 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f), true},
+        {"llama3-8b", "Llama-3-8B shape (8.03B parameters)",
+         shape("synthetic llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8192, 500000.0f, 1e-5f), false},
+        {"qwen2-7b", "Qwen2-7B shape as a Llama-architecture model, no QKV bias (7.6B parameters)",
+         shape("synthetic qwen2-7b", 152064, 3584, 28, 28, 4, 18944, 32768, 1000000.0f, 1e-6f), false},
+    };
+    return k;
+}
+
+const SynthPreset& synth_preset(const std::string& name) {
+    std::string names;
+    for (const auto& p : synth_presets()) {
+        if (p.name == name) return p;
+        names += (names.empty() ? "" : ", ") + p.name;
+    }
+    fail("unknown synthetic preset '{}' (known: {})", name, names);
+}
+
+DType synth_tensor_type(const std::string& scheme, const std::string& name, int64_t layer, int64_t n_layer,
+                        int64_t ne0) {
+    DType t;
+    if (scheme == "Q4_K_M" || scheme == "Q5_K_M") {
+        const DType base = scheme == "Q4_K_M" ? DType::Q4_K : DType::Q5_K;
+        t = base;
+        if (name == "output.weight") t = DType::Q6_K;
+        else if ((name.find("attn_v.weight") != std::string::npos || name.find("ffn_down.weight") != std::string::npos) &&
+                 use_more_bits(layer, n_layer))
+            t = DType::Q6_K;
+    } else {
+        const auto d = dtype_from_name(scheme);
+        if (!d || !quant_ref_supports(*d) || *d == DType::Q8_1 || *d == DType::Q8_K || *d == DType::F32)
+            fail("unknown quantization '{}' (use a block type such as Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, "
+                 "F16, BF16, or a mix: Q4_K_M, Q5_K_M)",
+                 scheme);
+        t = *d;
+    }
+    if (is_k_quant(t) && ne0 % 256 != 0) {
+        switch (t) {
+            case DType::Q4_K: t = DType::Q5_0; break;
+            case DType::Q5_K: t = DType::Q5_1; break;
+            case DType::Q6_K: t = DType::Q8_0; break;
+            default: t = DType::Q4_0; break;
+        }
+    }
+    return t;
+}
+
+uint32_t synth_file_type(const std::string& scheme) {
+    if (scheme == "Q4_K_M") return 15;
+    if (scheme == "Q5_K_M") return 17;
+    const auto d = dtype_from_name(scheme);
+    if (!d) return 0;
+    switch (*d) {
+        case DType::F16: return 1;
+        case DType::Q4_0: return 2;
+        case DType::Q4_1: return 3;
+        case DType::Q8_0: return 7;
+        case DType::Q5_0: return 8;
+        case DType::Q5_1: return 9;
+        case DType::Q2_K: return 10;
+        case DType::Q3_K: return 12;
+        case DType::Q4_K: return 14;
+        case DType::Q5_K: return 16;
+        case DType::Q6_K: return 18;
+        case DType::BF16: return 32;
+        default: return 0;
+    }
+}
+
+SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint64_t seed,
+                          const std::function<void(int64_t, int64_t)>& progress) {
+    SynthModel m;
+    m.cfg = p.cfg;
+    m.scheme = scheme;
+    m.tied = p.tied;
+    const auto& c = m.cfg;
+    struct Spec {
+        std::string name;
+        int64_t ne0, ne1;
+        int64_t layer;
+        bool norm;
+    };
+    std::vector<Spec> specs;
+    specs.push_back({"token_embd.weight", c.n_embd, c.n_vocab, -1, false});
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+        auto n = [&](const char* s) { return fmt::format("blk.{}.{}.weight", i, s); };
+        specs.push_back({n("attn_norm"), c.n_embd, 1, i, true});
+        specs.push_back({n("attn_q"), c.n_embd, c.q_dim(), i, false});
+        specs.push_back({n("attn_k"), c.n_embd, c.kv_dim(), i, false});
+        specs.push_back({n("attn_v"), c.n_embd, c.kv_dim(), i, false});
+        specs.push_back({n("attn_output"), c.q_dim(), c.n_embd, i, false});
+        specs.push_back({n("ffn_norm"), c.n_embd, 1, i, true});
+        specs.push_back({n("ffn_gate"), c.n_embd, c.n_ff, i, false});
+        specs.push_back({n("ffn_up"), c.n_embd, c.n_ff, i, false});
+        specs.push_back({n("ffn_down"), c.n_ff, c.n_embd, i, false});
+    }
+    specs.push_back({"output_norm.weight", c.n_embd, 1, -1, true});
+    if (!p.tied) specs.push_back({"output.weight", c.n_embd, c.n_vocab, -1, false});
+
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> gauss(0.0f, 0.02f);
+    constexpr int64_t kPool = 64;  // distinct rows per tensor
+    std::vector<float> row;
+    int64_t done = 0;
+    for (const Spec& s : specs) {
+        const DType t = s.norm ? DType::F32 : synth_tensor_type(scheme, s.name, s.layer, c.n_layer, s.ne0);
+        const size_t rb = row_size(t, s.ne0);
+        auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[rb * static_cast<size_t>(s.ne1)]);
+        if (s.norm) {
+            float* f = reinterpret_cast<float*>(buf.get());
+            for (int64_t i = 0; i < s.ne0; ++i) f[i] = 1.0f + gauss(rng);
+        } else {
+            const int64_t pool = std::min(kPool, s.ne1);
+            row.resize(static_cast<size_t>(s.ne0));
+            for (int64_t r = 0; r < pool; ++r) {
+                for (auto& v : row) v = gauss(rng);
+                quantize_row_ref(t, row.data(), buf.get() + static_cast<size_t>(r) * rb, s.ne0);
+            }
+            for (int64_t r = pool; r < s.ne1; ++r) {
+                const uint64_t src = (static_cast<uint64_t>(r) * 2654435761u) % static_cast<uint64_t>(pool);
+                std::memcpy(buf.get() + static_cast<size_t>(r) * rb, buf.get() + src * rb, rb);
+            }
+        }
+        std::array<int64_t, 4> ne{s.ne0, s.ne1, 1, 1};
+        m.weights.add(Tensor::contiguous(t, ne, buf.get(), s.name), std::shared_ptr<const void>(buf, buf.get()));
+        m.order.push_back(s.name);
+        if (progress) progress(++done, static_cast<int64_t>(specs.size()));
+    }
+    return m;
+}
+
+void write_synthetic_gguf(const SynthModel& m, const std::string& path,
+                          const std::function<void(uint64_t, uint64_t)>& progress) {
+    const auto& c = m.cfg;
+    GgufWriter w;
+    w.set_string("general.architecture", "llama");
+    w.set_string("general.name", c.name);
+    w.set_u32("general.file_type", synth_file_type(m.scheme));
+    w.set_u32("general.quantization_version", 2);
+    w.set_u32("llama.context_length", static_cast<uint32_t>(c.n_ctx_train));
+    w.set_u32("llama.embedding_length", static_cast<uint32_t>(c.n_embd));
+    w.set_u32("llama.block_count", static_cast<uint32_t>(c.n_layer));
+    w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(c.n_ff));
+    w.set_u32("llama.attention.head_count", static_cast<uint32_t>(c.n_head));
+    w.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));
+    w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(c.rope_dim));
+    w.set_f32("llama.rope.freq_base", c.rope_base);
+    w.set_f32("llama.attention.layer_norm_rms_epsilon", c.rms_eps);
+    w.set_u32("llama.vocab_size", static_cast<uint32_t>(c.n_vocab));
+
+    // Byte-level BPE vocabulary: the 256 byte characters, three specials, then
+    // reserved control tokens up to n_vocab. No merges: text encodes to bytes.
+    std::vector<std::string> tokens;
+    std::vector<int32_t> types;
+    const auto& bm = unicode::ByteMap::get();
+    for (int b = 0; b < 256; ++b) {
+        tokens.emplace_back(bm.byte_to_utf8(static_cast<uint8_t>(b)));
+        types.push_back(1);  // NORMAL
+    }
+    for (const char* s : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+        tokens.emplace_back(s);
+        types.push_back(3);  // CONTROL
+    }
+    for (int64_t i = static_cast<int64_t>(tokens.size()); i < c.n_vocab; ++i) {
+        tokens.push_back(fmt::format("<|reserved_{}|>", i));
+        types.push_back(3);
+    }
+    w.set_string("tokenizer.ggml.model", "gpt2");
+    w.set_string("tokenizer.ggml.pre", "gpt-2");
+    w.set_string_array("tokenizer.ggml.tokens", std::move(tokens));
+    w.set_i32_array("tokenizer.ggml.token_type", types);
+    w.set_string_array("tokenizer.ggml.merges", {});
+    w.set_u32("tokenizer.ggml.bos_token_id", 257);
+    w.set_u32("tokenizer.ggml.eos_token_id", 256);
+    w.set_u32("tokenizer.ggml.padding_token_id", 256);
+    w.set_bool("tokenizer.ggml.add_bos_token", false);
+
+    for (const auto& name : m.order) {
+        const Tensor* t = m.weights.find(name);
+        const int n_dims = t->ne[1] == 1 ? 1 : 2;
+        w.add_tensor(name, t->type, t->ne, n_dims, t->data);
+    }
+    w.write(path, progress);
+}
+
+}  // namespace quern

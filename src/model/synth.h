@@ -1,0 +1,61 @@
+// Synthetic models: the exact shapes and block layouts of real models, with
+// random weights, for benchmarking shapes we have no weights for. Built in
+// memory (`quern bench --synthetic`) or written as a GGUF file with a tokenizer
+// (`quern synth`) that other engines load too.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace quern {
+
+struct SynthPreset {
+    std::string name;
+    std::string description;
+    ModelConfig cfg;
+    bool tied = false;  // output projection shares token_embd
+};
+
+/// Named shapes: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b.
+const std::vector<SynthPreset>& synth_presets();
+/// Throws quern::Error listing the known presets when `name` is not one.
+const SynthPreset& synth_preset(const std::string& name);
+
+/// The block type a weight gets under a quantization scheme: a plain type
+/// name ("Q8_0", "Q4_K", "F16", ...) applies to every 2-D weight; "Q4_K_M" and
+/// "Q5_K_M" follow llama.cpp's per-tensor choices (attn_v and ffn_down of
+/// some layers and the output in Q6_K, the rest in Q4_K / Q5_K). A K-quant that
+/// does not divide the row length ne0 falls back as llama.cpp does (Q4_K→Q5_0,
+/// Q5_K→Q5_1, Q6_K→Q8_0, Q2_K/Q3_K→Q4_0). Throws for unknown schemes.
+DType synth_tensor_type(const std::string& scheme, const std::string& tensor_name, int64_t layer, int64_t n_layer,
+                        int64_t ne0);
+/// The GGUF general.file_type value for a scheme (llama_ftype numbering).
+uint32_t synth_file_type(const std::string& scheme);
+
+/// A synthetic model: config plus weights owned in memory.
+struct SynthModel {
+    ModelConfig cfg;
+    WeightStore weights;
+    std::vector<std::string> order;  // tensor names in file order
+    std::string scheme;
+    bool tied = false;
+};
+
+/// Builds random weights (Gaussian, std 0.02, quantized with the reference
+/// quantizers; a pool of distinct rows is reused across each tensor to keep
+/// building fast). `progress(done, total)` is called per tensor.
+SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint64_t seed,
+                          const std::function<void(int64_t, int64_t)>& progress = {});
+
+/// Writes `m` as a GGUF v3 file with llama.* metadata and a byte-level BPE
+/// tokenizer (256 byte tokens, specials, reserved tokens up to n_vocab).
+void write_synthetic_gguf(const SynthModel& m, const std::string& path,
+                          const std::function<void(uint64_t, uint64_t)>& progress = {});
+
+}  // namespace quern

@@ -1,0 +1,146 @@
+// CPU ops against straightforward double-precision references on fresh random data.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "core/fp16.h"
+#include "quant/reference.h"
+
+using namespace quern;
+
+namespace {
+std::mt19937 make_rng() {
+    const unsigned seed = std::random_device{}();
+    std::printf("seed %u\n", seed);
+    return std::mt19937(seed);
+}
+std::vector<float> randn(std::mt19937& rng, size_t n, float sd = 1.0f) {
+    std::normal_distribution<float> d(0.0f, sd);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+}  // namespace
+
+TEST(Ops, RmsNorm) {
+    auto rng = make_rng();
+    const int64_t n = 5, dim = 576;
+    auto x = randn(rng, n * dim, 3.0f), w = randn(rng, dim);
+    std::vector<float> y(n * dim, NAN);
+    cpu::rms_norm(x.data(), w.data(), y.data(), n, dim, 1e-5f);
+    for (int64_t r = 0; r < n; ++r) {
+        double ss = 0;
+        for (int64_t i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+        const double s = 1.0 / std::sqrt(ss / dim + 1e-5);
+        for (int64_t i = 0; i < dim; ++i) EXPECT_NEAR(y[r * dim + i], x[r * dim + i] * s * w[i], 1e-5) << r << "," << i;
+    }
+    // in place
+    auto x2 = x;
+    cpu::rms_norm(x2.data(), w.data(), x2.data(), n, dim, 1e-5f);
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(x2[i], y[i]);
+}
+
+TEST(Ops, RopeNormalAndNeox) {
+    auto rng = make_rng();
+    const int n = 4, heads = 3, hd = 64, rd = 48;
+    std::vector<int32_t> pos{0, 1, 7, 1000};
+    std::vector<float> ff(rd / 2);
+    for (auto& f : ff) f = 1.0f + std::uniform_real_distribution<float>(0, 3)(rng);
+    for (bool neox : {false, true}) {
+        for (bool use_ff : {false, true}) {
+            auto x = randn(rng, size_t(n) * heads * hd);
+            auto y = x;
+            cpu::rope(y.data(), pos.data(), n, heads, hd, rd, 10000.0f, neox, use_ff ? ff.data() : nullptr);
+            for (int t = 0; t < n; ++t)
+                for (int h = 0; h < heads; ++h) {
+                    const float* a = &x[(size_t(t) * heads + h) * hd];
+                    const float* b = &y[(size_t(t) * heads + h) * hd];
+                    for (int i = 0; i < rd / 2; ++i) {
+                        double th = pos[t] * std::pow(10000.0, -2.0 * i / rd);
+                        if (use_ff) th /= ff[i];
+                        const int i0 = neox ? i : 2 * i, i1 = neox ? i + rd / 2 : 2 * i + 1;
+                        EXPECT_NEAR(b[i0], a[i0] * std::cos(th) - a[i1] * std::sin(th), 2e-4);
+                        EXPECT_NEAR(b[i1], a[i0] * std::sin(th) + a[i1] * std::cos(th), 2e-4);
+                    }
+                    for (int i = rd; i < hd; ++i) EXPECT_EQ(b[i], a[i]);  // beyond rope_dim untouched
+                }
+        }
+    }
+}
+
+TEST(Ops, SwigluAndAdd) {
+    auto rng = make_rng();
+    auto g = randn(rng, 1000, 4.0f), u = randn(rng, 1000);
+    std::vector<float> o(1000, NAN);
+    cpu::swiglu(g.data(), u.data(), o.data(), 1000);
+    for (int i = 0; i < 1000; ++i) EXPECT_NEAR(o[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-5);
+    auto y = u;
+    cpu::add_inplace(y.data(), g.data(), 1000);
+    for (int i = 0; i < 1000; ++i) EXPECT_EQ(y[i], u[i] + g[i]);
+}
+
+TEST(Ops, GetRowsDequantizesAndChecksIds) {
+    auto rng = make_rng();
+    const int64_t dim = 64, rows = 10;
+    auto src = randn(rng, dim * rows);
+    std::vector<uint8_t> q(row_size(DType::Q8_0, dim) * rows);
+    for (int64_t r = 0; r < rows; ++r) quantize_row_ref(DType::Q8_0, &src[r * dim], &q[r * row_size(DType::Q8_0, dim)], dim);
+    Tensor t = Tensor::contiguous(DType::Q8_0, {dim, rows, 1, 1}, q.data(), "emb");
+    std::vector<int32_t> ids{3, 0, 9, 3};
+    std::vector<float> out(ids.size() * dim, NAN), ref(dim);
+    cpu::get_rows(t, ids.data(), 4, out.data());
+    for (size_t i = 0; i < ids.size(); ++i) {
+        dequantize_row_ref(DType::Q8_0, t.row(ids[i]), ref.data(), dim);
+        for (int64_t j = 0; j < dim; ++j) EXPECT_EQ(out[i * dim + j], ref[j]);
+    }
+    int32_t bad = 10;
+    EXPECT_THROW(cpu::get_rows(t, &bad, 1, out.data()), Error);
+    bad = -1;
+    EXPECT_THROW(cpu::get_rows(t, &bad, 1, out.data()), Error);
+}
+
+TEST(Ops, CausalGqaAttention) {
+    auto rng = make_rng();
+    const int n_head = 6, n_kv = 2, hd = 40, ctx = 37;
+    const int64_t kvs = n_kv * hd;
+    auto k = randn(rng, size_t(ctx) * kvs), v = randn(rng, size_t(ctx) * kvs);
+    // queries at positions 0, 5, 36 (not contiguous: any positions within the cache)
+    std::vector<int32_t> pos{0, 5, 36};
+    const int n = 3;
+    auto q = randn(rng, size_t(n) * n_head * hd);
+    std::vector<float> out(size_t(n) * n_head * hd, NAN);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    for (int threads : {1, 3}) {
+        ThreadPool pool(threads);
+        cpu::attention(q.data(), k.data(), v.data(), kvs, pos.data(), n, n_head, n_kv, hd, scale, out.data(), pool);
+        for (int t = 0; t < n; ++t)
+            for (int h = 0; h < n_head; ++h) {
+                const int kh = h / (n_head / n_kv);
+                std::vector<double> s(pos[t] + 1);
+                double mx = -1e300, sum = 0;
+                for (int p = 0; p <= pos[t]; ++p) {
+                    double d = 0;
+                    for (int i = 0; i < hd; ++i) d += double(q[(t * n_head + h) * hd + i]) * k[p * kvs + kh * hd + i];
+                    s[p] = d * scale;
+                    mx = std::max(mx, s[p]);
+                }
+                for (auto& x : s) sum += (x = std::exp(x - mx));
+                for (int i = 0; i < hd; ++i) {
+                    double o = 0;
+                    for (int p = 0; p <= pos[t]; ++p) o += s[p] / sum * v[p * kvs + kh * hd + i];
+                    EXPECT_NEAR(out[(t * n_head + h) * hd + i], o, 1e-4) << t << " " << h << " " << i;
+                }
+            }
+    }
+}
+
+TEST(Ops, Softmax) {
+    std::vector<float> x{1000.0f, 1001.0f, -5.0f};
+    cpu::softmax(x.data(), 3);
+    EXPECT_NEAR(x[0] + x[1] + x[2], 1.0, 1e-6);
+    EXPECT_NEAR(x[1] / x[0], std::exp(1.0), 1e-4);
+}

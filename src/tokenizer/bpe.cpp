@@ -51,10 +51,14 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
         const unicode::Utf8Char c = unicode::utf8_decode(word, i);
         const int byte = c.valid ? bm.cp_to_byte(c.cp) : -1;
         const int32_t id = byte >= 0 ? byte_id_[byte] : lookup_(word.substr(i, c.len));
+        i += c.len;
+        // Without <unk>, a character with no token is dropped before merging,
+        // so its neighbours can merge with each other (as Hugging Face does).
+        if (id < 0 && unk_ < 0) continue;
         const auto n = static_cast<int32_t>(syms.size());
         syms.push_back({id, n - 1, n + 1});
-        i += c.len;
     }
+    if (syms.empty()) return;
     syms.back().next = -1;
 
     if (syms.size() > 1) {

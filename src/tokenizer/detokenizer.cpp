@@ -21,6 +21,7 @@ std::string Detokenizer::flush() {
     std::string out;
     out.swap(held_);
     state_ = DecodeState{};
+    state_.at_start = starts_text_;
     return out;
 }
 

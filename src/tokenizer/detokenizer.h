@@ -10,13 +10,22 @@ namespace quern {
 /// Turns a stream of token ids into text chunks that never end inside a UTF-8
 /// character: bytes of an incomplete (but so far valid) sequence are held back
 /// until the sequence completes. Invalid bytes are passed through, never
-/// dropped. The concatenation of every push() and the final flush() equals
-/// Tokenizer::decode() of the same ids.
+/// dropped.
+///
+/// `starts_text`: the ids begin a text (not a continuation of a prompt), so
+/// the SentencePiece dummy-prefix space of the first piece is removed exactly
+/// as Tokenizer::decode() does; then the concatenation of every push() and
+/// the final flush() equals decode() of the same ids. Leave it false when
+/// streaming generated tokens, whose leading space is real text
+/// ("The capital is" + "▁Paris" -> " Paris"). It only matters for SPM
+/// vocabularies with add_space_prefix.
 class Detokenizer {
 public:
     /// `tok` must outlive the detokenizer.
-    explicit Detokenizer(const Tokenizer& tok, bool render_special = true)
-        : tok_(&tok), render_special_(render_special) {}
+    explicit Detokenizer(const Tokenizer& tok, bool render_special = true, bool starts_text = false)
+        : tok_(&tok), render_special_(render_special), starts_text_(starts_text) {
+        state_.at_start = starts_text;
+    }
 
     /// Adds one token; returns the text that is now safe to emit (may be empty).
     std::string push(int32_t id);
@@ -29,6 +38,7 @@ public:
 private:
     const Tokenizer* tok_;
     bool render_special_;
+    bool starts_text_;
     DecodeState state_;
     std::string held_;
 };

@@ -334,7 +334,7 @@ TEST(Detokenizer, StreamingMatchesDecodeAndKeepsCharactersWhole) {
         const std::string s = random_text(rng, 1 + rng() % 30);
         for (const Tokenizer* tok : toks) {
             const auto ids = tok->encode(s, true, false);
-            Detokenizer d(*tok);
+            Detokenizer d(*tok, true, /*starts_text=*/true);
             std::string streamed;
             for (auto id : ids) {
                 const std::string chunk = d.push(id);
@@ -363,6 +363,21 @@ TEST(Detokenizer, HoldsSplitCharacterUntilComplete) {
     EXPECT_EQ(d.flush(), tok->token_to_piece(ids[0]));
 }
 
+TEST(Detokenizer, ContinuationKeepsSpmLeadingSpace) {
+    const Tokenizer* tok = vocab("llama-spm");
+    ASSERT_NE(tok, nullptr);
+    const auto ids = tok->encode("Paris is", false, false);  // "▁Paris", "▁is"
+    Detokenizer gen(*tok);                                    // continuing a prompt
+    std::string out;
+    for (auto id : ids) out += gen.push(id);
+    EXPECT_EQ(out + gen.flush(), " Paris is");
+    Detokenizer whole(*tok, true, true);
+    out.clear();
+    for (auto id : ids) out += whole.push(id);
+    EXPECT_EQ(out + whole.flush(), "Paris is");
+    EXPECT_EQ(tok->decode(ids), "Paris is");
+}
+
 // ---------------------------------------------------------------- hostile input
 
 TEST(InvalidUtf8, NeverThrowsAndByteLevelRoundTrips) {
@@ -382,7 +397,7 @@ TEST(InvalidUtf8, NeverThrowsAndByteLevelRoundTrips) {
             ASSERT_NO_THROW(ids = tok->encode(s, false, false)) << n;
             for (auto id : ids) ASSERT_TRUE(id >= 0 && id < tok->n_vocab());
             if (byte_level) EXPECT_EQ(tok->decode(ids), encodable(*tok, s)) << n;
-            Detokenizer d(*tok);
+            Detokenizer d(*tok, true, /*starts_text=*/true);
             std::string streamed;
             for (auto id : ids) streamed += d.push(id);
             streamed += d.flush();

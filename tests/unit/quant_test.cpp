@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "../data/quant/fixture_input.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/fp16.h"
@@ -319,6 +320,42 @@ TEST_P(QuantVsGguf, BitExact) {
 
 INSTANTIATE_TEST_SUITE_P(Types, QuantVsGguf, testing::ValuesIn(kGgufQuantTypes), type_param_name);
 
+// ------------------------------------------------------------ 1b. bit-exact vs ggml itself
+// Fixtures made by ggml's quantize_row_*_ref (tests/data/quant/README.md):
+// the only independent check of the K-quant, Q8_1 and Q8_K quantizers.
+
+class QuantVsGgml : public testing::TestWithParam<std::string> {};
+
+TEST_P(QuantVsGgml, BitExact) {
+    const DType t = *dtype_from_name(GetParam());
+    const auto want = read_file(fs::path(QUERN_SOURCE_DIR) / "tests/data/quant" / ("ggml_" + GetParam() + ".bin"));
+    const auto x = quern_fixture::make_input();
+    const auto k = static_cast<int64_t>(x.size());
+    ASSERT_EQ(want.size(), row_size(t, k)) << "fixture size";
+    std::vector<uint8_t> got(want.size(), 0xA5);
+    quantize_row_ref(t, x.data(), got.data(), k);
+    const auto unit = static_cast<size_t>(dtype_info(t).type_size);
+    for (size_t b = 0; b < want.size() / unit; ++b)
+        EXPECT_EQ(std::memcmp(got.data() + b * unit, want.data() + b * unit, unit), 0)
+            << GetParam() << " block " << b << " (super-block " << b * dtype_info(t).block_size / 256
+            << ") differs from ggml";
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QuantVsGgml,
+                         testing::ValuesIn(std::vector<std::string>(std::begin(quern_fixture::kTypes),
+                                                                    std::end(quern_fixture::kTypes))),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
+
+TEST(QuantVsGgml, FixtureInputHasItsIntendedShape) {
+    const auto x = quern_fixture::make_input();
+    ASSERT_EQ(x.size(), 4096u);
+    for (int j = 0; j < 256; ++j) ASSERT_EQ(x[7 * 256 + j], 0.0f);              // an all-zero block
+    for (int j = 1; j < 256; ++j) ASSERT_EQ(x[15 * 256 + j], x[15 * 256]);      // a constant block
+    for (int j = 0; j < 16; ++j) ASSERT_EQ(x[3 * 256 + j], 0.0f);               // a zero sub-block
+    for (int j = 0; j < 256; ++j) ASSERT_GT(x[4 * 256 + j], 0.0f);              // all positive
+    for (int j = 0; j < 256; ++j) ASSERT_LT(x[5 * 256 + j], 0.0f);              // all negative
+}
+
 // ------------------------------------------------------------ 2. Q8_1 / Q8_K by definition
 
 TEST(QuantRef, NearestIntRoundsHalfToEven) {
@@ -523,6 +560,8 @@ const std::vector<Accuracy> kAccuracy = {
     {DType::Q6_K, 0.023, 0.12, 0.015},    {DType::Q8_K, 0.009, 0.11, 0.012},
     {DType::F16, 0.0003, 0.0003, 0.0005}, {DType::BF16, 0.0021, 0.0021, 0.004},
 };
+
+void PrintTo(const Accuracy& a, std::ostream* os) { *os << type_name(a.type); }
 
 std::string accuracy_name(const testing::TestParamInfo<Accuracy>& info) { return type_name(info.param.type); }
 

@@ -13,7 +13,12 @@
 // length and count against the bytes left in the file, every tensor's shape
 // product and byte size against overflow, every tensor's data range against the
 // file size and the alignment. Any violation throws quern::Error naming what
-// (key or tensor), where (byte offset) and why.
+// (key or tensor), where (byte offset) and why. Beyond the specification's
+// own rules the reader also rejects: empty keys and tensor names, duplicate
+// keys or names, bool bytes other than 0/1, a general.alignment that is not a
+// uint32 power of two, arrays nested deeper than kGgufMaxArrayDepth, and
+// tensors whose data ranges overlap. Tensor offsets need not be in file order,
+// and the padding after the last tensor may be missing.
 #pragma once
 #include <array>
 #include <functional>
@@ -22,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -54,6 +60,8 @@ struct GgufValue;
 struct GgufArray {
     GgufType type = GgufType::UINT8;
     std::vector<GgufValue> items;
+
+    bool operator==(const GgufArray& o) const;
 };
 
 /// One metadata value. Integers are widened to int64/uint64, floats to double;
@@ -74,7 +82,28 @@ struct GgufValue {
     const GgufArray& as_array() const;     // throws unless ARRAY
     /// Short human-readable rendering (arrays abbreviated after `max_items`).
     std::string to_string(size_t max_items = 8) const;
+
+    /// Deep equality (type and value; FLOAT values compare as doubles).
+    bool operator==(const GgufValue& o) const;
 };
+
+/// Value constructors. Integer kinds (UINT8..INT64) are range-checked by the
+/// writer when the file is written; gguf_uint/gguf_int take the stored type.
+GgufValue gguf_uint(GgufType t, uint64_t v);
+GgufValue gguf_int(GgufType t, int64_t v);
+GgufValue gguf_float(GgufType t, double v);  // FLOAT32 or FLOAT64
+GgufValue gguf_bool(bool v);
+GgufValue gguf_string(std::string v);
+GgufValue gguf_array(GgufType elem, std::vector<GgufValue> items);
+
+/// Type as written in listings: "uint32", "string", "array[string]",
+/// "array[array[int32]]" (nested element types taken from the first item).
+std::string gguf_value_type_string(const GgufValue& v);
+
+/// Keys longer than this are rejected (the GGUF specification's limit).
+inline constexpr uint64_t kGgufMaxKeyLength = 65535;
+/// Arrays may nest at most this deep (an array of arrays has depth 2).
+inline constexpr int kGgufMaxArrayDepth = 16;
 
 struct GgufKV {
     std::string key;
@@ -135,6 +164,8 @@ private:
     uint64_t data_offset_ = 0;
     std::vector<GgufKV> kv_;
     std::vector<GgufTensorInfo> tensors_;
+    std::unordered_map<std::string, size_t> kv_index_;      // key -> index in kv_
+    std::unordered_map<std::string, size_t> tensor_index_;  // name -> index in tensors_
 };
 
 /// Builds a GGUF file (version 3) in memory-light streaming fashion: metadata

@@ -1,0 +1,14 @@
+// Subcommands of `quern`: each src/cli/cmd_*.cpp defines one add_*_command()
+// that registers its subcommand on the top-level app. One line per command.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+void add_inspect_command(CLI::App& app);  // quern inspect MODEL [--json]: GGUF metadata, tensors, totals
+void add_run_command(CLI::App& app);  // quern run -p TEXT: generate text
+void add_perplexity_command(CLI::App& app);  // quern perplexity -f TEXT: llama.cpp-style perplexity
+void add_bench_command(CLI::App& app);  // quern bench: pp/tg tokens/s like llama-bench
+void add_tokenize_command(CLI::App& app);  // quern tokenize [-m MODEL] -p TEXT | --jsonl: token ids
+void add_synth_command(CLI::App& app);  // quern synth PRESET --quant TYPE -o FILE: synthetic GGUF

@@ -18,7 +18,7 @@ constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 "▁"
 
 // Control-token texts that end a generation when present in a vocabulary.
 constexpr std::string_view kEogTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|EOT|>", "<|eot|>",
     "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|END_OF_TURN_TOKEN|>", "<|return|>", "<|call|>",
 };
 

@@ -198,6 +198,25 @@ TEST(PreTokenizer, StarcoderSplitsDigits) {
     EXPECT_EQ(got, (std::vector<std::string>{"abc", " ", "1", "2", "3"}));
 }
 
+TEST(PreTokenizer, EveryFamilyCompilesAndCoversTheText) {
+    const auto& bm = unicode::ByteMap::get();
+    const std::string text = "Hello 12345 world's\n\n  \xE4\xBD\xA0\xE5\xA5\xBD, \xF0\x9F\xA6\x99!\xFF ok";
+    for (const char* pre : {"default", "gpt2", "smollm", "starcoder", "llama3", "llama-bpe", "qwen2", "deepseek-llm",
+                            "deepseek-coder", "deepseek-v3", "falcon", "gpt-neox", "phi-2", "command-r"}) {
+        PreTokenizer p(pre);
+        EXPECT_TRUE(p.known()) << pre;
+        std::string joined;
+        for (const auto& w : p.split(text)) {
+            EXPECT_FALSE(w.empty()) << pre;
+            joined += bm.decode(w);
+        }
+        EXPECT_EQ(joined, text) << pre;
+    }
+    std::vector<std::string> got;
+    for (auto& w : PreTokenizer("llama3").split("Hello 12345 world's\n\n")) got.push_back(bm.decode(w));
+    EXPECT_EQ(got, (std::vector<std::string>{"Hello", " ", "123", "45", " world", "'s", "\n\n"}));
+}
+
 // ---------------------------------------------------------------- reference vectors
 
 class VocabVectors : public ::testing::TestWithParam<std::string> {};
@@ -273,6 +292,23 @@ TEST(Tokenizer, GptTokenToPieceMapsBytesBack) {
     EXPECT_EQ(tok->token_to_piece(198), "\n");
     EXPECT_EQ(tok->token_to_piece(-1), "");
     EXPECT_EQ(tok->token_to_piece(1 << 30), "");
+}
+
+TEST(Tokenizer, EndOfGenerationTokens) {
+    if (const Tokenizer* phi3 = vocab("phi-3")) {
+        EXPECT_TRUE(phi3->is_eog(phi3->token_id("<|end|>").value()));
+        EXPECT_TRUE(phi3->is_eog(phi3->token_id("<|endoftext|>").value()));
+        EXPECT_FALSE(phi3->is_eog(phi3->token_id("<|user|>").value()));
+        EXPECT_FALSE(phi3->is_eog(phi3->bos()));
+    }
+    if (const Tokenizer* ds = vocab("deepseek-coder")) {
+        EXPECT_TRUE(ds->is_eog(ds->eos()));
+        EXPECT_TRUE(ds->is_eog(ds->token_id("<|EOT|>").value()));
+        // User-defined tokens are matched even without parse_special, control ones only with it.
+        EXPECT_EQ(ds->encode("<|EOT|>", false, false), std::vector<int32_t>{ds->token_id("<|EOT|>").value()});
+        EXPECT_GT(ds->encode("<｜end▁of▁sentence｜>", false, false).size(), 1u);
+        EXPECT_EQ(ds->encode("<｜end▁of▁sentence｜>", false, true), std::vector<int32_t>{ds->eos()});
+    }
 }
 
 // ---------------------------------------------------------------- default model

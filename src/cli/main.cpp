@@ -1,9 +1,35 @@
+// quern: command-line entry point. Each subcommand lives in its own cmd_*.cpp.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cli/commands.h"
+#include "core/error.h"
+
 int main(int argc, char** argv) {
-    CLI::App app{"quern — LLM inference engine"};
+    CLI::App app{"quern — a large-language-model inference engine (GGUF models on CPU and GPU)"};
     app.set_version_flag("--version", QUERN_VERSION);
-    CLI11_PARSE(app, argc, argv);
+    app.require_subcommand(1);
+    app.footer(
+        "Examples:\n"
+        "  quern run -p \"The capital of France is\" -n 32 --temp 0\n"
+        "  quern bench -p 512 -n 128 -r 5\n"
+        "  quern perplexity -f tests/data/genesis-kjv.txt -c 512\n"
+        "  quern inspect ~/.cache/quern/models/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+        "Run 'quern COMMAND --help' for the options of a command.");
+    add_run_command(app);
+    add_inspect_command(app);
+    add_perplexity_command(app);
+    add_bench_command(app);
+    add_synth_command(app);
+    add_tokenize_command(app);
+    try {
+        CLI11_PARSE(app, argc, argv);
+    } catch (const quern::Error& e) {
+        std::fprintf(stderr, "quern: error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "quern: error: out of memory\n");
+        return 1;
+    }
     return 0;
 }

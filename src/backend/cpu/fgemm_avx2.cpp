@@ -1,0 +1,105 @@
+// AVX2 kernels for float weights (F32, F16, BF16) x float activations.
+// y[c*ldy + r] = sum_k W[r][k] * x[c][k], fp32 accumulation.
+// Register tile: R = 4 weight rows x C <= 2 activation rows (8 ymm
+// accumulators, 8 elements per step, weights converted exactly on load), a
+// scalar loop for the K % 8 tail, horizontal sums at the end. Activation rows
+// in blocks of 64 (L2). Decode is bandwidth-bound, prefill FMA-bound.
+// Alignment: none.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+
+namespace quern::cpu::avx2 {
+
+namespace {
+
+struct LoadF32 {
+    static __m256 load(const uint8_t* p, int64_t k) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + k); }
+    static float one(const uint8_t* p, int64_t k) {
+        float f;
+        std::memcpy(&f, p + 4 * k, 4);
+        return f;
+    }
+};
+struct LoadF16 {
+    static __m256 load(const uint8_t* p, int64_t k) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * k)));
+    }
+    static float one(const uint8_t* p, int64_t k) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * k, 2);
+        return _cvtsh_ss(h);
+    }
+};
+struct LoadBF16 {
+    static __m256 load(const uint8_t* p, int64_t k) {
+        const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * k)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    static float one(const uint8_t* p, int64_t k) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * k, 2);
+        const uint32_t u = static_cast<uint32_t>(h) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+};
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+template <class L, int R, int C>
+void tile(int64_t K, const uint8_t* w, size_t ldw, const float* x, size_t ldx, float* y, size_t ldy) {
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = L::load(w + r * ldw, k);
+        for (int c = 0; c < C; ++c) {
+            const __m256 xv = _mm256_loadu_ps(x + c * ldx + k);
+            for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+            float s = hsum(acc[r][c]);
+            for (int64_t kt = k; kt < K; ++kt) s += L::one(w + r * ldw, kt) * x[c * ldx + kt];
+            y[c * ldy + r] = s;
+        }
+}
+
+template <class L, int R>
+void tile_rows(int64_t K, const uint8_t* w, size_t ldw, const float* x, size_t ldx, int nc, float* y, size_t ldy) {
+    int c = 0;
+    for (; c + 2 <= nc; c += 2) tile<L, R, 2>(K, w, ldw, x + c * ldx, ldx, y + c * ldy, ldy);
+    if (c < nc) tile<L, R, 1>(K, w, ldw, x + c * ldx, ldx, y + c * ldy, ldy);
+}
+
+template <class L>
+void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t ldx, int nc, float* y, size_t ldy) {
+    const auto* w = static_cast<const uint8_t*>(wv);
+    constexpr int kColBlock = 64;
+    for (int c0 = 0; c0 < nc; c0 += kColBlock) {
+        const int ncb = nc - c0 < kColBlock ? nc - c0 : kColBlock;
+        const float* xb = x + c0 * ldx;
+        float* yb = y + c0 * ldy;
+        int r = 0;
+        for (; r + 4 <= nr; r += 4) tile_rows<L, 4>(K, w + r * ldw, ldw, xb, ldx, ncb, yb + r, ldy);
+        for (; r < nr; ++r) tile_rows<L, 1>(K, w + r * ldw, ldw, xb, ldx, ncb, yb + r, ldy);
+    }
+}
+
+}  // namespace
+
+const FKernels fkernels{4, 2, fgemm<LoadF32>, fgemm<LoadF16>, fgemm<LoadBF16>};
+
+}  // namespace quern::cpu::avx2

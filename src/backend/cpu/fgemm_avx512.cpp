@@ -1,0 +1,102 @@
+// AVX-512 kernels for float weights (F32, F16, BF16) x float activations.
+// y[c*ldy + r] = sum_k W[r][k] * x[c][k], fp32 accumulation.
+//
+// Register tile: R = 4 weight rows x C <= 4 activation rows, 16 zmm
+// accumulators along K (16 elements per step; weights converted to fp32 on
+// load: vcvtph2ps for F16, a 16-bit shift for BF16, both exact), reduced
+// horizontally at the end. K tails use masked loads.
+// Blocking: activation rows in blocks of 64 (L2), the caller's weight rows
+// (a chunk of a few tiles) stay in L1/L2 across the column block.
+// Decode (n = 1) is bandwidth-bound; prefill is FMA-bound.
+// Alignment: none (unaligned loads).
+// GCC 12 reports false -Wuninitialized positives inside the AVX-512 intrinsics headers.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "backend/cpu/kernels.h"
+
+namespace quern::cpu::avx512 {
+
+namespace {
+
+struct LoadF32 {
+    static __m512 load(const uint8_t* p, int64_t k) { return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + k); }
+    static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) {
+        return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(p) + k);
+    }
+};
+struct LoadF16 {
+    static __m512 load(const uint8_t* p, int64_t k) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * k)));
+    }
+    static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p + 2 * k));
+    }
+};
+struct LoadBF16 {
+    static __m512 cvt(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+    static __m512 load(const uint8_t* p, int64_t k) {
+        return cvt(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * k)));
+    }
+    static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) { return cvt(_mm256_maskz_loadu_epi16(m, p + 2 * k)); }
+};
+
+template <class L, int R, int C>
+void tile(int64_t K, const uint8_t* w, size_t ldw, const float* x, size_t ldx, float* y, size_t ldy) {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = L::load(w + r * ldw, k);
+        for (int c = 0; c < C; ++c) {
+            const __m512 xv = _mm512_loadu_ps(x + c * ldx + k);
+            for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+    if (k < K) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1);
+        __m512 wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = L::loadm(w + r * ldw, k, m);
+        for (int c = 0; c < C; ++c) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + c * ldx + k);
+            for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+template <class L, int R>
+void tile_rows(int64_t K, const uint8_t* w, size_t ldw, const float* x, size_t ldx, int nc, float* y, size_t ldy) {
+    int c = 0;
+    for (; c + 4 <= nc; c += 4) tile<L, R, 4>(K, w, ldw, x + c * ldx, ldx, y + c * ldy, ldy);
+    switch (nc - c) {
+        case 3: tile<L, R, 3>(K, w, ldw, x + c * ldx, ldx, y + c * ldy, ldy); break;
+        case 2: tile<L, R, 2>(K, w, ldw, x + c * ldx, ldx, y + c * ldy, ldy); break;
+        case 1: tile<L, R, 1>(K, w, ldw, x + c * ldx, ldx, y + c * ldy, ldy); break;
+        default: break;
+    }
+}
+
+template <class L>
+void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t ldx, int nc, float* y, size_t ldy) {
+    const auto* w = static_cast<const uint8_t*>(wv);
+    constexpr int kColBlock = 64;
+    for (int c0 = 0; c0 < nc; c0 += kColBlock) {
+        const int ncb = nc - c0 < kColBlock ? nc - c0 : kColBlock;
+        const float* xb = x + c0 * ldx;
+        float* yb = y + c0 * ldy;
+        int r = 0;
+        for (; r + 4 <= nr; r += 4) tile_rows<L, 4>(K, w + r * ldw, ldw, xb, ldx, ncb, yb + r, ldy);
+        for (; r < nr; ++r) tile_rows<L, 1>(K, w + r * ldw, ldw, xb, ldx, ncb, yb + r, ldy);
+    }
+}
+
+}  // namespace
+
+const FKernels fkernels{4, 4, fgemm<LoadF32>, fgemm<LoadF16>, fgemm<LoadBF16>};
+
+}  // namespace quern::cpu::avx512

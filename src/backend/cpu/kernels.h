@@ -1,0 +1,161 @@
+// Internal interface between the matmul driver (matmul.cpp) and the per-ISA
+// kernel files. Nothing here is used outside src/backend/cpu and the tests.
+//
+// How a quantized matrix product is computed
+// ------------------------------------------
+// Activations x are quantized per row to the weight type's 8-bit partner
+// (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants): int8
+// values a_k and one float scale per block, da.
+//
+// Scalar level: one function per weight type computes the dot product of a
+// packed weight row with a packed Q8 activation row (integer sums per block,
+// then float scaling), like ggml's vec_dot.
+//
+// SIMD levels (AVX2, AVX-512): every quantized weight row is first *unpacked*
+// by a per-type function into a common form
+//     w_k = D_s * u_k + Mn_s        (k in sub-block s of G = 16 or 32 elements)
+// with u_k an unsigned 8-bit integer (natural element order), D_s and Mn_s
+// floats per sub-block. For example Q4_0: u = nibble, D = d, Mn = -8d;
+// Q4_K: u = nibble, D = d*sc, Mn = -dmin*m; Q8_0: u = q + 128, D = d,
+// Mn = -128d. The dot product with an activation row is then
+//     sum_s  D_s * da_s * (sum_{k in s} u_k a_k)  +  Mn_s * dsa_s
+// where da_s is the activation scale of sub-block s and dsa_s = da_s * sum a_k
+// over the sub-block. The integer sums are vpdpbusd (u8 x s8) on AVX-512 VNNI
+// and vpmaddubsw + vpmaddwd on AVX2. Two generic kernels consume this form:
+//   * GEMV (decode): unpacked rows (in L1) dotted with one activation row;
+//   * GEMM (prefill): a register tile of NR weight rows x NCP activation rows;
+//     activations are packed into column panels [K/4][NCP][4 bytes] so that a
+//     broadcast 4-byte group of one weight row meets 16 activation rows per
+//     vpdpbusd; the unpacked weight panel is reused against every column panel.
+// Only the unpackers (and the activation quantizers) are type-specific.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace quern::cpu {
+
+// ---------------------------------------------------------------- activation quantizers
+// Q8_0 / Q8_1 / Q8_K rows, byte-identical to quantize_row_ref. k must be a
+// multiple of the block size (32 or 256); not checked here.
+using QuantizeRowFn = void (*)(const float* x, void* y, int64_t k);
+struct ActQuantizers {
+    QuantizeRowFn q8_0, q8_1, q8_K;
+};
+
+// ---------------------------------------------------------------- scalar dot products
+// dot of one packed weight row of K elements with one activation row:
+// Q8 blocks for quantized types (the partner type), floats for F32/F16/BF16.
+using ScalarDotFn = float (*)(int64_t K, const void* w, const void* act);
+
+// ---------------------------------------------------------------- unpacked form (SIMD levels)
+/// Unpacks nr rows (row stride ldw bytes) of K elements into u (nr rows, row
+/// stride ldu bytes, K bytes each) and D, Mn (nr rows, row stride lds floats,
+/// K/G entries each). K is a multiple of the type's block size.
+using UnpackFn = void (*)(const uint8_t* w, size_t ldw, int nr, int64_t K, uint8_t* u, size_t ldu, float* D,
+                          float* Mn, size_t lds);
+
+/// One activation row in GEMV form: K int8 values in natural order, and per
+/// sub-block of G elements its scale da and dsa = da * sum(a).
+struct ActRow {
+    const int8_t* a;
+    const float* da;
+    const float* dsa;
+};
+
+/// Sub-block size and signedness of an unpacked form. signed_u: u holds
+/// signed int8 weights (Mn = 0); used by AVX2 for Q8_0, where u + 128 would
+/// overflow vpmaddubsw's 16-bit pair sums.
+struct UForm {
+    int G;
+    bool signed_u;
+};
+
+/// GEMV over unpacked rows: y[r] = dot(unpacked row r, act), r < nr.
+using QGemvFn = void (*)(int64_t K, UForm f, int nr, const uint8_t* u, size_t ldu, const float* D, const float* Mn,
+                         size_t lds, const ActRow& act, float* y);
+
+/// Activation column panel for the GEMM tile: NCP activation rows packed as
+/// a[K/4][NCP][4] int8, da[K/G][NCP], dsa[K/G][NCP]. Unused columns are zero.
+struct ActPanel {
+    const int8_t* a;
+    const float* da;
+    const float* dsa;
+};
+
+/// GEMM tile: out[r * NCP + c] = dot(unpacked row r, panel column c) for
+/// r < NR (the kernel's row count; pass nr <= NR real rows), c < NCP.
+using QTileFn = void (*)(int64_t K, UForm f, int nr, const uint8_t* u, size_t ldu, const float* D, const float* Mn,
+                         size_t lds, const ActPanel& act, float* out);
+
+/// Builds an ActRow's arrays from one row of Q8 blocks (type act) of K elements.
+using PrepRowFn = void (*)(DType act, int G, int64_t K, const void* blocks, int8_t* a, float* da, float* dsa);
+/// Packs nrows <= ncp rows of Q8 blocks into an ActPanel of ncp columns
+/// (missing columns zero).
+using PackPanelFn = void (*)(DType act, int G, int64_t K, int ncp, const void* const* rows, int nrows, int8_t* a,
+                             float* da, float* dsa);
+void prep_row_generic(DType act, int G, int64_t K, const void* blocks, int8_t* a, float* da, float* dsa);
+void pack_panel_generic(DType act, int G, int64_t K, int ncp, const void* const* rows, int nrows, int8_t* a, float* da,
+                        float* dsa);
+
+/// Everything one SIMD level provides for quantized types.
+struct QKernels {
+    int nr;   // weight rows per GEMM tile
+    int ncp;  // activation rows (columns of the panel) per GEMM tile
+    bool q8_0_signed;  // the Q8_0 unpacker emits signed u (see UForm)
+    QGemvFn gemv;
+    QTileFn tile;
+    PrepRowFn prep_row;
+    PackPanelFn pack_panel;
+    // unpack functions indexed by weight type; nullptr where not available
+    UnpackFn unpack(DType t) const;
+    UnpackFn q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K;
+};
+
+// ---------------------------------------------------------------- float weights
+/// y[c*ldy + r] = dot(W row r, x row c) for r < nr, c < nc. W rows have stride
+/// ldw bytes (type F32/F16/BF16), x rows stride ldx floats.
+using FGemmFn = void (*)(int64_t K, const void* w, size_t ldw, int nr, const float* x, size_t ldx, int nc, float* y,
+                         size_t ldy);
+struct FKernels {
+    int nr, nc;  // preferred tile (rows x columns)
+    FGemmFn f32, f16, bf16;
+};
+
+// ---------------------------------------------------------------- per-level tables
+#define QUERN_CPU_DECLARE_UNPACKERS(X)                                                                           \
+    void X##q4_0(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##q4_1(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##q5_0(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##q5_1(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##q8_0(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##q2_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##q3_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##q4_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##q5_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##q6_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);
+namespace scalar {
+extern const ActQuantizers quantizers;
+ScalarDotFn dot_fn(DType t);  // nullptr if unsupported
+extern const FKernels fkernels;
+}  // namespace scalar
+namespace avx2 {
+QUERN_CPU_DECLARE_UNPACKERS(unpack_)
+extern const ActQuantizers quantizers;
+extern const QKernels qkernels;
+extern const FKernels fkernels;
+}  // namespace avx2
+namespace avx512 {
+QUERN_CPU_DECLARE_UNPACKERS(unpack_)
+extern const ActQuantizers quantizers;
+extern const QKernels qkernels;
+extern const FKernels fkernels;
+}  // namespace avx512
+
+/// Activation partner of a quantized weight type (Q8_0, Q8_1 or Q8_K).
+DType act_type_for(DType weight);
+/// Sub-block size G of the unpacked form of a weight type (16 or 32).
+int subblock_for(DType weight);
+
+}  // namespace quern::cpu

@@ -1,0 +1,280 @@
+// CPU matmul driver: y = x · Wᵀ. Validates shapes, picks the ISA level
+// (cpu_features.h), quantizes activations, and splits the work over threads.
+//
+// Shapes: W is K x M (ne[0] = K contiguous, ne[1] = M rows, row stride
+// nb[1] bytes); x is n rows of K floats; y is n rows of M floats, stride ldy.
+//
+// Work mapping:
+//   * decode (n < kGemmMinN, GEMV): the caller quantizes the n activation rows
+//     once; rows of W are handed out in chunks of kGemvGrain rows
+//     (ThreadPool::parallel_for, dynamic). Each chunk is unpacked a few rows at
+//     a time into a thread-local L1 buffer and dotted with every activation
+//     row. Bound by memory bandwidth: each weight byte is read once.
+//   * prefill (n >= kGemmMinN, GEMM): activations are quantized and packed into
+//     column panels of ncp rows, in parallel over panels; then panels of nr
+//     weight rows are handed out dynamically; each thread unpacks its weight
+//     panel once (L1) and runs the nr x ncp register-tile kernel against every
+//     activation panel (L2). Compute-bound: each unpacked weight is reused n
+//     times, each activation byte nr times from registers.
+//   * float weights (F32/F16/BF16): row chunks per thread; the kernel tiles
+//     rows x activation rows in registers.
+// Scratch buffers are thread-local and only grow.
+#include "backend/cpu/matmul.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kernels.h"
+#include "core/error.h"
+
+namespace quern::cpu {
+
+namespace {
+
+constexpr int64_t kGemmMinN = 4;    // n at or above which the GEMM path is used
+constexpr int64_t kGemvGrain = 16;  // weight rows per GEMV work item
+constexpr int kGemvUnpackRows = 4;  // rows unpacked at once in GEMV
+
+// A 64-byte aligned, grow-only byte buffer.
+class Scratch {
+public:
+    uint8_t* get(size_t bytes) {
+        if (bytes > cap_) {
+            cap_ = std::max(bytes, cap_ * 2);
+            mem_.reset(static_cast<uint8_t*>(::operator new[](cap_, std::align_val_t(64))));
+        }
+        return mem_.get();
+    }
+
+private:
+    struct Del {
+        void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+    };
+    std::unique_ptr<uint8_t, Del> mem_;
+    size_t cap_ = 0;
+};
+
+thread_local Scratch tl_act;   // activations, owned by the calling thread
+thread_local Scratch tl_work;  // per-thread unpacked weights and tile outputs
+
+size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
+
+// Carves aligned sub-buffers out of one scratch allocation.
+struct Carver {
+    uint8_t* base;
+    size_t off = 0;
+    template <class T>
+    T* take(size_t count) {
+        T* p = reinterpret_cast<T*>(base + off);
+        off += align64(count * sizeof(T));
+        return p;
+    }
+};
+
+const ActQuantizers& quantizers_for(Isa isa) {
+    switch (isa) {
+        case Isa::AVX512: return avx512::quantizers;
+        case Isa::AVX2: return avx2::quantizers;
+        default: return scalar::quantizers;
+    }
+}
+
+QuantizeRowFn quantizer(const ActQuantizers& q, DType act) {
+    return act == DType::Q8_0 ? q.q8_0 : act == DType::Q8_1 ? q.q8_1 : q.q8_K;
+}
+
+// ---------------------------------------------------------------- float weights
+void matmul_float(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool, Isa isa) {
+    const FKernels& fk = isa == Isa::AVX512 ? avx512::fkernels : isa == Isa::AVX2 ? avx2::fkernels : scalar::fkernels;
+    const FGemmFn fn = W.type == DType::F32 ? fk.f32 : W.type == DType::F16 ? fk.f16 : fk.bf16;
+    const int64_t K = W.ne[0], M = W.ne[1];
+    const size_t ldw = W.nb[1];
+    const auto* w = static_cast<const uint8_t*>(W.data);
+    // Rows per work item: enough to amortize the x reads, enough items to balance.
+    const int64_t grain = n == 1 ? 32 : 16;
+    pool.parallel_for(M, grain, [&](int64_t r0, int64_t r1, int) {
+        fn(K, w + r0 * ldw, ldw, static_cast<int>(r1 - r0), x, static_cast<size_t>(K), static_cast<int>(n), y + r0,
+           static_cast<size_t>(ldy));
+    });
+}
+
+// ---------------------------------------------------------------- quantized, scalar level
+void matmul_q_scalar(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool) {
+    const DType act = act_type_for(W.type);
+    const ScalarDotFn dot = scalar::dot_fn(W.type);
+    const int64_t K = W.ne[0], M = W.ne[1];
+    const size_t ldw = W.nb[1];
+    const size_t ldq = row_size(act, K);
+    uint8_t* xq = tl_act.get(ldq * static_cast<size_t>(n));
+    const QuantizeRowFn q = quantizer(scalar::quantizers, act);
+    for (int64_t c = 0; c < n; ++c) q(x + c * K, xq + c * ldq, K);
+    const auto* w = static_cast<const uint8_t*>(W.data);
+    pool.parallel_for(M, kGemvGrain, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t c = 0; c < n; ++c) y[c * ldy + r] = dot(K, w + r * ldw, xq + c * ldq);
+    });
+}
+
+// ---------------------------------------------------------------- quantized, SIMD levels
+void matmul_q_gemv(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
+                   const QKernels& qk, const ActQuantizers& qz) {
+    const DType act = act_type_for(W.type);
+    const int G = subblock_for(W.type);
+    const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed};
+    const UnpackFn unpack = qk.unpack(W.type);
+    const int64_t K = W.ne[0], M = W.ne[1];
+    const int64_t nsub = K / G;
+    const size_t ldw = W.nb[1];
+    const size_t ldq = row_size(act, K);
+
+    // Activations: Q8 blocks, then the GEMV form (a, da, dsa) per row.
+    Carver cv{tl_act.get(static_cast<size_t>(n) * (align64(ldq) + align64(K) + 2 * align64(nsub * 4)))};
+    std::vector<ActRow> rows(static_cast<size_t>(n));
+    const QuantizeRowFn q = quantizer(qz, act);
+    for (int64_t c = 0; c < n; ++c) {
+        uint8_t* blocks = cv.take<uint8_t>(ldq);
+        q(x + c * K, blocks, K);
+        auto* a = cv.take<int8_t>(static_cast<size_t>(K));
+        auto* da = cv.take<float>(static_cast<size_t>(nsub));
+        auto* dsa = cv.take<float>(static_cast<size_t>(nsub));
+        qk.prep_row(act, G, K, blocks, a, da, dsa);
+        rows[static_cast<size_t>(c)] = ActRow{a, da, dsa};
+    }
+
+    const auto* w = static_cast<const uint8_t*>(W.data);
+    const size_t ldu = align64(static_cast<size_t>(K));
+    const size_t lds = static_cast<size_t>((nsub + 15) & ~int64_t(15));
+    pool.parallel_for(M, kGemvGrain, [&](int64_t r0, int64_t r1, int) {
+        Carver wc{tl_work.get(kGemvUnpackRows * (ldu + 2 * lds * 4) + 64 * kGemvUnpackRows)};
+        uint8_t* u = wc.take<uint8_t>(kGemvUnpackRows * ldu);
+        float* D = wc.take<float>(kGemvUnpackRows * lds);
+        float* Mn = wc.take<float>(kGemvUnpackRows * lds);
+        float out[kGemvUnpackRows];
+        for (int64_t r = r0; r < r1; r += kGemvUnpackRows) {
+            const int nr = static_cast<int>(std::min<int64_t>(kGemvUnpackRows, r1 - r));
+            unpack(w + r * ldw, ldw, nr, K, u, ldu, D, Mn, lds);
+            for (int64_t c = 0; c < n; ++c) {
+                qk.gemv(K, form, nr, u, ldu, D, Mn, lds, rows[static_cast<size_t>(c)], out);
+                std::memcpy(y + c * ldy + r, out, static_cast<size_t>(nr) * sizeof(float));
+            }
+        }
+    });
+}
+
+void matmul_q_gemm(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
+                   const QKernels& qk, const ActQuantizers& qz) {
+    const DType act = act_type_for(W.type);
+    const int G = subblock_for(W.type);
+    const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed};
+    const UnpackFn unpack = qk.unpack(W.type);
+    const int64_t K = W.ne[0], M = W.ne[1];
+    const int64_t nsub = K / G;
+    const size_t ldw = W.nb[1];
+    const size_t ldq = row_size(act, K);
+    const int NR = qk.nr, NCP = qk.ncp;
+    const int64_t npanels = (n + NCP - 1) / NCP;
+
+    // Activation panels: quantize each row to Q8 blocks, then pack.
+    const size_t panel_a = align64(static_cast<size_t>(K) * NCP);
+    const size_t panel_s = align64(static_cast<size_t>(nsub) * NCP * 4);
+    const size_t panel_bytes = panel_a + 2 * panel_s;
+    const size_t qbytes = align64(ldq * NCP);
+    uint8_t* base = tl_act.get(static_cast<size_t>(npanels) * (panel_bytes + qbytes));
+    const QuantizeRowFn q = quantizer(qz, act);
+    pool.parallel_for(npanels, 1, [&](int64_t p0, int64_t p1, int) {
+        for (int64_t p = p0; p < p1; ++p) {
+            uint8_t* pb = base + p * static_cast<int64_t>(panel_bytes + qbytes);
+            uint8_t* qb = pb + panel_bytes;
+            const int nrows = static_cast<int>(std::min<int64_t>(NCP, n - p * NCP));
+            const void* rowp[64];
+            for (int c = 0; c < nrows; ++c) {
+                q(x + (p * NCP + c) * K, qb + c * ldq, K);
+                rowp[c] = qb + c * ldq;
+            }
+            qk.pack_panel(act, G, K, NCP, rowp, nrows, reinterpret_cast<int8_t*>(pb),
+                          reinterpret_cast<float*>(pb + panel_a), reinterpret_cast<float*>(pb + panel_a + panel_s));
+        }
+    });
+
+    const auto* w = static_cast<const uint8_t*>(W.data);
+    const size_t ldu = align64(static_cast<size_t>(K));
+    const size_t lds = static_cast<size_t>((nsub + 15) & ~int64_t(15));
+    const int64_t nrp = (M + NR - 1) / NR;
+    // Enough work items for balance; each item is a few row panels.
+    const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(4, nrp / (8 * pool.size())));
+    pool.parallel_for(nrp, grain, [&](int64_t i0, int64_t i1, int) {
+        Carver wc{tl_work.get(NR * ldu + 2 * align64(NR * lds * 4) + align64(NR * NCP * 4))};
+        uint8_t* u = wc.take<uint8_t>(NR * ldu);
+        float* D = wc.take<float>(NR * lds);
+        float* Mn = wc.take<float>(NR * lds);
+        float* out = wc.take<float>(static_cast<size_t>(NR * NCP));
+        for (int64_t i = i0; i < i1; ++i) {
+            const int64_t r0 = i * NR;
+            const int nr = static_cast<int>(std::min<int64_t>(NR, M - r0));
+            unpack(w + r0 * ldw, ldw, nr, K, u, ldu, D, Mn, lds);
+            for (int64_t p = 0; p < npanels; ++p) {
+                const uint8_t* pb = base + p * static_cast<int64_t>(panel_bytes + qbytes);
+                const ActPanel ap{reinterpret_cast<const int8_t*>(pb), reinterpret_cast<const float*>(pb + panel_a),
+                                  reinterpret_cast<const float*>(pb + panel_a + panel_s)};
+                qk.tile(K, form, nr, u, ldu, D, Mn, lds, ap, out);
+                const int nc = static_cast<int>(std::min<int64_t>(NCP, n - p * NCP));
+                for (int c = 0; c < nc; ++c) {
+                    float* yc = y + (p * NCP + c) * ldy + r0;
+                    for (int r = 0; r < nr; ++r) yc[r] = out[r * NCP + c];
+                }
+            }
+        }
+    });
+}
+
+bool has_cpu_kernel(DType t) {
+    switch (t) {
+        case DType::F32:
+        case DType::F16:
+        case DType::BF16:
+        case DType::Q4_0:
+        case DType::Q4_1:
+        case DType::Q5_0:
+        case DType::Q5_1:
+        case DType::Q8_0:
+        case DType::Q2_K:
+        case DType::Q3_K:
+        case DType::Q4_K:
+        case DType::Q5_K:
+        case DType::Q6_K: return true;
+        default: return false;
+    }
+}
+
+}  // namespace
+
+void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool) {
+    if (W.device != Device::CPU) fail("matmul: weight '{}' is not in CPU memory", W.name);
+    if (!has_cpu_kernel(W.type)) fail("matmul: weight '{}' has type {} with no CPU kernel", W.name, dtype_name(W.type));
+    if (W.ne[2] != 1 || W.ne[3] != 1)
+        fail("matmul: weight '{}' must be 2-D, has shape [{}, {}, {}, {}]", W.name, W.ne[0], W.ne[1], W.ne[2], W.ne[3]);
+    const int64_t K = W.ne[0], M = W.ne[1];
+    if (K < 0 || M < 0 || n < 0) fail("matmul: negative size (K={}, M={}, n={})", K, M, n);
+    const size_t rb = row_size(W.type, K);  // throws unless K is whole blocks
+    if (ldy < M) fail("matmul: output stride {} is smaller than the {} rows of '{}'", ldy, M, W.name);
+    if (n == 0 || M == 0) return;
+    if (W.nb[1] < rb) fail("matmul: row stride {} of '{}' is smaller than a row ({} bytes)", W.nb[1], W.name, rb);
+    if (K == 0) {
+        for (int64_t c = 0; c < n; ++c) std::fill(y + c * ldy, y + c * ldy + M, 0.0f);
+        return;
+    }
+    if (!W.data || !x || !y) fail("matmul: null data pointer (weight '{}')", W.name);
+
+    const Isa isa = active_isa();
+    if (!dtype_is_quantized(W.type)) return matmul_float(W, x, n, y, ldy, pool, isa);
+    if (isa == Isa::Scalar) return matmul_q_scalar(W, x, n, y, ldy, pool);
+    const QKernels& qk = isa == Isa::AVX512 ? avx512::qkernels : avx2::qkernels;
+    const ActQuantizers& qz = quantizers_for(isa);
+    if (n < kGemmMinN) return matmul_q_gemv(W, x, n, y, ldy, pool, qk, qz);
+    return matmul_q_gemm(W, x, n, y, ldy, pool, qk, qz);
+}
+
+}  // namespace quern::cpu

@@ -1,0 +1,150 @@
+// AVX-512 activation quantizers: float rows -> Q8_0 / Q8_1 / Q8_K blocks,
+// byte-identical to quantize_row_ref (src/quant/reference.cpp):
+//   Q8_0/Q8_1: d = amax/127, id = 1/d, q = roundf(x*id) (ties away from zero),
+//              Q8_1 s = fp16(float(sum q) * d).
+//   Q8_K:      max = signed value of largest magnitude (first on ties),
+//              iscale = -127/max, q = min(127, round-half-even(iscale*x)),
+//              d = 1/iscale, bsums = sums of 16.
+// Every float operation is the same IEEE operation as the reference (no FMA
+// contraction: products are rounded before rounding to integers).
+// fp16 rounding uses F16C (round to nearest even, as fp32_to_fp16). Header
+// inline functions are not called from ISA-specific files (ODR: the linker
+// could pick this file's copy for generic code).
+// Input: any alignment. Output: block arrays at any alignment (unaligned stores).
+// Bound by: compute (~0.5 instructions per element); O(n*K), small next to the matmul.
+// GCC 12 reports false -Wuninitialized positives inside the AVX-512 intrinsics headers.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "quant/blocks.h"
+
+namespace quern::cpu::avx512 {
+
+namespace {
+
+// Horizontal max of 16 lanes, broadcast to all lanes.
+inline __m512 hmax_bcast(__m512 m) {
+    m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+    m = _mm512_max_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm512_max_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    return m;
+}
+
+// roundf: nearest, ties away from zero, exact for every float.
+inline __m512i round_away_epi32(__m512 t) {
+    const __m512 tr = _mm512_roundscale_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m512 frac = _mm512_sub_ps(t, tr);  // exact
+    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(frac), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(t, _mm512_set1_ps(-0.0f)));
+    return _mm512_cvttps_epi32(_mm512_mask_add_ps(tr, up, tr, one));
+}
+
+// One 32-element block: returns the fp32 scale d (unrounded) and writes 32 int8;
+// *sum receives the sum of the int8 values.
+inline float quant32(const float* x, int8_t* qs, int* sum) {
+    const __m512 v0 = _mm512_loadu_ps(x);
+    const __m512 v1 = _mm512_loadu_ps(x + 16);
+    const __m512 m = hmax_bcast(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float amax = _mm512_cvtss_f32(m);
+    const float d = amax / 127;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512 idv = _mm512_set1_ps(id);
+    const __m512i q0 = round_away_epi32(_mm512_mul_ps(v0, idv));
+    const __m512i q1 = round_away_epi32(_mm512_mul_ps(v1, idv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 16), _mm512_cvtepi32_epi8(q1));
+    if (sum) *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    return d;
+}
+
+void q8_0(const float* x, void* y, int64_t k) {
+    auto* out = static_cast<uint8_t*>(y);
+    for (int64_t i = 0; i < k / QK8_0; ++i) {
+        uint8_t* b = out + i * static_cast<int64_t>(sizeof(block_q8_0));
+        const float d = quant32(x + i * QK8_0, reinterpret_cast<int8_t*>(b + offsetof(block_q8_0, qs)), nullptr);
+        const uint16_t dh = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        std::memcpy(b + offsetof(block_q8_0, d), &dh, 2);
+    }
+}
+
+void q8_1(const float* x, void* y, int64_t k) {
+    auto* out = static_cast<uint8_t*>(y);
+    for (int64_t i = 0; i < k / QK8_1; ++i) {
+        uint8_t* b = out + i * static_cast<int64_t>(sizeof(block_q8_1));
+        int sum = 0;
+        const float d = quant32(x + i * QK8_1, reinterpret_cast<int8_t*>(b + offsetof(block_q8_1, qs)), &sum);
+        const uint16_t dh = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        const uint16_t sh = _cvtss_sh(static_cast<float>(sum) * d, _MM_FROUND_TO_NEAREST_INT);
+        std::memcpy(b + offsetof(block_q8_1, d), &dh, 2);
+        std::memcpy(b + offsetof(block_q8_1, s), &sh, 2);
+    }
+}
+
+void q8_K(const float* x, void* y, int64_t k) {
+    auto* out = static_cast<uint8_t*>(y);
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < k / QK_K; ++i) {
+        const float* v = x + i * QK_K;
+        uint8_t* b = out + i * static_cast<int64_t>(sizeof(block_q8_K));
+        __m512 xv[16];
+        __m512 m = _mm512_setzero_ps();
+        for (int j = 0; j < 16; ++j) {
+            xv[j] = _mm512_loadu_ps(v + 16 * j);
+            m = _mm512_max_ps(m, _mm512_and_ps(xv[j], absmask));
+        }
+        m = hmax_bcast(m);
+        const float amax = _mm512_cvtss_f32(m);
+        if (!(amax > 0.0f)) {  // all zeros (the reference also yields zeros for NaN-free zero input)
+            std::memset(b, 0, sizeof(block_q8_K));
+            continue;
+        }
+        // first element whose magnitude equals amax
+        float mx = 0.0f;
+        for (int j = 0; j < 16; ++j) {
+            const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_and_ps(xv[j], absmask), m, _CMP_EQ_OQ);
+            if (eq) {
+                mx = v[16 * j + __builtin_ctz(eq)];
+                break;
+            }
+        }
+        const float iscale = -127.f / mx;
+        const __m512 is = _mm512_set1_ps(iscale);
+        const __m512i c127 = _mm512_set1_epi32(127);
+        const __m512i ones = _mm512_set1_epi8(1);
+        // dword permutation undoing packs' 128-bit lane interleave
+        const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        __m512i gsum[4];
+        for (int c = 0; c < 4; ++c) {  // 64 elements = 4 groups of 16 per step
+            __m512i q[4];
+            for (int j = 0; j < 4; ++j)
+                q[j] = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(xv[4 * c + j], is)), c127);
+            const __m512i p01 = _mm512_packs_epi32(q[0], q[1]);
+            const __m512i p23 = _mm512_packs_epi32(q[2], q[3]);
+            const __m512i bytes = _mm512_permutexvar_epi32(perm, _mm512_packs_epi16(p01, p23));
+            _mm512_storeu_si512(b + offsetof(block_q8_K, qs) + 64 * c, bytes);
+            gsum[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, bytes);  // 128-bit lane l: group 4c+l
+        }
+        // sum the 4 dwords within each 128-bit lane, for 4 vectors at once
+        const __m512i s01 =
+            _mm512_add_epi32(_mm512_unpacklo_epi32(gsum[0], gsum[1]), _mm512_unpackhi_epi32(gsum[0], gsum[1]));
+        const __m512i s23 =
+            _mm512_add_epi32(_mm512_unpacklo_epi32(gsum[2], gsum[3]), _mm512_unpackhi_epi32(gsum[2], gsum[3]));
+        const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+        // lane l of s = [g l, g 4+l, g 8+l, g 12+l]; same permutation restores group order
+        const __m512i g = _mm512_permutexvar_epi32(perm, s);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + offsetof(block_q8_K, bsums)), _mm512_cvtepi32_epi16(g));
+        const float d = 1 / iscale;
+        std::memcpy(b + offsetof(block_q8_K, d), &d, 4);
+    }
+}
+
+}  // namespace
+
+const ActQuantizers quantizers{q8_0, q8_1, q8_K};
+
+}  // namespace quern::cpu::avx512

@@ -1,0 +1,325 @@
+// CPU matmul kernels vs the scalar reference, for every weight type at every
+// ISA level the machine supports (forced with set_isa_override).
+//
+// Reference: W dequantized with dequantize_row_ref; x quantized with the
+// weight type's activation partner (Q8_0 / Q8_1 / Q8_K) by quantize_row_ref
+// and dequantized again, so the kernel and the reference see the same numbers
+// and differ only in summation order; the dot products are summed in double.
+// Tolerance: 1e-4 * sum |w_k x_k| per output, plus, for Q4_1/Q5_1, the
+// rounding of Q8_1's fp16 s field (the scalar kernel uses it as ggml does).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/matmul.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/fp16.h"
+#include "quant/blocks.h"
+#include "quant/reference.h"
+
+using namespace quern;
+using quern::cpu::Isa;
+
+namespace {
+
+std::vector<Isa> available_isas() {
+    std::vector<Isa> v{Isa::Scalar};
+    if (cpu::max_isa() >= Isa::AVX2) v.push_back(Isa::AVX2);
+    if (cpu::max_isa() >= Isa::AVX512) v.push_back(Isa::AVX512);
+    return v;
+}
+
+struct IsaGuard {
+    explicit IsaGuard(Isa isa) { cpu::set_isa_override(isa); }
+    ~IsaGuard() { cpu::set_isa_override(std::nullopt); }
+};
+
+void put_f16(uint8_t* p, float v) {
+    const uint16_t h = fp32_to_fp16(v);
+    std::memcpy(p, &h, 2);
+}
+
+// Random but valid blocks: random bits everywhere, then sensible fp16 scales.
+std::vector<uint8_t> random_blocks(DType t, int64_t M, int64_t K, std::mt19937& rng) {
+    const size_t rb = row_size(t, K);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(M));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+    std::uniform_real_distribution<float> d(0.002f, 0.02f);
+    std::uniform_real_distribution<float> m(-0.1f, 0.1f);
+    const auto& info = dtype_info(t);
+    for (size_t i = 0; i < w.size() / static_cast<size_t>(info.type_size); ++i) {
+        uint8_t* b = w.data() + i * static_cast<size_t>(info.type_size);
+        switch (t) {
+            case DType::Q4_0:
+            case DType::Q5_0:
+            case DType::Q8_0: put_f16(b, d(rng)); break;
+            case DType::Q4_1:
+            case DType::Q5_1:
+                put_f16(b, d(rng));
+                put_f16(b + 2, m(rng));
+                break;
+            case DType::Q2_K:
+                put_f16(b + offsetof(block_q2_K, d), d(rng));
+                put_f16(b + offsetof(block_q2_K, dmin), d(rng));
+                break;
+            case DType::Q3_K: put_f16(b + offsetof(block_q3_K, d), d(rng)); break;
+            case DType::Q4_K:
+            case DType::Q5_K:
+                put_f16(b, d(rng) * 0.1f);
+                put_f16(b + 2, d(rng) * 0.1f);
+                break;
+            case DType::Q6_K: put_f16(b + offsetof(block_q6_K, d), d(rng) * 0.1f); break;
+            default: break;
+        }
+    }
+    return w;
+}
+
+// Weights from Gaussian data through the reference quantizer (or exact for float types).
+std::vector<uint8_t> gaussian_weights(DType t, int64_t M, int64_t K, std::mt19937& rng) {
+    const size_t rb = row_size(t, K);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(M));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = 0; r < M; ++r) {
+        for (auto& v : row) v = g(rng);
+        quantize_row_ref(t, row.data(), w.data() + static_cast<size_t>(r) * rb, K);
+    }
+    return w;
+}
+
+struct Case {
+    int64_t K, M, n;
+};
+
+class MatmulTest : public ::testing::TestWithParam<std::tuple<DType, Isa>> {};
+
+void run_case(DType t, Isa isa, const Case& cs, bool gaussian, int threads, uint32_t seed) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << cpu::isa_name(isa) << " K=" << cs.K << " M=" << cs.M
+                                      << " n=" << cs.n << (gaussian ? " gaussian" : " random-bits")
+                                      << " threads=" << threads);
+    std::mt19937 rng(seed);
+    const int64_t K = cs.K, M = cs.M, n = cs.n;
+    std::vector<uint8_t> w = gaussian ? gaussian_weights(t, M, K, rng) : random_blocks(t, M, K, rng);
+    if (!gaussian && !dtype_is_quantized(t)) w = gaussian_weights(t, M, K, rng);
+
+    // activations: Gaussian with a per-32 scale spread, a few exact zeros
+    std::vector<float> x(static_cast<size_t>(n * K));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::uniform_real_distribution<float> sc(0.1f, 3.0f);
+    for (int64_t i = 0; i < n * K; i += 32) {
+        const float s = sc(rng);
+        for (int64_t j = i; j < std::min(i + 32, n * K); ++j) x[static_cast<size_t>(j)] = s * g(rng);
+    }
+    x[0] = 0.0f;
+
+    // reference operands
+    const DType act = cpu::act_type_for(t);
+    std::vector<float> wd(static_cast<size_t>(M * K)), xd(static_cast<size_t>(n * K));
+    const size_t rb = row_size(t, K);
+    for (int64_t r = 0; r < M; ++r) dequantize_row_ref(t, w.data() + r * rb, wd.data() + r * K, K);
+    std::vector<uint8_t> xq;
+    if (dtype_is_quantized(t)) {
+        const size_t qb = row_size(act, K);
+        xq.resize(qb * static_cast<size_t>(n));
+        for (int64_t c = 0; c < n; ++c) {
+            quantize_row_ref(act, x.data() + c * K, xq.data() + c * qb, K);
+            dequantize_row_ref(act, xq.data() + c * qb, xd.data() + c * K, K);
+        }
+    } else {
+        xd = x;
+    }
+
+    const int64_t ldy = M + 3;
+    const float kPad = 12345.0f;
+    std::vector<float> y(static_cast<size_t>(n * ldy), kPad);
+    for (int64_t c = 0; c < n; ++c)
+        for (int64_t r = 0; r < M; ++r) y[static_cast<size_t>(c * ldy + r)] = std::nanf("");
+
+    Tensor W = Tensor::contiguous(t, {K, M, 1, 1}, w.data(), "w");
+    ThreadPool pool(threads);
+    {
+        IsaGuard guard(isa);
+        cpu::matmul(W, x.data(), n, y.data(), ldy, pool);
+    }
+
+    int bad = 0;
+    for (int64_t c = 0; c < n && bad < 5; ++c) {
+        for (int64_t r = 0; r < M && bad < 5; ++r) {
+            double ref = 0.0, mag = 0.0;
+            for (int64_t k = 0; k < K; ++k) {
+                const double p = static_cast<double>(wd[static_cast<size_t>(r * K + k)]) * xd[static_cast<size_t>(c * K + k)];
+                ref += p;
+                mag += std::fabs(p);
+            }
+            double tol = 1e-4 * mag + 1e-30;
+            if (t == DType::Q4_1 || t == DType::Q5_1) {
+                // |m_w| * |s_stored - da * sum(a)| per block
+                const uint8_t* row = w.data() + r * rb;
+                const size_t bs = t == DType::Q4_1 ? sizeof(block_q4_1) : sizeof(block_q5_1);
+                const uint8_t* xr = xq.data() + c * row_size(act, K);
+                for (int64_t b = 0; b < K / 32; ++b) {
+                    uint16_t mh, sh;
+                    std::memcpy(&mh, row + b * bs + 2, 2);
+                    std::memcpy(&sh, xr + b * sizeof(block_q8_1) + 2, 2);
+                    double exact = 0.0;
+                    for (int j = 0; j < 32; ++j) exact += xd[static_cast<size_t>(c * K + b * 32 + j)];
+                    tol += std::fabs(fp16_to_fp32(mh)) * std::fabs(fp16_to_fp32(sh) - exact) * 1.001;
+                }
+            }
+            const float got = y[static_cast<size_t>(c * ldy + r)];
+            if (!(std::fabs(got - ref) <= tol)) {
+                ADD_FAILURE() << "y[" << c << "][" << r << "] = " << got << ", reference " << ref << " (tol " << tol
+                              << ", sum|p| " << mag << ")";
+                ++bad;
+            }
+        }
+        for (int64_t r = M; r < ldy; ++r)
+            if (y[static_cast<size_t>(c * ldy + r)] != kPad) {
+                ADD_FAILURE() << "padding y[" << c << "][" << r << "] overwritten";
+                ++bad;
+            }
+    }
+}
+
+std::vector<Case> cases_for(DType t) {
+    const int bs = dtype_info(t).block_size;
+    if (bs == 256)
+        return {{256, 37, 1}, {768, 67, 3}, {1280, 19, 17}, {512, 45, 64}, {2304, 9, 2}, {256, 130, 5}};
+    if (bs == 32)
+        return {{96, 37, 1}, {576, 67, 3}, {1056, 19, 17}, {160, 45, 64}, {32, 9, 2}, {1536, 130, 5}};
+    return {{100, 37, 1}, {576, 67, 3}, {577, 19, 17}, {33, 45, 64}, {1, 9, 2}, {1040, 130, 5}};
+}
+
+TEST_P(MatmulTest, MatchesReference) {
+    const auto [t, isa] = GetParam();
+    uint32_t seed = 1000 * static_cast<uint32_t>(t) + static_cast<uint32_t>(isa);
+    for (const Case& cs : cases_for(t)) {
+        run_case(t, isa, cs, /*gaussian=*/false, 2, seed++);
+        run_case(t, isa, cs, /*gaussian=*/true, cs.n == 3 ? 3 : 2, seed++);
+    }
+}
+
+TEST_P(MatmulTest, SingleThreadLargeBatch) {
+    const auto [t, isa] = GetParam();
+    const int bs = dtype_info(t).block_size;
+    const int64_t K = bs == 256 ? 1024 : bs == 32 ? 608 : 300;
+    run_case(t, isa, {K, 70, 33}, false, 1, 77);
+}
+
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                        DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, Isa>>& info) {
+    return std::string(dtype_name(std::get<0>(info.param))) + "_" + std::string(cpu::isa_name(std::get<1>(info.param)));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTest,
+                         ::testing::Combine(::testing::ValuesIn(kTypes), ::testing::ValuesIn(available_isas())),
+                         param_name);
+
+// ---------------------------------------------------------------- activation quantizers
+
+std::vector<float> quantizer_input(int64_t k, std::mt19937& rng) {
+    std::vector<float> x(static_cast<size_t>(k));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::uniform_int_distribution<int> pick(0, 5);
+    for (int64_t i = 0; i < k; i += 256) {
+        const int kind = pick(rng);
+        for (int64_t j = i; j < i + 256 && j < k; ++j) {
+            float v = g(rng);
+            if (kind == 1) v = 0.0f;                                        // zero block
+            if (kind == 2) v = static_cast<float>(static_cast<int>(v * 60)) + 0.5f;  // ties after scaling by 1
+            if (kind == 3) v *= 1e-30f;                                     // tiny (subnormal fp16 d)
+            if (kind == 4) v *= 1e5f;                                       // huge (fp16 overflow)
+            x[static_cast<size_t>(j)] = v;
+        }
+        if (kind == 2) {
+            // make the max magnitude exactly 127 (Q8_0/Q8_1: d = 1) in each 32-block,
+            // and -127 first in the 256-block (Q8_K: iscale = 1)
+            for (int64_t b = i; b < i + 256 && b < k; b += 32) x[static_cast<size_t>(b + 5)] = 127.0f;
+            x[static_cast<size_t>(i)] = -127.0f;
+        }
+        if (kind == 5) {  // equal magnitudes with both signs: the first one decides
+            x[static_cast<size_t>(i + 3)] = 9.0f;
+            x[static_cast<size_t>(i + 200)] = -9.0f;
+        }
+    }
+    return x;
+}
+
+TEST(ActQuantizers, MatchReferenceBytes) {
+    std::mt19937 rng(5);
+    for (Isa isa : available_isas()) {
+        const cpu::ActQuantizers* qz = isa == Isa::AVX512 ? &cpu::avx512::quantizers
+                                       : isa == Isa::AVX2 ? &cpu::avx2::quantizers
+                                                          : &cpu::scalar::quantizers;
+        for (DType act : {DType::Q8_0, DType::Q8_1, DType::Q8_K}) {
+            for (int64_t k : {256, 1536, 4096}) {
+                for (int rep = 0; rep < 20; ++rep) {
+                    const std::vector<float> x = quantizer_input(k, rng);
+                    const size_t rb = row_size(act, k);
+                    std::vector<uint8_t> want(rb, 0xAA), got(rb, 0x55);
+                    quantize_row_ref(act, x.data(), want.data(), k);
+                    const cpu::QuantizeRowFn f = act == DType::Q8_0 ? qz->q8_0 : act == DType::Q8_1 ? qz->q8_1 : qz->q8_K;
+                    f(x.data(), got.data(), k);
+                    size_t first = rb;
+                    for (size_t i = 0; i < rb; ++i)
+                        if (want[i] != got[i]) {
+                            first = i;
+                            break;
+                        }
+                    ASSERT_EQ(first, rb) << cpu::isa_name(isa) << " " << dtype_name(act) << " k=" << k
+                                         << ": first differing byte " << first << " (block "
+                                         << first / static_cast<size_t>(dtype_info(act).type_size) << ")";
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- errors and edge cases
+
+TEST(Matmul, RejectsBadInput) {
+    ThreadPool pool(1);
+    std::vector<uint8_t> buf(4096);
+    std::vector<float> x(256), y(256);
+    Tensor w8k = Tensor::contiguous(DType::Q8_K, {256, 1, 1, 1}, buf.data(), "w8k");
+    EXPECT_THROW(cpu::matmul(w8k, x.data(), 1, y.data(), 1, pool), Error);
+    Tensor wf = Tensor::contiguous(DType::F32, {16, 4, 1, 1}, buf.data(), "wf");
+    EXPECT_THROW(cpu::matmul(wf, x.data(), 1, y.data(), 3, pool), Error);  // ldy < M
+    Tensor wq = Tensor::contiguous(DType::Q4_0, {64, 2, 1, 1}, buf.data(), "wq");
+    wq.ne[0] = 48;  // not whole blocks
+    EXPECT_THROW(cpu::matmul(wq, x.data(), 1, y.data(), 2, pool), Error);
+    Tensor w3 = Tensor::contiguous(DType::F32, {4, 2, 2, 1}, buf.data(), "w3");
+    EXPECT_THROW(cpu::matmul(w3, x.data(), 1, y.data(), 4, pool), Error);
+}
+
+TEST(Matmul, EmptyBatchWritesNothing) {
+    ThreadPool pool(2);
+    std::vector<float> w(64, 1.0f), x(16, 1.0f), y(4, 7.0f);
+    Tensor W = Tensor::contiguous(DType::F32, {16, 4, 1, 1}, w.data(), "w");
+    cpu::matmul(W, x.data(), 0, y.data(), 4, pool);
+    for (float v : y) EXPECT_EQ(v, 7.0f);
+}
+
+TEST(CpuFeatures, OverrideClampsAndParses) {
+    EXPECT_EQ(cpu::isa_from_name("AVX2"), Isa::AVX2);
+    EXPECT_EQ(cpu::isa_from_name("scalar"), Isa::Scalar);
+    EXPECT_FALSE(cpu::isa_from_name("sse9").has_value());
+    cpu::set_isa_override(Isa::AVX512);
+    EXPECT_EQ(cpu::active_isa(), cpu::max_isa());
+    cpu::set_isa_override(Isa::Scalar);
+    EXPECT_EQ(cpu::active_isa(), Isa::Scalar);
+    cpu::set_isa_override(std::nullopt);
+}
+
+}  // namespace

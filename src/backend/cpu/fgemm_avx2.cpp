@@ -3,7 +3,9 @@
 // Register tile: R = 4 weight rows x C <= 2 activation rows (8 ymm
 // accumulators, 8 elements per step, weights converted exactly on load), a
 // scalar loop for the K % 8 tail, horizontal sums at the end. Activation rows
-// in blocks of 64 (L2). Decode is bandwidth-bound, prefill FMA-bound.
+// in blocks of 64 (L2). Decode (n <= 3) goes one weight row at a time with 4
+// accumulators per activation row (one sequential stream per thread) and is
+// bandwidth-bound; prefill is FMA-bound.
 // Alignment: none.
 #include <immintrin.h>
 
@@ -58,18 +60,25 @@ inline float hsum(__m256 v) {
 template <class L, int R, int C>
 void tile(int64_t K, const uint8_t* w, size_t ldw, const float* x, size_t ldx, float* y, size_t ldy) {
     __m256 acc[R][C];
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
+        #pragma GCC unroll 16
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
         __m256 wv[R];
+        #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) wv[r] = L::load(w + r * ldw, k);
+        #pragma GCC unroll 16
         for (int c = 0; c < C; ++c) {
             const __m256 xv = _mm256_loadu_ps(x + c * ldx + k);
+            #pragma GCC unroll 16
             for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
         }
     }
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
+        #pragma GCC unroll 16
         for (int c = 0; c < C; ++c) {
             float s = hsum(acc[r][c]);
             for (int64_t kt = k; kt < K; ++kt) s += L::one(w + r * ldw, kt) * x[c * ldx + kt];
@@ -84,9 +93,48 @@ void tile_rows(int64_t K, const uint8_t* w, size_t ldw, const float* x, size_t l
     if (c < nc) tile<L, R, 1>(K, w, ldw, x + c * ldx, ldx, y + c * ldy, ldy);
 }
 
+// Decode: one weight row against C <= 3 activation rows, K unrolled 4x (4*C
+// independent FMA chains); rows one after the other (one sequential stream).
+template <class L, int C>
+void rowdot(int64_t K, const uint8_t* w, const float* x, size_t ldx, float* y, size_t ldy) {
+    __m256 acc[4][C];
+    #pragma GCC unroll 16
+    for (int u = 0; u < 4; ++u)
+        #pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) acc[u][c] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32)
+        #pragma GCC unroll 16
+        for (int u = 0; u < 4; ++u) {
+            const __m256 wv = L::load(w, k + 8 * u);
+            #pragma GCC unroll 16
+            for (int c = 0; c < C; ++c)
+                acc[u][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + c * ldx + k + 8 * u), acc[u][c]);
+        }
+    for (; k + 8 <= K; k += 8) {
+        const __m256 wv = L::load(w, k);
+        #pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) acc[0][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + c * ldx + k), acc[0][c]);
+    }
+    #pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+        float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0][c], acc[1][c]), _mm256_add_ps(acc[2][c], acc[3][c])));
+        for (int64_t kt = k; kt < K; ++kt) s += L::one(w, kt) * x[c * ldx + kt];
+        y[c * ldy] = s;
+    }
+}
+
 template <class L>
 void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t ldx, int nc, float* y, size_t ldy) {
     const auto* w = static_cast<const uint8_t*>(wv);
+    if (nc <= 3) {
+        for (int r = 0; r < nr; ++r) {
+            if (nc == 1) rowdot<L, 1>(K, w + r * ldw, x, ldx, y + r, ldy);
+            else if (nc == 2) rowdot<L, 2>(K, w + r * ldw, x, ldx, y + r, ldy);
+            else if (nc == 3) rowdot<L, 3>(K, w + r * ldw, x, ldx, y + r, ldy);
+        }
+        return;
+    }
     constexpr int kColBlock = 64;
     for (int c0 = 0; c0 < nc; c0 += kColBlock) {
         const int ncb = nc - c0 < kColBlock ? nc - c0 : kColBlock;

@@ -7,7 +7,9 @@
 // horizontally at the end. K tails use masked loads.
 // Blocking: activation rows in blocks of 64 (L2), the caller's weight rows
 // (a chunk of a few tiles) stay in L1/L2 across the column block.
-// Decode (n = 1) is bandwidth-bound; prefill is FMA-bound.
+// Decode (n <= 3): one weight row at a time (a single sequential stream per
+// thread), 4 accumulators per activation row; bandwidth-bound. Prefill is
+// FMA-bound.
 // Alignment: none (unaligned loads).
 // GCC 12 reports false -Wuninitialized positives inside the AVX-512 intrinsics headers.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -45,27 +47,37 @@ struct LoadBF16 {
 template <class L, int R, int C>
 void tile(int64_t K, const uint8_t* w, size_t ldw, const float* x, size_t ldx, float* y, size_t ldy) {
     __m512 acc[R][C];
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
+        #pragma GCC unroll 16
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
         __m512 wv[R];
+        #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) wv[r] = L::load(w + r * ldw, k);
+        #pragma GCC unroll 16
         for (int c = 0; c < C; ++c) {
             const __m512 xv = _mm512_loadu_ps(x + c * ldx + k);
+            #pragma GCC unroll 16
             for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
         }
     }
     if (k < K) {
         const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1);
         __m512 wv[R];
+        #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) wv[r] = L::loadm(w + r * ldw, k, m);
+        #pragma GCC unroll 16
         for (int c = 0; c < C; ++c) {
             const __m512 xv = _mm512_maskz_loadu_ps(m, x + c * ldx + k);
+            #pragma GCC unroll 16
             for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
         }
     }
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
+        #pragma GCC unroll 16
         for (int c = 0; c < C; ++c) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
@@ -81,9 +93,47 @@ void tile_rows(int64_t K, const uint8_t* w, size_t ldw, const float* x, size_t l
     }
 }
 
+// Decode: one weight row against C <= 3 activation rows, K unrolled 4x so that
+// 4*C independent FMA chains hide the latency; rows one after the other keep
+// the weights a single sequential stream.
+template <class L, int C>
+void rowdot(int64_t K, const uint8_t* w, const float* x, size_t ldx, float* y, size_t ldy) {
+    __m512 acc[4][C];
+    #pragma GCC unroll 16
+    for (int u = 0; u < 4; ++u)
+        #pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) acc[u][c] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64)
+        #pragma GCC unroll 16
+        for (int u = 0; u < 4; ++u) {
+            const __m512 wv = L::load(w, k + 16 * u);
+            #pragma GCC unroll 16
+            for (int c = 0; c < C; ++c)
+                acc[u][c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + c * ldx + k + 16 * u), acc[u][c]);
+        }
+    for (; k < K; k += 16) {
+        const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
+        const __m512 wv = L::loadm(w, k, m);
+        #pragma GCC unroll 16
+        for (int c = 0; c < C; ++c) acc[0][c] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + c * ldx + k), acc[0][c]);
+    }
+    #pragma GCC unroll 16
+    for (int c = 0; c < C; ++c)
+        y[c * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][c], acc[1][c]), _mm512_add_ps(acc[2][c], acc[3][c])));
+}
+
 template <class L>
 void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t ldx, int nc, float* y, size_t ldy) {
     const auto* w = static_cast<const uint8_t*>(wv);
+    if (nc <= 3) {
+        for (int r = 0; r < nr; ++r) {
+            if (nc == 1) rowdot<L, 1>(K, w + r * ldw, x, ldx, y + r, ldy);
+            else if (nc == 2) rowdot<L, 2>(K, w + r * ldw, x, ldx, y + r, ldy);
+            else if (nc == 3) rowdot<L, 3>(K, w + r * ldw, x, ldx, y + r, ldy);
+        }
+        return;
+    }
     constexpr int kColBlock = 64;
     for (int c0 = 0; c0 < nc; c0 += kColBlock) {
         const int ncb = nc - c0 < kColBlock ? nc - c0 : kColBlock;

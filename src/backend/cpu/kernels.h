@@ -99,6 +99,24 @@ void prep_row_generic(DType act, int G, int64_t K, const void* blocks, int8_t* a
 void pack_panel_generic(DType act, int G, int64_t K, int ncp, const void* const* rows, int nrows, int8_t* a, float* da,
                         float* dsa);
 
+/// Fused GEMV (decode): kernels that read the packed weight blocks directly
+/// (no unpacked copy), against one activation row prepared once per call in a
+/// layout specific to the weight type's family (see gemv_avx512.cpp):
+struct GemvAct {
+    const int8_t* a;    // int8 activations, padded, family-specific order
+    const float* lf;    // per-lane activation scales (32-element-block types)
+    const void* lx;     // per-lane int32 bias corrections or float da*sum(a)
+    const float* kd;    // K-quants: Q8_K scale per super-block
+    const int16_t* kb;  // K-quants: 16 int16 sums per super-block
+};
+/// Bytes of scratch gemv_prep needs for a row of K elements (64-byte multiple).
+using GemvScratchFn = size_t (*)(DType w, int64_t K);
+/// Builds a GemvAct for weight type w from one row of Q8 blocks (the
+/// partner type) into buf (gemv_scratch bytes, 64-byte aligned).
+using GemvPrepFn = void (*)(DType w, int64_t K, const void* q8row, uint8_t* buf, GemvAct* out);
+/// y[r] = dot(weight row r, act) for r < nr; weight rows stride ldw bytes.
+using GemvFn = void (*)(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct& act, float* y);
+
 /// Everything one SIMD level provides for quantized types.
 struct QKernels {
     int nr;   // weight rows per GEMM tile
@@ -108,6 +126,10 @@ struct QKernels {
     QTileFn tile;
     PrepRowFn prep_row;
     PackPanelFn pack_panel;
+    // fused GEMV; gemv_for(t) == nullptr: use unpack + gemv
+    GemvScratchFn gemv_scratch;
+    GemvPrepFn gemv_prep;
+    GemvFn (*gemv_for)(DType t);
     // unpack functions indexed by weight type; nullptr where not available
     UnpackFn unpack(DType t) const;
     UnpackFn q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K;
@@ -148,6 +170,9 @@ extern const FKernels fkernels;
 }  // namespace avx2
 namespace avx512 {
 QUERN_CPU_DECLARE_UNPACKERS(unpack_)
+size_t gemv_scratch(DType w, int64_t K);
+void gemv_prep(DType w, int64_t K, const void* q8row, uint8_t* buf, GemvAct* out);
+GemvFn gemv_for(DType t);
 extern const ActQuantizers quantizers;
 extern const QKernels qkernels;
 extern const FKernels fkernels;

@@ -74,6 +74,24 @@ struct Carver {
     }
 };
 
+// Decode-style split: one contiguous range of rows per thread (multiples of
+// `align` rows), so that each thread streams one long run of memory, which the
+// hardware prefetchers follow; interleaved small chunks defeat them.
+template <class F>
+void split_rows(ThreadPool& pool, int64_t M, int64_t align, F&& fn) {
+    const int nth = pool.size();
+    if (nth == 1 || M <= align) {
+        fn(int64_t(0), M);
+        return;
+    }
+    pool.run([&](int ith, int n) {
+        const int64_t units = (M + align - 1) / align;
+        const int64_t u0 = units * ith / n, u1 = units * (ith + 1) / n;
+        const int64_t r0 = std::min(M, u0 * align), r1 = std::min(M, u1 * align);
+        if (r0 < r1) fn(r0, r1);
+    });
+}
+
 const ActQuantizers& quantizers_for(Isa isa) {
     switch (isa) {
         case Isa::AVX512: return avx512::quantizers;
@@ -93,12 +111,14 @@ void matmul_float(const Tensor& W, const float* x, int64_t n, float* y, int64_t 
     const int64_t K = W.ne[0], M = W.ne[1];
     const size_t ldw = W.nb[1];
     const auto* w = static_cast<const uint8_t*>(W.data);
-    // Rows per work item: enough to amortize the x reads, enough items to balance.
-    const int64_t grain = n == 1 ? 32 : 16;
-    pool.parallel_for(M, grain, [&](int64_t r0, int64_t r1, int) {
+    auto body = [&](int64_t r0, int64_t r1) {
         fn(K, w + r0 * ldw, ldw, static_cast<int>(r1 - r0), x, static_cast<size_t>(K), static_cast<int>(n), y + r0,
            static_cast<size_t>(ldy));
-    });
+    };
+    if (n < kGemmMinN)
+        split_rows(pool, M, 4, body);  // decode: one contiguous stream per thread
+    else
+        pool.parallel_for(M, 16, [&](int64_t r0, int64_t r1, int) { body(r0, r1); });
 }
 
 // ---------------------------------------------------------------- quantized, scalar level
@@ -122,18 +142,43 @@ void matmul_q_scalar(const Tensor& W, const float* x, int64_t n, float* y, int64
 void matmul_q_gemv(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
                    const QKernels& qk, const ActQuantizers& qz) {
     const DType act = act_type_for(W.type);
+    const int64_t K = W.ne[0], M = W.ne[1];
+    const size_t ldw = W.nb[1];
+    const size_t ldq = row_size(act, K);
+    const auto* w = static_cast<const uint8_t*>(W.data);
+    const QuantizeRowFn q = quantizer(qz, act);
+
+    // Fused kernels read the packed blocks directly.
+    if (const GemvFn fused = qk.gemv_for(W.type)) {
+        const size_t scr = align64(qk.gemv_scratch(W.type, K));
+        Carver cv{tl_act.get(static_cast<size_t>(n) * (align64(ldq) + scr))};
+        GemvAct acts[kGemmMinN];
+        for (int64_t c = 0; c < n; ++c) {
+            uint8_t* blocks = cv.take<uint8_t>(ldq);
+            q(x + c * K, blocks, K);
+            qk.gemv_prep(W.type, K, blocks, cv.take<uint8_t>(scr), &acts[c]);
+        }
+        split_rows(pool, M, 4, [&](int64_t b0, int64_t b1) {
+            float out[kGemvGrain];
+            for (int64_t r0 = b0; r0 < b1; r0 += kGemvGrain) {
+                const int nr = static_cast<int>(std::min<int64_t>(kGemvGrain, b1 - r0));
+                for (int64_t c = 0; c < n; ++c) {
+                    fused(K, w + r0 * ldw, ldw, nr, acts[c], out);
+                    std::memcpy(y + c * ldy + r0, out, static_cast<size_t>(nr) * sizeof(float));
+                }
+            }
+        });
+        return;
+    }
+
     const int G = subblock_for(W.type);
     const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed};
     const UnpackFn unpack = qk.unpack(W.type);
-    const int64_t K = W.ne[0], M = W.ne[1];
     const int64_t nsub = K / G;
-    const size_t ldw = W.nb[1];
-    const size_t ldq = row_size(act, K);
 
     // Activations: Q8 blocks, then the GEMV form (a, da, dsa) per row.
     Carver cv{tl_act.get(static_cast<size_t>(n) * (align64(ldq) + align64(K) + 2 * align64(nsub * 4)))};
-    std::vector<ActRow> rows(static_cast<size_t>(n));
-    const QuantizeRowFn q = quantizer(qz, act);
+    ActRow rows[kGemmMinN];
     for (int64_t c = 0; c < n; ++c) {
         uint8_t* blocks = cv.take<uint8_t>(ldq);
         q(x + c * K, blocks, K);
@@ -141,13 +186,12 @@ void matmul_q_gemv(const Tensor& W, const float* x, int64_t n, float* y, int64_t
         auto* da = cv.take<float>(static_cast<size_t>(nsub));
         auto* dsa = cv.take<float>(static_cast<size_t>(nsub));
         qk.prep_row(act, G, K, blocks, a, da, dsa);
-        rows[static_cast<size_t>(c)] = ActRow{a, da, dsa};
+        rows[c] = ActRow{a, da, dsa};
     }
 
-    const auto* w = static_cast<const uint8_t*>(W.data);
     const size_t ldu = align64(static_cast<size_t>(K));
     const size_t lds = static_cast<size_t>((nsub + 15) & ~int64_t(15));
-    pool.parallel_for(M, kGemvGrain, [&](int64_t r0, int64_t r1, int) {
+    split_rows(pool, M, kGemvUnpackRows, [&](int64_t r0, int64_t r1) {
         Carver wc{tl_work.get(kGemvUnpackRows * (ldu + 2 * lds * 4) + 64 * kGemvUnpackRows)};
         uint8_t* u = wc.take<uint8_t>(kGemvUnpackRows * ldu);
         float* D = wc.take<float>(kGemvUnpackRows * lds);
@@ -157,7 +201,7 @@ void matmul_q_gemv(const Tensor& W, const float* x, int64_t n, float* y, int64_t
             const int nr = static_cast<int>(std::min<int64_t>(kGemvUnpackRows, r1 - r));
             unpack(w + r * ldw, ldw, nr, K, u, ldu, D, Mn, lds);
             for (int64_t c = 0; c < n; ++c) {
-                qk.gemv(K, form, nr, u, ldu, D, Mn, lds, rows[static_cast<size_t>(c)], out);
+                qk.gemv(K, form, nr, u, ldu, D, Mn, lds, rows[c], out);
                 std::memcpy(y + c * ldy + r, out, static_cast<size_t>(nr) * sizeof(float));
             }
         }

@@ -61,12 +61,14 @@ void gemv_rows(int64_t K, const uint8_t* u, size_t ldu, const float* D, const fl
     const __m256i ones16 = _mm256_set1_epi16(1);
     const int64_t nsub = K / G;
     __m256 acc[NRT], accm[NRT];
+    #pragma GCC unroll 16
     for (int r = 0; r < NRT; ++r) acc[r] = accm[r] = _mm256_setzero_ps();
     for (int64_t s0 = 0; s0 < nsub; s0 += 8) {
         const int64_t left = nsub - s0;
         const __m256 da = maskload8(act.da + s0, left);
         const __m256 dsa = maskload8(act.dsa + s0, left);
         __m256 P[NRT];
+        #pragma GCC unroll 16
         for (int r = 0; r < NRT; ++r) {
             P[r] = _mm256_mul_ps(maskload8(D + r * lds + s0, left), da);
             accm[r] = _mm256_fmadd_ps(maskload8(Mn + r * lds + s0, left), dsa, accm[r]);
@@ -76,6 +78,7 @@ void gemv_rows(int64_t K, const uint8_t* u, size_t ldu, const float* D, const fl
         for (int c = 0; c < nch; ++c) {
             const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act.a + e0 + 32 * c));
             const __m256i idx = expand_idx<G>(c);
+            #pragma GCC unroll 16
             for (int r = 0; r < NRT; ++r) {
                 const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + r * ldu + e0 + 32 * c));
                 const __m256i I = dot4<S>(w, a, ones16);
@@ -83,6 +86,7 @@ void gemv_rows(int64_t K, const uint8_t* u, size_t ldu, const float* D, const fl
             }
         }
     }
+    #pragma GCC unroll 16
     for (int r = 0; r < NRT; ++r) y[r] = hsum(_mm256_add_ps(acc[r], accm[r]));
 }
 
@@ -120,28 +124,37 @@ void tile_g(int64_t K, const uint8_t* u, size_t ldu, const float* D, const float
     const __m256i ones16 = _mm256_set1_epi16(1);
     const int64_t nsub = K / G;
     __m256 f[NR][kNCV];
+    #pragma GCC unroll 16
     for (int r = 0; r < NR; ++r)
+        #pragma GCC unroll 16
         for (int v = 0; v < kNCV; ++v) f[r][v] = _mm256_setzero_ps();
     const int8_t* ap = act.a;
     for (int64_t s = 0; s < nsub; ++s) {
         __m256i acc[NR][kNCV];
+        #pragma GCC unroll 16
         for (int r = 0; r < NR; ++r)
+            #pragma GCC unroll 16
             for (int v = 0; v < kNCV; ++v) acc[r][v] = _mm256_setzero_si256();
         const uint8_t* us = u + s * G;
 #pragma GCC unroll 8
         for (int kk = 0; kk < G / 4; ++kk) {
             __m256i A[kNCV];
+            #pragma GCC unroll 16
             for (int v = 0; v < kNCV; ++v)
                 A[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap + (kk * kNCP + 8 * v) * 4));
+            #pragma GCC unroll 16
             for (int r = 0; r < NR; ++r) {
                 const __m256i B = _mm256_set1_epi32(rd32(us + r * ldu + 4 * kk));
+                #pragma GCC unroll 16
                 for (int v = 0; v < kNCV; ++v) acc[r][v] = _mm256_add_epi32(acc[r][v], dot4<S>(B, A[v], ones16));
             }
         }
         ap += G * kNCP;
+        #pragma GCC unroll 16
         for (int v = 0; v < kNCV; ++v) {
             const __m256 da = _mm256_loadu_ps(act.da + s * kNCP + 8 * v);
             const __m256 dsa = _mm256_loadu_ps(act.dsa + s * kNCP + 8 * v);
+            #pragma GCC unroll 16
             for (int r = 0; r < NR; ++r) {
                 const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), da);
                 f[r][v] = _mm256_fmadd_ps(t, _mm256_set1_ps(D[r * lds + s]), f[r][v]);
@@ -149,7 +162,9 @@ void tile_g(int64_t K, const uint8_t* u, size_t ldu, const float* D, const float
             }
         }
     }
+    #pragma GCC unroll 16
     for (int r = 0; r < NR; ++r)
+        #pragma GCC unroll 16
         for (int v = 0; v < kNCV; ++v) _mm256_storeu_ps(out + r * kNCP + 8 * v, f[r][v]);
 }
 
@@ -182,6 +197,9 @@ const QKernels qkernels{
     tile,
     prep_row_generic,
     pack_panel_generic,
+    nullptr,
+    nullptr,
+    [](DType) -> GemvFn { return nullptr; },
     unpack_q4_0,
     unpack_q4_1,
     unpack_q5_0,

@@ -49,12 +49,14 @@ void gemv_rows(int64_t K, const uint8_t* u, size_t ldu, const float* D, const fl
     constexpr int CH = 16 * G / 64;  // 64-element chunks per group of 16 sub-blocks
     const int64_t nsub = K / G;
     __m512 acc[NRT], accm[NRT];
+    #pragma GCC unroll 16
     for (int r = 0; r < NRT; ++r) acc[r] = accm[r] = _mm512_setzero_ps();
     for (int64_t s0 = 0; s0 < nsub; s0 += 16) {
         const __mmask16 ms = tail_mask16(nsub - s0);
         const __m512 da = _mm512_maskz_loadu_ps(ms, act.da + s0);
         const __m512 dsa = _mm512_maskz_loadu_ps(ms, act.dsa + s0);
         __m512 P[NRT];
+        #pragma GCC unroll 16
         for (int r = 0; r < NRT; ++r) {
             P[r] = _mm512_mul_ps(_mm512_maskz_loadu_ps(ms, D + r * lds + s0), da);
             accm[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(ms, Mn + r * lds + s0), dsa, accm[r]);
@@ -64,6 +66,7 @@ void gemv_rows(int64_t K, const uint8_t* u, size_t ldu, const float* D, const fl
             for (int c = 0; c < CH; ++c) {
                 const __m512i a = _mm512_loadu_si512(act.a + e0 + 64 * c);
                 const __m512i idx = expand_idx<G>(c);
+                #pragma GCC unroll 16
                 for (int r = 0; r < NRT; ++r) {
                     const __m512i w = _mm512_loadu_si512(u + r * ldu + e0 + 64 * c);
                     const __m512i I = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
@@ -76,6 +79,7 @@ void gemv_rows(int64_t K, const uint8_t* u, size_t ldu, const float* D, const fl
                 const __mmask64 m = tail_mask64(left - 64 * c);
                 const __m512i a = _mm512_maskz_loadu_epi8(m, act.a + e0 + 64 * c);
                 const __m512i idx = expand_idx<G>(c);
+                #pragma GCC unroll 16
                 for (int r = 0; r < NRT; ++r) {
                     const __m512i w = _mm512_maskz_loadu_epi8(m, u + r * ldu + e0 + 64 * c);
                     const __m512i I = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
@@ -84,6 +88,7 @@ void gemv_rows(int64_t K, const uint8_t* u, size_t ldu, const float* D, const fl
             }
         }
     }
+    #pragma GCC unroll 16
     for (int r = 0; r < NRT; ++r) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], accm[r]));
 }
 
@@ -123,27 +128,36 @@ void tile_g(int64_t K, const uint8_t* u, size_t ldu, const float* D, const float
             const ActPanel& act, float* out) {
     const int64_t nsub = K / G;
     __m512 f[NR][kNCV];
+    #pragma GCC unroll 16
     for (int r = 0; r < NR; ++r)
+        #pragma GCC unroll 16
         for (int v = 0; v < kNCV; ++v) f[r][v] = _mm512_setzero_ps();
     const int8_t* ap = act.a;
     for (int64_t s = 0; s < nsub; ++s) {
         __m512i acc[NR][kNCV];
+        #pragma GCC unroll 16
         for (int r = 0; r < NR; ++r)
+            #pragma GCC unroll 16
             for (int v = 0; v < kNCV; ++v) acc[r][v] = _mm512_setzero_si512();
         const uint8_t* us = u + s * G;
 #pragma GCC unroll 8
         for (int kk = 0; kk < G / 4; ++kk) {
             __m512i A[kNCV];
+            #pragma GCC unroll 16
             for (int v = 0; v < kNCV; ++v) A[v] = _mm512_loadu_si512(ap + (kk * kNCP + 16 * v) * 4);
+            #pragma GCC unroll 16
             for (int r = 0; r < NR; ++r) {
                 const __m512i B = _mm512_set1_epi32(rd32(us + r * ldu + 4 * kk));
+                #pragma GCC unroll 16
                 for (int v = 0; v < kNCV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], B, A[v]);
             }
         }
         ap += G * kNCP;
+        #pragma GCC unroll 16
         for (int v = 0; v < kNCV; ++v) {
             const __m512 da = _mm512_loadu_ps(act.da + s * kNCP + 16 * v);
             const __m512 dsa = _mm512_loadu_ps(act.dsa + s * kNCP + 16 * v);
+            #pragma GCC unroll 16
             for (int r = 0; r < NR; ++r) {
                 const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][v]), da);
                 f[r][v] = _mm512_fmadd_ps(t, _mm512_set1_ps(D[r * lds + s]), f[r][v]);
@@ -151,7 +165,9 @@ void tile_g(int64_t K, const uint8_t* u, size_t ldu, const float* D, const float
             }
         }
     }
+    #pragma GCC unroll 16
     for (int r = 0; r < NR; ++r)
+        #pragma GCC unroll 16
         for (int v = 0; v < kNCV; ++v) _mm512_storeu_ps(out + r * kNCP + 16 * v, f[r][v]);
 }
 
@@ -184,6 +200,9 @@ const QKernels qkernels{
     tile,
     prep_row_generic,
     pack_panel_generic,
+    gemv_scratch,
+    gemv_prep,
+    gemv_for,
     unpack_q4_0,
     unpack_q4_1,
     unpack_q5_0,

@@ -7,8 +7,15 @@
 // cache (like a real forward pass, which streams ~100 MB of weights per token);
 // `--hot` times a single cache-resident copy instead.
 //
+// `--model q4_1|q8_0|q4_k_m` instead times the matmuls of a whole
+// SmolLM2-135M forward pass (30 layers of q/k/v/o 576->576/192, gate/up
+// 576->1536, down 1536->576, plus the 576x49152 output head), every layer with
+// its own weights as in a real model, and reports matmul-only tokens/s for
+// decode (n = 1) and prefill (n = 512 tokens in one batch).
+//
 // Usage: bench_matmul [--threads N] [--types Q4_K,Q8_0,...] [--n 1,512]
 //                     [--shapes 576x576,...] [--min-time S] [--hot]
+//                     [--model q4_1|q8_0|q4_k_m]
 // The ISA level follows QUERN_CPU (scalar|avx2|avx512), default the best.
 #include <algorithm>
 #include <chrono>
@@ -115,6 +122,77 @@ double median_time(F&& call, double min_time, int min_reps) {
     return ts[ts.size() / 2];
 }
 
+struct ModelTensor {
+    DType type;
+    int64_t K, M;
+};
+
+// SmolLM2-135M: hidden 576, 9 heads x 64 (q, o: 576), 3 KV heads (k, v: 192),
+// FFN 1536, 30 layers, vocabulary 49152 (output tied to the embedding).
+std::vector<ModelTensor> smollm2(const std::string& variant) {
+    std::vector<ModelTensor> ts;
+    for (int l = 0; l < 30; ++l) {
+        DType qko, v, gu, down;
+        if (variant == "q4_1") {
+            qko = v = gu = down = DType::Q4_1;
+        } else if (variant == "q8_0") {
+            qko = v = gu = down = DType::Q8_0;
+        } else {  // llama.cpp Q4_K_M: 576-wide rows fall back to Q5_0 / Q8_0
+            qko = gu = DType::Q5_0;
+            v = DType::Q8_0;
+            down = (l % 2 == 0) ? DType::Q6_K : DType::Q4_K;
+        }
+        ts.push_back({qko, 576, 576});
+        ts.push_back({qko, 576, 192});
+        ts.push_back({v, 576, 192});
+        ts.push_back({qko, 576, 576});
+        ts.push_back({gu, 576, 1536});
+        ts.push_back({gu, 576, 1536});
+        ts.push_back({down, 1536, 576});
+    }
+    ts.push_back({DType::Q8_0, 576, 49152});
+    return ts;
+}
+
+int run_model(const std::string& variant, ThreadPool& pool, double min_time) {
+    if (variant != "q4_1" && variant != "q8_0" && variant != "q4_k_m") {
+        std::fprintf(stderr, "unknown model variant %s (q4_1, q8_0, q4_k_m)\n", variant.c_str());
+        return 2;
+    }
+    const std::vector<ModelTensor> ts = smollm2(variant);
+    std::mt19937 rng(3);
+    std::vector<std::vector<uint8_t>> store;
+    std::vector<Tensor> Ws;
+    size_t total = 0;
+    double ops = 0;
+    for (const auto& t : ts) {
+        const size_t bytes = row_size(t.type, t.K) * static_cast<size_t>(t.M);
+        store.emplace_back(bytes);
+        fill_weights(t.type, store.back().data(), bytes, rng);
+        Ws.push_back(Tensor::contiguous(t.type, {t.K, t.M, 1, 1}, store.back().data(), "w"));
+        total += bytes;
+        ops += 2.0 * static_cast<double>(t.K * t.M);
+    }
+    std::printf("# SmolLM2-135M %s: %zu matmuls, %.1f MB of weights per token\n", variant.c_str(), ts.size(),
+                static_cast<double>(total) / 1e6);
+    std::printf("| phase | n | median ms per pass | tokens/s (matmul only) | GB/s | GOP/s |\n|---|---|---|---|---|---|\n");
+    for (int64_t n : {int64_t(1), int64_t(512)}) {
+        std::vector<float> x(static_cast<size_t>(n * 1536)), y(static_cast<size_t>(n * 49152));
+        std::normal_distribution<float> g;
+        for (auto& v : x) v = g(rng);
+        const double sec = median_time(
+            [&](int) {
+                for (const Tensor& W : Ws) cpu::matmul(W, x.data(), n, y.data(), W.ne[1], pool);
+            },
+            min_time, n == 1 ? 20 : 3);
+        std::printf("| %s | %lld | %.3f | %.0f | %.1f | %.1f |\n", n == 1 ? "decode" : "prefill",
+                    static_cast<long long>(n), sec * 1e3, static_cast<double>(n) / sec,
+                    static_cast<double>(total) / sec * 1e-9, ops * static_cast<double>(n) / sec * 1e-9);
+        std::fflush(stdout);
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +202,7 @@ int main(int argc, char** argv) {
     std::string ns = "1,512";
     double min_time = 0.3;
     bool hot = false;
+    std::string model;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string {
@@ -139,13 +218,18 @@ int main(int argc, char** argv) {
         else if (a == "--n") ns = next();
         else if (a == "--min-time") min_time = std::stod(next());
         else if (a == "--hot") hot = true;
+        else if (a == "--model") model = next();
         else {
-            std::fprintf(stderr, "usage: %s [--threads N] [--types T,..] [--shapes KxM,..] [--n 1,512] [--min-time S] [--hot]\n",
+            std::fprintf(stderr, "usage: %s [--threads N] [--types T,..] [--shapes KxM,..] [--n 1,512] [--min-time S] [--hot] [--model q4_1|q8_0|q4_k_m]\n",
                          argv[0]);
             return 2;
         }
     }
     ThreadPool pool(threads);
+    if (!model.empty()) {
+        std::printf("# isa=%s threads=%d\n", std::string(cpu::isa_name(cpu::active_isa())).c_str(), threads);
+        return run_model(model, pool, min_time);
+    }
     std::printf("# isa=%s threads=%d %s\n", std::string(cpu::isa_name(cpu::active_isa())).c_str(), threads,
                 hot ? "(hot: weights cache-resident)" : "(decode: weights streamed from DRAM)");
     std::printf("| type | K x M | n | median us | GB/s | GOP/s |\n|---|---|---|---|---|---|\n");

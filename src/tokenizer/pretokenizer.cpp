@@ -6,66 +6,25 @@
 #include <array>
 
 #include "core/error.h"
+#include "tokenizer/fast_regex.h"
+#include "tokenizer/patterns.h"
 #include "tokenizer/unicode.h"
 
 namespace quern {
 
 namespace {
 
-// ---------------------------------------------------------------- regex facts
-// From each family's tokenizer.json pre_tokenizer section.
+using namespace patterns;
 
-// GPT-2 ByteLevel(use_regex=true).
-constexpr const char* kGpt2 =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-// Llama 3 (tiktoken cl100k style; numbers in groups of up to three).
-constexpr const char* kLlama3 =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-// Qwen2 (like Llama 3 but every digit on its own).
-constexpr const char* kQwen2 =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-// DeepSeek LLM: a sequence of Split steps, then individual digits. Its
-// classes are enumerated code point ranges; they are written as \x{...}
-// escapes so no editor or tool can change them by Unicode normalization
-// (several, e.g. U+1FD3, U+212A, normalize to other code points).
-constexpr const char* kDeepseekLlmLetters =
-    R"(\s?[\x{41}-\x{5A}\x{61}-\x{7A}\x{B5}\x{C0}-\x{D6}\x{D8}-\x{F6}\x{F8}-\x{1BA}\x{1BC}-\x{1BF})"
-    R"(\x{1C4}-\x{293}\x{295}-\x{2AF}\x{370}-\x{373}\x{376}\x{377}\x{37B}-\x{37D}\x{37F}\x{386}\x{388}-)"
-    R"(\x{38A}\x{38C}\x{38E}-\x{3A1}\x{3A3}-\x{3F5}\x{3F7}-\x{481}\x{48A}-\x{52F}\x{531}-\x{556})"
-    R"(\x{10A0}-\x{10C5}\x{13A0}-\x{13F5}\x{13F8}-\x{13FD}\x{1C90}-\x{1CBA}\x{1CBD}-\x{1CBF}\x{1D00}-)"
-    R"(\x{1D2B}\x{1D6B}-\x{1D77}\x{1D79}-\x{1D9A}\x{1E00}-\x{1F15}\x{1F18}-\x{1F1D}\x{1F20}-\x{1F45})"
-    R"(\x{1F48}-\x{1F4D}\x{1F50}-\x{1F57}\x{1F59}\x{1F5B}\x{1F5D}\x{1F5F}-\x{1F7D}\x{1F80}-\x{1FB4})"
-    R"(\x{1FB6}-\x{1FBC}\x{1FBE}\x{1FC2}-\x{1FC4}\x{1FC6}-\x{1FCC}\x{1FD0}-\x{1FD3}\x{1FD6}-\x{1FDB})"
-    R"(\x{1FE0}-\x{1FEC}\x{1FF2}-\x{1FF4}\x{1FF6}-\x{1FFC}\x{2102}\x{2107}\x{210A}-\x{2113}\x{2115})"
-    R"(\x{2119}-\x{211D}\x{2124}\x{2126}\x{2128}\x{212A}-\x{212D}\x{212F}-\x{2134}\x{2139}\x{213C}-)"
-    R"(\x{213F}\x{2145}-\x{2149}\x{214E}\x{2183}\x{2184}\x{2C00}-\x{2C7B}\x{2C7E}-\x{2CE4}\x{2CEB}-)"
-    R"(\x{2CEE}\x{2CF2}\x{2CF3}\x{A640}-\x{A66D}\x{A680}-\x{A69B}\x{A722}-\x{A76F}\x{A771}-\x{A787})"
-    R"(\x{A78B}-\x{A78E}\x{AB70}-\x{ABBF}\x{FB00}-\x{FB06}\x{FB13}-\x{FB17}\x{FF21}-\x{FF3A}\x{FF41}-)"
-    R"(\x{FF5A}\x{10400}-\x{1044F}\x{104B0}-\x{104D3}\x{104D8}-\x{104FB}\x{10C80}-\x{10CB2}\x{10CC0}-)"
-    R"(\x{10CF2}\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}]+)";
-constexpr const char* kDeepseekLlmPunct =
-    R"(\s?[\x{21}-\x{2F}\x{3A}-\x{7E}\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-)"
-    R"(\x{3002}]+)";
-constexpr const char* kDeepseekCjk =
-    R"([\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+)";
-
-// DeepSeek V3.
-constexpr const char* kDeepseek3Main =
-    R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-// Falcon: Punctuation(Contiguous) (Unicode P plus ASCII punctuation), then the
-// GPT-2 regex; after the byte mapping, Digits(contiguous) and 3-digit groups.
-constexpr const char* kFalconPunct = R"([\p{P}\$\+<=>\^~\|`]+)";
+PreStep split_step(const char* p, SplitBehavior b = SplitBehavior::Isolated) { return PreStep::regex(p, b); }
 
 struct Family {
-    const char* family;
-    std::vector<std::string> raw;
-    std::vector<std::string> mapped;
+    const char* name;
+    std::vector<PreStep> steps;
 };
 
+// The pipelines of the `tokenizer.ggml.pre` names (as in each family's
+// tokenizer.json). An empty name list entry means "not found".
 Family family_for(std::string_view pre, bool& known) {
     known = true;
     auto is = [&](std::initializer_list<std::string_view> names) {
@@ -73,44 +32,48 @@ Family family_for(std::string_view pre, bool& known) {
             if (pre == n) return true;
         return false;
     };
+    const PreStep bl = PreStep::byte_level(false, true);
+    const PreStep bl_noregex = PreStep::byte_level(false, false);
     if (is({"default", "gpt2", "gpt-2", "phi-2", "gpt-neox", "mpt", "olmo", "jais", "roberta-bpe", "gigachat",
             "poro-chat", "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code", "jina-es", "jina-de"}))
-        return {"gpt2", {kGpt2}, {}};
+        return {"gpt2", {bl}};
     if (is({"starcoder", "refact", "smollm", "command-r", "codeshell", "exaone", "minerva-7b"}))
-        return {"starcoder", {R"(\p{N})", kGpt2}, {}};
-    if (is({"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"})) return {"llama3", {kLlama3}, {}};
-    if (is({"qwen2", "stablelm2", "hunyuan", "megrez", "deepseek-r1-qwen"})) return {"qwen2", {kQwen2}, {}};
+        return {"starcoder", {split_step(kDigit), bl}};
+    if (is({"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"}))
+        return {"llama3", {split_step(kLlama3), bl_noregex}};
+    if (is({"qwen2", "stablelm2", "hunyuan", "megrez", "deepseek-r1-qwen"}))
+        return {"qwen2", {split_step(kQwen2), bl_noregex}};
     if (is({"deepseek-llm"}))
         return {"deepseek-llm",
-                {R"([\r\n])", kDeepseekLlmLetters, kDeepseekLlmPunct, R"(\s+$)", kDeepseekCjk, R"(\p{N})"},
-                {}};
+                {split_step(kCrLf), split_step(kDeepseekLlmLetters), split_step(kDeepseekLlmPunct),
+                 split_step(kTrailingSpace), split_step(kDeepseekCjk), split_step(kDigit), bl_noregex}};
     if (is({"deepseek-coder"}))
-        return {"deepseek-coder", {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kDeepseekCjk, R"(\p{N})"}, {}};
+        return {"deepseek-coder",
+                {split_step(kCrLf), split_step(kSpaceLetters), split_step(kSpacePunct), split_step(kDeepseekCjk),
+                 split_step(kDigit), bl_noregex}};
     if (is({"deepseek-v3"}))
         return {"deepseek-v3",
-                {R"(\p{N}{1,3})", R"([\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+)", kDeepseek3Main},
-                {}};
-    if (is({"falcon"})) return {"falcon", {kFalconPunct, kGpt2}, {R"(\p{N}+)", R"([0-9][0-9][0-9])"}};
+                {split_step(kDigits1to3), split_step(kDeepseek3Cjk), split_step(kDeepseek3Main), bl_noregex}};
+    // Falcon: Punctuation(Contiguous) (Unicode P plus ASCII punctuation), then
+    // ByteLevel; after the byte mapping, Digits(contiguous) and 3-digit groups.
+    if (is({"falcon"}))
+        return {"falcon", {split_step(kFalconPunct), bl, split_step(kDigitRun), split_step(kThreeAsciiDigits)}};
     known = false;
-    return {"gpt2", {kGpt2}, {}};
+    return {"gpt2", {bl}};
 }
 
-// Cuts `s` into regex matches and the gaps between them (HF "Isolated").
-void split_isolated(const Regex& re, std::string_view s, std::vector<std::string_view>& out) {
-    size_t last = 0;
-    re.for_each_match(s, [&](size_t b, size_t e) {
-        if (b > last) out.push_back(s.substr(last, b - last));
-        out.push_back(s.substr(b, e - b));
-        last = e;
-    });
-    if (last < s.size()) out.push_back(s.substr(last));
+std::string quote_regex(std::string_view s) {
+    std::string out = "\\Q";
+    out.append(s);
+    out += "\\E";
+    return out;
 }
 
 }  // namespace
 
 // ---------------------------------------------------------------- Regex
 
-Regex::Regex(std::string_view pattern) : pattern_(pattern) {
+Regex::Regex(std::string_view pattern, bool use_fast) : pattern_(pattern) {
     int err = 0;
     PCRE2_SIZE off = 0;
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(),
@@ -123,80 +86,309 @@ Regex::Regex(std::string_view pattern) : pattern_(pattern) {
     }
     code_ = code;
     jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+    if (use_fast) fast_ = fastre::find_matcher(pattern_);
 }
 
 Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-Regex::Scratch::Scratch(const Regex& re)
-    : md(pcre2_match_data_create_from_pattern(static_cast<pcre2_code*>(re.code_), nullptr)) {
-    if (!md) fail("tokenizer: out of memory creating regex match data");
+Regex::Scratch::Scratch(const Regex& r) : re(r) {}
+
+Regex::Scratch::~Scratch() {
+    if (md) pcre2_match_data_free(static_cast<pcre2_match_data*>(md));
 }
 
-Regex::Scratch::~Scratch() { pcre2_match_data_free(static_cast<pcre2_match_data*>(md)); }
+size_t Regex::step_len(std::string_view text, size_t pos) {
+    return pos < text.size() ? unicode::utf8_decode(text, pos).len : 1;
+}
 
 bool Regex::next_match(Scratch& s, std::string_view text, size_t pos, size_t& begin, size_t& end) const {
+    if (fast_) {
+        switch (fast_->find(text, pos, begin, end)) {
+            case fastre::Result::Match:
+                return true;
+            case fastre::Result::NoMatch:
+                return false;
+            case fastre::Result::Unknown:
+                break;
+        }
+    }
+    return pcre_match(s, text, pos, begin, end);
+}
+
+bool Regex::pcre_match(Scratch& s, std::string_view text, size_t pos, size_t& begin, size_t& end) const {
     auto* code = static_cast<pcre2_code*>(code_);
+    if (!s.md) {
+        s.md = pcre2_match_data_create_from_pattern(code, nullptr);
+        if (!s.md) fail("tokenizer: out of memory creating regex match data");
+    }
     auto* md = static_cast<pcre2_match_data*>(s.md);
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-    while (pos < text.size()) {
-        int rc = PCRE2_ERROR_NOMATCH;
-        if (jit_) rc = pcre2_jit_match(code, subject, text.size(), pos, 0, md, nullptr);
-        // The JIT stack is small; the interpreter keeps its backtracking on the heap.
-        if (!jit_ || (rc < 0 && rc != PCRE2_ERROR_NOMATCH))
-            rc = pcre2_match(code, subject, text.size(), pos, 0, md, nullptr);
-        if (rc < 0) return false;  // no match, or resource limits: leave the rest unsplit
-        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-        if (ov[1] > ov[0]) {
-            begin = ov[0];
-            end = ov[1];
-            return true;
-        }
-        // Empty match: retry one character further on.
-        pos = ov[0] + (ov[0] < text.size() ? unicode::utf8_decode(text, ov[0]).len : 1);
-    }
-    return false;
+    int rc = PCRE2_ERROR_NOMATCH;
+    if (jit_) rc = pcre2_jit_match(code, subject, text.size(), pos, 0, md, nullptr);
+    // The JIT stack is small; the interpreter keeps its backtracking on the heap.
+    if (!jit_ || (rc < 0 && rc != PCRE2_ERROR_NOMATCH)) rc = pcre2_match(code, subject, text.size(), pos, 0, md, nullptr);
+    if (rc < 0) return false;  // no match, or resource limits: leave the rest unsplit
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    begin = ov[0];
+    end = ov[1];
+    return end >= begin && end <= text.size();
+}
+
+// ---------------------------------------------------------------- PreStep
+
+PreStep PreStep::regex(std::string pattern, SplitBehavior b, bool invert) {
+    PreStep s;
+    s.kind = Kind::Split;
+    s.pattern = std::move(pattern);
+    s.behavior = b;
+    s.invert = invert;
+    return s;
+}
+
+PreStep PreStep::byte_level(bool add_prefix_space, bool use_regex) {
+    PreStep s;
+    s.kind = Kind::ByteLevel;
+    s.add_prefix_space = add_prefix_space;
+    s.use_regex = use_regex;
+    return s;
+}
+
+PreStep PreStep::metaspace(PrependScheme prepend, bool split) {
+    PreStep s;
+    s.kind = Kind::Metaspace;
+    s.prepend = prepend;
+    s.split = split;
+    return s;
 }
 
 // ---------------------------------------------------------------- PreTokenizer
 
+struct PreTokenizer::Compiled {
+    PreStep step;
+    std::unique_ptr<Regex> re;  // Split pattern; GPT-2 regex of ByteLevel; "▁" of Metaspace split
+    bool mapped = false;        // a Split after ByteLevel: sees byte characters
+};
+
 PreTokenizer::PreTokenizer(std::string_view pre_name) {
     Family f = family_for(pre_name, known_);
-    family_ = f.family;
-    build(f.raw, f.mapped);
+    family_ = f.name;
+    build(f.steps);
 }
 
-PreTokenizer::PreTokenizer(const std::vector<std::string>& raw_steps, const std::vector<std::string>& mapped_steps)
-    : family_("custom") {
-    build(raw_steps, mapped_steps);
+PreTokenizer::PreTokenizer(const std::vector<PreStep>& steps, std::string family) : family_(std::move(family)) {
+    build(steps);
 }
 
-void PreTokenizer::build(const std::vector<std::string>& raw_steps, const std::vector<std::string>& mapped_steps) {
-    for (const auto& p : raw_steps) raw_.push_back(std::make_unique<Regex>(p));
-    for (const auto& p : mapped_steps) mapped_.push_back(std::make_unique<Regex>(p));
+PreTokenizer::~PreTokenizer() = default;
+
+std::vector<PreStep> PreTokenizer::family_steps(std::string_view pre_name, std::string* family) {
+    bool known = false;
+    Family f = family_for(pre_name, known);
+    if (family) *family = f.name;
+    return known ? f.steps : std::vector<PreStep>{};
+}
+
+void PreTokenizer::build(const std::vector<PreStep>& steps) {
+    bool mapped = false;
+    for (const PreStep& s : steps) {
+        auto c = std::make_unique<Compiled>();
+        c->step = s;
+        switch (s.kind) {
+            case PreStep::Kind::Split:
+                c->re = std::make_unique<Regex>(s.pattern);
+                c->mapped = mapped;
+                break;
+            case PreStep::Kind::ByteLevel:
+                if (s.use_regex) c->re = std::make_unique<Regex>(kGpt2);
+                mapped = true;
+                byte_level_ = true;
+                break;
+            case PreStep::Kind::Metaspace:
+                if (s.replacement.empty()) fail("tokenizer: Metaspace pre-tokenizer with an empty replacement");
+                if (s.split) c->re = std::make_unique<Regex>(quote_regex(s.replacement));
+                break;
+        }
+        steps_.push_back(std::move(c));
+    }
+}
+
+namespace {
+
+// Applies one split (matches of `re` in each piece, then `behavior`) to the
+// spans of `text`, writing the new spans to `out`.
+struct Splitter {
+    struct Seg {
+        size_t b, e;
+        bool match;
+    };
+    std::vector<Seg> segs;
+
+    template <class Emit>
+    void fold(SplitBehavior behavior, bool invert, Emit&& emit) {
+        if (invert)
+            for (auto& s : segs) s.match = !s.match;
+        std::vector<Seg> acc;
+        switch (behavior) {
+            case SplitBehavior::Isolated:
+                for (const auto& s : segs) emit(s.b, s.e);
+                return;
+            case SplitBehavior::Removed:
+                for (const auto& s : segs)
+                    if (!s.match) emit(s.b, s.e);
+                return;
+            case SplitBehavior::MergedWithPrevious: {
+                bool prev = false;
+                for (const auto& s : segs) {
+                    if (s.match && !prev && !acc.empty())
+                        acc.back().e = s.e;
+                    else
+                        acc.push_back(s);
+                    prev = s.match;
+                }
+                break;
+            }
+            case SplitBehavior::MergedWithNext: {
+                bool prev = false;
+                for (size_t i = segs.size(); i-- > 0;) {
+                    const Seg& s = segs[i];
+                    if (s.match && !prev && !acc.empty())
+                        acc.back().b = s.b;
+                    else
+                        acc.push_back(s);
+                    prev = s.match;
+                }
+                for (size_t i = acc.size(); i-- > 0;) emit(acc[i].b, acc[i].e);
+                return;
+            }
+            case SplitBehavior::Contiguous: {
+                bool prev = false;
+                for (const auto& s : segs) {
+                    if (s.match == prev && !acc.empty())
+                        acc.back().e = s.e;
+                    else
+                        acc.push_back(s);
+                    prev = s.match;
+                }
+                break;
+            }
+        }
+        for (const auto& s : acc) emit(s.b, s.e);
+    }
+};
+
+}  // namespace
+
+void PreTokenizer::split(std::string_view text, bool at_input_start, PreTokenized& out) const {
+    out.text_ = text;
+    out.spans_.clear();
+    if (!text.empty()) out.spans_.emplace_back(0, text.size());
+    int buf_index = 0;
+    const auto& bm = unicode::ByteMap::get();
+    Splitter splitter;
+
+    // Cuts every span at the matches of `re` (on byte characters when `mapped`).
+    auto apply = [&](const Regex& re, SplitBehavior behavior, bool invert, bool mapped) {
+        out.next_.clear();
+        auto push = [&](size_t b, size_t e) {
+            if (e > b) out.next_.emplace_back(b, e - b);
+        };
+        for (const auto& [off, len] : out.spans_) {
+            const std::string_view piece = out.text_.substr(off, len);
+            std::string_view subject = piece;
+            if (mapped) {
+                out.mapped_.clear();
+                out.raw_of_mapped_.clear();
+                for (size_t i = 0; i < piece.size(); ++i) {
+                    const std::string_view u = bm.byte_to_utf8(static_cast<uint8_t>(piece[i]));
+                    out.mapped_.append(u);
+                    out.raw_of_mapped_.insert(out.raw_of_mapped_.end(), u.size(), static_cast<uint32_t>(i));
+                }
+                out.raw_of_mapped_.push_back(static_cast<uint32_t>(piece.size()));
+                subject = out.mapped_;
+            }
+            auto raw = [&](size_t m) -> size_t { return off + (mapped ? out.raw_of_mapped_[m] : m); };
+            if (behavior == SplitBehavior::Isolated && !invert) {
+                size_t last = 0;
+                re.for_each_match(subject, [&](size_t b, size_t e) {
+                    push(raw(last), raw(b));
+                    push(raw(b), raw(e));
+                    last = e;
+                });
+                push(raw(last), raw(subject.size()));
+                continue;
+            }
+            splitter.segs.clear();
+            size_t last = 0;
+            re.for_each_match(subject, [&](size_t b, size_t e) {
+                if (b > last) splitter.segs.push_back({raw(last), raw(b), false});
+                splitter.segs.push_back({raw(b), raw(e), true});
+                last = e;
+            });
+            if (last < subject.size()) splitter.segs.push_back({raw(last), raw(subject.size()), false});
+            splitter.fold(behavior, invert, push);
+        }
+        out.spans_.swap(out.next_);
+    };
+
+    // Rewrites every span through `fn(piece, index, dst)` into a fresh buffer.
+    auto rewrite = [&](auto&& fn) {
+        std::string& dst = out.buf_[buf_index];
+        buf_index ^= 1;
+        dst.clear();
+        out.next_.clear();
+        for (size_t k = 0; k < out.spans_.size(); ++k) {
+            const auto [off, len] = out.spans_[k];
+            const size_t start = dst.size();
+            fn(out.text_.substr(off, len), off, dst);
+            if (dst.size() > start) out.next_.emplace_back(start, dst.size() - start);
+        }
+        out.spans_.swap(out.next_);
+        out.text_ = dst;
+    };
+
+    for (const auto& c : steps_) {
+        const PreStep& s = c->step;
+        switch (s.kind) {
+            case PreStep::Kind::Split:
+                apply(*c->re, s.behavior, s.invert, c->mapped);
+                break;
+            case PreStep::Kind::ByteLevel:
+                if (s.add_prefix_space) {
+                    rewrite([](std::string_view piece, size_t, std::string& dst) {
+                        if (piece.empty() || piece[0] != ' ') dst += ' ';
+                        dst.append(piece);
+                    });
+                }
+                if (c->re) apply(*c->re, SplitBehavior::Isolated, false, false);
+                break;
+            case PreStep::Kind::Metaspace: {
+                const std::string& rep = s.replacement;
+                rewrite([&](std::string_view piece, size_t off, std::string& dst) {
+                    const size_t start = dst.size();
+                    for (char ch : piece) {
+                        if (ch == ' ')
+                            dst += rep;
+                        else
+                            dst += ch;
+                    }
+                    const bool starts = dst.compare(start, rep.size(), rep) == 0 && dst.size() - start >= rep.size();
+                    const bool want = s.prepend == PrependScheme::Always ||
+                                      (s.prepend == PrependScheme::First && at_input_start && off == 0);
+                    if (want && !starts) dst.insert(start, rep);
+                });
+                if (c->re) apply(*c->re, SplitBehavior::MergedWithNext, false, false);
+                break;
+            }
+        }
+    }
 }
 
 std::vector<std::string> PreTokenizer::split(std::string_view text) const {
-    std::vector<std::string_view> pieces{text}, next;
-    if (text.empty()) pieces.clear();
-    for (const auto& re : raw_) {
-        next.clear();
-        for (auto p : pieces) split_isolated(*re, p, next);
-        pieces.swap(next);
-    }
-    const auto& bm = unicode::ByteMap::get();
+    PreTokenized p;
+    split(text, true, p);
     std::vector<std::string> words;
-    words.reserve(pieces.size());
-    for (auto p : pieces) words.push_back(bm.encode(p));
-    for (const auto& re : mapped_) {
-        std::vector<std::string> out;
-        out.reserve(words.size());
-        for (const auto& w : words) {
-            next.clear();
-            split_isolated(*re, w, next);
-            for (auto p : next) out.emplace_back(p);
-        }
-        words.swap(out);
-    }
+    words.reserve(p.size());
+    for (size_t i = 0; i < p.size(); ++i) words.emplace_back(p[i]);
     return words;
 }
 

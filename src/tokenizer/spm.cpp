@@ -1,23 +1,26 @@
 #include "tokenizer/spm.h"
 
-#include <queue>
+#include <algorithm>
 
 #include "tokenizer/unicode.h"
 
 namespace quern {
 
-SpmModel::SpmModel(std::function<int32_t(std::string_view)> lookup, const std::vector<float>& scores,
-                   const std::array<int32_t, 256>& byte_ids, int32_t unk)
-    : lookup_(std::move(lookup)), scores_(scores), byte_ids_(byte_ids), unk_(unk) {}
+SpmModel::SpmModel(PieceMap pieces, const std::vector<float>& scores, const std::array<int32_t, 256>& byte_ids,
+                   int32_t unk)
+    : pieces_(std::move(pieces)), scores_(scores), byte_ids_(byte_ids), unk_(unk) {}
 
-void SpmModel::encode(std::string_view text, std::vector<int32_t>& out) const {
+void SpmModel::encode(std::string_view text, std::vector<int32_t>& out, SpmScratch& scratch) const {
     if (text.empty()) return;
-    struct Sym {
-        uint32_t start, len;  // byte range in text; len 0 = merged away
-        int32_t prev, next;
-    };
-    std::vector<Sym> syms;
-    syms.reserve(text.size());
+    if (cache_.lookup(text, out)) return;
+    const size_t start = out.size();
+    merge(text, out, scratch);
+    cache_.insert(text, out.data() + start, out.size() - start);
+}
+
+void SpmModel::merge(std::string_view text, std::vector<int32_t>& out, SpmScratch& scratch) const {
+    auto& syms = scratch.syms;
+    syms.clear();
     for (size_t i = 0; i < text.size();) {
         const uint32_t n = unicode::utf8_decode(text, i).len;
         const auto k = static_cast<int32_t>(syms.size());
@@ -26,29 +29,27 @@ void SpmModel::encode(std::string_view text, std::vector<int32_t>& out) const {
     }
     syms.back().next = -1;
 
-    struct Bigram {
-        float score;
-        int32_t left, right;
-        uint32_t len;  // combined length when made; a mismatch means stale
-    };
-    auto worse = [](const Bigram& a, const Bigram& b) {
+    auto& heap = scratch.heap;
+    heap.clear();
+    auto worse = [](const SpmScratch::Bigram& a, const SpmScratch::Bigram& b) {
         return a.score != b.score ? a.score < b.score : a.left > b.left;
     };
-    std::priority_queue<Bigram, std::vector<Bigram>, decltype(worse)> heap(worse);
     auto consider = [&](int32_t l, int32_t r) {
         if (l < 0 || r < 0) return;
         const uint32_t len = syms[l].len + syms[r].len;
-        const int32_t id = lookup_(text.substr(syms[l].start, len));
+        const int32_t id = pieces_.find(text.substr(syms[l].start, len));
         if (id < 0) return;
-        heap.push({score(id), l, r, len});
+        heap.push_back({score(id), l, r, len, id});
+        std::push_heap(heap.begin(), heap.end(), worse);
     };
     for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) consider(i, i + 1);
 
     while (!heap.empty()) {
-        const Bigram b = heap.top();
-        heap.pop();
-        Sym& l = syms[b.left];
-        Sym& r = syms[b.right];
+        std::pop_heap(heap.begin(), heap.end(), worse);
+        const SpmScratch::Bigram b = heap.back();
+        heap.pop_back();
+        SpmScratch::Sym& l = syms[b.left];
+        SpmScratch::Sym& r = syms[b.right];
         if (l.len == 0 || r.len == 0 || l.next != b.right || l.len + r.len != b.len) continue;
         l.len += r.len;
         l.next = r.next;
@@ -60,7 +61,7 @@ void SpmModel::encode(std::string_view text, std::vector<int32_t>& out) const {
 
     for (int32_t i = 0; i >= 0; i = syms[i].next) {
         const std::string_view piece = text.substr(syms[i].start, syms[i].len);
-        const int32_t id = lookup_(piece);
+        const int32_t id = pieces_.find(piece);
         if (id >= 0) {
             out.push_back(id);
             continue;

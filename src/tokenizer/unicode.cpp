@@ -77,6 +77,13 @@ size_t utf8_incomplete_tail(std::string_view s) {
     return 0;
 }
 
+bool is_white_space(uint32_t cp) {
+    if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);
+    if (cp < 0x85) return false;
+    return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+           cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
 const ByteMap& ByteMap::get() {
     static const ByteMap m;
     return m;

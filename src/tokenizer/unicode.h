@@ -40,6 +40,10 @@ bool utf8_valid(std::string_view s);
 /// sequence (0..3): the bytes a streaming writer must hold back.
 size_t utf8_incomplete_tail(std::string_view s);
 
+/// The Unicode White_Space property (what Rust's char::is_whitespace and
+/// hence Hugging Face's lstrip/rstrip/Strip treat as whitespace).
+bool is_white_space(uint32_t cp);
+
 /// The GPT-2 byte <-> unicode mapping.
 class ByteMap {
 public:

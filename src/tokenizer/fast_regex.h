@@ -1,0 +1,43 @@
+// Hand-written matchers for the pre-tokenizer regexes of the known families.
+//
+// Each matcher finds the leftmost match at or after a position exactly as
+// PCRE2 does for its pattern, as long as every character it has to look at is
+// below U+0800 and valid UTF-8; otherwise it answers Unknown and the caller
+// asks PCRE2. Character classes (\p{L}, \p{N}, \p{P}, \p{S}, \p{M}, \s) of
+// those code points are read from PCRE2 itself once, so both paths agree by
+// construction on what a letter is; the control flow of each regex is written
+// out by hand (and tested against PCRE2 on random text).
+#pragma once
+#include <cstddef>
+#include <string_view>
+
+namespace quern::fastre {
+
+/// The outcome of one search.
+enum class Result { Match, NoMatch, Unknown };
+
+/// A hand-written equivalent of one regex.
+struct Matcher {
+    const char* pattern;
+    /// Leftmost match in `s` at or after `pos`: sets [begin, end) on Match.
+    Result (*find)(std::string_view s, size_t pos, size_t& begin, size_t& end);
+};
+
+/// The matcher for exactly this pattern string, or nullptr.
+const Matcher* find_matcher(std::string_view pattern);
+
+/// Class bits of code points below U+0800 (as PCRE2 with UCP classifies them).
+enum ClassBit : unsigned {
+    kLetter = 1,   // \p{L}
+    kNumber = 2,   // \p{N}
+    kPunct = 4,    // \p{P}
+    kSymbol = 8,   // \p{S}
+    kMark = 16,    // \p{M}
+    kSpace = 32,   // \s
+    kUnknown = 128,  // code point >= U+0800 or invalid UTF-8: not classified
+};
+
+/// Class bits of the character at `pos` (< s.size()) and its length in bytes.
+unsigned classify(std::string_view s, size_t pos, size_t& len);
+
+}  // namespace quern::fastre

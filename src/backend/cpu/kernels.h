@@ -84,10 +84,10 @@ struct ActPanel {
     const float* dsa;
 };
 
-/// GEMM tile: out[r * NCP + c] = dot(unpacked row r, panel column c) for
-/// r < NR (the kernel's row count; pass nr <= NR real rows), c < NCP.
-using QTileFn = void (*)(int64_t K, UForm f, int nr, const uint8_t* u, size_t ldu, const float* D, const float* Mn,
-                         size_t lds, const ActPanel& act, float* out);
+/// GEMM tile: y[c * ldy + r] = dot(unpacked row r, panel column c) for
+/// r < nr <= NR (the kernel's row count), c < nc <= NCP; nothing else written.
+using QTileFn = void (*)(int64_t K, UForm f, int nr, int nc, const uint8_t* u, size_t ldu, const float* D,
+                         const float* Mn, size_t lds, const ActPanel& act, float* y, size_t ldy);
 
 /// Builds an ActRow's arrays from one row of Q8 blocks (type act) of K elements.
 using PrepRowFn = void (*)(DType act, int G, int64_t K, const void* blocks, int8_t* a, float* da, float* dsa);
@@ -176,6 +176,8 @@ GemvFn gemv_for(DType t);
 extern const ActQuantizers quantizers;
 extern const QKernels qkernels;
 extern const FKernels fkernels;
+void pack_panel(DType act, int G, int64_t K, int ncp, const void* const* rows, int nrows, int8_t* a, float* da,
+                float* dsa);
 }  // namespace avx512
 
 /// Activation partner of a quantized weight type (Q8_0, Q8_1 or Q8_K).

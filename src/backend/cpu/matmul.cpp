@@ -250,11 +250,10 @@ void matmul_q_gemm(const Tensor& W, const float* x, int64_t n, float* y, int64_t
     // Enough work items for balance; each item is a few row panels.
     const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(4, nrp / (8 * pool.size())));
     pool.parallel_for(nrp, grain, [&](int64_t i0, int64_t i1, int) {
-        Carver wc{tl_work.get(NR * ldu + 2 * align64(NR * lds * 4) + align64(NR * NCP * 4))};
+        Carver wc{tl_work.get(NR * ldu + 2 * align64(NR * lds * 4))};
         uint8_t* u = wc.take<uint8_t>(NR * ldu);
         float* D = wc.take<float>(NR * lds);
         float* Mn = wc.take<float>(NR * lds);
-        float* out = wc.take<float>(static_cast<size_t>(NR * NCP));
         for (int64_t i = i0; i < i1; ++i) {
             const int64_t r0 = i * NR;
             const int nr = static_cast<int>(std::min<int64_t>(NR, M - r0));
@@ -263,12 +262,8 @@ void matmul_q_gemm(const Tensor& W, const float* x, int64_t n, float* y, int64_t
                 const uint8_t* pb = base + p * static_cast<int64_t>(panel_bytes + qbytes);
                 const ActPanel ap{reinterpret_cast<const int8_t*>(pb), reinterpret_cast<const float*>(pb + panel_a),
                                   reinterpret_cast<const float*>(pb + panel_a + panel_s)};
-                qk.tile(K, form, nr, u, ldu, D, Mn, lds, ap, out);
                 const int nc = static_cast<int>(std::min<int64_t>(NCP, n - p * NCP));
-                for (int c = 0; c < nc; ++c) {
-                    float* yc = y + (p * NCP + c) * ldy + r0;
-                    for (int r = 0; r < nr; ++r) yc[r] = out[r * NCP + c];
-                }
+                qk.tile(K, form, nr, nc, u, ldu, D, Mn, lds, ap, y + p * NCP * ldy + r0, static_cast<size_t>(ldy));
             }
         }
     });

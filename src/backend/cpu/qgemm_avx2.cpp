@@ -177,14 +177,17 @@ void tile_dispatch(int64_t K, int nr, const uint8_t* u, size_t ldu, const float*
         tile_g<G, 1, S>(K, u, ldu, D, Mn, lds, act, out);
 }
 
-void tile(int64_t K, UForm f, int nr, const uint8_t* u, size_t ldu, const float* D, const float* Mn, size_t lds,
-          const ActPanel& act, float* out) {
+void tile(int64_t K, UForm f, int nr, int nc, const uint8_t* u, size_t ldu, const float* D, const float* Mn,
+          size_t lds, const ActPanel& act, float* y, size_t ldy) {
+    alignas(32) float out[kNR * kNCP];
     if (f.G == 16)
         tile_dispatch<16, false>(K, nr, u, ldu, D, Mn, lds, act, out);
     else if (f.signed_u)
         tile_dispatch<32, true>(K, nr, u, ldu, D, Mn, lds, act, out);
     else
         tile_dispatch<32, false>(K, nr, u, ldu, D, Mn, lds, act, out);
+    for (int c = 0; c < nc; ++c)
+        for (int r = 0; r < nr; ++r) y[c * ldy + r] = out[r * kNCP + c];
 }
 
 }  // namespace

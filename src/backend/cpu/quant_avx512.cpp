@@ -147,4 +147,83 @@ void q8_K(const float* x, void* y, int64_t k) {
 
 const ActQuantizers quantizers{q8_0, q8_1, q8_K};
 
+// GEMM activation panel from Q8 rows (see kernels.h ActPanel): per 32-element
+// chunk and 16 activation rows, a 16 x 8 dword transpose (8 inserts, 16
+// unpacks, 8 vpermt2q) yields the 8 panel rows a[k4][c][0..3]; the same
+// vectors give the exact per-row sums for dsa through vpdpbusd with ones.
+void pack_panel(DType act, int G, int64_t K, int ncp, const void* const* rows, int nrows, int8_t* a, float* da,
+                float* dsa) {
+    alignas(64) static const uint8_t kZeros[320] = {};
+    const bool qk = act == DType::Q8_K;
+    const int64_t bsz = qk ? int64_t(sizeof(block_q8_K)) : act == DType::Q8_0 ? int64_t(sizeof(block_q8_0))
+                                                                                : int64_t(sizeof(block_q8_1));
+    const int64_t qoff = act == DType::Q8_1 ? int64_t(offsetof(block_q8_1, qs)) : int64_t(2);
+    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i idx_lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i idx_hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int h = 0; h < ncp / 16; ++h) {
+        const uint8_t* base[16];
+        int64_t stride[16];
+        for (int c = 0; c < 16; ++c) {
+            const bool have = 16 * h + c < nrows;
+            base[c] = have ? static_cast<const uint8_t*>(rows[16 * h + c]) : kZeros;
+            stride[c] = have ? bsz : 0;
+        }
+        for (int64_t q = 0; q < K / 32; ++q) {
+            __m256i Y[16];
+            alignas(64) float dcol[16];
+            for (int c = 0; c < 16; ++c) {
+                if (qk) {
+                    const uint8_t* b = base[c] + (q / 8) * stride[c];
+                    Y[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 4 + 32 * (q % 8)));
+                    std::memcpy(&dcol[c], b, 4);
+                } else {
+                    const uint8_t* b = base[c] + q * stride[c];
+                    Y[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + qoff));
+                    uint16_t dh;
+                    std::memcpy(&dh, b, 2);
+                    dcol[c] = _cvtsh_ss(dh);
+                }
+            }
+            __m512i R[8];
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; ++c) R[c] = _mm512_inserti64x4(_mm512_castsi256_si512(Y[c]), Y[c + 8], 1);
+            __m512i t[8], s8[8];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) {
+                t[2 * i] = _mm512_unpacklo_epi32(R[2 * i], R[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_epi32(R[2 * i], R[2 * i + 1]);
+            }
+#pragma GCC unroll 2
+            for (int i = 0; i < 2; ++i) {  // i = 0: columns 0-3 (8-11), i = 1: columns 4-7 (12-15)
+                s8[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+                s8[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+                s8[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+                s8[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+            }
+            __m512i slo = _mm512_setzero_si512(), shi = _mm512_setzero_si512();
+            int8_t* dst = a + (8 * q * ncp + 16 * h) * 4;
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+                const __m512i zl = _mm512_permutex2var_epi64(s8[j], idx_lo, s8[4 + j]);  // dword j
+                const __m512i zh = _mm512_permutex2var_epi64(s8[j], idx_hi, s8[4 + j]);  // dword j + 4
+                _mm512_storeu_si512(dst + j * ncp * 4, zl);
+                _mm512_storeu_si512(dst + (j + 4) * ncp * 4, zh);
+                slo = _mm512_dpbusd_epi32(slo, ones, zl);
+                shi = _mm512_dpbusd_epi32(shi, ones, zh);
+            }
+            const __m512 dv = _mm512_load_ps(dcol);
+            if (G == 32) {
+                _mm512_storeu_ps(da + q * ncp + 16 * h, dv);
+                _mm512_storeu_ps(dsa + q * ncp + 16 * h, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_add_epi32(slo, shi))));
+            } else {
+                _mm512_storeu_ps(da + 2 * q * ncp + 16 * h, dv);
+                _mm512_storeu_ps(dsa + 2 * q * ncp + 16 * h, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(slo)));
+                _mm512_storeu_ps(da + (2 * q + 1) * ncp + 16 * h, dv);
+                _mm512_storeu_ps(dsa + (2 * q + 1) * ncp + 16 * h, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(shi)));
+            }
+        }
+    }
+}
+
 }  // namespace quern::cpu::avx512

@@ -1,9 +1,10 @@
-// AVX-512 VNNI fused GEMV (decode, n = 1 per call): y[r] = W[r] · x for up to
-// 4 weight rows at a time, reading the packed GGUF blocks directly.
+// AVX-512 VNNI fused GEMV (decode and small batches): y[c][r] = W[r] · x[c],
+// one weight row against up to 4 activation rows at a time, reading the packed
+// GGUF blocks directly (each block is unpacked once per 4 activation rows).
 //
 // Work mapping: the driver gives each thread one contiguous range of rows
 // (one sequential memory stream per thread), processed one row at a time;
-// the activation row stays in L1. Bound by memory bandwidth: each weight byte
+// the activation rows stay in L1. Bound by memory bandwidth: each weight byte
 // is loaded once, with ~3 vector instructions per 32 weights (~10 bytes/cycle
 // per core is DRAM speed on the target machine).
 // Alignment: none (unaligned and masked loads; masked loads never touch bytes
@@ -99,8 +100,10 @@ using TQ4_1 = L4<20, 2, 1, -1, 0>;
 using TQ5_0 = L4<22, 3, -1, 1, 16>;
 using TQ5_1 = L4<24, 4, 1, 2, 0>;
 
-template <class T, int NRT>
-void gemv_l4(int64_t K, const uint8_t* w, size_t ldw, const GemvAct& act, float* y) {
+// One weight row against NC activation rows: the weights of each group are
+// unpacked once and meet every activation row while in registers.
+template <class T, int NC>
+void gemv_l4(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t ldy) {
     constexpr bool kMin = T::MW >= 0;
     const __m512i iq = _mm512_loadu_si512(L4Tables<T>::idx.q);
     const __m512i is = _mm512_loadu_si512(L4Tables<T>::idx.s);
@@ -109,54 +112,51 @@ void gemv_l4(int64_t K, const uint8_t* w, size_t ldw, const GemvAct& act, float*
     const __m512i b4 = _mm512_set1_epi8(0x10);
     const int64_t nb = K / 32;
     const int64_t ng = (nb + 3) / 4;
-    __m512 acc[NRT], accm[NRT];
-    #pragma GCC unroll 16
-    for (int r = 0; r < NRT; ++r) acc[r] = accm[r] = _mm512_setzero_ps();
+    __m512 acc[NC], accm[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) acc[c] = accm[c] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; ++g) {
-        const __m512i alo = _mm512_loadu_si512(act.a + 128 * g);
-        const __m512i ahi = _mm512_loadu_si512(act.a + 128 * g + 64);
-        const __m512 da = _mm512_loadu_ps(act.lf + 16 * g);
-        const __m512i x = _mm512_loadu_si512(static_cast<const int32_t*>(act.lx) + 16 * g);
-        const bool full = 4 * g + 4 <= nb;
-        const int64_t nbytes = (nb - 4 * g) * T::BS;  // valid bytes in this group
-        #pragma GCC unroll 16
-        for (int r = 0; r < NRT; ++r) {
-            const uint8_t* p = w + r * ldw + 4 * g * T::BS;
-            __m512i A, B;
-            if (full) {
-                A = _mm512_loadu_si512(p);
-                B = _mm512_loadu_si512(p + 4 * T::BS - 64);
-            } else {
-                A = _mm512_maskz_loadu_epi8(bytes_mask(nbytes), p);
-                B = _mm512_maskz_loadu_epi8(bytes_mask(nbytes - (4 * T::BS - 64)), p + 4 * T::BS - 64);
-            }
-            const __m512i Q = _mm512_permutex2var_epi16(A, iq, B);
-            const __m512i S = _mm512_permutex2var_epi16(A, is, B);
-            __m512i lo = _mm512_and_si512(Q, m4);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4);
-            if constexpr (T::QHW >= 0) {
-                const __m128i H = _mm512_castsi512_si128(_mm512_permutex2var_epi16(A, ih, B));
-                lo = _mm512_mask_add_epi8(lo, static_cast<__mmask64>(_mm_cvtsi128_si64(H)), lo, b4);
-                hi = _mm512_mask_add_epi8(hi, static_cast<__mmask64>(_mm_extract_epi64(H, 1)), hi, b4);
-            }
-            __m512i I = _mm512_dpbusd_epi32(kMin ? _mm512_setzero_si512() : x, lo, alo);
-            I = _mm512_dpbusd_epi32(I, hi, ahi);
-            const __m512 D = _mm512_cvtph_ps(_mm512_castsi512_si256(S));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(D, da), acc[r]);
-            if constexpr (kMin) {
-                const __m512 M = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(S, 1));
-                accm[r] = _mm512_fmadd_ps(M, _mm512_castsi512_ps(x), accm[r]);
-            }
+        const uint8_t* p = w + 4 * g * T::BS;
+        __m512i A, B;
+        if (4 * g + 4 <= nb) {
+            A = _mm512_loadu_si512(p);
+            B = _mm512_loadu_si512(p + 4 * T::BS - 64);
+        } else {
+            const int64_t nbytes = (nb - 4 * g) * T::BS;  // valid bytes in this group
+            A = _mm512_maskz_loadu_epi8(bytes_mask(nbytes), p);
+            B = _mm512_maskz_loadu_epi8(bytes_mask(nbytes - (4 * T::BS - 64)), p + 4 * T::BS - 64);
+        }
+        const __m512i Q = _mm512_permutex2var_epi16(A, iq, B);
+        const __m512i S = _mm512_permutex2var_epi16(A, is, B);
+        __m512i lo = _mm512_and_si512(Q, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4);
+        if constexpr (T::QHW >= 0) {
+            const __m128i H = _mm512_castsi512_si128(_mm512_permutex2var_epi16(A, ih, B));
+            lo = _mm512_mask_add_epi8(lo, static_cast<__mmask64>(_mm_cvtsi128_si64(H)), lo, b4);
+            hi = _mm512_mask_add_epi8(hi, static_cast<__mmask64>(_mm_extract_epi64(H, 1)), hi, b4);
+        }
+        const __m512 D = _mm512_cvtph_ps(_mm512_castsi512_si256(S));
+        __m512 M;
+        if constexpr (kMin) M = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(S, 1));
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) {
+            const __m512i x = _mm512_loadu_si512(static_cast<const int32_t*>(act[c].lx) + 16 * g);
+            __m512i I = _mm512_dpbusd_epi32(kMin ? _mm512_setzero_si512() : x, lo,
+                                            _mm512_loadu_si512(act[c].a + 128 * g));
+            I = _mm512_dpbusd_epi32(I, hi, _mm512_loadu_si512(act[c].a + 128 * g + 64));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(D, _mm512_loadu_ps(act[c].lf + 16 * g)),
+                                     acc[c]);
+            if constexpr (kMin) accm[c] = _mm512_fmadd_ps(M, _mm512_castsi512_ps(x), accm[c]);
         }
     }
-    #pragma GCC unroll 16
-    for (int r = 0; r < NRT; ++r) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], accm[r]));
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) y[c * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[c], accm[c]));
 }
 
 // ============================================================ Q8_0
 
-template <int NRT>
-void gemv_q8_0(int64_t K, const uint8_t* w, size_t ldw, const GemvAct& act, float* y) {
+template <int NC>
+void gemv_q8_0(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t ldy) {
     constexpr int BS = sizeof(block_q8_0);
     alignas(64) static constexpr int16_t kIdx[32] = {0,  0,  0,  0,  0,  0,  0,  0,  17, 17, 17,
                                                      17, 17, 17, 17, 17, 34, 34, 34, 34, 34, 34,
@@ -165,58 +165,64 @@ void gemv_q8_0(int64_t K, const uint8_t* w, size_t ldw, const GemvAct& act, floa
     const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
     const int64_t nb = K / 32;
     const int64_t ng = (nb + 3) / 4;
-    __m512 acc[NRT];
-    #pragma GCC unroll 16
-    for (int r = 0; r < NRT; ++r) acc[r] = _mm512_setzero_ps();
+    __m512 acc[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; ++g) {
-        const __m512i a0 = _mm512_loadu_si512(act.a + 128 * g);
-        const __m512i a1 = _mm512_loadu_si512(act.a + 128 * g + 64);
-        const __m512 da0 = _mm512_loadu_ps(act.lf + 32 * g);
-        const __m512 da1 = _mm512_loadu_ps(act.lf + 32 * g + 16);
-        const __m512i c0 = _mm512_loadu_si512(static_cast<const int32_t*>(act.lx) + 32 * g);
-        const __m512i c1 = _mm512_loadu_si512(static_cast<const int32_t*>(act.lx) + 32 * g + 16);
-        const bool full = 4 * g + 4 <= nb;
-        const int64_t nbytes = (nb - 4 * g) * BS;
-        #pragma GCC unroll 16
-        for (int r = 0; r < NRT; ++r) {
-            const uint8_t* p = w + r * ldw + 4 * g * BS;
-            __m512i w01, w23, A, B;
-            if (full) {
-                w01 = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))),
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + BS)), 1);
-                w23 = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + 2 * BS))),
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + 3 * BS)), 1);
-                A = _mm512_loadu_si512(p);
-                B = _mm512_loadu_si512(p + 64);
-            } else {
-                auto blk = [&](int b) {
-                    return b * BS < nbytes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + b * BS))
-                                           : _mm256_setzero_si256();
-                };
-                w01 = _mm512_inserti64x4(_mm512_castsi256_si512(blk(0)), blk(1), 1);
-                w23 = _mm512_inserti64x4(_mm512_castsi256_si512(blk(2)), blk(3), 1);
-                A = _mm512_maskz_loadu_epi8(bytes_mask(nbytes), p);
-                B = _mm512_maskz_loadu_epi8(bytes_mask(nbytes - 64), p + 64);
-            }
-            const __m512i S = _mm512_permutex2var_epi16(A, idx, B);
-            const __m512 D01 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(S)), da0);
-            const __m512 D23 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(S, 1)), da1);
-            const __m512i I0 = _mm512_dpbusd_epi32(c0, _mm512_xor_si512(w01, x80), a0);
-            const __m512i I1 = _mm512_dpbusd_epi32(c1, _mm512_xor_si512(w23, x80), a1);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), D01, acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1), D23, acc[r]);
+        const uint8_t* p = w + 4 * g * BS;
+        __m512i w01, w23, A, B;
+        if (4 * g + 4 <= nb) {
+            w01 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + BS)), 1);
+            w23 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + 2 * BS))),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + 3 * BS)), 1);
+            A = _mm512_loadu_si512(p);
+            B = _mm512_loadu_si512(p + 64);
+        } else {
+            const int64_t nbytes = (nb - 4 * g) * BS;
+            auto blk = [&](int b) {
+                return b * BS < nbytes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + b * BS))
+                                       : _mm256_setzero_si256();
+            };
+            w01 = _mm512_inserti64x4(_mm512_castsi256_si512(blk(0)), blk(1), 1);
+            w23 = _mm512_inserti64x4(_mm512_castsi256_si512(blk(2)), blk(3), 1);
+            A = _mm512_maskz_loadu_epi8(bytes_mask(nbytes), p);
+            B = _mm512_maskz_loadu_epi8(bytes_mask(nbytes - 64), p + 64);
+        }
+        const __m512i S = _mm512_permutex2var_epi16(A, idx, B);
+        const __m512 D01 = _mm512_cvtph_ps(_mm512_castsi512_si256(S));
+        const __m512 D23 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(S, 1));
+        const __m512i u01 = _mm512_xor_si512(w01, x80);
+        const __m512i u23 = _mm512_xor_si512(w23, x80);
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) {
+            const int32_t* lx = static_cast<const int32_t*>(act[c].lx) + 32 * g;
+            const __m512i I0 = _mm512_dpbusd_epi32(_mm512_loadu_si512(lx), u01, _mm512_loadu_si512(act[c].a + 128 * g));
+            const __m512i I1 =
+                _mm512_dpbusd_epi32(_mm512_loadu_si512(lx + 16), u23, _mm512_loadu_si512(act[c].a + 128 * g + 64));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(D01, _mm512_loadu_ps(act[c].lf + 32 * g)),
+                                     acc[c]);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1),
+                                     _mm512_mul_ps(D23, _mm512_loadu_ps(act[c].lf + 32 * g + 16)), acc[c]);
         }
     }
-    #pragma GCC unroll 16
-    for (int r = 0; r < NRT; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) y[c * ldy] = _mm512_reduce_add_ps(acc[c]);
 }
 
 // ============================================================ K-quants
 
-// Per super-block: 4 vectors of 64 unsigned quants u[j] meeting activation
-// vectors a[j], int16 scales per vpmaddubsw output word, and corrections.
+// One unpacked super-block: 4 vectors of 64 unsigned quants u[j] (each meets
+// activation vector j of the super-block), int16 scales per vpmaddubsw output
+// word, and what the corrections need.
+struct KW {
+    __m512i u[4], sc[4];
+    __m256i s16;  // Q2_K: mins; Q3_K/Q6_K: scales (for the offset correction); Q4_K/Q5_K: mins in the low 128
+    __m128 dd;    // [d, dmin]
+};
+
 struct KAcc {
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();  // subtracted at the end (mins)
@@ -230,31 +236,37 @@ inline __m512i sc16_of(const __m512i S16, int j) {
     return _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16(static_cast<short>(4 * j))), S16);
 }
 
-inline __m512i kdot(const __m512i u[4], const __m512i a[4], const __m512i sc[4]) {
-    __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(u[0], a[0]), sc[0]);
-    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[1], a[1]), sc[1]);
-    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[2], a[2]), sc[2]);
-    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[3], a[3]), sc[3]);
+inline __m512i kdot(const KW& w, const int8_t* a) {
+    __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w.u[0], _mm512_loadu_si512(a)),
+                                      w.sc[0]);
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w.u[1], _mm512_loadu_si512(a + 64)), w.sc[1]);
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w.u[2], _mm512_loadu_si512(a + 128)), w.sc[2]);
+    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w.u[3], _mm512_loadu_si512(a + 192)), w.sc[3]);
 }
 
-// Q4_K / Q5_K: u[0] = [sb0 sb2], u[1] = [sb1 sb3], u[2] = [sb4 sb6], u[3] = [sb5 sb7].
+inline __m128 f16x2(const uint8_t* p) { return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(rd32(p)))); }
+
+// Q4_K / Q5_K: u[0] = [sb0 sb2], u[1] = [sb1 sb3], u[2] = [sb4 sb6], u[3] = [sb5 sb7]
+// (activations are permuted to match); 6-bit scales and mins.
 template <bool Five>
 struct KQ45 {
     static constexpr int BS = Five ? sizeof(block_q5_K) : sizeof(block_q4_K);
-    static void step(const uint8_t* p, const __m512i a[4], const __m128i kb, float kd, KAcc& A) {
+    static void load(const uint8_t* p, KW& w) {
         constexpr int QS = Five ? 48 : 16;
         const __m512i m4 = _mm512_set1_epi8(0x0F);
         const __m512i z0 = _mm512_loadu_si512(p + QS);
         const __m512i z1 = _mm512_loadu_si512(p + QS + 64);
-        __m512i u[4] = {_mm512_and_si512(z0, m4), _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4),
-                        _mm512_and_si512(z1, m4), _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4)};
+        w.u[0] = _mm512_and_si512(z0, m4);
+        w.u[1] = _mm512_and_si512(_mm512_srli_epi16(z0, 4), m4);
+        w.u[2] = _mm512_and_si512(z1, m4);
+        w.u[3] = _mm512_and_si512(_mm512_srli_epi16(z1, 4), m4);
         if constexpr (Five) {
             const __m512i qh = bcast256(p + 16);
             const __m512i b4 = _mm512_set1_epi8(0x10);
-            u[0] = _mm512_mask_add_epi8(u[0], _mm512_test_epi8_mask(qh, two_bytes(1, 4)), u[0], b4);
-            u[1] = _mm512_mask_add_epi8(u[1], _mm512_test_epi8_mask(qh, two_bytes(2, 8)), u[1], b4);
-            u[2] = _mm512_mask_add_epi8(u[2], _mm512_test_epi8_mask(qh, two_bytes(16, 64)), u[2], b4);
-            u[3] = _mm512_mask_add_epi8(u[3], _mm512_test_epi8_mask(qh, two_bytes(32, 128)), u[3], b4);
+            w.u[0] = _mm512_mask_add_epi8(w.u[0], _mm512_test_epi8_mask(qh, two_bytes(1, 4)), w.u[0], b4);
+            w.u[1] = _mm512_mask_add_epi8(w.u[1], _mm512_test_epi8_mask(qh, two_bytes(2, 8)), w.u[1], b4);
+            w.u[2] = _mm512_mask_add_epi8(w.u[2], _mm512_test_epi8_mask(qh, two_bytes(16, 64)), w.u[2], b4);
+            w.u[3] = _mm512_mask_add_epi8(w.u[3], _mm512_test_epi8_mask(qh, two_bytes(32, 128)), w.u[3], b4);
         }
         // 6-bit scales and mins -> bytes [sc0..sc7, m0..m7]
         const uint32_t w0 = rd32(p + 4), w1 = rd32(p + 8), w2 = rd32(p + 12);
@@ -265,17 +277,24 @@ struct KQ45 {
                                           static_cast<int>(sc_lo));
         const __m512i sb = _mm512_broadcast_i32x4(scm);
         const char Z = static_cast<char>(0x80);
-        // pshufb controls: words 0..15 <- scale byte s_a, words 16..31 <- s_b (zero-extended)
+        // pshufb controls: words 0..15 <- scale byte sa, words 16..31 <- sb2 (zero-extended)
         auto ctrl = [Z](char sa, char sb2) {
             return _mm512_set_epi8(Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z,
                                    sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa,
                                    Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa);
         };
-        const __m512i sc[4] = {_mm512_shuffle_epi8(sb, ctrl(0, 2)), _mm512_shuffle_epi8(sb, ctrl(1, 3)),
-                               _mm512_shuffle_epi8(sb, ctrl(4, 6)), _mm512_shuffle_epi8(sb, ctrl(5, 7))};
-        const __m512i I = kdot(u, a, sc);
-        const __m128i mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)), kb);
-        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(rd32(p)))), _mm_set1_ps(kd));
+        w.sc[0] = _mm512_shuffle_epi8(sb, ctrl(0, 2));
+        w.sc[1] = _mm512_shuffle_epi8(sb, ctrl(1, 3));
+        w.sc[2] = _mm512_shuffle_epi8(sb, ctrl(4, 6));
+        w.sc[3] = _mm512_shuffle_epi8(sb, ctrl(5, 7));
+        w.s16 = _mm256_zextsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)));
+        w.dd = f16x2(p);
+    }
+    static void dot(const KW& w, const int8_t* a, const int16_t* kb, float kd, KAcc& A) {
+        const __m512i I = kdot(w, a);
+        const __m128i mins =
+            _mm_madd_epi16(_mm256_castsi256_si128(w.s16), _mm_loadu_si128(reinterpret_cast<const __m128i*>(kb)));
+        const __m128 dd = _mm_mul_ps(w.dd, _mm_set1_ps(kd));
         A.acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_broadcastss_ps(dd), A.acc);
         A.accm = _mm256_fmadd_ps(_mm256_zextps128_ps256(_mm_cvtepi32_ps(mins)),
                                  _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), A.accm);
@@ -285,28 +304,31 @@ struct KQ45 {
 // Q6_K: u[2h] = elements 128h + 0..63, u[2h+1] = 128h + 64..127 (natural order).
 struct KQ6 {
     static constexpr int BS = sizeof(block_q6_K);
-    static void step(const uint8_t* p, const __m512i a[4], const __m128i, float kd, KAcc& A, const int16_t* kb16) {
+    static void load(const uint8_t* p, KW& w) {
         const __m512i m4 = _mm512_set1_epi8(0x0F);
         const __m512i m30 = _mm512_set1_epi8(0x30);
         const __m512i shl01 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
         const __m512i shr23 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
-        __m512i u[4];
-        #pragma GCC unroll 16
+#pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
             const __m512i ql = _mm512_loadu_si512(p + 64 * h);
             const __m512i qh = bcast256(p + 128 + 32 * h);
-            u[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi64(qh, shl01), m30));
-            u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                           _mm512_and_si512(_mm512_srlv_epi64(qh, shr23), m30));
+            w.u[2 * h] =
+                _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi64(qh, shl01), m30));
+            w.u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                             _mm512_and_si512(_mm512_srlv_epi64(qh, shr23), m30));
         }
-        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)));
-        const __m512i S = _mm512_castsi256_si512(s16);
-        const __m512i sc[4] = {sc16_of(S, 0), sc16_of(S, 1), sc16_of(S, 2), sc16_of(S, 3)};
-        __m512i I = kdot(u, a, sc);
-        const __m256i corr =
-            _mm256_madd_epi16(s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb16)));  // sum sc*bsum
-        I = _mm512_sub_epi32(I, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
-        A.acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(f16(p + 208) * kd), A.acc);
+        w.s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)));
+        const __m512i S = _mm512_castsi256_si512(w.s16);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) w.sc[j] = sc16_of(S, j);
+        w.dd = _mm_set1_ps(f16(p + 208));
+    }
+    static void dot(const KW& w, const int8_t* a, const int16_t* kb, float kd, KAcc& A) {
+        __m512i I = kdot(w, a);
+        const __m256i corr = _mm256_madd_epi16(w.s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb)));
+        I = _mm512_sub_epi32(I, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));  // offset 32
+        A.acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(_mm_cvtss_f32(w.dd) * kd), A.acc);
     }
 };
 
@@ -315,7 +337,7 @@ inline void q23_low(const uint8_t* qs, __m512i u[4]) {
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m512i sh01 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
     const __m512i sh23 = _mm512_setr_epi64(4, 4, 4, 4, 6, 6, 6, 6);
-    #pragma GCC unroll 16
+#pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
         const __m512i q = bcast256(qs + 32 * h);
         u[2 * h] = _mm512_and_si512(_mm512_srlv_epi64(q, sh01), m3);
@@ -325,15 +347,14 @@ inline void q23_low(const uint8_t* qs, __m512i u[4]) {
 
 struct KQ3 {
     static constexpr int BS = sizeof(block_q3_K);
-    static void step(const uint8_t* p, const __m512i a[4], const __m128i, float kd, KAcc& A, const int16_t* kb16) {
-        __m512i u[4];
-        q23_low(p + 32, u);
+    static void load(const uint8_t* p, KW& w) {
+        q23_low(p + 32, w.u);
         const __m512i hm = bcast256(p);
         const __m512i four = _mm512_set1_epi8(4);
-        #pragma GCC unroll 16
-        for (int j = 0; j < 4; ++j) {  // u[j] holds bit groups 2j, 2j+1 of the hmask
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {  // u[j] holds hmask bits 2j, 2j+1
             const __mmask64 m = _mm512_test_epi8_mask(hm, two_bytes(1 << (2 * j), 1 << (2 * j + 1)));
-            u[j] = _mm512_mask_add_epi8(u[j], m, u[j], four);
+            w.u[j] = _mm512_mask_add_epi8(w.u[j], m, w.u[j], four);
         }
         const uint8_t* s = p + 96;
         const uint64_t a8 = rd64(s);
@@ -344,63 +365,56 @@ struct KQ3 {
         const uint64_t s1 = ((a8 >> 4) & 0x0F0F0F0F0F0F0F0Full) | (hi_hi << 4);
         const __m128i sb = _mm_sub_epi8(_mm_set_epi64x(static_cast<int64_t>(s1), static_cast<int64_t>(s0)),
                                         _mm_set1_epi8(32));
-        const __m256i s16 = _mm256_cvtepi8_epi16(sb);
-        const __m512i S = _mm512_castsi256_si512(s16);
-        const __m512i sc[4] = {sc16_of(S, 0), sc16_of(S, 1), sc16_of(S, 2), sc16_of(S, 3)};
-        __m512i I = kdot(u, a, sc);
-        const __m256i corr = _mm256_madd_epi16(s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb16)));
-        I = _mm512_sub_epi32(I, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 2)));
-        A.acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(f16(p + 108) * kd), A.acc);
+        w.s16 = _mm256_cvtepi8_epi16(sb);
+        const __m512i S = _mm512_castsi256_si512(w.s16);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) w.sc[j] = sc16_of(S, j);
+        w.dd = _mm_set1_ps(f16(p + 108));
+    }
+    static void dot(const KW& w, const int8_t* a, const int16_t* kb, float kd, KAcc& A) {
+        __m512i I = kdot(w, a);
+        const __m256i corr = _mm256_madd_epi16(w.s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb)));
+        I = _mm512_sub_epi32(I, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 2)));  // offset 4
+        A.acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_set1_ps(_mm_cvtss_f32(w.dd) * kd), A.acc);
     }
 };
 
 struct KQ2 {
     static constexpr int BS = sizeof(block_q2_K);
-    static void step(const uint8_t* p, const __m512i a[4], const __m128i, float kd, KAcc& A, const int16_t* kb16) {
-        __m512i u[4];
-        q23_low(p + 16, u);
+    static void load(const uint8_t* p, KW& w) {
+        q23_low(p + 16, w.u);
         const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
         const __m128i m4 = _mm_set1_epi8(0x0F);
-        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
-        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-        const __m512i S = _mm512_castsi256_si512(s16);
-        const __m512i sc[4] = {sc16_of(S, 0), sc16_of(S, 1), sc16_of(S, 2), sc16_of(S, 3)};
-        const __m512i I = kdot(u, a, sc);
-        const __m256i mins = _mm256_madd_epi16(m16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb16)));
-        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(rd32(p + 80)))), _mm_set1_ps(kd));
+        const __m512i S = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(raw, m4)));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) w.sc[j] = sc16_of(S, j);
+        w.s16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));  // mins
+        w.dd = f16x2(p + 80);
+    }
+    static void dot(const KW& w, const int8_t* a, const int16_t* kb, float kd, KAcc& A) {
+        const __m512i I = kdot(w, a);
+        const __m256i mins = _mm256_madd_epi16(w.s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb)));
+        const __m128 dd = _mm_mul_ps(w.dd, _mm_set1_ps(kd));
         A.acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_broadcastss_ps(dd), A.acc);
         A.accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), A.accm);
     }
 };
 
-template <class T>
-constexpr bool kIsQ45 = false;
-template <bool F>
-constexpr bool kIsQ45<KQ45<F>> = true;
-
-template <class T, int NRT>
-void gemv_k(int64_t K, const uint8_t* w, size_t ldw, const GemvAct& act, float* y) {
-    KAcc acc[NRT];
+template <class T, int NC>
+void gemv_k(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t ldy) {
+    KAcc acc[NC];
     for (int64_t i = 0; i < K / QK_K; ++i) {
-        const __m512i a[4] = {_mm512_loadu_si512(act.a + 256 * i), _mm512_loadu_si512(act.a + 256 * i + 64),
-                              _mm512_loadu_si512(act.a + 256 * i + 128), _mm512_loadu_si512(act.a + 256 * i + 192)};
-        const float kd = act.kd[i];
-        const int16_t* kb16 = act.kb + 16 * i;
-        #pragma GCC unroll 16
-        for (int r = 0; r < NRT; ++r) {
-            const uint8_t* p = w + r * ldw + i * T::BS;
-            if constexpr (kIsQ45<T>)
-                T::step(p, a, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kb16)), kd, acc[r]);
-            else
-                T::step(p, a, __m128i{}, kd, acc[r], kb16);
-        }
+        KW kw;
+        T::load(w + i * T::BS, kw);
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) T::dot(kw, act[c].a + 256 * i, act[c].kb + 16 * i, act[c].kd[i], acc[c]);
     }
-    #pragma GCC unroll 16
-    for (int r = 0; r < NRT; ++r) {
-        const __m256 m = acc[r].accm;
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) {
+        const __m256 m = acc[c].accm;
         const __m128 m4 = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         const __m128 m2 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
-        y[r] = _mm512_reduce_add_ps(acc[r].acc) - _mm_cvtss_f32(_mm_add_ss(m2, _mm_movehdup_ps(m2)));
+        y[c * ldy] = _mm512_reduce_add_ps(acc[c].acc) - _mm_cvtss_f32(_mm_add_ss(m2, _mm_movehdup_ps(m2)));
     }
 }
 
@@ -408,12 +422,53 @@ void gemv_k(int64_t K, const uint8_t* w, size_t ldw, const GemvAct& act, float* 
 
 // Rows one after the other: consecutive rows are contiguous in memory, so the
 // weights stream as one sequential run, which the hardware prefetchers follow
-// at full speed. (Interleaving 4 rows - 4 short streams of ~1-2 KB each - was
-// measured 2-3x slower from DRAM.)
-template <void (*F1)(int64_t, const uint8_t*, size_t, const GemvAct&, float*)>
-void rows(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct& act, float* y) {
-    for (int r = 0; r < nr; ++r) F1(K, w + r * ldw, ldw, act, y + r);
+// at full speed (interleaving 4 rows - 4 short streams of 1-2 KB - was
+// measured 2-3x slower from DRAM). Activation rows go up to 4 at a time.
+template <template <int> class F>
+void rows(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* act, int nc, float* y, size_t ldy) {
+    // more than 4 activation rows: blocks of 16 weight rows (L1/L2) are reused
+    // across the column chunks instead of being streamed from memory again
+    const int rb = nc <= 4 ? nr : 16;
+    for (int r0 = 0; r0 < nr; r0 += rb)
+    for (int c0 = 0; c0 < nc; c0 += 4) {
+        const int n = nc - c0 < 4 ? nc - c0 : 4;
+        for (int r = r0; r < r0 + rb && r < nr; ++r) {
+            const uint8_t* wr = w + r * ldw;
+            float* yr = y + c0 * ldy + r;
+            switch (n) {
+                case 1: F<1>::run(K, wr, act + c0, yr, ldy); break;
+                case 2: F<2>::run(K, wr, act + c0, yr, ldy); break;
+                case 3: F<3>::run(K, wr, act + c0, yr, ldy); break;
+                default: F<4>::run(K, wr, act + c0, yr, ldy); break;
+            }
+        }
+    }
 }
+
+template <class T>
+struct L4K {
+    template <int NC>
+    struct F {
+        static void run(int64_t K, const uint8_t* w, const GemvAct* a, float* y, size_t ldy) {
+            gemv_l4<T, NC>(K, w, a, y, ldy);
+        }
+    };
+};
+template <int NC>
+struct Q8K {
+    static void run(int64_t K, const uint8_t* w, const GemvAct* a, float* y, size_t ldy) {
+        gemv_q8_0<NC>(K, w, a, y, ldy);
+    }
+};
+template <class T>
+struct KK {
+    template <int NC>
+    struct F {
+        static void run(int64_t K, const uint8_t* w, const GemvAct* a, float* y, size_t ldy) {
+            gemv_k<T, NC>(K, w, a, y, ldy);
+        }
+    };
+};
 
 // ============================================================ activation preparation
 
@@ -514,16 +569,16 @@ void gemv_prep(DType w, int64_t K, const void* q8row, uint8_t* buf, GemvAct* out
 
 GemvFn gemv_for(DType t) {
     switch (t) {
-        case DType::Q4_0: return rows<gemv_l4<TQ4_0, 1>>;
-        case DType::Q4_1: return rows<gemv_l4<TQ4_1, 1>>;
-        case DType::Q5_0: return rows<gemv_l4<TQ5_0, 1>>;
-        case DType::Q5_1: return rows<gemv_l4<TQ5_1, 1>>;
-        case DType::Q8_0: return rows<gemv_q8_0<1>>;
-        case DType::Q2_K: return rows<gemv_k<KQ2, 1>>;
-        case DType::Q3_K: return rows<gemv_k<KQ3, 1>>;
-        case DType::Q4_K: return rows<gemv_k<KQ45<false>, 1>>;
-        case DType::Q5_K: return rows<gemv_k<KQ45<true>, 1>>;
-        case DType::Q6_K: return rows<gemv_k<KQ6, 1>>;
+        case DType::Q4_0: return rows<L4K<TQ4_0>::F>;
+        case DType::Q4_1: return rows<L4K<TQ4_1>::F>;
+        case DType::Q5_0: return rows<L4K<TQ5_0>::F>;
+        case DType::Q5_1: return rows<L4K<TQ5_1>::F>;
+        case DType::Q8_0: return rows<Q8K>;
+        case DType::Q2_K: return rows<KK<KQ2>::F>;
+        case DType::Q3_K: return rows<KK<KQ3>::F>;
+        case DType::Q4_K: return rows<KK<KQ45<false>>::F>;
+        case DType::Q5_K: return rows<KK<KQ45<true>>::F>;
+        case DType::Q6_K: return rows<KK<KQ6>::F>;
         default: return nullptr;
     }
 }

@@ -114,8 +114,10 @@ using GemvScratchFn = size_t (*)(DType w, int64_t K);
 /// Builds a GemvAct for weight type w from one row of Q8 blocks (the
 /// partner type) into buf (gemv_scratch bytes, 64-byte aligned).
 using GemvPrepFn = void (*)(DType w, int64_t K, const void* q8row, uint8_t* buf, GemvAct* out);
-/// y[r] = dot(weight row r, act) for r < nr; weight rows stride ldw bytes.
-using GemvFn = void (*)(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct& act, float* y);
+/// y[c * ldy + r] = dot(weight row r, acts[c]) for r < nr, c < nc; weight rows
+/// stride ldw bytes.
+using GemvFn = void (*)(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* acts, int nc, float* y,
+                        size_t ldy);
 
 /// Everything one SIMD level provides for quantized types.
 struct QKernels {

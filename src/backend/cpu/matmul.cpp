@@ -5,11 +5,13 @@
 // nb[1] bytes); x is n rows of K floats; y is n rows of M floats, stride ldy.
 //
 // Work mapping:
-//   * decode (n < kGemmMinN, GEMV): the caller quantizes the n activation rows
-//     once; rows of W are handed out in chunks of kGemvGrain rows
-//     (ThreadPool::parallel_for, dynamic). Each chunk is unpacked a few rows at
-//     a time into a thread-local L1 buffer and dotted with every activation
-//     row. Bound by memory bandwidth: each weight byte is read once.
+//   * decode and small batches (n < kGemmMinN, GEMV): the caller quantizes the
+//     n activation rows once; each thread gets one contiguous range of weight
+//     rows (one sequential memory stream, which the prefetchers follow). Fused
+//     kernels (AVX-512) read the packed blocks directly, up to 4 activation
+//     rows per pass; otherwise (AVX2) rows are unpacked a few at a time into a
+//     thread-local L1 buffer and dotted with every activation row. Bound by
+//     memory bandwidth: each weight byte is read from memory once.
 //   * prefill (n >= kGemmMinN, GEMM): activations are quantized and packed into
 //     column panels of ncp rows, in parallel over panels; then panels of nr
 //     weight rows are handed out dynamically; each thread unpacks its weight
@@ -34,8 +36,7 @@ namespace quern::cpu {
 
 namespace {
 
-constexpr int64_t kGemmMinN = 4;    // n at or above which the GEMM path is used
-constexpr int64_t kGemvGrain = 16;  // weight rows per GEMV work item
+constexpr int64_t kGemmMinN = 12;   // n at or above which the GEMM path is used
 constexpr int kGemvUnpackRows = 4;  // rows unpacked at once in GEMV
 
 // A 64-byte aligned, grow-only byte buffer.
@@ -132,7 +133,7 @@ void matmul_q_scalar(const Tensor& W, const float* x, int64_t n, float* y, int64
     const QuantizeRowFn q = quantizer(scalar::quantizers, act);
     for (int64_t c = 0; c < n; ++c) q(x + c * K, xq + c * ldq, K);
     const auto* w = static_cast<const uint8_t*>(W.data);
-    pool.parallel_for(M, kGemvGrain, [&](int64_t r0, int64_t r1, int) {
+    pool.parallel_for(M, 16, [&](int64_t r0, int64_t r1, int) {
         for (int64_t r = r0; r < r1; ++r)
             for (int64_t c = 0; c < n; ++c) y[c * ldy + r] = dot(K, w + r * ldw, xq + c * ldq);
     });
@@ -158,19 +159,14 @@ void matmul_q_gemv(const Tensor& W, const float* x, int64_t n, float* y, int64_t
             q(x + c * K, blocks, K);
             qk.gemv_prep(W.type, K, blocks, cv.take<uint8_t>(scr), &acts[c]);
         }
-        split_rows(pool, M, 4, [&](int64_t b0, int64_t b1) {
-            float out[kGemvGrain];
-            for (int64_t r0 = b0; r0 < b1; r0 += kGemvGrain) {
-                const int nr = static_cast<int>(std::min<int64_t>(kGemvGrain, b1 - r0));
-                for (int64_t c = 0; c < n; ++c) {
-                    fused(K, w + r0 * ldw, ldw, nr, acts[c], out);
-                    std::memcpy(y + c * ldy + r0, out, static_cast<size_t>(nr) * sizeof(float));
-                }
-            }
+        split_rows(pool, M, 4, [&](int64_t r0, int64_t r1) {
+            fused(K, w + r0 * ldw, ldw, static_cast<int>(r1 - r0), acts, static_cast<int>(n), y + r0,
+                  static_cast<size_t>(ldy));
         });
         return;
     }
 
+    if (!qk.gemv) fail("matmul: no GEMV kernel for {} at this ISA level", dtype_name(W.type));
     const int G = subblock_for(W.type);
     const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed};
     const UnpackFn unpack = qk.unpack(W.type);

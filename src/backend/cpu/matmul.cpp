@@ -13,11 +13,12 @@
 //     thread-local L1 buffer and dotted with every activation row. Bound by
 //     memory bandwidth: each weight byte is read from memory once.
 //   * prefill (n >= kGemmMinN, GEMM): activations are quantized and packed into
-//     column panels of ncp rows, in parallel over panels; then panels of nr
-//     weight rows are handed out dynamically; each thread unpacks its weight
-//     panel once (L1) and runs the nr x ncp register-tile kernel against every
-//     activation panel (L2). Compute-bound: each unpacked weight is reused n
-//     times, each activation byte nr times from registers.
+//     column panels of ncp rows, in parallel over panels; then blocks of 8
+//     panels of nr weight rows are handed out dynamically; each thread unpacks
+//     its block once (L1/L2) and runs the nr x ncp register-tile kernel for
+//     every (activation panel, row panel) pair, row panels innermost so output
+//     rows are written in whole cache lines. Compute-bound: each unpacked
+//     weight is reused n times, each activation byte nr times from registers.
 //   * float weights (F32/F16/BF16): row chunks per thread; the kernel tiles
 //     rows x activation rows in registers.
 // Scratch buffers are thread-local and only grow.
@@ -242,24 +243,32 @@ void matmul_q_gemm(const Tensor& W, const float* x, int64_t n, float* y, int64_t
     const auto* w = static_cast<const uint8_t*>(W.data);
     const size_t ldu = align64(static_cast<size_t>(K));
     const size_t lds = static_cast<size_t>((nsub + 15) & ~int64_t(15));
-    const int64_t nrp = (M + NR - 1) / NR;
-    // Enough work items for balance; each item is a few row panels.
-    const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(4, nrp / (8 * pool.size())));
-    pool.parallel_for(nrp, grain, [&](int64_t i0, int64_t i1, int) {
-        Carver wc{tl_work.get(NR * ldu + 2 * align64(NR * lds * 4))};
-        uint8_t* u = wc.take<uint8_t>(NR * ldu);
-        float* D = wc.take<float>(NR * lds);
-        float* Mn = wc.take<float>(NR * lds);
-        for (int64_t i = i0; i < i1; ++i) {
-            const int64_t r0 = i * NR;
-            const int nr = static_cast<int>(std::min<int64_t>(NR, M - r0));
-            unpack(w + r0 * ldw, ldw, nr, K, u, ldu, D, Mn, lds);
+    // Work item: a block of kRowBlock row panels (kRowBlock * NR weight rows),
+    // unpacked once; for each activation panel the block's row panels run back
+    // to back, so each output row receives kRowBlock * NR contiguous floats
+    // (whole cache lines) at once instead of NR-float pieces spread over n rows.
+    constexpr int64_t kRowBlock = 8;
+    const int64_t rows_per_item = kRowBlock * NR;
+    const int64_t nitems = (M + rows_per_item - 1) / rows_per_item;
+    pool.parallel_for(nitems, 1, [&](int64_t i0, int64_t i1, int) {
+        Carver wc{tl_work.get(static_cast<size_t>(rows_per_item) * (ldu + 2 * lds * 4) + 192)};
+        uint8_t* u = wc.take<uint8_t>(static_cast<size_t>(rows_per_item) * ldu);
+        float* D = wc.take<float>(static_cast<size_t>(rows_per_item) * lds);
+        float* Mn = wc.take<float>(static_cast<size_t>(rows_per_item) * lds);
+        for (int64_t item = i0; item < i1; ++item) {
+            const int64_t rb0 = item * rows_per_item;
+            const int64_t rbn = std::min<int64_t>(rows_per_item, M - rb0);
+            unpack(w + rb0 * ldw, ldw, static_cast<int>(rbn), K, u, ldu, D, Mn, lds);
             for (int64_t p = 0; p < npanels; ++p) {
                 const uint8_t* pb = base + p * static_cast<int64_t>(panel_bytes + qbytes);
                 const ActPanel ap{reinterpret_cast<const int8_t*>(pb), reinterpret_cast<const float*>(pb + panel_a),
                                   reinterpret_cast<const float*>(pb + panel_a + panel_s)};
                 const int nc = static_cast<int>(std::min<int64_t>(NCP, n - p * NCP));
-                qk.tile(K, form, nr, nc, u, ldu, D, Mn, lds, ap, y + p * NCP * ldy + r0, static_cast<size_t>(ldy));
+                for (int64_t r = 0; r < rbn; r += NR) {
+                    const int nr = static_cast<int>(std::min<int64_t>(NR, rbn - r));
+                    qk.tile(K, form, nr, nc, u + r * ldu, ldu, D + r * lds, Mn + r * lds, lds, ap,
+                            y + p * NCP * ldy + rb0 + r, static_cast<size_t>(ldy));
+                }
             }
         }
     });

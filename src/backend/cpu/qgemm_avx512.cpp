@@ -40,7 +40,12 @@ inline void store_lane(const __m512 u[4], int c0, int nc, __mmask8 rm, float* y,
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
         const int c = c0 + 4 * L + j;
-        if (c < nc) _mm_mask_storeu_ps(y + c * ldy, rm, _mm512_extractf32x4_ps(u[j], L));
+        if (c < nc) {
+            if (rm == 0xF)
+                _mm_storeu_ps(y + c * ldy, _mm512_extractf32x4_ps(u[j], L));
+            else
+                _mm_mask_storeu_ps(y + c * ldy, rm, _mm512_extractf32x4_ps(u[j], L));
+        }
     }
 }
 

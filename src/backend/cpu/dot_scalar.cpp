@@ -43,6 +43,21 @@ int subblock_for(DType w) {
     }
 }
 
+int umax_for(DType w) {
+    switch (w) {
+        case DType::Q2_K: return 3;
+        case DType::Q3_K: return 7;
+        case DType::Q4_0:
+        case DType::Q4_1:
+        case DType::Q4_K: return 15;
+        case DType::Q5_0:
+        case DType::Q5_1:
+        case DType::Q5_K: return 31;
+        case DType::Q6_K: return 63;
+        default: return 255;
+    }
+}
+
 namespace scalar {
 
 namespace {

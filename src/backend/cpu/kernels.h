@@ -70,7 +70,10 @@ struct ActRow {
 struct UForm {
     int G;
     bool signed_u;
+    int umax;  // largest u the unpacker can emit (bounds int16 partial sums)
 };
+/// Largest unsigned value in the unpacked form of a weight type.
+int umax_for(DType weight);
 
 /// GEMV over unpacked rows: y[r] = dot(unpacked row r, act), r < nr.
 using QGemvFn = void (*)(int64_t K, UForm f, int nr, const uint8_t* u, size_t ldu, const float* D, const float* Mn,

@@ -169,7 +169,7 @@ void matmul_q_gemv(const Tensor& W, const float* x, int64_t n, float* y, int64_t
 
     if (!qk.gemv) fail("matmul: no GEMV kernel for {} at this ISA level", dtype_name(W.type));
     const int G = subblock_for(W.type);
-    const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed};
+    const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed, umax_for(W.type)};
     const UnpackFn unpack = qk.unpack(W.type);
     const int64_t nsub = K / G;
 
@@ -209,7 +209,7 @@ void matmul_q_gemm(const Tensor& W, const float* x, int64_t n, float* y, int64_t
                    const QKernels& qk, const ActQuantizers& qz) {
     const DType act = act_type_for(W.type);
     const int G = subblock_for(W.type);
-    const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed};
+    const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed, umax_for(W.type)};
     const UnpackFn unpack = qk.unpack(W.type);
     const int64_t K = W.ne[0], M = W.ne[1];
     const int64_t nsub = K / G;

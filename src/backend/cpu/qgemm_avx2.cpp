@@ -1,8 +1,10 @@
 // AVX2 kernels over unpacked weights (form of kernels.h). Integer products with
 // vpmaddubsw (u8 x s8 -> pairs of int16) + vpmaddwd by ones (-> int32 per 4
 // products); signed weights (Q8_0 here) use |w| and sign(a, w).
-// Overflow: pair sums are <= 2 * 63 * 128 for u <= 63 (all unsigned forms
-// here except Q8_0, which is signed: 2 * 127 * 127).
+// Overflow: pair sums are <= 2 * 63 * 127 for u <= 63 (all unsigned forms
+// here except Q8_0, which is signed: 2 * 127 * 127). In the GEMM tile, pair
+// sums of several k-steps are added in int16 before widening when the type's
+// largest u allows it (Q4: a whole sub-block, Q5: 4 steps, Q6_K: 2 steps).
 //
 // GEMV (decode): up to 4 weight rows against one activation row; per 32
 //   elements and row: maddubs, maddwd, cvt, one lane-expanded scale (permute of
@@ -118,43 +120,63 @@ inline int32_t rd32(const uint8_t* p) {
     return v;
 }
 
-template <int G, int NR, bool S>
+// F: k-steps whose vpmaddubsw pair sums are added in int16 before widening
+// with vpmaddwd (F * 2 * umax * 127 <= 32767); F = 1 widens every step.
+template <int G, int NR, bool S, int F>
 void tile_g(int64_t K, const uint8_t* u, size_t ldu, const float* D, const float* Mn, size_t lds,
             const ActPanel& act, float* out) {
+    static_assert((G / 4) % F == 0);
     const __m256i ones16 = _mm256_set1_epi16(1);
     const int64_t nsub = K / G;
     __m256 f[NR][kNCV];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int r = 0; r < NR; ++r)
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < kNCV; ++v) f[r][v] = _mm256_setzero_ps();
     const int8_t* ap = act.a;
     for (int64_t s = 0; s < nsub; ++s) {
         __m256i acc[NR][kNCV];
-        #pragma GCC unroll 16
-        for (int r = 0; r < NR; ++r)
-            #pragma GCC unroll 16
-            for (int v = 0; v < kNCV; ++v) acc[r][v] = _mm256_setzero_si256();
+        if constexpr (F != G / 4) {
+#pragma GCC unroll 16
+            for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 16
+                for (int v = 0; v < kNCV; ++v) acc[r][v] = _mm256_setzero_si256();
+        }
         const uint8_t* us = u + s * G;
 #pragma GCC unroll 8
-        for (int kk = 0; kk < G / 4; ++kk) {
-            __m256i A[kNCV];
-            #pragma GCC unroll 16
-            for (int v = 0; v < kNCV; ++v)
-                A[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap + (kk * kNCP + 8 * v) * 4));
-            #pragma GCC unroll 16
-            for (int r = 0; r < NR; ++r) {
-                const __m256i B = _mm256_set1_epi32(rd32(us + r * ldu + 4 * kk));
-                #pragma GCC unroll 16
-                for (int v = 0; v < kNCV; ++v) acc[r][v] = _mm256_add_epi32(acc[r][v], dot4<S>(B, A[v], ones16));
+        for (int k0 = 0; k0 < G / 4; k0 += F) {
+            __m256i h[NR][kNCV];  // int16 pair sums over F steps
+#pragma GCC unroll 8
+            for (int kk = k0; kk < k0 + F; ++kk) {
+                __m256i A[kNCV];
+#pragma GCC unroll 16
+                for (int v = 0; v < kNCV; ++v)
+                    A[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ap + (kk * kNCP + 8 * v) * 4));
+#pragma GCC unroll 16
+                for (int r = 0; r < NR; ++r) {
+                    __m256i B = _mm256_set1_epi32(rd32(us + r * ldu + 4 * kk));
+                    __m256i Bs = B;
+                    if constexpr (S) B = _mm256_sign_epi8(B, B);
+#pragma GCC unroll 16
+                    for (int v = 0; v < kNCV; ++v) {
+                        const __m256i p = _mm256_maddubs_epi16(B, S ? _mm256_sign_epi8(A[v], Bs) : A[v]);
+                        h[r][v] = kk == k0 ? p : _mm256_add_epi16(h[r][v], p);
+                    }
+                }
             }
+#pragma GCC unroll 16
+            for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 16
+                for (int v = 0; v < kNCV; ++v)
+                    acc[r][v] = F == G / 4 ? _mm256_madd_epi16(h[r][v], ones16)  // one span: no int32 sum kept
+                                           : _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(h[r][v], ones16));
         }
         ap += G * kNCP;
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < kNCV; ++v) {
             const __m256 da = _mm256_loadu_ps(act.da + s * kNCP + 8 * v);
             const __m256 dsa = _mm256_loadu_ps(act.dsa + s * kNCP + 8 * v);
-            #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int r = 0; r < NR; ++r) {
                 const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), da);
                 f[r][v] = _mm256_fmadd_ps(t, _mm256_set1_ps(D[r * lds + s]), f[r][v]);
@@ -162,30 +184,45 @@ void tile_g(int64_t K, const uint8_t* u, size_t ldu, const float* D, const float
             }
         }
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int r = 0; r < NR; ++r)
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < kNCV; ++v) _mm256_storeu_ps(out + r * kNCP + 8 * v, f[r][v]);
 }
 
-template <int G, bool S>
+template <int G, bool S, int F>
 void tile_dispatch(int64_t K, int nr, const uint8_t* u, size_t ldu, const float* D, const float* Mn, size_t lds,
                    const ActPanel& act, float* out) {
     if (nr >= 2)
-        tile_g<G, 2, S>(K, u, ldu, D, Mn, lds, act, out);
+        tile_g<G, 2, S, F>(K, u, ldu, D, Mn, lds, act, out);
     else
-        tile_g<G, 1, S>(K, u, ldu, D, Mn, lds, act, out);
+        tile_g<G, 1, S, F>(K, u, ldu, D, Mn, lds, act, out);
 }
 
 void tile(int64_t K, UForm f, int nr, int nc, const uint8_t* u, size_t ldu, const float* D, const float* Mn,
           size_t lds, const ActPanel& act, float* y, size_t ldy) {
     alignas(32) float out[kNR * kNCP];
-    if (f.G == 16)
-        tile_dispatch<16, false>(K, nr, u, ldu, D, Mn, lds, act, out);
-    else if (f.signed_u)
-        tile_dispatch<32, true>(K, nr, u, ldu, D, Mn, lds, act, out);
-    else
-        tile_dispatch<32, false>(K, nr, u, ldu, D, Mn, lds, act, out);
+    // int16 accumulation span from the largest unsigned weight value
+    const int span = f.signed_u ? 1 : 32767 / (2 * 127 * (f.umax > 0 ? f.umax : 255));
+    if (f.signed_u)
+        tile_dispatch<32, true, 1>(K, nr, u, ldu, D, Mn, lds, act, out);
+    else if (f.G == 16) {
+        if (span >= 4)
+            tile_dispatch<16, false, 4>(K, nr, u, ldu, D, Mn, lds, act, out);
+        else if (span >= 2)
+            tile_dispatch<16, false, 2>(K, nr, u, ldu, D, Mn, lds, act, out);
+        else
+            tile_dispatch<16, false, 1>(K, nr, u, ldu, D, Mn, lds, act, out);
+    } else {
+        if (span >= 8)
+            tile_dispatch<32, false, 8>(K, nr, u, ldu, D, Mn, lds, act, out);
+        else if (span >= 4)
+            tile_dispatch<32, false, 4>(K, nr, u, ldu, D, Mn, lds, act, out);
+        else if (span >= 2)
+            tile_dispatch<32, false, 2>(K, nr, u, ldu, D, Mn, lds, act, out);
+        else
+            tile_dispatch<32, false, 1>(K, nr, u, ldu, D, Mn, lds, act, out);
+    }
     for (int c = 0; c < nc; ++c)
         for (int r = 0; r < nr; ++r) y[c * ldy + r] = out[r * kNCP + c];
 }

@@ -21,13 +21,16 @@
 //     sum_s  D_s * da_s * (sum_{k in s} u_k a_k)  +  Mn_s * dsa_s
 // where da_s is the activation scale of sub-block s and dsa_s = da_s * sum a_k
 // over the sub-block. The integer sums are vpdpbusd (u8 x s8) on AVX-512 VNNI
-// and vpmaddubsw + vpmaddwd on AVX2. Two generic kernels consume this form:
-//   * GEMV (decode): unpacked rows (in L1) dotted with one activation row;
+// and vpmaddubsw + vpmaddwd on AVX2. Generic kernels consume this form:
 //   * GEMM (prefill): a register tile of NR weight rows x NCP activation rows;
 //     activations are packed into column panels [K/4][NCP][4 bytes] so that a
 //     broadcast 4-byte group of one weight row meets 16 activation rows per
 //     vpdpbusd; the unpacked weight panel is reused against every column panel.
-// Only the unpackers (and the activation quantizers) are type-specific.
+//   * GEMV (decode) on AVX2: unpacked rows (in L1) dotted with the activations.
+// Only the unpackers (and the activation quantizers) are type-specific there.
+// Decode on AVX-512 uses fused per-type GEMV kernels instead (GemvFn below,
+// gemv_avx512.cpp) that read the packed blocks directly: a bandwidth-bound
+// kernel cannot afford the extra pass through an L1 buffer.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,14 +1,16 @@
 // Hand-written matchers for the pre-tokenizer regexes of the known families.
 //
-// Each matcher finds the leftmost match at or after a position exactly as
-// PCRE2 does for its pattern, as long as every character it has to look at is
-// below U+0800 and valid UTF-8; otherwise it answers Unknown and the caller
-// asks PCRE2. Character classes (\p{L}, \p{N}, \p{P}, \p{S}, \p{M}, \s) of
-// those code points are read from PCRE2 itself once, so both paths agree by
-// construction on what a letter is; the control flow of each regex is written
-// out by hand (and tested against PCRE2 on random text).
+// Each matcher finds the leftmost match at or after a position as the regex
+// does, as long as every character it has to look at is valid UTF-8;
+// otherwise it answers Unknown and the caller asks PCRE2. Character classes
+// (\p{L}, \p{N}, \p{P}, \p{S}, \p{M}, \s) come from unicode_classes.inc:
+// Unicode 16.0 with \s = White_Space, the classes of the regex engine of
+// Hugging Face `tokenizers` (the system PCRE2 has Unicode 14 and counts U+180E
+// as \s). The control flow of each regex is written out by hand and tested
+// against PCRE2 on random text made of characters both agree on.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 namespace quern::fastre {
@@ -26,7 +28,7 @@ struct Matcher {
 /// The matcher for exactly this pattern string, or nullptr.
 const Matcher* find_matcher(std::string_view pattern);
 
-/// Class bits of code points below U+0800 (as PCRE2 with UCP classifies them).
+/// Class bits of a code point.
 enum ClassBit : unsigned {
     kLetter = 1,   // \p{L}
     kNumber = 2,   // \p{N}
@@ -34,8 +36,11 @@ enum ClassBit : unsigned {
     kSymbol = 8,   // \p{S}
     kMark = 16,    // \p{M}
     kSpace = 32,   // \s
-    kUnknown = 128,  // code point >= U+0800 or invalid UTF-8: not classified
+    kUnknown = 128,  // invalid UTF-8: not classified
 };
+
+/// Class bits of a code point (0 for unassigned and other categories).
+unsigned class_of(uint32_t cp);
 
 /// Class bits of the character at `pos` (< s.size()) and its length in bytes.
 unsigned classify(std::string_view s, size_t pos, size_t& len);

@@ -77,7 +77,7 @@ void parse_pre(const json& p, std::vector<PreStep>& steps, const std::string& wh
         if (b == SplitBehavior::Contiguous)
             steps.push_back(PreStep::regex(patterns::kFalconPunct));  // the same class, runs isolated
         else
-            steps.push_back(PreStep::regex(R"([\p{P}\$\+<=>\^~\|`])", b));
+            steps.push_back(PreStep::regex(patterns::kPunctOne, b));
     } else if (type == "Metaspace") {
         PrependScheme scheme = PrependScheme::Always;
         const std::string s = get_string(p, "prepend_scheme");
@@ -305,7 +305,6 @@ VocabData Tokenizer::vocab_from_hf_json(std::string_view tokenizer_json, std::st
             if (int32_t id = id_of(token_name(c.value("bos_token", json()))); id >= 0) d.bos = id;
             if (int32_t id = id_of(token_name(c.value("eos_token", json()))); id >= 0) d.eos = id;
             if (int32_t id = id_of(token_name(c.value("pad_token", json()))); id >= 0) d.pad = id;
-            if (int32_t id = id_of(token_name(c.value("unk_token", json()))); id >= 0 && d.unk < 0) d.unk = id;
         }
     }
     if (!generation_config_json.empty()) {

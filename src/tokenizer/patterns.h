@@ -49,11 +49,17 @@ inline constexpr const char* kDeepseek3Main =
 
 // Falcon: Punctuation(Contiguous) (Unicode P plus ASCII punctuation), then the
 // GPT-2 regex; after the byte mapping, Digits(contiguous) and 3-digit groups.
-inline constexpr const char* kFalconPunct = R"([\p{P}\$\+<=>\^~\|`]+)";
+// Hugging Face's Punctuation pre-tokenizer (ASCII punctuation or Unicode P);
+// its Unicode table is older than the regex engine's (see fast_regex.cpp), so
+// the pattern carries a comment that names it for the hand-written matcher.
+inline constexpr const char* kFalconPunct = R"([\p{P}\$\+<=>\^~\|`]+(?#hf-punctuation))";
+inline constexpr const char* kPunctOne = R"([\p{P}\$\+<=>\^~\|`](?#hf-punctuation))";
 
 // Single-step splits used by several families.
-inline constexpr const char* kDigit = R"(\p{N})";            // Digits(individual_digits=true)
-inline constexpr const char* kDigitRun = R"(\p{N}+)";        // Digits(individual_digits=false)
+// Hugging Face's Digits pre-tokenizer (Rust char::is_numeric, whose Unicode
+// version is newer again than the regex engine's; see fast_regex.cpp).
+inline constexpr const char* kDigit = R"(\p{N}(?#hf-digits))";     // Digits(individual_digits=true)
+inline constexpr const char* kDigitRun = R"(\p{N}+(?#hf-digits))";  // Digits(individual_digits=false)
 inline constexpr const char* kDigits1to3 = R"(\p{N}{1,3})";  // DeepSeek V3 numbers
 inline constexpr const char* kThreeAsciiDigits = R"([0-9][0-9][0-9])";
 inline constexpr const char* kCrLf = R"([\r\n])";

@@ -11,4 +11,5 @@ void add_run_command(CLI::App& app);  // quern run -p TEXT: generate text
 void add_perplexity_command(CLI::App& app);  // quern perplexity -f TEXT: llama.cpp-style perplexity
 void add_bench_command(CLI::App& app);  // quern bench: pp/tg tokens/s like llama-bench
 void add_tokenize_command(CLI::App& app);  // quern tokenize [-m MODEL] -p TEXT | --jsonl: token ids
+void add_detokenize_command(CLI::App& app);  // quern detokenize [-m MODEL] [-p IDS | --jsonl]: ids to text
 void add_synth_command(CLI::App& app);  // quern synth PRESET --quant TYPE -o FILE: synthetic GGUF

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     add_bench_command(app);
     add_synth_command(app);
     add_tokenize_command(app);
+    add_detokenize_command(app);
     try {
         CLI11_PARSE(app, argc, argv);
     } catch (const quern::Error& e) {

@@ -102,10 +102,10 @@ struct Case {
 
 class MatmulTest : public ::testing::TestWithParam<std::tuple<DType, Isa>> {};
 
-void run_case(DType t, Isa isa, const Case& cs, bool gaussian, int threads, uint32_t seed) {
+void run_case(DType t, Isa isa, const Case& cs, bool gaussian, int threads, uint32_t seed, size_t row_pad = 0) {
     SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << cpu::isa_name(isa) << " K=" << cs.K << " M=" << cs.M
                                       << " n=" << cs.n << (gaussian ? " gaussian" : " random-bits")
-                                      << " threads=" << threads);
+                                      << " threads=" << threads << " row_pad=" << row_pad);
     std::mt19937 rng(seed);
     const int64_t K = cs.K, M = cs.M, n = cs.n;
     std::vector<uint8_t> w = gaussian ? gaussian_weights(t, M, K, rng) : random_blocks(t, M, K, rng);
@@ -145,6 +145,14 @@ void run_case(DType t, Isa isa, const Case& cs, bool gaussian, int threads, uint
         for (int64_t r = 0; r < M; ++r) y[static_cast<size_t>(c * ldy + r)] = std::nanf("");
 
     Tensor W = Tensor::contiguous(t, {K, M, 1, 1}, w.data(), "w");
+    std::vector<uint8_t> strided;
+    if (row_pad) {  // the same rows with row_pad bytes of junk after each (a view into a wider matrix)
+        strided.assign((rb + row_pad) * static_cast<size_t>(M), 0xA5);
+        for (int64_t r = 0; r < M; ++r) std::memcpy(strided.data() + r * (rb + row_pad), w.data() + r * rb, rb);
+        W.data = strided.data();
+        W.nb[1] = rb + row_pad;
+        W.nb[2] = W.nb[3] = W.nb[1] * static_cast<size_t>(M);
+    }
     ThreadPool pool(threads);
     {
         IsaGuard guard(isa);
@@ -213,6 +221,16 @@ TEST_P(MatmulTest, SingleThreadLargeBatch) {
     const int bs = dtype_info(t).block_size;
     const int64_t K = bs == 256 ? 1024 : bs == 32 ? 608 : 300;
     run_case(t, isa, {K, 70, 33}, false, 1, 77);
+}
+
+TEST_P(MatmulTest, StridedRowsAndTinyShapes) {
+    const auto [t, isa] = GetParam();
+    const int bs = dtype_info(t).block_size;
+    const int64_t K = bs == 256 ? 512 : bs == 32 ? 96 : 40;
+    run_case(t, isa, {K, 13, 1}, false, 2, 91, 52);   // rows not contiguous, decode
+    run_case(t, isa, {K, 13, 20}, false, 2, 92, 18);  // rows not contiguous, prefill
+    run_case(t, isa, {K, 1, 1}, false, 3, 93);        // more threads than rows
+    run_case(t, isa, {K, 2, 40}, false, 3, 94);
 }
 
 const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,

@@ -154,31 +154,50 @@ def _spm_merges(tokens, scores):
     return vocab, [[a, b] for a, b, _ in merges]
 
 
+class _Fields:
+    """The metadata of one GGUF file, read once (values decoded on first use)."""
+
+    def __init__(self, path):
+        self.reader = gguf.GGUFReader(path)
+        self.cache = {}
+
+    def get(self, key, default=None):
+        if key not in self.cache:
+            self.cache[key] = _field(self.reader, key, default)
+        return self.cache[key]
+
+
+_READ = {}
+
+
 def convert(path, pre=None):
-    r = gguf.GGUFReader(path)
-    model = _field(r, "tokenizer.ggml.model")
-    tokens = _field(r, "tokenizer.ggml.tokens")
-    types = _field(r, "tokenizer.ggml.token_type", [1] * len(tokens))
-    arch = _field(r, "general.architecture", "")
+    if path not in _READ:
+        _READ.clear()  # keep one file's metadata at a time
+        _READ[path] = _Fields(path)
+    fields = _READ[path]
+    model = fields.get("tokenizer.ggml.model")
+    tokens = fields.get("tokenizer.ggml.tokens")
+    types = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    arch = fields.get("general.architecture", "")
     n = len(tokens)
 
     def tok_id(key):
-        v = _field(r, key)
+        v = fields.get(key)
         return v if v is not None and 0 <= v < n else None
 
     bos, eos, unk = tok_id("tokenizer.ggml.bos_token_id"), tok_id("tokenizer.ggml.eos_token_id"), \
         tok_id("tokenizer.ggml.unknown_token_id")
     spm = model == "llama"
-    add_bos = bool(_field(r, "tokenizer.ggml.add_bos_token", spm))
-    add_eos = bool(_field(r, "tokenizer.ggml.add_eos_token", False))
+    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", spm))
+    add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False))
     name = lambda i: tokens[i] if i is not None else None  # noqa: E731
 
     if model == "gpt2":
-        family = family_of(pre or _field(r, "tokenizer.ggml.pre", "default"))
+        family = family_of(pre or fields.get("tokenizer.ggml.pre", "default"))
         vocab = {}
         for i, t in enumerate(tokens):
             vocab.setdefault(t, i)
-        merges = _field(r, "tokenizer.ggml.merges")
+        merges = fields.get("tokenizer.ggml.merges")
         normalizer = {"type": "NFC"} if family == "qwen2" or (arch == "gptneox" and family == "gpt2") else None
         j = {
             "version": "1.0", "truncation": None, "padding": None,
@@ -194,8 +213,8 @@ def convert(path, pre=None):
                       "byte_fallback": False, "ignore_merges": family == "llama3", "vocab": vocab, "merges": merges},
         }
     elif model == "llama":
-        scores = _field(r, "tokenizer.ggml.scores", [0.0] * n)
-        prefix = bool(_field(r, "tokenizer.ggml.add_space_prefix", True))
+        scores = fields.get("tokenizer.ggml.scores") or [0.0] * n
+        prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
         vocab, merges = _spm_merges(tokens, scores)
         rstrip = set()
         if arch in ("phi3", "phi-3"):

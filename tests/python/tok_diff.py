@@ -302,15 +302,14 @@ def main():
         p = os.path.join(a.vocab_dir, f"ggml-vocab-{v}.gguf")
         if os.path.exists(p):
             fams.append(Family(v, p))
+            if v == "gpt-2":  # right after it: the converter reuses what it read
+                fams += [Family(f"gpt2-vocab+{pre}", p, pre) for pre in SYNTHETIC]
         else:
             print(f"{v}: vocab not found at {p}, skipped")
     if os.path.exists(a.model):
         fams.append(Family("smollm2", a.model))
     else:
         print(f"smollm2: default model not found at {a.model}, skipped (bash tools/fetch-model.sh)")
-    gpt2 = os.path.join(a.vocab_dir, "ggml-vocab-gpt-2.gguf")
-    if os.path.exists(gpt2):
-        fams += [Family(f"gpt2-vocab+{pre}", gpt2, pre) for pre in SYNTHETIC]
     if a.family:
         fams = [f for f in fams if f.name in a.family]
     print(f"tok_diff: seed {a.seed}, {a.n} strings + {max(1, a.n // 10)} with invalid UTF-8 per family, "

@@ -18,6 +18,7 @@ namespace quern::cli {
 namespace {
 
 struct BenchOptions {
+    ModelOptions mopts;
     std::string model;
     std::string synthetic;
     std::string quant = "Q4_K_M";
@@ -64,6 +65,7 @@ void bench(const BenchOptions& o) {
         std::string base = file->path().substr(file->path().find_last_of('/') + 1);
         label = base;
     }
+    model->set_options(o.mopts);
     const auto& cfg = model->config();
     ThreadPool pool(o.threads);
     const int64_t n_ctx = std::max(o.n_prompt, o.n_gen) + 16;
@@ -125,6 +127,7 @@ void bench(const BenchOptions& o) {
                          {"backend", "CPU"},
                          {"threads", pool.size()},
                          {"test", r.test},
+                         {"precise_activations", o.mopts.precise_activations},
                          {"avg_ts", r.tps.mean},
                          {"stddev_ts", r.tps.stdev},
                          {"samples_ts", r.tps.samples},
@@ -144,6 +147,7 @@ void bench(const BenchOptions& o) {
                     model->n_bytes() / 1048576.0, model->n_params() / 1e6, "CPU", pool.size(), r.test.c_str(),
                     r.tps.mean, r.tps.stdev, rate.c_str());
     }
+    if (!o.mopts.precise_activations) std::printf("(--fast-act: one-level 8-bit activations)\n");
 }
 
 }  // namespace
@@ -161,6 +165,7 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp test (0 = skip)")->capture_default_str();
     cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens for the tg test (0 = skip)")->capture_default_str();
     cmd->add_option("-r,--repetitions", o->reps, "Timed repetitions of each test")->capture_default_str()->check(CLI::Range(1, 1000));
+    add_model_options(cmd, o->mopts);
     cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
     cmd->add_flag("--json", o->json, "Print results as JSON");
     cmd->footer(

@@ -19,6 +19,7 @@ namespace quern::cli {
 namespace {
 
 struct PplOptions {
+    ModelOptions mopts;
     std::string model;
     std::string file;
     int64_t n_ctx = 512;
@@ -34,7 +35,7 @@ void perplexity(const PplOptions& o) {
     ss << in.rdbuf();
     const std::string text = ss.str();
 
-    LoadedModel m = load_model(o.model);
+    LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
     const Tokenizer& tok = *m.tokenizer;
     const double t_tok = now_seconds();
@@ -109,6 +110,7 @@ void add_perplexity_command(CLI::App& app) {
     cmd->add_option("-f,--file", o->file, "Text file to score")->required();
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Tokens per chunk")->capture_default_str()->check(CLI::Range(4, 1 << 20));
     cmd->add_option("--chunks", o->max_chunks, "Score at most this many chunks (-1 = all)")->capture_default_str();
+    add_model_options(cmd, o->mopts);
     cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
     cmd->add_flag("--json", o->json, "Print the result as JSON");
     cmd->footer(

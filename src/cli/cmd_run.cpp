@@ -13,6 +13,7 @@ namespace quern::cli {
 namespace {
 
 struct RunOptions {
+    ModelOptions mopts;
     std::string model;
     std::string prompt;
     std::string prompt_file;
@@ -35,7 +36,7 @@ int run(const RunOptions& o) {
         while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) prompt.append(buf, n);
         std::fclose(f);
     }
-    LoadedModel m = load_model(o.model);
+    LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
     std::fprintf(stderr, "quern: loaded %s (%s, %.1fM params, %.1f MiB) in %.2f s\n", m.file->path().c_str(),
                  cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6,
@@ -119,6 +120,7 @@ void add_run_command(CLI::App& app) {
     cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file");
     cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    add_model_options(cmd, o->mopts);
     cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
     cmd->add_flag("--no-special", o->no_special, "Treat special-token text in the prompt as plain text");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <CLI/CLI.hpp>
+
 #include "core/error.h"
 
 namespace quern::cli {
@@ -29,14 +31,21 @@ std::string resolve_model_path(const std::string& path) {
     return path;
 }
 
-LoadedModel load_model(const std::string& path) {
+LoadedModel load_model(const std::string& path, const ModelOptions& opts) {
     const double t0 = now_seconds();
     LoadedModel m;
     m.file = std::make_shared<GgufFile>(resolve_model_path(path));
     m.model = Model::from_gguf(m.file);
+    m.model->set_options(opts);
     m.tokenizer = Tokenizer::from_gguf(*m.file);
     m.load_seconds = now_seconds() - t0;
     return m;
+}
+
+void add_model_options(CLI::App* cmd, ModelOptions& opts) {
+    cmd->add_flag("--fast-act", [&opts](int64_t) { opts.precise_activations = false; },
+                  "Quantize activations once to 8 bits as llama.cpp does (faster prefill, less exact); "
+                  "default: two-level 8-bit activations");
 }
 
 bool stderr_is_tty() { return ::isatty(STDERR_FILENO) != 0; }

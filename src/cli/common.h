@@ -26,7 +26,7 @@ struct LoadedModel {
     std::unique_ptr<Tokenizer> tokenizer;
     double load_seconds = 0;
 };
-LoadedModel load_model(const std::string& path);
+LoadedModel load_model(const std::string& path, const ModelOptions& opts = {});
 
 /// True when stderr is a terminal (progress output is shown only then).
 bool stderr_is_tty();
@@ -40,8 +40,11 @@ class App;
 }
 namespace quern {
 struct SamplingParams;
+struct ModelOptions;
 }
 namespace quern::cli {
+/// Adds --fast-act (one-level 8-bit activations) to a command.
+void add_model_options(CLI::App* cmd, ModelOptions& opts);
 /// Adds --temp/--top-k/--top-p/--min-p/penalties/--seed options to a command.
 void add_sampling_options(CLI::App* cmd, SamplingParams& sp, int64_t& seed);
 }  // namespace quern::cli

@@ -46,7 +46,12 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
     fn(0, n_threads_);
-    while (pending_.load(std::memory_order_acquire) != 0) QUERN_PAUSE();
+    // Spin briefly (the workers usually finish within microseconds of us), then
+    // yield so that a worker waiting for a CPU (a busy machine) can run here.
+    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < 4096) QUERN_PAUSE();
+        else std::this_thread::yield();
+    }
 }
 
 void ThreadPool::worker(int ith) {
@@ -59,8 +64,8 @@ void ThreadPool::worker(int ith) {
             int spins = 0;
             while ((g = generation_.load(std::memory_order_acquire)) == seen) {
                 QUERN_PAUSE();
-                if (++spins == 1024) {
-                    spins = 0;
+                if ((++spins & 1023) == 0) {
+                    std::this_thread::yield();
                     if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(1)) {
                         generation_.wait(seen, std::memory_order_acquire);
                     }

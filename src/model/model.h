@@ -17,11 +17,22 @@ class GgufFile;
 /// Weight types a matrix product may have on the CPU.
 const std::vector<DType>& matmul_weight_types();
 
+/// Run-time choices of how a model computes (not what it computes).
+struct ModelOptions {
+    /// Quantized matmuls see their activations split into an 8-bit part and an
+    /// 8-bit residual (two-level quantization), keeping logits within cosine
+    /// 0.9999 of a float reference. false: one 8-bit quantization, as llama.cpp
+    /// does (faster prefill, cosine ~0.99 on small models).
+    bool precise_activations = true;
+};
+
 class Model {
 public:
     virtual ~Model() = default;
     const ModelConfig& config() const { return cfg_; }
     const WeightStore& weights() const { return weights_; }
+    const ModelOptions& options() const { return opts_; }
+    void set_options(const ModelOptions& o) { opts_ = o; }
 
     /// A KV cache for one sequence of up to n_ctx positions.
     KvCache make_cache(int64_t n_ctx) const { return KvCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
@@ -46,6 +57,7 @@ protected:
     Model(ModelConfig cfg, WeightStore w) : cfg_(std::move(cfg)), weights_(std::move(w)) {}
     ModelConfig cfg_;
     WeightStore weights_;
+    ModelOptions opts_;
 };
 
 }  // namespace quern

@@ -62,6 +62,17 @@ TEST(Golden, LogitsMatchTransformers) {
     check_logits(*model, 0.999, 0.98);
 }
 
+// One-level 8-bit activations (llama.cpp's scheme) lose precision; keep the
+// bound documented and checked so a regression in the kernels still shows.
+TEST(Golden, FastActivationsStayClose) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched (bash tools/fetch-model.sh)";
+    auto model = Model::from_gguf(std::make_shared<GgufFile>(test::default_model_path()));
+    ModelOptions o;
+    o.precise_activations = false;
+    model->set_options(o);
+    check_logits(*model, 0.99, 0.98);
+}
+
 TEST(Golden, FloatWeightsMatchTransformersClosely) {
     if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched (bash tools/fetch-model.sh)";
     GgufFile f(test::default_model_path());
@@ -104,7 +115,7 @@ void check_logits(Model& model_, double min_cos, double min_agree) {
         }
     }
     const double rate = static_cast<double>(agree) / static_cast<double>(positions);
-    std::printf("golden: %lld positions, worst cosine %.6f, argmax agreement %.1f%%\n",
+    std::printf("golden: %lld positions, worst cosine %.7f, argmax agreement %.1f%%\n",
                 static_cast<long long>(positions), worst_cos, 100.0 * rate);
     EXPECT_GE(rate, min_agree);
 }

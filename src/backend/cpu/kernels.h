@@ -26,11 +26,10 @@
 //     activations are packed into column panels [K/4][NCP][4 bytes] so that a
 //     broadcast 4-byte group of one weight row meets 16 activation rows per
 //     vpdpbusd; the unpacked weight panel is reused against every column panel.
-//   * GEMV (decode) on AVX2: unpacked rows (in L1) dotted with the activations.
 // Only the unpackers (and the activation quantizers) are type-specific there.
-// Decode on AVX-512 uses fused per-type GEMV kernels instead (GemvFn below,
-// gemv_avx512.cpp) that read the packed blocks directly: a bandwidth-bound
-// kernel cannot afford the extra pass through an L1 buffer.
+// Decode uses fused per-type GEMV kernels instead (GemvFn below,
+// gemv_avx512.cpp, gemv_avx2.cpp) that read the packed blocks directly: a
+// bandwidth-bound kernel cannot afford an extra pass through an L1 buffer.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -59,14 +58,6 @@ using ScalarDotFn = float (*)(int64_t K, const void* w, const void* act);
 using UnpackFn = void (*)(const uint8_t* w, size_t ldw, int nr, int64_t K, uint8_t* u, size_t ldu, float* D,
                           float* Mn, size_t lds);
 
-/// One activation row in GEMV form: K int8 values in natural order, and per
-/// sub-block of G elements its scale da and dsa = da * sum(a).
-struct ActRow {
-    const int8_t* a;
-    const float* da;
-    const float* dsa;
-};
-
 /// Sub-block size and signedness of an unpacked form. signed_u: u holds
 /// signed int8 weights (Mn = 0); used by AVX2 for Q8_0, where u + 128 would
 /// overflow vpmaddubsw's 16-bit pair sums.
@@ -77,10 +68,6 @@ struct UForm {
 };
 /// Largest unsigned value in the unpacked form of a weight type.
 int umax_for(DType weight);
-
-/// GEMV over unpacked rows: y[r] = dot(unpacked row r, act), r < nr.
-using QGemvFn = void (*)(int64_t K, UForm f, int nr, const uint8_t* u, size_t ldu, const float* D, const float* Mn,
-                         size_t lds, const ActRow& act, float* y);
 
 /// Activation column panel for the GEMM tile: NCP activation rows packed as
 /// a[K/4][NCP][4] int8, da[K/G][NCP], dsa[K/G][NCP]. Unused columns are zero.
@@ -95,19 +82,16 @@ struct ActPanel {
 using QTileFn = void (*)(int64_t K, UForm f, int nr, int nc, const uint8_t* u, size_t ldu, const float* D,
                          const float* Mn, size_t lds, const ActPanel& act, float* y, size_t ldy);
 
-/// Builds an ActRow's arrays from one row of Q8 blocks (type act) of K elements.
-using PrepRowFn = void (*)(DType act, int G, int64_t K, const void* blocks, int8_t* a, float* da, float* dsa);
 /// Packs nrows <= ncp rows of Q8 blocks into an ActPanel of ncp columns
 /// (missing columns zero).
 using PackPanelFn = void (*)(DType act, int G, int64_t K, int ncp, const void* const* rows, int nrows, int8_t* a,
                              float* da, float* dsa);
-void prep_row_generic(DType act, int G, int64_t K, const void* blocks, int8_t* a, float* da, float* dsa);
 void pack_panel_generic(DType act, int G, int64_t K, int ncp, const void* const* rows, int nrows, int8_t* a, float* da,
                         float* dsa);
 
 /// Fused GEMV (decode): kernels that read the packed weight blocks directly
 /// (no unpacked copy), against one activation row prepared once per call in a
-/// layout specific to the weight type's family (see gemv_avx512.cpp):
+/// layout specific to the weight type's family (see act_prep.cpp):
 struct GemvAct {
     const int8_t* a;    // int8 activations, padded, family-specific order
     const float* lf;    // per-lane activation scales (32-element-block types)
@@ -120,6 +104,8 @@ using GemvScratchFn = size_t (*)(DType w, int64_t K);
 /// Builds a GemvAct for weight type w from one row of Q8 blocks (the
 /// partner type) into buf (gemv_scratch bytes, 64-byte aligned).
 using GemvPrepFn = void (*)(DType w, int64_t K, const void* q8row, uint8_t* buf, GemvAct* out);
+size_t gemv_scratch_generic(DType w, int64_t K);
+void gemv_prep_generic(DType w, int64_t K, const void* q8row, uint8_t* buf, GemvAct* out);
 /// y[c * ldy + r] = dot(weight row r, acts[c]) for r < nr, c < nc; weight rows
 /// stride ldw bytes.
 using GemvFn = void (*)(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* acts, int nc, float* y,
@@ -130,11 +116,9 @@ struct QKernels {
     int nr;   // weight rows per GEMM tile
     int ncp;  // activation rows (columns of the panel) per GEMM tile
     bool q8_0_signed;  // the Q8_0 unpacker emits signed u (see UForm)
-    QGemvFn gemv;
     QTileFn tile;
-    PrepRowFn prep_row;
     PackPanelFn pack_panel;
-    // fused GEMV; gemv_for(t) == nullptr: use unpack + gemv
+    // fused GEMV (decode)
     GemvScratchFn gemv_scratch;
     GemvPrepFn gemv_prep;
     GemvFn (*gemv_for)(DType t);
@@ -172,14 +156,13 @@ extern const FKernels fkernels;
 }  // namespace scalar
 namespace avx2 {
 QUERN_CPU_DECLARE_UNPACKERS(unpack_)
+GemvFn gemv_for(DType t);
 extern const ActQuantizers quantizers;
 extern const QKernels qkernels;
 extern const FKernels fkernels;
 }  // namespace avx2
 namespace avx512 {
 QUERN_CPU_DECLARE_UNPACKERS(unpack_)
-size_t gemv_scratch(DType w, int64_t K);
-void gemv_prep(DType w, int64_t K, const void* q8row, uint8_t* buf, GemvAct* out);
 GemvFn gemv_for(DType t);
 extern const ActQuantizers quantizers;
 extern const QKernels qkernels;

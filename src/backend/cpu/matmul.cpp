@@ -7,11 +7,10 @@
 // Work mapping:
 //   * decode and small batches (n < kGemmMinN, GEMV): the caller quantizes the
 //     n activation rows once; each thread gets one contiguous range of weight
-//     rows (one sequential memory stream, which the prefetchers follow). Fused
-//     kernels (AVX-512) read the packed blocks directly, up to 4 activation
-//     rows per pass; otherwise (AVX2) rows are unpacked a few at a time into a
-//     thread-local L1 buffer and dotted with every activation row. Bound by
-//     memory bandwidth: each weight byte is read from memory once.
+//     rows (one sequential memory stream, which the prefetchers follow). The
+//     fused kernels (gemv_avx512.cpp, gemv_avx2.cpp) read the packed blocks
+//     directly, up to 4 activation rows per pass. Bound by memory bandwidth:
+//     each weight byte is read from memory once.
 //   * prefill (n >= kGemmMinN, GEMM): activations are quantized and packed into
 //     column panels of ncp rows, in parallel over panels; then blocks of 8
 //     panels of nr weight rows are handed out dynamically; each thread unpacks
@@ -38,7 +37,6 @@ namespace quern::cpu {
 namespace {
 
 constexpr int64_t kGemmMinN = 12;   // n at or above which the GEMM path is used
-constexpr int kGemvUnpackRows = 4;  // rows unpacked at once in GEMV
 
 // A 64-byte aligned, grow-only byte buffer.
 class Scratch {
@@ -150,58 +148,21 @@ void matmul_q_gemv(const Tensor& W, const float* x, int64_t n, float* y, int64_t
     const auto* w = static_cast<const uint8_t*>(W.data);
     const QuantizeRowFn q = quantizer(qz, act);
 
-    // Fused kernels read the packed blocks directly.
-    if (const GemvFn fused = qk.gemv_for(W.type)) {
-        const size_t scr = align64(qk.gemv_scratch(W.type, K));
-        Carver cv{tl_act.get(static_cast<size_t>(n) * (align64(ldq) + scr))};
-        GemvAct acts[kGemmMinN];
-        for (int64_t c = 0; c < n; ++c) {
-            uint8_t* blocks = cv.take<uint8_t>(ldq);
-            q(x + c * K, blocks, K);
-            qk.gemv_prep(W.type, K, blocks, cv.take<uint8_t>(scr), &acts[c]);
-        }
-        split_rows(pool, M, 4, [&](int64_t r0, int64_t r1) {
-            fused(K, w + r0 * ldw, ldw, static_cast<int>(r1 - r0), acts, static_cast<int>(n), y + r0,
-                  static_cast<size_t>(ldy));
-        });
-        return;
-    }
+    const GemvFn fused = qk.gemv_for(W.type);
+    if (!fused) fail("matmul: no GEMV kernel for {} at this ISA level", dtype_name(W.type));
 
-    if (!qk.gemv) fail("matmul: no GEMV kernel for {} at this ISA level", dtype_name(W.type));
-    const int G = subblock_for(W.type);
-    const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed, umax_for(W.type)};
-    const UnpackFn unpack = qk.unpack(W.type);
-    const int64_t nsub = K / G;
-
-    // Activations: Q8 blocks, then the GEMV form (a, da, dsa) per row.
-    Carver cv{tl_act.get(static_cast<size_t>(n) * (align64(ldq) + align64(K) + 2 * align64(nsub * 4)))};
-    ActRow rows[kGemmMinN];
+    // Activations: Q8 blocks, then the fused kernels' layout, once per call.
+    const size_t scr = align64(qk.gemv_scratch(W.type, K));
+    Carver cv{tl_act.get(static_cast<size_t>(n) * (align64(ldq) + scr))};
+    GemvAct acts[kGemmMinN];
     for (int64_t c = 0; c < n; ++c) {
         uint8_t* blocks = cv.take<uint8_t>(ldq);
         q(x + c * K, blocks, K);
-        auto* a = cv.take<int8_t>(static_cast<size_t>(K));
-        auto* da = cv.take<float>(static_cast<size_t>(nsub));
-        auto* dsa = cv.take<float>(static_cast<size_t>(nsub));
-        qk.prep_row(act, G, K, blocks, a, da, dsa);
-        rows[c] = ActRow{a, da, dsa};
+        qk.gemv_prep(W.type, K, blocks, cv.take<uint8_t>(scr), &acts[c]);
     }
-
-    const size_t ldu = align64(static_cast<size_t>(K));
-    const size_t lds = static_cast<size_t>((nsub + 15) & ~int64_t(15));
-    split_rows(pool, M, kGemvUnpackRows, [&](int64_t r0, int64_t r1) {
-        Carver wc{tl_work.get(kGemvUnpackRows * (ldu + 2 * lds * 4) + 64 * kGemvUnpackRows)};
-        uint8_t* u = wc.take<uint8_t>(kGemvUnpackRows * ldu);
-        float* D = wc.take<float>(kGemvUnpackRows * lds);
-        float* Mn = wc.take<float>(kGemvUnpackRows * lds);
-        float out[kGemvUnpackRows];
-        for (int64_t r = r0; r < r1; r += kGemvUnpackRows) {
-            const int nr = static_cast<int>(std::min<int64_t>(kGemvUnpackRows, r1 - r));
-            unpack(w + r * ldw, ldw, nr, K, u, ldu, D, Mn, lds);
-            for (int64_t c = 0; c < n; ++c) {
-                qk.gemv(K, form, nr, u, ldu, D, Mn, lds, rows[c], out);
-                std::memcpy(y + c * ldy + r, out, static_cast<size_t>(nr) * sizeof(float));
-            }
-        }
+    split_rows(pool, M, 4, [&](int64_t r0, int64_t r1) {
+        fused(K, w + r0 * ldw, ldw, static_cast<int>(r1 - r0), acts, static_cast<int>(n), y + r0,
+              static_cast<size_t>(ldy));
     });
 }
 

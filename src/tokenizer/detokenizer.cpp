@@ -17,6 +17,14 @@ std::string Detokenizer::push(int32_t id) {
     return out;
 }
 
+std::string Detokenizer::push(const std::vector<int32_t>& ids) {
+    for (int32_t id : ids) tok_->append_piece(held_, id, state_, render_special_);
+    const size_t keep = unicode::utf8_incomplete_tail(held_);
+    std::string out(held_, 0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return out;
+}
+
 std::string Detokenizer::flush() {
     std::string out;
     out.swap(held_);

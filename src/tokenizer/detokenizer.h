@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tokenizer/tokenizer.h"
 
@@ -29,6 +30,9 @@ public:
 
     /// Adds one token; returns the text that is now safe to emit (may be empty).
     std::string push(int32_t id);
+    /// Adds several tokens at once (same result as pushing them one by one
+    /// and concatenating what each push returned).
+    std::string push(const std::vector<int32_t>& ids);
     /// Returns whatever is still held back (possibly an incomplete sequence)
     /// and resets the stream for reuse.
     std::string flush();

@@ -145,7 +145,8 @@ std::string encodable(const Tokenizer& tok, const std::string& s) {
 }
 
 const std::vector<std::string> kByteLevel = {"gpt-2", "starcoder", "falcon", "deepseek-coder", "gpt-neox"};
-const std::vector<std::string> kAll = {"gpt-2", "starcoder", "falcon", "deepseek-coder", "gpt-neox", "llama-spm", "phi-3"};
+const std::vector<std::string> kAll = {"gpt-2", "starcoder", "falcon", "deepseek-coder", "gpt-neox", "llama-spm", "phi-3",
+                                       "baichuan"};
 
 }  // namespace
 

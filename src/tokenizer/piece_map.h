@@ -8,7 +8,6 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace quern {
@@ -110,50 +109,38 @@ private:
 };
 
 /// Word -> ids memo shared by all threads using one tokenizer. Sharded, each
-/// shard behind its own mutex; a full shard is simply emptied (bounded memory).
+/// shard an open-addressing table with its keys and ids in two arenas, behind
+/// its own mutex; a full shard is simply emptied (bounded memory).
 class WordCache {
 public:
     /// `max_words`: total capacity; 0 disables the cache.
-    explicit WordCache(size_t max_words = 1 << 16) : per_shard_(max_words / kShards) {}
+    explicit WordCache(size_t max_words = 1 << 16);
 
     /// Appends the cached ids of `word` to `out`; false when not cached.
-    bool lookup(std::string_view word, std::vector<int32_t>& out) const {
-        if (!per_shard_ || word.size() > kMaxWordBytes) return false;
-        Shard& sh = shards_[hash_bytes(word) % kShards];
-        std::lock_guard<std::mutex> lock(sh.mu);
-        auto it = sh.map.find(word);
-        if (it == sh.map.end()) return false;
-        out.insert(out.end(), it->second.begin(), it->second.end());
-        return true;
-    }
+    bool lookup(std::string_view word, std::vector<int32_t>& out) const;
     /// Remembers the ids of `word`.
-    void insert(std::string_view word, const int32_t* ids, size_t n) const {
-        if (!per_shard_ || word.size() > kMaxWordBytes) return;
-        Shard& sh = shards_[hash_bytes(word) % kShards];
-        std::lock_guard<std::mutex> lock(sh.mu);
-        if (sh.map.size() >= per_shard_) sh.map.clear();
-        sh.map.try_emplace(std::string(word), ids, ids + n);
-    }
+    void insert(std::string_view word, const int32_t* ids, size_t n) const;
     /// Forgets everything (for benchmarks of the uncached path).
-    void clear() const {
-        for (Shard& sh : shards_) {
-            std::lock_guard<std::mutex> lock(sh.mu);
-            sh.map.clear();
-        }
-    }
+    void clear() const;
 
 private:
     static constexpr size_t kShards = 16;
     static constexpr size_t kMaxWordBytes = 256;
-    struct Hash {
-        using is_transparent = void;
-        size_t operator()(std::string_view s) const { return static_cast<size_t>(hash_bytes(s) >> 4); }
+    struct Slot {
+        uint64_t hash = 0;
+        uint32_t key_off = 0, key_len = 0, ids_off = 0, ids_len = 0;
+        bool used = false;
     };
     struct Shard {
         std::mutex mu;
-        std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> map;
+        std::vector<Slot> slots;
+        std::string keys;
+        std::vector<int32_t> ids;
+        size_t count = 0;
     };
+    static void reset(Shard& sh, size_t n_slots);
     size_t per_shard_;
+    size_t n_slots_;
     mutable std::array<Shard, kShards> shards_;
 };
 

@@ -295,36 +295,62 @@ void PreTokenizer::split(std::string_view text, bool at_input_start, PreTokenize
         for (const auto& [off, len] : out.spans_) {
             const std::string_view piece = out.text_.substr(off, len);
             std::string_view subject = piece;
+            // Byte characters are one character per raw byte: "!".."~" map to
+            // themselves, every other byte to a 2-byte character.
+            bool identity = true;
             if (mapped) {
-                out.mapped_.clear();
-                out.raw_of_mapped_.clear();
-                for (size_t i = 0; i < piece.size(); ++i) {
-                    const std::string_view u = bm.byte_to_utf8(static_cast<uint8_t>(piece[i]));
-                    out.mapped_.append(u);
-                    out.raw_of_mapped_.insert(out.raw_of_mapped_.end(), u.size(), static_cast<uint32_t>(i));
+                for (char ch : piece) identity &= ch >= '!' && ch <= '~';
+                if (!identity) {
+                    out.mapped_.resize(piece.size() * 2);
+                    char* w = out.mapped_.data();
+                    for (char ch : piece) {
+                        const std::string_view u = bm.byte_to_utf8(static_cast<uint8_t>(ch));
+                        w[0] = u[0];
+                        if (u.size() > 1) w[1] = u[1];
+                        w += u.size();
+                    }
+                    out.mapped_.resize(static_cast<size_t>(w - out.mapped_.data()));
+                    subject = out.mapped_;
                 }
-                out.raw_of_mapped_.push_back(static_cast<uint32_t>(piece.size()));
-                subject = out.mapped_;
             }
-            auto raw = [&](size_t m) -> size_t { return off + (mapped ? out.raw_of_mapped_[m] : m); };
+            // Mapped offset -> raw offset; asked for in increasing order.
+            size_t walk_m = 0, walk_r = 0;
+            auto raw = [&](size_t m) -> size_t {
+                if (identity) return off + m;
+                while (walk_m < m) {
+                    walk_m += static_cast<uint8_t>(subject[walk_m]) < 0x80 ? 1 : 2;
+                    ++walk_r;
+                }
+                return off + walk_r;
+            };
             if (behavior == SplitBehavior::Isolated && !invert) {
-                size_t last = 0;
+                // (raw() walks forward: call it in order.)
+                size_t last_raw = raw(0);
                 re.for_each_match(subject, [&](size_t b, size_t e) {
-                    push(raw(last), raw(b));
-                    push(raw(b), raw(e));
-                    last = e;
+                    const size_t rb = raw(b);
+                    const size_t re_ = raw(e);
+                    push(last_raw, rb);
+                    push(rb, re_);
+                    last_raw = re_;
                 });
-                push(raw(last), raw(subject.size()));
+                push(last_raw, raw(subject.size()));
                 continue;
             }
             splitter.segs.clear();
             size_t last = 0;
+            size_t last_raw = raw(0);
             re.for_each_match(subject, [&](size_t b, size_t e) {
-                if (b > last) splitter.segs.push_back({raw(last), raw(b), false});
-                splitter.segs.push_back({raw(b), raw(e), true});
+                const size_t rb = raw(b);
+                const size_t re_ = raw(e);
+                if (b > last) splitter.segs.push_back({last_raw, rb, false});
+                splitter.segs.push_back({rb, re_, true});
                 last = e;
+                last_raw = re_;
             });
-            if (last < subject.size()) splitter.segs.push_back({raw(last), raw(subject.size()), false});
+            if (last < subject.size()) {
+                const size_t rend = raw(subject.size());
+                splitter.segs.push_back({last_raw, rend, false});
+            }
             splitter.fold(behavior, invert, push);
         }
         out.spans_.swap(out.next_);

@@ -126,7 +126,6 @@ private:
     std::vector<std::pair<size_t, size_t>> next_;
     std::string buf_[2];
     std::string mapped_;
-    std::vector<uint32_t> raw_of_mapped_;
 };
 
 /// A pre-tokenizer pipeline. Immutable after construction; thread-safe.

@@ -183,7 +183,16 @@ Tokenizer::Tokenizer(VocabData data) : d_(std::move(data)) {
     std::stable_sort(specials_.begin(), specials_.end(),
                      [&](int32_t a, int32_t b) { return d_.tokens[a].size() > d_.tokens[b].size(); });
     specials_by_byte_.resize(256);
-    for (int32_t id : specials_) specials_by_byte_[static_cast<uint8_t>(d_.tokens[id][0])].push_back(id);
+    special_pair_.assign(256 * 256, 0);
+    for (int32_t id : specials_) {
+        const std::string& t = d_.tokens[id];
+        const auto b0 = static_cast<uint8_t>(t[0]);
+        specials_by_byte_[b0].push_back(id);
+        if (t.size() == 1)
+            special_single_[b0] = 1;
+        else
+            special_pair_[b0 * 256u + static_cast<uint8_t>(t[1])] = 1;
+    }
 
     // End-of-generation tokens.
     for (int32_t id : {d_.eos, d_.eot, d_.eom})
@@ -330,9 +339,16 @@ void Tokenizer::split_special(std::string_view text, bool parse_special, std::ve
     frags.clear();
     size_t start = 0, i = 0;
     while (i < text.size()) {
+        // Most positions cannot start any special token: two table lookups.
+        const auto b0 = static_cast<uint8_t>(text[i]);
+        if (!special_single_[b0] &&
+            (i + 1 >= text.size() || !special_pair_[b0 * 256u + static_cast<uint8_t>(text[i + 1])])) {
+            ++i;
+            continue;
+        }
         int32_t found = -1;
         const AddedTokenFlags* flags = nullptr;
-        for (int32_t id : specials_by_byte_[static_cast<uint8_t>(text[i])]) {
+        for (int32_t id : specials_by_byte_[b0]) {
             if (!parse_special && d_.types[id] != TokenType::UserDefined) continue;
             const std::string& s = d_.tokens[id];
             if (text.size() - i < s.size() || text.compare(i, s.size(), s) != 0) continue;

@@ -204,6 +204,8 @@ private:
     TextMap text_to_id_;
     std::vector<int32_t> specials_;                       // CONTROL + USER_DEFINED + UNKNOWN, longest first
     std::vector<std::vector<int32_t>> specials_by_byte_;  // by first byte, longest first
+    std::vector<uint8_t> special_pair_;                   // [b0 * 256 + b1]: a special starts with b0 b1
+    std::array<uint8_t, 256> special_single_{};           // a one-byte special is this byte
     std::vector<int32_t> eog_;
     std::vector<std::string> pieces_;                     // decoded bytes of every token
     Normalizer normalizer_;

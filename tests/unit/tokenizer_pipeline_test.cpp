@@ -5,11 +5,13 @@
 // random splits; malformed tokenizer.json files.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -422,5 +424,42 @@ TEST(Detokenizer, AnySplitOfAnySequenceGivesTheWholeText) {
             for (size_t c : cuts) ASSERT_TRUE(starts_char[c]) << "a chunk ends inside a character at byte " << c;
             if (starts) ASSERT_EQ(streamed, tok->decode(ids, render));
         }
+    }
+}
+
+// ---------------------------------------------------------------- threads
+
+TEST(Tokenizer, SharedAcrossThreadsGivesTheSameIds) {
+    const std::string path = kVocabDir + "/ggml-vocab-gpt-2.gguf";
+    const std::string spm_path = kVocabDir + "/ggml-vocab-llama-spm.gguf";
+    if (!fs::exists(path) || !fs::exists(spm_path)) GTEST_SKIP() << "vocab files not found";
+    for (const std::string& p : {path, spm_path}) {
+        const auto tok = Tokenizer::from_gguf(GgufFile(p));
+        std::mt19937 rng(3);
+        std::vector<std::string> texts;
+        for (int i = 0; i < 200; ++i) {
+            std::string s;
+            for (int k = 0, n = 1 + static_cast<int>(rng() % 30); k < n; ++k) {
+                s += "word" + std::to_string(rng() % 50) + (k % 4 ? " " : ", ");
+                unicode::utf8_append(s, 0x4E00 + rng() % 64);
+            }
+            texts.push_back(s);
+        }
+        std::vector<std::vector<int32_t>> expected;  // from another instance, one thread
+        const auto reference = Tokenizer::from_gguf(GgufFile(p));
+        for (const auto& t : texts) expected.push_back(reference->encode(t, true, false));
+        std::vector<std::thread> threads;
+        std::atomic<int> mismatches{0};
+        for (int th = 0; th < 4; ++th)
+            threads.emplace_back([&, th] {
+                for (int rep = 0; rep < 5; ++rep)
+                    for (size_t i = 0; i < texts.size(); ++i) {
+                        const size_t k = (i * 7 + static_cast<size_t>(th) * 13 + static_cast<size_t>(rep)) % texts.size();
+                        if (tok->encode(texts[k], true, false) != expected[k]) ++mismatches;
+                        if (i % 50 == 0 && th == 0) tok->clear_caches();
+                    }
+            });
+        for (auto& t : threads) t.join();
+        EXPECT_EQ(mismatches.load(), 0) << p;
     }
 }

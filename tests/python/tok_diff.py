@@ -18,7 +18,9 @@ real vocabularies are not in the test data), it
    `encode(add_special_tokens=False)`: from the GGUF without --parse-special
    (HF with encode_special_tokens=True: only non-special added tokens are
    matched), from the GGUF with --parse-special (HF default), and from the
-   tokenizer.json folder with --parse-special (quern's tokenizer.json loader);
+   tokenizer.json folder with --parse-special (quern's tokenizer.json loader),
+   and for the first 2,000 strings with BOS/EOS added as the model says
+   (quern without --no-bos, HF add_special_tokens=True);
 4. checks decode(encode(s)) == s through `quern detokenize --jsonl` for every
    string without added-token text (which may strip spaces, by design) and,
    for SentencePiece, without "▁" (SentencePiece cannot tell it from a space);
@@ -201,11 +203,14 @@ def check_family(fam, a, workdir):
     got_plain, t_plain = run_quern(exe + model, lines, fam.name)
     got_special, _ = run_quern(exe + model + ["--parse-special"], lines, fam.name)
     got_json, _ = run_quern(exe + ["-m", d, "--parse-special"], lines, fam.name + " (tokenizer.json)")
+    n_bos = min(len(texts), 2000)
+    got_bos, _ = run_quern([a.quern, "tokenize", "--jsonl", "--parse-special"] + model, lines[:n_bos], fam.name)
 
     hf.encode_special_tokens = True
     exp_plain = [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
     hf.encode_special_tokens = False
     exp_special = [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
+    exp_bos = [e.ids for e in hf.encode_batch(texts[:n_bos], add_special_tokens=True)]
 
     report = {}
     shown = [0]
@@ -227,6 +232,7 @@ def check_family(fam, a, workdir):
     compare("gguf", got_plain, exp_plain)
     compare("gguf+special", got_special, exp_special)
     compare("tokenizer.json+special", got_json, exp_special)
+    compare("gguf+bos", got_bos, exp_bos)
 
     # Round trips of valid strings.
     rt_idx = [i for i, t in enumerate(texts)
@@ -267,7 +273,7 @@ def check_family(fam, a, workdir):
     n = len(texts)
     status = "ok" if not any(report.values()) else "DIFFERENCES"
     print(f"{fam.name:16s} {n} strings: gguf {report['gguf']} diffs, gguf+parse-special {report['gguf+special']}, "
-          f"tokenizer.json {report['tokenizer.json+special']}; round trip {report['round-trip']}/{len(rt_idx)} "
+          f"tokenizer.json {report['tokenizer.json+special']}, with BOS/EOS {report['gguf+bos']}/{n_bos}; round trip {report['round-trip']}/{len(rt_idx)} "
           f"failed; raw bytes {report['invalid-bytes']}/{len(raw_rt)} failed{'; NFC inputs' if nfc else ''} "
           f"[{time.time() - t0:.1f}s, quern {t_plain:.2f}s] {status}", flush=True)
     return sum(report.values())

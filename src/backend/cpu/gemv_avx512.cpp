@@ -103,7 +103,7 @@ using TQ5_1 = L4<24, 4, 1, 2, 0>;
 // One weight row against NC activation rows: the weights of each group are
 // unpacked once and meet every activation row while in registers.
 template <class T, int NC>
-void gemv_l4(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t ldy) {
+void gemv_l4(int64_t K, const uint8_t* w0, size_t ldw, int nr, const GemvAct* act, float* y0, size_t ldy) {
     constexpr bool kMin = T::MW >= 0;
     const __m512i iq = _mm512_loadu_si512(L4Tables<T>::idx.q);
     const __m512i is = _mm512_loadu_si512(L4Tables<T>::idx.s);
@@ -112,104 +112,112 @@ void gemv_l4(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t l
     const __m512i b4 = _mm512_set1_epi8(0x10);
     const int64_t nb = K / 32;
     const int64_t ng = (nb + 3) / 4;
-    __m512 acc[NC], accm[NC];
+    for (int row = 0; row < nr; ++row) {
+        const uint8_t* w = w0 + row * ldw;
+        float* y = y0 + row;
+        __m512 acc[NC], accm[NC];
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) acc[c] = accm[c] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; ++g) {
-        const uint8_t* p = w + 4 * g * T::BS;
-        __m512i A, B;
-        if (4 * g + 4 <= nb) {
-            A = _mm512_loadu_si512(p);
-            B = _mm512_loadu_si512(p + 4 * T::BS - 64);
-        } else {
-            const int64_t nbytes = (nb - 4 * g) * T::BS;  // valid bytes in this group
-            A = _mm512_maskz_loadu_epi8(bytes_mask(nbytes), p);
-            B = _mm512_maskz_loadu_epi8(bytes_mask(nbytes - (4 * T::BS - 64)), p + 4 * T::BS - 64);
-        }
-        const __m512i Q = _mm512_permutex2var_epi16(A, iq, B);
-        const __m512i S = _mm512_permutex2var_epi16(A, is, B);
-        __m512i lo = _mm512_and_si512(Q, m4);
-        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4);
-        if constexpr (T::QHW >= 0) {
-            const __m128i H = _mm512_castsi512_si128(_mm512_permutex2var_epi16(A, ih, B));
-            lo = _mm512_mask_add_epi8(lo, static_cast<__mmask64>(_mm_cvtsi128_si64(H)), lo, b4);
-            hi = _mm512_mask_add_epi8(hi, static_cast<__mmask64>(_mm_extract_epi64(H, 1)), hi, b4);
-        }
-        const __m512 D = _mm512_cvtph_ps(_mm512_castsi512_si256(S));
-        __m512 M;
-        if constexpr (kMin) M = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(S, 1));
+        for (int c = 0; c < NC; ++c) acc[c] = accm[c] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < ng; ++g) {
+            const uint8_t* p = w + 4 * g * T::BS;
+            __m512i A, B;
+            if (4 * g + 4 <= nb) {
+                A = _mm512_loadu_si512(p);
+                B = _mm512_loadu_si512(p + 4 * T::BS - 64);
+            } else {
+                const int64_t nbytes = (nb - 4 * g) * T::BS;  // valid bytes in this group
+                A = _mm512_maskz_loadu_epi8(bytes_mask(nbytes), p);
+                B = _mm512_maskz_loadu_epi8(bytes_mask(nbytes - (4 * T::BS - 64)), p + 4 * T::BS - 64);
+            }
+            const __m512i Q = _mm512_permutex2var_epi16(A, iq, B);
+            const __m512i S = _mm512_permutex2var_epi16(A, is, B);
+            __m512i lo = _mm512_and_si512(Q, m4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4);
+            if constexpr (T::QHW >= 0) {
+                const __m128i H = _mm512_castsi512_si128(_mm512_permutex2var_epi16(A, ih, B));
+                lo = _mm512_mask_add_epi8(lo, static_cast<__mmask64>(_mm_cvtsi128_si64(H)), lo, b4);
+                hi = _mm512_mask_add_epi8(hi, static_cast<__mmask64>(_mm_extract_epi64(H, 1)), hi, b4);
+            }
+            const __m512 D = _mm512_cvtph_ps(_mm512_castsi512_si256(S));
+            __m512 M;
+            if constexpr (kMin) M = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(S, 1));
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) {
-            const __m512i x = _mm512_loadu_si512(static_cast<const int32_t*>(act[c].lx) + 16 * g);
-            __m512i I = _mm512_dpbusd_epi32(kMin ? _mm512_setzero_si512() : x, lo,
-                                            _mm512_loadu_si512(act[c].a + 128 * g));
-            I = _mm512_dpbusd_epi32(I, hi, _mm512_loadu_si512(act[c].a + 128 * g + 64));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(D, _mm512_loadu_ps(act[c].lf + 16 * g)),
-                                     acc[c]);
-            if constexpr (kMin) accm[c] = _mm512_fmadd_ps(M, _mm512_castsi512_ps(x), accm[c]);
+            for (int c = 0; c < NC; ++c) {
+                const __m512i x = _mm512_loadu_si512(static_cast<const int32_t*>(act[c].lx) + 16 * g);
+                __m512i I =
+                    _mm512_dpbusd_epi32(kMin ? _mm512_setzero_si512() : x, lo, _mm512_loadu_si512(act[c].a + 128 * g));
+                I = _mm512_dpbusd_epi32(I, hi, _mm512_loadu_si512(act[c].a + 128 * g + 64));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(D, _mm512_loadu_ps(act[c].lf + 16 * g)),
+                                         acc[c]);
+                if constexpr (kMin) accm[c] = _mm512_fmadd_ps(M, _mm512_castsi512_ps(x), accm[c]);
+            }
         }
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) y[c * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[c], accm[c]));
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) y[c * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[c], accm[c]));
 }
 
 // ============================================================ Q8_0
 
 template <int NC>
-void gemv_q8_0(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t ldy) {
+void gemv_q8_0(int64_t K, const uint8_t* w0, size_t ldw, int nr, const GemvAct* act, float* y0, size_t ldy) {
     constexpr int BS = sizeof(block_q8_0);
-    alignas(64) static constexpr int16_t kIdx[32] = {0,  0,  0,  0,  0,  0,  0,  0,  17, 17, 17,
-                                                     17, 17, 17, 17, 17, 34, 34, 34, 34, 34, 34,
-                                                     34, 34, 51, 51, 51, 51, 51, 51, 51, 51};
+    alignas(64) static constexpr int16_t kIdx[32] = {0,  0,  0,  0,  0,  0,  0,  0,  17, 17, 17, 17, 17, 17, 17, 17,
+                                                     34, 34, 34, 34, 34, 34, 34, 34, 51, 51, 51, 51, 51, 51, 51, 51};
     const __m512i idx = _mm512_load_si512(kIdx);
     const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
     const int64_t nb = K / 32;
     const int64_t ng = (nb + 3) / 4;
-    __m512 acc[NC];
+    for (int row = 0; row < nr; ++row) {
+        const uint8_t* w = w0 + row * ldw;
+        float* y = y0 + row;
+        __m512 acc[NC];
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; ++g) {
-        const uint8_t* p = w + 4 * g * BS;
-        __m512i w01, w23, A, B;
-        if (4 * g + 4 <= nb) {
-            w01 = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))),
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + BS)), 1);
-            w23 = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + 2 * BS))),
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + 3 * BS)), 1);
-            A = _mm512_loadu_si512(p);
-            B = _mm512_loadu_si512(p + 64);
-        } else {
-            const int64_t nbytes = (nb - 4 * g) * BS;
-            auto blk = [&](int b) {
-                return b * BS < nbytes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + b * BS))
-                                       : _mm256_setzero_si256();
-            };
-            w01 = _mm512_inserti64x4(_mm512_castsi256_si512(blk(0)), blk(1), 1);
-            w23 = _mm512_inserti64x4(_mm512_castsi256_si512(blk(2)), blk(3), 1);
-            A = _mm512_maskz_loadu_epi8(bytes_mask(nbytes), p);
-            B = _mm512_maskz_loadu_epi8(bytes_mask(nbytes - 64), p + 64);
-        }
-        const __m512i S = _mm512_permutex2var_epi16(A, idx, B);
-        const __m512 D01 = _mm512_cvtph_ps(_mm512_castsi512_si256(S));
-        const __m512 D23 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(S, 1));
-        const __m512i u01 = _mm512_xor_si512(w01, x80);
-        const __m512i u23 = _mm512_xor_si512(w23, x80);
+        for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < ng; ++g) {
+            const uint8_t* p = w + 4 * g * BS;
+            __m512i w01, w23, A, B;
+            if (4 * g + 4 <= nb) {
+                w01 = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))),
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + BS)), 1);
+                w23 = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + 2 * BS))),
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + 3 * BS)), 1);
+                A = _mm512_loadu_si512(p);
+                B = _mm512_loadu_si512(p + 64);
+            } else {
+                const int64_t nbytes = (nb - 4 * g) * BS;
+                auto blk = [&](int b) {
+                    return b * BS < nbytes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 + b * BS))
+                                           : _mm256_setzero_si256();
+                };
+                w01 = _mm512_inserti64x4(_mm512_castsi256_si512(blk(0)), blk(1), 1);
+                w23 = _mm512_inserti64x4(_mm512_castsi256_si512(blk(2)), blk(3), 1);
+                A = _mm512_maskz_loadu_epi8(bytes_mask(nbytes), p);
+                B = _mm512_maskz_loadu_epi8(bytes_mask(nbytes - 64), p + 64);
+            }
+            const __m512i S = _mm512_permutex2var_epi16(A, idx, B);
+            const __m512 D01 = _mm512_cvtph_ps(_mm512_castsi512_si256(S));
+            const __m512 D23 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(S, 1));
+            const __m512i u01 = _mm512_xor_si512(w01, x80);
+            const __m512i u23 = _mm512_xor_si512(w23, x80);
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) {
-            const int32_t* lx = static_cast<const int32_t*>(act[c].lx) + 32 * g;
-            const __m512i I0 = _mm512_dpbusd_epi32(_mm512_loadu_si512(lx), u01, _mm512_loadu_si512(act[c].a + 128 * g));
-            const __m512i I1 =
-                _mm512_dpbusd_epi32(_mm512_loadu_si512(lx + 16), u23, _mm512_loadu_si512(act[c].a + 128 * g + 64));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(D01, _mm512_loadu_ps(act[c].lf + 32 * g)),
-                                     acc[c]);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1),
-                                     _mm512_mul_ps(D23, _mm512_loadu_ps(act[c].lf + 32 * g + 16)), acc[c]);
+            for (int c = 0; c < NC; ++c) {
+                const int32_t* lx = static_cast<const int32_t*>(act[c].lx) + 32 * g;
+                const __m512i I0 =
+                    _mm512_dpbusd_epi32(_mm512_loadu_si512(lx), u01, _mm512_loadu_si512(act[c].a + 128 * g));
+                const __m512i I1 =
+                    _mm512_dpbusd_epi32(_mm512_loadu_si512(lx + 16), u23, _mm512_loadu_si512(act[c].a + 128 * g + 64));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0),
+                                         _mm512_mul_ps(D01, _mm512_loadu_ps(act[c].lf + 32 * g)), acc[c]);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1),
+                                         _mm512_mul_ps(D23, _mm512_loadu_ps(act[c].lf + 32 * g + 16)), acc[c]);
+            }
         }
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) y[c * ldy] = _mm512_reduce_add_ps(acc[c]);
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) y[c * ldy] = _mm512_reduce_add_ps(acc[c]);
 }
 
 // ============================================================ K-quants
@@ -237,8 +245,8 @@ inline __m512i sc16_of(const __m512i S16, int j) {
 }
 
 inline __m512i kdot(const KW& w, const int8_t* a) {
-    __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w.u[0], _mm512_loadu_si512(a)),
-                                      w.sc[0]);
+    __m512i acc =
+        _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(w.u[0], _mm512_loadu_si512(a)), w.sc[0]);
     acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w.u[1], _mm512_loadu_si512(a + 64)), w.sc[1]);
     acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w.u[2], _mm512_loadu_si512(a + 128)), w.sc[2]);
     return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(w.u[3], _mm512_loadu_si512(a + 192)), w.sc[3]);
@@ -280,8 +288,8 @@ struct KQ45 {
         // pshufb controls: words 0..15 <- scale byte sa, words 16..31 <- sb2 (zero-extended)
         auto ctrl = [Z](char sa, char sb2) {
             return _mm512_set_epi8(Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z,
-                                   sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa,
-                                   Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa);
+                                   sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sb2, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z,
+                                   sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa, Z, sa);
         };
         w.sc[0] = _mm512_shuffle_epi8(sb, ctrl(0, 2));
         w.sc[1] = _mm512_shuffle_epi8(sb, ctrl(1, 3));
@@ -313,8 +321,7 @@ struct KQ6 {
         for (int h = 0; h < 2; ++h) {
             const __m512i ql = _mm512_loadu_si512(p + 64 * h);
             const __m512i qh = bcast256(p + 128 + 32 * h);
-            w.u[2 * h] =
-                _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi64(qh, shl01), m30));
+            w.u[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi64(qh, shl01), m30));
             w.u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
                                              _mm512_and_si512(_mm512_srlv_epi64(qh, shr23), m30));
         }
@@ -363,8 +370,8 @@ struct KQ3 {
         const uint64_t hi_hi = (static_cast<uint64_t>((c >> 6) & 0x03030303u) << 32) | ((c >> 4) & 0x03030303u);
         const uint64_t s0 = (a8 & 0x0F0F0F0F0F0F0F0Full) | (hi_lo << 4);
         const uint64_t s1 = ((a8 >> 4) & 0x0F0F0F0F0F0F0F0Full) | (hi_hi << 4);
-        const __m128i sb = _mm_sub_epi8(_mm_set_epi64x(static_cast<int64_t>(s1), static_cast<int64_t>(s0)),
-                                        _mm_set1_epi8(32));
+        const __m128i sb =
+            _mm_sub_epi8(_mm_set_epi64x(static_cast<int64_t>(s1), static_cast<int64_t>(s0)), _mm_set1_epi8(32));
         w.s16 = _mm256_cvtepi8_epi16(sb);
         const __m512i S = _mm512_castsi256_si512(w.s16);
 #pragma GCC unroll 4
@@ -401,20 +408,24 @@ struct KQ2 {
 };
 
 template <class T, int NC>
-void gemv_k(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t ldy) {
-    KAcc acc[NC];
-    for (int64_t i = 0; i < K / QK_K; ++i) {
-        KW kw;
-        T::load(w + i * T::BS, kw);
+void gemv_k(int64_t K, const uint8_t* w0, size_t ldw, int nr, const GemvAct* act, float* y0, size_t ldy) {
+    for (int row = 0; row < nr; ++row) {
+        const uint8_t* w = w0 + row * ldw;
+        float* y = y0 + row;
+        KAcc acc[NC];
+        for (int64_t i = 0; i < K / QK_K; ++i) {
+            KW kw;
+            T::load(w + i * T::BS, kw);
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; ++c) T::dot(kw, act[c].a + 256 * i, act[c].kb + 16 * i, act[c].kd[i], acc[c]);
-    }
+            for (int c = 0; c < NC; ++c) T::dot(kw, act[c].a + 256 * i, act[c].kb + 16 * i, act[c].kd[i], acc[c]);
+        }
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) {
-        const __m256 m = acc[c].accm;
-        const __m128 m4 = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        const __m128 m2 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
-        y[c * ldy] = _mm512_reduce_add_ps(acc[c].acc) - _mm_cvtss_f32(_mm_add_ss(m2, _mm_movehdup_ps(m2)));
+        for (int c = 0; c < NC; ++c) {
+            const __m256 m = acc[c].accm;
+            const __m128 m4 = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            const __m128 m2 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
+            y[c * ldy] = _mm512_reduce_add_ps(acc[c].acc) - _mm_cvtss_f32(_mm_add_ss(m2, _mm_movehdup_ps(m2)));
+        }
     }
 }
 
@@ -429,17 +440,24 @@ void rows(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* act, i
     // more than 4 activation rows: blocks of 16 weight rows (L1/L2) are reused
     // across the column chunks instead of being streamed from memory again
     const int rb = nc <= 4 ? nr : 16;
-    for (int r0 = 0; r0 < nr; r0 += rb)
-    for (int c0 = 0; c0 < nc; c0 += 4) {
-        const int n = nc - c0 < 4 ? nc - c0 : 4;
-        for (int r = r0; r < r0 + rb && r < nr; ++r) {
-            const uint8_t* wr = w + r * ldw;
-            float* yr = y + c0 * ldy + r;
-            switch (n) {
-                case 1: F<1>::run(K, wr, act + c0, yr, ldy); break;
-                case 2: F<2>::run(K, wr, act + c0, yr, ldy); break;
-                case 3: F<3>::run(K, wr, act + c0, yr, ldy); break;
-                default: F<4>::run(K, wr, act + c0, yr, ldy); break;
+    for (int r0 = 0; r0 < nr; r0 += rb) {
+        const int rn = nr - r0 < rb ? nr - r0 : rb;
+        for (int c0 = 0; c0 < nc; c0 += 4) {
+            const uint8_t* wr = w + r0 * ldw;
+            float* yr = y + c0 * ldy + r0;
+            switch (nc - c0 < 4 ? nc - c0 : 4) {
+                case 1:
+                    F<1>::run(K, wr, ldw, rn, act + c0, yr, ldy);
+                    break;
+                case 2:
+                    F<2>::run(K, wr, ldw, rn, act + c0, yr, ldy);
+                    break;
+                case 3:
+                    F<3>::run(K, wr, ldw, rn, act + c0, yr, ldy);
+                    break;
+                default:
+                    F<4>::run(K, wr, ldw, rn, act + c0, yr, ldy);
+                    break;
             }
         }
     }
@@ -449,23 +467,23 @@ template <class T>
 struct L4K {
     template <int NC>
     struct F {
-        static void run(int64_t K, const uint8_t* w, const GemvAct* a, float* y, size_t ldy) {
-            gemv_l4<T, NC>(K, w, a, y, ldy);
+        static void run(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* a, float* y, size_t ldy) {
+            gemv_l4<T, NC>(K, w, ldw, nr, a, y, ldy);
         }
     };
 };
 template <int NC>
 struct Q8K {
-    static void run(int64_t K, const uint8_t* w, const GemvAct* a, float* y, size_t ldy) {
-        gemv_q8_0<NC>(K, w, a, y, ldy);
+    static void run(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* a, float* y, size_t ldy) {
+        gemv_q8_0<NC>(K, w, ldw, nr, a, y, ldy);
     }
 };
 template <class T>
 struct KK {
     template <int NC>
     struct F {
-        static void run(int64_t K, const uint8_t* w, const GemvAct* a, float* y, size_t ldy) {
-            gemv_k<T, NC>(K, w, a, y, ldy);
+        static void run(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* a, float* y, size_t ldy) {
+            gemv_k<T, NC>(K, w, ldw, nr, a, y, ldy);
         }
     };
 };
@@ -474,17 +492,28 @@ struct KK {
 
 GemvFn gemv_for(DType t) {
     switch (t) {
-        case DType::Q4_0: return rows<L4K<TQ4_0>::F>;
-        case DType::Q4_1: return rows<L4K<TQ4_1>::F>;
-        case DType::Q5_0: return rows<L4K<TQ5_0>::F>;
-        case DType::Q5_1: return rows<L4K<TQ5_1>::F>;
-        case DType::Q8_0: return rows<Q8K>;
-        case DType::Q2_K: return rows<KK<KQ2>::F>;
-        case DType::Q3_K: return rows<KK<KQ3>::F>;
-        case DType::Q4_K: return rows<KK<KQ45<false>>::F>;
-        case DType::Q5_K: return rows<KK<KQ45<true>>::F>;
-        case DType::Q6_K: return rows<KK<KQ6>::F>;
-        default: return nullptr;
+        case DType::Q4_0:
+            return rows<L4K<TQ4_0>::F>;
+        case DType::Q4_1:
+            return rows<L4K<TQ4_1>::F>;
+        case DType::Q5_0:
+            return rows<L4K<TQ5_0>::F>;
+        case DType::Q5_1:
+            return rows<L4K<TQ5_1>::F>;
+        case DType::Q8_0:
+            return rows<Q8K>;
+        case DType::Q2_K:
+            return rows<KK<KQ2>::F>;
+        case DType::Q3_K:
+            return rows<KK<KQ3>::F>;
+        case DType::Q4_K:
+            return rows<KK<KQ45<false>>::F>;
+        case DType::Q5_K:
+            return rows<KK<KQ45<true>>::F>;
+        case DType::Q6_K:
+            return rows<KK<KQ6>::F>;
+        default:
+            return nullptr;
     }
 }
 

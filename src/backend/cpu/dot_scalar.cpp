@@ -278,7 +278,11 @@ float dot_float(int64_t K, const void* w, const void* x, Cvt cvt) {
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
 float dot_f32(int64_t K, const void* w, const void* x) {
-    return dot_float(K, w, x, [](const void* p, int64_t i) { return static_cast<const float*>(p)[i]; });
+    return dot_float(K, w, x, [](const void* p, int64_t i) {
+        float f;
+        std::memcpy(&f, static_cast<const uint8_t*>(p) + 4 * i, 4);
+        return f;
+    });
 }
 float dot_f16(int64_t K, const void* w, const void* x) {
     return dot_float(K, w, x, [](const void* p, int64_t i) {

@@ -108,9 +108,14 @@ TEST(Ops, CausalGqaAttention) {
     const int n_head = 6, n_kv = 2, hd = 40, ctx = 37;
     const int64_t kvs = n_kv * hd;
     auto k = randn(rng, size_t(ctx) * kvs), v = randn(rng, size_t(ctx) * kvs);
-    // queries at positions 0, 5, 36 (not contiguous: any positions within the cache)
+  for (int n : {3, 20}) {
+    // few queries: any positions within the cache; many (the GEMM path): a
+    // chunk of consecutive positions appended after earlier ones
     std::vector<int32_t> pos{0, 5, 36};
-    const int n = 3;
+    if (n > 3) {
+        pos.clear();
+        for (int t = 0; t < n; ++t) pos.push_back(ctx - n + t);
+    }
     auto q = randn(rng, size_t(n) * n_head * hd);
     std::vector<float> out(size_t(n) * n_head * hd, NAN);
     const float scale = 1.0f / std::sqrt(float(hd));
@@ -136,6 +141,7 @@ TEST(Ops, CausalGqaAttention) {
                 }
             }
     }
+  }
 }
 
 TEST(Ops, Softmax) {

@@ -24,12 +24,15 @@
 #include "backend/cpu/matmul.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/kernels.h"
+#include "core/fp16.h"
+#include "quant/blocks.h"
 #include "core/error.h"
 
 namespace quern::cpu {
@@ -280,6 +283,29 @@ void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, T
     const ActQuantizers& qz = quantizers_for(isa);
     if (n < kGemmMinN) return matmul_q_gemv(W, x, n, y, ldy, pool, qk, qz);
     return matmul_q_gemm(W, x, n, y, ldy, pool, qk, qz);
+}
+
+void quantize_act_with_residual(DType act, const float* x, int64_t k, void* q, float* residual) {
+    if (act != DType::Q8_0 && act != DType::Q8_1 && act != DType::Q8_K)
+        fail("activation type {} is not an 8-bit block type", dtype_name(act));
+    quantizer(quantizers_for(active_isa()), act)(x, q, k);
+    if (act == DType::Q8_K) {
+        const auto* b = static_cast<const block_q8_K*>(q);
+        for (int64_t i = 0; i < k / QK_K; ++i)
+            for (int j = 0; j < QK_K; ++j) residual[i * QK_K + j] = x[i * QK_K + j] - b[i].d * b[i].qs[j];
+    } else {
+        // Q8_0 and Q8_1 share the leading fp16 scale and 32 int8 values.
+        const size_t bs = act == DType::Q8_0 ? sizeof(block_q8_0) : sizeof(block_q8_1);
+        const size_t qoff = act == DType::Q8_0 ? offsetof(block_q8_0, qs) : offsetof(block_q8_1, qs);
+        const auto* base = static_cast<const uint8_t*>(q);
+        for (int64_t i = 0; i < k / 32; ++i) {
+            uint16_t dh;
+            std::memcpy(&dh, base + i * bs, 2);
+            const float d = fp16_to_fp32(dh);
+            const auto* qs = reinterpret_cast<const int8_t*>(base + i * bs + qoff);
+            for (int j = 0; j < 32; ++j) residual[i * 32 + j] = x[i * 32 + j] - d * qs[j];
+        }
+    }
 }
 
 }  // namespace quern::cpu

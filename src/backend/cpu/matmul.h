@@ -19,4 +19,9 @@ namespace quern::cpu {
 /// shapes that are not whole blocks.
 void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool);
 
+/// Splits k floats into their 8-bit quantization in blocks of type `act`
+/// (Q8_0, Q8_1 or Q8_K; bytes identical to quantize_row_ref) and the float
+/// residual x - dequantize(q). Uses the fastest quantizer the CPU has.
+void quantize_act_with_residual(DType act, const float* x, int64_t k, void* q, float* residual);
+
 }  // namespace quern::cpu

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/matmul.h"
 #include "core/error.h"
 #include "quant/reference.h"
 
@@ -115,10 +116,61 @@ void softmax(float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+namespace {
+
+// Prefill attention as two float GEMMs per head, through the tiled matmul
+// kernels: S = Q·Kᵀ over every cached position up to the last query's, a
+// masked softmax per row, then O = P·V (V transposed per KV head so that the
+// product reads contiguous rows). Computes the masked upper triangle too —
+// at most 2× the arithmetic, at GEMM speed instead of one dot product per
+// (query, key) pair.
+void attention_gemm(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos, int64_t n,
+                    int n_head, int n_head_kv, int head_dim, float scale, float* out, ThreadPool& pool) {
+    const int group = n_head / n_head_kv;
+    int64_t L = 0;
+    for (int64_t t = 0; t < n; ++t) L = std::max<int64_t>(L, pos[t] + 1);
+    thread_local std::vector<float> qh, s, vt;
+    qh.resize(static_cast<size_t>(n * head_dim));
+    s.resize(static_cast<size_t>(n * L));
+    vt.resize(static_cast<size_t>(head_dim * L));
+    for (int kvh = 0; kvh < n_head_kv; ++kvh) {
+        // Kᵀ rows: position p's key for this head, stride kv_stride floats.
+        Tensor kt = Tensor::contiguous(DType::F32, {head_dim, L, 1, 1}, const_cast<float*>(k + kvh * head_dim));
+        kt.nb[1] = static_cast<size_t>(kv_stride) * sizeof(float);
+        for (int64_t i = 0; i < head_dim; ++i)
+            for (int64_t p = 0; p < L; ++p) vt[static_cast<size_t>(i * L + p)] = v[p * kv_stride + kvh * head_dim + i];
+        const Tensor vtt = Tensor::contiguous(DType::F32, {L, head_dim, 1, 1}, vt.data());
+        for (int g = 0; g < group; ++g) {
+            const int h = kvh * group + g;
+            for (int64_t t = 0; t < n; ++t)
+                std::copy_n(q + (t * n_head + h) * head_dim, head_dim, qh.data() + t * head_dim);
+            float* sd = s.data();  // thread_local: workers must use this thread's buffer
+            matmul(kt, qh.data(), n, sd, L, pool);
+            pool.parallel_for(n, 8, [&, sd](int64_t b, int64_t e, int) {
+                for (int64_t t = b; t < e; ++t) {
+                    float* row = sd + t * L;
+                    const int64_t len = pos[t] + 1;
+                    float mx = -INFINITY;
+                    for (int64_t p = 0; p < len; ++p) mx = std::max(mx, row[p] *= scale);
+                    float sum = 0.0f;
+                    for (int64_t p = 0; p < len; ++p) sum += (row[p] = std::exp(row[p] - mx));
+                    const float inv = 1.0f / sum;
+                    for (int64_t p = 0; p < len; ++p) row[p] *= inv;
+                    std::fill(row + len, row + L, 0.0f);
+                }
+            });
+            matmul(vtt, s.data(), n, out + h * head_dim, static_cast<int64_t>(n_head) * head_dim, pool);
+        }
+    }
+}
+
+}  // namespace
+
 void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
                int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
                ThreadPool& pool) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
+    if (n >= 16) return attention_gemm(q, k, v, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, out, pool);
     const int group = n_head / n_head_kv;
     const int64_t work = n * n_head;
     pool.parallel_for(work, 1, [&](int64_t b, int64_t e, int) {

@@ -11,7 +11,6 @@
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "model/model.h"
-#include "quant/reference.h"
 #include "quant/traits.h"
 
 namespace quern {
@@ -48,7 +47,7 @@ private:
     /// previous call (Q/K/V and gate/up read the same activations).
     void mm(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
             bool same_input = false);
-    std::vector<float> xr_, yr_, deq_;
+    std::vector<float> xr_, yr_;
     std::vector<uint8_t> qbuf_;
     DType xr_act_ = DType::F32;
 
@@ -111,15 +110,10 @@ void LlamaModel::mm(const Tensor& W, const float* x, int64_t n, float* y, int64_
     const int64_t K = W.ne[0], M = W.ne[1];
     if (!same_input || xr_act_ != act || xr_.size() != static_cast<size_t>(2 * n * K)) {
         xr_.resize(static_cast<size_t>(2 * n * K));
-        deq_.resize(static_cast<size_t>(K));
         qbuf_.resize(row_size(act, K));
         std::copy(x, x + n * K, xr_.begin());
-        for (int64_t i = 0; i < n; ++i) {
-            quantize_row_ref(act, x + i * K, qbuf_.data(), K);
-            dequantize_row_ref(act, qbuf_.data(), deq_.data(), K);
-            float* r = xr_.data() + (n + i) * K;
-            for (int64_t k = 0; k < K; ++k) r[k] = x[i * K + k] - deq_[static_cast<size_t>(k)];
-        }
+        for (int64_t i = 0; i < n; ++i)
+            cpu::quantize_act_with_residual(act, x + i * K, K, qbuf_.data(), xr_.data() + (n + i) * K);
         xr_act_ = act;
     }
     yr_.resize(static_cast<size_t>(2 * n * M));

@@ -1,0 +1,109 @@
+// The Jinja evaluator: runs a parsed template over a context of values.
+//
+// Scoping follows jinja2: {% set %} writes the innermost scope; every for-loop
+// iteration, macro call, call/filter/with/set block runs in a fresh child
+// scope (assignments there never leak out; namespace() objects carry state
+// across), while if-blocks share their enclosing scope. Macros see the scope
+// they were defined in, as it is at call time.
+//
+// Everything a template does is bounded (RenderLimits): evaluation steps,
+// bytes of strings/lists produced, output size, recursion and macro call
+// depth. A template cannot reach files, the environment or the clock except
+// through strftime_now().
+#pragma once
+#include <ctime>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chat/ast.h"
+#include "chat/value.h"
+
+namespace quern::jinja {
+
+/// Resource bounds for one render (errors name the limit that was hit).
+struct RenderLimits {
+    uint64_t max_steps = 20'000'000;    // expression/statement evaluations
+    uint64_t max_bytes = 256ull << 20;  // total bytes of strings and list slots produced
+    size_t max_output = 32ull << 20;    // bytes of rendered text (also per macro call / block)
+    int max_depth = 600;                // nested evaluation frames (recursion)
+    int max_call_depth = 60;            // nested macro calls
+};
+
+/// Settings of a render.
+struct RenderOptions {
+    RenderLimits limits;
+    /// The time strftime_now() formats (local time); unset: the current time.
+    std::optional<std::tm> now;
+};
+
+struct Scope;
+class Namespace;
+class Macro;
+class LoopObject;
+
+/// Runs renders of one Program (which must outlive it). Not thread-safe:
+/// use one Interp per thread; the Program may be shared.
+class Interp {
+public:
+    Interp(const Program& prog, const RenderOptions& opts);
+    ~Interp();
+    Interp(const Interp&) = delete;
+    Interp& operator=(const Interp&) = delete;
+
+    /// Renders with `context` (a dict of top-level variables).
+    std::string render(const Value& context);
+
+    // ---- services for filters, methods and host objects
+    /// Calls a callable value (macro, function, bound method).
+    Value call(const Value& callee, CallArgs& args);
+    /// Applies filter `name` (TemplateRuntimeError "No filter named 'x' found." when unknown).
+    Value filter(const std::string& name, const Value& v, CallArgs& args);
+    /// Applies test `name`.
+    bool test(const std::string& name, const Value& v, CallArgs& args);
+    /// jinja2's sandboxed getattr(obj, name) and getitem(obj, key).
+    Value getattr(const Value& obj, const std::string& name);
+    Value getitem(const Value& obj, const Value& key);
+    /// Counts one unit of work; raises when the step budget is spent.
+    void step();
+    /// Counts `n` bytes produced; raises when the byte budget is spent.
+    void charge(uint64_t n);
+    const RenderOptions& options() const { return opts_; }
+    /// Keeps a namespace until the render ends, when its attributes are
+    /// cleared (breaking reference cycles between namespaces).
+    void adopt(const std::shared_ptr<Namespace>& ns) { namespaces_.push_back(ns); }
+
+    // ---- used by Macro and LoopObject
+    Value call_macro(Macro& m, CallArgs& args);
+    Value call_loop(LoopObject& loop, CallArgs& args);
+
+private:
+    enum class Flow { Normal, Break, Continue };
+    using ScopeP = std::shared_ptr<Scope>;
+
+    Flow exec(const Body& body, const ScopeP& sc, std::string& out);
+    Flow exec_stmt(const Stmt& s, const ScopeP& sc, std::string& out);
+    void exec_for(const Stmt& s, const ScopeP& sc, std::string& out, const std::vector<Value>& items, int64_t depth0);
+    void assign(const Target& t, const Value& v, Scope& sc);
+    std::string render_block(const Body& body, const ScopeP& parent);
+    Value eval(const Expr& e, const ScopeP& sc);
+    Value eval_inner(const Expr& e, const ScopeP& sc);
+    Value eval_call(const Expr& e, const ScopeP& sc);
+    Value eval_filter(const Expr& e, const ScopeP& sc, const Value* input);
+    void eval_args(const Args& a, const ScopeP& sc, CallArgs& out);
+    Value lookup(const std::string& name, const ScopeP& sc);
+    void emit(std::string& out, std::string_view text);
+
+    struct DepthGuard;
+
+    const Program& prog_;
+    RenderOptions opts_;
+    uint64_t steps_ = 0, bytes_ = 0;
+    int depth_ = 0, call_depth_ = 0;
+    std::vector<std::shared_ptr<Namespace>> namespaces_;
+    std::vector<std::shared_ptr<Macro>> macros_;
+    std::vector<std::shared_ptr<LoopObject>> loops_;
+};
+
+}  // namespace quern::jinja

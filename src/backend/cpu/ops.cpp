@@ -18,9 +18,11 @@ float dot_f32(const float* a, const float* b, int n);
 void axpy_f32(float a, const float* x, float* y, int n);
 }  // namespace
 
-// Defined in attention_avx2.cpp.
+// Defined in ops_avx2.cpp.
 float dot_f32_avx2(const float* a, const float* b, int n);
 void axpy_f32_avx2(float a, const float* x, float* y, int n);
+void softmax_scaled_avx2(float* x, int64_t n, float scale);
+void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n);
 
 namespace {
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -40,6 +42,17 @@ float dot_f32(const float* a, const float* b, int n) {
 void axpy_f32(float a, const float* x, float* y, int n) {
     if (kHaveAvx2) return axpy_f32_avx2(a, x, y, n);
     for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// x = softmax(x * scale), in place.
+void softmax_scaled(float* x, int64_t n, float scale) {
+    if (kHaveAvx2) return softmax_scaled_avx2(x, n, scale);
+    float mx = -INFINITY;
+    for (int64_t p = 0; p < n; ++p) mx = std::max(mx, x[p] *= scale);
+    float sum = 0.0f;
+    for (int64_t p = 0; p < n; ++p) sum += (x[p] = std::exp(x[p] - mx));
+    const float inv = 1.0f / sum;
+    for (int64_t p = 0; p < n; ++p) x[p] *= inv;
 }
 }  // namespace
 
@@ -85,6 +98,7 @@ void rope(float* x, const int32_t* pos, int64_t n, int n_heads, int head_dim, in
 }
 
 void swiglu(const float* gate, const float* up, float* out, int64_t count) {
+    if (kHaveAvx2) return swiglu_avx2(gate, up, out, count);
     for (int64_t i = 0; i < count; ++i) {
         const float g = gate[i];
         out[i] = g / (1.0f + std::exp(-g)) * up[i];
@@ -118,50 +132,58 @@ void softmax(float* x, int64_t n) {
 
 namespace {
 
-// Prefill attention as two float GEMMs per head, through the tiled matmul
-// kernels: S = Q·Kᵀ over every cached position up to the last query's, a
-// masked softmax per row, then O = P·V (V transposed per KV head so that the
-// product reads contiguous rows). Computes the masked upper triangle too —
-// at most 2× the arithmetic, at GEMM speed instead of one dot product per
-// (query, key) pair.
+// Prefill attention as float GEMMs through the tiled matmul kernels. Work
+// items are (query head, block of kQBlock queries); each computes
+// S = Q_blk·Kᵀ over the positions its last query can see (causal: later
+// blocks see more), a masked softmax per row, and O_blk = P·V with V
+// transposed once per KV head so that the product reads contiguous rows.
+// Items run in parallel, each single-threaded, so the pool synchronises once
+// per layer instead of per product.
+constexpr int64_t kQBlock = 64;
+
 void attention_gemm(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos, int64_t n,
                     int n_head, int n_head_kv, int head_dim, float scale, float* out, ThreadPool& pool) {
     const int group = n_head / n_head_kv;
     int64_t L = 0;
     for (int64_t t = 0; t < n; ++t) L = std::max<int64_t>(L, pos[t] + 1);
-    thread_local std::vector<float> qh, s, vt;
-    qh.resize(static_cast<size_t>(n * head_dim));
-    s.resize(static_cast<size_t>(n * L));
-    vt.resize(static_cast<size_t>(head_dim * L));
-    for (int kvh = 0; kvh < n_head_kv; ++kvh) {
-        // Kᵀ rows: position p's key for this head, stride kv_stride floats.
-        Tensor kt = Tensor::contiguous(DType::F32, {head_dim, L, 1, 1}, const_cast<float*>(k + kvh * head_dim));
-        kt.nb[1] = static_cast<size_t>(kv_stride) * sizeof(float);
-        for (int64_t i = 0; i < head_dim; ++i)
-            for (int64_t p = 0; p < L; ++p) vt[static_cast<size_t>(i * L + p)] = v[p * kv_stride + kvh * head_dim + i];
-        const Tensor vtt = Tensor::contiguous(DType::F32, {L, head_dim, 1, 1}, vt.data());
-        for (int g = 0; g < group; ++g) {
-            const int h = kvh * group + g;
-            for (int64_t t = 0; t < n; ++t)
-                std::copy_n(q + (t * n_head + h) * head_dim, head_dim, qh.data() + t * head_dim);
-            float* sd = s.data();  // thread_local: workers must use this thread's buffer
-            matmul(kt, qh.data(), n, sd, L, pool);
-            pool.parallel_for(n, 8, [&, sd](int64_t b, int64_t e, int) {
-                for (int64_t t = b; t < e; ++t) {
-                    float* row = sd + t * L;
-                    const int64_t len = pos[t] + 1;
-                    float mx = -INFINITY;
-                    for (int64_t p = 0; p < len; ++p) mx = std::max(mx, row[p] *= scale);
-                    float sum = 0.0f;
-                    for (int64_t p = 0; p < len; ++p) sum += (row[p] = std::exp(row[p] - mx));
-                    const float inv = 1.0f / sum;
-                    for (int64_t p = 0; p < len; ++p) row[p] *= inv;
-                    std::fill(row + len, row + L, 0.0f);
-                }
-            });
-            matmul(vtt, s.data(), n, out + h * head_dim, static_cast<int64_t>(n_head) * head_dim, pool);
+    thread_local std::vector<float> vt_buf;
+    vt_buf.resize(static_cast<size_t>(n_head_kv) * head_dim * L);
+    float* vt = vt_buf.data();
+    pool.parallel_for(static_cast<int64_t>(n_head_kv) * head_dim, 8, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r) {  // r = kvh * head_dim + i
+            float* dst = vt + r * L;
+            for (int64_t p = 0; p < L; ++p) dst[p] = v[p * kv_stride + r];
         }
-    }
+    });
+    const int64_t n_blocks = (n + kQBlock - 1) / kQBlock;
+    pool.parallel_for(n_head * n_blocks, 1, [&](int64_t b, int64_t e, int) {
+        thread_local ThreadPool inline_pool(1);
+        thread_local std::vector<float> qh, s;
+        for (int64_t w = b; w < e; ++w) {
+            const int h = static_cast<int>(w / n_blocks);
+            const int kvh = h / group;
+            const int64_t t0 = (w % n_blocks) * kQBlock, nt = std::min(kQBlock, n - t0);
+            int64_t lb = 0;
+            for (int64_t t = t0; t < t0 + nt; ++t) lb = std::max<int64_t>(lb, pos[t] + 1);
+            qh.resize(static_cast<size_t>(nt * head_dim));
+            s.resize(static_cast<size_t>(nt * lb));
+            for (int64_t t = 0; t < nt; ++t)
+                std::copy_n(q + ((t0 + t) * n_head + h) * head_dim, head_dim, qh.data() + t * head_dim);
+            Tensor kt = Tensor::contiguous(DType::F32, {head_dim, lb, 1, 1}, const_cast<float*>(k + kvh * head_dim));
+            kt.nb[1] = static_cast<size_t>(kv_stride) * sizeof(float);
+            matmul(kt, qh.data(), nt, s.data(), lb, inline_pool);
+            for (int64_t t = 0; t < nt; ++t) {
+                float* row = s.data() + t * lb;
+                const int64_t len = pos[t0 + t] + 1;
+                softmax_scaled(row, len, scale);
+                std::fill(row + len, row + lb, 0.0f);
+            }
+            Tensor vtt = Tensor::contiguous(DType::F32, {lb, head_dim, 1, 1}, vt + static_cast<int64_t>(kvh) * head_dim * L);
+            vtt.nb[1] = static_cast<size_t>(L) * sizeof(float);
+            matmul(vtt, s.data(), nt, out + (t0 * n_head + h) * head_dim, static_cast<int64_t>(n_head) * head_dim,
+                   inline_pool);
+        }
+    });
 }
 
 }  // namespace

@@ -1,0 +1,112 @@
+// AVX2+FMA helpers of the non-matmul ops: attention inner products, softmax and
+// SwiGLU with a vectorised exp (compiled with -mavx2 -mfma; called only when the
+// CPU has them). Lengths are arbitrary; no alignment required.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace quern::cpu {
+
+float dot_f32_avx2(const float* a, const float* b, int n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc0 = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc0), _mm256_extractf128_ps(acc0, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float r = _mm_cvtss_f32(s);
+    for (; i < n; ++i) r += a[i] * b[i];
+    return r;
+}
+
+void axpy_f32_avx2(float a, const float* x, float* y, int n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] += a * x[i];
+}
+
+namespace {
+// e^x for x <= 0 (softmax inputs after subtracting the maximum): 2^(x·log2 e)
+// split into an integer power (exponent bits) and 2^f, f in [-0.5, 0.5],
+// by a degree-6 polynomial (relative error < 2e-7). Inputs below -87 give 0.
+inline __m256 exp_neg_ps(__m256 x) {
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 t = _mm256_mul_ps(x, log2e);
+    const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.693147180559945309f));  // ln-units
+    // e^f, |f| <= 0.347: Taylor to degree 6
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+inline float hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+}  // namespace
+
+void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n) {
+    // silu(g) = g·σ(g); σ from e = e^-|g| (never overflows): g >= 0: 1/(1+e), else e/(1+e)
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp_neg_ps(_mm256_or_ps(g, sign));  // e^-|g|
+        const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+        const __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(e, inv), neg);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void softmax_scaled_avx2(float* x, int64_t n, float scale) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+        _mm256_storeu_ps(x + i, v);
+        vm = _mm256_max_ps(vm, v);
+    }
+    float mx = hmax(vm);
+    for (; i < n; ++i) mx = std::fmax(mx, x[i] *= scale);
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp_neg_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
+        _mm256_storeu_ps(x + i, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = hsum(vsum);
+    for (; i < n; ++i) sum += (x[i] = std::exp(x[i] - mx));
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (; i < n; ++i) x[i] *= 1.0f / sum;
+}
+
+}  // namespace quern::cpu

@@ -1,0 +1,117 @@
+#include "backend/cuda/gemv.h"
+
+#include <string>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace quern::cuda {
+
+QuantizedActivation::QuantizedActivation(int64_t K) : K_(K) {
+    if (K <= 0 || K % 32 != 0) fail("QuantizedActivation: K = {} is not a positive multiple of 32", K);
+    buf_ = DeviceBuffer(static_cast<size_t>(K) + static_cast<size_t>(K / 32) * sizeof(ActBlockInfo));
+}
+
+int gemv_config_count() { return kNumGemvConfigs; }
+
+const char* gemv_config_name(int config) {
+    static const std::string* names = [] {
+        auto* v = new std::string[kNumGemvConfigs];
+        for (int i = 0; i < kNumGemvConfigs; ++i)
+            v[i] = fmt::format("R{} T{} U{}", kGemvConfigs[i].rows, kGemvConfigs[i].threads, kGemvConfigs[i].unroll);
+        return v;
+    }();
+    return config >= 0 && config < kNumGemvConfigs ? names[config].c_str() : "?";
+}
+
+// Chosen from the per-configuration sweep of bench_gemv_cuda on an H200
+// (bench/gemv-cuda-h200.md, 2026-11-30); indices into kGemvConfigs. The
+// quantized kernels want few threads per row (T64: 2 units per thread on
+// K = 4096) and 2-4 rows per block; the float kernels more threads per row.
+int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation) {
+    (void)float_activation;
+    const bool long_rows = K > 8192;  // e.g. the FFN down projection (K = 14336)
+    switch (type) {
+        case DType::Q4_1: return long_rows ? 4 : 3;  // R4 T64 U2 : R2 T64 U2
+        case DType::Q8_0: return long_rows ? 5 : 6;  // R1 T256 U2 : R1 T64 U2
+        case DType::Q4_K: return N <= 2048 ? 6 : 4;  // R1 T64 U2 : R4 T64 U2
+        case DType::Q6_K: return 6;                  // R1 T64 U2
+        case DType::F16:
+        case DType::BF16:
+            if (N <= 2048) return 5;                 // R1 T256 U2: few rows, many blocks
+            if (N >= 8192 && !long_rows) return 7;   // R4 T32 U4
+            return 0;                                // R1 T128 U4
+        case DType::F32: return 5;                   // R1 T256 U2
+        default: return 3;
+    }
+}
+
+void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& xq) {
+    if (xq.K() <= 0) fail("quantize_activation: empty QuantizedActivation");
+    launch_quantize_q8_1(x, xq.q(), xq.info(), xq.K(), ctx.stream());
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+
+void run(CudaContext& ctx, const GemvLaunch& l, const GemvOptions& opt) {
+    const bool float_act = l.act == ActKind::F32;
+    const int config = opt.config < 0 ? gemv_default_config(l.type, l.N, l.K, float_act) : opt.config;
+    if (config >= kNumGemvConfigs) fail("gemv: unknown configuration {} (0..{})", config, kNumGemvConfigs - 1);
+    if (!launch_gemv(l, config, ctx.stream()))
+        fail("gemv: no CUDA kernel for {} weights with {} activations", dtype_name(l.type),
+             float_act ? "float" : "quantized");
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+GemvLaunch base_launch(const DeviceWeight& W, float* y) {
+    if (W.N <= 0 || W.q == nullptr) fail("gemv: empty weight matrix");
+    if (y == nullptr) fail("gemv: null output");
+    GemvLaunch l{};
+    l.type = W.type;
+    l.w = WeightPtrs{W.q, W.q2, W.s, W.s2};
+    l.N = W.N;
+    l.K = W.K;
+    l.y = y;
+    return l;
+}
+
+}  // namespace
+
+bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream) {
+    switch (l.type) {
+        case DType::Q8_0: return launch_gemv_q8_0(l, config, stream);
+        case DType::Q4_1: return launch_gemv_q4_1(l, config, stream);
+        case DType::Q4_K: return launch_gemv_q4_k(l, config, stream);
+        case DType::Q6_K: return launch_gemv_q6_k(l, config, stream);
+        case DType::F32:
+        case DType::F16:
+        case DType::BF16: return launch_gemv_float(l, config, stream);
+        default: return false;
+    }
+}
+
+void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq, float* y, const GemvOptions& opt) {
+    if (!dtype_is_quantized(W.type))
+        fail("gemv: {} weights take float activations (use the float-x overload)", dtype_name(W.type));
+    if (xq.K() != W.K) fail("gemv: activation has {} elements, weight rows have {}", xq.K(), W.K);
+    GemvLaunch l = base_launch(W, y);
+    l.act = ActKind::Q8;
+    l.xq = xq.q();
+    l.xinfo = xq.info();
+    run(ctx, l, opt);
+}
+
+void gemv(CudaContext& ctx, const DeviceWeight& W, const float* x, float* y, const GemvOptions& opt) {
+    if (x == nullptr) fail("gemv: null activation");
+    if (dtype_is_quantized(W.type))
+        fail("gemv: {} weights take a QuantizedActivation (quantize_activation), not float x", dtype_name(W.type));
+    GemvLaunch l = base_launch(W, y);
+    l.act = ActKind::F32;
+    l.x = x;
+    run(ctx, l, opt);
+}
+
+}  // namespace quern::cuda

@@ -1,0 +1,83 @@
+// Decode matrix-vector products on the GPU: y = W · x for one token.
+//
+// Quantized weights (Q8_0, Q4_1, Q4_K, Q6_K) use integer dot products: x is
+// quantized once per step with quantize_activation() (8-bit blocks of 32,
+// Q8_1's numbers) and the result is shared by every matrix that reads the
+// same x (Q, K, V; gate, up). Float weights (F32, F16, BF16) read x as floats.
+// All calls are asynchronous on the context's stream.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/weights.h"
+
+namespace quern::cuda {
+
+class CudaContext;
+
+/// Per-block record of a QuantizedActivation (16 bytes, one per 32 elements):
+/// d = amax/127 and s = float(Σq)·d as quantize_row_ref(Q8_1) computes them
+/// before rounding to fp16, and the integer sums of q over elements 0..15 and
+/// 16..31 of the block (Q6_K's −32 offset is applied through them).
+struct ActBlockInfo {
+    float d;
+    float s;
+    int32_t sum_lo;
+    int32_t sum_hi;
+};
+static_assert(sizeof(ActBlockInfo) == 16);
+
+/// An activation vector of K elements quantized to 8-bit blocks of 32: the
+/// int8 values of quantize_row_ref(Q8_1), stored as two planes [2][K/32][16]
+/// (plane p, block b, byte i = element 32b+16p+i), followed by K/32
+/// ActBlockInfo records.
+class QuantizedActivation {
+public:
+    QuantizedActivation() = default;
+    /// Allocates device memory for K elements (K a positive multiple of 32,
+    /// else quern::Error).
+    explicit QuantizedActivation(int64_t K);
+    int64_t K() const { return K_; }
+    const int8_t* q() const { return buf_.as<int8_t>(); }
+    int8_t* q() { return buf_.as<int8_t>(); }
+    const ActBlockInfo* info() const { return reinterpret_cast<const ActBlockInfo*>(buf_.as<uint8_t>() + K_); }
+    ActBlockInfo* info() { return reinterpret_cast<ActBlockInfo*>(buf_.as<uint8_t>() + K_); }
+    const DeviceBuffer& buffer() const { return buf_; }
+    DeviceBuffer& buffer() { return buf_; }
+
+private:
+    DeviceBuffer buf_;
+    int64_t K_ = 0;
+};
+
+/// Launch choice for benchmarks and tests: -1 picks the tuned default for the
+/// shape; 0 .. gemv_config_count()-1 forces one entry of the kernels'
+/// configuration table (rows per block, threads, unroll; see kernels.h).
+struct GemvOptions {
+    int config = -1;
+};
+int gemv_config_count();
+/// Human-readable description of configuration `config`, e.g. "R2 T128 U2".
+const char* gemv_config_name(int config);
+/// The configuration the default (-1) picks for this weight type and shape.
+int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation);
+
+/// Quantizes x (device pointer, K floats) into xq (xq.K() == K, else
+/// quern::Error). Asynchronous on ctx's stream.
+void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& xq);
+
+/// y[N] = W[N][K] · x[K] for a quantized W (Q8_0, Q4_1, Q4_K, Q6_K), with x
+/// quantized by quantize_activation. y: device pointer to N floats, every
+/// element written. Throws quern::Error for a float W, xq.K() != W.K, or an
+/// unknown options.config. Asynchronous on ctx's stream.
+void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq, float* y,
+          const GemvOptions& opt = {});
+
+/// y[N] = W[N][K] · x[K] for F32, F16 or BF16 weights, x as K floats (device
+/// pointer). Throws quern::Error for quantized W (use the QuantizedActivation
+/// overload) or an unknown options.config. Asynchronous on ctx's stream.
+void gemv(CudaContext& ctx, const DeviceWeight& W, const float* x, float* y, const GemvOptions& opt = {});
+
+}  // namespace quern::cuda

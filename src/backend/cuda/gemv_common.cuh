@@ -1,0 +1,198 @@
+// Shared device code of the decode GEMV kernels: y[N] = W[N][K] · x[K].
+//
+// Kernel gemv_kernel<Op, R, NT, UNR>
+//   Shapes:  W has N rows of K elements in the device layout of weights.h;
+//            x is K values (Q8 planes or floats, see kernels.h); y is N floats.
+//            A row is U = K / Op::kUnitElems "units"; one unit is the
+//            elements covered by one 16-byte weight vector (32 for the
+//            quantized types except Q8_0, whose unit is one 32-element block =
+//            two 16-byte vectors; 8 for F16/BF16; 4 for F32).
+//   Grid:    one thread block of NT threads per R consecutive rows
+//            (ceil(N / R) blocks). Thread t handles units t, t+NT, ... of each
+//            of its R rows; per trip it issues UNR × R weight loads (and UNR
+//            activation loads, shared by the R rows) before the first use.
+//            Partial sums are reduced by warp shuffles, then across warps
+//            through R × NT/32 floats of shared memory; thread r writes y[row0+r].
+//            Rows past N re-read row N-1 and write nothing.
+//   Loads:   weights with ld.global.nc.L1::no_allocate (streamed once: no L1
+//            pollution); activations with ld.global.nc (L1-resident, reread by
+//            every block). Lane t of a warp reads bytes 16t..16t+15 of a span,
+//            so each warp instruction moves one contiguous 512-byte span.
+//   Align:   every stream 16-byte aligned per row (weights.h guarantees it for
+//            K multiple of the block size; F32 needs K % 4 == 0, F16 K % 8 == 0).
+//   Bound:   memory bandwidth for matrices of tens of MB and more (76-110% of
+//            the 4.2 TB/s copy rate on the 8B shapes; bench/gemv-cuda-h200.md);
+//            launch latency and ramp-up below ~10 MB. Per weight byte: ~1-2
+//            integer ops, so issue slots are not the limit; loads in flight are
+//            (registers cap the resident warps, hence the configuration table).
+//   Numerics: integer dot products are exact (int32); each unit's sum is scaled
+//            in fp32 and accumulated in fp32 per thread, then tree-reduced.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace quern::cuda::kern {
+
+// ---------------------------------------------------------------- loads
+// Weight stream loads: read-only for the kernel's lifetime, read once.
+// (An .L2::256B prefetch hint on these loads was measured 2-4% slower.)
+__device__ __forceinline__ uint4 ldw16(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ldw8(const void* p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ldw4(const void* p) {
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ldw2(const void* p) {
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+// Activation loads: small, reread by every block, kept in L1.
+__device__ __forceinline__ uint4 lda16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+__device__ __forceinline__ float4 lda16f(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+
+__device__ __forceinline__ float half_bits_to_float(uint32_t bits) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xFFFFu)));
+}
+
+// 8 words of a 32-element unit: lo = elements 0..15, hi = elements 16..31.
+__device__ __forceinline__ int dp4a_16(uint4 w, uint4 a, int acc) {
+    acc = __dp4a(static_cast<int>(w.x), static_cast<int>(a.x), acc);
+    acc = __dp4a(static_cast<int>(w.y), static_cast<int>(a.y), acc);
+    acc = __dp4a(static_cast<int>(w.z), static_cast<int>(a.z), acc);
+    acc = __dp4a(static_cast<int>(w.w), static_cast<int>(a.w), acc);
+    return acc;
+}
+__device__ __forceinline__ uint4 lo_nibbles(uint4 q) {
+    return make_uint4(q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu);
+}
+__device__ __forceinline__ uint4 hi_nibbles(uint4 q) {
+    return make_uint4((q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
+                      (q.w >> 4) & 0x0F0F0F0Fu);
+}
+
+// Quantized activation of one 32-element unit (block b): both planes and the
+// block record {d, s, sum_lo, sum_hi} (sums as int bits in .z, .w).
+struct ActQ8 {
+    uint4 lo, hi;
+    float4 info;
+};
+struct ActQ8Ptrs {
+    const int8_t* q;  // plane 0; plane 1 at q + half_k
+    const ActBlockInfo* info;
+    int64_t half_k;
+};
+__device__ __forceinline__ ActQ8 load_act_q8(const ActQ8Ptrs& a, int u) {
+    ActQ8 r;
+    r.lo = lda16(a.q + 16 * static_cast<int64_t>(u));
+    r.hi = lda16(a.q + a.half_k + 16 * static_cast<int64_t>(u));
+    r.info = __ldg(reinterpret_cast<const float4*>(a.info) + u);
+    return r;
+}
+
+// ---------------------------------------------------------------- the kernel
+template <class Op, int R, int NT, int UNR>
+__global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, float* __restrict__ y, int N, int U) {
+    static_assert(NT % 32 == 0 && R >= 1 && UNR >= 1);
+    constexpr int NW = NT / 32;
+    const int t = static_cast<int>(threadIdx.x);
+    const int row0 = static_cast<int>(blockIdx.x) * R;
+    int rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = min(row0 + r, N - 1);
+
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+
+    // One trip = UNR × R loads in flight; the trip loop itself is not
+    // unrolled, so registers (and occupancy) follow the configuration.
+#pragma unroll 1
+    for (int u0 = t; u0 < U; u0 += UNR * NT) {
+        typename Op::W w[UNR][R];
+        typename Op::A x[UNR];
+#pragma unroll
+        for (int i = 0; i < UNR; ++i) {
+            const int u = u0 + i * NT;
+            if (UNR == 1 || u < U) {
+                x[i] = Op::load_a(args, u);
+#pragma unroll
+                for (int r = 0; r < R; ++r) w[i][r] = Op::load_w(args, rows[r], u);
+            } else {  // zero weights contribute exactly 0 in every Op
+                x[i] = typename Op::A{};
+#pragma unroll
+                for (int r = 0; r < R; ++r) w[i][r] = typename Op::W{};
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < UNR; ++i)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] += Op::dot(w[i][r], x[i]);
+    }
+
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
+
+    if constexpr (NW == 1) {
+        if (t < R) {
+            float v = acc[0];
+#pragma unroll
+            for (int r = 1; r < R; ++r)
+                if (t == r) v = acc[r];
+            if (row0 + t < N) y[row0 + t] = v;
+        }
+    } else {
+        __shared__ float part[NW][R];
+        const int warp = t >> 5, lane = t & 31;
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+        }
+        __syncthreads();
+        if (t < R) {
+            float v = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < NW; ++wi) v += part[wi][t];
+            if (row0 + t < N) y[row0 + t] = v;
+        }
+    }
+}
+
+/// Launches gemv_kernel<Op, ...> with kGemvConfigs[config] (the list is
+/// QUERN_GEMV_CONFIGS in kernels.h). Returns false for an unknown index.
+template <class Op>
+bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64_t K, int config,
+                       cudaStream_t stream) {
+    const int U = static_cast<int>(K / Op::kUnitElems);
+    const int n = static_cast<int>(N);
+#define QUERN_GEMV_CASE(idx, R, NT, UNR)                                                          \
+    case idx:                                                                                     \
+        gemv_kernel<Op, R, NT, UNR><<<static_cast<unsigned>((N + R - 1) / R), NT, 0, stream>>>( \
+            args, y, n, U);                                                                       \
+        return true;
+    switch (config) {
+        QUERN_GEMV_CONFIGS(QUERN_GEMV_CASE)
+        default: return false;
+    }
+#undef QUERN_GEMV_CASE
+}
+
+}  // namespace quern::cuda::kern

@@ -1,0 +1,88 @@
+// Internal interface between the host-side API (weights.cpp, gemv.cpp) and
+// the .cu files: plain launchers, no validation (callers validate). Nothing
+// outside src/backend/cuda includes this (the benchmark sweeps configurations
+// through gemv.h's GemvOptions).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/gemv.h"
+#include "core/dtype.h"
+
+namespace quern::cuda {
+
+/// One GEMV launch shape: `rows` output rows per thread block, `threads` per
+/// block (a multiple of 32), `unroll` units (gemv_common.cuh) per thread per
+/// row loaded before any is used. Every kernel is instantiated
+/// for each entry; gemv.cpp picks one per (type, N, K).
+struct GemvConfig {
+    int rows, threads, unroll;
+};
+// X(index, rows, threads, unroll): the one list both this table and the
+// kernel instantiations (gemv_common.cuh) are generated from.
+#define QUERN_GEMV_CONFIGS(X) \
+    X(0, 1, 128, 4)           \
+    X(1, 2, 128, 2)           \
+    X(2, 4, 128, 1)           \
+    X(3, 2, 64, 2)            \
+    X(4, 4, 64, 2)            \
+    X(5, 1, 256, 2)           \
+    X(6, 1, 64, 2)            \
+    X(7, 4, 32, 4)            \
+    X(8, 2, 32, 4)            \
+    X(9, 1, 32, 4)
+#define QUERN_GEMV_CONFIG_ENTRY(idx, R, NT, UNR) GemvConfig{R, NT, UNR},
+inline constexpr GemvConfig kGemvConfigs[] = {QUERN_GEMV_CONFIGS(QUERN_GEMV_CONFIG_ENTRY)};
+#undef QUERN_GEMV_CONFIG_ENTRY
+inline constexpr int kNumGemvConfigs = static_cast<int>(sizeof(kGemvConfigs) / sizeof(kGemvConfigs[0]));
+
+/// Device pointers of one weight matrix (see weights.h for the layouts).
+struct WeightPtrs {
+    const void* q;
+    const void* q2;
+    const void* s;
+    const void* s2;
+};
+
+/// How a kernel reads the activation vector.
+enum class ActKind {
+    Q8,   ///< quantized (int8 planes + ActBlockInfo per 32) — quantized weights
+    F32,  ///< float vector — F32 / F16 / BF16 weights
+};
+
+/// Arguments of one GEMV: y[N] = W[N][K] · x[K].
+struct GemvLaunch {
+    DType type;
+    ActKind act;
+    WeightPtrs w;
+    int64_t N, K;
+    const int8_t* xq;   ///< ActKind::Q8: K int8 in two planes [2][K/32][16]
+    const ActBlockInfo* xinfo;  ///< ActKind::Q8: K/32 block records
+    const float* x;     ///< ActKind::F32: K floats
+    float* y;           ///< N floats
+};
+
+/// Launches the GEMV kernel for l.type / l.act with configuration kGemvConfigs[config].
+/// Returns false (and launches nothing) if that kernel does not exist.
+bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream);
+
+// Per-file launchers behind launch_gemv.
+bool launch_gemv_q8_0(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_q4_1(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_q4_k(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_q6_k(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_float(const GemvLaunch& l, int config, cudaStream_t stream);
+
+/// x[K] floats -> xq (two planes of int8, see GemvLaunch) and xinfo[K/32].
+/// Rounds exactly as quantize_row_ref(Q8_1): d = amax/127, q = round(x/d)
+/// (half away from zero), s = float(sum q) * d; d and s are kept in fp32.
+void launch_quantize_q8_1(const float* x, int8_t* xq, ActBlockInfo* xinfo, int64_t K, cudaStream_t stream);
+
+/// Repacks n_blocks GGUF blocks of type t (src, back to back; rows of K
+/// elements) into the device layout streams q, q2, s, s2 of weights.h
+/// (Q8_0, Q4_1, Q4_K, Q6_K; other types: nothing is launched).
+void launch_repack(DType t, const uint8_t* src, int64_t n_blocks, int64_t K, void* q, void* q2, void* s, void* s2,
+                   cudaStream_t stream);
+
+}  // namespace quern::cuda

@@ -1,0 +1,50 @@
+// Activation quantization for the integer GEMV path.
+//
+// quantize_q8_1_kernel
+//   Shapes:  x: K floats (K % 32 == 0) -> xq: K int8 in two planes
+//            [2][K/32][16] (plane p, block b, byte i = element 32b+16p+i),
+//            xinfo: K/32 ActBlockInfo {d, s, Σq[0..15], Σq[16..31]}.
+//   Grid:    one warp per 32-element block, lane i owns element 32b+i;
+//            256 threads per block, ceil(K/256) blocks.
+//   Math:    exactly quantize_row_ref(Q8_1): amax by warp max, d = amax/127
+//            (IEEE division: this file is built without fast math),
+//            id = d ? 1/d : 0, q = roundf(x·id) (half away from zero),
+//            s = float(Σq)·d. d and s stay fp32 (the reference stores them as
+//            fp16; fp16(d), fp16(s) equal its fields bit for bit). Half-block
+//            sums by shuffles within each 16-lane half, then across halves.
+//   Bound:   launch latency (K ≤ a few ten thousand: 4 bytes in, ~1.3 out per element).
+#include "backend/cuda/kernels.h"
+
+namespace quern::cuda {
+namespace {
+
+__global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __restrict__ xq,
+                                     ActBlockInfo* __restrict__ xinfo, int n_blocks, int64_t half_k) {
+    const int b = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    if (b >= n_blocks) return;  // whole warps leave together
+    const float v = x[32 * static_cast<int64_t>(b) + lane];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = static_cast<int>(roundf(v * id));
+    int half = q;  // sum over this lane's 16-lane half
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) half += __shfl_xor_sync(0xFFFFFFFFu, half, off);
+    const int other = __shfl_xor_sync(0xFFFFFFFFu, half, 16);
+    xq[(lane >> 4) * half_k + 16 * static_cast<int64_t>(b) + (lane & 15)] = static_cast<int8_t>(q);
+    if (lane == 0) xinfo[b] = ActBlockInfo{d, static_cast<float>(half + other) * d, half, other};
+}
+
+}  // namespace
+
+void launch_quantize_q8_1(const float* x, int8_t* xq, ActBlockInfo* xinfo, int64_t K, cudaStream_t stream) {
+    const int n_blocks = static_cast<int>(K / 32);
+    if (n_blocks == 0) return;
+    const unsigned grid = static_cast<unsigned>((static_cast<int64_t>(n_blocks) * 32 + 255) / 256);
+    quantize_q8_1_kernel<<<grid, 256, 0, stream>>>(x, xq, xinfo, n_blocks, K / 2);
+}
+
+}  // namespace quern::cuda

@@ -1,0 +1,111 @@
+#include "backend/cuda/weights.h"
+
+#include <array>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace quern::cuda {
+
+namespace {
+
+// Bytes per row of each stream (q, q2, s, s2) in the device layout.
+std::array<size_t, 4> stream_row_bytes(DType t, int64_t K) {
+    const auto k = static_cast<size_t>(K);
+    switch (t) {
+        case DType::F32: return {4 * k, 0, 0, 0};
+        case DType::F16:
+        case DType::BF16: return {2 * k, 0, 0, 0};
+        case DType::Q8_0: return {k, 0, 2 * (k / 32), 0};
+        case DType::Q4_1: return {k / 2, 0, 4 * (k / 32), 0};
+        case DType::Q4_K: return {k / 2, 0, 16 * (k / 256), 0};
+        case DType::Q6_K: return {k / 2, k / 4, k / 16, 2 * (k / 256)};
+        default: return {0, 0, 0, 0};
+    }
+}
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Copies the rows of host tensor w, tightly packed (row_size bytes each), to dst.
+void copy_rows(const Tensor& w, uint8_t* dst, cudaStream_t stream) {
+    const size_t rb = w.row_bytes();
+    for (int64_t i3 = 0; i3 < w.ne[3]; ++i3)
+        for (int64_t i2 = 0; i2 < w.ne[2]; ++i2) {
+            const auto* src = static_cast<const uint8_t*>(w.data) + i2 * w.nb[2] + i3 * w.nb[3];
+            uint8_t* d = dst + (static_cast<size_t>(i3 * w.ne[2] + i2) * static_cast<size_t>(w.ne[1])) * rb;
+            QUERN_CUDA_CHECK(cudaMemcpy2DAsync(d, rb, src, w.nb[1], rb, static_cast<size_t>(w.ne[1]),
+                                               cudaMemcpyHostToDevice, stream));
+        }
+}
+
+}  // namespace
+
+bool cuda_weight_type_supported(DType t) {
+    switch (t) {
+        case DType::F32:
+        case DType::F16:
+        case DType::BF16:
+        case DType::Q8_0:
+        case DType::Q4_1:
+        case DType::Q4_K:
+        case DType::Q6_K: return true;
+        default: return false;
+    }
+}
+
+DeviceWeight upload_weight(CudaContext& ctx, const Tensor& w) {
+    const std::string name = w.name.empty() ? std::string("(unnamed)") : w.name;
+    if (!cuda_weight_type_supported(w.type))
+        fail("tensor '{}': weight type {} has no CUDA kernel (supported: F32, F16, BF16, Q8_0, Q4_1, Q4_K, Q6_K)", name,
+             dtype_name(w.type));
+    if (w.device != Device::CPU || w.data == nullptr)
+        fail("tensor '{}': upload_weight needs host data", name);
+    const int64_t K = w.ne[0];
+    const int64_t N = w.ne[1] * w.ne[2] * w.ne[3];
+    const auto& info = dtype_info(w.type);
+    const int64_t align_elems = w.type == DType::F32 ? 4 : (!dtype_is_quantized(w.type) ? 8 : info.block_size);
+    if (K <= 0 || K % align_elems != 0 || K > (int64_t{1} << 30))
+        fail("tensor '{}': row length {} must be a positive multiple of {} (at most 2^30) for CUDA {} weights", name,
+             K, align_elems, dtype_name(w.type));
+    if (N <= 0 || w.ne[1] <= 0 || w.ne[2] <= 0 || w.ne[3] <= 0 || N > (int64_t{1} << 31) - 1)
+        fail("tensor '{}': {} rows is not a valid CUDA weight matrix", name, N);
+    if (w.nb[1] < w.row_bytes()) fail("tensor '{}': row stride {} is below the row size {}", name, w.nb[1], w.row_bytes());
+
+    ctx.make_current();
+    const auto rows = stream_row_bytes(w.type, K);
+    std::array<size_t, 4> off{};
+    size_t total = 0;
+    for (int i = 0; i < 4; ++i) {
+        off[i] = total;
+        total = align_up(total + rows[i] * static_cast<size_t>(N), 256);
+    }
+
+    DeviceWeight dw;
+    dw.type = w.type;
+    dw.K = K;
+    dw.N = N;
+    dw.buf = DeviceBuffer(total);
+    auto* base = dw.buf.as<uint8_t>();
+    dw.q = base + off[0];
+    dw.q2 = rows[1] ? base + off[1] : nullptr;
+    dw.s = rows[2] ? base + off[2] : nullptr;
+    dw.s2 = rows[3] ? base + off[3] : nullptr;
+
+    const cudaStream_t stream = ctx.stream();
+    if (!dtype_is_quantized(w.type)) {
+        copy_rows(w, static_cast<uint8_t*>(dw.q), stream);
+    } else {
+        DeviceBuffer staging(w.row_bytes() * static_cast<size_t>(N));
+        copy_rows(w, staging.as<uint8_t>(), stream);
+        const int64_t n_blocks = N * (K / info.block_size);
+        launch_repack(w.type, staging.as<uint8_t>(), n_blocks, K, dw.q, dw.q2, dw.s, dw.s2, stream);
+        QUERN_CUDA_CHECK_LAUNCH();
+        ctx.synchronize();  // staging must outlive the repack
+    }
+    ctx.synchronize();
+    return dw;
+}
+
+}  // namespace quern::cuda

@@ -1,0 +1,74 @@
+// Weight matrices resident on the GPU, in a per-type device layout.
+//
+// Upload reads a host tensor in GGUF block layout (src/quant/blocks.h, the
+// layout the CPU backend uses) and repacks it on the device into separate
+// streams, so that every GEMV lane reads whole 16-byte vectors at 16-byte
+// aligned addresses and a warp reads contiguous 512-byte spans (GGUF's 34-,
+// 20- and 210-byte blocks allow neither). The byte count is unchanged: a
+// GEMV still reads exactly the tensor's GGUF size.
+//
+// Device layouts, per row of K elements (each stream is N rows back to back;
+// each stream starts 256-byte aligned in one allocation):
+//   F32, F16, BF16  q: the K values as stored (row stride 4K or 2K bytes).
+//   Q8_0  q:  [2][K/32][16] int8 — plane p holds bytes 16p..16p+15 of every
+//             block's 32 quants (elements 32b+16p+i).
+//         s:  [K/32] fp16 d.
+//   Q4_1  q:  [K/32][16] the block's qs unchanged: byte i low nibble =
+//             element 32b+i, high nibble = element 32b+16+i.
+//         s:  [K/32] fp16x2 {d, m} (d at the lower address).
+//   Q4_K  q:  [K/32][16] one 16-byte chunk per 32-element sub-block, nibbles
+//             ordered as Q4_1 (low = element i, high = element 16+i of the
+//             sub-block; GGUF interleaves sub-blocks 2p and 2p+1 instead).
+//         s:  [K/256][16] head: fp16 d, fp16 dmin (as GGUF), then the eight
+//             6-bit scales sc_j and mins m_j re-packed: byte 4+j =
+//             sc_j | (m_j & 3) << 6, bytes 12..15 = m_j >> 2 in nibble j.
+//   Q6_K  q:  [K/32][16] low 4 bits of the 32-element group, nibbles ordered
+//             as Q4_1.
+//         q2: [K/32][2] uint32 high 2 bits: word h, byte k, bits 2i..2i+1
+//             hold element 16h+4i+k of the group.
+//         s:  [K/16] int8 sub-block scales (unchanged).
+//         s2: [K/256] fp16 d.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/device_buffer.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace quern::cuda {
+
+class CudaContext;
+
+/// A weight matrix of N rows by K elements on the device (see the layouts
+/// above). Move-only; owns its memory.
+struct DeviceWeight {
+    DType type = DType::F32;
+    int64_t K = 0;  ///< elements per row (GGUF ne[0])
+    int64_t N = 0;  ///< rows (GGUF ne[1] * ne[2] * ne[3])
+    DeviceBuffer buf;
+    void* q = nullptr;   ///< quants / values
+    void* q2 = nullptr;  ///< Q6_K high bits (else nullptr)
+    void* s = nullptr;   ///< scales (quantized types only)
+    void* s2 = nullptr;  ///< Q6_K super-block d (else nullptr)
+
+    /// Bytes one pass over the matrix reads (the tensor's GGUF size).
+    size_t bytes() const { return row_size(type, K) * static_cast<size_t>(N); }
+};
+
+/// Whether the CUDA backend holds weights of type t (F32, F16, BF16, Q8_0,
+/// Q4_1, Q4_K, Q6_K).
+bool cuda_weight_type_supported(DType t);
+
+/// Uploads host tensor `w` (ne[0] = K elements per row, ne[1..3] flattened
+/// into N rows; rows at byte stride nb[1], slabs at nb[2], nb[3]; GGUF block
+/// layout) to the device and repacks it into the layout above, on ctx's
+/// stream; returns when the upload is complete.
+/// Preconditions (else quern::Error naming the tensor): w.device == CPU,
+/// type supported, K a multiple of the type's block size and, for F32, of 4,
+/// for F16/BF16, of 8 (16-byte rows); N >= 1; K <= 2^30.
+/// Needs transient device memory of one extra copy of the tensor for
+/// quantized types (GGUF bytes are staged, then repacked).
+DeviceWeight upload_weight(CudaContext& ctx, const Tensor& w);
+
+}  // namespace quern::cuda

@@ -1,0 +1,407 @@
+// CUDA decode GEMV and activation quantizer vs the CPU scalar reference.
+//
+// Needs a GPU at run time: every test that touches the device skips cleanly
+// (GTEST_SKIP) where CudaContext::device_count() is 0, so the binary builds
+// and passes on CI machines without one.
+//
+// Reference: W dequantized with dequantize_row_ref. For the integer path x is
+// quantized with quantize_row_ref(Q8_1) — the device quantizer is checked to
+// give the same int8 values — and dequantized with the fp32 scale
+// d = amax/127 the device keeps; products are summed in double. The kernel
+// differs from the reference only in fp32 rounding and summation order, so
+// the tolerance is 2e-5 · Σ|w_k x_k| per output (a single wrong element of
+// typical size is several times larger for the K used here). Outputs are
+// poisoned (NaN bits) first, with a guard zone past N that must stay intact.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/weights.h"
+#include "core/dtype.h"
+#include "core/fp16.h"
+#include "core/tensor.h"
+#include "quant/blocks.h"
+#include "quant/reference.h"
+
+using namespace quern;
+using namespace quern::cuda;
+
+namespace {
+
+constexpr uint32_t kPoison = 0xFFFFFFFFu;  // a NaN
+constexpr int64_t kGuard = 64;             // floats past N that must keep the poison
+
+void put_f16(uint8_t* p, float v) {
+    const uint16_t h = fp32_to_fp16(v);
+    std::memcpy(p, &h, 2);
+}
+
+// Random bits everywhere, then sensible fp16 scales (so every code, every
+// 6-bit scale and every sign pattern occurs).
+std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, std::mt19937& rng) {
+    const size_t rb = row_size(t, K);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(N));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+    std::uniform_real_distribution<float> d(0.002f, 0.02f), m(-0.1f, 0.1f), g(-1.0f, 1.0f);
+    const auto& info = dtype_info(t);
+    const size_t n_blocks = w.size() / static_cast<size_t>(info.type_size);
+    for (size_t i = 0; i < n_blocks; ++i) {
+        uint8_t* b = w.data() + i * static_cast<size_t>(info.type_size);
+        switch (t) {
+            case DType::Q8_0: put_f16(b, d(rng)); break;
+            case DType::Q4_1:
+                put_f16(b, d(rng));
+                put_f16(b + 2, m(rng));
+                break;
+            case DType::Q4_K:
+                put_f16(b, d(rng) * 0.1f);
+                put_f16(b + 2, d(rng) * 0.1f);
+                break;
+            case DType::Q6_K: put_f16(b + offsetof(block_q6_K, d), d(rng) * 0.1f); break;
+            case DType::F16: put_f16(b, g(rng)); break;
+            case DType::BF16: {
+                const uint16_t h = fp32_to_bf16(g(rng));
+                std::memcpy(b, &h, 2);
+                break;
+            }
+            case DType::F32: {
+                const float v = g(rng);
+                std::memcpy(b, &v, 4);
+                break;
+            }
+            default: break;
+        }
+    }
+    return w;
+}
+
+// Gaussian rows through the reference quantizer (exact for float types).
+std::vector<uint8_t> gaussian_weights(DType t, int64_t N, int64_t K, std::mt19937& rng) {
+    const size_t rb = row_size(t, K);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(N));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = 0; r < N; ++r) {
+        for (auto& v : row) v = g(rng);
+        quantize_row_ref(t, row.data(), w.data() + static_cast<size_t>(r) * rb, K);
+    }
+    return w;
+}
+
+// Activations: Gaussian with a per-32 scale spread, exact zeros, one all-zero block.
+// (An earlier version wrote past x for K % 32 != 0: AddressSanitizer on the H200 found it.)
+std::vector<float> random_activation(int64_t K, std::mt19937& rng) {
+    std::vector<float> x(static_cast<size_t>(K));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::uniform_real_distribution<float> sc(0.05f, 4.0f);
+    for (int64_t i = 0; i < K; i += 32) {  // K need not be a multiple of 32 (float weights)
+        const float s = sc(rng);
+        for (int64_t j = i; j < std::min(i + 32, K); ++j) x[static_cast<size_t>(j)] = s * g(rng);
+    }
+    x[0] = 0.0f;
+    if (K >= 64)
+        for (int j = 32; j < 64; ++j) x[static_cast<size_t>(j)] = 0.0f;
+    return x;
+}
+
+// The device's view of quantized x: reference int8 values times fp32 d = amax/127.
+std::vector<float> dequantized_activation(const std::vector<float>& x) {
+    const int64_t K = static_cast<int64_t>(x.size());
+    std::vector<uint8_t> q(row_size(DType::Q8_1, K));
+    quantize_row_ref(DType::Q8_1, x.data(), q.data(), K);
+    std::vector<float> out(x.size());
+    for (int64_t b = 0; b < K / 32; ++b) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[static_cast<size_t>(32 * b + j)]));
+        const float d = amax / 127;
+        block_q8_1 blk;
+        std::memcpy(&blk, q.data() + b * sizeof(block_q8_1), sizeof blk);
+        for (int j = 0; j < 32; ++j) out[static_cast<size_t>(32 * b + j)] = static_cast<float>(blk.qs[j]) * d;
+    }
+    return out;
+}
+
+template <class T>
+DeviceBuffer to_device(const std::vector<T>& v, CudaContext& ctx) {
+    DeviceBuffer b(v.size() * sizeof(T));
+    b.upload(v.data(), v.size() * sizeof(T), ctx.stream());
+    return b;
+}
+
+class CudaTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (CudaContext::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+        ctx_ = std::make_unique<CudaContext>(0);
+    }
+    std::unique_ptr<CudaContext> ctx_;
+};
+
+// Runs y = W x on the device (poisoned output with a guard zone); returns y.
+std::vector<float> run_gemv(CudaContext& ctx, const DeviceWeight& W, const std::vector<float>& x, bool float_act,
+                            int config) {
+    const int64_t N = W.N;
+    DeviceBuffer xd = to_device(x, ctx);
+    DeviceBuffer yd(static_cast<size_t>(N + kGuard) * sizeof(float));
+    yd.fill_bytes(0xFF, ctx.stream());
+    GemvOptions opt;
+    opt.config = config;
+    if (float_act) {
+        gemv(ctx, W, xd.as<float>(), yd.as<float>(), opt);
+    } else {
+        QuantizedActivation xq(W.K);
+        quantize_activation(ctx, xd.as<float>(), xq);
+        gemv(ctx, W, xq, yd.as<float>(), opt);
+        ctx.synchronize();
+    }
+    ctx.synchronize();
+    std::vector<float> y(static_cast<size_t>(N + kGuard));
+    yd.download(y.data(), y.size() * sizeof(float), ctx.stream());
+    for (int64_t i = N; i < N + kGuard; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &y[static_cast<size_t>(i)], 4);
+        EXPECT_EQ(bits, kPoison) << "y[" << i << "] past N = " << N << " was written";
+    }
+    y.resize(static_cast<size_t>(N));
+    return y;
+}
+
+struct Case {
+    int64_t N, K;
+};
+
+// Compares every output with the reference; returns the number of failures.
+int check_against_reference(DType t, const std::vector<uint8_t>& w, int64_t N, int64_t K, const std::vector<float>& xr,
+                            const std::vector<float>& y) {
+    const size_t rb = row_size(t, K);
+    std::vector<float> wr(static_cast<size_t>(K));
+    int bad = 0;
+    for (int64_t r = 0; r < N; ++r) {
+        dequantize_row_ref(t, w.data() + static_cast<size_t>(r) * rb, wr.data(), K);
+        double ref = 0.0, mag = 0.0;
+        for (int64_t k = 0; k < K; ++k) {
+            const double p = static_cast<double>(wr[static_cast<size_t>(k)]) * xr[static_cast<size_t>(k)];
+            ref += p;
+            mag += std::fabs(p);
+        }
+        const double tol = 2e-5 * mag + 1e-30;
+        const float got = y[static_cast<size_t>(r)];
+        if (!(std::fabs(got - ref) <= tol)) {
+            if (bad < 5)
+                ADD_FAILURE() << "y[" << r << "] = " << got << ", reference " << ref << " (tol " << tol << ", sum|p| "
+                              << mag << ")";
+            ++bad;
+        }
+    }
+    return bad;
+}
+
+void gemv_case(CudaContext& ctx, DType t, bool float_act, const Case& c, bool gaussian, int config, uint32_t seed) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(t) << (float_act ? " float-x" : " q8-x") << " N=" << c.N
+                                      << " K=" << c.K << (gaussian ? " gaussian" : " random-bits") << " config "
+                                      << config << " (" << gemv_config_name(config) << ")");
+    std::mt19937 rng(seed);
+    const bool quantized = dtype_is_quantized(t);
+    std::vector<uint8_t> w = (gaussian && quantized) ? gaussian_weights(t, c.N, c.K, rng) : random_blocks(t, c.N, c.K, rng);
+    const std::vector<float> x = random_activation(c.K, rng);
+    Tensor T = Tensor::contiguous(t, {c.K, c.N, 1, 1}, w.data(), "w");
+    DeviceWeight W = upload_weight(ctx, T);
+    ASSERT_EQ(W.bytes(), w.size());
+    const std::vector<float> y = run_gemv(ctx, W, x, float_act, config);
+    const std::vector<float> xr = float_act ? x : dequantized_activation(x);
+    EXPECT_EQ(check_against_reference(t, w, c.N, c.K, xr, y), 0);
+}
+
+const DType kQuantTypes[] = {DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K};
+const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
+
+std::vector<Case> cases_for(DType t) {
+    const int64_t bs = dtype_info(t).block_size > 1 ? dtype_info(t).block_size : 8;
+    // N not a multiple of any rows-per-block; K from one block to more
+    // units than one trip of the widest configuration covers (and not a
+    // multiple of it).
+    return {{1, 256}, {7, bs * 3 > 256 ? bs * 3 : 256 + bs}, {67, 4096 + 256}, {130, 14336}, {5, 2048 * 3 + 256}};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- no GPU needed
+
+TEST(CudaContextNoGpu, BadDeviceIndexThrows) {
+    const int n = CudaContext::device_count();
+    EXPECT_GE(n, 0);
+    EXPECT_THROW(CudaContext ctx(n), std::runtime_error);  // quern::Error
+    EXPECT_THROW(CudaContext ctx(-1), std::runtime_error);
+}
+
+TEST(CudaContextNoGpu, ConfigTable) {
+    ASSERT_GT(gemv_config_count(), 0);
+    for (int i = 0; i < gemv_config_count(); ++i) EXPECT_STRNE(gemv_config_name(i), "?");
+    EXPECT_STREQ(gemv_config_name(gemv_config_count()), "?");
+}
+
+// ---------------------------------------------------------------- activation quantizer
+
+TEST_F(CudaTest, QuantizeQ8_1MatchesReference) {
+    std::mt19937 rng(1234);
+    for (int64_t K : {32, 256, 4096, 14336 + 32}) {
+        SCOPED_TRACE(::testing::Message() << "K=" << K);
+        std::vector<float> x = random_activation(K, rng);
+        // rounding ties: values that land on .5 after scaling by 127/amax
+        if (K >= 128)
+            for (int j = 0; j < 32; ++j) x[static_cast<size_t>(64 + j)] = j == 0 ? 127.0f : static_cast<float>(j) + 0.5f;
+        std::vector<uint8_t> ref(row_size(DType::Q8_1, K));
+        quantize_row_ref(DType::Q8_1, x.data(), ref.data(), K);
+
+        DeviceBuffer xd = to_device(x, *ctx_);
+        QuantizedActivation xq(K);
+        xq.buffer().fill_bytes(0xAB, ctx_->stream());
+        quantize_activation(*ctx_, xd.as<float>(), xq);
+        ctx_->synchronize();
+        std::vector<int8_t> q(static_cast<size_t>(K));
+        std::vector<ActBlockInfo> info(static_cast<size_t>(K / 32));
+        xq.buffer().download(q.data(), q.size(), ctx_->stream());
+        xq.buffer().download(info.data(), info.size() * sizeof(ActBlockInfo), ctx_->stream(), static_cast<size_t>(K));
+
+        int bad = 0;
+        for (int64_t b = 0; b < K / 32 && bad < 5; ++b) {
+            block_q8_1 r;
+            std::memcpy(&r, ref.data() + b * sizeof(block_q8_1), sizeof r);
+            for (int j = 0; j < 32; ++j) {
+                const int8_t got = q[static_cast<size_t>((j / 16) * (K / 2) + 16 * b + (j % 16))];
+                if (got != r.qs[j] && bad++ < 5)
+                    ADD_FAILURE() << "block " << b << " q[" << j << "] = " << int(got) << ", reference " << int(r.qs[j]);
+            }
+            const ActBlockInfo& in = info[static_cast<size_t>(b)];
+            const float d = in.d, s = in.s;
+            if (fp32_to_fp16(d) != r.d && bad++ < 5) ADD_FAILURE() << "block " << b << " d = " << d;
+            if (fp32_to_fp16(s) != r.s && bad++ < 5) ADD_FAILURE() << "block " << b << " s = " << s;
+            int lo = 0, hi = 0;
+            for (int j = 0; j < 16; ++j) lo += r.qs[j], hi += r.qs[16 + j];
+            if (s != static_cast<float>(lo + hi) * d && bad++ < 5) ADD_FAILURE() << "block " << b << " s != sum(q) * d";
+            if ((in.sum_lo != lo || in.sum_hi != hi) && bad++ < 5)
+                ADD_FAILURE() << "block " << b << " half sums " << in.sum_lo << ", " << in.sum_hi << ", reference " << lo
+                              << ", " << hi;
+        }
+        EXPECT_EQ(bad, 0);
+    }
+}
+
+// ---------------------------------------------------------------- GEMV vs reference, every configuration
+
+TEST_F(CudaTest, QuantizedGemvAllConfigs) {
+    uint32_t seed = 1;
+    for (DType t : kQuantTypes)
+        for (int config = 0; config < gemv_config_count(); ++config)
+            for (const Case& c : cases_for(t)) gemv_case(*ctx_, t, false, c, false, config, seed++);
+}
+
+TEST_F(CudaTest, QuantizedGemvGaussianWeights) {
+    uint32_t seed = 100;
+    for (DType t : kQuantTypes)
+        for (const Case& c : {Case{67, 4096 + 256}, Case{33, 14336}}) gemv_case(*ctx_, t, false, c, true, -1, seed++);
+}
+
+TEST_F(CudaTest, FloatGemvAllConfigs) {
+    uint32_t seed = 200;
+    for (DType t : kFloatTypes)
+        for (int config = 0; config < gemv_config_count(); ++config)
+            for (const Case& c : cases_for(t)) gemv_case(*ctx_, t, true, c, false, config, seed++);
+}
+
+// One-hot x = e_k for every k of two super-blocks: y must be column k of W
+// (times the quantized 1.0). Pinpoints a layout error to (row, element).
+TEST_F(CudaTest, LayoutProbeOneHot) {
+    std::mt19937 rng(77);
+    const int64_t N = 40, K = 512;
+    for (DType t : {DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t));
+        const bool float_act = !dtype_is_quantized(t);
+        std::vector<uint8_t> w = random_blocks(t, N, K, rng);
+        DeviceWeight W = upload_weight(*ctx_, Tensor::contiguous(t, {K, N, 1, 1}, w.data(), "probe"));
+        std::vector<float> wd(static_cast<size_t>(N * K));
+        for (int64_t r = 0; r < N; ++r) dequantize_row_ref(t, w.data() + r * row_size(t, K), wd.data() + r * K, K);
+        // Q4_1 / Q4_K outputs are a difference of two terms (scale and min),
+        // so the error scales with the weights' range, not with the result.
+        double wmax = 0.0;
+        for (float v : wd) wmax = std::max(wmax, static_cast<double>(std::fabs(v)));
+        int bad = 0;
+        for (int64_t k = 0; k < K && bad < 5; ++k) {
+            std::vector<float> x(static_cast<size_t>(K), 0.0f);
+            x[static_cast<size_t>(k)] = 1.0f;
+            const float one = float_act ? 1.0f : 127.0f * (1.0f / 127);
+            const std::vector<float> y = run_gemv(*ctx_, W, x, float_act, -1);
+            for (int64_t r = 0; r < N; ++r) {
+                const double ref = static_cast<double>(wd[static_cast<size_t>(r * K + k)]) * one;
+                if (!(std::fabs(y[static_cast<size_t>(r)] - ref) <= 1e-6 * std::fabs(ref) + 2e-6 * wmax) && bad++ < 5)
+                    ADD_FAILURE() << "row " << r << " element " << k << ": got " << y[static_cast<size_t>(r)]
+                                  << ", W = " << ref;
+            }
+        }
+        EXPECT_EQ(bad, 0);
+    }
+}
+
+// ---------------------------------------------------------------- upload of views
+
+TEST_F(CudaTest, UploadStridedRowsAnd3D) {
+    std::mt19937 rng(5);
+    for (DType t : {DType::Q8_0, DType::Q6_K, DType::F16}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t));
+        const int64_t K = 512, N1 = 6, N2 = 3, N = N1 * N2;
+        const size_t rb = row_size(t, K), pad = 38;
+        std::vector<uint8_t> w = random_blocks(t, N, K, rng);
+        std::vector<uint8_t> strided((rb + pad) * static_cast<size_t>(N), 0xA5);
+        for (int64_t r = 0; r < N; ++r) std::memcpy(strided.data() + r * (rb + pad), w.data() + r * rb, rb);
+        Tensor T = Tensor::contiguous(t, {K, N1, N2, 1}, strided.data(), "strided");
+        T.nb[1] = rb + pad;
+        T.nb[2] = T.nb[1] * static_cast<size_t>(N1);
+        T.nb[3] = T.nb[2] * static_cast<size_t>(N2);
+        DeviceWeight W = upload_weight(*ctx_, T);
+        ASSERT_EQ(W.N, N);
+        const bool float_act = !dtype_is_quantized(t);
+        const std::vector<float> x = random_activation(K, rng);
+        const std::vector<float> y = run_gemv(*ctx_, W, x, float_act, -1);
+        EXPECT_EQ(check_against_reference(t, w, N, K, float_act ? x : dequantized_activation(x), y), 0);
+    }
+}
+
+// ---------------------------------------------------------------- errors
+
+TEST_F(CudaTest, BadArgumentsThrow) {
+    std::mt19937 rng(9);
+    std::vector<uint8_t> w5 = random_blocks(DType::Q4_1, 4, 256, rng);
+    // unsupported type
+    std::vector<uint8_t> q5(row_size(DType::Q5_K, 256) * 4, 0);
+    EXPECT_THROW(upload_weight(*ctx_, Tensor::contiguous(DType::Q5_K, {256, 4, 1, 1}, q5.data(), "q5")),
+                 std::runtime_error);
+    // F16 row not a multiple of 8 elements
+    std::vector<uint8_t> h(2 * 12 * 2, 0);
+    EXPECT_THROW(upload_weight(*ctx_, Tensor::contiguous(DType::F16, {12, 2, 1, 1}, h.data(), "f16")),
+                 std::runtime_error);
+    DeviceWeight W = upload_weight(*ctx_, Tensor::contiguous(DType::Q4_1, {256, 4, 1, 1}, w5.data(), "q4_1"));
+    QuantizedActivation wrong_k(512);
+    DeviceBuffer y(64 * sizeof(float));
+    EXPECT_THROW(gemv(*ctx_, W, wrong_k, y.as<float>()), std::runtime_error);
+    QuantizedActivation xq(256);
+    GemvOptions bad;
+    bad.config = gemv_config_count();
+    EXPECT_THROW(gemv(*ctx_, W, xq, y.as<float>(), bad), std::runtime_error);
+    EXPECT_THROW(QuantizedActivation(33), std::runtime_error);
+    // quantized weights take no float x; float weights take no quantized x
+    DeviceBuffer x(256 * sizeof(float));
+    EXPECT_THROW(gemv(*ctx_, W, x.as<float>(), y.as<float>()), std::runtime_error);
+    std::vector<uint8_t> f16 = random_blocks(DType::F16, 2, 256, rng);
+    DeviceWeight WF = upload_weight(*ctx_, Tensor::contiguous(DType::F16, {256, 2, 1, 1}, f16.data(), "f16"));
+    EXPECT_THROW(gemv(*ctx_, WF, xq, y.as<float>()), std::runtime_error);
+    ctx_->synchronize();
+}

@@ -1,0 +1,177 @@
+// Timings of the non-GEMV CUDA decode kernels (src/backend/cuda/ops.h) on
+// Llama-3-8B shapes (dim 4096, 32 query / 8 KV heads of 128, FFN 14336,
+// vocab 128256).
+//
+//   bench_ops_cuda [--reps N]
+//
+// Method (as bench_gemv_cuda): L back-to-back launches captured in a CUDA
+// graph, 3 warm-up replays, median of --reps replays timed with CUDA events,
+// divided by L. Attention rotates over enough KV-cache copies (>= 256 MiB in
+// all) that each launch reads DRAM rather than the L2. Bytes = what the
+// kernel must read + write (attention: K and V rows 0..pos of one layer).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/ops.h"
+
+using namespace quern;
+using namespace quern::cuda;
+
+namespace {
+
+int g_reps = 20;
+
+/// Median µs per launch of `body(i)` for i in [0, L), captured in one graph.
+double time_graph(CudaContext& ctx, int L, const std::function<void(int)>& body) {
+    cudaStream_t s = ctx.stream();
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < L; ++i) body(i);
+    QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    QUERN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 3; ++i) QUERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    cudaEvent_t a, b;
+    QUERN_CUDA_CHECK(cudaEventCreate(&a));
+    QUERN_CUDA_CHECK(cudaEventCreate(&b));
+    std::vector<float> ms;
+    for (int r = 0; r < g_reps; ++r) {
+        QUERN_CUDA_CHECK(cudaEventRecord(a, s));
+        QUERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+        QUERN_CUDA_CHECK(cudaEventRecord(b, s));
+        QUERN_CUDA_CHECK(cudaEventSynchronize(b));
+        float e = 0;
+        QUERN_CUDA_CHECK(cudaEventElapsedTime(&e, a, b));
+        ms.push_back(e);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    return 1000.0 * ms[ms.size() / 2] / L;
+}
+
+void report(const std::string& name, double us, double bytes) {
+    std::printf("%-44s %9.2f us  %8.1f GB/s\n", name.c_str(), us, bytes / (us * 1e3));
+    std::fflush(stdout);
+}
+
+DeviceBuffer random_buffer(size_t n_floats, cudaStream_t s, std::mt19937& rng) {
+    std::vector<float> h(n_floats);
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (auto& x : h) x = d(rng);
+    DeviceBuffer b(n_floats * 4);
+    b.upload(h.data(), n_floats * 4, s);
+    return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i)
+        if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::atoi(argv[++i]);
+    if (CudaContext::device_count() == 0) {
+        std::fprintf(stderr, "no CUDA device\n");
+        return 1;
+    }
+    CudaContext ctx(0);
+    cudaStream_t s = ctx.stream();
+    std::printf("device: %s, %d SMs\n", ctx.name().c_str(), ctx.sm_count());
+    std::mt19937 rng(7);
+    const int dim = 4096, ffn = 14336, n_head = 32, n_kv = 8, hd = 128, vocab = 128256;
+    const int L = 64;
+
+    auto x = random_buffer(dim, s, rng), res = random_buffer(dim, s, rng), w = random_buffer(dim, s, rng);
+    auto y = random_buffer(dim, s, rng);
+    QuantizedActivation xa(dim), ha(ffn);
+    report("rms_norm_q8_1 4096 (+residual, y + q8_1)", time_graph(ctx, L, [&](int) {
+               rms_norm_q8_1(x.as<float>(), res.as<float>(), w.as<float>(), y.as<float>(), xa.q(), xa.info(), 1, dim,
+                             1e-5f, s);
+           }),
+           4.0 * dim * 4 + 1.5 * dim);
+    report("rms_norm_q8_1 4096 (q8_1 only)", time_graph(ctx, L, [&](int) {
+               rms_norm_q8_1(x.as<float>(), nullptr, w.as<float>(), nullptr, xa.q(), xa.info(), 1, dim, 1e-5f, s);
+           }),
+           2.0 * dim * 4 + 1.5 * dim);
+    auto gate = random_buffer(ffn, s, rng), upb = random_buffer(ffn, s, rng);
+    report("swiglu_q8_1 14336 (q8_1 only)", time_graph(ctx, L, [&](int) {
+               swiglu_q8_1(gate.as<float>(), upb.as<float>(), nullptr, ha.q(), ha.info(), ffn, s);
+           }),
+           2.0 * ffn * 4 + 1.5 * ffn);
+    report("add_inplace 4096", time_graph(ctx, L, [&](int) { add_inplace(y.as<float>(), x.as<float>(), dim, s); }),
+           3.0 * dim * 4);
+
+    // RoPE + KV store, f16 cache of 32k positions.
+    const int n_ctx_rope = 32768;
+    auto q = random_buffer(n_head * hd, s, rng), k = random_buffer(n_kv * hd, s, rng), v = random_buffer(n_kv * hd, s, rng);
+    DeviceBuffer kc(static_cast<size_t>(n_ctx_rope) * n_kv * hd * 2), vc(kc.size());
+    DeviceBuffer pos(4);
+    const int32_t p0 = 20000;
+    pos.upload(&p0, 4, s);
+    report("rope_kv_store 32x128 q, 8x128 k/v, f16", time_graph(ctx, L, [&](int) {
+               rope_kv_store(q.as<float>(), k.as<float>(), v.as<float>(), kc.data(), vc.data(), KvType::F16,
+                             pos.as<int32_t>(), n_ctx_rope, n_head, n_kv, hd, hd, 500000.0f, false, nullptr, s);
+           }),
+           (n_head * hd * 8.0 + n_kv * hd * 8.0 + n_kv * hd * 4.0));
+
+    // Attention, one layer, at several context lengths.
+    auto out = random_buffer(n_head * hd, s, rng);
+    for (KvType kt : {KvType::F16, KvType::F32}) {
+        const size_t esz = kt == KvType::F16 ? 2 : 4;
+        for (int ctxlen : {512, 2048, 8192, 32768}) {
+            const size_t cache_bytes = static_cast<size_t>(ctxlen) * n_kv * hd * esz;
+            const int copies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(1, (256u << 20) / (2 * cache_bytes) + 1)));
+            std::vector<DeviceBuffer> ks, vs;
+            for (int c = 0; c < copies; ++c) {
+                ks.emplace_back(cache_bytes);
+                vs.emplace_back(cache_bytes);
+                ks.back().fill_bytes(0x11, s);  // finite fp16/fp32 values
+                vs.back().fill_bytes(0x11, s);
+            }
+            DeviceBuffer scratch(decode_attention_scratch_bytes(ctxlen, n_head, hd));
+            DeviceBuffer ppos(4);
+            const int32_t pl = ctxlen - 1;
+            ppos.upload(&pl, 4, s);
+            const double us = time_graph(ctx, L, [&](int i) {
+                decode_attention(q.as<float>(), ks[i % copies].data(), vs[i % copies].data(), kt, ppos.as<int32_t>(),
+                                 ctxlen, n_head, n_kv, hd, 0.088f, scratch.data(), out.as<float>(), s);
+            });
+            report("decode_attention " + std::string(kt == KvType::F16 ? "f16" : "f32") + " ctx " +
+                       std::to_string(ctxlen) + " (" + std::to_string(copies) + " caches)",
+                   us, 2.0 * cache_bytes + n_head * hd * 8.0);
+        }
+    }
+
+    // Embedding row (Q6_K-sized table slice is enough: one row is read) and argmax.
+    DeviceBuffer table(static_cast<size_t>(1024) * 4096 * 2);
+    table.fill_bytes(0x22, s);
+    DeviceBuffer id(4);
+    const int32_t id0 = 77;
+    id.upload(&id0, 4, s);
+    report("get_row F16 4096", time_graph(ctx, L, [&](int) {
+               get_row(DType::F16, table.data(), 1024, dim, id.as<int32_t>(), y.as<float>(), s);
+           }),
+           dim * 6.0);
+    report("get_row Q6_K 4096", time_graph(ctx, L, [&](int) {
+               get_row(DType::Q6_K, table.data(), 1024, dim, id.as<int32_t>(), y.as<float>(), s);
+           }),
+           dim * (210.0 / 256 + 4));
+    auto logits = random_buffer(vocab, s, rng);
+    DeviceBuffer am(argmax_scratch_bytes(vocab)), amo(4);
+    report("argmax 128256", time_graph(ctx, L, [&](int) {
+               argmax(logits.as<float>(), vocab, am.data(), amo.as<int32_t>(), s);
+           }),
+           vocab * 4.0);
+    return 0;
+}

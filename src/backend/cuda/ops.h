@@ -1,0 +1,108 @@
+// Non-GEMV decode kernels of the CUDA backend: RMSNorm (+ residual add) fused
+// with the Q8_1 activation quantizer, RoPE fused with the KV-cache write,
+// split-K ("flash-decoding") GQA attention over a device KV cache, SwiGLU
+// fused with the quantizer, residual add, embedding row lookup and greedy
+// argmax.
+//
+// Conventions (shapes innermost first, as everywhere in quern):
+//   - All pointers are device pointers; every call is asynchronous on
+//     `stream` and never synchronizes, so a decode step can be captured in a
+//     CUDA graph. Positions and token ids are read from device memory for the
+//     same reason (a graph is replayed with new values, not re-captured).
+//   - Quantized activations use exactly the format of QuantizedActivation
+//     (gemv.h): for a row of K elements, K int8 in two planes [2][K/32][16]
+//     followed (elsewhere) by K/32 ActBlockInfo records. For n rows, row r's
+//     int8 planes start at xq + r*K and its records at xinfo + r*K/32; for
+//     n = 1, (xq, xinfo) = (a.q(), a.info()) of a QuantizedActivation.
+//   - Argument errors (shapes, unsupported types, null pointers that are
+//     required) throw quern::Error before anything is launched; launch
+//     failures throw via QUERN_CUDA_CHECK_LAUNCH. Out-of-range positions or
+//     token ids in device memory cannot be checked on the host: kernels clamp
+//     them (documented per call) instead of reading out of bounds.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/gemv.h"
+#include "core/dtype.h"
+
+namespace quern::cuda {
+
+/// Element type of the device KV cache. F16 halves the bytes attention
+/// reads (the decode bottleneck at long context); F32 matches the CPU cache.
+enum class KvType { F32, F16 };
+
+/// For n rows of dim floats (x: n × dim, dim a positive multiple of 32):
+///   if residual: x[r] += residual[r] (written back to x)
+///   y = x / sqrt(mean(x²) + eps) * w           (w: dim floats)
+///   y_out[r] = y (if y_out is not null), and y quantized into (xq, xinfo)
+///   (if xq is not null; both or neither) with quantize_row_ref(Q8_1)'s
+///   rounding applied to the float y this kernel computes.
+/// The sum of squares is accumulated in fp32 (the CPU uses double).
+void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out, int8_t* xq, ActBlockInfo* xinfo, int64_t n, int64_t dim, float eps, cudaStream_t stream);
+
+/// SwiGLU for `count` elements (a positive multiple of 32):
+///   h = gate / (1 + exp(-gate)) * up; h_out = h (if not null); h quantized
+///   into (xq, xinfo) as one row of `count` elements (if not null).
+void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
+                 cudaStream_t stream);
+
+/// y[i] += x[i] for `count` floats (any count; 16-byte alignment of both
+/// pointers gives vector loads, else scalar).
+void add_inplace(float* y, const float* x, int64_t count, cudaStream_t stream);
+
+/// Rotary embedding for one decode token at position *pos (device int32),
+/// fused with the KV-cache write.
+///   q: n_head × head_dim floats, rotated in place.
+///   k: n_head_kv × head_dim floats, rotated and stored (converted to
+///      kv_type) at k_cache + (*pos) * n_head_kv * head_dim elements; k itself
+///      is left unchanged.
+///   v: n_head_kv × head_dim floats, copied to v_cache at the same offset.
+/// Rotation as cpu::rope: pairs (2i, 2i+1) or, neox, (i, i + rope_dim/2) for
+/// i < rope_dim/2, angle pos * base^(-2i/rope_dim) / freq_factors[i]
+/// (freq_factors: rope_dim/2 floats on the device, or null); elements past
+/// rope_dim pass through. head_dim even, rope_dim even and <= head_dim,
+/// head_dim <= 1024. *pos is clamped to [0, n_ctx).
+void rope_kv_store(float* q, const float* k, const float* v, void* k_cache, void* v_cache, KvType kv_type,
+                   const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, int rope_dim, float base,
+                   bool neox, const float* freq_factors, cudaStream_t stream);
+
+/// Scratch of decode_attention: partial results of every (split, head).
+/// Size in bytes for a cache of n_ctx positions and n_head query heads.
+size_t decode_attention_scratch_bytes(int n_ctx, int n_head, int head_dim);
+/// Positions per split (the split-K chunk length) of decode_attention.
+inline constexpr int kAttnChunk = 256;
+
+/// Causal GQA decode attention of one query token at position *pos over the
+/// cache positions 0..*pos (as cpu::attention with n = 1):
+///   q:   n_head × head_dim floats
+///   k_cache, v_cache: n_ctx rows of n_head_kv × head_dim kv_type elements
+///   out: n_head × head_dim floats; query head h reads KV head h / (n_head / n_head_kv)
+///   scratch: decode_attention_scratch_bytes(n_ctx, n_head, head_dim) bytes
+/// head_dim in {64, 128}; n_head a multiple of n_head_kv with
+/// n_head / n_head_kv <= 16; *pos clamped to [0, n_ctx).
+/// Split-K: the positions are cut into chunks of kAttnChunk; one thread block
+/// per (chunk, KV head) computes, for each of its query heads, the chunk's
+/// max score, sum of exponentials and unnormalised output; a second kernel
+/// combines the chunks. The grid covers n_ctx; blocks past *pos exit at once.
+void decode_attention(const float* q, const void* k_cache, const void* v_cache, KvType kv_type,
+                      const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale,
+                      void* scratch, float* out, cudaStream_t stream);
+
+/// Embedding lookup: out[dim] = row *id of `table`, rows of dim elements in
+/// GGUF block layout stored back to back (row stride row_size(type, dim);
+/// upload the tensor bytes as they are, NOT with upload_weight's repacked
+/// layout). Types: F32, F16, BF16, Q8_0, Q4_K, Q6_K; dim a multiple of the
+/// type's block size. *id is clamped to [0, n_rows).
+void get_row(DType type, const void* table, int64_t n_rows, int64_t dim, const int32_t* id, float* out,
+             cudaStream_t stream);
+bool cuda_get_row_type_supported(DType t);
+
+/// Scratch of argmax (bytes) for n floats.
+size_t argmax_scratch_bytes(int64_t n);
+/// *out_id = the index of the largest of x[0..n) (the lowest such index on
+/// ties; NaNs are skipped; all-NaN gives 0). n >= 1.
+void argmax(const float* x, int64_t n, void* scratch, int32_t* out_id, cudaStream_t stream);
+
+}  // namespace quern::cuda

@@ -1,0 +1,79 @@
+// Device helpers shared by the ops_*.cu kernels (not part of the API).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/gemv.h"
+
+namespace quern::cuda::detail {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    return v;
+}
+
+/// Quantizes one 32-element block held one element per lane (v of lane i =
+/// element 32b+i) into the QuantizedActivation format (gemv.h), rounding as
+/// quantize_row_ref(Q8_1) and launch_quantize_q8_1: d = amax/127 (IEEE
+/// division; the ops files are built without fast math), q = roundf(v/d).
+/// xq: the row's two planes ([2][K/32][16], plane stride half_k bytes);
+/// xinfo: the row's K/32 records. Whole warp must call it.
+__device__ __forceinline__ void quantize_block_q8_1(float v, int lane, int64_t b, int8_t* __restrict__ xq,
+                                                    ActBlockInfo* __restrict__ xinfo, int64_t half_k) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = static_cast<int>(roundf(v * id));
+    int half = q;
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) half += __shfl_xor_sync(0xFFFFFFFFu, half, off);
+    const int other = __shfl_xor_sync(0xFFFFFFFFu, half, 16);
+    xq[(lane >> 4) * half_k + 16 * b + (lane & 15)] = static_cast<int8_t>(q);
+    if (lane == 0) xinfo[b] = ActBlockInfo{d, static_cast<float>(half + other) * d, half, other};
+}
+
+/// Sum over the thread block (blockDim.x a multiple of 32, at most 1024);
+/// every thread gets the result. `red` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // red may still be read by a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <class T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) {
+    return x;
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float x) {
+    return __float2half_rn(x);
+}
+
+}  // namespace quern::cuda::detail

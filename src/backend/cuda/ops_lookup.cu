@@ -1,0 +1,179 @@
+// Embedding row lookup (dequantizing one row of a GGUF-layout table) and
+// greedy argmax over the logits. API: ops.h.
+//
+// get_row_kernel
+//   Shapes:  table: n_rows rows of row_bytes = row_size(type, dim) bytes in
+//            GGUF block layout (src/quant/blocks.h); out: dim floats.
+//   Grid:    one thread per output element, 256 per block, ceil(dim/256)
+//            blocks. Each thread reads its element's quant and its block's
+//            scales (the scale bytes are shared through L1).
+//   Math:    as dequantize_row_ref: Q8_0 d·q; Q4_K (d·sc)·q − dmin·m;
+//            Q6_K (d·sc)·(q − 32); F16/BF16 widened; F32 copied.
+//   Align:   table 4-byte aligned (fp16 fields sit at even offsets of
+//            even-sized blocks).
+//   Bound:   latency (one row: ≤ tens of KB).
+//
+// argmax_partial_kernel / argmax_final_kernel
+//   Shapes:  x: n floats; partials: kArgmaxBlocks {value, index} pairs.
+//   Grid:    partial: min(kArgmaxBlocks, ceil(n/1024)) blocks of 256 threads,
+//            grid-stride; final: one block of 256 over the partials.
+//            Order: larger value wins, the lower index on ties; NaN skipped.
+//   Bound:   bandwidth at vocab sizes (512 KB for 128k logits), mostly latency.
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/ops_common.cuh"
+#include "core/dtype.h"
+
+namespace quern::cuda {
+namespace {
+
+__device__ __forceinline__ float f16_at(const uint8_t* p) {
+    return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
+}
+
+__device__ __forceinline__ float dequant_one(DType type, const uint8_t* row, int64_t e) {
+    switch (type) {
+        case DType::F32: return reinterpret_cast<const float*>(row)[e];
+        case DType::F16: return f16_at(row + 2 * e);
+        case DType::BF16:
+            return __uint_as_float(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(row)[e]) << 16);
+        case DType::Q8_0: {
+            const uint8_t* b = row + (e / 32) * 34;
+            return f16_at(b) * static_cast<float>(static_cast<int8_t>(b[2 + e % 32]));
+        }
+        case DType::Q4_K: {
+            // 144-byte block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles.
+            const uint8_t* b = row + (e / 256) * 144;
+            const int l = static_cast<int>(e % 256);
+            const int p = l / 64, r = l % 64;
+            const int j = 2 * p + (r >= 32 ? 1 : 0);  // sub-block
+            const uint8_t* sc = b + 4;
+            int s, m;
+            if (j < 4) {
+                s = sc[j] & 63;
+                m = sc[j + 4] & 63;
+            } else {
+                s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+                m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+            }
+            const uint8_t qb = b[16 + 32 * p + (r % 32)];
+            const int qv = r < 32 ? (qb & 0xF) : (qb >> 4);
+            const float d1 = f16_at(b) * static_cast<float>(s);
+            const float m1 = f16_at(b + 2) * static_cast<float>(m);
+            return __fsub_rn(__fmul_rn(d1, static_cast<float>(qv)), m1);  // no FMA: as the CPU rounds
+        }
+        case DType::Q6_K: {
+            // 210-byte block: ql[128], qh[64], int8 scales[16], fp16 d.
+            const uint8_t* b = row + (e / 256) * 210;
+            const int l = static_cast<int>(e % 256);
+            const int h = l / 128, r = (l % 128) / 32, ll = l % 32;
+            const uint8_t* ql = b + 64 * h;
+            const uint8_t* qh = b + 128 + 32 * h;
+            const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h;
+            const int lo = r < 2 ? (ql[32 * r + ll] & 0xF) : (ql[32 * (r - 2) + ll] >> 4);
+            const int qv = (lo | (((qh[ll] >> (2 * r)) & 3) << 4)) - 32;
+            const float dl = f16_at(b + 208) * static_cast<float>(sc[2 * r + ll / 16]);
+            return dl * static_cast<float>(qv);
+        }
+        default: return 0.0f;
+    }
+}
+
+__global__ void get_row_kernel(DType type, const uint8_t* __restrict__ table, int64_t n_rows, int64_t row_bytes,
+                               int64_t dim, const int32_t* __restrict__ id_ptr, float* __restrict__ out) {
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= dim) return;
+    int64_t id = *id_ptr;
+    id = id < 0 ? 0 : (id >= n_rows ? n_rows - 1 : id);
+    out[e] = dequant_one(type, table + id * row_bytes, e);
+}
+
+constexpr int kArgmaxBlocks = 256;
+constexpr int kArgmaxThreads = 256;
+
+struct Best {
+    float v;
+    int32_t i;  // INT32_MAX: none yet
+};
+
+__device__ __forceinline__ Best better(Best a, Best b) {
+    if (b.i == INT32_MAX) return a;
+    if (a.i == INT32_MAX) return b;
+    if (b.v > a.v || (b.v == a.v && b.i < a.i)) return b;
+    return a;
+}
+
+__device__ Best block_best(Best b) {
+    __shared__ Best red[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        Best o{__shfl_xor_sync(0xFFFFFFFFu, b.v, off), __shfl_xor_sync(0xFFFFFFFFu, b.i, off)};
+        b = better(b, o);
+    }
+    if (lane == 0) red[warp] = b;
+    __syncthreads();
+    if (warp == 0) {
+        b = lane < nw ? red[lane] : Best{0.0f, INT32_MAX};
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            Best o{__shfl_xor_sync(0xFFFFFFFFu, b.v, off), __shfl_xor_sync(0xFFFFFFFFu, b.i, off)};
+            b = better(b, o);
+        }
+    }
+    return b;  // valid in thread 0
+}
+
+__global__ void argmax_partial_kernel(const float* __restrict__ x, int64_t n, Best* __restrict__ partial) {
+    Best b{0.0f, INT32_MAX};
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const float v = x[i];
+        if (v == v && (b.i == INT32_MAX || v > b.v)) b = Best{v, static_cast<int32_t>(i)};  // i ascends per thread
+    }
+    b = block_best(b);
+    if (threadIdx.x == 0) partial[blockIdx.x] = b;
+}
+
+__global__ void argmax_final_kernel(const Best* __restrict__ partial, int n_partial, int32_t* __restrict__ out) {
+    Best b{0.0f, INT32_MAX};
+    for (int i = threadIdx.x; i < n_partial; i += blockDim.x) b = better(b, partial[i]);
+    b = block_best(b);
+    if (threadIdx.x == 0) *out = b.i == INT32_MAX ? 0 : b.i;
+}
+
+}  // namespace
+
+bool cuda_get_row_type_supported(DType t) {
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0 || t == DType::Q4_K ||
+           t == DType::Q6_K;
+}
+
+void get_row(DType type, const void* table, int64_t n_rows, int64_t dim, const int32_t* id, float* out,
+             cudaStream_t stream) {
+    if (!cuda_get_row_type_supported(type)) throw_error("get_row: unsupported table type");
+    const int64_t bs = dtype_info(type).block_size;
+    if (dim < 1 || dim % bs != 0 || n_rows < 1) throw_error("get_row: dim must be a positive multiple of the block size");
+    if (!table || !id || !out) throw_error("get_row: null pointer");
+    if (reinterpret_cast<uintptr_t>(table) % 4 != 0) throw_error("get_row: table must be 4-byte aligned");
+    const int64_t rb = static_cast<int64_t>(row_size(type, dim));
+    get_row_kernel<<<static_cast<unsigned>((dim + 255) / 256), 256, 0, stream>>>(
+        type, static_cast<const uint8_t*>(table), n_rows, rb, dim, id, out);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+size_t argmax_scratch_bytes(int64_t) { return kArgmaxBlocks * sizeof(Best); }
+
+void argmax(const float* x, int64_t n, void* scratch, int32_t* out_id, cudaStream_t stream) {
+    if (n < 1 || n > INT32_MAX) throw_error("argmax: need 1 <= n < 2^31");
+    if (!x || !scratch || !out_id) throw_error("argmax: null pointer");
+    const int64_t want = (n + 1023) / 1024;
+    const int blocks = static_cast<int>(want < kArgmaxBlocks ? want : kArgmaxBlocks);
+    Best* partial = static_cast<Best*>(scratch);
+    argmax_partial_kernel<<<static_cast<unsigned>(blocks), kArgmaxThreads, 0, stream>>>(x, n, partial);
+    QUERN_CUDA_CHECK_LAUNCH();
+    argmax_final_kernel<<<1, kArgmaxThreads, 0, stream>>>(partial, blocks, out_id);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace quern::cuda

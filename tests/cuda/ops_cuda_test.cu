@@ -1,0 +1,502 @@
+// CUDA decode ops (src/backend/cuda/ops.h) vs the CPU ops (src/backend/cpu/ops.h).
+//
+// Needs a GPU at run time: every test skips cleanly (GTEST_SKIP) where
+// CudaContext::device_count() is 0.
+//
+// Every output buffer is poisoned (NaN bits) before the kernel runs, with a
+// guard zone past the end that must keep the poison; cache rows and table rows
+// the kernel must not read are filled with NaN. Tolerances per kernel:
+//   rms_norm   |y − ref| <= 1e-5·|ref| + 1e-6 (fp32 vs double sum of squares);
+//              residual sum bit-exact.
+//   quantized  int8 planes and block records bit-exact against a host
+//              quantization (quantize_row_ref(Q8_1)'s arithmetic, scales kept
+//              fp32) of the float row the kernel itself wrote.
+//   swiglu     |h − ref| <= 1e-5·|ref| + 1e-6 (expf vs the CPU's exp).
+//   add        bit-exact.
+//   rope       |x − ref| <= 1e-5 (angles computed as the CPU does, in double;
+//              FMA contraction in the rotation); f16 cache: within half an
+//              fp16 ulp (plus 1e-5) of the reference; v rows bit-exact.
+//   attention  |o − ref| <= 2e-5 (outputs are convex combinations of V in [-1, 1]).
+//   get_row    bit-exact against dequantize_row_ref.
+//   argmax     exact index.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/context.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/ops.h"
+#include "core/dtype.h"
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "quant/blocks.h"
+#include "quant/reference.h"
+
+using namespace quern;
+using namespace quern::cuda;
+
+namespace {
+
+constexpr int64_t kGuard = 64;  // elements past the end that must keep the poison
+
+bool is_poison(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return u == 0xFFFFFFFFu;
+}
+
+class OpsCuda : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (CudaContext::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+        ctx_ = std::make_unique<CudaContext>(0);
+    }
+    cudaStream_t st() { return ctx_->stream(); }
+
+    template <class T>
+    DeviceBuffer up(const std::vector<T>& v) {
+        DeviceBuffer b(v.size() * sizeof(T));
+        if (!v.empty()) b.upload(v.data(), v.size() * sizeof(T), st());
+        return b;
+    }
+    /// A poisoned device buffer of n elements of T plus the guard zone.
+    template <class T>
+    DeviceBuffer poisoned(int64_t n) {
+        DeviceBuffer b(static_cast<size_t>(n + kGuard) * sizeof(T));
+        b.fill_bytes(0xFF, st());
+        return b;
+    }
+    template <class T>
+    std::vector<T> down(const DeviceBuffer& b, int64_t n) {
+        ctx_->synchronize();
+        std::vector<T> v(static_cast<size_t>(n));
+        b.download(v.data(), v.size() * sizeof(T), st());
+        return v;
+    }
+    void expect_guard(const DeviceBuffer& b, int64_t n_floats) {
+        auto all = down<float>(b, n_floats + kGuard);
+        for (int64_t i = n_floats; i < n_floats + kGuard; ++i)
+            ASSERT_TRUE(is_poison(all[static_cast<size_t>(i)])) << "guard element " << i - n_floats << " overwritten";
+    }
+
+    std::unique_ptr<CudaContext> ctx_;
+    std::mt19937 rng_{1234};
+};
+
+std::vector<float> randv(int64_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+/// Checks (q planes, records) of one row of K elements against a host
+/// quantization of y (the float row the device produced).
+void expect_quantized(const std::vector<float>& y, const int8_t* q, const ActBlockInfo* info, int64_t K,
+                      const std::string& what) {
+    for (int64_t b = 0; b < K / 32; ++b) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(y[static_cast<size_t>(32 * b + i)]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum[2] = {0, 0};
+        for (int i = 0; i < 32; ++i) {
+            const int qv = static_cast<int>(std::roundf(y[static_cast<size_t>(32 * b + i)] * id));
+            sum[i / 16] += qv;
+            const int8_t got = q[(i / 16) * (K / 2) + 16 * b + (i % 16)];
+            ASSERT_EQ(got, qv) << what << " block " << b << " element " << i;
+        }
+        const ActBlockInfo& r = info[b];
+        ASSERT_EQ(r.d, d) << what << " block " << b;
+        ASSERT_EQ(r.sum_lo, sum[0]) << what << " block " << b;
+        ASSERT_EQ(r.sum_hi, sum[1]) << what << " block " << b;
+        ASSERT_EQ(r.s, static_cast<float>(sum[0] + sum[1]) * d) << what << " block " << b;
+    }
+}
+
+// ------------------------------------------------------------------ RMSNorm
+
+TEST_F(OpsCuda, RmsNormQ8_1) {
+    for (int64_t dim : {96, 4096, 8192}) {
+        for (int64_t n : {1, 3}) {
+            for (bool with_res : {false, true}) {
+                const std::string what = "dim " + std::to_string(dim) + " n " + std::to_string(n) +
+                                         (with_res ? " +res" : "");
+                auto x = randv(n * dim, rng_, -3.0f, 3.0f);
+                auto res = randv(n * dim, rng_);
+                auto w = randv(dim, rng_, 0.5f, 1.5f);
+                auto dx = up(x), dres = up(res), dw = up(w);
+                auto dy = poisoned<float>(n * dim);
+                auto dq = poisoned<int8_t>(n * dim);
+                auto dinfo = poisoned<ActBlockInfo>(n * dim / 32);
+                rms_norm_q8_1(dx.as<float>(), with_res ? dres.as<float>() : nullptr, dw.as<float>(),
+                              dy.as<float>(), dq.as<int8_t>(), dinfo.as<ActBlockInfo>(), n, dim, 1e-5f, st());
+                auto xs = x;
+                if (with_res)
+                    for (size_t i = 0; i < xs.size(); ++i) xs[i] += res[i];
+                std::vector<float> ref(xs.size());
+                cpu::rms_norm(xs.data(), w.data(), ref.data(), n, dim, 1e-5f);
+                auto gx = down<float>(dx, n * dim);
+                auto gy = down<float>(dy, n * dim);
+                auto gq = down<int8_t>(dq, n * dim);
+                auto gi = down<ActBlockInfo>(dinfo, n * dim / 32);
+                for (size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(gx[i], xs[i]) << what << " x " << i;
+                for (size_t i = 0; i < ref.size(); ++i)
+                    ASSERT_LE(std::fabs(gy[i] - ref[i]), 1e-5f * std::fabs(ref[i]) + 1e-6f)
+                        << what << " y " << i << " got " << gy[i] << " want " << ref[i];
+                for (int64_t r = 0; r < n; ++r) {
+                    std::vector<float> row(gy.begin() + r * dim, gy.begin() + (r + 1) * dim);
+                    expect_quantized(row, gq.data() + r * dim, gi.data() + r * dim / 32, dim,
+                                     what + " row " + std::to_string(r));
+                }
+                expect_guard(dy, n * dim);
+                // Quantized output only (y_out null) gives the same blocks.
+                auto dx2 = up(xs);
+                auto dq2 = poisoned<int8_t>(n * dim);
+                auto di2 = poisoned<ActBlockInfo>(n * dim / 32);
+                rms_norm_q8_1(dx2.as<float>(), nullptr, dw.as<float>(), nullptr, dq2.as<int8_t>(),
+                              di2.as<ActBlockInfo>(), n, dim, 1e-5f, st());
+                auto gq2 = down<int8_t>(dq2, n * dim);
+                ASSERT_EQ(0, std::memcmp(gq2.data(), gq.data(), gq.size())) << what;
+            }
+        }
+    }
+}
+
+TEST_F(OpsCuda, RmsNormMatchesQuantizeActivation) {
+    // One row through rms_norm_q8_1 vs rms_norm's float output through quantize_activation:
+    // the formats must be interchangeable for the GEMV.
+    const int64_t dim = 4096;
+    auto x = randv(dim, rng_, -2.0f, 2.0f);
+    auto w = randv(dim, rng_, 0.5f, 1.5f);
+    auto dx = up(x), dw = up(w);
+    auto dy = poisoned<float>(dim);
+    QuantizedActivation a(dim), b(dim);
+    rms_norm_q8_1(dx.as<float>(), nullptr, dw.as<float>(), dy.as<float>(), a.q(), a.info(), 1, dim, 1e-6f, st());
+    quantize_activation(*ctx_, dy.as<float>(), b);
+    const size_t bytes = static_cast<size_t>(dim) + static_cast<size_t>(dim / 32) * sizeof(ActBlockInfo);
+    auto ga = down<uint8_t>(a.buffer(), static_cast<int64_t>(bytes));
+    auto gb = down<uint8_t>(b.buffer(), static_cast<int64_t>(bytes));
+    ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), bytes));
+}
+
+// ------------------------------------------------------------------ SwiGLU, add
+
+TEST_F(OpsCuda, SwigluQ8_1) {
+    for (int64_t count : {96, 14336}) {
+        auto g = randv(count, rng_, -6.0f, 6.0f);
+        auto u = randv(count, rng_, -2.0f, 2.0f);
+        auto dg = up(g), du = up(u);
+        auto dh = poisoned<float>(count);
+        auto dq = poisoned<int8_t>(count);
+        auto di = poisoned<ActBlockInfo>(count / 32);
+        swiglu_q8_1(dg.as<float>(), du.as<float>(), dh.as<float>(), dq.as<int8_t>(), di.as<ActBlockInfo>(), count,
+                    st());
+        std::vector<float> ref(static_cast<size_t>(count));
+        cpu::swiglu(g.data(), u.data(), ref.data(), count);
+        auto gh = down<float>(dh, count);
+        for (size_t i = 0; i < ref.size(); ++i)
+            ASSERT_LE(std::fabs(gh[i] - ref[i]), 1e-5f * std::fabs(ref[i]) + 1e-6f)
+                << "count " << count << " i " << i << " got " << gh[i] << " want " << ref[i];
+        auto gq = down<int8_t>(dq, count);
+        auto gi = down<ActBlockInfo>(di, count / 32);
+        expect_quantized(gh, gq.data(), gi.data(), count, "swiglu " + std::to_string(count));
+        expect_guard(dh, count);
+    }
+}
+
+TEST_F(OpsCuda, AddInplace) {
+    for (int64_t count : {4096, 4099, 1}) {
+        auto y = randv(count, rng_), x = randv(count, rng_);
+        auto dy = poisoned<float>(count);
+        dy.upload(y.data(), y.size() * 4, st());
+        auto dx = up(x);
+        add_inplace(dy.as<float>(), dx.as<float>(), count, st());
+        auto gy = down<float>(dy, count);
+        for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(gy[i], y[i] + x[i]) << count << " " << i;
+        expect_guard(dy, count);
+    }
+    // Misaligned pointers take the scalar path.
+    const int64_t count = 1000;
+    auto y = randv(count + 1, rng_), x = randv(count + 1, rng_);
+    auto dy = up(y), dx = up(x);
+    add_inplace(dy.as<float>() + 1, dx.as<float>() + 1, count, st());
+    auto gy = down<float>(dy, count + 1);
+    ASSERT_EQ(gy[0], y[0]);
+    for (int64_t i = 1; i <= count; ++i) ASSERT_EQ(gy[static_cast<size_t>(i)], y[static_cast<size_t>(i)] + x[static_cast<size_t>(i)]);
+}
+
+// ------------------------------------------------------------------ RoPE + KV write
+
+struct RopeCase {
+    int n_head, n_head_kv, head_dim, rope_dim;
+    bool neox, freq;
+    KvType kv;
+};
+
+TEST_F(OpsCuda, RopeKvStore) {
+    const int n_ctx = 40000;
+    const RopeCase cases[] = {
+        {32, 8, 128, 128, false, false, KvType::F32}, {32, 8, 128, 128, false, true, KvType::F16},
+        {14, 2, 64, 64, true, false, KvType::F32},    {16, 4, 64, 32, true, true, KvType::F16},
+        {8, 8, 128, 96, false, true, KvType::F32},
+    };
+    for (const auto& c : cases) {
+        for (int pos : {0, 5, 4000, 32767, n_ctx - 1, n_ctx + 7}) {
+            const std::string what = "heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) +
+                                     " hd " + std::to_string(c.head_dim) + " rope " + std::to_string(c.rope_dim) +
+                                     (c.neox ? " neox" : " normal") + (c.freq ? " ff" : "") +
+                                     (c.kv == KvType::F16 ? " f16" : " f32") + " pos " + std::to_string(pos);
+            const int qn = c.n_head * c.head_dim, kn = c.n_head_kv * c.head_dim;
+            auto q = randv(qn, rng_, -2.0f, 2.0f), k = randv(kn, rng_, -2.0f, 2.0f), v = randv(kn, rng_);
+            auto ff = randv(c.rope_dim / 2, rng_, 1.0f, 8.0f);
+            const int eff = std::min(pos, n_ctx - 1);
+            const size_t esz = c.kv == KvType::F16 ? 2 : 4;
+            // Cache: only rows eff-1 .. eff+1 exist in this test's view; all poisoned.
+            DeviceBuffer kc(static_cast<size_t>(n_ctx + 1) * kn * esz), vc(static_cast<size_t>(n_ctx + 1) * kn * esz);
+            kc.fill_bytes(0xFF, st());
+            vc.fill_bytes(0xFF, st());
+            auto dq = up(q), dk = up(k), dv = up(v), dff = up(ff);
+            auto dpos = up(std::vector<int32_t>{pos});
+            rope_kv_store(dq.as<float>(), dk.as<float>(), dv.as<float>(), kc.data(), vc.data(), c.kv,
+                          dpos.as<int32_t>(), n_ctx, c.n_head, c.n_head_kv, c.head_dim, c.rope_dim, 10000.0f,
+                          c.neox, c.freq ? dff.as<float>() : nullptr, st());
+            auto rq = q, rk = k;
+            const int32_t p = eff;
+            cpu::rope(rq.data(), &p, 1, c.n_head, c.head_dim, c.rope_dim, 10000.0f, c.neox, c.freq ? ff.data() : nullptr);
+            cpu::rope(rk.data(), &p, 1, c.n_head_kv, c.head_dim, c.rope_dim, 10000.0f, c.neox,
+                      c.freq ? ff.data() : nullptr);
+            auto gq = down<float>(dq, qn);
+            for (int i = 0; i < qn; ++i)
+                ASSERT_LE(std::fabs(gq[i] - rq[i]), 1e-5f) << what << " q " << i << " " << gq[i] << " vs " << rq[i];
+            auto gk_in = down<float>(dk, kn);
+            ASSERT_EQ(0, std::memcmp(gk_in.data(), k.data(), k.size() * 4)) << what << ": k input modified";
+            // Rows eff-1, eff, eff+1 of both caches.
+            const size_t row_bytes = static_cast<size_t>(kn) * esz;
+            for (int r = eff - 1; r <= eff + 1; ++r) {
+                if (r < 0) continue;
+                std::vector<uint8_t> kr(row_bytes), vr(row_bytes);
+                kc.download(kr.data(), row_bytes, st(), static_cast<size_t>(r) * row_bytes);
+                vc.download(vr.data(), row_bytes, st(), static_cast<size_t>(r) * row_bytes);
+                if (r != eff) {
+                    for (size_t i = 0; i < row_bytes; ++i) {
+                        ASSERT_EQ(kr[i], 0xFF) << what << " k row " << r << " written";
+                        ASSERT_EQ(vr[i], 0xFF) << what << " v row " << r << " written";
+                    }
+                    continue;
+                }
+                for (int i = 0; i < kn; ++i) {
+                    float gk, gv;
+                    if (c.kv == KvType::F16) {
+                        uint16_t hk, hv;
+                        std::memcpy(&hk, kr.data() + 2 * i, 2);
+                        std::memcpy(&hv, vr.data() + 2 * i, 2);
+                        gk = fp16_to_fp32(hk);
+                        gv = fp16_to_fp32(hv);
+                        ASSERT_EQ(hv, fp32_to_fp16(v[i])) << what << " v " << i;
+                        ASSERT_LE(std::fabs(gk - rk[i]), std::fabs(rk[i]) * (1.0f / 2048.0f) + 1e-5f)
+                            << what << " k " << i << " " << gk << " vs " << rk[i];
+                    } else {
+                        std::memcpy(&gk, kr.data() + 4 * i, 4);
+                        std::memcpy(&gv, vr.data() + 4 * i, 4);
+                        ASSERT_EQ(gv, v[i]) << what << " v " << i;
+                        ASSERT_LE(std::fabs(gk - rk[i]), 1e-5f) << what << " k " << i << " " << gk << " vs " << rk[i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ attention
+
+struct AttnCase {
+    int n_head, n_head_kv, head_dim;
+    KvType kv;
+    std::vector<int> positions;
+};
+
+TEST_F(OpsCuda, DecodeAttention) {
+    ThreadPool pool(2);
+    const AttnCase cases[] = {
+        {32, 8, 128, KvType::F16, {0, 6, 255, 256, 1000, 4095, 32767}},
+        {32, 8, 128, KvType::F32, {0, 255, 511, 3000}},
+        {14, 2, 64, KvType::F16, {0, 100, 2047}},  // g = 7
+        {16, 1, 64, KvType::F32, {300, 1500}},     // g = 16
+        {8, 8, 128, KvType::F32, {77, 700}},       // g = 1
+        {12, 4, 64, KvType::F16, {513}},           // g = 3
+    };
+    for (const auto& c : cases) {
+        const int n_ctx = c.positions.back() + 1 + 300;  // rows past the last position are NaN
+        const int64_t kn = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+        const bool f16 = c.kv == KvType::F16;
+        std::vector<float> kf = randv(n_ctx * kn, rng_), vf = randv(n_ctx * kn, rng_);
+        std::vector<uint16_t> kh, vh;
+        if (f16) {
+            kh.resize(kf.size());
+            vh.resize(vf.size());
+            for (size_t i = 0; i < kf.size(); ++i) {
+                kh[i] = fp32_to_fp16(kf[i]);
+                vh[i] = fp32_to_fp16(vf[i]);
+                kf[i] = fp16_to_fp32(kh[i]);  // the reference reads what the device holds
+                vf[i] = fp16_to_fp32(vh[i]);
+            }
+        }
+        const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+        const size_t esz = f16 ? 2 : 4;
+        DeviceBuffer kc(static_cast<size_t>(n_ctx) * kn * esz), vc(static_cast<size_t>(n_ctx) * kn * esz);
+        DeviceBuffer scratch(decode_attention_scratch_bytes(n_ctx, c.n_head, c.head_dim));
+        for (int pos : c.positions) {
+            const std::string what = "heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " hd " +
+                                     std::to_string(c.head_dim) + (f16 ? " f16" : " f32") + " pos " +
+                                     std::to_string(pos);
+            // Upload the cache with rows past pos set to NaN (they must not be read).
+            const size_t live = static_cast<size_t>(pos + 1) * static_cast<size_t>(kn);
+            kc.fill_bytes(0xFF, st());
+            vc.fill_bytes(0xFF, st());
+            if (f16) {
+                kc.upload(kh.data(), live * 2, st());
+                vc.upload(vh.data(), live * 2, st());
+            } else {
+                kc.upload(kf.data(), live * 4, st());
+                vc.upload(vf.data(), live * 4, st());
+            }
+            scratch.fill_bytes(0xFF, st());
+            // Peaky scores now and then: q scaled up.
+            auto q = randv(static_cast<int64_t>(c.n_head) * c.head_dim, rng_, -4.0f, 4.0f);
+            auto dq = up(q);
+            auto dpos = up(std::vector<int32_t>{pos});
+            auto dout = poisoned<float>(static_cast<int64_t>(c.n_head) * c.head_dim);
+            decode_attention(dq.as<float>(), kc.data(), vc.data(), c.kv, dpos.as<int32_t>(), n_ctx, c.n_head,
+                             c.n_head_kv, c.head_dim, scale, scratch.data(), dout.as<float>(), st());
+            std::vector<float> ref(q.size());
+            const int32_t p = pos;
+            cpu::attention(q.data(), kf.data(), vf.data(), kn, &p, 1, c.n_head, c.n_head_kv, c.head_dim, scale,
+                           ref.data(), pool);
+            auto got = down<float>(dout, static_cast<int64_t>(q.size()));
+            // Output is a convex combination of V values in [-1, 1]; fp32
+            // summation in another order over up to 32k terms.
+            for (size_t i = 0; i < ref.size(); ++i)
+                ASSERT_LE(std::fabs(got[i] - ref[i]), 2e-5f) << what << " out " << i << " " << got[i] << " vs " << ref[i];
+            expect_guard(dout, static_cast<int64_t>(q.size()));
+        }
+    }
+}
+
+// ------------------------------------------------------------------ embedding rows
+
+void put_f16(uint8_t* p, float v) {
+    const uint16_t h = fp32_to_fp16(v);
+    std::memcpy(p, &h, 2);
+}
+
+std::vector<uint8_t> random_table(DType t, int64_t rows, int64_t dim, std::mt19937& rng) {
+    std::vector<uint8_t> w(row_size(t, dim) * static_cast<size_t>(rows));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+    std::uniform_real_distribution<float> d(0.002f, 0.02f), g(-1.0f, 1.0f);
+    const auto& info = dtype_info(t);
+    const size_t nb = w.size() / static_cast<size_t>(info.type_size);
+    for (size_t i = 0; i < nb; ++i) {
+        uint8_t* b = w.data() + i * static_cast<size_t>(info.type_size);
+        switch (t) {
+            case DType::Q8_0: put_f16(b, d(rng)); break;
+            case DType::Q4_K:
+                put_f16(b, d(rng) * 0.1f);
+                put_f16(b + 2, d(rng) * 0.1f);
+                break;
+            case DType::Q6_K: put_f16(b + offsetof(block_q6_K, d), d(rng) * 0.1f); break;
+            case DType::F16: put_f16(b, g(rng)); break;
+            case DType::BF16: {
+                const uint16_t h = fp32_to_bf16(g(rng));
+                std::memcpy(b, &h, 2);
+                break;
+            }
+            case DType::F32: {
+                const float v = g(rng);
+                std::memcpy(b, &v, 4);
+                break;
+            }
+            default: break;
+        }
+    }
+    return w;
+}
+
+TEST_F(OpsCuda, GetRow) {
+    for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+        for (int64_t dim : {256, 4096}) {
+            const int64_t rows = 50;
+            auto table = random_table(t, rows, dim, rng_);
+            auto dt = up(table);
+            for (int id : {0, 17, 49, 1000, -3}) {
+                const std::string what = std::string(dtype_info(t).name) + " dim " + std::to_string(dim) + " id " +
+                                         std::to_string(id);
+                auto did = up(std::vector<int32_t>{id});
+                auto dout = poisoned<float>(dim);
+                get_row(t, dt.data(), rows, dim, did.as<int32_t>(), dout.as<float>(), st());
+                const int eff = id < 0 ? 0 : (id >= rows ? static_cast<int>(rows - 1) : id);
+                std::vector<float> ref(static_cast<size_t>(dim));
+                dequantize_row_ref(t, table.data() + row_size(t, dim) * static_cast<size_t>(eff), ref.data(), dim);
+                auto got = down<float>(dout, dim);
+                for (int64_t i = 0; i < dim; ++i) {
+                    const float a = got[static_cast<size_t>(i)], b = ref[static_cast<size_t>(i)];
+                    ASSERT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << what << " element " << i << " " << a
+                                                                            << " vs " << b;
+                }
+                expect_guard(dout, dim);
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ argmax
+
+TEST_F(OpsCuda, Argmax) {
+    for (int64_t n : {1, 7, 1000, 128256, 300000}) {
+        for (int variant = 0; variant < 3; ++variant) {
+            auto x = randv(n, rng_, -10.0f, 10.0f);
+            int64_t want = 0;
+            if (variant == 1 && n > 3) {  // ties: the lower index wins
+                x[static_cast<size_t>(n / 3)] = 50.0f;
+                x[static_cast<size_t>(n / 2)] = 50.0f;
+                x[static_cast<size_t>(n - 1)] = 50.0f;
+            }
+            if (variant == 2 && n > 1) x[0] = std::numeric_limits<float>::quiet_NaN();  // skipped
+            bool first = true;
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = x[static_cast<size_t>(i)];
+                if (std::isnan(v)) continue;
+                if (first || v > x[static_cast<size_t>(want)]) want = i, first = false;
+            }
+            auto dx = up(x);
+            DeviceBuffer scratch(argmax_scratch_bytes(n));
+            auto dout = poisoned<int32_t>(1);
+            argmax(dx.as<float>(), n, scratch.data(), dout.as<int32_t>(), st());
+            auto got = down<int32_t>(dout, 1);
+            ASSERT_EQ(got[0], want) << "n " << n << " variant " << variant;
+        }
+    }
+}
+
+TEST_F(OpsCuda, RejectsBadArguments) {
+    DeviceBuffer b(1 << 16);
+    float* f = b.as<float>();
+    EXPECT_THROW(rms_norm_q8_1(f, nullptr, f, f, nullptr, nullptr, 1, 100, 1e-5f, st()), std::exception);
+    EXPECT_THROW(decode_attention(f, f, f, KvType::F16, b.as<int32_t>(), 16, 8, 8, 96, 1.0f, f, f, st()),
+                 std::exception);
+    EXPECT_THROW(decode_attention(f, f, f, KvType::F16, b.as<int32_t>(), 16, 12, 8, 64, 1.0f, f, f, st()),
+                 std::exception);
+    EXPECT_THROW(get_row(DType::Q4_1, f, 1, 32, b.as<int32_t>(), f, st()), std::exception);
+    EXPECT_THROW(swiglu_q8_1(f, f, f, nullptr, nullptr, 33, st()), std::exception);
+}
+
+}  // namespace

@@ -71,8 +71,6 @@ void rope_kv_store(float* q, const float* k, const float* v, void* k_cache, void
 /// Scratch of decode_attention: partial results of every (split, head).
 /// Size in bytes for a cache of n_ctx positions and n_head query heads.
 size_t decode_attention_scratch_bytes(int n_ctx, int n_head, int head_dim);
-/// Positions per split (the split-K chunk length) of decode_attention.
-inline constexpr int kAttnChunk = 256;
 
 /// Causal GQA decode attention of one query token at position *pos over the
 /// cache positions 0..*pos (as cpu::attention with n = 1):
@@ -82,10 +80,14 @@ inline constexpr int kAttnChunk = 256;
 ///   scratch: decode_attention_scratch_bytes(n_ctx, n_head, head_dim) bytes
 /// head_dim in {64, 128}; n_head a multiple of n_head_kv with
 /// n_head / n_head_kv <= 16; *pos clamped to [0, n_ctx).
-/// Split-K: the positions are cut into chunks of kAttnChunk; one thread block
-/// per (chunk, KV head) computes, for each of its query heads, the chunk's
-/// max score, sum of exponentials and unnormalised output; a second kernel
-/// combines the chunks. The grid covers n_ctx; blocks past *pos exit at once.
+/// Split-K: the grid has min(128, ceil(n_ctx/64)) splits per KV head; the
+/// positions 0..*pos are cut into 64-position tiles and each split takes
+/// ceil(tiles/splits) consecutive tiles (chosen on the device from *pos:
+/// short context → many one-tile splits, long context → all splits, several
+/// tiles each). One thread block per (split, KV head) computes, for each of
+/// its query heads, the split's max score, sum of exponentials and
+/// unnormalised output (online softmax over its tiles); a second kernel
+/// combines the active splits. Blocks of inactive splits exit at once.
 void decode_attention(const float* q, const void* k_cache, const void* v_cache, KvType kv_type,
                       const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale,
                       void* scratch, float* out, cudaStream_t stream);

@@ -1,34 +1,51 @@
 // Split-K GQA decode attention ("flash-decoding") over the device KV cache.
 // API: ops.h (decode_attention).
 //
+// Split layout (graph-capturable: the grid depends on n_ctx only, the work on
+// *pos read on the device):
+//   The positions 0..L-1 (L = *pos + 1) are cut into kTile = 64-position tiles,
+//   nt = ceil(L/64). The grid has S = min(kMaxSplits = 128, ceil(n_ctx/64))
+//   splits per KV head; split s takes tps = ceil(nt/S) consecutive tiles
+//   [s·tps, s·tps + tps) ∩ [0, nt), so na = ceil(nt/tps) splits are active
+//   (short context: one tile each, up to 64·S positions; long context: S
+//   splits of tps tiles). Blocks of splits >= na exit at once.
+//
 // attn_split_kernel<HD, T, G>
 //   Shapes:  q: n_head × HD floats; caches: n_ctx rows × n_head_kv × HD T
 //            (T = float or __half), rows of n_head_kv·HD elements;
-//            part_o: [n_head][n_splits][HD] floats, part_ml: [n_head][n_splits][2]
+//            part_o: [n_head][S][HD] floats, part_ml: [n_head][S][2]
 //            floats {max score, Σ exp(score − max)}.
-//   Grid:    (n_splits, n_head_kv) blocks of 128 threads (4 warps); block
-//            (s, hk) handles positions [256s, 256s + 256) ∩ [0, pos] for the
-//            g = n_head/n_head_kv query heads hk·g .. hk·g + g − 1 (G: g
-//            rounded up to a power of two, the register/shared arrays' size),
-//            reading each K and V row once for all g heads.
-//            1. q·scale for the g heads → shared, then registers (HD/32 per lane).
-//            2. Scores: warp w takes positions w, w+4, ... (4 rows in flight
-//               per warp); a K row is split over the lanes (HD/32 contiguous
-//               elements each, one 4- to 16-byte load), g dot products
-//               finished by warp shuffles → shared sc[g][256].
-//            3. Per head: chunk max m and p = exp(score − m) (in place), l = Σ p.
-//            4. Output: HD/2 threads per V row (2 elements each), 128/(HD/2)
-//               rows at once, 4 deep; o_j += p_j(t)·v(t); row groups summed
-//               through shared memory → part_o, part_ml.
+//   Grid:    (S, n_head_kv) blocks of 256 threads (8 warps); block (s, hk)
+//            handles split s for the g = n_head/n_head_kv query heads
+//            hk·g .. hk·g + g − 1 (G: g rounded up to a power of two, the
+//            register/shared arrays' size), reading each K and V row once
+//            for all g heads.
+//            Thread mapping: one 16-byte load covers EPL = 16/sizeof(T)
+//            elements of a row; LPR = HD/EPL lanes share a row, a warp reads
+//            RPW = 32/LPR rows per load, and a 64-row tile is NL = 64/(8·RPW)
+//            loads per lane. The lane's q·scale slice (G × EPL floats) lives
+//            in registers.
+//            Per tile: all NL K loads and all NL V loads of the lane are
+//            issued together (rows past L are not read: zero); g dot
+//            products per row, reduced over the LPR lanes by shuffles →
+//            shared sc[G][64] (−inf past L); warp j updates head j's running
+//            max m and sum l (online softmax), turns sc into p = exp(s − m)
+//            and publishes the rescale factor α = exp(m_old − m); each lane
+//            then does acc[j][e] = α_j·acc[j][e] + Σ_rows p_j(row)·v(row, e).
+//            End: acc summed over the warp's row groups (shuffles) and over
+//            the 8 warps (shared memory, 4 heads at a time) → part_o, part_ml.
 //   Align:   cache base pointers 16-byte aligned (cudaMalloc gives 256).
 //   Bound:   bandwidth of the K/V reads at long context (2·L·n_head_kv·HD·
-//            sizeof(T) bytes per layer); latency below a few thousand positions.
+//            sizeof(T) bytes per layer); about two DRAM round trips per
+//            block plus two launches at short context.
 //
 // attn_combine_kernel<HD>
-//   Grid:    one block of HD threads per query head. M = max_s m_s,
-//            w_s = exp(m_s − M), out = Σ_s w_s·o_s / Σ_s w_s·l_s over the
-//            ceil((pos+1)/256) chunks that exist.
-//   Bound:   latency (reads n_splits·(HD+2) floats per head).
+//   Grid:    one block of 256 threads per query head; reads only the na
+//            active splits. M = max_s m_s, w_s = exp(m_s − M) (shared),
+//            den = Σ_s w_s·l_s; thread (grp, c) sums w_s·o_s[4c..4c+3] over
+//            the splits s ≡ grp (mod 256/(HD/4)) with float4 loads, groups
+//            summed in shared memory; out = Σ / den.
+//   Bound:   latency (reads na·(HD+2) floats per head).
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
@@ -41,37 +58,41 @@ using detail::block_sum;
 using detail::warp_max;
 using detail::warp_sum;
 
-constexpr int kAttnThreads = 128;
-constexpr int kUnroll = 4;
+constexpr int kAttnThreads = 256;
+constexpr int kNW = kAttnThreads / 32;
+constexpr int kTile = 64;
+constexpr int kMaxSplits = 128;
+constexpr int kCombineThreads = 256;
 
-template <int N>
-__device__ __forceinline__ void load_row(const float* p, float (&o)[N]) {
-    if constexpr (N == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
-    } else {
-        static_assert(N == 2);
-        const float2 v = *reinterpret_cast<const float2*>(p);
-        o[0] = v.x, o[1] = v.y;
-    }
+// 16 bytes of a cache row → floats.
+__device__ __forceinline__ void cvt16(const uint4& u, float (&o)[4], const float*) {
+    o[0] = __uint_as_float(u.x), o[1] = __uint_as_float(u.y), o[2] = __uint_as_float(u.z), o[3] = __uint_as_float(u.w);
 }
-template <int N>
-__device__ __forceinline__ void load_row(const __half* p, float (&o)[N]) {
-    if constexpr (N == 4) {
-        const uint2 u = *reinterpret_cast<const uint2*>(p);
-        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-        o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
-    } else {
-        static_assert(N == 2);
-        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(p));
-        o[0] = a.x, o[1] = a.y;
+__device__ __forceinline__ void cvt16(const uint4& u, float (&o)[8], const __half*) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        __half2 h;
+        memcpy(&h, &w[i], 4);
+        const float2 f = __half22float2(h);
+        o[2 * i] = f.x, o[2 * i + 1] = f.y;
     }
 }
 
 __device__ __forceinline__ int clamp_pos(const int32_t* pos_ptr, int n_ctx) {
     const int p = *pos_ptr;
     return p < 0 ? 0 : (p >= n_ctx ? n_ctx - 1 : p);
+}
+
+struct SplitPlan {
+    int nt, tps, na;
+};
+__device__ __forceinline__ SplitPlan split_plan(int L, int n_splits) {
+    SplitPlan p;
+    p.nt = (L + kTile - 1) / kTile;
+    p.tps = (p.nt + n_splits - 1) / n_splits;
+    p.na = (p.nt + p.tps - 1) / p.tps;
+    return p;
 }
 
 template <int HD, class T, int G>
@@ -81,155 +102,196 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                                                                   int n_head_kv, int g, float scale, int n_splits,
                                                                   float* __restrict__ part_o,
                                                                   float* __restrict__ part_ml) {
-    constexpr int C = kAttnChunk;
-    constexpr int EPL = HD / 32;                 // K elements per lane
-    constexpr int TPR = HD / 2;                  // threads per V row
-    constexpr int RP = kAttnThreads / TPR;       // V rows at once
-    constexpr int NW = kAttnThreads / 32;
+    constexpr int EPL = 16 / static_cast<int>(sizeof(T));
+    constexpr int LPR = HD / EPL;
+    constexpr int RPW = 32 / LPR;
+    constexpr int NL = kTile / (kNW * RPW);
+    constexpr int GB = G < 4 ? G : 4;  // heads per pass of the final reduction
+    static_assert(NL >= 1 && kTile % (kNW * RPW) == 0);
     __shared__ float qs[G][HD];
-    __shared__ float sc[G][C];
-    __shared__ float ml[G][2];
-    __shared__ float2 red[RP][G][TPR];
+    __shared__ float sc[G][kTile];
+    __shared__ float st_m[G], st_l[G], st_a[G];
+    __shared__ float red[kNW][GB][HD];
 
     const int L = clamp_pos(pos_ptr, n_ctx) + 1;
+    const SplitPlan plan = split_plan(L, n_splits);
     const int s = blockIdx.x, hk = blockIdx.y;
-    const int t0 = s * C;
-    if (t0 >= L) return;
-    const int n = min(C, L - t0);
+    if (s >= plan.na) return;
+    const int tile0 = s * plan.tps, tile1 = min(plan.nt, tile0 + plan.tps);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h0 = hk * g;
     for (int idx = tid; idx < G * HD; idx += kAttnThreads)
         qs[idx / HD][idx % HD] = idx < g * HD ? q[static_cast<int64_t>(h0) * HD + idx] * scale : 0.0f;
+    if (tid < G) st_m[tid] = -INFINITY, st_l[tid] = 0.0f;
     __syncthreads();
 
+    const int cl = lane % LPR;          // column group of the lane: elements cl·EPL ..
+    const int rsub = lane / LPR;        // row within the warp's RPW rows
+    float qr[G][EPL];
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) qr[j][e] = qs[j][cl * EPL + e];
+    float acc[G][EPL];
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[j][e] = 0.0f;
+
     const int64_t rs = static_cast<int64_t>(n_head_kv) * HD;  // cache row stride (elements)
-    // ---- scores
-    {
-        float qr[G][EPL];
+    const int64_t col = static_cast<int64_t>(hk) * HD + cl * EPL;
+    for (int tile = tile0; tile < tile1; ++tile) {
+        const int t0 = tile * kTile;
+        const int n = min(kTile, L - t0);
+        uint4 kr[NL], vr[NL];
 #pragma unroll
-        for (int j = 0; j < G; ++j)
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) qr[j][e] = qs[j][lane * EPL + e];
-        const T* kb = kc + static_cast<int64_t>(t0) * rs + static_cast<int64_t>(hk) * HD + lane * EPL;
-        for (int t = warp; t < n; t += NW * kUnroll) {
-            float kf[kUnroll][EPL];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int tt = t + NW * u;
-                if (tt < n) {
-                    load_row<EPL>(kb + tt * rs, kf[u]);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < EPL; ++e) kf[u][e] = 0.0f;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int tt = t + NW * u;
-#pragma unroll
-                for (int j = 0; j < G; ++j) {
-                    float d = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[u][e], d);
-                    d = warp_sum(d);
-                    if (lane == 0 && tt < n) sc[j][tt] = d;
-                }
-            }
-        }
-    }
-    __syncthreads();
-    // ---- chunk softmax statistics
-    for (int j = warp; j < g; j += NW) {
-        float m = -INFINITY;
-        for (int i = lane; i < n; i += 32) m = fmaxf(m, sc[j][i]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int i = lane; i < n; i += 32) {
-            const float p = expf(sc[j][i] - m);
-            sc[j][i] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) ml[j][0] = m, ml[j][1] = l;
-    }
-    __syncthreads();
-    // ---- p · V
-    const int rg = tid / TPR, c = tid % TPR;
-    float2 acc[G];
-#pragma unroll
-    for (int j = 0; j < G; ++j) acc[j] = make_float2(0.0f, 0.0f);
-    const T* vb = vc + static_cast<int64_t>(t0) * rs + static_cast<int64_t>(hk) * HD + 2 * c;
-    for (int t = rg; t < n; t += RP * kUnroll) {
-        float vv[kUnroll][2];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int tt = t + RP * u;
-            if (tt < n) {
-                load_row<2>(vb + tt * rs, vv[u]);
+        for (int u = 0; u < NL; ++u) {
+            const int row = (u * kNW + warp) * RPW + rsub;
+            if (row < n) {
+                const int64_t off = static_cast<int64_t>(t0 + row) * rs + col;
+                kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
+                vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
             } else {
-                vv[u][0] = vv[u][1] = 0.0f;
+                kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
             }
         }
+        // ---- scores
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int tt = t + RP * u;
-            if (tt < n) {
+        for (int u = 0; u < NL; ++u) {
+            const int row = (u * kNW + warp) * RPW + rsub;
+            float kf[EPL];
+            cvt16(kr[u], kf, static_cast<const T*>(nullptr));
 #pragma unroll
-                for (int j = 0; j < G; ++j) {
-                    const float p = sc[j][tt];  // j >= g: zero rows of q give finite, unused values
-                    acc[j].x = fmaf(p, vv[u][0], acc[j].x);
-                    acc[j].y = fmaf(p, vv[u][1], acc[j].y);
-                }
+            for (int j = 0; j < G; ++j) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
+#pragma unroll
+                for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
+                if (cl == 0) sc[j][row] = row < n ? d : -INFINITY;
             }
         }
+        __syncthreads();
+        // ---- online softmax statistics, one warp per head
+        for (int j = warp; j < g; j += kNW) {
+            const float s0 = sc[j][lane], s1 = sc[j][lane + 32];
+            const float mt = warp_max(fmaxf(s0, s1));
+            const float mo = st_m[j];
+            const float mn = fmaxf(mo, mt);
+            const float p0 = expf(s0 - mn), p1 = expf(s1 - mn);
+            sc[j][lane] = p0;
+            sc[j][lane + 32] = p1;
+            const float lt = warp_sum(p0 + p1);
+            if (lane == 0) {
+                const float a = expf(mo - mn);  // 0 on the first tile (mo = −inf)
+                st_a[j] = a;
+                st_m[j] = mn;
+                st_l[j] = st_l[j] * a + lt;
+            }
+        }
+        __syncthreads();
+        // ---- p · V
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            const float a = j < g ? st_a[j] : 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[j][e] *= a;
+        }
+#pragma unroll
+        for (int u = 0; u < NL; ++u) {
+            const int row = (u * kNW + warp) * RPW + rsub;
+            float vf[EPL];
+            cvt16(vr[u], vf, static_cast<const T*>(nullptr));
+#pragma unroll
+            for (int j = 0; j < G; ++j) {
+                const float p = j < g ? sc[j][row] : 0.0f;  // rows past L: p = 0 and v = 0
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) acc[j][e] = fmaf(p, vf[e], acc[j][e]);
+            }
+        }
+        __syncthreads();  // sc and st_a are rewritten by the next tile
     }
+    // ---- reduce acc over the warp's row groups, then over the warps
 #pragma unroll
-    for (int j = 0; j < G; ++j) red[rg][j][c] = acc[j];
-    __syncthreads();
-    for (int idx = tid; idx < g * TPR; idx += kAttnThreads) {
-        const int j = idx / TPR, cc = idx % TPR;
-        float2 o = red[0][j][cc];
+    for (int j = 0; j < G; ++j)
 #pragma unroll
-        for (int r = 1; r < RP; ++r) o.x += red[r][j][cc].x, o.y += red[r][j][cc].y;
-        const int64_t slot = static_cast<int64_t>(h0 + j) * n_splits + s;
-        reinterpret_cast<float2*>(part_o + slot * HD)[cc] = o;
+        for (int e = 0; e < EPL; ++e)
+#pragma unroll
+            for (int off = LPR; off < 32; off <<= 1) acc[j][e] += __shfl_xor_sync(0xFFFFFFFFu, acc[j][e], off);
+#pragma unroll
+    for (int jb = 0; jb < G; jb += GB) {
+        if (jb >= g) break;  // uniform
+        if (rsub == 0) {
+#pragma unroll
+            for (int jj = 0; jj < GB; ++jj)
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) red[warp][jj][cl * EPL + e] = acc[jb + jj][e];
+        }
+        __syncthreads();
+        for (int idx = tid; idx < GB * HD; idx += kAttnThreads) {
+            const int jj = idx / HD, d = idx % HD;
+            if (jb + jj < g) {
+                float o = 0.0f;
+#pragma unroll
+                for (int w = 0; w < kNW; ++w) o += red[w][jj][d];
+                const int64_t slot = static_cast<int64_t>(h0 + jb + jj) * n_splits + s;
+                part_o[slot * HD + d] = o;
+            }
+        }
+        __syncthreads();
     }
     if (tid < g) {
         const int64_t slot = static_cast<int64_t>(h0 + tid) * n_splits + s;
-        part_ml[2 * slot] = ml[tid][0];
-        part_ml[2 * slot + 1] = ml[tid][1];
+        part_ml[2 * slot] = st_m[tid];
+        part_ml[2 * slot + 1] = st_l[tid];
     }
 }
 
 template <int HD>
-__global__ void attn_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                    const int32_t* __restrict__ pos_ptr, int n_ctx, int n_splits,
-                                    float* __restrict__ out) {
-    extern __shared__ float wsh[];  // n_splits weights
+__global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const float* __restrict__ part_o,
+                                                                       const float* __restrict__ part_ml,
+                                                                       const int32_t* __restrict__ pos_ptr,
+                                                                       int n_ctx, int n_splits,
+                                                                       float* __restrict__ out) {
+    constexpr int C4 = HD / 4;                       // float4 columns
+    constexpr int NG = kCombineThreads / C4;         // split groups
+    __shared__ float wsh[kMaxSplits];
     __shared__ float red[32];
-    const int h = blockIdx.x;
+    __shared__ float4 osum[NG][C4];
+    const int h = blockIdx.x, tid = threadIdx.x;
     const int L = clamp_pos(pos_ptr, n_ctx) + 1;
-    const int na = (L + kAttnChunk - 1) / kAttnChunk;
+    const int na = split_plan(L, n_splits).na;
     const float* ml = part_ml + static_cast<int64_t>(h) * n_splits * 2;
-    float m = -INFINITY;
-    for (int s = threadIdx.x; s < na; s += blockDim.x) m = fmaxf(m, ml[2 * s]);
-    const float M = block_max(m, red);
-    float den = 0.0f;
-    for (int s = threadIdx.x; s < na; s += blockDim.x) {
-        const float w = expf(ml[2 * s] - M);
-        wsh[s] = w;
-        den += w * ml[2 * s + 1];
+    const float ms = tid < na ? ml[2 * tid] : -INFINITY;  // na <= kMaxSplits <= kCombineThreads
+    const float ls = tid < na ? ml[2 * tid + 1] : 0.0f;
+    const float M = block_max(ms, red);
+    const float w = tid < na ? expf(ms - M) : 0.0f;
+    if (tid < kMaxSplits) wsh[tid] = w;
+    const float den = block_sum(w * ls, red);  // its barriers also publish wsh
+    const int grp = tid / C4, c = tid % C4;
+    const float4* po = reinterpret_cast<const float4*>(part_o + static_cast<int64_t>(h) * n_splits * HD);
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int s = grp; s < na; s += NG) {
+        const float4 o = po[static_cast<int64_t>(s) * C4 + c];
+        const float ws = wsh[s];
+        a.x = fmaf(ws, o.x, a.x), a.y = fmaf(ws, o.y, a.y), a.z = fmaf(ws, o.z, a.z), a.w = fmaf(ws, o.w, a.w);
     }
-    den = block_sum(den, red);  // its barriers also publish wsh
-    const float* po = part_o + static_cast<int64_t>(h) * n_splits * HD;
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int s = 0; s < na; ++s) acc = fmaf(wsh[s], po[static_cast<int64_t>(s) * HD + d], acc);
-        out[static_cast<int64_t>(h) * HD + d] = acc / den;
+    osum[grp][c] = a;
+    __syncthreads();
+    if (tid < HD) {
+        const float* os = reinterpret_cast<const float*>(&osum[0][0]);
+        float r = 0.0f;
+#pragma unroll
+        for (int gi = 0; gi < NG; ++gi) r += os[gi * HD + tid];
+        out[static_cast<int64_t>(h) * HD + tid] = r / den;
     }
 }
 
-int n_splits_for(int n_ctx) { return (n_ctx + kAttnChunk - 1) / kAttnChunk; }
+int n_splits_for(int n_ctx) {
+    const int tiles = (n_ctx + kTile - 1) / kTile;
+    return tiles < kMaxSplits ? tiles : kMaxSplits;
+}
 
 template <int HD, class T, int G>
 void launch_split(const float* q, const void* kc, const void* vc, const int32_t* pos, int n_ctx, int n_head_kv,
@@ -276,8 +338,6 @@ void decode_attention(const float* q, const void* k_cache, const void* v_cache, 
     const int n_splits = n_splits_for(n_ctx);
     float* po = static_cast<float*>(scratch);
     float* pml = po + static_cast<size_t>(n_head) * static_cast<size_t>(n_splits) * static_cast<size_t>(head_dim);
-    const size_t smem = static_cast<size_t>(n_splits) * sizeof(float);
-    if (smem > 48 * 1024) throw_error("decode_attention: n_ctx too large for the combine kernel (max 3M)");
     const bool f16 = kv_type == KvType::F16;
     if (head_dim == 64) {
         if (f16)
@@ -292,10 +352,11 @@ void decode_attention(const float* q, const void* k_cache, const void* v_cache, 
     }
     QUERN_CUDA_CHECK_LAUNCH();
     if (head_dim == 64)
-        attn_combine_kernel<64><<<static_cast<unsigned>(n_head), 64, smem, stream>>>(po, pml, pos, n_ctx, n_splits, out);
+        attn_combine_kernel<64><<<static_cast<unsigned>(n_head), kCombineThreads, 0, stream>>>(po, pml, pos, n_ctx,
+                                                                                             n_splits, out);
     else
-        attn_combine_kernel<128><<<static_cast<unsigned>(n_head), 128, smem, stream>>>(po, pml, pos, n_ctx, n_splits,
-                                                                                       out);
+        attn_combine_kernel<128><<<static_cast<unsigned>(n_head), kCombineThreads, 0, stream>>>(po, pml, pos, n_ctx,
+                                                                                              n_splits, out);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,13 +5,109 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 
+#include <algorithm>
+
 namespace quern::cuda {
 namespace {
 
 using detail::block_sum;
 using detail::quantize_block_q8_1;
 
-// rms_norm_q8_1_kernel
+// rms_norm_q8_1_vec_kernel<KMAX>  (the path for aligned rows, dim <= 32768)
+//   Shapes:  as rms_norm_q8_1_kernel below.
+//   Grid:    one block per row of min(1024, dim/4 rounded up to 32) threads.
+//            Thread t owns the float4 chunks c = t + k·blockDim (k < KMAX),
+//            elements 4c..4c+3: pass 1 loads x (+ residual, stored back) and w
+//            for all its chunks at once and keeps them in registers; fp32 sum
+//            of squares, one block reduction; pass 2 computes y = (x·scale)·w
+//            from the registers. A Q8_1 block (32 elements) is 8 consecutive
+//            chunks = 8 lanes of one warp: amax and the half sums by 3-step
+//            shuffles, 4 int8 stored as one 32-bit word.
+//   Align:   x, residual, w, y 16-byte aligned, xq 4-byte aligned (checked on
+//            the host; otherwise rms_norm_q8_1_kernel runs).
+//   Bound:   latency (one DRAM round trip per pass-1 load set, two barriers).
+//
+// quantize_chunk_q8_1: the Q8_1 block of 8 lanes (lane & 7 = chunk within the
+// block) holding 4 elements each; same arithmetic as quantize_block_q8_1.
+// Every lane of the warp must call it (inactive lanes with zeros, no store).
+__device__ __forceinline__ void quantize_chunk_q8_1(const float (&v)[4], bool active, int lane, int64_t b,
+                                                    int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
+                                                    int64_t half_k) {
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) q[e] = static_cast<int>(roundf(v[e] * id));
+    int half = q[0] + q[1] + q[2] + q[3];
+#pragma unroll
+    for (int off = 2; off > 0; off >>= 1) half += __shfl_xor_sync(0xFFFFFFFFu, half, off);  // lanes 0-3 / 4-7
+    const int other = __shfl_xor_sync(0xFFFFFFFFu, half, 4);
+    if (!active) return;
+    const int gl = lane & 7;  // elements 4gl..4gl+3 of the block: plane gl>>2, bytes 4(gl&3)..
+    const uint32_t packed = (static_cast<uint32_t>(q[0]) & 0xFFu) | ((static_cast<uint32_t>(q[1]) & 0xFFu) << 8) |
+                            ((static_cast<uint32_t>(q[2]) & 0xFFu) << 16) | (static_cast<uint32_t>(q[3]) << 24);
+    *reinterpret_cast<uint32_t*>(xq + (gl >> 2) * half_k + 16 * b + 4 * (gl & 3)) = packed;
+    if (gl == 0) xinfo[b] = ActBlockInfo{d, static_cast<float>(half + other) * d, half, other};
+}
+
+template <int KMAX>
+__global__ void __launch_bounds__(1024) rms_norm_q8_1_vec_kernel(float* x, const float* __restrict__ residual,
+                                                                 const float* __restrict__ w, float* __restrict__ y,
+                                                                 int8_t* __restrict__ xq,
+                                                                 ActBlockInfo* __restrict__ xinfo, int64_t dim,
+                                                                 float eps) {
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x;
+    const int nc = static_cast<int>(dim / 4);
+    float4* xr = reinterpret_cast<float4*>(x + r * dim);
+    const float4* rr = residual ? reinterpret_cast<const float4*>(residual + r * dim) : nullptr;
+    const float4* wr = reinterpret_cast<const float4*>(w);
+    float4 xv[KMAX], wv[KMAX];
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (c < nc) {
+            xv[k] = xr[c];
+            wv[k] = wr[c];
+        } else {
+            xv[k] = wv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+    if (rr) {
+#pragma unroll
+        for (int k = 0; k < KMAX; ++k) {
+            const int c = threadIdx.x + k * blockDim.x;
+            if (c < nc) {
+                const float4 a = rr[c];
+                xv[k].x += a.x, xv[k].y += a.y, xv[k].z += a.z, xv[k].w += a.w;
+                xr[c] = xv[k];
+            }
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k)
+        ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+    ss = block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) {
+        const int c0 = k * blockDim.x;
+        if (c0 >= nc) break;  // uniform over the block
+        const int c = threadIdx.x + c0;
+        const bool active = c < nc;
+        const float v[4] = {xv[k].x * scale * wv[k].x, xv[k].y * scale * wv[k].y, xv[k].z * scale * wv[k].z,
+                            xv[k].w * scale * wv[k].w};
+        if (y && active) reinterpret_cast<float4*>(y + r * dim)[c] = make_float4(v[0], v[1], v[2], v[3]);
+        if (xq) quantize_chunk_q8_1(v, active, lane, c >> 3, xq + r * dim, xinfo + r * (dim / 32), dim / 2);
+    }
+}
+
+// rms_norm_q8_1_kernel  (fallback: unaligned pointers or dim > 32768)
 //   Shapes:  x, residual, y: n rows × dim floats; w: dim floats;
 //            xq: n × [2][dim/32][16] int8; xinfo: n × dim/32 records.
 //   Grid:    one block of kNormThreads per row. Pass 1: each thread strides
@@ -103,8 +199,25 @@ void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out
         throw_error("rms_norm_q8_1: need n >= 1 and dim a positive multiple of 32");
     if (!x || !w) throw_error("rms_norm_q8_1: x and w are required");
     if ((xq == nullptr) != (xinfo == nullptr)) throw_error("rms_norm_q8_1: give both xq and xinfo, or neither");
-    rms_norm_q8_1_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim,
-                                                                                eps);
+    const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vec = dim <= 32768 && a16(x) && a16(w) && (!residual || a16(residual)) && (!y_out || a16(y_out)) &&
+                     reinterpret_cast<uintptr_t>(xq) % 4 == 0;
+    const unsigned grid = static_cast<unsigned>(n);
+    if (vec) {
+        const int64_t nc = dim / 4;
+        const int threads = static_cast<int>(std::min<int64_t>(1024, (nc + 31) / 32 * 32));
+        const int64_t kmax = (nc + threads - 1) / threads;
+        if (kmax <= 1)
+            rms_norm_q8_1_vec_kernel<1><<<grid, threads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+        else if (kmax <= 2)
+            rms_norm_q8_1_vec_kernel<2><<<grid, threads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+        else if (kmax <= 4)
+            rms_norm_q8_1_vec_kernel<4><<<grid, threads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+        else
+            rms_norm_q8_1_vec_kernel<8><<<grid, threads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+    } else {
+        rms_norm_q8_1_kernel<<<grid, kNormThreads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+    }
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

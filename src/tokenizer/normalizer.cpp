@@ -2,6 +2,7 @@
 
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/unicode.h"
+#include "tokenizer/unicode_nfc.h"
 
 namespace quern {
 
@@ -42,6 +43,12 @@ NormStep NormStep::nfc() {
     return s;
 }
 
+std::vector<NormStep> gguf_bpe_normalizer(std::string_view family, std::string_view arch) {
+    std::vector<NormStep> steps;
+    if (family == "qwen2" || (family == "gpt2" && arch == "gptneox")) steps.push_back(NormStep::nfc());
+    return steps;
+}
+
 Normalizer::Normalizer(std::vector<NormStep> steps) : steps_(std::move(steps)) {
     for (const NormStep& s : steps_)
         regexes_.push_back(s.kind == NormStep::Kind::ReplaceRegex ? std::make_unique<Regex>(s.a) : nullptr);
@@ -59,8 +66,15 @@ std::string_view Normalizer::apply(std::string_view text, std::string& buf) cons
     for (size_t k = 0; k < steps_.size(); ++k) {
         const NormStep& s = steps_[k];
         switch (s.kind) {
-            case NormStep::Kind::Nfc:
-                break;  // identity; see the header
+            case NormStep::Kind::Nfc: {
+                std::string out;
+                const std::string_view r = unicode::nfc(cur, out);
+                if (r.data() == cur.data() && r.size() == cur.size()) break;  // already NFC
+                std::string& t = target();
+                t.swap(out);
+                cur = t;
+                break;
+            }
             case NormStep::Kind::Prepend: {
                 if (cur.empty()) break;  // HF: nothing is prepended to empty text
                 std::string& t = target();

@@ -3,11 +3,11 @@
 // same names. Supported: Prepend, Replace (string or regex), Strip, NFC (see
 // below); tokenizer.json files with other normalizers are rejected at load.
 //
-// NFC is accepted but applied as the identity: quern carries no Unicode
-// composition tables, so text that is not already in NFC (decomposed accents,
-// e.g. "e\u0301") can tokenize differently from Hugging Face for the models
-// that declare NFC (GPT-NeoX, Qwen2). Text in NFC, which is nearly all text,
-// is unaffected.
+// NFC is Unicode Normalization Form C with the Unicode 9.0 data of Hugging
+// Face `tokenizers` 0.23 (src/tokenizer/unicode_nfc.h); text already in NFC,
+// such as all ASCII, passes through a quick check without a copy. Invalid
+// UTF-8 bytes are kept as they are. tokenizer.json files declare it (GPT-NeoX,
+// Qwen2); GGUF vocabularies imply it as gguf_bpe_normalizer() says.
 #pragma once
 #include <memory>
 #include <string>
@@ -32,6 +32,14 @@ struct NormStep {
     static NormStep strip(bool left, bool right);
     static NormStep nfc();
 };
+
+/// The normalizer of the Hugging Face tokenizer behind a GGUF byte-level BPE
+/// vocabulary with the pre-tokenizer family `family` (PreTokenizer::family())
+/// and `general.architecture` `arch`: NFC for the Qwen2 family (qwen2,
+/// stablelm2, hunyuan, megrez, deepseek-r1-qwen) and for GPT-NeoX models
+/// (arch gptneox with the GPT-2 pre-tokenizer, as EleutherAI's tokenizer.json
+/// files), none otherwise. tools/tok_gguf_to_tokenizer_json.py writes the same.
+std::vector<NormStep> gguf_bpe_normalizer(std::string_view family, std::string_view arch);
 
 /// A sequence of normalizer steps. Immutable after construction; thread-safe.
 class Normalizer {

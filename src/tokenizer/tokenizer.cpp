@@ -141,6 +141,7 @@ VocabData Tokenizer::vocab_from_gguf(const GgufFile& f) {
     // tokenizer strips the whitespace after its chat tokens and </s> (but not
     // after <unk>, <s>, <|endoftext|>), so "<|user|>\nHi" is [<|user|>, ▁Hi].
     const std::string arch = f.get_string("general.architecture", "");
+    d.arch = arch;
     if (spm && (arch == "phi3" || arch == "phi-3") && d.types.size() == d.tokens.size()) {
         for (size_t i = 0; i < d.tokens.size(); ++i) {
             const std::string& t = d.tokens[i];
@@ -266,6 +267,7 @@ void Tokenizer::build_models() {
             normalizer_ = Normalizer(d_.normalizer);
         } else {
             pre_ = std::make_unique<PreTokenizer>(d_.pre);
+            normalizer_ = Normalizer(gguf_bpe_normalizer(pre_->family(), d_.arch));
         }
         // Merging works on raw bytes. Merges and byte characters resolve to
         // ordinary tokens only: some vocabularies re-add byte characters as

@@ -76,6 +76,7 @@ struct AddedTokenFlags {
 struct VocabData {
     VocabKind kind = VocabKind::Bpe;
     std::string pre = "default";            // tokenizer.ggml.pre (BPE without pre_steps)
+    std::string arch;                       // general.architecture (GGUF; implies NFC for gptneox)
     std::vector<std::string> tokens;        // token text (byte characters for BPE)
     std::vector<float> scores;              // SPM merge scores (may be empty)
     std::vector<TokenType> types;           // may be empty: all Normal

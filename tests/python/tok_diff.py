@@ -33,9 +33,18 @@ real vocabularies are not in the test data), it
    it drops as HF drops characters without a token; SentencePiece: exactly,
    via <0xNN> byte fallback).
 
-Families whose tokenizer.json declares an NFC normalizer (GPT-NeoX, Qwen2) get
-NFC-normalized strings: quern does not carry Unicode composition tables and
-applies NFC as the identity (src/tokenizer/normalizer.h).
+Families whose tokenizer.json declares an NFC normalizer (GPT-NeoX, Qwen2)
+get the same strings as the others (most already in NFC, many not: the
+combining marks follow letters and each other), which quern normalizes
+(src/tokenizer/unicode_nfc.h).
+
+The pseudo-family "nfc" checks the NFC normalizer alone, byte for byte: a
+tokenizer.json with the NFC normalizer and a byte-level BPE without merges
+(ids = the bytes of the normalized text) gets every code point alone and
+between "a" and U+0334 (which reorders every mark of class > 1), and --n
+random strings built from composites, decomposable and excluded characters,
+singletons, combining marks of many classes, Hangul jamo and syllables and
+the starters that compose with the one before them (NFC_QC=Maybe).
 
 Exit status 0 when every comparison agrees; the first differences are printed.
 """
@@ -194,8 +203,6 @@ def check_family(fam, a, workdir):
     texts = [rand_text(rng, specials) for _ in range(a.n)]
     raw = [rand_bytes(rng, specials) for _ in range(max(1, a.n // 10))]
     texts += [b.decode("utf-8", "replace") for b in raw]
-    if nfc:
-        texts = [unicodedata.normalize("NFC", t) for t in texts]
 
     model = ["-m", fam.gguf] + (["--pre", fam.pre] if fam.pre else [])
     lines = [json.dumps(t) + "\n" for t in texts]
@@ -245,9 +252,26 @@ def check_family(fam, a, workdir):
     # for that text, not for the byte: DeepSeek-Coder re-adds the characters
     # of bytes 0xC0, 0xC1, 0xF5-0xFF, which valid UTF-8 never contains).
     keep = [b for b in range(256) if spm or (byte_chars[b] in vocab and byte_chars[b] not in added)]
+    # With NFC, decoding gives the normalized text; quern keeps invalid bytes
+    # and normalizes the valid text between them.
+    from tokenizers import normalizers
+    norm = normalizers.NFC().normalize_str if nfc else (lambda t: t)
+
+    def norm_bytes(b):
+        t = b.decode("utf-8", "surrogateescape")
+        parts, run = [], ""
+        for ch in t:
+            if 0xDC80 <= ord(ch) <= 0xDCFF:
+                parts.append(norm(run).encode("utf-8") + bytes([ord(ch) - 0xDC00]))
+                run = ""
+            else:
+                run += ch
+        return b"".join(parts) + norm(run).encode("utf-8")
+
+    n_changed = sum(norm(t) != t for t in texts) if nfc else 0
     rt_bad = 0
     for i, v in zip(rt_idx, dec):
-        if as_bytes(v) != bytes(x for x in texts[i].encode("utf-8") if x in keep):
+        if as_bytes(v) != bytes(x for x in norm(texts[i]).encode("utf-8") if x in keep):
             rt_bad += 1
             if shown[0] < a.show:
                 shown[0] += 1
@@ -262,7 +286,7 @@ def check_family(fam, a, workdir):
                            [json.dumps(ids) + "\n" for ids in got_raw], fam.name + " bytes detokenize")
     raw_bad = 0
     for b, ids, v in zip(raw_rt, got_raw, dec_raw):
-        want = bytes(x for x in b if x in keep)
+        want = bytes(x for x in norm_bytes(b) if x in keep)
         if not all(0 <= i < n_vocab for i in ids) or as_bytes(v) != want:
             raw_bad += 1
             if shown[0] < a.show:
@@ -274,9 +298,99 @@ def check_family(fam, a, workdir):
     status = "ok" if not any(report.values()) else "DIFFERENCES"
     print(f"{fam.name:16s} {n} strings: gguf {report['gguf']} diffs, gguf+parse-special {report['gguf+special']}, "
           f"tokenizer.json {report['tokenizer.json+special']}, with BOS/EOS {report['gguf+bos']}/{n_bos}; round trip {report['round-trip']}/{len(rt_idx)} "
-          f"failed; raw bytes {report['invalid-bytes']}/{len(raw_rt)} failed{'; NFC inputs' if nfc else ''} "
+          f"failed; raw bytes {report['invalid-bytes']}/{len(raw_rt)} failed{f'; NFC, {n_changed} inputs not in NFC' if nfc else ''} "
           f"[{time.time() - t0:.1f}s, quern {t_plain:.2f}s] {status}", flush=True)
     return sum(report.values())
+
+
+# ---------------------------------------------------------------- NFC alone
+
+NFC_MAYBE_STARTERS = [0x09BE, 0x09D7, 0x0B3E, 0x0B56, 0x0B57, 0x0BBE, 0x0BD7, 0x0C56, 0x0CC2, 0x0CD5, 0x0CD6, 0x0D3E,
+                      0x0D57, 0x0DCF, 0x0DDF, 0x102E, 0x1161, 0x1175, 0x11A8, 0x11C2, 0x1B35, 0x110BA, 0x11127,
+                      0x1133E, 0x11357, 0x114B0, 0x114BA, 0x114BD, 0x115AF]
+NFC_BASES = [0x09C7, 0x0B47, 0x0BC6, 0x0BC7, 0x0BD2, 0x0C46, 0x0CBF, 0x0CC6, 0x0CCA, 0x0D46, 0x0D47, 0x0DD9, 0x0DDC,
+             0x1025, 0x1B05, 0x11099, 0x11131, 0x11347, 0x114B9, 0x115B8]
+NFC_SPECIAL = [0x0340, 0x0341, 0x0343, 0x0344, 0x0374, 0x037E, 0x0387, 0x0958, 0x095F, 0x0F43, 0x0F73, 0x0F75, 0x0F81,
+               0x1F71, 0x1FBB, 0x1FEE, 0x2000, 0x2001, 0x2126, 0x212A, 0x212B, 0x2329, 0x232A, 0x2ADC, 0xFB1D,
+               0xFB1F, 0xFB2A, 0xFB4E, 0x1D15E, 0x1D164, 0x1D1BB, 0x1D1C0, 0x2F800, 0x2FA1D, 0xF900, 0xFA10, 0xFA6D,
+               0x1E9B, 0x0345, 0x1F80, 0x1FB3, 0x00C5, 0x01FA, 0x1E08, 0x1EA0, 0x1EAC, 0x0226, 0x01E0, 0x0390, 0x03B0,
+               0x0DDA, 0x0DDD, 0x0DDE, 0x0B4C, 0x0B48, 0x0B4B, 0x0BCA, 0x0BCB, 0x0BCC, 0x0CCB, 0x1026, 0x1B06]
+
+
+def nfc_pools():
+    marks = [c for c in range(0x300, 0x20000) if unicodedata.combining(chr(c))]
+    decomposable = [c for c in range(0xA0, 0x30000) if unicodedata.decomposition(chr(c))[:1] not in ("", "<")]
+    return marks, decomposable
+
+
+def rand_nfc_text(rng, pools):
+    marks, decomposable = pools
+    out = []
+    for _ in range(rng.randint(1, 24)):
+        k = rng.random()
+        if k < 0.15:
+            out.append(rng.choice("aeiouAEIOUnNcCsSzZwyY ."))
+        elif k < 0.35:
+            out.append(chr(rng.choice(marks)))
+        elif k < 0.45:
+            out.append(chr(rng.choice([0x300, 0x301, 0x302, 0x303, 0x308, 0x30A, 0x323, 0x327, 0x328, 0x331, 0x342,
+                                       0x345, 0x313, 0x314, 0x31B, 0x334, 0x338, 0x5B4, 0x5BC, 0x3099, 0x309A])))
+        elif k < 0.58:
+            out.append(chr(rng.choice(decomposable)))
+        elif k < 0.66:
+            out.append(chr(rng.choice(NFC_SPECIAL)))
+        elif k < 0.74:
+            out.append(chr(rng.choice(NFC_MAYBE_STARTERS + NFC_BASES)))
+        elif k < 0.86:
+            r = rng.random()
+            out.append(chr(rng.randint(0x1100, 0x1112)) if r < 0.3 else chr(rng.randint(0x1161, 0x1175)) if r < 0.55
+                       else chr(rng.randint(0x11A7, 0x11C3)) if r < 0.8 else chr(rng.randint(0xAC00, 0xD7A3)))
+        elif k < 0.9:
+            out.append(chr(rng.choice([0x3046, 0x304B, 0x30A6, 0x30AB, 0x30CF, 0x309D, 0x30FD, 0x1B3A, 0x1B3C])))
+        else:
+            c = rng.randint(0, 0x10FFFF)
+            out.append("" if 0xD800 <= c <= 0xDFFF else chr(c))
+    return "".join(out)
+
+
+def check_nfc(a, workdir):
+    """The NFC normalizer alone: ids of a merge-free byte-level BPE are the normalized bytes."""
+    t0 = time.time()
+    bc = conv_byte_chars()
+    j = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": {"type": "NFC"},
+         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+         "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                                             "use_regex": False},
+         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                   "vocab": {bc[b]: b for b in range(256)}, "merges": []}}
+    d = os.path.join(workdir, "nfc")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    from tokenizers import normalizers
+    hf = normalizers.NFC()
+    cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    texts = ["".join("a" + chr(c) + "\u0334" + chr(c) + " " for c in cps[k:k + 64]) for k in range(0, len(cps), 64)]
+    n_cover = len(texts)
+    rng = random.Random(f"{a.seed}/nfc")
+    pools = nfc_pools()
+    texts += [rand_nfc_text(rng, pools) for _ in range(a.n)]
+    got, t_q = run_quern([a.quern, "tokenize", "--jsonl", "--no-bos", "-m", d], [json.dumps(t) + "\n" for t in texts],
+                         "nfc")
+    bad = changed = 0
+    for t, g in zip(texts, got):
+        e = hf.normalize_str(t)
+        changed += e != t
+        if bytes(g) != e.encode("utf-8"):
+            bad += 1
+            if bad <= a.show:
+                print(f"  nfc DIFF {[hex(ord(x)) for x in t][:40]}\n    hf:    {[hex(ord(x)) for x in e][:40]}\n"
+                      f"    quern: {[hex(ord(x)) for x in bytes(g).decode('utf-8', 'replace')][:40]}")
+    print(f"{'nfc':16s} {len(texts)} strings ({n_cover} covering every code point, {len(texts) - n_cover} random; "
+          f"{changed} changed by NFC): {bad} differ from tokenizers' NFC [{time.time() - t0:.1f}s, quern {t_q:.2f}s] "
+          f"{'ok' if not bad else 'DIFFERENCES'}", flush=True)
+    return bad
 
 
 def conv_byte_chars():
@@ -316,12 +430,15 @@ def main():
         fams.append(Family("smollm2", a.model))
     else:
         print(f"smollm2: default model not found at {a.model}, skipped (bash tools/fetch-model.sh)")
+    do_nfc = not a.family or "nfc" in a.family
     if a.family:
         fams = [f for f in fams if f.name in a.family]
     print(f"tok_diff: seed {a.seed}, {a.n} strings + {max(1, a.n // 10)} with invalid UTF-8 per family, "
-          f"{len(fams)} families")
+          f"{len(fams)} families{' and NFC alone' if do_nfc else ''}")
     total = 0
     with tempfile.TemporaryDirectory(prefix="quern-tok-diff-") as workdir:
+        if do_nfc:
+            total += check_nfc(a, workdir)
         for fam in fams:
             total += check_family(fam, a, workdir)
     print(f"tok_diff: {'all agree' if total == 0 else f'{total} differences'}")

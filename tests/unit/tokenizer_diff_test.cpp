@@ -2,8 +2,9 @@
 // package: runs tests/python/tok_diff.py with the built quern binary (10,000
 // random strings per family plus 1,000 with invalid UTF-8; every vocabulary in
 // ../shared/testdata/vocab, the default model when fetched, and four more
-// pre-tokenizer families on the GPT-2 vocabulary). See the script for what is
-// compared. Skipped when python3 lacks `tokenizers` or `gguf`
+// pre-tokenizer families on the GPT-2 vocabulary), and the NFC normalizer
+// alone, byte for byte, on every code point and 10,000 random strings. See the
+// script for what is compared. Skipped when python3 lacks `tokenizers` or `gguf`
 // (tools/install-deps.sh installs both).
 //
 // Environment: QUERN_TOK_DIFF_N (strings per family), QUERN_TOK_DIFF_SEED.

@@ -21,6 +21,7 @@
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
+#include "tokenizer/unicode_nfc.h"
 
 using namespace quern;
 namespace fs = std::filesystem;
@@ -350,7 +351,10 @@ TEST(RoundTrip, RandomValidUtf8) {
         const std::string s = random_text(rng, 1 + rng() % 40);
         for (const auto& [name, tok] : toks) {
             const auto ids = tok->encode(s, false, false);
-            ASSERT_EQ(tok->decode(ids), encodable(*tok, s)) << name << " iteration " << iter;
+            // GPT-NeoX normalizes with NFC: decoding gives the normalized text.
+            std::string buf;
+            const std::string t(name == "gpt-neox" ? unicode::nfc(s, buf) : std::string_view(s));
+            ASSERT_EQ(tok->decode(ids), encodable(*tok, t)) << name << " iteration " << iter;
         }
     }
 }

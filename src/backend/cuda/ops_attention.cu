@@ -36,8 +36,9 @@
 //            the 8 warps (shared memory, 4 heads at a time) → part_o, part_ml.
 //   Align:   cache base pointers 16-byte aligned (cudaMalloc gives 256).
 //   Bound:   bandwidth of the K/V reads at long context (2·L·n_head_kv·HD·
-//            sizeof(T) bytes per layer); about two DRAM round trips per
-//            block plus two launches at short context.
+//            sizeof(T) bytes per layer); at short context latency: a chain
+//            of dependent reads per block (*pos, q, then each tile's K/V, no
+//            prefetch of the next tile) plus two launches.
 //
 // attn_combine_kernel<HD>
 //   Grid:    one block of 256 threads per query head; reads only the na

@@ -45,6 +45,7 @@ Stats stats(const std::vector<double>& v) {
 }
 
 void bench(const BenchOptions& o) {
+    if (o.n_prompt == 0 && o.n_gen == 0) fail("nothing to measure: -p and -n are both 0");
     std::unique_ptr<Model> model;
     std::shared_ptr<GgufFile> file;
     std::string label;
@@ -162,11 +163,15 @@ void add_bench_command(CLI::App& app) {
                     "Benchmark a synthetic model of a named shape instead (smollm2-135m, llama3-1b, llama3-8b, qwen2-7b)");
     cmd->add_option("--quant", o->quant, "Weight type of the synthetic model (a block type, Q4_K_M or Q5_K_M)")
         ->capture_default_str();
-    cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp test (0 = skip)")->capture_default_str();
-    cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens for the tg test (0 = skip)")->capture_default_str();
+    cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp test (0 = skip)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens for the tg test (0 = skip)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("-r,--repetitions", o->reps, "Timed repetitions of each test")->capture_default_str()->check(CLI::Range(1, 1000));
     add_model_options(cmd, o->mopts);
-    cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    add_threads_option(cmd, o->threads);
     cmd->add_flag("--json", o->json, "Print results as JSON");
     cmd->footer(
         "Examples:\n"

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -29,6 +30,7 @@ struct PplOptions {
 };
 
 void perplexity(const PplOptions& o) {
+    if (std::filesystem::is_directory(o.file)) fail("text file '{}' is a directory", o.file);
     std::ifstream in(o.file, std::ios::binary);
     if (!in) fail("cannot open text file '{}'", o.file);
     std::stringstream ss;
@@ -109,9 +111,23 @@ void add_perplexity_command(CLI::App& app) {
     cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("-f,--file", o->file, "Text file to score")->required();
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Tokens per chunk")->capture_default_str()->check(CLI::Range(4, 1 << 20));
-    cmd->add_option("--chunks", o->max_chunks, "Score at most this many chunks (-1 = all)")->capture_default_str();
+    cmd->add_option("--chunks", o->max_chunks, "Score at most this many chunks (-1 = all)")
+        ->capture_default_str()
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+                long long n = 0;
+                size_t used = 0;
+                try {
+                    n = std::stoll(v, &used);
+                } catch (const std::exception&) {
+                    used = 0;
+                }
+                if (used != v.size() || v.empty()) return "'" + v + "' is not an integer";
+                return n == -1 || n >= 1 ? "" : "must be -1 (all chunks) or at least 1";
+            },
+            "-1|N>=1"));
     add_model_options(cmd, o->mopts);
-    cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    add_threads_option(cmd, o->threads);
     cmd->add_flag("--json", o->json, "Print the result as JSON");
     cmd->footer(
         "Examples:\n"

@@ -1,6 +1,10 @@
 // quern run: generate text from a prompt, streaming it to stdout.
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "cli/commands.h"
@@ -29,8 +33,9 @@ struct RunOptions {
 int run(const RunOptions& o) {
     std::string prompt = o.prompt;
     if (!o.prompt_file.empty()) {
+        if (std::filesystem::is_directory(o.prompt_file)) fail("prompt file '{}' is a directory", o.prompt_file);
         std::FILE* f = std::fopen(o.prompt_file.c_str(), "rb");
-        if (!f) fail("cannot open prompt file '{}'", o.prompt_file);
+        if (!f) fail("cannot open prompt file '{}': {}", o.prompt_file, std::strerror(errno));
         char buf[65536];
         size_t n;
         while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) prompt.append(buf, n);
@@ -63,8 +68,9 @@ int run(const RunOptions& o) {
     const double t1 = now_seconds();
 
     Detokenizer detok(*m.tokenizer, false);
-    int generated = 0;
-    for (; generated < o.n_predict; ++generated) {
+    const int64_t limit = o.n_predict < 0 ? INT64_MAX : o.n_predict;
+    int64_t generated = 0;
+    for (; generated < limit; ++generated) {
         const int32_t tok = sampler.sample(logits.data());
         if (!o.ignore_eos && m.tokenizer->is_eog(tok)) break;
         sampler.accept(tok);
@@ -74,11 +80,11 @@ int run(const RunOptions& o) {
             std::fflush(stdout);
         }
         if (cache.size() >= cache.n_ctx()) {
-            std::fprintf(stderr, "\nquern: context full (%lld tokens)\n", static_cast<long long>(cache.n_ctx()));
+            std::fprintf(stderr, "quern: context full (%lld tokens)\n", static_cast<long long>(cache.n_ctx()));
             ++generated;
             break;
         }
-        if (generated + 1 < o.n_predict) m.model->forward(&tok, 1, cache, logits.data(), false, pool);
+        if (generated + 1 < limit) m.model->forward(&tok, 1, cache, logits.data(), false, pool);
     }
     const std::string rest = detok.flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -88,9 +94,9 @@ int run(const RunOptions& o) {
 
     const double pp = static_cast<double>(ids.size()) / (t1 - t0);
     // Decode time counts the forward passes after the first sampled token.
-    const int decode_steps = generated > 1 ? generated - 1 : 0;
-    std::fprintf(stderr, "quern: prompt %zu tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.1f tok/s)\n",
-                 ids.size(), t1 - t0, pp, generated, t2 - t1,
+    const int64_t decode_steps = generated > 1 ? generated - 1 : 0;
+    std::fprintf(stderr, "quern: prompt %zu tokens in %.3f s (%.1f tok/s); generated %lld tokens in %.3f s (%.1f tok/s)\n",
+                 ids.size(), t1 - t0, pp, static_cast<long long>(generated), t2 - t1,
                  decode_steps > 0 ? decode_steps / (t2 - t1) : 0.0);
     return 0;
 }
@@ -99,14 +105,18 @@ int run(const RunOptions& o) {
 
 void add_sampling_options(CLI::App* cmd, SamplingParams& sp, int64_t& seed) {
     cmd->add_option("--temp", sp.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
-    cmd->add_option("--top-k", sp.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
+    cmd->add_option("--top-k", sp.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::NonNegativeNumber);
     cmd->add_option("--top-p", sp.top_p, "Nucleus sampling threshold (1 = off)")->capture_default_str();
     cmd->add_option("--min-p", sp.min_p, "Drop tokens below min-p × the top probability (0 = off)")->capture_default_str();
     cmd->add_option("--repeat-penalty", sp.repeat_penalty, "Penalty for repeated tokens (1 = off)")->capture_default_str();
-    cmd->add_option("--repeat-last-n", sp.repeat_last_n, "Tokens the penalties look back over (-1 = all)")->capture_default_str();
+    cmd->add_option("--repeat-last-n", sp.repeat_last_n, "Tokens the penalties look back over (-1 = all)")
+        ->capture_default_str()
+        ->check(CLI::Range(-1, 1 << 30));
     cmd->add_option("--presence-penalty", sp.presence_penalty, "Subtracted once from seen tokens")->capture_default_str();
     cmd->add_option("--frequency-penalty", sp.frequency_penalty, "Subtracted per occurrence")->capture_default_str();
-    cmd->add_option("--seed", seed, "Random seed (-1 = random); same seed, same output")->capture_default_str();
+    cmd->add_option("--seed", seed, "Random seed (-1 = random); same seed, same output")
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t{-1}, INT64_MAX));
 }
 
 }  // namespace quern::cli
@@ -116,12 +126,14 @@ void add_run_command(CLI::App& app) {
     auto o = std::make_shared<RunOptions>();
     CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (text to stdout, timings to stderr)");
     cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
-    cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
-    cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file");
-    cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
+    auto* p = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
+    cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file")->excludes(p);
+    cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (-1 = until end of generation or a full context)")
+        ->capture_default_str()
+        ->check(CLI::Range(-1, 1 << 30));
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     add_model_options(cmd, o->mopts);
-    cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    add_threads_option(cmd, o->threads);
     cmd->add_flag("--no-special", o->no_special, "Treat special-token text in the prompt as plain text");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
     add_sampling_options(cmd, o->sp, o->seed);

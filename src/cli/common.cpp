@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace quern::cli {
 
@@ -40,6 +41,22 @@ LoadedModel load_model(const std::string& path, const ModelOptions& opts) {
     m.tokenizer = Tokenizer::from_gguf(*m.file);
     m.load_seconds = now_seconds() - t0;
     return m;
+}
+
+void add_threads_option(CLI::App* cmd, int& threads) {
+    cmd->add_option_function<int>(
+           "-t,--threads",
+           [&threads](int t) {
+               const int hw = ThreadPool::hardware_threads();
+               if (t > hw) {
+                   std::fprintf(stderr, "quern: %d threads requested, using the %d this machine has\n", t, hw);
+                   t = hw;
+               }
+               threads = t;
+           },
+           "CPU threads (0 = all cores)")
+        ->default_str("0")
+        ->check(CLI::NonNegativeNumber);
 }
 
 void add_model_options(CLI::App* cmd, ModelOptions& opts) {

@@ -43,6 +43,10 @@ struct SamplingParams;
 struct ModelOptions;
 }
 namespace quern::cli {
+/// Adds -t/--threads (0 = all cores; more than the machine's hardware threads
+/// is clamped to them with a note, since spinning workers would only wait on
+/// each other).
+void add_threads_option(CLI::App* cmd, int& threads);
 /// Adds --fast-act (one-level 8-bit activations) to a command.
 void add_model_options(CLI::App* cmd, ModelOptions& opts);
 /// Adds --temp/--top-k/--top-p/--min-p/penalties/--seed options to a command.

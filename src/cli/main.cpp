@@ -6,7 +6,7 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
-    CLI::App app{"quern — a large-language-model inference engine (GGUF models on CPU and GPU)"};
+    CLI::App app{"quern — a large-language-model inference engine (GGUF models on the CPU)"};
     app.set_version_flag("--version", QUERN_VERSION);
     app.require_subcommand(1);
     app.footer(
@@ -24,7 +24,18 @@ int main(int argc, char** argv) {
     add_tokenize_command(app);
     add_detokenize_command(app);
     try {
-        CLI11_PARSE(app, argc, argv);
+        try {
+            app.parse(argc, argv);
+        } catch (const CLI::RequiredError& e) {
+            // "quern frobnicate": say which command is unknown rather than that one is required.
+            if (argc > 1 && argv[1][0] != '-') {
+                std::fprintf(stderr, "quern: error: unknown command '%s' (see quern --help)\n", argv[1]);
+                return 2;
+            }
+            return app.exit(e);
+        } catch (const CLI::ParseError& e) {
+            return app.exit(e);
+        }
     } catch (const quern::Error& e) {
         std::fprintf(stderr, "quern: error: %s\n", e.what());
         return 1;

@@ -73,6 +73,9 @@ def make_env():
     def strftime_now(fmt):
         return FIXED_NOW.strftime(fmt)
 
+    # the names Python prints for these functions, as in transformers
+    raise_exception.__qualname__ = "_compile_jinja_template.<locals>.raise_exception"
+    strftime_now.__qualname__ = "_compile_jinja_template.<locals>.strftime_now"
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[GenerationBlock, loopcontrols])
     env.filters["tojson"] = tojson

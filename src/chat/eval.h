@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "chat/ast.h"
@@ -38,7 +39,7 @@ struct RenderOptions {
     std::optional<std::tm> now;
 };
 
-struct Scope;
+struct Frame;
 class Namespace;
 class Macro;
 class LoopObject;
@@ -80,19 +81,24 @@ public:
 
 private:
     enum class Flow { Normal, Break, Continue };
-    using ScopeP = std::shared_ptr<Scope>;
+    using FrameP = std::shared_ptr<Frame>;
 
-    Flow exec(const Body& body, const ScopeP& sc, std::string& out);
-    Flow exec_stmt(const Stmt& s, const ScopeP& sc, std::string& out);
-    void exec_for(const Stmt& s, const ScopeP& sc, std::string& out, const std::vector<Value>& items, int64_t depth0);
-    void assign(const Target& t, const Value& v, Scope& sc);
-    std::string render_block(const Body& body, const ScopeP& parent);
-    Value eval(const Expr& e, const ScopeP& sc);
-    Value eval_inner(const Expr& e, const ScopeP& sc);
-    Value eval_call(const Expr& e, const ScopeP& sc);
-    Value eval_filter(const Expr& e, const ScopeP& sc, const Value* input);
-    void eval_args(const Args& a, const ScopeP& sc, CallArgs& out);
-    Value lookup(const std::string& name, const ScopeP& sc);
+    Flow exec(const Body& body, const FrameP& fr, std::string& out);
+    Flow exec_stmt(const Stmt& s, const FrameP& fr, std::string& out);
+    void exec_for(const Stmt& s, const FrameP& fr, std::string& out, const std::vector<Value>& items, int64_t depth0);
+    /// A new frame for `def` inside `parent`, its variables initialised.
+    FrameP enter(const FrameDef& def, const FrameP& parent);
+    /// The context's value of a name (top-level assignments, render
+    /// variables, globals), or missing.
+    Value resolve(const std::string& name) const;
+    void assign(const Target& t, const Value& v, Frame& fr);
+    void export_target(const Target& t, Frame& fr);
+    Value check_namespace(const Target& t, Frame& fr);
+    Value eval(const Expr& e, const FrameP& fr);
+    Value eval_inner(const Expr& e, const FrameP& fr);
+    Value eval_call(const Expr& e, const FrameP& fr);
+    Value eval_filter(const Expr& e, const FrameP& fr, const Value* input);
+    void eval_args(const Args& a, const FrameP& fr, CallArgs& out);
     void emit(std::string& out, std::string_view text);
 
     struct DepthGuard;
@@ -101,6 +107,8 @@ private:
     RenderOptions opts_;
     uint64_t steps_ = 0, bytes_ = 0;
     int depth_ = 0, call_depth_ = 0;
+    Value context_;                                        // the render variables (a dict)
+    std::unordered_map<std::string, Value> exported_;      // top-level assignments
     std::vector<std::shared_ptr<Namespace>> namespaces_;
     std::vector<std::shared_ptr<Macro>> macros_;
     std::vector<std::shared_ptr<LoopObject>> loops_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <unordered_map>
 
@@ -101,8 +102,12 @@ Value do_tojson(Interp& in, const Value& v, CallArgs& args) {
 }
 
 std::string do_indent(const Value& s, const Value& width, bool first, bool blank) {
-    if (!s.is_string()) {
+    if (!s.is_string()) {  // jinja2 does `s += "\n"` first
         if (s.is_undefined()) s.fail_undefined();
+        if (s.is_list() && s.list_data().kind == SeqKind::List)
+            raise("AttributeError", "'list' object has no attribute 'splitlines'");
+        if (s.is_list() && s.list_data().kind == SeqKind::Tuple)
+            type_error("can only concatenate tuple (not \"str\") to tuple");
         type_error("unsupported operand type(s) for +=: '" + type_name(s) + "' and 'str'");
     }
     const std::string ind = width.is_string() ? width.str()
@@ -128,26 +133,23 @@ std::string do_indent(const Value& s, const Value& width, bool first, bool blank
 
 // Python's sorted(items, key=...) with a stable sort; raises on unorderable keys.
 std::vector<Value> sorted_by(std::vector<Value> items, const std::vector<Value>& keys, bool reverse) {
-    std::vector<size_t> idx(items.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-        return reverse ? less(keys[b], keys[a]) : less(keys[a], keys[b]);
-    });
+    const std::vector<size_t> idx = py_sort_order(keys, reverse);
     std::vector<Value> out;
     out.reserve(items.size());
     for (size_t i : idx) out.push_back(std::move(items[i]));
     return out;
 }
 
-Value do_round(const Value& v, int64_t prec, const std::string& method) {
+Value do_round(Interp& in, const Value& v, int64_t prec, const std::string& method) {
     if (method != "common" && method != "ceil" && method != "floor")
         raise("FilterArgumentError", "method must be common, ceil or floor");
-    if (v.is_undefined()) v.fail_undefined();
-    if (!v.is_number()) type_error("type " + type_name(v) + " doesn't define __round__ method");
     if (method == "common") {
+        if (!v.is_number()) type_error("type " + type_name(v) + " doesn't define __round__ method");
         if (!v.is_float()) {
             if (prec >= 0) return Value(v.as_int());
-            const int64_t p = static_cast<int64_t>(std::pow(10.0, static_cast<double>(-prec)));
+            if (prec < -18) return Value(0);
+            int64_t p = 1;
+            for (int64_t k = 0; k < -prec; ++k) p *= 10;
             const int64_t x = v.as_int();
             int64_t q = x / p, r = x % p;
             if (r < 0) r += p, --q;
@@ -164,12 +166,22 @@ Value do_round(const Value& v, int64_t prec, const std::string& method) {
             return Value(r);
         }
         const double p = std::pow(10.0, static_cast<double>(-prec));
-        const double y = std::nearbyint(d / p) * p;
-        return Value(y);
+        return Value(std::nearbyint(d / p) * p);
     }
-    const double p = std::pow(10.0, static_cast<double>(prec));
-    const double x = v.as_double() * p;
-    return Value((method == "ceil" ? std::ceil(x) : std::floor(x)) / p);
+    // math.ceil/floor(value * 10**precision) / 10**precision, as jinja2 computes it
+    const Value scale = prec >= 0 && prec < 19 ? binary_op(in, "**", Value(10), Value(prec)) : Value(std::pow(10.0, static_cast<double>(prec)));
+    const Value x = binary_op(in, "*", v, scale);
+    if (!x.is_number()) type_error("must be real number, not " + type_name(x));
+    Value r;
+    if (x.is_float()) {
+        const double d = method == "ceil" ? std::ceil(x.as_double()) : std::floor(x.as_double());
+        if (!std::isfinite(d)) raise("OverflowError", "cannot convert float infinity to integer");
+        if (std::fabs(d) > 9.2e18) raise("OverflowError", "integer overflow (template integers are 64-bit)");
+        r = Value(static_cast<int64_t>(d));
+    } else {
+        r = Value(x.as_int());
+    }
+    return binary_op(in, "/", r, scale);
 }
 
 std::string do_title(const std::string& s) {
@@ -335,6 +347,14 @@ std::string do_wordwrap(const std::string& s, int64_t width, bool break_long, co
     return out;
 }
 
+// A generator that yields `prefix` and then raises `e` (jinja2's generator
+// filters fail only when consumed).
+Value pending_iterator(std::vector<Value> prefix, const TemplateError& e) {
+    Value it = Value::iterator(std::move(prefix));
+    it.list_data().pending = std::make_shared<TemplateError>(e);
+    return it;
+}
+
 Value select_or_reject(Interp& in, const Value& v, CallArgs& args, bool select, bool attr) {
     std::vector<Value> out;
     if (!truthy(v)) return Value::iterator({});
@@ -356,10 +376,14 @@ Value select_or_reject(Interp& in, const Value& v, CallArgs& args, bool select, 
     }
     for (const Value& item : iterate(v)) {
         in.step();
-        const Value x = attr ? get_path(in, item, parts, nullptr) : item;
-        CallArgs a = targs;
-        const bool ok = has_test ? in.test(test_name, x, a) : truthy(x);
-        if (ok == select) out.push_back(item);
+        try {
+            const Value x = attr ? get_path(in, item, parts, nullptr) : item;
+            CallArgs a = targs;
+            const bool ok = has_test ? in.test(test_name, x, a) : truthy(x);
+            if (ok == select) out.push_back(item);
+        } catch (const TemplateError& e) {
+            return pending_iterator(std::move(out), e);
+        }
     }
     in.charge(16 * out.size());
     return Value::iterator(std::move(out));
@@ -367,6 +391,7 @@ Value select_or_reject(Interp& in, const Value& v, CallArgs& args, bool select, 
 
 Value do_map(Interp& in, const Value& v, CallArgs& args) {
     std::vector<Value> out;
+    if (!truthy(v)) return Value::iterator({});  // jinja2: `if value:` before anything
     const Value* attribute = args.kwarg("attribute");
     if (args.pos.empty() && attribute) {
         const Value* def = args.kwarg("default");
@@ -375,7 +400,11 @@ Value do_map(Interp& in, const Value& v, CallArgs& args) {
         const std::vector<Value> parts = attribute_parts(*attribute);
         for (const Value& item : iterate(v)) {
             in.step();
-            out.push_back(get_path(in, item, parts, def));
+            try {
+                out.push_back(get_path(in, item, parts, def));
+            } catch (const TemplateError& e) {
+                return pending_iterator(std::move(out), e);
+            }
         }
     } else {
         if (args.pos.empty()) raise("FilterArgumentError", "map requires a filter argument");
@@ -386,7 +415,11 @@ Value do_map(Interp& in, const Value& v, CallArgs& args) {
         rest.kw = args.kw;
         for (const Value& item : iterate(v)) {
             CallArgs a = rest;
-            out.push_back(in.filter(name, item, a));
+            try {
+                out.push_back(in.filter(name, item, a));
+            } catch (const TemplateError& e) {
+                return pending_iterator(std::move(out), e);
+            }
         }
     }
     in.charge(16 * out.size());
@@ -404,20 +437,24 @@ Value min_max(Interp& in, const Value& v, CallArgs& args, bool is_max) {
     for (size_t i = 0; i < items.size(); ++i) {
         Value k = get_path(in, items[i], parts, nullptr);
         if (!cs) k = ignore_case(k);
-        if (i == 0 || (is_max ? less(best_key, k) : less(k, best_key))) best = i, best_key = k;
+        if (i == 0 || (is_max ? compare(k, best_key, ">") == 1 : compare(k, best_key, "<") == -1)) best = i, best_key = k;
     }
     return items[best];
 }
 
+bool reversible(const Value& v) {
+    return v.is_string() || v.is_dict() || v.is_undefined() || (v.is_list() && v.list_data().kind != SeqKind::Iterator);
+}
+
 Value first_or_last(const Value& v, bool last) {
-    if (last) {
-        if (v.is_list() && v.list_data().kind == SeqKind::Iterator)
-            type_error("'" + type_name(v) + "' object is not reversible");
-        if (v.is_list() && v.list_data().kind == SeqKind::View)
-            type_error("'" + type_name(v) + "' object is not reversible");
+    if (last && !reversible(v)) type_error("'" + type_name(v) + "' object is not reversible");
+    if (!last && v.is_list() && v.list_data().pending && !v.list_data().exhausted && !v.items().empty()) {
+        v.list_data().exhausted = true;
+        return v.items().front();
     }
     const std::vector<Value> items = iterate(v);
     if (items.empty()) return Value::undefined(last ? "No last item, sequence was empty." : "No first item, sequence was empty.");
+    if (last && v.is_markup()) return Value::markup(items.back().str());  // reversed() indexes the Markup
     return last ? items.back() : items.front();
 }
 
@@ -458,8 +495,38 @@ bool is_known_test(std::string_view name) {
 
 // ------------------------------------------------------------------ filters
 
+Value apply_filter_now(Interp& in, const std::string& name, const Value& v, CallArgs& args);
+
 Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs& args) {
     if (!is_known_filter(name)) raise("TemplateRuntimeError", "No filter named '" + name + "' found.");
+    // jinja2's generator filters: arguments bind at the call, everything else
+    // runs when the generator is consumed.
+    static const std::unordered_map<std::string, std::vector<const char*>> lazy = {
+        {"items", {}}, {"unique", {"case_sensitive", "attribute"}}, {"batch", {"linecount", "fill_with"}},
+        {"slice", {"slices", "fill_with"}}, {"map", {}}, {"select", {}}, {"reject", {}}, {"selectattr", {}},
+        {"rejectattr", {}}};
+    const auto it = lazy.find(name);
+    if (it == lazy.end()) return apply_filter_now(in, name, v, args);
+    if (name == "items" || name == "unique" || name == "batch" || name == "slice") {
+        const std::vector<const char*>& p = it->second;
+        if (p.empty()) ArgBinder(args, "do_" + name, {});
+        else ArgBinder(args, "do_" + name, {p[0], p[1]});
+    }
+    Value r;
+    try {
+        r = apply_filter_now(in, name, v, args);
+    } catch (const TemplateError& e) {
+        r = pending_iterator({}, e);
+    }
+    static const std::unordered_map<std::string, const char*> fn = {
+        {"items", "do_items"}, {"unique", "sync_do_unique"}, {"batch", "do_batch"}, {"slice", "sync_do_slice"},
+        {"map", "sync_do_map"}, {"select", "select_or_reject"}, {"reject", "select_or_reject"},
+        {"selectattr", "select_or_reject"}, {"rejectattr", "select_or_reject"}};
+    if (r.is_list() && r.list_data().kind == SeqKind::Iterator) r.list_data().gen_name = fn.at(name);
+    return r;
+}
+
+Value apply_filter_now(Interp& in, const std::string& name, const Value& v, CallArgs& args) {
     auto B = [&](std::initializer_list<const char*> params) { return ArgBinder(args, "do_" + name, params); };
     if (name == "tojson") return do_tojson(in, v, args);
     if (name == "default" || name == "d") {
@@ -586,7 +653,6 @@ Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs
             return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
         }
         if (v.is_float()) return Value(std::fabs(v.as_double()));
-        if (v.is_undefined()) v.fail_undefined();
         type_error("bad operand type for abs(): '" + type_name(v) + "'");
     }
     if (name == "indent") {
@@ -600,7 +666,7 @@ Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs
         ArgBinder b = B({"width"});
         const int64_t w = std::min<int64_t>(int_arg(b.get_or(0, Value(80)), "width"), static_cast<int64_t>(in.options().limits.max_output));
         in.charge(static_cast<uint64_t>(std::max<int64_t>(w, 0)));
-        return Value(pystr::pad(soft_str(v), w, ' ', '^'));
+        return str_result(v, pystr::pad(soft_str(v), w, ' ', '^'));
     }
     if (name == "dictsort") {
         ArgBinder b = B({"case_sensitive", "by", "reverse"});
@@ -651,8 +717,7 @@ Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs
             in.step();
             Value k = get_path(in, item, parts, nullptr);
             if (!cs) k = ignore_case(k);
-            if (k.is_dict() || (k.is_list() && k.list_data().kind == SeqKind::List))
-                type_error("unhashable type: '" + type_name(k) + "'");
+            check_hashable(k);
             bool dup = false;
             for (const Value& s : seen)
                 if (equals(s, k)) dup = true;
@@ -678,18 +743,26 @@ Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs
             std::reverse(u.begin(), u.end());
             return str_result(v, pystr::encode(u));
         }
-        std::vector<Value> items = iterate(v);
+        if (!reversible(v) && !(v.is_list() || v.is_object())) raise("FilterArgumentError", "argument must be iterable");
+        std::vector<Value> items;
+        try {
+            items = iterate(v);
+        } catch (const TemplateError& e) {
+            if (e.type() == "TypeError") raise("FilterArgumentError", "argument must be iterable");
+            throw;
+        }
         std::reverse(items.begin(), items.end());
         if (v.is_list() && v.list_data().kind == SeqKind::Iterator) return Value::list(std::move(items));
         const std::string t = v.is_dict() ? "dict_reversekeyiterator"
                               : v.is_list() && v.list_data().kind == SeqKind::List ? "list_reverseiterator"
+                              : v.is_list() && v.list_data().kind == SeqKind::View ? v.list_data().iter_type.substr(0, 5) + "_reverse" + v.list_data().iter_type.substr(5) + "iterator"
                                                                                     : "reversed";
         return Value::iterator(std::move(items), t);
     }
     if (name == "round") {
         ArgBinder b = B({"precision", "method"});
         const Value m = b.get_or(1, Value("common"));
-        return do_round(v, int_arg(b.get_or(0, Value(0)), "precision"), m.is_string() ? m.str() : "");
+        return do_round(in, v, int_arg(b.get_or(0, Value(0)), "precision"), m.is_string() ? m.str() : "");
     }
     if (name == "attr") {
         ArgBinder b = B({"name"});
@@ -750,9 +823,7 @@ Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs
             Value k = get_path(in, item, parts, &def);
             keys.push_back(cs ? k : ignore_case(k));
         }
-        std::vector<size_t> idx(items.size());
-        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-        std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t c) { return less(keys[a], keys[c]); });
+        const std::vector<size_t> idx = py_sort_order(keys, false);
         std::vector<Value> out;
         for (size_t i = 0; i < idx.size();) {
             size_t j = i;
@@ -775,7 +846,7 @@ Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs
         } else {
             fargs = Value::tuple(args.pos);
         }
-        return Value(percent_format(in, soft_str(v), fargs));
+        return str_result(v, percent_format(in, soft_str(v), fargs, v.is_markup()));
     }
     if (name == "striptags") {
         B({});
@@ -784,9 +855,15 @@ Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs
     if (name == "truncate") {
         ArgBinder b = B({"length", "killwords", "end", "leeway"});
         const Value lw = b.get_or(3, Value::none());
-        return Value(do_truncate(in, soft_str(v), int_arg(b.get_or(0, Value(255)), "length"),
-                                 truthy(b.get_or(1, Value(false))), to_str(b.get_or(2, Value("..."))),
-                                 lw.is_none() ? 5 : int_arg(lw, "leeway")));
+        if (!v.is_string()) {  // jinja2 measures len(s) before any conversion
+            const int64_t n = length(v);
+            if (n <= int_arg(b.get_or(0, Value(255)), "length") + (lw.is_none() ? 5 : int_arg(lw, "leeway"))) return v;
+            type_error("can only concatenate " + type_name(v) + " (not \"str\") to " + type_name(v));
+        }
+        const Value end = b.get_or(2, Value("..."));
+        const std::string e = v.is_markup() && !end.is_markup() ? pystr::html_escape(to_str(end)) : to_str(end);
+        return str_result(v, do_truncate(in, soft_str(v), int_arg(b.get_or(0, Value(255)), "length"),
+                                         truthy(b.get_or(1, Value(false))), e, lw.is_none() ? 5 : int_arg(lw, "leeway")));
     }
     if (name == "wordcount") {
         B({});
@@ -813,9 +890,28 @@ Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs
         ArgBinder b = B({"binary"});
         return Value(do_filesizeformat(v, truthy(b.get_or(0, Value(false)))));
     }
-    if (name == "pprint") {
+    if (name == "pprint") {  // pprint.pformat: dict keys sorted (long lines are not wrapped as pprint would)
         B({});
-        return Value(repr(v));
+        std::function<Value(const Value&, int)> sorted_copy = [&](const Value& x, int depth) -> Value {
+            if (depth > 100) return x;
+            if (x.is_dict()) {
+                std::vector<std::pair<Value, Value>> kv = x.dict_data().items();
+                std::stable_sort(kv.begin(), kv.end(), [](const auto& a, const auto& b) {
+                    if (a.first.is_number() == b.first.is_number() && a.first.kind() == b.first.kind()) return less(a.first, b.first);
+                    return type_name(a.first) < type_name(b.first);
+                });
+                auto d = std::make_shared<DictData>();
+                for (auto& [k, val] : kv) d->set(k, sorted_copy(val, depth + 1));
+                return Value(std::move(d));
+            }
+            if (x.is_sequence_list()) {
+                std::vector<Value> items;
+                for (const Value& i : x.items()) items.push_back(sorted_copy(i, depth + 1));
+                return x.list_data().kind == SeqKind::Tuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+            }
+            return x;
+        };
+        return Value(repr(sorted_copy(v, 0)));
     }
     if (name == "urlencode") {
         B({});
@@ -864,11 +960,39 @@ Value apply_filter(Interp& in, const std::string& name, const Value& v, CallArgs
 
 bool apply_test(Interp& in, const std::string& name, const Value& v, CallArgs& args) {
     if (!is_known_test(name)) raise("TemplateRuntimeError", "No test named '" + name + "' found.");
-    auto arg = [&](const char* pname) -> const Value& {
-        ArgBinder b(args, "test_" + name, {pname});
-        if (!b.get(0)) type_error("test_" + name + "() missing 1 required positional argument: '" + pname + "'");
-        return *b.get(0);
-    };
+    static const std::unordered_map<std::string, std::string> ops = {
+        {"==", "eq"}, {"eq", "eq"}, {"equalto", "eq"}, {"!=", "ne"}, {"ne", "ne"}, {">", "gt"}, {"gt", "gt"},
+        {"greaterthan", "gt"}, {">=", "ge"}, {"ge", "ge"}, {"<", "lt"}, {"lt", "lt"}, {"lessthan", "lt"},
+        {"<=", "le"}, {"le", "le"}};
+    const size_t given = 1 + args.pos.size() + args.kw.size();
+    if (const auto op = ops.find(name); op != ops.end()) {
+        // Python's operator functions take exactly two positional arguments
+        if (!args.kw.empty()) type_error(op->second + "() takes no keyword arguments");
+        if (given != 2) type_error(op->second + " expected 2 arguments, got " + std::to_string(given));
+        const Value& other = args.pos[0];
+        const std::string& o = op->second;
+        if (o == "eq") return equals(v, other);
+        if (o == "ne") return !equals(v, other);
+        const char* sym = o == "lt" ? "<" : o == "le" ? "<=" : o == "gt" ? ">" : ">=";
+        const int c = compare(v, other, sym);
+        if (o == "lt") return c == -1;
+        if (o == "le") return c == -1 || c == 0;
+        if (o == "gt") return c == 1;
+        return c == 1 || c == 0;
+    }
+    if (name == "callable") {
+        if (!args.kw.empty()) type_error("callable() takes no keyword arguments");
+        if (given != 1) type_error("callable() takes exactly one argument (" + std::to_string(given) + " given)");
+        return v.is_undefined() || (v.is_object() && v.object().callable());
+    }
+    static const std::unordered_map<std::string, const char*> two = {
+        {"divisibleby", "num"}, {"sameas", "other"}, {"in", "seq"}};
+    const auto t2 = two.find(name);
+    const std::string fn = "test_" + name;
+    if (t2 == two.end()) {
+        for (const auto& [k, val] : args.kw) type_error(fn + "() got an unexpected keyword argument '" + k + "'");
+        if (given != 1) type_error(fn + "() takes 1 positional argument but " + std::to_string(given) + " were given");
+    }
     if (name == "defined") return !v.is_undefined();
     if (name == "undefined") return v.is_undefined();
     if (name == "none") return v.is_none();
@@ -884,48 +1008,35 @@ bool apply_test(Interp& in, const std::string& name, const Value& v, CallArgs& a
         return v.is_undefined() || v.is_string() || v.is_list() || v.is_dict() ||
                (v.is_object() && (v.object().type_name() == "Namespace" || v.object().type_name() == "LoopContext"));
     if (name == "sequence") return v.is_undefined() || v.is_string() || v.is_sequence_list() || v.is_dict();
-    if (name == "callable") return v.is_undefined() || (v.is_object() && v.object().callable());
     if (name == "escaped") return v.is_markup();
     if (name == "lower" || name == "upper") {
         const std::string s = to_str(v);
         return name == "lower" ? pystr::str_islower(s) : pystr::str_isupper(s);
     }
     if (name == "filter" || name == "test") {
-        const Value& n = arg("value");
-        if (!n.is_string()) return false;
-        return name == "filter" ? is_known_filter(n.str()) : is_known_test(n.str());
+        if (v.is_list() || v.is_dict()) type_error("unhashable type: '" + type_name(v) + "'");
+        if (!v.is_string()) return false;
+        return name == "filter" ? is_known_filter(v.str()) : is_known_test(v.str());
     }
     if (name == "odd" || name == "even") {
         const Value r = binary_op(in, "%", v, Value(2));
         return equals(r, Value(name == "odd" ? 1 : 0));
     }
-    if (name == "divisibleby") return equals(binary_op(in, "%", v, arg("num")), Value(0));
-    if (name == "in") return contains(arg("seq"), v);
-    if (name == "sameas") {
-        const Value& o = arg("other");
-        if (v.kind() != o.kind()) return false;
-        switch (v.kind()) {
-            case Kind::None:
-            case Kind::Undefined: return v.identity() == o.identity() || v.is_none();
-            case Kind::Bool: return v.as_bool() == o.as_bool();
-            case Kind::Int: return v.as_int() == o.as_int() && v.as_int() >= -5 && v.as_int() <= 256;
-            default: return v.identity() == o.identity();
-        }
+    // two-parameter tests
+    ArgBinder b(args, fn, {t2->second});
+    if (!b.get(0)) type_error(fn + "() missing 1 required positional argument: '" + t2->second + "'");
+    const Value& other = *b.get(0);
+    if (name == "divisibleby") return equals(binary_op(in, "%", v, other), Value(0));
+    if (name == "in") return contains(other, v);
+    // sameas: Python's `is`
+    if (v.kind() != other.kind()) return false;
+    switch (v.kind()) {
+        case Kind::None: return true;
+        case Kind::Undefined: return v.identity() == other.identity();
+        case Kind::Bool: return v.as_bool() == other.as_bool();
+        case Kind::Int: return v.as_int() == other.as_int() && v.as_int() >= -5 && v.as_int() <= 256;
+        default: return v.identity() == other.identity();
     }
-    const Value& other = arg("other");
-    if (name == "==" || name == "eq" || name == "equalto") return equals(v, other);
-    if (name == "!=" || name == "ne") return !equals(v, other);
-    if (name == "<" || name == "lt" || name == "lessthan") return compare(v, other, "<") == -1;
-    if (name == "<=" || name == "le") {
-        const int c = compare(v, other, "<=");
-        return c == -1 || c == 0;
-    }
-    if (name == ">" || name == "gt" || name == "greaterthan") return compare(v, other, ">") == 1;
-    if (name == ">=" || name == "ge") {
-        const int c = compare(v, other, ">=");
-        return c == 1 || c == 0;
-    }
-    raise("TemplateRuntimeError", "No test named '" + name + "' found.");
 }
 
 }  // namespace quern::jinja

@@ -44,10 +44,11 @@ const std::unordered_set<std::string>& dict_unsafe() {
     return s;
 }
 
-const std::string& str_arg(const Value& v, const char* fn) {
+// A str argument; `what` is Python's message prefix ("must be str", "replace() argument 1 must be str").
+const std::string& str_arg(const Value& v, const std::string& what) {
     if (!v.is_string()) {
         if (v.is_undefined()) v.fail_undefined();
-        type_error(std::string(fn) + "() argument must be str, not " + type_name(v));
+        type_error(what + ", not " + type_name(v));
     }
     return v.str();
 }
@@ -95,7 +96,49 @@ bool affix(const std::string& s, const Value& pre, const Value* st, const Value*
     return false;
 }
 
+Value call_str_method_impl(Interp& in, const Value& self, const std::string& m, CallArgs& a);
+
+// markupsafe's Markup wraps these str methods: string arguments are escaped
+// and the results are Markup again.
 Value call_str_method(Interp& in, const Value& self, const std::string& m, CallArgs& a) {
+    if (!self.is_markup()) return call_str_method_impl(in, self, m, a);
+    static const std::unordered_set<std::string> wrapped = {
+        "capitalize", "title", "lower", "upper", "replace", "ljust", "rjust", "lstrip", "rstrip", "center", "strip",
+        "expandtabs", "swapcase", "zfill", "casefold", "removeprefix", "removesuffix", "split", "rsplit",
+        "splitlines", "partition", "rpartition", "join", "format", "format_map"};
+    if (!wrapped.count(m)) return call_str_method_impl(in, self, m, a);
+    auto esc = [](Value& v) {
+        if (v.is_string() && !v.is_markup()) v = Value::markup(pystr::html_escape(v.str()));
+    };
+    CallArgs e = a;
+    if (m == "join") {
+        if (!e.pos.empty()) {
+            std::vector<Value> items = iterate(e.pos[0]);
+            for (Value& i : items) {
+                if (!i.is_string()) i = Value::markup(pystr::html_escape(to_str(i)));
+                else esc(i);
+            }
+            e.pos[0] = Value::list(std::move(items));
+        }
+    } else if (m == "format" || m == "format_map") {
+        for (Value& v : e.pos) esc(v);
+        for (auto& kv : e.kw) esc(kv.second);
+    } else {
+        for (Value& v : e.pos) esc(v);
+        for (auto& kv : e.kw) esc(kv.second);
+    }
+    Value r = call_str_method_impl(in, self, m, e);
+    if (r.is_string()) return Value::markup(r.str());
+    if (r.is_list()) {
+        std::vector<Value> items = r.items();
+        for (Value& i : items)
+            if (i.is_string()) i = Value::markup(i.str());
+        return r.list_data().kind == SeqKind::Tuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+    }
+    return r;
+}
+
+Value call_str_method_impl(Interp& in, const Value& self, const std::string& m, CallArgs& a) {
     const std::string& s = self.str();
     auto B = [&](std::initializer_list<const char*> p) { return ArgBinder(a, m, p); };
     auto ret = [&](std::string r) {
@@ -131,7 +174,8 @@ Value call_str_method(Interp& in, const Value& self, const std::string& m, CallA
     if (m == "replace") {
         ArgBinder b = B({"old", "new", "count"});
         if (!b.get(0) || !b.get(1)) type_error("replace expected at least 2 arguments, got " + std::to_string(a.pos.size()));
-        std::string r = pystr::replace(s, str_arg(*b.get(0), "replace"), str_arg(*b.get(1), "replace"),
+        std::string r = pystr::replace(s, str_arg(*b.get(0), "replace() argument 1 must be str"),
+                                       str_arg(*b.get(1), "replace() argument 2 must be str"),
                                        b.get(2) ? int_arg(*b.get(2), "count") : -1);
         if (r.size() > in.options().limits.max_output) raise("MemoryError", "replaced string too large");
         return ret(std::move(r));
@@ -141,14 +185,14 @@ Value call_str_method(Interp& in, const Value& self, const std::string& m, CallA
         if (!b.get(0)) type_error(m + "() takes at least 1 argument (0 given)");
         int64_t st, en;
         span(b.get(1), b.get(2), static_cast<int64_t>(pystr::length(s)), st, en);
-        const int64_t r = pystr::find(s, str_arg(*b.get(0), m.c_str()), st, en, m[0] == 'r');
+        const int64_t r = pystr::find(s, str_arg(*b.get(0), "must be str"), st, en, m[0] == 'r');
         if (r < 0 && (m == "index" || m == "rindex")) raise("ValueError", "substring not found");
         return Value(r);
     }
     if (m == "count") {
         ArgBinder b = B({"sub"});
         if (!b.get(0)) type_error("count() takes at least 1 argument (0 given)");
-        return Value(pystr::count(s, str_arg(*b.get(0), "count")));
+        return Value(pystr::count(s, str_arg(*b.get(0), "must be str")));
     }
     if (m == "upper") return B({}), ret(pystr::upper(s));
     if (m == "lower" || m == "casefold") return B({}), ret(pystr::lower(s));
@@ -184,7 +228,8 @@ Value call_str_method(Interp& in, const Value& self, const std::string& m, CallA
         const int64_t w = std::min<int64_t>(int_arg(*b.get(0), "width"), static_cast<int64_t>(in.options().limits.max_output));
         uint32_t fill = ' ';
         if (b.get(1)) {
-            const std::string& f = str_arg(*b.get(1), m.c_str());
+            if (!b.get(1)->is_string()) type_error("The fill character must be a unicode character, not " + type_name(*b.get(1)));
+            const std::string& f = b.get(1)->str();
             if (pystr::length(f) != 1) type_error("The fill character must be exactly one character long");
             size_t p = 0;
             fill = pystr::next_cp(f, p);
@@ -199,7 +244,7 @@ Value call_str_method(Interp& in, const Value& self, const std::string& m, CallA
     if (m == "partition" || m == "rpartition") {
         ArgBinder b = B({"sep"});
         if (!b.get(0)) type_error(m + "() takes exactly one argument (0 given)");
-        const std::string& sep = str_arg(*b.get(0), m.c_str());
+        const std::string& sep = str_arg(*b.get(0), "must be str");
         if (sep.empty()) raise("ValueError", "empty separator");
         const size_t f = m == "partition" ? s.find(sep) : s.rfind(sep);
         if (f == std::string::npos)
@@ -209,7 +254,7 @@ Value call_str_method(Interp& in, const Value& self, const std::string& m, CallA
     if (m == "removeprefix" || m == "removesuffix") {
         ArgBinder b = B({"affix"});
         if (!b.get(0)) type_error(m + "() takes exactly one argument (0 given)");
-        const std::string& x = str_arg(*b.get(0), m.c_str());
+        const std::string& x = str_arg(*b.get(0), m + "() argument must be str");
         if (m == "removeprefix" && s.compare(0, x.size(), x) == 0) return ret(s.substr(x.size()));
         if (m == "removesuffix" && !x.empty() && s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0)
             return ret(s.substr(0, s.size() - x.size()));
@@ -291,7 +336,7 @@ Value call_dict_method(Interp& in, const Value& self, const std::string& m, Call
         ArgBinder b(a, "get", {"key", "default"});
         if (!b.get(0)) type_error("get expected at least 1 argument, got 0");
         const Value& k = *b.get(0);
-        if (k.is_dict() || (k.is_list() && k.list_data().kind == SeqKind::List)) type_error("unhashable type: '" + type_name(k) + "'");
+        check_hashable(k);
         if (const Value* v = d.find(k)) return *v;
         return b.get_or(1, Value::none());
     }
@@ -410,7 +455,7 @@ void Namespace::set(const std::string& name, Value v) {
 }
 
 std::string BoundMethod::repr() const {
-    return "<built-in method " + name_ + " of " + jinja::type_name(self_) + " object>";
+    return "<built-in method " + name_ + " of " + jinja::type_name(self_) + " object at 0x0>";
 }
 
 Value BoundMethod::call(Interp& in, CallArgs& args) { return call_method(in, self_, name_, args); }
@@ -435,13 +480,17 @@ std::string LoopObject::repr() const {
 }
 
 Value LoopObject::getattr(const std::string& name) const {
-    const int64_t n = items ? static_cast<int64_t>(items->size()) : 0;
+    auto* me = const_cast<LoopObject*>(this);
+    if (!items) return Object::getattr(name);
+    if (name == "length" || name == "revindex" || name == "revindex0") me->ensure(SIZE_MAX);
+    if (name == "last" || name == "nextitem") me->ensure(static_cast<size_t>(index0) + 2);
+    const int64_t n = static_cast<int64_t>(items->size());
     if (name == "index") return Value(index0 + 1);
     if (name == "index0") return Value(index0);
     if (name == "revindex") return Value(n - index0);
     if (name == "revindex0") return Value(n - index0 - 1);
     if (name == "first") return Value(index0 == 0);
-    if (name == "last") return Value(index0 == n - 1);
+    if (name == "last") return Value(index0 >= n - 1);
     if (name == "length") return Value(n);
     if (name == "depth") return Value(depth0 + 1);
     if (name == "depth0") return Value(depth0);
@@ -615,8 +664,22 @@ Value fn_strftime_now(Interp& in, CallArgs& a) {
 const std::unordered_map<std::string, Value>& globals() {
     static const std::unordered_map<std::string, Value> g = [] {
         std::unordered_map<std::string, Value> m;
+        // Python types of jinja2's globals: plain functions, or classes ("type")
+        // what Python prints for jinja2's globals (functions with their
+        // qualified names as Hugging Face defines them; classes)
+        static const std::unordered_map<std::string, std::string> reprs = {
+            {"range", "<function safe_range at 0x0>"},
+            {"dict", "<class 'dict'>"},
+            {"namespace", "<class 'jinja2.utils.Namespace'>"},
+            {"cycler", "<class 'jinja2.utils.Cycler'>"},
+            {"joiner", "<class 'jinja2.utils.Joiner'>"},
+            {"lipsum", "<function generate_lorem_ipsum at 0x0>"},
+            {"raise_exception", "<function _compile_jinja_template.<locals>.raise_exception at 0x0>"},
+            {"strftime_now", "<function _compile_jinja_template.<locals>.strftime_now at 0x0>"}};
         auto add = [&](const char* name, NativeFunction::Fn fn) {
-            m.emplace(name, Value(std::static_pointer_cast<Object>(std::make_shared<NativeFunction>(name, std::move(fn)))));
+            const std::string& r = reprs.at(name);
+            const char* type = r.compare(0, 6, "<class") == 0 ? "type" : "function";
+            m.emplace(name, Value(std::static_pointer_cast<Object>(std::make_shared<NativeFunction>(name, std::move(fn), type, r))));
         };
         add("range", fn_range);
         add("dict", fn_dict);

@@ -14,26 +14,18 @@ namespace quern::jinja {
 
 class Interp;
 
-/// Variables of one scope; lookups walk to the parent.
-struct Scope {
-    std::shared_ptr<Scope> parent;
-    std::vector<std::pair<std::string, Value>> vars;
+/// The variables of one running frame (see FrameDef); frames nest through
+/// `parent` (the enclosing frame, or a macro's defining frame).
+struct Frame {
+    std::shared_ptr<Frame> parent;
+    int level = 0;
+    std::vector<Value> slots;
 
-    /// The variable in this scope or an ancestor, or nullptr.
-    const Value* find(std::string_view name) const {
-        for (const Scope* s = this; s; s = s->parent.get())
-            for (const auto& [k, v] : s->vars)
-                if (k == name) return &v;
-        return nullptr;
-    }
-    /// Sets a variable of this scope.
-    void set(const std::string& name, Value v) {
-        for (auto& [k, old] : vars)
-            if (k == name) {
-                old = std::move(v);
-                return;
-            }
-        vars.emplace_back(name, std::move(v));
+    /// The frame of `lvl` on this chain, or nullptr.
+    Frame* at(int lvl) {
+        Frame* f = this;
+        while (f && f->level != lvl) f = f->parent.get();
+        return f;
     }
 };
 
@@ -53,15 +45,17 @@ public:
 class NativeFunction : public Object {
 public:
     using Fn = std::function<Value(Interp&, CallArgs&)>;
-    NativeFunction(std::string name, Fn fn, std::string type = "builtin_function_or_method")
-        : name_(std::move(name)), type_(std::move(type)), fn_(std::move(fn)) {}
+    /// `type`: Python's type name ("function", "type", "builtin_function_or_method");
+    /// `repr`: what Python prints for it (default "<built-in function NAME>").
+    NativeFunction(std::string name, Fn fn, std::string type = "builtin_function_or_method", std::string repr = "")
+        : name_(std::move(name)), type_(std::move(type)), repr_(std::move(repr)), fn_(std::move(fn)) {}
     std::string type_name() const override { return type_; }
-    std::string repr() const override { return "<built-in function " + name_ + ">"; }
+    std::string repr() const override { return repr_.empty() ? "<built-in function " + name_ + ">" : repr_; }
     bool callable() const override { return true; }
     Value call(Interp& in, CallArgs& args) override { return fn_(in, args); }
 
 private:
-    std::string name_, type_;
+    std::string name_, type_, repr_;
     Fn fn_;
 };
 
@@ -82,7 +76,7 @@ private:
 /// A {% macro %} (or the caller of a {% call %} block) bound to its defining scope.
 class Macro : public Object {
 public:
-    Macro(const Stmt* def, std::string name, std::shared_ptr<Scope> closure, Value caller = Value())
+    Macro(const Stmt* def, std::string name, std::shared_ptr<Frame> closure, Value caller = Value())
         : def_(def), name_(std::move(name)), closure_(std::move(closure)), caller_(std::move(caller)) {}
     std::string type_name() const override { return "Macro"; }
     std::string type_repr() const override { return "jinja2.runtime.Macro object"; }
@@ -93,34 +87,48 @@ public:
 
     const Stmt* def() const { return def_; }
     const std::string& name() const { return name_; }
-    const std::shared_ptr<Scope>& closure() const { return closure_; }
+    const std::shared_ptr<Frame>& closure() const { return closure_; }
     /// Drops the closure (ends reference cycles when a render finishes).
     void release() { closure_.reset(), caller_ = Value(); }
 
 private:
     const Stmt* def_;
     std::string name_;
-    std::shared_ptr<Scope> closure_;
+    std::shared_ptr<Frame> closure_;
     Value caller_;  // the `caller` macro of a call block, passed on
 };
 
-/// The `loop` variable of a for-loop.
+/// The `loop` variable of a for-loop. Items of a filtered loop (`for x in
+/// xs if cond`) are found lazily, as jinja2's LoopContext does: only
+/// loop.length, revindex, last and nextitem look ahead.
 class LoopObject : public Object {
 public:
-    std::shared_ptr<std::vector<Value>> items;
+    std::shared_ptr<std::vector<Value>> items;  // items found so far
+    std::function<bool()> pull;                 // finds one more item (false at the end); null: all known
+    bool done = false;
+    /// Whether at least n items exist (finding more as needed).
+    bool ensure(size_t n) {
+        while (items->size() < n && !done)
+            if (!pull || !pull()) done = true;
+        return items->size() >= n;
+    }
     int64_t index0 = 0;
     int64_t depth0 = 0;
     Value last_changed;
     bool changed_called = false;
     // recursive loops: how to run the loop again on other items
     const Stmt* stmt = nullptr;
-    std::shared_ptr<Scope> scope;
+    std::shared_ptr<Frame> frame;
 
     std::string type_name() const override { return "LoopContext"; }
     std::string type_repr() const override { return "jinja2.runtime.LoopContext object"; }
     std::string repr() const override;
     Value getattr(const std::string& name) const override;
     bool callable() const override { return stmt && stmt->recursive; }
+    int64_t len() const override {
+        const_cast<LoopObject*>(this)->ensure(SIZE_MAX);
+        return static_cast<int64_t>(items->size());
+    }
     Value call(Interp& in, CallArgs& args) override;
 };
 

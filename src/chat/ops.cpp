@@ -99,6 +99,13 @@ int64_t ipow(int64_t base, int64_t exp) {
 
 Value binary_op(Interp& in, std::string_view op, const Value& a, const Value& b) {
     if (a.is_undefined()) a.fail_undefined();
+    if (op == "%" && a.is_string()) {  // str.__mod__ takes any argument, even an undefined one
+        std::string r = percent_format(in, a.str(), b, a.is_markup());
+        in.charge(r.size());
+        return a.is_markup() ? Value::markup(std::move(r)) : Value(std::move(r));
+    }
+    if (a.is_markup() && op == "*" && b.is_undefined())  // markupsafe calls str.__mul__ directly
+        type_error("'Undefined' object cannot be interpreted as an integer");
     if (b.is_undefined()) b.fail_undefined();
     const bool nums = a.is_number() && b.is_number();
     const bool ints = is_intlike(a) && is_intlike(b);
@@ -152,8 +159,11 @@ Value binary_op(Interp& in, std::string_view op, const Value& a, const Value& b)
         const bool b_seq = b.is_string() || b.is_sequence_list();
         if (a_seq && is_intlike(b)) return repeat(in, a, b.as_int());
         if (b_seq && is_intlike(a)) return repeat(in, b, a.as_int());
-        if (a_seq && (b.is_float() || b_seq)) type_error("can't multiply sequence by non-int of type '" + type_name(b) + "'");
-        if (b_seq && a.is_float()) type_error("can't multiply sequence by non-int of type '" + type_name(a) + "'");
+        // markupsafe calls str.__mul__ directly, which wants an index
+        if (a.is_markup()) type_error("'" + type_name(b) + "' object cannot be interpreted as an integer");
+        if (b.is_markup()) type_error("'" + type_name(a) + "' object cannot be interpreted as an integer");
+        if (a_seq) type_error("can't multiply sequence by non-int of type '" + type_name(b) + "'");
+        if (b_seq) type_error("can't multiply sequence by non-int of type '" + type_name(a) + "'");
         unsupported(op, a, b);
     }
     if (op == "/") {
@@ -171,11 +181,6 @@ Value binary_op(Interp& in, std::string_view op, const Value& a, const Value& b)
         return Value(py_ffloordiv(a.as_double(), b.as_double()));
     }
     if (op == "%") {
-        if (a.is_string()) {
-            std::string r = percent_format(in, a.str(), b);
-            in.charge(r.size());
-            return Value(std::move(r));
-        }
         if (ints) {
             if (b.as_int() == 0) raise("ZeroDivisionError", "integer modulo by zero");
             return Value(py_mod(a.as_int(), b.as_int()));
@@ -212,17 +217,24 @@ bool contains(const Value& c, const Value& item) {
     switch (c.kind()) {
         case Kind::Undefined: return false;
         case Kind::String:
-            if (!item.is_string()) {
-                if (item.is_undefined()) item.fail_undefined();
-                type_error("'in <string>' requires string as left operand, not " + type_name(item));
-            }
+            if (!item.is_string()) type_error("'in <string>' requires string as left operand, not " + type_name(item));
             return c.str().find(item.str()) != std::string::npos;
         case Kind::List:
+            if (c.list_data().kind == SeqKind::View && c.list_data().iter_type != "dict_values") {
+                // dict_keys / dict_items hash the item
+                const bool keys = c.list_data().iter_type == "dict_keys";
+                if (keys) check_hashable(item);
+                if (!keys && item.is_list() && item.list_data().kind == SeqKind::Tuple)
+                    for (const Value& p : item.items()) check_hashable(p);
+            }
+            if (c.list_data().pending && !c.list_data().exhausted)
+                for (const Value& v : c.items())
+                    if (equals(v, item)) return true;
             for (const Value& v : iterate(c))
                 if (equals(v, item)) return true;
             return false;
         case Kind::Dict:
-            if (item.is_list() || item.is_dict()) type_error("unhashable type: '" + type_name(item) + "'");
+            check_hashable(item);
             return c.dict_data().find(item) != nullptr;
         default: type_error("argument of type '" + type_name(c) + "' is not iterable");
     }
@@ -408,10 +420,12 @@ std::string pad_num(std::string body, int width, bool left, bool zero) {
 
 }  // namespace
 
-std::string percent_format(Interp& in, std::string_view fmt, const Value& args) {
+std::string percent_format(Interp& in, std::string_view fmt, const Value& args, bool markup) {
     std::vector<Value> list;
     const bool is_tuple = args.is_list() && args.list_data().kind == SeqKind::Tuple;
-    const bool is_map = args.is_dict();
+    // Python treats any argument with __getitem__ (but a tuple or str) as a mapping
+    const bool is_map = args.is_dict() || args.is_undefined() || (args.is_list() && args.list_data().kind == SeqKind::List) ||
+                        (args.is_object() && args.object().type_name() == "Namespace");
     if (is_tuple) list = args.items();
     else list.push_back(args);
     size_t ai = 0;
@@ -431,7 +445,7 @@ std::string percent_format(Interp& in, std::string_view fmt, const Value& args) 
         const Value* val = nullptr;
         Value keyed;
         if (fmt[i] == '(') {
-            if (!is_map) type_error("format requires a mapping");
+            if (!is_map || is_tuple) type_error("format requires a mapping");
             int depth = 1;
             const size_t ks = ++i;
             while (i < fmt.size() && depth > 0) {
@@ -441,6 +455,9 @@ std::string percent_format(Interp& in, std::string_view fmt, const Value& args) 
             }
             if (i >= fmt.size()) raise("ValueError", "incomplete format key");
             const std::string key(fmt.substr(ks, i - ks));
+            if (args.is_undefined()) args.fail_undefined();
+            if (args.is_list()) type_error("list indices must be integers or slices, not str");
+            if (!args.is_dict()) raise("KeyError", str_repr(key));
             const Value* v = args.dict_data().find(std::string_view(key));
             if (!v) raise("KeyError", str_repr(key));
             keyed = *v;
@@ -494,6 +511,7 @@ std::string percent_format(Interp& in, std::string_view fmt, const Value& args) 
             case 'r':
             case 'a':
                 body = type == 's' ? to_str(v) : repr(v);
+                if (markup && !v.is_markup()) body = pystr::html_escape(body);
                 if (prec >= 0) body = pystr::encode(std::u32string_view(pystr::decode(body)).substr(0, static_cast<size_t>(prec)));
                 out += pad_num(body, width, left, false);
                 continue;
@@ -561,6 +579,7 @@ std::string percent_format(Interp& in, std::string_view fmt, const Value& args) 
     }
     if (!used_map && ai < list.size() && !(is_map && !is_tuple))
         type_error("not all arguments converted during string formatting");
+    (void)in;
     in.charge(out.size());
     return out;
 }
@@ -720,15 +739,13 @@ std::string str_format(Interp& in, std::string_view fmt, const CallArgs& args) {
         if (first.empty()) {
             if (mode == 2) raise("ValueError", "cannot switch from manual field specification to automatic field numbering");
             mode = 1;
-            if (auto_idx >= args.pos.size())
-                raise("IndexError", "Replacement index " + std::to_string(auto_idx) + " out of range for positional args tuple");
+            if (auto_idx >= args.pos.size()) raise("IndexError", "tuple index out of range");
             v = args.pos[auto_idx++];
         } else if (std::all_of(first.begin(), first.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
             if (mode == 1) raise("ValueError", "cannot switch from automatic field numbering to manual field specification");
             mode = 2;
             const size_t idx = static_cast<size_t>(std::min<uint64_t>(std::stoull(std::string(first.substr(0, 12))), 1u << 30));
-            if (idx >= args.pos.size())
-                raise("IndexError", "Replacement index " + std::to_string(idx) + " out of range for positional args tuple");
+            if (idx >= args.pos.size()) raise("IndexError", "tuple index out of range");
             v = args.pos[idx];
         } else {
             const Value* kv = args.kwarg(first);

@@ -18,8 +18,8 @@ Value negate(const Value& a, bool minus);
 bool contains(const Value& container, const Value& item);
 /// Python's obj[start:stop:step] for str, list and tuple (null parts: None).
 Value slice(Interp& in, const Value& obj, const Value& start, const Value& stop, const Value& step);
-/// Python's `fmt % args`.
-std::string percent_format(Interp& in, std::string_view fmt, const Value& args);
+/// Python's `fmt % args` (`markup`: markupsafe's Markup % args, which escapes %s/%r values).
+std::string percent_format(Interp& in, std::string_view fmt, const Value& args, bool markup = false);
 /// Python's fmt.format(*args, **kwargs).
 std::string str_format(Interp& in, std::string_view fmt, const CallArgs& args);
 /// format(value, spec) for str, int, float and bool values.

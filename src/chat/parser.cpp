@@ -322,6 +322,7 @@ private:
     StmtPtr parse_scope(const std::string& name) {
         auto s = new_stmt(StmtKind::Scope, next());
         if (name == "block") {
+            s->isolated = true;
             const std::string bname = expect_name().value;
             skip_name("scoped");
             skip_name("required");
@@ -365,7 +366,6 @@ private:
         };
         std::function<void(const Body&)> bd = [&](const Body& b) {
             for (const auto& st : b) {
-                if (st->kind == StmtKind::Macro) continue;
                 ex(st->expr.get()), ex(st->cond.get());
                 for (const auto& t : st->tests) ex(t.get());
                 for (const auto& bb : st->bodies) bd(bb);
@@ -878,6 +878,7 @@ Program parse(std::string_view source, const LexOptions& lex, const ParseLimits&
     Parser p(tokenize(source, lex), limits);
     Program prog = p.run();
     p.verify_names();
+    resolve_symbols(prog);
     return prog;
 }
 

@@ -69,6 +69,21 @@ Value Value::undefined(std::string message, std::string type) {
     return v;
 }
 
+namespace {
+const std::shared_ptr<UndefinedInfo>& missing_info() {
+    static const auto info = std::make_shared<UndefinedInfo>(UndefinedInfo{"missing", "UndefinedError"});
+    return info;
+}
+}  // namespace
+
+Value Value::missing() {
+    Value v;
+    v.p_ = missing_info();
+    return v;
+}
+
+bool Value::is_missing() const { return kind_ == Kind::Undefined && p_ == missing_info(); }
+
 Value Value::undefined_name(std::string_view name) { return undefined(str_repr(name) + " is undefined"); }
 
 Value Value::markup(std::string s) {
@@ -251,6 +266,56 @@ bool less(const Value& a, const Value& b, const char* op) { return compare_d(a, 
 
 int compare(const Value& a, const Value& b, const char* op) { return compare_d(a, b, op, 0); }
 
+std::string unhashable_type(const Value& v) {
+    if (v.is_dict()) return "dict";
+    if (!v.is_list()) return "";
+    const ListData& l = v.list_data();
+    if (l.kind == SeqKind::List) return "list";
+    if (l.kind == SeqKind::View) return l.iter_type != "dict_values" ? l.iter_type : "";
+    if (l.kind == SeqKind::Tuple)
+        for (const Value& i : l.items)
+            if (std::string t = unhashable_type(i); !t.empty()) return t;
+    return "";
+}
+
+bool unhashable(const Value& v) { return !unhashable_type(v).empty(); }
+
+void check_hashable(const Value& v) {
+    if (std::string t = unhashable_type(v); !t.empty()) type_error("unhashable type: '" + t + "'");
+}
+
+std::vector<size_t> py_sort_order(const std::vector<Value>& keys, bool reverse) {
+    const size_t n = keys.size();
+    std::vector<size_t> a(n);
+    for (size_t i = 0; i < n; ++i) a[i] = reverse ? n - 1 - i : i;
+    auto lt = [&](size_t x, size_t y) { return compare(keys[x], keys[y], "<") == -1; };
+    if (n >= 2 && n < 64) {
+        // CPython's list.sort on a short list: one natural run, then binary insertion
+        size_t run = 2;
+        if (lt(a[1], a[0])) {
+            while (run < n && lt(a[run], a[run - 1])) ++run;
+            std::reverse(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(run));
+        } else {
+            while (run < n && !lt(a[run], a[run - 1])) ++run;
+        }
+        for (size_t start = run; start < n; ++start) {
+            const size_t pivot = a[start];
+            size_t l = 0, r = start;
+            while (l < r) {
+                const size_t p = l + ((r - l) >> 1);
+                if (lt(pivot, a[p])) r = p;
+                else l = p + 1;
+            }
+            for (size_t k = start; k > l; --k) a[k] = a[k - 1];
+            a[l] = pivot;
+        }
+    } else if (n >= 64) {
+        std::stable_sort(a.begin(), a.end(), lt);  // (CPython merges runs; same order, errors may name types swapped)
+    }
+    if (reverse) std::reverse(a.begin(), a.end());
+    return a;
+}
+
 // ------------------------------------------------------------------ formatting
 
 std::string float_repr(double d) {
@@ -333,8 +398,8 @@ void append_str_d(std::string& out, const Value& v, int depth) {
         case Kind::String: out += v.str(); return;
         case Kind::List: {
             const ListData& l = v.list_data();
-            if (l.kind == SeqKind::Iterator) {
-                out += "<" + l.iter_type + " object>";
+            if (l.kind == SeqKind::Iterator) {  // Python prints an address here; ours is always 0x0
+                out += "<" + l.iter_type + " object" + (l.gen_name.empty() ? "" : " " + l.gen_name) + " at 0x0>";
                 return;
             }
             if (l.kind == SeqKind::View) {
@@ -440,6 +505,9 @@ int64_t length(const Value& v) {
             if (v.list_data().kind != SeqKind::Iterator) return static_cast<int64_t>(v.items().size());
             break;
         case Kind::Dict: return static_cast<int64_t>(v.dict_data().size());
+        case Kind::Object:
+            if (const int64_t n = v.object().len(); n >= 0) return n;
+            break;
         default: break;
     }
     type_error("object of type '" + type_name(v) + "' has no len()");
@@ -463,6 +531,7 @@ std::vector<Value> iterate(const Value& v) {
             if (l.kind != SeqKind::Iterator) return l.items;
             if (l.exhausted) return {};
             l.exhausted = true;
+            if (l.pending) throw *l.pending;
             return l.items;
         }
         case Kind::Dict: {
@@ -572,9 +641,13 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
             }
             std::vector<const std::pair<Value, Value>*> items;
             for (const auto& kv : d.items()) items.push_back(&kv);
-            if (o.sort_keys)
-                std::stable_sort(items.begin(), items.end(),
-                                 [](const auto* a, const auto* b) { return less(a->first, b->first); });
+            if (o.sort_keys) {
+                std::vector<Value> keys;
+                for (const auto* kv : items) keys.push_back(Value::tuple({kv->first, kv->second}));
+                std::vector<const std::pair<Value, Value>*> sorted;
+                for (size_t i : py_sort_order(keys, false)) sorted.push_back(items[i]);
+                items = std::move(sorted);
+            }
             out += '{';
             bool first = true;
             for (const auto* kv : items) {

@@ -70,7 +70,12 @@ struct ListData {
     std::vector<Value> items;
     SeqKind kind = SeqKind::List;
     std::string iter_type;  // Python type name of an iterator ("generator", ...)
+    std::string gen_name;   // a generator's function name, as Python prints it
     bool exhausted = false;
+    /// A lazy Python generator that failed part way: iterating it yields
+    /// `items` and then raises this error (jinja2 raises such errors only
+    /// when the generator is consumed).
+    std::shared_ptr<const TemplateError> pending;
     uint32_t depth = 1;     // nesting of lists/dicts (bounded; see Value(shared_ptr<ListData>))
 };
 
@@ -127,6 +132,9 @@ public:
     }
     /// An undefined value whose use raises `type` with `message`.
     static Value undefined(std::string message, std::string type = "UndefinedError");
+    /// The marker of a frame variable not assigned yet (reads give undefined).
+    static Value missing();
+    bool is_missing() const;
     /// jinja2's Undefined for a missing variable: "'name' is undefined".
     static Value undefined_name(std::string_view name);
     /// A string that is jinja2 Markup (already escaped; concatenation escapes the other side).
@@ -211,6 +219,8 @@ public:
     virtual Value getattr(const std::string& name) const;
     virtual bool callable() const { return false; }
     virtual Value call(Interp& in, CallArgs& args);
+    /// Python's len(), or -1 when the object has none.
+    virtual int64_t len() const { return -1; }
 };
 
 // ------------------------------------------------------------------ semantics
@@ -226,6 +236,17 @@ bool less(const Value& a, const Value& b, const char* op = "<");
 /// Three-way Python comparison: -1, 0, 1, or 2 when unordered (NaN); raises
 /// TypeError naming `op` and the operand types in the given order.
 int compare(const Value& a, const Value& b, const char* op);
+/// Whether Python refuses to hash x (list, dict, dict_keys/dict_items views,
+/// tuples holding such values).
+bool unhashable(const Value& v);
+/// The type name Python's "unhashable type: '...'" error gives, or "" when hashable.
+std::string unhashable_type(const Value& v);
+/// Raises TypeError "unhashable type: 'list'" for unhashable values.
+void check_hashable(const Value& v);
+/// The order CPython's list.sort() puts `keys` in (stable; `reverse` as
+/// sort(reverse=True)), comparing with `<` in the same order for lists
+/// shorter than 64, so type errors match too.
+std::vector<size_t> py_sort_order(const std::vector<Value>& keys, bool reverse);
 /// Python's str(x) (undefined: "").
 std::string to_str(const Value& v);
 /// Appends str(x) to `out`.

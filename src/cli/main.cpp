@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
     add_synth_command(app);
     add_tokenize_command(app);
     add_detokenize_command(app);
+    add_template_command(app);
     try {
         try {
             app.parse(argc, argv);

@@ -219,17 +219,23 @@ TEMPLATE_KWARGS = {
 
 
 # ----------------------------------------------------------------- rendering
-def render(env, source, case, extra):
+def render(tmpl, case, extra):
+    if isinstance(tmpl, dict):  # the template did not compile
+        return tmpl
     try:
-        tmpl = env.from_string(source)
         out = tmpl.render(messages=case["messages"], tools=case["tools"], documents=None,
                           add_generation_prompt=case["add_generation_prompt"], bos_token=BOS, eos_token=EOS,
                           **extra, **case["kwargs"])
         return {"output": out}
-    except jinja2.exceptions.TemplateSyntaxError as e:
-        return {"error": e.message, "kind": "syntax"}
     except Exception as e:  # noqa: BLE001 - every error kind is a fixture
         return {"error": str(e), "kind": type(e).__name__}
+
+
+def compile_template(env, source):
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        return {"error": e.message, "kind": "syntax"}
 
 
 def main():
@@ -249,7 +255,8 @@ def main():
         with open(os.path.join(args.templates, fn), encoding="utf-8") as f:
             source = f.read()
         extra = TEMPLATE_KWARGS.get(fn, {})
-        results = {c["name"]: render(env, source, c, extra) for c in cs}
+        tmpl = compile_template(env, source)
+        results = {c["name"]: render(tmpl, c, extra) for c in cs}
         n_err = sum(1 for r in results.values() if "error" in r)
         summary.append(f"{fn}: {len(results) - n_err} rendered, {n_err} errors")
         name = fn[: -len(".jinja")]

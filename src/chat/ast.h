@@ -70,6 +70,7 @@ struct Expr {
     Args args;                       // Call, Filter, Test
     bool soft = false;               // Filter/Test inside if/condexpr: unknown names fail at run time
     int level = -1, slot = -1;       // Name: the frame variable it reads (-1: look up in the context)
+    int depth = 1;                   // height of this subtree (bounded by the parser)
 };
 
 /// Statement node kinds.

@@ -232,6 +232,7 @@ void Interp::exec_for(const Stmt& s, const FrameP& fr, std::string& out, const s
     // (so also when the first iteration breaks or every one continues)
     bool completed = false;
     for (size_t i = 0; loop->ensure(i + 1); ++i) {
+        step();
         const FrameP bf = enter(s.frame, fr);
         assign(s.target, (*loop->items)[i], *bf);
         loop->index0 = static_cast<int64_t>(i);

@@ -25,8 +25,8 @@ namespace quern::jinja {
 
 /// Resource bounds for one render (errors name the limit that was hit).
 struct RenderLimits {
-    uint64_t max_steps = 20'000'000;    // expression/statement evaluations
-    uint64_t max_bytes = 256ull << 20;  // total bytes of strings and list slots produced
+    uint64_t max_steps = 10'000'000;    // expression/statement evaluations
+    uint64_t max_bytes = 1ull << 30;    // total bytes of strings and list slots produced
     size_t max_output = 32ull << 20;    // bytes of rendered text (also per macro call / block)
     int max_depth = 600;                // nested evaluation frames (recursion)
     int max_call_depth = 60;            // nested macro calls

@@ -110,8 +110,9 @@ std::string do_indent(const Value& s, const Value& width, bool first, bool blank
             type_error("can only concatenate tuple (not \"str\") to tuple");
         type_error("unsupported operand type(s) for +=: '" + type_name(s) + "' and 'str'");
     }
-    const std::string ind = width.is_string() ? width.str()
-                                              : std::string(static_cast<size_t>(std::clamp<int64_t>(int_arg(width, "width"), 0, 100000)), ' ');
+    int64_t w = width.is_string() ? 0 : int_arg(width, "width");
+    check_width(w);
+    const std::string ind = width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(w, 0)), ' ');
     const std::vector<std::string> lines = pystr::splitlines(s.str() + "\n", false);
     std::string rv;
     if (blank) {
@@ -664,7 +665,8 @@ Value apply_filter_now(Interp& in, const std::string& name, const Value& v, Call
     }
     if (name == "center") {
         ArgBinder b = B({"width"});
-        const int64_t w = std::min<int64_t>(int_arg(b.get_or(0, Value(80)), "width"), static_cast<int64_t>(in.options().limits.max_output));
+        const int64_t w = int_arg(b.get_or(0, Value(80)), "width");
+        check_width(w);
         in.charge(static_cast<uint64_t>(std::max<int64_t>(w, 0)));
         return str_result(v, pystr::pad(soft_str(v), w, ' ', '^'));
     }

@@ -225,7 +225,8 @@ Value call_str_method_impl(Interp& in, const Value& self, const std::string& m, 
     if (m == "center" || m == "ljust" || m == "rjust") {
         ArgBinder b = B({"width", "fillchar"});
         if (!b.get(0)) type_error(m + "() takes at least 1 argument (0 given)");
-        const int64_t w = std::min<int64_t>(int_arg(*b.get(0), "width"), static_cast<int64_t>(in.options().limits.max_output));
+        const int64_t w = int_arg(*b.get(0), "width");
+        check_width(w);
         uint32_t fill = ' ';
         if (b.get(1)) {
             if (!b.get(1)->is_string()) type_error("The fill character must be a unicode character, not " + type_name(*b.get(1)));
@@ -239,7 +240,9 @@ Value call_str_method_impl(Interp& in, const Value& self, const std::string& m, 
     if (m == "zfill") {
         ArgBinder b = B({"width"});
         if (!b.get(0)) type_error("zfill() takes exactly one argument (0 given)");
-        return ret(pystr::zfill(s, std::min<int64_t>(int_arg(*b.get(0), "width"), static_cast<int64_t>(in.options().limits.max_output))));
+        const int64_t w = int_arg(*b.get(0), "width");
+        check_width(w);
+        return ret(pystr::zfill(s, w));
     }
     if (m == "partition" || m == "rpartition") {
         ArgBinder b = B({"sep"});
@@ -431,11 +434,22 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
 // ------------------------------------------------------------------ objects
 
 std::string Namespace::repr() const {
+    // Python's dict repr prints a dict it is already inside as {...}
+    thread_local std::vector<const Namespace*> active;
+    if (std::find(active.begin(), active.end(), this) != active.end()) return "<Namespace {...}>";
+    if (active.size() > 200) raise("RecursionError", "maximum recursion depth exceeded while getting the repr of an object");
+    active.push_back(this);
     std::string s = "<Namespace {";
-    for (size_t i = 0; i < attrs.size(); ++i) {
-        if (i) s += ", ";
-        s += str_repr(attrs[i].first) + ": " + jinja::repr(attrs[i].second);
+    try {
+        for (size_t i = 0; i < attrs.size(); ++i) {
+            if (i) s += ", ";
+            s += str_repr(attrs[i].first) + ": " + jinja::repr(attrs[i].second);
+        }
+    } catch (...) {
+        active.pop_back();
+        throw;
     }
+    active.pop_back();
     return s + "}>";
 }
 

@@ -65,7 +65,7 @@ Value repeat(Interp& in, const Value& seq, int64_t n) {
     if (n < 0) n = 0;
     if (seq.is_string()) {
         const std::string& s = seq.str();
-        if (n > 0 && s.size() > 0 && static_cast<uint64_t>(n) > (in.options().limits.max_bytes / s.size()))
+        if (n > 0 && s.size() > 0 && static_cast<uint64_t>(n) > in.options().limits.max_output / s.size())
             raise("MemoryError", "string repetition is too large");
         in.charge(s.size() * static_cast<uint64_t>(n));
         std::string r;
@@ -117,6 +117,7 @@ Value binary_op(Interp& in, std::string_view op, const Value& a, const Value& b)
         }
         if (nums) return Value(a.as_double() + b.as_double());
         if (a.is_string() && b.is_string()) {
+            if (a.str().size() + b.str().size() > in.options().limits.max_output) raise("MemoryError", "string too large");
             in.charge(a.str().size() + b.str().size());
             if (a.is_markup() || b.is_markup()) {
                 const std::string l = a.is_markup() ? a.str() : pystr::html_escape(a.str());
@@ -479,22 +480,25 @@ std::string percent_format(Interp& in, std::string_view fmt, const Value& args, 
             if (i < fmt.size() && fmt[i] == '*') {
                 const Value& w = next_arg();
                 if (!is_intlike(w)) type_error("* wants int");
-                n = static_cast<int>(std::clamp<int64_t>(w.as_int(), -100000, 100000));
+                check_width(std::abs(w.as_int()));
+                n = static_cast<int>(w.as_int());
                 ++i;
                 return;
             }
             while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') {
-                n = std::min(n * 10 + (fmt[i] - '0'), 100000);
+                n = std::min(n * 10 + (fmt[i] - '0'), 1 << 30);
                 ++i;
             }
         };
         int width = 0, prec = -1;
         read_num(width);
+        check_width(width);
         if (width < 0) left = true, width = -width;
         if (i < fmt.size() && fmt[i] == '.') {
             ++i;
             prec = 0;
             read_num(prec);
+            check_width(prec);
         }
         while (i < fmt.size() && (fmt[i] == 'h' || fmt[i] == 'l' || fmt[i] == 'L')) ++i;
         if (i >= fmt.size()) raise("ValueError", "incomplete format");
@@ -609,7 +613,8 @@ std::string format_spec(const Value& v, std::string_view spec) {
         ++i;
     }
     int64_t width = 0;
-    while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9') width = std::min<int64_t>(width * 10 + (spec[i++] - '0'), 100000);
+    while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9') width = std::min<int64_t>(width * 10 + (spec[i++] - '0'), 1 << 30);
+    check_width(width);
     char group = 0;
     if (i < spec.size() && (spec[i] == ',' || spec[i] == '_')) group = spec[i++];
     int prec = -1;

@@ -88,6 +88,25 @@ private:
         ~DepthGuard() { --p.depth_; }
     };
 
+    // Records the height of `e` from its children; a left-nested chain
+    // (a + b + c ..., x|f|f|f ..., a.b.c ...) must not grow without bound
+    // (evaluating and freeing the tree recurse over it).
+    ExprPtr sized(ExprPtr e) {
+        int d = 0;
+        auto take = [&](const ExprPtr& c) {
+            if (c) d = std::max(d, c->depth);
+        };
+        take(e->a), take(e->b), take(e->c);
+        for (const auto& i : e->items) take(i);
+        for (const auto& i : e->args.pos) take(i);
+        for (const auto& [k, v] : e->args.kw) take(v);
+        take(e->args.star), take(e->args.starstar);
+        e->depth = d + 1;
+        if (e->depth > lim_.max_depth)
+            fail("expression is nested too deeply (more than " + std::to_string(lim_.max_depth) + " levels)", t_[i_]);
+        return e;
+    }
+
     ExprPtr make(ExprKind k, const Token& at) {
         auto e = std::make_unique<Expr>();
         e->kind = k;
@@ -440,7 +459,7 @@ private:
         }
         auto e = make(ExprKind::Tuple, at);
         e->items = std::move(items);
-        return e;
+        return sized(std::move(e));
     }
 
     ExprPtr parse_expression(bool with_condexpr) {
@@ -466,7 +485,7 @@ private:
             if (skip_name("else")) c->c = parse_condexpr();
             c->a = std::move(e1);
             mark_soft(c.get());
-            e1 = std::move(c);
+            e1 = sized(std::move(c));
         }
         return e1;
     }
@@ -476,7 +495,7 @@ private:
         e->name = op;
         e->a = std::move(l);
         e->b = std::move(r);
-        return e;
+        return sized(std::move(e));
     }
 
     ExprPtr parse_or() {
@@ -503,7 +522,7 @@ private:
             const Token& at = next();
             auto e = make(ExprKind::Not, at);
             e->a = parse_not();
-            return e;
+            return sized(std::move(e));
         }
         return parse_compare();
     }
@@ -533,7 +552,7 @@ private:
         e->items.push_back(std::move(first));
         for (auto& r : rest) e->items.push_back(std::move(r));
         e->ops = std::move(ops);
-        return e;
+        return sized(std::move(e));
     }
 
     ExprPtr parse_math1() {
@@ -580,6 +599,7 @@ private:
             const Token& at = next();
             node = make(at.value == "-" ? ExprKind::Neg : ExprKind::Pos, at);
             node->a = parse_unary(false);
+            node = sized(std::move(node));
         } else {
             node = parse_primary();
         }
@@ -639,7 +659,7 @@ private:
                 e->items.push_back(parse_expression(true));
             }
             expect_op("]");
-            return e;
+            return sized(std::move(e));
         }
         if (is_op("{")) {
             auto e = make(ExprKind::Dict, next());
@@ -651,7 +671,7 @@ private:
                 e->items.push_back(parse_expression(true));
             }
             expect_op("}");
-            return e;
+            return sized(std::move(e));
         }
         if (tk.kind == Tok::Eof) fail("unexpected end of template");
         fail("unexpected '" + describe(tk) + "'");
@@ -686,7 +706,7 @@ private:
                 auto e = make(ExprKind::Attr, at);
                 e->a = std::move(node);
                 e->name = tk.value;
-                return e;
+                return sized(std::move(e));
             }
             if (tk.kind != Tok::Int) fail("expected name or number", tk);
             next();
@@ -697,7 +717,7 @@ private:
             std::from_chars(tk.value.data(), tk.value.data() + tk.value.size(), v);
             k->value = Value(v);
             e->b = std::move(k);
-            return e;
+            return sized(std::move(e));
         }
         std::vector<ExprPtr> args;
         while (!is_op("]")) {
@@ -710,15 +730,15 @@ private:
         if (args.size() == 1) {
             if (args[0]->kind == ExprKind::Slice) {
                 args[0]->a = std::move(e->a);
-                return std::move(args[0]);
+                return sized(std::move(args[0]));
             }
             e->b = std::move(args[0]);
         } else {
             auto t = make(ExprKind::Tuple, at);
             t->items = std::move(args);
-            e->b = std::move(t);
+            e->b = sized(std::move(t));
         }
-        return e;
+        return sized(std::move(e));
     }
 
     // An item or a slice; a slice comes back as ExprKind::Slice with its
@@ -747,7 +767,7 @@ private:
         }
         auto e = make(ExprKind::Slice, at);
         e->items = std::move(parts);
-        return e;
+        return sized(std::move(e));
     }
 
     Args parse_call_args() {
@@ -791,7 +811,7 @@ private:
         auto e = make(ExprKind::Call, cur());
         e->args = parse_call_args();
         e->a = std::move(node);
-        return e;
+        return sized(std::move(e));
     }
 
     ExprPtr parse_filter(ExprPtr node, bool start_inline) {
@@ -809,7 +829,7 @@ private:
             e->a = std::move(node);
             e->soft = soft_;
             check_known(*e, tk);
-            node = std::move(e);
+            node = sized(std::move(e));
             start_inline = false;
         }
         return node;
@@ -837,10 +857,11 @@ private:
         e->a = std::move(node);
         e->soft = soft_;
         check_known(*e, tk);
+        e = sized(std::move(e));
         if (!negated) return e;
         auto n = make(ExprKind::Not, at);
         n->a = std::move(e);
-        return n;
+        return sized(std::move(n));
     }
 
     // jinja2 checks filter/test names at compile time unless the use is

@@ -34,6 +34,12 @@ TemplateError TemplateError::located(int line, int col) const {
 void raise(std::string_view type, std::string message) { throw TemplateError(std::string(type), std::move(message)); }
 void type_error(std::string message) { raise("TypeError", std::move(message)); }
 
+void check_width(int64_t width) {
+    if (width > kMaxFieldWidth)
+        raise("MemoryError", "a field width of " + std::to_string(width) + " is larger than the engine allows (" +
+                                 std::to_string(kMaxFieldWidth) + ")");
+}
+
 // ------------------------------------------------------------------ Value
 
 Value::Value(std::string s) : kind_(Kind::String), b_(false), p_(std::make_shared<std::string>(std::move(s))) {}

@@ -47,6 +47,10 @@ private:
 
 /// Throws a TemplateError without location (the evaluator adds it).
 [[noreturn]] void raise(std::string_view type, std::string message);
+/// Widest field a format/pad operation may produce (beyond: MemoryError).
+constexpr int64_t kMaxFieldWidth = 1 << 24;
+/// Raises MemoryError when a width/fill request exceeds kMaxFieldWidth.
+void check_width(int64_t width);
 /// Throws TemplateError("TypeError", message).
 [[noreturn]] void type_error(std::string message);
 

@@ -14,3 +14,4 @@ void add_tokenize_command(CLI::App& app);  // quern tokenize [-m MODEL] -p TEXT 
 void add_detokenize_command(CLI::App& app);  // quern detokenize [-m MODEL] [-p IDS | --jsonl]: ids to text
 void add_synth_command(CLI::App& app);  // quern synth PRESET --quant TYPE -o FILE: synthetic GGUF
 void add_template_command(CLI::App& app);  // quern template --messages FILE: render a chat template
+void add_chat_command(CLI::App& app);  // quern chat [-m MODEL]: interactive chat with the model's template

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     add_tokenize_command(app);
     add_detokenize_command(app);
     add_template_command(app);
+    add_chat_command(app);
     try {
         try {
             app.parse(argc, argv);

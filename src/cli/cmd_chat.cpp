@@ -1,0 +1,187 @@
+// quern chat: an interactive terminal chat with a model, laid out by the
+// model's chat template (or a built-in one). Each user line becomes a user
+// message; the reply streams to stdout and joins the conversation. The KV
+// cache keeps the rendered conversation, so a new turn only computes the
+// tokens that differ from what is cached (usually just the new message).
+//
+// Commands: /clear (forget the conversation), /exit or /quit. Works with
+// piped stdin (then each input line is echoed after "> " so the output reads
+// as a transcript).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <random>
+
+#include "chat/chat.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "runtime/sampler.h"
+#include "tokenizer/detokenizer.h"
+
+namespace quern::cli {
+namespace {
+
+struct ChatCmdOptions {
+    ModelOptions mopts;
+    std::string model;
+    std::string template_name;
+    std::string template_file;
+    std::string system;
+    std::vector<std::string> vars;
+    int n_predict = 512;
+    int64_t n_ctx = 4096;
+    int threads = 0;
+    SamplingParams sp;
+    int64_t seed = -1;
+    bool verbose = false;
+};
+
+std::string trim(const std::string& s) {
+    size_t b = 0, e = s.size();
+    while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\r' || s[b] == '\n')) ++b;
+    while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r' || s[e - 1] == '\n')) --e;
+    return s.substr(b, e - b);
+}
+
+void out(const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+}
+
+int run_chat(const ChatCmdOptions& o) {
+    LoadedModel m = load_model(o.model, o.mopts);
+    const auto& cfg = m.model->config();
+    const chat::ChatTemplate tmpl = chat::ChatTemplate::for_model(*m.file, *m.tokenizer, o.template_name, o.template_file);
+    const bool tty = ::isatty(STDIN_FILENO) != 0;
+    std::fprintf(stderr, "quern: %s (%s, %.1fM params) loaded in %.2f s; chat template: %s\n", m.file->path().c_str(),
+                 cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6, m.load_seconds,
+                 tmpl.origin().c_str());
+    if (tty) std::fprintf(stderr, "quern: type a message; /clear starts over, /exit quits\n");
+
+    chat::ChatOptions copts;
+    copts.add_generation_prompt = true;
+    for (const std::string& kv : o.vars) {
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0) fail("--var wants KEY=JSON, got '{}'", kv);
+        try {
+            copts.extra[kv.substr(0, eq)] = chat::Json::parse(kv.substr(eq + 1));
+        } catch (const chat::Json::parse_error&) {
+            copts.extra[kv.substr(0, eq)] = kv.substr(eq + 1);
+        }
+    }
+    chat::Json base = chat::Json::array();
+    if (!o.system.empty()) base.push_back({{"role", "system"}, {"content", o.system}});
+    chat::Json messages = base;
+
+    ThreadPool pool(o.threads);
+    KvCache cache = m.model->make_cache(o.n_ctx);
+    std::vector<int32_t> cached;  // the tokens whose keys/values are in `cache`
+    std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
+    const uint64_t seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
+    if (o.seed < 0 && o.sp.temperature > 0 && o.verbose) std::fprintf(stderr, "quern: seed %llu\n", static_cast<unsigned long long>(seed));
+
+    std::string line;
+    for (int turn = 0;; ++turn) {
+        if (tty) out("> ");
+        if (!std::getline(std::cin, line)) break;
+        const std::string text = trim(line);
+        if (!tty) out("> " + text + "\n");
+        if (text.empty()) continue;
+        if (text == "/exit" || text == "/quit") break;
+        if (text == "/clear") {
+            messages = base;
+            cache.clear();
+            cached.clear();
+            out("(conversation cleared)\n");
+            continue;
+        }
+        messages.push_back({{"role", "user"}, {"content", text}});
+        std::string prompt;
+        try {
+            prompt = tmpl.apply(messages, copts);
+        } catch (const jinja::TemplateError& e) {
+            std::fprintf(stderr, "quern: the chat template failed: %s\n", e.what());
+            messages.erase(messages.end() - 1);
+            continue;
+        }
+        const std::vector<int32_t> ids = chat::tokenize_prompt(*m.tokenizer, prompt);
+        if (static_cast<int64_t>(ids.size()) >= o.n_ctx) {
+            std::fprintf(stderr, "quern: the conversation has %zu tokens, more than the context (%lld); /clear to start over or raise -c\n",
+                         ids.size(), static_cast<long long>(o.n_ctx));
+            messages.erase(messages.end() - 1);
+            continue;
+        }
+        // reuse the cached prefix; at least one token must run to give logits
+        size_t common = 0;
+        while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;
+        if (common == ids.size()) --common;
+        cache.set_size(static_cast<int64_t>(common));
+        cached.assign(ids.begin(), ids.end());
+        const double t0 = now_seconds();
+        m.model->forward(ids.data() + common, static_cast<int64_t>(ids.size() - common), cache, logits.data(), false, pool);
+        const double t1 = now_seconds();
+
+        SamplingParams sp = o.sp;
+        sp.seed = seed + static_cast<uint64_t>(turn);
+        Sampler sampler(sp, cfg.n_vocab);
+        for (int32_t t : ids) sampler.accept(t);
+        Detokenizer detok(*m.tokenizer, false);
+        std::vector<int32_t> reply;
+        for (int i = 0; i < o.n_predict; ++i) {
+            const int32_t tok = sampler.sample(logits.data());
+            if (m.tokenizer->is_eog(tok)) break;
+            sampler.accept(tok);
+            reply.push_back(tok);
+            out(detok.push(tok));
+            if (cache.size() >= cache.n_ctx()) {
+                std::fprintf(stderr, "\nquern: context full (%lld tokens); /clear to start over\n", static_cast<long long>(cache.n_ctx()));
+                break;
+            }
+            if (i + 1 < o.n_predict) {
+                m.model->forward(&tok, 1, cache, logits.data(), false, pool);
+                cached.push_back(tok);
+            }
+        }
+        out(detok.flush() + "\n");
+        const double t2 = now_seconds();
+        if (o.verbose)
+            std::fprintf(stderr, "quern: prompt %zu tokens (%zu new) in %.2f s; reply %zu tokens in %.2f s\n", ids.size(),
+                         ids.size() - common, t1 - t0, reply.size(), t2 - t1);
+        messages.push_back({{"role", "assistant"}, {"content", trim(m.tokenizer->decode(reply, false))}});
+    }
+    if (tty) out("\n");
+    return 0;
+}
+
+}  // namespace
+}  // namespace quern::cli
+
+void add_chat_command(CLI::App& app) {
+    using namespace quern::cli;
+    auto o = std::make_shared<ChatCmdOptions>();
+    o->sp.temperature = 0.3f;
+    o->sp.repeat_penalty = 1.1f;
+    CLI::App* cmd = app.add_subcommand("chat", "Chat with a model in the terminal (uses the model's chat template)");
+    cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
+    cmd->add_option("--chat-template", o->template_name,
+                    "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "
+                    "tokenizer.chat_template.NAME; default: the model's own");
+    cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file");
+    cmd->add_option("-s,--system", o->system, "System message");
+    cmd->add_option("--var", o->vars, "Extra template variable KEY=JSON (e.g. enable_thinking=false); repeatable");
+    cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")->capture_default_str();
+    cmd->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
+    add_model_options(cmd, o->mopts);
+    cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    cmd->add_flag("-v,--verbose", o->verbose, "Print timings of each turn to stderr");
+    add_sampling_options(cmd, o->sp, o->seed);
+    cmd->footer(
+        "Examples:\n"
+        "  quern chat\n"
+        "  printf 'Hi!\\nWhat is the capital of France?\\n' | quern chat --temp 0\n"
+        "  quern chat -m model.gguf --chat-template llama3 -s 'Answer briefly.'");
+    cmd->callback([o] { run_chat(*o); });
+}

@@ -554,6 +554,8 @@ Value Interp::eval_inner(const Expr& e, const FrameP& fr) {
 Value Interp::getattr(const Value& obj, const std::string& name) {
     if (obj.is_undefined()) obj.fail_undefined();
     if (obj.is_object()) return obj.object().getattr(name);
+    if (obj.is_list() && obj.list_data().iter_type == "_GroupTuple" && (name == "grouper" || name == "list"))
+        return obj.items()[name == "grouper" ? 0 : 1];
     bool unsafe = false;
     if (has_method(obj, name, unsafe)) {
         if (unsafe)

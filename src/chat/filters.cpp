@@ -281,6 +281,8 @@ std::string url_quote(const std::string& s, bool for_qs) {
         if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
             c == '-' || c == '~' || (!for_qs && c == '/')) {
             out.push_back(static_cast<char>(c));
+        } else if (for_qs && c == ' ') {
+            out.push_back('+');
         } else {
             out.push_back('%');
             out.push_back(hex[c >> 4]);
@@ -818,7 +820,9 @@ Value apply_filter_now(Interp& in, const std::string& name, const Value& v, Call
             std::vector<Value> group;
             while (j < idx.size() && equals(keys[idx[j]], keys[idx[i]])) group.push_back(items[idx[j++]]);
             const Value grouper = cs ? keys[idx[i]] : get_path(in, items[idx[i]], parts, &def);
-            out.push_back(Value::tuple({grouper, Value::list(std::move(group))}));
+            Value g = Value::tuple({grouper, Value::list(std::move(group))});
+            g.list_data().iter_type = "_GroupTuple";  // a namedtuple: .grouper and .list
+            out.push_back(std::move(g));
             i = j;
         }
         return Value::list(std::move(out));

@@ -741,13 +741,14 @@ std::string str_format(Interp& in, std::string_view fmt, const CallArgs& args) {
         while (k < name.size() && name[k] != '.' && name[k] != '[') ++k;
         const std::string_view first = name.substr(0, k);
         Value v;
+        // (string.Formatter, which jinja2's sandbox uses, words both switches the same way)
         if (first.empty()) {
             if (mode == 2) raise("ValueError", "cannot switch from manual field specification to automatic field numbering");
             mode = 1;
             if (auto_idx >= args.pos.size()) raise("IndexError", "tuple index out of range");
             v = args.pos[auto_idx++];
         } else if (std::all_of(first.begin(), first.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-            if (mode == 1) raise("ValueError", "cannot switch from automatic field numbering to manual field specification");
+            if (mode == 1) raise("ValueError", "cannot switch from manual field specification to automatic field numbering");
             mode = 2;
             const size_t idx = static_cast<size_t>(std::min<uint64_t>(std::stoull(std::string(first.substr(0, 12))), 1u << 30));
             if (idx >= args.pos.size()) raise("IndexError", "tuple index out of range");

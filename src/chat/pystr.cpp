@@ -98,110 +98,88 @@ bool is_space(uint32_t c) {
            c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-bool is_printable(uint32_t c) {
-    if (c < 0x20 || (c >= 0x7F && c <= 0xA0) || c == 0xAD) return false;
-    if (c < 0x300) return true;
-    if (c == 0x1680 || (c >= 0x2000 && c <= 0x200F) || (c >= 0x2028 && c <= 0x202F) || (c >= 0x205F && c <= 0x206F) ||
-        c == 0x3000)
-        return false;
-    if ((c >= 0x600 && c <= 0x605) || c == 0x61C || c == 0x6DD || c == 0x70F || c == 0x180E || c == 0x8E2) return false;
-    if (c >= 0xD800 && c <= 0xF8FF) return false;  // surrogates, private use
-    if (c == 0xFEFF || (c >= 0xFFF0 && c <= 0xFFFB) || c == 0xFFFE || c == 0xFFFF) return false;
-    if ((c >= 0x1BCA0 && c <= 0x1BCA3) || (c >= 0x1D173 && c <= 0x1D17A)) return false;
-    if (c >= 0xE0000) return false;  // tags, private use planes
-    return true;
-}
-
 namespace {
 
-struct Pair {
-    uint32_t lo, hi;  // inclusive range of upper-case code points
-    int32_t delta;    // lower = upper + delta
-    uint8_t stride;   // 1: every code point; 2: alternating upper/lower pairs
+struct CaseMap {
+    uint32_t cp;
+    uint32_t to[3];
 };
 
-// Simple case pairs of the common scripts (Latin, Greek, Cyrillic, Armenian,
-// Georgian, Cherokee-free, fullwidth, Deseret).
-const Pair kPairs[] = {
-    {0x41, 0x5A, 32, 1},       {0xC0, 0xD6, 32, 1},       {0xD8, 0xDE, 32, 1},       {0x100, 0x12E, 1, 2},
-    {0x132, 0x136, 1, 2},      {0x139, 0x147, 1, 2},      {0x14A, 0x176, 1, 2},      {0x179, 0x17D, 1, 2},
-    {0x182, 0x184, 1, 2},      {0x1A0, 0x1A4, 1, 2},      {0x1B3, 0x1B5, 1, 2},      {0x1CD, 0x1DB, 1, 2},
-    {0x1DE, 0x1EE, 1, 2},      {0x1F8, 0x21E, 1, 2},      {0x222, 0x232, 1, 2},      {0x246, 0x24E, 1, 2},
-    {0x370, 0x372, 1, 2},      {0x376, 0x376, 1, 1},      {0x386, 0x386, 38, 1},     {0x388, 0x38A, 37, 1},
-    {0x38C, 0x38C, 64, 1},     {0x38E, 0x38F, 63, 1},     {0x391, 0x3A1, 32, 1},     {0x3A3, 0x3AB, 32, 1},
-    {0x3D8, 0x3EE, 1, 2},      {0x400, 0x40F, 80, 1},     {0x410, 0x42F, 32, 1},     {0x460, 0x480, 1, 2},
-    {0x48A, 0x4BE, 1, 2},      {0x4C1, 0x4CD, 1, 2},      {0x4D0, 0x52E, 1, 2},      {0x531, 0x556, 48, 1},
-    {0x10A0, 0x10C5, 7264, 1}, {0x1E00, 0x1E94, 1, 2},    {0x1EA0, 0x1EFE, 1, 2},    {0x1F08, 0x1F0F, -8, 1},
-    {0x1F18, 0x1F1D, -8, 1},   {0x1F28, 0x1F2F, -8, 1},   {0x1F38, 0x1F3F, -8, 1},   {0x1F48, 0x1F4D, -8, 1},
-    {0x1F68, 0x1F6F, -8, 1},   {0x2160, 0x216F, 16, 1},   {0x24B6, 0x24CF, 26, 1},   {0x2C00, 0x2C2F, 48, 1},
-    {0x2C80, 0x2CE2, 1, 2},    {0xA640, 0xA66C, 1, 2},    {0xA680, 0xA69A, 1, 2},    {0xA722, 0xA72E, 1, 2},
-    {0xA732, 0xA76E, 1, 2},    {0xA779, 0xA77B, 1, 2},    {0xA77E, 0xA786, 1, 2},    {0xA790, 0xA792, 1, 2},
-    {0xA796, 0xA7A8, 1, 2},    {0xFF21, 0xFF3A, 32, 1},   {0x10400, 0x10427, 40, 1}, {0x1E900, 0x1E921, 34, 1},
-};
+#include "chat/pystr_tables.inc"
 
-bool in_pair(const Pair& p, uint32_t c) { return c >= p.lo && c <= p.hi && (p.stride == 1 || (c - p.lo) % 2 == 0); }
-
-}  // namespace
-
-uint32_t to_lower(uint32_t c) {
-    if (c < 0x80) return (c >= 'A' && c <= 'Z') ? c + 32 : c;
-    if (c == 0x130) return 'i';  // Python maps İ to "i̇"; the simple mapping is i
-    for (const Pair& p : kPairs)
-        if (in_pair(p, c)) return static_cast<uint32_t>(static_cast<int64_t>(c) + p.delta);
-    return c;
-}
-
-uint32_t to_upper(uint32_t c) {
-    if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
-    if (c == 0xB5) return 0x39C;
-    if (c == 0xFF) return 0x178;
-    if (c == 0x131) return 'I';
-    if (c == 0x17F) return 'S';
-    if (c == 0x3C2) return 0x3A3;
-    for (const Pair& p : kPairs) {
-        const int64_t u = static_cast<int64_t>(c) - p.delta;
-        if (u >= 0 && in_pair(p, static_cast<uint32_t>(u))) return static_cast<uint32_t>(u);
+template <size_t N>
+bool in_ranges(const uint32_t (&r)[N][2], uint32_t c) {
+    size_t lo = 0, hi = N;
+    while (lo < hi) {
+        const size_t mid = (lo + hi) / 2;
+        if (c < r[mid][0]) hi = mid;
+        else if (c > r[mid][1]) lo = mid + 1;
+        else return true;
     }
-    return c;
-}
-
-bool is_upper(uint32_t c) { return to_lower(c) != c; }
-bool is_lower(uint32_t c) {
-    if (c == 0xDF || c == 0x138 || c == 0x149) return true;
-    return to_upper(c) != c;
-}
-
-bool is_alpha(uint32_t c) {
-    if (c < 0x80) return (c | 32) >= 'a' && (c | 32) <= 'z';
-    if (c == 0xAA || c == 0xB5 || c == 0xBA) return true;
-    if (c < 0xC0 || c == 0xD7 || c == 0xF7) return false;
-    if (c < 0x2C2) return true;
-    if (is_upper(c) || is_lower(c)) return true;
-    return (c >= 0x5D0 && c <= 0x5EA) || (c >= 0x620 && c <= 0x64A) || (c >= 0x904 && c <= 0x939) ||
-           (c >= 0xE01 && c <= 0xE30) || (c >= 0x3041 && c <= 0x3096) || (c >= 0x30A1 && c <= 0x30FA) ||
-           (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0xAC00 && c <= 0xD7A3) ||
-           (c >= 0x20000 && c <= 0x2FA1F);
-}
-
-bool is_decimal(uint32_t c) {
-    if (c < 0x80) return c >= '0' && c <= '9';
-    static const uint32_t zeros[] = {0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66,
-                                     0xCE6, 0xD66, 0xE50, 0xED0, 0xF20, 0x1040, 0x17E0, 0x1810, 0xFF10};
-    for (uint32_t z : zeros)
-        if (c >= z && c <= z + 9) return true;
     return false;
 }
 
-bool is_digit(uint32_t c) {
-    return is_decimal(c) || c == 0xB2 || c == 0xB3 || c == 0xB9 || (c >= 0x2070 && c <= 0x2079 && c != 0x2071 &&
-                                                                     c != 0x2072 && c != 0x2073) ||
-           (c >= 0x2080 && c <= 0x2089) || (c >= 0x2460 && c <= 0x2468);
+template <size_t N>
+const CaseMap* find_map(const CaseMap (&m)[N], uint32_t c) {
+    const CaseMap* it = std::lower_bound(m, m + N, c, [](const CaseMap& e, uint32_t v) { return e.cp < v; });
+    return (it != m + N && it->cp == c) ? it : nullptr;
 }
 
-bool is_numeric(uint32_t c) {
-    return is_digit(c) || (c >= 0xBC && c <= 0xBE) || (c >= 0x2150 && c <= 0x2182) || c == 0x3007 ||
-           c == 0x4E00 || c == 0x4E8C || c == 0x4E09 || c == 0x56DB || c == 0x4E94 || c == 0x516D || c == 0x4E03 ||
-           c == 0x516B || c == 0x4E5D || c == 0x5341 || c == 0x767E || c == 0x5343 || c == 0x4E07;
+// Appends the (full) case mapping of c, or c itself.
+template <size_t N>
+void put_mapped(std::string& r, const CaseMap (&m)[N], uint32_t c) {
+    if (const CaseMap* e = find_map(m, c)) {
+        for (uint32_t t : e->to)
+            if (t) append_cp(r, t);
+    } else {
+        append_cp(r, c);
+    }
+}
+
+bool is_title(uint32_t c) { return in_ranges(kTitlecaseRanges, c); }
+bool is_cased(uint32_t c) { return c < 0x80 ? ((c | 32) >= 'a' && (c | 32) <= 'z') : in_ranges(kCasedRanges, c); }
+bool is_case_ignorable(uint32_t c) { return in_ranges(kCaseIgnorableRanges, c); }
+
+void put_upper(std::string& r, uint32_t c) {
+    if (c < 0x80) r.push_back(static_cast<char>((c >= 'a' && c <= 'z') ? c - 32 : c));
+    else put_mapped(r, kUpperMap, c);
+}
+void put_lower(std::string& r, uint32_t c) {
+    if (c < 0x80) r.push_back(static_cast<char>((c >= 'A' && c <= 'Z') ? c + 32 : c));
+    else put_mapped(r, kLowerMap, c);
+}
+void put_title(std::string& r, uint32_t c) {
+    if (const CaseMap* e = find_map(kTitleMap, c)) {
+        for (uint32_t t : e->to)
+            if (t) append_cp(r, t);
+    } else {
+        put_upper(r, c);
+    }
+}
+
+}  // namespace
+
+bool is_printable(uint32_t c) {
+    if (c >= 0xDC80 && c <= 0xDCFF) return false;  // an escaped invalid byte (a lone surrogate in Python)
+    return in_ranges(kPrintableRanges, c);
+}
+bool is_alpha(uint32_t c) { return c < 0x80 ? ((c | 32) >= 'a' && (c | 32) <= 'z') : in_ranges(kAlphaRanges, c); }
+bool is_decimal(uint32_t c) { return c < 0x80 ? (c >= '0' && c <= '9') : in_ranges(kDecimalRanges, c); }
+bool is_digit(uint32_t c) { return c < 0x80 ? (c >= '0' && c <= '9') : in_ranges(kDigitRanges, c); }
+bool is_numeric(uint32_t c) { return c < 0x80 ? (c >= '0' && c <= '9') : in_ranges(kNumericRanges, c); }
+bool is_upper(uint32_t c) { return c < 0x80 ? (c >= 'A' && c <= 'Z') : in_ranges(kUpperRanges, c); }
+bool is_lower(uint32_t c) { return c < 0x80 ? (c >= 'a' && c <= 'z') : in_ranges(kLowerRanges, c); }
+
+uint32_t to_upper(uint32_t c) {
+    if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
+    const CaseMap* e = find_map(kUpperMap, c);
+    return (e && !e->to[1]) ? e->to[0] : c;
+}
+
+uint32_t to_lower(uint32_t c) {
+    if (c < 0x80) return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+    const CaseMap* e = find_map(kLowerMap, c);
+    return (e && !e->to[1]) ? e->to[0] : c;
 }
 
 // ------------------------------------------------------------------ case
@@ -214,11 +192,6 @@ std::string map_cps(std::string_view s, F f) {
     for (size_t i = 0; i < s.size();) f(r, next_cp(s, i));
     return r;
 }
-void put_upper(std::string& r, uint32_t c) {
-    if (c == 0xDF) r += "SS";
-    else append_cp(r, to_upper(c));
-}
-bool is_cased(uint32_t c) { return is_upper(c) || is_lower(c); }
 }  // namespace
 
 std::string upper(std::string_view s) {
@@ -231,6 +204,24 @@ std::string upper(std::string_view s) {
     return map_cps(s, put_upper);
 }
 
+namespace {
+// Lowercases u[i] into r, with Python's final-sigma rule: a capital sigma
+// after a cased letter and not before one becomes the final form.
+void lower_at(const std::u32string& u, size_t i, std::string& r) {
+    if (u[i] != 0x3A3) {
+        put_lower(r, u[i]);
+        return;
+    }
+    size_t j = i;
+    while (j > 0 && is_case_ignorable(u[j - 1])) --j;
+    const bool before = j > 0 && is_cased(u[j - 1]);
+    j = i + 1;
+    while (j < u.size() && is_case_ignorable(u[j])) ++j;
+    const bool after = j < u.size() && is_cased(u[j]);
+    append_cp(r, before && !after ? 0x3C2 : 0x3C3);
+}
+}  // namespace
+
 std::string lower(std::string_view s) {
     if (is_ascii(s)) {
         std::string r(s);
@@ -238,40 +229,51 @@ std::string lower(std::string_view s) {
             if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
         return r;
     }
-    return map_cps(s, [](std::string& r, uint32_t c) { append_cp(r, to_lower(c)); });
+    const std::u32string u = decode(s);
+    std::string r;
+    r.reserve(s.size());
+    for (size_t i = 0; i < u.size(); ++i) lower_at(u, i, r);
+    return r;
 }
 
 std::string title(std::string_view s) {
+    const std::u32string u = decode(s);
+    std::string r;
     bool prev_cased = false;
-    return map_cps(s, [&](std::string& r, uint32_t c) {
-        if (prev_cased) append_cp(r, to_lower(c));
-        else put_upper(r, c);
-        prev_cased = is_cased(c);
-    });
+    for (size_t i = 0; i < u.size(); ++i) {
+        if (prev_cased) lower_at(u, i, r);
+        else put_title(r, u[i]);
+        prev_cased = is_cased(u[i]);
+    }
+    return r;
 }
 
 std::string capitalize(std::string_view s) {
-    bool first = true;
-    return map_cps(s, [&](std::string& r, uint32_t c) {
-        if (first) put_upper(r, c);
-        else append_cp(r, to_lower(c));
-        first = false;
-    });
+    const std::u32string u = decode(s);
+    std::string r;
+    for (size_t i = 0; i < u.size(); ++i) {
+        if (i == 0) put_title(r, u[i]);
+        else lower_at(u, i, r);
+    }
+    return r;
 }
 
 std::string swapcase(std::string_view s) {
-    return map_cps(s, [](std::string& r, uint32_t c) {
-        if (is_upper(c)) append_cp(r, to_lower(c));
-        else if (is_lower(c)) put_upper(r, c);
-        else append_cp(r, c);
-    });
+    const std::u32string u = decode(s);
+    std::string r;
+    for (size_t i = 0; i < u.size(); ++i) {
+        if (is_upper(u[i])) lower_at(u, i, r);
+        else if (is_lower(u[i])) put_upper(r, u[i]);
+        else append_cp(r, u[i]);
+    }
+    return r;
 }
 
 bool str_isupper(std::string_view s) {
     bool cased = false;
     for (size_t i = 0; i < s.size();) {
         const uint32_t c = next_cp(s, i);
-        if (is_lower(c)) return false;
+        if (is_lower(c) || is_title(c)) return false;
         if (is_upper(c)) cased = true;
     }
     return cased;
@@ -281,7 +283,7 @@ bool str_islower(std::string_view s) {
     bool cased = false;
     for (size_t i = 0; i < s.size();) {
         const uint32_t c = next_cp(s, i);
-        if (is_upper(c)) return false;
+        if (is_upper(c) || is_title(c)) return false;
         if (is_lower(c)) cased = true;
     }
     return cased;
@@ -291,7 +293,7 @@ bool str_istitle(std::string_view s) {
     bool cased = false, prev_cased = false;
     for (size_t i = 0; i < s.size();) {
         const uint32_t c = next_cp(s, i);
-        if (is_upper(c)) {
+        if (is_upper(c) || is_title(c)) {
             if (prev_cased) return false;
             prev_cased = cased = true;
         } else if (is_lower(c)) {

@@ -310,6 +310,19 @@ class Gen:
         return self.body(self.r.randint(1, 6))
 
 
+# Second pass: Python's str methods on random Unicode text (case mapping with
+# special cases and final sigma, classification, splitting, repr).
+UNICODE_POOL = [chr(i) for i in list(range(0x20, 0x250)) + list(range(0x370, 0x530)) + list(range(0x1E00, 0x2000))
+                + list(range(0x2100, 0x2200)) + list(range(0xFB00, 0xFB10))
+                + [0x130, 0x131, 0x3A3, 0x1C5, 0xDF, 0x149, 0x1F0, 0x10400, 0x1E900, 0x2160, 0x24B6, 0xFF21, 0x3000,
+                   0x85, 0xA0, 0x2028, 0x4E2D, 0x1F642, 0x661, 0xBD]]
+UNICODE_TEMPLATE = ("{{ s.upper() }}|{{ s.lower() }}|{{ s.title() }}|{{ s.capitalize() }}|{{ s.swapcase() }}|"
+                    "{{ s|title }}|{{ s.isupper() }}{{ s.islower() }}{{ s.istitle() }}{{ s.isalpha() }}"
+                    "{{ s.isdigit() }}{{ s.isnumeric() }}{{ s.isdecimal() }}{{ s.isalnum() }}{{ s.isspace() }}"
+                    "{{ s.isprintable() }}|{{ s|length }}|{{ s.split() }}|{{ s.strip() }}|{{ [s] }}|{{ s|tojson }}|"
+                    "{{ s|tojson(ensure_ascii=true) }}|{{ s[::-1] }}|{{ s|wordcount }}|{{ s.splitlines() }}")
+
+
 def norm(text):
     """Object addresses differ between runs: Python prints them, quern prints 0x0."""
     return re.sub(r" 0x[0-9a-f]+", " 0x0", text, flags=re.I)
@@ -345,22 +358,27 @@ def main():
         except Exception as e:  # noqa: BLE001
             kind, msg = classify(e)
             exp = {"error": msg, "type": kind}
-        cases.append(src)
+        cases.append((src, CONTEXT))
         expected.append(exp)
-    lines = "".join(json.dumps({"template": s, "context": CONTEXT, "now": fx.FIXED_NOW.isoformat()},
-                               ensure_ascii=False) + "\n" for s in cases)
+    n_unicode = max(1, args.n // 2)
+    for _ in range(n_unicode):
+        text = "".join(rng.choice(UNICODE_POOL) for _ in range(rng.randint(1, 10)))
+        cases.append((UNICODE_TEMPLATE, {"s": text}))
+        expected.append({"output": env.from_string(UNICODE_TEMPLATE).render(s=text)})
+    lines = "".join(json.dumps({"template": c[0], "context": c[1], "now": fx.FIXED_NOW.isoformat()}, ensure_ascii=False)
+                    + "\n" for c in cases)
     proc = subprocess.run([args.quern, "template", "--jsonl"], input=lines.encode(), capture_output=True, timeout=600)
     if proc.returncode != 0:
         print("jinja_diff: quern failed:", proc.stderr.decode(errors="replace")[-2000:])
         return 1
-    got = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    got = [json.loads(x) for x in proc.stdout.decode().split("\n") if x]  # (not splitlines: U+2028 is in the JSON)
     if len(got) != len(cases):
         print(f"jinja_diff: quern answered {len(got)} of {len(cases)} templates")
         return 1
     bad = 0
     n_err = 0
     dump = open(args.dump, "w", encoding="utf-8") if args.dump else None
-    for src, exp, g in zip(cases, expected, got):
+    for (src, _), exp, g in zip(cases, expected, got):
         if "error" in exp:
             n_err += 1
             ok = "error" in g and (g["error"] == exp["error"] or exp["type"] == "MemoryError") and (
@@ -376,7 +394,8 @@ def main():
                 print("---- template:", json.dumps(src, ensure_ascii=False))
                 print("  jinja2:", json.dumps(exp, ensure_ascii=False)[:600])
                 print("  quern: ", json.dumps(g, ensure_ascii=False)[:600])
-    print(f"jinja_diff: {len(cases)} random templates ({n_err} raise in jinja2), {bad} differ")
+    print(f"jinja_diff: {len(cases) - n_unicode} random templates ({n_err} raise in jinja2) and {n_unicode} "
+          f"random Unicode strings through the str methods, {bad} differ")
     if bad == 0:
         print("jinja_diff: all agree")
     return 1 if bad else 0

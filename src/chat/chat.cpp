@@ -20,6 +20,16 @@ std::string eos_text(const Tokenizer& tok) { return tok.eos() >= 0 ? tok.token_t
 
 ChatTemplate ChatTemplate::for_model(const GgufFile& f, const Tokenizer& tok, const std::string& name,
                                      const std::string& file_path) {
+    ChatTemplate t = for_model_source(f, tok, name, file_path);
+    Json specials = Json::object();
+    if (tok.unk() >= 0) specials["unk_token"] = tok.token_to_piece(tok.unk(), true);
+    if (tok.pad() >= 0) specials["pad_token"] = tok.token_to_piece(tok.pad(), true);
+    t.set_special_tokens(std::move(specials));
+    return t;
+}
+
+ChatTemplate ChatTemplate::for_model_source(const GgufFile& f, const Tokenizer& tok, const std::string& name,
+                                            const std::string& file_path) {
     const std::string bos = bos_text(tok), eos = eos_text(tok);
     if (!file_path.empty()) {
         std::ifstream in(file_path, std::ios::binary);
@@ -53,6 +63,7 @@ std::string ChatTemplate::apply(const Json& messages, const ChatOptions& opts) c
     ctx["add_generation_prompt"] = opts.add_generation_prompt;
     ctx["bos_token"] = bos_;
     ctx["eos_token"] = eos_;
+    for (const auto& [k, v] : specials_.items()) ctx[k] = v;
     if (opts.extra.is_object())
         for (const auto& [k, v] : opts.extra.items()) ctx[k] = v;
     jinja::RenderOptions ro;

@@ -68,13 +68,21 @@ public:
     /// (e.g. a template's raise_exception) with jinja2's message.
     std::string apply(const Json& messages, const ChatOptions& opts = {}) const;
 
+    /// More special-token variables a model provides (unk_token, pad_token),
+    /// as Hugging Face passes every special token to the template.
+    void set_special_tokens(Json specials) { specials_ = std::move(specials); }
+    const Json& special_tokens() const { return specials_; }
+
     const std::string& source() const { return source_; }
     const std::string& origin() const { return origin_; }
     const std::string& bos_token() const { return bos_; }
     const std::string& eos_token() const { return eos_; }
 
 private:
+    static ChatTemplate for_model_source(const GgufFile& f, const Tokenizer& tok, const std::string& name,
+                                         const std::string& file_path);
     std::string source_, bos_, eos_, origin_;
+    Json specials_ = Json::object();
     jinja::Template tmpl_;
 };
 

@@ -107,6 +107,7 @@ int run_template(const TemplateCmdOptions& o) {
         if (!o.bos_set) bos = t.bos_token();
         if (!o.eos_set) eos = t.eos_token();
         tmpl = std::make_unique<quern::chat::ChatTemplate>(t.source(), bos, eos, t.origin());
+        tmpl->set_special_tokens(t.special_tokens());
     }
     Json doc = read_json(o.messages_file);
     Json messages;
@@ -157,7 +158,7 @@ void add_template_command(CLI::App& app) {
     auto o = std::make_shared<TemplateCmdOptions>();
     CLI::App* cmd = app.add_subcommand("template", "Render a chat template over a conversation (the prompt, exactly, to stdout)");
     cmd->add_option("-m,--model", o->model, "GGUF model whose tokenizer.chat_template to use (default: SmolLM2-135M-Instruct)");
-    cmd->add_option("--template", o->template_file, "Jinja template file instead of a model's");
+    cmd->add_option("--template,--chat-template-file", o->template_file, "Jinja template file instead of a model's");
     cmd->add_option("--chat-template", o->builtin,
                     "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or a GGUF's named template");
     cmd->add_option("--messages", o->messages_file,

@@ -219,7 +219,7 @@ def cases():
 # apply_chat_template would pass them).
 TEMPLATE_KWARGS = {
     "fireworks-ai-llama-3-firefunction-v2.jinja": {
-        "functions": json.dumps([t["function"] for t in TOOLS], indent=2)},
+        "functions": json.dumps([t["function"] for t in TOOLS], indent=2), "datetime": "2025-03-14"},
 }
 
 

@@ -77,12 +77,11 @@ struct Carver {
     }
 };
 
-// Decode-style split: a few long contiguous row ranges per thread (multiples
-// of `align` rows), handed out dynamically. Each range is one sequential
-// memory stream that the hardware prefetchers follow (small interleaved
-// chunks defeat them); having several per thread lets a thread that runs
-// while another is descheduled (a busy machine) take over its share instead
-// of the whole product waiting for it.
+// Decode-style split: one contiguous range of rows per thread (multiples of
+// `align` rows), so that each thread streams one long run of memory, which the
+// hardware prefetchers follow; interleaved small chunks defeat them. (Handing
+// out several ranges per thread dynamically copes better with a descheduled
+// thread on a busy machine but measured ~30% slower decode on an idle one.)
 template <class F>
 void split_rows(ThreadPool& pool, int64_t M, int64_t align, F&& fn) {
     const int nth = pool.size();
@@ -90,9 +89,9 @@ void split_rows(ThreadPool& pool, int64_t M, int64_t align, F&& fn) {
         fn(int64_t(0), M);
         return;
     }
-    const int64_t units = (M + align - 1) / align;
-    const int64_t per = std::max<int64_t>(1, (units + 4 * nth - 1) / (4 * nth));
-    pool.parallel_for(units, per, [&](int64_t u0, int64_t u1, int) {
+    pool.run([&](int ith, int n) {
+        const int64_t units = (M + align - 1) / align;
+        const int64_t u0 = units * ith / n, u1 = units * (ith + 1) / n;
         const int64_t r0 = std::min(M, u0 * align), r1 = std::min(M, u1 * align);
         if (r0 < r1) fn(r0, r1);
     });

@@ -32,7 +32,8 @@ int32_t Sampler::sample(const float* logits) {
     // Penalties over the recent history.
     const bool penalize = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
     if (penalize && !history_.empty()) {
-        std::unordered_map<int32_t, int> counts;
+        auto& counts = counts_;  // member: keeps its buckets between tokens
+        counts.clear();
         for (int32_t t : history_)
             if (t >= 0 && t < n_vocab_) counts[t]++;
         for (const auto& [t, n] : counts) {

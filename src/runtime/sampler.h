@@ -47,6 +47,7 @@ private:
     std::deque<int32_t> history_;
     std::vector<Cand> cand_;
     std::vector<float> work_;
+    std::unordered_map<int32_t, int> counts_;
 };
 
 }  // namespace quern

@@ -38,6 +38,15 @@ int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation)
         case DType::Q8_0: return long_rows ? 5 : 6;  // R1 T256 U2 : R1 T64 U2
         case DType::Q4_K: return N <= 2048 ? 6 : 4;  // R1 T64 U2 : R4 T64 U2
         case DType::Q6_K: return 6;                  // R1 T64 U2
+        // Q4_0 .. Q3_K: from a one-shot sweep on the H200 (2026-11-30, one
+        // level of activation); each default within ~3% of the best
+        // configuration of that sweep without the spilling R4 T32 U4.
+        case DType::Q4_0:
+        case DType::Q5_1: return long_rows ? 4 : 3;  // R4 T64 U2 : R2 T64 U2
+        case DType::Q5_0: return long_rows ? 1 : 3;  // R2 T128 U2 : R2 T64 U2
+        case DType::Q5_K: return N > 8192 ? 3 : 6;   // R2 T64 U2 : R1 T64 U2
+        case DType::Q2_K: return 3;                  // R2 T64 U2
+        case DType::Q3_K: return N > 8192 && !long_rows ? 2 : 3;  // R4 T128 U1 : R2 T64 U2
         case DType::F16:
         case DType::BF16:
             if (N <= 2048) return 5;                 // R1 T256 U2: few rows, many blocks
@@ -86,6 +95,12 @@ bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream) {
         case DType::Q4_1: return launch_gemv_q4_1(l, config, stream);
         case DType::Q4_K: return launch_gemv_q4_k(l, config, stream);
         case DType::Q6_K: return launch_gemv_q6_k(l, config, stream);
+        case DType::Q4_0: return launch_gemv_q4_0(l, config, stream);
+        case DType::Q5_0: return launch_gemv_q5_0(l, config, stream);
+        case DType::Q5_1: return launch_gemv_q5_1(l, config, stream);
+        case DType::Q5_K: return launch_gemv_q5_k(l, config, stream);
+        case DType::Q2_K: return launch_gemv_q2_k(l, config, stream);
+        case DType::Q3_K: return launch_gemv_q3_k(l, config, stream);
         case DType::F32:
         case DType::F16:
         case DType::BF16: return launch_gemv_float(l, config, stream);

@@ -1,9 +1,10 @@
 // Decode matrix-vector products on the GPU: y = W · x for one token.
 //
-// Quantized weights (Q8_0, Q4_1, Q4_K, Q6_K) use integer dot products: x is
-// quantized once per step with quantize_activation() (8-bit blocks of 32,
-// Q8_1's numbers) and the result is shared by every matrix that reads the
-// same x (Q, K, V; gate, up). Float weights (F32, F16, BF16) read x as floats.
+// Quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K) use integer
+// dot products: x is quantized once per step with quantize_activation() (8-bit
+// blocks of 32, Q8_1's numbers) and the result is shared by every matrix that
+// reads the same x (Q, K, V; gate, up). Float weights (F32, F16, BF16) read x
+// as floats.
 // All calls are asynchronous on the context's stream.
 #pragma once
 #include <cuda_runtime.h>

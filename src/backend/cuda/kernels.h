@@ -72,6 +72,12 @@ bool launch_gemv_q8_0(const GemvLaunch& l, int config, cudaStream_t stream);
 bool launch_gemv_q4_1(const GemvLaunch& l, int config, cudaStream_t stream);
 bool launch_gemv_q4_k(const GemvLaunch& l, int config, cudaStream_t stream);
 bool launch_gemv_q6_k(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_q4_0(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_q5_0(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_q5_1(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_q5_k(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_q2_k(const GemvLaunch& l, int config, cudaStream_t stream);
+bool launch_gemv_q3_k(const GemvLaunch& l, int config, cudaStream_t stream);
 bool launch_gemv_float(const GemvLaunch& l, int config, cudaStream_t stream);
 
 /// x[K] floats -> xq (two planes of int8, see GemvLaunch) and xinfo[K/32].
@@ -81,7 +87,8 @@ void launch_quantize_q8_1(const float* x, int8_t* xq, ActBlockInfo* xinfo, int64
 
 /// Repacks n_blocks GGUF blocks of type t (src, back to back; rows of K
 /// elements) into the device layout streams q, q2, s, s2 of weights.h
-/// (Q8_0, Q4_1, Q4_K, Q6_K; other types: nothing is launched).
+/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; other types:
+/// nothing is launched).
 void launch_repack(DType t, const uint8_t* src, int64_t n_blocks, int64_t K, void* q, void* q2, void* s, void* s2,
                    cudaStream_t stream);
 

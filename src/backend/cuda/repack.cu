@@ -107,6 +107,151 @@ __global__ void repack_q6_k_kernel(const uint8_t* __restrict__ src, int64_t n_bl
     }
 }
 
+// ---- Q4_0, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K
+
+__global__ void repack_q4_0_kernel(const uint8_t* __restrict__ src, int64_t n_blocks, uint8_t* __restrict__ q,
+                                   uint16_t* __restrict__ d) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    const uint8_t* s = src + i * static_cast<int64_t>(sizeof(block_q4_0));
+    d[i] = rd16(s);
+    for (int j = 0; j < 16; ++j) q[16 * i + j] = s[2 + j];
+}
+
+// Fifth bits of a 32-element block (bit e = element e, GGUF's qh) re-ordered
+// for the GEMV (weights.h): byte k, bit i = element 4i+k; bit 4+i = element
+// 16+4i+k.
+__device__ __forceinline__ uint32_t q5_high_bits(uint32_t qh) {
+    uint32_t r = 0;
+    for (int half = 0; half < 2; ++half)
+        for (int i = 0; i < 4; ++i)
+            for (int k = 0; k < 4; ++k) {
+                const int e = 16 * half + 4 * i + k;
+                r |= ((qh >> e) & 1u) << (8 * k + 4 * half + i);
+            }
+    return r;
+}
+__device__ __forceinline__ uint32_t rd32(const uint8_t* p) {
+    return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
+           (static_cast<uint32_t>(p[3]) << 24);
+}
+
+__global__ void repack_q5_0_kernel(const uint8_t* __restrict__ src, int64_t n_blocks, uint8_t* __restrict__ q,
+                                   uint32_t* __restrict__ qh, uint16_t* __restrict__ d) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    const uint8_t* s = src + i * static_cast<int64_t>(sizeof(block_q5_0));
+    d[i] = rd16(s);
+    qh[i] = q5_high_bits(rd32(s + 2));
+    for (int j = 0; j < 16; ++j) q[16 * i + j] = s[6 + j];
+}
+
+__global__ void repack_q5_1_kernel(const uint8_t* __restrict__ src, int64_t n_blocks, uint8_t* __restrict__ q,
+                                   uint2* __restrict__ dmh) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    const uint8_t* s = src + i * static_cast<int64_t>(sizeof(block_q5_1));
+    dmh[i] = make_uint2(static_cast<uint32_t>(rd16(s)) | (static_cast<uint32_t>(rd16(s + 2)) << 16),
+                        q5_high_bits(rd32(s + 4)));
+    for (int j = 0; j < 16; ++j) q[16 * i + j] = s[8 + j];
+}
+
+// GGUF Q5_K: as Q4_K (scales, nibbles), plus bit 4 of element e of sub-block j
+// in bit j of qh[e]. Device: quants and head as Q4_K's, fifth bits of
+// sub-block j in word 8i + j (q5_high_bits order).
+__global__ void repack_q5_k_kernel(const uint8_t* __restrict__ src, int64_t n_blocks, uint8_t* __restrict__ q,
+                                   uint32_t* __restrict__ qh_out, uint8_t* __restrict__ head) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    const uint8_t* s = src + i * static_cast<int64_t>(sizeof(block_q5_K));
+    for (int j = 0; j < 4; ++j) head[16 * i + j] = s[j];  // d, dmin
+    uint32_t mhi = 0;
+    for (int j = 0; j < 8; ++j) {  // get_scale_min_k4
+        const uint8_t* sc = s + 4;
+        const int scale = j < 4 ? (sc[j] & 63) : ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
+        const int m = j < 4 ? (sc[j + 4] & 63) : ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+        head[16 * i + 4 + j] = static_cast<uint8_t>(scale | ((m & 3) << 6));
+        mhi |= static_cast<uint32_t>(m >> 2) << (4 * j);
+    }
+    for (int j = 0; j < 4; ++j) head[16 * i + 12 + j] = static_cast<uint8_t>(mhi >> (8 * j));
+    const uint8_t* qh = s + 16;
+    const uint8_t* qs = s + 48;
+    for (int j = 0; j < 8; ++j) {
+        const int p = j / 2, shift = 4 * (j & 1);
+        uint32_t bits = 0;
+        for (int e = 0; e < 32; ++e) bits |= static_cast<uint32_t>((qh[e] >> j) & 1) << e;
+        qh_out[8 * i + j] = q5_high_bits(bits);
+        for (int b = 0; b < 16; ++b) {
+            const int lo = (qs[32 * p + b] >> shift) & 0xF;
+            const int hi = (qs[32 * p + 16 + b] >> shift) & 0xF;
+            q[128 * i + 16 * j + b] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+    }
+}
+
+// GGUF Q2_K / Q3_K: element e = 128h + 32j + l of a super-block has its low
+// two bits at bits 2j.. of qs[32h + l]. Device: 64-element chunk v, word g,
+// byte k, bits 2i.. hold element 64v + 16g + 4i + k.
+__device__ __forceinline__ void repack_2bit(const uint8_t* qs, uint8_t* dst) {
+    for (int v = 0; v < 4; ++v)
+        for (int g = 0; g < 4; ++g)
+            for (int k = 0; k < 4; ++k) {
+                int byte = 0;
+                for (int i = 0; i < 4; ++i) {
+                    const int e = 64 * v + 16 * g + 4 * i + k;
+                    const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+                    byte |= ((qs[32 * h + l] >> (2 * j)) & 3) << (2 * i);
+                }
+                dst[16 * v + 4 * g + k] = static_cast<uint8_t>(byte);
+            }
+}
+
+__global__ void repack_q2_k_kernel(const uint8_t* __restrict__ src, int64_t n_blocks, uint8_t* __restrict__ q,
+                                   uint8_t* __restrict__ sc, uint32_t* __restrict__ dm) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    const uint8_t* s = src + i * static_cast<int64_t>(sizeof(block_q2_K));
+    for (int j = 0; j < 16; ++j) sc[16 * i + j] = s[j];
+    repack_2bit(s + 16, q + 64 * i);
+    dm[i] = static_cast<uint32_t>(rd16(s + 80)) | (static_cast<uint32_t>(rd16(s + 82)) << 16);
+}
+
+// GGUF Q3_K: element e = 128h + 32j + l takes its third bit from bit 4h + j of
+// hmask[l]; 6-bit scale n (stored + 32) packed as q3_K_scale in reference.cpp.
+__global__ void repack_q3_k_kernel(const uint8_t* __restrict__ src, int64_t n_blocks, uint8_t* __restrict__ q,
+                                   uint32_t* __restrict__ qh_out, uint32_t* __restrict__ sc_out,
+                                   uint16_t* __restrict__ d) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    const uint8_t* s = src + i * static_cast<int64_t>(sizeof(block_q3_K));
+    const uint8_t* hmask = s;
+    const uint8_t* sc = s + 96;
+    repack_2bit(s + 32, q + 64 * i);
+    // third bits: chunk v, word hb, byte k, bit 4g + i2 = element 64v + 32hb + 16g + 4i2 + k
+    for (int w = 0; w < 8; ++w) {
+        uint32_t word = 0;
+        for (int g = 0; g < 2; ++g)
+            for (int i2 = 0; i2 < 4; ++i2)
+                for (int k = 0; k < 4; ++k) {
+                    const int e = 32 * w + 16 * g + 4 * i2 + k;
+                    const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+                    word |= static_cast<uint32_t>((hmask[l] >> (4 * h + j)) & 1) << (8 * k + 4 * g + i2);
+                }
+        qh_out[8 * i + w] = word;
+    }
+    uint32_t lo[2] = {0, 0}, hi = 0;
+    for (int n = 0; n < 16; ++n) {
+        const int l4 = n < 8 ? (sc[n] & 0xF) : (sc[n - 8] >> 4);
+        const int h2 = (sc[8 + n % 4] >> (2 * (n / 4))) & 3;
+        lo[n / 8] |= static_cast<uint32_t>(l4) << (4 * (n % 8));
+        hi |= static_cast<uint32_t>(h2) << (2 * n);
+    }
+    sc_out[3 * i] = lo[0];
+    sc_out[3 * i + 1] = lo[1];
+    sc_out[3 * i + 2] = hi;
+    d[i] = rd16(s + 108);
+}
+
 unsigned grid_for(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 
 }  // namespace
@@ -132,6 +277,30 @@ void launch_repack(DType t, const uint8_t* src, int64_t n_blocks, int64_t K, voi
             repack_q6_k_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(
                 src, n_blocks, q, static_cast<uint32_t*>(q2), static_cast<int8_t*>(s),
                 static_cast<uint16_t*>(s2));
+            break;
+        case DType::Q4_0:
+            repack_q4_0_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(
+                src, n_blocks, q, static_cast<uint16_t*>(s));
+            break;
+        case DType::Q5_0:
+            repack_q5_0_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(
+                src, n_blocks, q, static_cast<uint32_t*>(q2), static_cast<uint16_t*>(s));
+            break;
+        case DType::Q5_1:
+            repack_q5_1_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(
+                src, n_blocks, q, static_cast<uint2*>(s));
+            break;
+        case DType::Q5_K:
+            repack_q5_k_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(
+                src, n_blocks, q, static_cast<uint32_t*>(q2), static_cast<uint8_t*>(s));
+            break;
+        case DType::Q2_K:
+            repack_q2_k_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(
+                src, n_blocks, q, static_cast<uint8_t*>(s), static_cast<uint32_t*>(s2));
+            break;
+        case DType::Q3_K:
+            repack_q3_k_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(
+                src, n_blocks, q, static_cast<uint32_t*>(q2), static_cast<uint32_t*>(s), static_cast<uint16_t*>(s2));
             break;
         default: break;
     }

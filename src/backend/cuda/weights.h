@@ -28,6 +28,29 @@
 //             hold element 16h+4i+k of the group.
 //         s:  [K/16] int8 sub-block scales (unchanged).
 //         s2: [K/256] fp16 d.
+//   Q4_0  q:  [K/32][16] the block's qs unchanged (nibbles as Q4_1).
+//         s:  [K/32] fp16 d.
+//   Q5_0  q:  [K/32][16] the block's qs unchanged (low 4 bits, as Q4_1).
+//         q2: [K/32] uint32 fifth bits, re-ordered: byte k, bit i (0..3) =
+//             element 32b+4i+k, bit 4+i = element 32b+16+4i+k ("Q5 order").
+//         s:  [K/32] fp16 d.
+//   Q5_1  q:  [K/32][16] the block's qs unchanged (low 4 bits, as Q4_1).
+//         s:  [K/32] 8-byte records {fp16 d, fp16 m, uint32 fifth bits in
+//             Q5 order} (d at the lowest address).
+//   Q5_K  q:  [K/32][16] low 4 bits, one chunk per sub-block, as Q4_K.
+//         q2: [K/32] uint32 fifth bits of the sub-block in Q5 order.
+//         s:  [K/256][16] head exactly as Q4_K's.
+//   Q2_K  q:  [K/64][16] two-bit quants per 64 elements: word g, byte k,
+//             bits 2i..2i+1 = element 64c+16g+4i+k (c = the 64-element chunk).
+//         s:  [K/16] uint8 sub-block scale | min << 4 (unchanged).
+//         s2: [K/256] fp16x2 {d, dmin} (d at the lower address).
+//   Q3_K  q:  [K/64][16] low two bits, laid out as Q2_K's.
+//         q2: [K/64][2] uint32 third bits (GGUF hmask): word h, byte k, bit
+//             4g+i = element 64c+32h+16g+4i+k.
+//         s:  [K/256][12] the 16 six-bit scales (stored + 32) s_n of
+//             sub-blocks n: uint32 word n/8, nibble n%8 = s_n & 15; word 2,
+//             bits 2n..2n+1 = s_n >> 4.
+//         s2: [K/256] fp16 d.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -48,16 +71,16 @@ struct DeviceWeight {
     int64_t N = 0;  ///< rows (GGUF ne[1] * ne[2] * ne[3])
     DeviceBuffer buf;
     void* q = nullptr;   ///< quants / values
-    void* q2 = nullptr;  ///< Q6_K high bits (else nullptr)
+    void* q2 = nullptr;  ///< Q6_K / Q5_0 / Q5_K / Q3_K high bits (else nullptr)
     void* s = nullptr;   ///< scales (quantized types only)
-    void* s2 = nullptr;  ///< Q6_K super-block d (else nullptr)
+    void* s2 = nullptr;  ///< Q6_K / Q3_K d, Q2_K {d, dmin} per super-block (else nullptr)
 
     /// Bytes one pass over the matrix reads (the tensor's GGUF size).
     size_t bytes() const { return row_size(type, K) * static_cast<size_t>(N); }
 };
 
-/// Whether the CUDA backend holds weights of type t (F32, F16, BF16, Q8_0,
-/// Q4_1, Q4_K, Q6_K).
+/// Whether the CUDA backend holds weights of type t (F32, F16, BF16, Q4_0,
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K).
 bool cuda_weight_type_supported(DType t);
 
 /// Uploads host tensor `w` (ne[0] = K elements per row, ne[1..3] flattened

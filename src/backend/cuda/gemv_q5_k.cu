@@ -1,0 +1,79 @@
+// Decode GEMV for Q5_K weights (Q5_K_M files: most matrices; Q4_K_M: some).
+// Grid mapping, load policy and reduction: gemv_kernel in gemv_common.cuh.
+//
+// OpQ5_K — integer path
+//   Shapes:  W: N rows × K (K % 256 == 0), Q5_K device layout: per row
+//            [K/32][16] low-nibble bytes, one 16-byte chunk per 32-element
+//            sub-block ordered as Q4_K's (low nibble = element i, high =
+//            16+i), [K/32] uint32 fifth bits of the sub-block (byte k, bit i =
+//            element 4i+k, bit 4+i = element 16+4i+k; re-ordered at upload from
+//            GGUF's qh bit j of byte l), and [K/256] 16-byte heads exactly as
+//            Q4_K's {fp16 d, fp16 dmin, 8 bytes sc_j | (m_j & 3) << 6, 4 bytes
+//            of m_j >> 2 nibbles}. x: Q8 activation.
+//   Unit:    one 32-element sub-block j of super-block u/8: one 16-byte quant
+//            load (512 contiguous bytes per warp), one 4-byte fifth-bit load
+//            (128 bytes per warp) and the 16-byte head (8 consecutive lanes
+//            read the same head: one request); activation: two 16-byte loads
+//            + {d, s} of Q8 block u (sub-blocks and Q8 blocks coincide).
+//   Math:    w = (d·sc_j)·q − dmin·m_j with q = nibble | bit << 4 in 0..31
+//            (one shift and one LOP3 per word, gemv_lowbit.cuh), so
+//            sum w·x = d·sc_j·dx·Σ q·qx − dmin·m_j·s; 8 dp4a (exact int32);
+//            sc_j, m_j decoded as in Q4_K (one byte permute, a few shifts).
+//   Bound:   memory: 176 bytes per 256 elements, ~1.7 integer ops per byte.
+#include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/gemv_lowbit.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace quern::cuda {
+namespace {
+using namespace kern;
+
+struct OpQ5_K {
+    static constexpr int kUnitElems = 32;
+    struct Args {
+        const uint8_t* q;
+        const uint32_t* qh;
+        const uint8_t* head;
+        int64_t subblocks_per_row, superblocks_per_row;
+        ActQ8Ptrs a;
+    };
+    struct W {
+        uint4 q;
+        uint4 head;
+        uint32_t qh;
+        int j;  // sub-block 0..7
+    };
+    using A = ActQ8;
+    static __device__ __forceinline__ W load_w(const Args& g, int row, int u) {
+        const int64_t sb = static_cast<int64_t>(row) * g.subblocks_per_row + u;
+        W w;
+        w.q = ldw16(g.q + 16 * sb);
+        w.qh = ldw4(g.qh + sb);
+        w.head = ldw16(g.head + 16 * (static_cast<int64_t>(row) * g.superblocks_per_row + (u >> 3)));
+        w.j = u & 7;
+        return w;
+    }
+    static __device__ __forceinline__ A load_a(const Args& g, int u) { return load_act_q8(g.a, u); }
+    static __device__ __forceinline__ float dot(const W& w, const A& x) {
+        const int s = q5_dot(w.q, w.qh, x);
+        // Device head (weights.h, as Q4_K): byte j of {y, z} = sc_j | (m_j & 3) << 6,
+        // nibble j of w = m_j >> 2.
+        const uint32_t b = __byte_perm(w.head.y, w.head.z, static_cast<uint32_t>(w.j));
+        const uint32_t sc = b & 63u;
+        const uint32_t mn = ((b >> 6) & 3u) | (((w.head.w >> (4 * w.j)) & 0xFu) << 2);
+        const float d = half_bits_to_float(w.head.x), dmin = half_bits_to_float(w.head.x >> 16);
+        const float dj = d * static_cast<float>(sc), mj = dmin * static_cast<float>(mn);
+        return fmaf(dj * x.info.x, static_cast<float>(s), -mj * x.info.y);
+    }
+};
+
+}  // namespace
+
+bool launch_gemv_q5_k(const GemvLaunch& l, int config, cudaStream_t stream) {
+    if (l.act != ActKind::Q8) return false;
+    const OpQ5_K::Args g{static_cast<const uint8_t*>(l.w.q), static_cast<const uint32_t*>(l.w.q2),
+                         static_cast<const uint8_t*>(l.w.s), l.K / 32, l.K / 256, ActQ8Ptrs{l.xq, l.xinfo, l.K / 2}};
+    return launch_configured<OpQ5_K>(g, l.y, l.N, l.K, config, stream);
+}
+
+}  // namespace quern::cuda

@@ -58,7 +58,9 @@ struct Kernel {
 const Kernel kKernels[] = {
     {DType::Q4_1, false, "Q4_1 dp4a"}, {DType::Q8_0, false, "Q8_0 dp4a"}, {DType::Q4_K, false, "Q4_K dp4a"},
     {DType::Q6_K, false, "Q6_K dp4a"}, {DType::F16, true, "F16"},        {DType::BF16, true, "BF16"},
-    {DType::F32, true, "F32"},
+    {DType::F32, true, "F32"},         {DType::Q4_0, false, "Q4_0 dp4a"}, {DType::Q5_0, false, "Q5_0 dp4a"},
+    {DType::Q5_1, false, "Q5_1 dp4a"}, {DType::Q5_K, false, "Q5_K dp4a"}, {DType::Q2_K, false, "Q2_K dp4a"},
+    {DType::Q3_K, false, "Q3_K dp4a"},
 };
 
 uint64_t splitmix(uint64_t& s) {
@@ -121,6 +123,21 @@ std::vector<uint8_t> make_weights(DType t, int64_t N, int64_t K, uint64_t seed) 
                     put16(p + 2, fp32_to_fp16(uni(0.0002f, 0.002f)));
                     break;
                 case DType::Q6_K: put16(p + offsetof(block_q6_K, d), fp32_to_fp16(uni(0.0002f, 0.002f))); break;
+                case DType::Q4_0:
+                case DType::Q5_0: put16(p, fp32_to_fp16(uni(0.002f, 0.02f))); break;
+                case DType::Q5_1:
+                    put16(p, fp32_to_fp16(uni(0.002f, 0.02f)));
+                    put16(p + 2, fp32_to_fp16(uni(-0.1f, 0.1f)));
+                    break;
+                case DType::Q5_K:
+                    put16(p, fp32_to_fp16(uni(0.0002f, 0.002f)));
+                    put16(p + 2, fp32_to_fp16(uni(0.0002f, 0.002f)));
+                    break;
+                case DType::Q2_K:
+                    put16(p + offsetof(block_q2_K, d), fp32_to_fp16(uni(0.002f, 0.02f)));
+                    put16(p + offsetof(block_q2_K, dmin), fp32_to_fp16(uni(0.002f, 0.02f)));
+                    break;
+                case DType::Q3_K: put16(p + offsetof(block_q3_K, d), fp32_to_fp16(uni(0.0002f, 0.002f))); break;
                 default: break;
             }
         }

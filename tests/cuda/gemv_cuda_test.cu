@@ -67,6 +67,21 @@ std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, std::mt19937& 
                 put_f16(b + 2, d(rng) * 0.1f);
                 break;
             case DType::Q6_K: put_f16(b + offsetof(block_q6_K, d), d(rng) * 0.1f); break;
+            case DType::Q4_0:
+            case DType::Q5_0: put_f16(b, d(rng)); break;
+            case DType::Q5_1:
+                put_f16(b, d(rng));
+                put_f16(b + 2, m(rng));
+                break;
+            case DType::Q5_K:
+                put_f16(b, d(rng) * 0.1f);
+                put_f16(b + 2, d(rng) * 0.1f);
+                break;
+            case DType::Q2_K:
+                put_f16(b + offsetof(block_q2_K, d), d(rng));
+                put_f16(b + offsetof(block_q2_K, dmin), d(rng));
+                break;
+            case DType::Q3_K: put_f16(b + offsetof(block_q3_K, d), d(rng) * 0.1f); break;
             case DType::F16: put_f16(b, g(rng)); break;
             case DType::BF16: {
                 const uint16_t h = fp32_to_bf16(g(rng));
@@ -221,15 +236,17 @@ void gemv_case(CudaContext& ctx, DType t, bool float_act, const Case& c, bool ga
     EXPECT_EQ(check_against_reference(t, w, c.N, c.K, xr, y), 0);
 }
 
-const DType kQuantTypes[] = {DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K};
+const DType kQuantTypes[] = {DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K, DType::Q4_0,
+                             DType::Q5_0, DType::Q5_1, DType::Q5_K, DType::Q2_K, DType::Q3_K};
 const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
 
 std::vector<Case> cases_for(DType t) {
     const int64_t bs = dtype_info(t).block_size > 1 ? dtype_info(t).block_size : 8;
     // N not a multiple of any rows-per-block; K from one block to more
     // units than one trip of the widest configuration covers (and not a
-    // multiple of it).
-    return {{1, 256}, {7, bs * 3 > 256 ? bs * 3 : 256 + bs}, {67, 4096 + 256}, {130, 14336}, {5, 2048 * 3 + 256}};
+    // multiple of it: 33024 = 1032 units of 32, 516 of 64 (Q2_K, Q3_K)).
+    return {{1, 256},   {7, bs * 3 > 256 ? bs * 3 : 256 + bs}, {67, 4096 + 256}, {130, 14336}, {5, 2048 * 3 + 256},
+            {3, 33024}};
 }
 
 }  // namespace
@@ -323,14 +340,15 @@ TEST_F(CudaTest, FloatGemvAllConfigs) {
 TEST_F(CudaTest, LayoutProbeOneHot) {
     std::mt19937 rng(77);
     const int64_t N = 40, K = 512;
-    for (DType t : {DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+    for (DType t : {DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q5_0, DType::Q5_1,
+                    DType::Q5_K, DType::Q2_K, DType::Q3_K, DType::F16, DType::BF16, DType::F32}) {
         SCOPED_TRACE(::testing::Message() << dtype_name(t));
         const bool float_act = !dtype_is_quantized(t);
         std::vector<uint8_t> w = random_blocks(t, N, K, rng);
         DeviceWeight W = upload_weight(*ctx_, Tensor::contiguous(t, {K, N, 1, 1}, w.data(), "probe"));
         std::vector<float> wd(static_cast<size_t>(N * K));
         for (int64_t r = 0; r < N; ++r) dequantize_row_ref(t, w.data() + r * row_size(t, K), wd.data() + r * K, K);
-        // Q4_1 / Q4_K outputs are a difference of two terms (scale and min),
+        // Q4_1 / Q4_K (Q5_1, Q5_K, Q2_K) outputs are a difference of two terms (scale and min),
         // so the error scales with the weights' range, not with the result.
         double wmax = 0.0;
         for (float v : wd) wmax = std::max(wmax, static_cast<double>(std::fabs(v)));
@@ -355,7 +373,7 @@ TEST_F(CudaTest, LayoutProbeOneHot) {
 
 TEST_F(CudaTest, UploadStridedRowsAnd3D) {
     std::mt19937 rng(5);
-    for (DType t : {DType::Q8_0, DType::Q6_K, DType::F16}) {
+    for (DType t : {DType::Q8_0, DType::Q6_K, DType::F16, DType::Q5_0, DType::Q3_K}) {
         SCOPED_TRACE(::testing::Message() << dtype_name(t));
         const int64_t K = 512, N1 = 6, N2 = 3, N = N1 * N2;
         const size_t rb = row_size(t, K), pad = 38;
@@ -381,8 +399,8 @@ TEST_F(CudaTest, BadArgumentsThrow) {
     std::mt19937 rng(9);
     std::vector<uint8_t> w5 = random_blocks(DType::Q4_1, 4, 256, rng);
     // unsupported type
-    std::vector<uint8_t> q5(row_size(DType::Q5_K, 256) * 4, 0);
-    EXPECT_THROW(upload_weight(*ctx_, Tensor::contiguous(DType::Q5_K, {256, 4, 1, 1}, q5.data(), "q5")),
+    std::vector<uint8_t> q8k(row_size(DType::Q8_K, 256) * 4, 0);
+    EXPECT_THROW(upload_weight(*ctx_, Tensor::contiguous(DType::Q8_K, {256, 4, 1, 1}, q8k.data(), "q8k")),
                  std::runtime_error);
     // F16 row not a multiple of 8 elements
     std::vector<uint8_t> h(2 * 12 * 2, 0);

@@ -1,6 +1,7 @@
 // Model: a transformer's weights bound by name and shape, and its forward pass.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,12 @@ struct ModelOptions {
     bool precise_activations = true;
 };
 
+/// Called with a named intermediate tensor of the last position of a forward
+/// pass (host floats): "blk.N" is the residual stream after layer N (n_embd
+/// floats), "logits" the output (n_vocab floats). Used by --verify to find
+/// the first layer where two backends diverge.
+using TraceFn = std::function<void(const std::string& name, const float* data, int64_t n)>;
+
 class Model {
 public:
     virtual ~Model() = default;
@@ -33,6 +40,9 @@ public:
     const WeightStore& weights() const { return weights_; }
     const ModelOptions& options() const { return opts_; }
     void set_options(const ModelOptions& o) { opts_ = o; }
+    /// Makes forward() report intermediate tensors of its last position to
+    /// `t` (null: off, the default).
+    void set_trace(TraceFn t) { trace_ = std::move(t); }
 
     /// A KV cache for one sequence of up to n_ctx positions.
     KvCache make_cache(int64_t n_ctx) const { return KvCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
@@ -58,6 +68,7 @@ protected:
     ModelConfig cfg_;
     WeightStore weights_;
     ModelOptions opts_;
+    TraceFn trace_;
 };
 
 }  // namespace quern

@@ -170,6 +170,7 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
             cpu::swiglu(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
             mm(*L.w_down, gate_.data(), nb, h, c.n_embd, pool);
             cpu::add_inplace(x, h, nb * c.n_embd);
+            if (trace_ && b0 + nb == n) trace_(fmt::format("blk.{}", il), x + (nb - 1) * c.n_embd, c.n_embd);
         }
         cache.set_size(p0 + nb);
 
@@ -181,6 +182,8 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
             cpu::rms_norm(x + (nb - 1) * c.n_embd, onw, h, 1, c.n_embd, c.rms_eps);
             mm(*output_, h, 1, logits, c.n_vocab, pool);
         }
+        if (trace_ && b0 + nb == n)
+            trace_("logits", all_logits ? logits + (n - 1) * c.n_vocab : logits, c.n_vocab);
     }
 }
 

@@ -1,0 +1,72 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+
+namespace quern {
+
+void Session::check_tokens(const int32_t* tokens, int64_t n) const {
+    if (n < 0) fail("negative token count {}", n);
+    if (size() + n > n_ctx())
+        fail("context is full: {} tokens in the cache + {} new > context size {} (raise -c)", size(), n, n_ctx());
+    const int64_t n_vocab = config().n_vocab;
+    for (int64_t i = 0; i < n; ++i)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab)
+            fail("token id {} is outside the vocabulary [0, {})", tokens[i], n_vocab);
+}
+
+int32_t Session::eval_greedy(int32_t token) {
+    std::vector<float> logits(static_cast<size_t>(config().n_vocab));
+    eval(&token, 1, logits.data());
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+namespace {
+
+class CpuSession final : public Session {
+public:
+    CpuSession(Model& m, int64_t n_ctx, ThreadPool& pool) : model_(m), cache_(m.make_cache(n_ctx)), pool_(pool) {}
+    const ModelConfig& config() const override { return model_.config(); }
+    std::string backend_name() const override { return "CPU"; }
+    int64_t n_ctx() const override { return cache_.n_ctx(); }
+    int64_t size() const override { return cache_.size(); }
+    void truncate(int64_t n) override { cache_.set_size(std::clamp<int64_t>(n, 0, cache_.size())); }
+
+    void eval(const int32_t* tokens, int64_t n, float* logits) override {
+        check_tokens(tokens, n);
+        if (n == 0) return;
+        if (!logits) {
+            scratch_.resize(static_cast<size_t>(config().n_vocab));
+            logits = scratch_.data();
+        }
+        model_.forward(tokens, n, cache_, logits, false, pool_);
+    }
+
+    void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) override {
+        model_.set_trace(trace);
+        try {
+            eval(tokens, n, logits);
+        } catch (...) {
+            model_.set_trace(nullptr);
+            throw;
+        }
+        model_.set_trace(nullptr);
+    }
+
+private:
+    Model& model_;
+    KvCache cache_;
+    ThreadPool& pool_;
+    std::vector<float> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Session> make_cpu_session(Model& model, int64_t n_ctx, ThreadPool& pool) {
+    if (n_ctx < 1) fail("context size must be at least 1 (got {})", n_ctx);
+    return std::make_unique<CpuSession>(model, n_ctx, pool);
+}
+
+}  // namespace quern

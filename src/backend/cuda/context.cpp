@@ -1,6 +1,8 @@
 #include "backend/cuda/context.h"
 
 #include "backend/cuda/cuda_check.h"
+
+#include <cstdlib>
 #include "core/error.h"
 
 namespace quern::cuda {
@@ -40,4 +42,14 @@ void CudaContext::make_current() const { QUERN_CUDA_CHECK(cudaSetDevice(device_)
 
 void CudaContext::synchronize() const { QUERN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+}  // namespace quern::cuda
+
+namespace quern::cuda {
+bool pdl_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("QUERN_CUDA_PDL");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
 }  // namespace quern::cuda

@@ -9,9 +9,10 @@
 
 namespace quern::cuda {
 
-QuantizedActivation::QuantizedActivation(int64_t K) : K_(K) {
+QuantizedActivation::QuantizedActivation(int64_t K, int levels) : K_(K), levels_(levels) {
     if (K <= 0 || K % 32 != 0) fail("QuantizedActivation: K = {} is not a positive multiple of 32", K);
-    buf_ = DeviceBuffer(static_cast<size_t>(K) + static_cast<size_t>(K / 32) * sizeof(ActBlockInfo));
+    if (levels != 1 && levels != 2) fail("QuantizedActivation: {} levels (1 or 2)", levels);
+    buf_ = DeviceBuffer(level_bytes() * static_cast<size_t>(levels));
 }
 
 int gemv_config_count() { return kNumGemvConfigs; }
@@ -30,9 +31,27 @@ const char* gemv_config_name(int config) {
 // (bench/gemv-cuda-h200.md, 2026-11-30); indices into kGemvConfigs. The
 // quantized kernels want few threads per row (T64: 2 units per thread on
 // K = 4096) and 2-4 rows per block; the float kernels more threads per row.
-int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation) {
+int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation, int levels) {
     (void)float_activation;
     const bool long_rows = K > 8192;  // e.g. the FFN down projection (K = 14336)
+    if (levels == 2 && dtype_is_quantized(type)) {
+        // Two-level activations double the activation loads per weight load,
+        // so more rows per block (sharing them) pay off. From the --levels 2
+        // sweep of bench_gemv_cuda on the H200 (2026-11-30, 8B shapes).
+        switch (type) {
+            case DType::Q4_K:
+                if (long_rows) return 3;        // R2 T64 U2
+                return N >= 8192 ? 4 : 2;       // R4 T64 U2 : R4 T128 U1
+            case DType::Q6_K:
+                if (long_rows) return 2;        // R4 T128 U1
+                return N > 2048 && N < 8192 ? 7 : 4;  // R4 T32 U4 (q/o) : R4 T64 U2
+            case DType::Q8_0:
+                if (long_rows) return 1;        // R2 T128 U2
+                if (N >= 65536) return 3;       // R2 T64 U2 (output)
+                return N >= 8192 ? 2 : 4;       // R4 T128 U1 : R4 T64 U2
+            default: return long_rows ? 3 : 4;  // R2 T64 U2 : R4 T64 U2 (not swept)
+        }
+    }
     switch (type) {
         case DType::Q4_1: return long_rows ? 4 : 3;  // R4 T64 U2 : R2 T64 U2
         case DType::Q8_0: return long_rows ? 5 : 6;  // R1 T256 U2 : R1 T64 U2
@@ -59,7 +78,7 @@ int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation)
 
 void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& xq) {
     if (xq.K() <= 0) fail("quantize_activation: empty QuantizedActivation");
-    launch_quantize_q8_1(x, xq.q(), xq.info(), xq.K(), ctx.stream());
+    launch_quantize_q8_1(x, xq.q(), xq.info(), xq.K(), ctx.stream(), xq.q2(), xq.info2());
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
@@ -67,7 +86,8 @@ namespace {
 
 void run(CudaContext& ctx, const GemvLaunch& l, const GemvOptions& opt) {
     const bool float_act = l.act == ActKind::F32;
-    const int config = opt.config < 0 ? gemv_default_config(l.type, l.N, l.K, float_act) : opt.config;
+    const int config =
+        opt.config < 0 ? gemv_default_config(l.type, l.N, l.K, float_act, l.xq2 ? 2 : 1) : opt.config;
     if (config >= kNumGemvConfigs) fail("gemv: unknown configuration {} (0..{})", config, kNumGemvConfigs - 1);
     if (!launch_gemv(l, config, ctx.stream()))
         fail("gemv: no CUDA kernel for {} weights with {} activations", dtype_name(l.type),
@@ -116,6 +136,10 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
     l.act = ActKind::Q8;
     l.xq = xq.q();
     l.xinfo = xq.info();
+    if (xq.levels() == 2) {
+        l.xq2 = xq.q(1);
+        l.xinfo2 = xq.info(1);
+    }
     run(ctx, l, opt);
 }
 

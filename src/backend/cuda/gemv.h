@@ -34,23 +34,40 @@ static_assert(sizeof(ActBlockInfo) == 16);
 /// int8 values of quantize_row_ref(Q8_1), stored as two planes [2][K/32][16]
 /// (plane p, block b, byte i = element 32b+16p+i), followed by K/32
 /// ActBlockInfo records.
+///
+/// With two levels, level 1 holds x's quantization x8 and level 2 the
+/// quantization of the residual x - x8 (in the same format, right after
+/// level 1); GEMVs then compute W·x8 + W·r8 from one pass over the weights,
+/// an activation error of ~1/127² instead of ~1/127 of each block's maximum
+/// (the scheme the CPU backend uses by default; docs/design-notes.md).
 class QuantizedActivation {
 public:
     QuantizedActivation() = default;
-    /// Allocates device memory for K elements (K a positive multiple of 32,
-    /// else quern::Error).
-    explicit QuantizedActivation(int64_t K);
+    /// Allocates device memory for K elements (K a positive multiple of 32)
+    /// and `levels` (1 or 2) levels, else quern::Error.
+    explicit QuantizedActivation(int64_t K, int levels = 1);
     int64_t K() const { return K_; }
-    const int8_t* q() const { return buf_.as<int8_t>(); }
-    int8_t* q() { return buf_.as<int8_t>(); }
-    const ActBlockInfo* info() const { return reinterpret_cast<const ActBlockInfo*>(buf_.as<uint8_t>() + K_); }
-    ActBlockInfo* info() { return reinterpret_cast<ActBlockInfo*>(buf_.as<uint8_t>() + K_); }
+    int levels() const { return levels_; }
+    /// Bytes of one level: K int8 + K/32 records.
+    size_t level_bytes() const { return static_cast<size_t>(K_) + static_cast<size_t>(K_ / 32) * sizeof(ActBlockInfo); }
+    const int8_t* q(int level = 0) const { return buf_.as<int8_t>() + level * level_bytes(); }
+    int8_t* q(int level = 0) { return buf_.as<int8_t>() + level * level_bytes(); }
+    const ActBlockInfo* info(int level = 0) const {
+        return reinterpret_cast<const ActBlockInfo*>(buf_.as<uint8_t>() + level * level_bytes() + K_);
+    }
+    ActBlockInfo* info(int level = 0) {
+        return reinterpret_cast<ActBlockInfo*>(buf_.as<uint8_t>() + level * level_bytes() + K_);
+    }
+    /// Level 2's planes and records, or nullptr for one level.
+    int8_t* q2() { return levels_ == 2 ? q(1) : nullptr; }
+    ActBlockInfo* info2() { return levels_ == 2 ? info(1) : nullptr; }
     const DeviceBuffer& buffer() const { return buf_; }
     DeviceBuffer& buffer() { return buf_; }
 
 private:
     DeviceBuffer buf_;
     int64_t K_ = 0;
+    int levels_ = 1;
 };
 
 /// Launch choice for benchmarks and tests: -1 picks the tuned default for the
@@ -63,14 +80,16 @@ int gemv_config_count();
 /// Human-readable description of configuration `config`, e.g. "R2 T128 U2".
 const char* gemv_config_name(int config);
 /// The configuration the default (-1) picks for this weight type and shape.
-int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation);
+/// `levels`: of the quantized activation (1 or 2).
+int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation, int levels = 1);
 
 /// Quantizes x (device pointer, K floats) into xq (xq.K() == K, else
-/// quern::Error). Asynchronous on ctx's stream.
+/// quern::Error), both levels when xq has two. Asynchronous on ctx's stream.
 void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& xq);
 
 /// y[N] = W[N][K] · x[K] for a quantized W (Q8_0, Q4_1, Q4_K, Q6_K), with x
-/// quantized by quantize_activation. y: device pointer to N floats, every
+/// quantized by quantize_activation (one or two levels: the sum of W times
+/// each level). y: device pointer to N floats, every
 /// element written. Throws quern::Error for a float W, xq.K() != W.K, or an
 /// unknown options.config. Asynchronous on ctx's stream.
 void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq, float* y,

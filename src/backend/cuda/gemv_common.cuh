@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace quern::cuda::kern {
 
@@ -107,9 +108,18 @@ __device__ __forceinline__ ActQ8 load_act_q8(const ActQ8Ptrs& a, int u) {
 }
 
 // ---------------------------------------------------------------- the kernel
-template <class Op, int R, int NT, int UNR>
-__global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, float* __restrict__ y, int N, int U) {
-    static_assert(NT % 32 == 0 && R >= 1 && UNR >= 1);
+// L = 2: two-level activations. x = x8 + r8 where x8 is x quantized and r8
+// the residual x - x8 quantized in turn (args.a and a2); each weight vector
+// is loaded once and dotted with both (Op::dot twice on the same W: the
+// weight unpacking is shared by the compiler), so the weight traffic is
+// unchanged and the activation error drops from ~1/127 to ~1/127² of the
+// block maximum.
+template <class Op, int R, int NT, int UNR, int L>
+__global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, const ActQ8Ptrs a2,
+                                                  float* __restrict__ y, int N, int U) {
+    static_assert(NT % 32 == 0 && R >= 1 && UNR >= 1 && (L == 1 || L == 2));
+    typename Op::Args args2 = args;
+    if constexpr (L == 2) args2.a = a2;
     constexpr int NW = NT / 32;
     const int t = static_cast<int>(threadIdx.x);
     const int row0 = static_cast<int>(blockIdx.x) * R;
@@ -123,27 +133,48 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
 
     // One trip = UNR × R loads in flight; the trip loop itself is not
     // unrolled, so registers (and occupancy) follow the configuration.
-#pragma unroll 1
-    for (int u0 = t; u0 < U; u0 += UNR * NT) {
-        typename Op::W w[UNR][R];
-        typename Op::A x[UNR];
+    // The first trip's weights are loaded before pdl_wait() (launch.cuh):
+    // weights are never written during a step, so their DRAM latency overlaps
+    // the previous kernel's tail; activations are read only after the wait.
+    typename Op::W w[UNR][R];
+    const auto load_weights = [&](int u0) {
 #pragma unroll
         for (int i = 0; i < UNR; ++i) {
             const int u = u0 + i * NT;
             if (UNR == 1 || u < U) {
-                x[i] = Op::load_a(args, u);
 #pragma unroll
                 for (int r = 0; r < R; ++r) w[i][r] = Op::load_w(args, rows[r], u);
             } else {  // zero weights contribute exactly 0 in every Op
-                x[i] = typename Op::A{};
 #pragma unroll
                 for (int r = 0; r < R; ++r) w[i][r] = typename Op::W{};
+            }
+        }
+    };
+    if (t < U) load_weights(t);
+    pdl_wait();
+    pdl_trigger();
+#pragma unroll 1
+    for (int u0 = t; u0 < U; u0 += UNR * NT) {
+        if (u0 != t) load_weights(u0);
+        typename Op::A x[UNR][L];
+#pragma unroll
+        for (int i = 0; i < UNR; ++i) {
+            const int u = u0 + i * NT;
+            if (UNR == 1 || u < U) {
+                x[i][0] = Op::load_a(args, u);
+                if constexpr (L == 2) x[i][L - 1] = Op::load_a(args2, u);
+            } else {
+#pragma unroll
+                for (int l = 0; l < L; ++l) x[i][l] = typename Op::A{};
             }
         }
 #pragma unroll
         for (int i = 0; i < UNR; ++i)
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] += Op::dot(w[i][r], x[i]);
+            for (int r = 0; r < R; ++r) {
+                acc[r] += Op::dot(w[i][r], x[i][0]);
+                if constexpr (L == 2) acc[r] += Op::dot(w[i][r], x[i][L - 1]);
+            }
     }
 
 #pragma unroll
@@ -176,17 +207,29 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
     }
 }
 
+/// The residual level of a launch's quantized activation (q == nullptr: one level).
+inline ActQ8Ptrs residual_act(const GemvLaunch& l) { return ActQ8Ptrs{l.xq2, l.xinfo2, l.K / 2}; }
+
 /// Launches gemv_kernel<Op, ...> with kGemvConfigs[config] (the list is
-/// QUERN_GEMV_CONFIGS in kernels.h). Returns false for an unknown index.
+/// QUERN_GEMV_CONFIGS in kernels.h); two-level when a2.q is not null (Ops
+/// with a quantized activation `a` only). Returns false for an unknown index.
 template <class Op>
 bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64_t K, int config,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const ActQ8Ptrs a2 = ActQ8Ptrs{nullptr, nullptr, 0}) {
     const int U = static_cast<int>(K / Op::kUnitElems);
     const int n = static_cast<int>(N);
-#define QUERN_GEMV_CASE(idx, R, NT, UNR)                                                          \
-    case idx:                                                                                     \
-        gemv_kernel<Op, R, NT, UNR><<<static_cast<unsigned>((N + R - 1) / R), NT, 0, stream>>>( \
-            args, y, n, U);                                                                       \
+    constexpr bool kQ8 = requires(typename Op::Args g) { g.a; };
+#define QUERN_GEMV_CASE(idx, R, NT, UNR)                                                                     \
+    case idx:                                                                                                \
+        if constexpr (kQ8) {                                                                                 \
+            if (a2.q) {                                                                                      \
+                launch_pdl(gemv_kernel<Op, R, NT, UNR, 2>, dim3(static_cast<unsigned>((N + R - 1) / R)),     \
+                           dim3(NT), 0, stream, args, a2, y, n, U);                                          \
+                return true;                                                                                 \
+            }                                                                                                \
+        }                                                                                                    \
+        launch_pdl(gemv_kernel<Op, R, NT, UNR, 1>, dim3(static_cast<unsigned>((N + R - 1) / R)), dim3(NT), 0, \
+                   stream, args, a2, y, n, U);                                                               \
         return true;
     switch (config) {
         QUERN_GEMV_CONFIGS(QUERN_GEMV_CASE)

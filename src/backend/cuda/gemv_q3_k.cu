@@ -91,7 +91,7 @@ bool launch_gemv_q3_k(const GemvLaunch& l, int config, cudaStream_t stream) {
                          l.K / 64,
                          l.K / 256,
                          ActQ8Ptrs{l.xq, l.xinfo, l.K / 2}};
-    return launch_configured<OpQ3_K>(g, l.y, l.N, l.K, config, stream);
+    return launch_configured<OpQ3_K>(g, l.y, l.N, l.K, config, stream, residual_act(l));
 }
 
 }  // namespace quern::cuda

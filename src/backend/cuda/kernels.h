@@ -59,6 +59,8 @@ struct GemvLaunch {
     int64_t N, K;
     const int8_t* xq;   ///< ActKind::Q8: K int8 in two planes [2][K/32][16]
     const ActBlockInfo* xinfo;  ///< ActKind::Q8: K/32 block records
+    const int8_t* xq2;  ///< ActKind::Q8, two-level: the residual's planes (else nullptr)
+    const ActBlockInfo* xinfo2;  ///< ActKind::Q8, two-level: the residual's records
     const float* x;     ///< ActKind::F32: K floats
     float* y;           ///< N floats
 };
@@ -83,7 +85,10 @@ bool launch_gemv_float(const GemvLaunch& l, int config, cudaStream_t stream);
 /// x[K] floats -> xq (two planes of int8, see GemvLaunch) and xinfo[K/32].
 /// Rounds exactly as quantize_row_ref(Q8_1): d = amax/127, q = round(x/d)
 /// (half away from zero), s = float(sum q) * d; d and s are kept in fp32.
-void launch_quantize_q8_1(const float* x, int8_t* xq, ActBlockInfo* xinfo, int64_t K, cudaStream_t stream);
+/// With xq2/xinfo2 (both or neither), the residual x - d·q (fp32) is
+/// quantized the same way into them (two-level activation).
+void launch_quantize_q8_1(const float* x, int8_t* xq, ActBlockInfo* xinfo, int64_t K, cudaStream_t stream,
+                          int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr);
 
 /// Repacks n_blocks GGUF blocks of type t (src, back to back; rows of K
 /// elements) into the device layout streams q, q2, s, s2 of weights.h

@@ -38,15 +38,20 @@ enum class KvType { F32, F16 };
 ///   y = x / sqrt(mean(x²) + eps) * w           (w: dim floats)
 ///   y_out[r] = y (if y_out is not null), and y quantized into (xq, xinfo)
 ///   (if xq is not null; both or neither) with quantize_row_ref(Q8_1)'s
-///   rounding applied to the float y this kernel computes.
+///   rounding applied to the float y this kernel computes; with (xq2,
+///   xinfo2) also the residual y - d·q quantized the same way (the second
+///   level of a two-level QuantizedActivation).
 /// The sum of squares is accumulated in fp32 (the CPU uses double).
-void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out, int8_t* xq, ActBlockInfo* xinfo, int64_t n, int64_t dim, float eps, cudaStream_t stream);
+void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out, int8_t* xq, ActBlockInfo* xinfo,
+                   int64_t n, int64_t dim, float eps, cudaStream_t stream, int8_t* xq2 = nullptr,
+                   ActBlockInfo* xinfo2 = nullptr);
 
 /// SwiGLU for `count` elements (a positive multiple of 32):
 ///   h = gate / (1 + exp(-gate)) * up; h_out = h (if not null); h quantized
-///   into (xq, xinfo) as one row of `count` elements (if not null).
+///   into (xq, xinfo) as one row of `count` elements (if not null); the
+///   residual into (xq2, xinfo2) when given (two-level, as rms_norm_q8_1).
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream);
+                 cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr);
 
 /// y[i] += x[i] for `count` floats (any count; 16-byte alignment of both
 /// pointers gives vector loads, else scalar).
@@ -88,9 +93,13 @@ size_t decode_attention_scratch_bytes(int n_ctx, int n_head, int head_dim);
 /// its query heads, the split's max score, sum of exponentials and
 /// unnormalised output (online softmax over its tiles); a second kernel
 /// combines the active splits. Blocks of inactive splits exit at once.
+/// With xq/xinfo (and xq2/xinfo2), `out` is also quantized as one row of
+/// n_head × head_dim elements in the QuantizedActivation format (one or two
+/// levels, as rms_norm_q8_1 does), for the output projection.
 void decode_attention(const float* q, const void* k_cache, const void* v_cache, KvType kv_type,
                       const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale,
-                      void* scratch, float* out, cudaStream_t stream);
+                      void* scratch, float* out, cudaStream_t stream, int8_t* xq = nullptr,
+                      ActBlockInfo* xinfo = nullptr, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr);
 
 /// Embedding lookup: out[dim] = row *id of `table`, rows of dim elements in
 /// GGUF block layout stored back to back (row stride row_size(type, dim);
@@ -106,5 +115,21 @@ size_t argmax_scratch_bytes(int64_t n);
 /// *out_id = the index of the largest of x[0..n) (the lowest such index on
 /// ties; NaNs are skipped; all-NaN gives 0). n >= 1.
 void argmax(const float* x, int64_t n, void* scratch, int32_t* out_id, cudaStream_t stream);
+
+/// Device-side state of a sequence's decode step: the position being
+/// evaluated, the token id there, the first position whose token is not
+/// given by the host (from there on the sampled token is fed back), and the
+/// last sampled token. Kernels read `pos` and `cur` from here.
+struct DecodeControl {
+    int32_t pos;
+    int32_t cur;
+    int32_t fixed;
+    int32_t sampled;
+};
+
+/// Ends a decode step: pos += 1; then cur = tokens[pos] when pos < fixed
+/// (prompt tokens the host uploaded), else tokens[pos] = cur = sampled
+/// (greedy decoding feeds its own output). Nothing else when pos >= n_ctx.
+void advance_decode_position(DecodeControl* ctl, int32_t* tokens, int n_ctx, cudaStream_t stream);
 
 }  // namespace quern::cuda

@@ -47,6 +47,7 @@
 //            the splits s ≡ grp (mod 256/(HD/4)) with float4 loads, groups
 //            summed in shared memory; out = Σ / den.
 //   Bound:   latency (reads na·(HD+2) floats per head).
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
@@ -103,6 +104,9 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                                                                   int n_head_kv, int g, float scale, int n_splits,
                                                                   float* __restrict__ part_o,
                                                                   float* __restrict__ part_ml) {
+    pdl_wait();
+    pdl_trigger();
+
     constexpr int EPL = 16 / static_cast<int>(sizeof(T));
     constexpr int LPR = HD / EPL;
     constexpr int RPW = 32 / LPR;
@@ -253,7 +257,14 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const flo
                                                                        const float* __restrict__ part_ml,
                                                                        const int32_t* __restrict__ pos_ptr,
                                                                        int n_ctx, int n_splits,
-                                                                       float* __restrict__ out) {
+                                                                       float* __restrict__ out,
+                                                                       int8_t* __restrict__ xq,
+                                                                       ActBlockInfo* __restrict__ xinfo,
+                                                                       int8_t* __restrict__ xq2,
+                                                                       ActBlockInfo* __restrict__ xinfo2) {
+    pdl_wait();
+    pdl_trigger();
+
     constexpr int C4 = HD / 4;                       // float4 columns
     constexpr int NG = kCombineThreads / C4;         // split groups
     __shared__ float wsh[kMaxSplits];
@@ -285,7 +296,13 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const flo
         float r = 0.0f;
 #pragma unroll
         for (int gi = 0; gi < NG; ++gi) r += os[gi * HD + tid];
-        out[static_cast<int64_t>(h) * HD + tid] = r / den;
+        const float v = r / den;
+        out[static_cast<int64_t>(h) * HD + tid] = v;
+        // Fused activation quantization for the output projection: warp w of
+        // the first HD threads holds Q8_1 block h·HD/32 + w of the row.
+        if (xq)
+            detail::quantize_block_q8_1_l2(v, tid & 31, static_cast<int64_t>(h) * (HD / 32) + (tid >> 5), xq, xinfo,
+                                           xq2, xinfo2, static_cast<int64_t>(gridDim.x) * HD / 2);
     }
 }
 
@@ -298,9 +315,8 @@ template <int HD, class T, int G>
 void launch_split(const float* q, const void* kc, const void* vc, const int32_t* pos, int n_ctx, int n_head_kv,
                   int g, float scale, int n_splits, float* po, float* pml, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv));
-    attn_split_kernel<HD, T, G><<<grid, kAttnThreads, 0, stream>>>(q, static_cast<const T*>(kc),
-                                                                   static_cast<const T*>(vc), pos, n_ctx, n_head_kv,
-                                                                   g, scale, n_splits, po, pml);
+    launch_pdl(attn_split_kernel<HD, T, G>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<const T*>(kc),
+               static_cast<const T*>(vc), pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml);
 }
 
 template <int HD, class T>
@@ -327,7 +343,9 @@ size_t decode_attention_scratch_bytes(int n_ctx, int n_head, int head_dim) {
 
 void decode_attention(const float* q, const void* k_cache, const void* v_cache, KvType kv_type, const int32_t* pos,
                       int n_ctx, int n_head, int n_head_kv, int head_dim, float scale, void* scratch, float* out,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2, ActBlockInfo* xinfo2) {
+    if ((xq == nullptr) != (xinfo == nullptr) || (xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
+        throw_error("decode_attention: give xq with xinfo (and xq2 with xinfo2, only with xq)");
     if (head_dim != 64 && head_dim != 128) throw_error("decode_attention: head_dim must be 64 or 128");
     if (n_ctx < 1 || n_head_kv < 1 || n_head < n_head_kv || n_head % n_head_kv != 0 || n_head / n_head_kv > 16)
         throw_error("decode_attention: need n_ctx >= 1 and n_head a multiple of n_head_kv, at most 16 times it");
@@ -353,11 +371,11 @@ void decode_attention(const float* q, const void* k_cache, const void* v_cache, 
     }
     QUERN_CUDA_CHECK_LAUNCH();
     if (head_dim == 64)
-        attn_combine_kernel<64><<<static_cast<unsigned>(n_head), kCombineThreads, 0, stream>>>(po, pml, pos, n_ctx,
-                                                                                             n_splits, out);
+        launch_pdl(attn_combine_kernel<64>, dim3(static_cast<unsigned>(n_head)), dim3(kCombineThreads), 0, stream, po,
+                   pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2);
     else
-        attn_combine_kernel<128><<<static_cast<unsigned>(n_head), kCombineThreads, 0, stream>>>(po, pml, pos, n_ctx,
-                                                                                              n_splits, out);
+        launch_pdl(attn_combine_kernel<128>, dim3(static_cast<unsigned>(n_head)), dim3(kCombineThreads), 0, stream, po,
+                   pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

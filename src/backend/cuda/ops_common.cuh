@@ -26,9 +26,10 @@ __device__ __forceinline__ float warp_max(float v) {
 /// quantize_row_ref(Q8_1) and launch_quantize_q8_1: d = amax/127 (IEEE
 /// division; the ops files are built without fast math), q = roundf(v/d).
 /// xq: the row's two planes ([2][K/32][16], plane stride half_k bytes);
-/// xinfo: the row's K/32 records. Whole warp must call it.
-__device__ __forceinline__ void quantize_block_q8_1(float v, int lane, int64_t b, int8_t* __restrict__ xq,
-                                                    ActBlockInfo* __restrict__ xinfo, int64_t half_k) {
+/// xinfo: the row's K/32 records. Whole warp must call it. Returns this
+/// lane's dequantized value d·q (for the residual of a two-level activation).
+__device__ __forceinline__ float quantize_block_q8_1(float v, int lane, int64_t b, int8_t* __restrict__ xq,
+                                                     ActBlockInfo* __restrict__ xinfo, int64_t half_k) {
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -39,6 +40,16 @@ __device__ __forceinline__ void quantize_block_q8_1(float v, int lane, int64_t b
     const int other = __shfl_xor_sync(0xFFFFFFFFu, half, 16);
     xq[(lane >> 4) * half_k + 16 * b + (lane & 15)] = static_cast<int8_t>(q);
     if (lane == 0) xinfo[b] = ActBlockInfo{d, static_cast<float>(half + other) * d, half, other};
+    return d * static_cast<float>(q);
+}
+
+/// quantize_block_q8_1 and, when xq2 is not null, the residual v - d·q
+/// quantized the same way into (xq2, xinfo2): a two-level activation.
+__device__ __forceinline__ void quantize_block_q8_1_l2(float v, int lane, int64_t b, int8_t* __restrict__ xq,
+                                                       ActBlockInfo* __restrict__ xinfo, int8_t* __restrict__ xq2,
+                                                       ActBlockInfo* __restrict__ xinfo2, int64_t half_k) {
+    const float dq = quantize_block_q8_1(v, lane, b, xq, xinfo, half_k);
+    if (xq2) quantize_block_q8_1(v - dq, lane, b, xq2, xinfo2, half_k);
 }
 
 /// Sum over the thread block (blockDim.x a multiple of 32, at most 1024);

@@ -1,6 +1,7 @@
 // Row-wise and elementwise decode kernels: RMSNorm (+ residual) fused with
 // the Q8_1 quantizer, SwiGLU fused with the quantizer, residual add. API and
 // formats: ops.h.
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
@@ -11,7 +12,7 @@ namespace quern::cuda {
 namespace {
 
 using detail::block_sum;
-using detail::quantize_block_q8_1;
+using detail::quantize_block_q8_1_l2;
 
 // rms_norm_q8_1_vec_kernel<KMAX>  (the path for aligned rows, dim <= 32768)
 //   Shapes:  as rms_norm_q8_1_kernel below.
@@ -32,7 +33,7 @@ using detail::quantize_block_q8_1;
 // Every lane of the warp must call it (inactive lanes with zeros, no store).
 __device__ __forceinline__ void quantize_chunk_q8_1(const float (&v)[4], bool active, int lane, int64_t b,
                                                     int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
-                                                    int64_t half_k) {
+                                                    int64_t half_k, float (&dq)[4]) {
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
     for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
@@ -40,7 +41,10 @@ __device__ __forceinline__ void quantize_chunk_q8_1(const float (&v)[4], bool ac
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int q[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) q[e] = static_cast<int>(roundf(v[e] * id));
+    for (int e = 0; e < 4; ++e) {
+        q[e] = static_cast<int>(roundf(v[e] * id));
+        dq[e] = d * static_cast<float>(q[e]);
+    }
     int half = q[0] + q[1] + q[2] + q[3];
 #pragma unroll
     for (int off = 2; off > 0; off >>= 1) half += __shfl_xor_sync(0xFFFFFFFFu, half, off);  // lanes 0-3 / 4-7
@@ -53,12 +57,30 @@ __device__ __forceinline__ void quantize_chunk_q8_1(const float (&v)[4], bool ac
     if (gl == 0) xinfo[b] = ActBlockInfo{d, static_cast<float>(half + other) * d, half, other};
 }
 
+// quantize_chunk_q8_1 and, when xq2 is not null, the residual v - d·q into
+// the second level (two-level activation; gemv.h).
+__device__ __forceinline__ void quantize_chunk_q8_1_l2(const float (&v)[4], bool active, int lane, int64_t b,
+                                                       int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
+                                                       int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2,
+                                                       int64_t half_k) {
+    float dq[4];
+    quantize_chunk_q8_1(v, active, lane, b, xq, xinfo, half_k, dq);
+    if (xq2) {
+        const float r[4] = {v[0] - dq[0], v[1] - dq[1], v[2] - dq[2], v[3] - dq[3]};
+        quantize_chunk_q8_1(r, active, lane, b, xq2, xinfo2, half_k, dq);
+    }
+}
+
 template <int KMAX>
 __global__ void __launch_bounds__(1024) rms_norm_q8_1_vec_kernel(float* x, const float* __restrict__ residual,
                                                                  const float* __restrict__ w, float* __restrict__ y,
                                                                  int8_t* __restrict__ xq,
-                                                                 ActBlockInfo* __restrict__ xinfo, int64_t dim,
+                                                                 ActBlockInfo* __restrict__ xinfo,
+                                                                 int8_t* __restrict__ xq2,
+                                                                 ActBlockInfo* __restrict__ xinfo2, int64_t dim,
                                                                  float eps) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const int nc = static_cast<int>(dim / 4);
@@ -103,7 +125,9 @@ __global__ void __launch_bounds__(1024) rms_norm_q8_1_vec_kernel(float* x, const
         const float v[4] = {xv[k].x * scale * wv[k].x, xv[k].y * scale * wv[k].y, xv[k].z * scale * wv[k].z,
                             xv[k].w * scale * wv[k].w};
         if (y && active) reinterpret_cast<float4*>(y + r * dim)[c] = make_float4(v[0], v[1], v[2], v[3]);
-        if (xq) quantize_chunk_q8_1(v, active, lane, c >> 3, xq + r * dim, xinfo + r * (dim / 32), dim / 2);
+        if (xq)
+            quantize_chunk_q8_1_l2(v, active, lane, c >> 3, xq + r * dim, xinfo + r * (dim / 32),
+                                   xq2 ? xq2 + r * dim : nullptr, xq2 ? xinfo2 + r * (dim / 32) : nullptr, dim / 2);
     }
 }
 
@@ -121,7 +145,10 @@ constexpr int kNormThreads = 256;
 
 __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residual, const float* __restrict__ w,
                                      float* __restrict__ y, int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
-                                     int64_t dim, float eps) {
+                                     int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2, int64_t dim,
+                                     float eps) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     float* xr = x + r * dim;
@@ -142,7 +169,9 @@ __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residua
         const int64_t i = 32 * b + lane;
         const float v = xr[i] * scale * w[i];
         if (y) y[r * dim + i] = v;
-        if (xq) quantize_block_q8_1(v, lane, b, xq + r * dim, xinfo + r * n_blocks, dim / 2);
+        if (xq)
+            quantize_block_q8_1_l2(v, lane, b, xq + r * dim, xinfo + r * n_blocks, xq2 ? xq2 + r * dim : nullptr,
+                                   xq2 ? xinfo2 + r * n_blocks : nullptr, dim / 2);
     }
 }
 
@@ -153,7 +182,10 @@ __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residua
 //   Bound:   latency (count ≤ ~50k: 8 bytes in, ~5.3 out per element).
 __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                                    float* __restrict__ h, int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
-                                   int64_t n_blocks, int64_t half_k) {
+                                   int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2, int64_t n_blocks,
+                                   int64_t half_k) {
+    pdl_wait();
+    pdl_trigger();
     const int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;  // whole warps leave together
@@ -161,7 +193,7 @@ __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* 
     const float g = gate[i];
     const float v = g / (1.0f + expf(-g)) * up[i];
     if (h) h[i] = v;
-    if (xq) quantize_block_q8_1(v, lane, b, xq, xinfo, half_k);
+    if (xq) quantize_block_q8_1_l2(v, lane, b, xq, xinfo, xq2, xinfo2, half_k);
 }
 
 // add_kernel / add4_kernel
@@ -194,41 +226,51 @@ unsigned grid_for(int64_t items, int threads) {
 }  // namespace
 
 void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out, int8_t* xq, ActBlockInfo* xinfo,
-                   int64_t n, int64_t dim, float eps, cudaStream_t stream) {
+                   int64_t n, int64_t dim, float eps, cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2) {
     if (n < 1 || dim < 32 || dim % 32 != 0 || n > 0x7FFFFFFF)
         throw_error("rms_norm_q8_1: need n >= 1 and dim a positive multiple of 32");
     if (!x || !w) throw_error("rms_norm_q8_1: x and w are required");
     if ((xq == nullptr) != (xinfo == nullptr)) throw_error("rms_norm_q8_1: give both xq and xinfo, or neither");
+    if ((xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
+        throw_error("rms_norm_q8_1: a residual level (xq2, xinfo2) needs both pointers and a first level");
     const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     const bool vec = dim <= 32768 && a16(x) && a16(w) && (!residual || a16(residual)) && (!y_out || a16(y_out)) &&
-                     reinterpret_cast<uintptr_t>(xq) % 4 == 0;
+                     reinterpret_cast<uintptr_t>(xq) % 4 == 0 && reinterpret_cast<uintptr_t>(xq2) % 4 == 0;
     const unsigned grid = static_cast<unsigned>(n);
     if (vec) {
         const int64_t nc = dim / 4;
         const int threads = static_cast<int>(std::min<int64_t>(1024, (nc + 31) / 32 * 32));
         const int64_t kmax = (nc + threads - 1) / threads;
         if (kmax <= 1)
-            rms_norm_q8_1_vec_kernel<1><<<grid, threads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+            launch_pdl(rms_norm_q8_1_vec_kernel<1>, dim3(grid), dim3(threads), 0, stream, x, residual, w, y_out, xq, xinfo,
+                       xq2, xinfo2, dim, eps);
         else if (kmax <= 2)
-            rms_norm_q8_1_vec_kernel<2><<<grid, threads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+            launch_pdl(rms_norm_q8_1_vec_kernel<2>, dim3(grid), dim3(threads), 0, stream, x, residual, w, y_out, xq, xinfo,
+                       xq2, xinfo2, dim, eps);
         else if (kmax <= 4)
-            rms_norm_q8_1_vec_kernel<4><<<grid, threads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+            launch_pdl(rms_norm_q8_1_vec_kernel<4>, dim3(grid), dim3(threads), 0, stream, x, residual, w, y_out, xq, xinfo,
+                       xq2, xinfo2, dim, eps);
         else
-            rms_norm_q8_1_vec_kernel<8><<<grid, threads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+            launch_pdl(rms_norm_q8_1_vec_kernel<8>, dim3(grid), dim3(threads), 0, stream, x, residual, w, y_out, xq, xinfo,
+                       xq2, xinfo2, dim, eps);
     } else {
-        rms_norm_q8_1_kernel<<<grid, kNormThreads, 0, stream>>>(x, residual, w, y_out, xq, xinfo, dim, eps);
+        launch_pdl(rms_norm_q8_1_kernel, dim3(grid), dim3(kNormThreads), 0, stream, x, residual, w, y_out, xq, xinfo, xq2,
+                   xinfo2, dim, eps);
     }
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2) {
     if (count < 32 || count % 32 != 0) throw_error("swiglu_q8_1: count must be a positive multiple of 32");
     if (!gate || !up) throw_error("swiglu_q8_1: gate and up are required");
     if ((xq == nullptr) != (xinfo == nullptr)) throw_error("swiglu_q8_1: give both xq and xinfo, or neither");
+    if ((xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
+        throw_error("swiglu_q8_1: a residual level (xq2, xinfo2) needs both pointers and a first level");
     const int64_t n_blocks = count / 32;
     const unsigned grid = static_cast<unsigned>((n_blocks * 32 + 255) / 256);
-    swiglu_q8_1_kernel<<<grid, 256, 0, stream>>>(gate, up, h_out, xq, xinfo, n_blocks, count / 2);
+    launch_pdl(swiglu_q8_1_kernel, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2, n_blocks,
+               count / 2);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

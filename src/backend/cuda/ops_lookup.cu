@@ -19,6 +19,7 @@
 //            grid-stride; final: one block of 256 over the partials.
 //            Order: larger value wins, the lower index on ties; NaN skipped.
 //   Bound:   bandwidth at vocab sizes (512 KB for 128k logits), mostly latency.
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
@@ -81,6 +82,8 @@ __device__ __forceinline__ float dequant_one(DType type, const uint8_t* row, int
 
 __global__ void get_row_kernel(DType type, const uint8_t* __restrict__ table, int64_t n_rows, int64_t row_bytes,
                                int64_t dim, const int32_t* __restrict__ id_ptr, float* __restrict__ out) {
+    pdl_wait();
+    pdl_trigger();
     const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (e >= dim) return;
     int64_t id = *id_ptr;
@@ -125,6 +128,8 @@ __device__ Best block_best(Best b) {
 }
 
 __global__ void argmax_partial_kernel(const float* __restrict__ x, int64_t n, Best* __restrict__ partial) {
+    pdl_wait();
+    pdl_trigger();
     Best b{0.0f, INT32_MAX};
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -136,6 +141,8 @@ __global__ void argmax_partial_kernel(const float* __restrict__ x, int64_t n, Be
 }
 
 __global__ void argmax_final_kernel(const Best* __restrict__ partial, int n_partial, int32_t* __restrict__ out) {
+    pdl_wait();
+    pdl_trigger();
     Best b{0.0f, INT32_MAX};
     for (int i = threadIdx.x; i < n_partial; i += blockDim.x) b = better(b, partial[i]);
     b = block_best(b);
@@ -157,8 +164,8 @@ void get_row(DType type, const void* table, int64_t n_rows, int64_t dim, const i
     if (!table || !id || !out) throw_error("get_row: null pointer");
     if (reinterpret_cast<uintptr_t>(table) % 4 != 0) throw_error("get_row: table must be 4-byte aligned");
     const int64_t rb = static_cast<int64_t>(row_size(type, dim));
-    get_row_kernel<<<static_cast<unsigned>((dim + 255) / 256), 256, 0, stream>>>(
-        type, static_cast<const uint8_t*>(table), n_rows, rb, dim, id, out);
+    launch_pdl(get_row_kernel, dim3(static_cast<unsigned>((dim + 255) / 256)), dim3(256), 0, stream, type,
+               static_cast<const uint8_t*>(table), n_rows, rb, dim, id, out);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
@@ -170,9 +177,9 @@ void argmax(const float* x, int64_t n, void* scratch, int32_t* out_id, cudaStrea
     const int64_t want = (n + 1023) / 1024;
     const int blocks = static_cast<int>(want < kArgmaxBlocks ? want : kArgmaxBlocks);
     Best* partial = static_cast<Best*>(scratch);
-    argmax_partial_kernel<<<static_cast<unsigned>(blocks), kArgmaxThreads, 0, stream>>>(x, n, partial);
+    launch_pdl(argmax_partial_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kArgmaxThreads), 0, stream, x, n, partial);
     QUERN_CUDA_CHECK_LAUNCH();
-    argmax_final_kernel<<<1, kArgmaxThreads, 0, stream>>>(partial, blocks, out_id);
+    launch_pdl(argmax_final_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, partial, blocks, out_id);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

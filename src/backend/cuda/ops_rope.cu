@@ -13,6 +13,7 @@
 //            double rounded to float; the rotation in fp32.
 //   Align:   none (scalar accesses).
 //   Bound:   latency (a few KB per token).
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
@@ -25,6 +26,8 @@ __global__ void rope_kv_kernel(float* __restrict__ q, const float* __restrict__ 
                                T* __restrict__ k_cache, T* __restrict__ v_cache, const int32_t* __restrict__ pos_ptr,
                                int n_ctx, int n_head, int n_head_kv, int head_dim, int rope_dim, float base, bool neox,
                                const float* __restrict__ freq_factors) {
+    pdl_wait();
+    pdl_trigger();
     int pos = *pos_ptr;
     pos = pos < 0 ? 0 : (pos >= n_ctx ? n_ctx - 1 : pos);
     const int head = blockIdx.x;
@@ -84,13 +87,13 @@ void rope_kv_store(float* q, const float* k, const float* v, void* k_cache, void
     const unsigned grid = static_cast<unsigned>(n_head + 2 * n_head_kv);
     const unsigned threads = static_cast<unsigned>(head_dim / 2);
     if (kv_type == KvType::F16)
-        rope_kv_kernel<__half><<<grid, threads, 0, stream>>>(q, k, v, static_cast<__half*>(k_cache),
-                                                             static_cast<__half*>(v_cache), pos, n_ctx, n_head,
-                                                             n_head_kv, head_dim, rope_dim, base, neox, freq_factors);
+        launch_pdl(rope_kv_kernel<__half>, dim3(grid), dim3(threads), 0, stream, q, k, v, static_cast<__half*>(k_cache),
+                   static_cast<__half*>(v_cache), pos, n_ctx, n_head, n_head_kv, head_dim, rope_dim, base, neox,
+                   freq_factors);
     else
-        rope_kv_kernel<float><<<grid, threads, 0, stream>>>(q, k, v, static_cast<float*>(k_cache),
-                                                            static_cast<float*>(v_cache), pos, n_ctx, n_head,
-                                                            n_head_kv, head_dim, rope_dim, base, neox, freq_factors);
+        launch_pdl(rope_kv_kernel<float>, dim3(grid), dim3(threads), 0, stream, q, k, v, static_cast<float*>(k_cache),
+                   static_cast<float*>(v_cache), pos, n_ctx, n_head, n_head_kv, head_dim, rope_dim, base, neox,
+                   freq_factors);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -9,21 +9,19 @@
 //   Math:    exactly quantize_row_ref(Q8_1): amax by warp max, d = amax/127
 //            (IEEE division: this file is built without fast math),
 //            id = d ? 1/d : 0, q = roundf(x·id) (half away from zero),
-//            s = float(Σq)·d. d and s stay fp32 (the reference stores them as
+//            s = float(Σq)·d. Two-level: the residual x - d·q (fp32) is
+//            quantized the same way into the second level. d and s stay fp32 (the reference stores them as
 //            fp16; fp16(d), fp16(s) equal its fields bit for bit). Half-block
 //            sums by shuffles within each 16-lane half, then across halves.
 //   Bound:   launch latency (K ≤ a few ten thousand: 4 bytes in, ~1.3 out per element).
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace quern::cuda {
 namespace {
 
-__global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __restrict__ xq,
-                                     ActBlockInfo* __restrict__ xinfo, int n_blocks, int64_t half_k) {
-    const int b = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-    const int lane = static_cast<int>(threadIdx.x & 31);
-    if (b >= n_blocks) return;  // whole warps leave together
-    const float v = x[32 * static_cast<int64_t>(b) + lane];
+__device__ __forceinline__ float quantize_one(float v, int lane, int b, int8_t* __restrict__ xq,
+                                              ActBlockInfo* __restrict__ xinfo, int64_t half_k) {
     float amax = fabsf(v);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
@@ -36,15 +34,30 @@ __global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __rest
     const int other = __shfl_xor_sync(0xFFFFFFFFu, half, 16);
     xq[(lane >> 4) * half_k + 16 * static_cast<int64_t>(b) + (lane & 15)] = static_cast<int8_t>(q);
     if (lane == 0) xinfo[b] = ActBlockInfo{d, static_cast<float>(half + other) * d, half, other};
+    return d * static_cast<float>(q);
+}
+
+__global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __restrict__ xq,
+                                     ActBlockInfo* __restrict__ xinfo, int8_t* __restrict__ xq2,
+                                     ActBlockInfo* __restrict__ xinfo2, int n_blocks, int64_t half_k) {
+    pdl_wait();
+    pdl_trigger();
+    const int b = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    if (b >= n_blocks) return;  // whole warps leave together
+    const float v = x[32 * static_cast<int64_t>(b) + lane];
+    const float dq = quantize_one(v, lane, b, xq, xinfo, half_k);
+    if (xq2) quantize_one(v - dq, lane, b, xq2, xinfo2, half_k);  // residual level
 }
 
 }  // namespace
 
-void launch_quantize_q8_1(const float* x, int8_t* xq, ActBlockInfo* xinfo, int64_t K, cudaStream_t stream) {
+void launch_quantize_q8_1(const float* x, int8_t* xq, ActBlockInfo* xinfo, int64_t K, cudaStream_t stream,
+                          int8_t* xq2, ActBlockInfo* xinfo2) {
     const int n_blocks = static_cast<int>(K / 32);
     if (n_blocks == 0) return;
     const unsigned grid = static_cast<unsigned>((static_cast<int64_t>(n_blocks) * 32 + 255) / 256);
-    quantize_q8_1_kernel<<<grid, 256, 0, stream>>>(x, xq, xinfo, n_blocks, K / 2);
+    launch_pdl(quantize_q8_1_kernel, dim3(grid), dim3(256), 0, stream, x, xq, xinfo, xq2, xinfo2, n_blocks, K / 2);
 }
 
 }  // namespace quern::cuda

@@ -1,0 +1,541 @@
+// The Llama-family forward pass for one decode token on the GPU, and the
+// Session that drives it (see session.h).
+//
+// One decode step, for the token in DecodeControl::cur at DecodeControl::pos
+// (all kernels read both from device memory, so the step is captured once as
+// a CUDA graph and replayed for every token):
+//
+//   x = token_embd[cur]                                   get_row
+//   per layer:
+//     xn, xq = RMSNorm(x (+= h), attn_norm)               rms_norm_q8_1 (residual folded in)
+//     [q | k | v] = W_qkv · xq                            one GEMV per run of equal weight types
+//     rotate q, k; store k, v at pos                      rope_kv_store
+//     a, aq = attention(q, cache[0..pos]), Q8_1(a)        decode_attention (split-K; quantizes in its combine)
+//     h = W_o · aq                                        gemv
+//     xn, xq = RMSNorm(x += h, ffn_norm)                  rms_norm_q8_1
+//     [gate | up] = W_gate_up · xq                        one GEMV when the types match
+//     fq = Q8_1(SiLU(gate) · up)                          swiglu_q8_1
+//     h = W_down · fq                                     gemv
+//   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax
+//   pos += 1; cur = next prompt token or sampled          advance_decode_position
+//
+// With precise activations (the default, as on the CPU) every quantized
+// activation has two levels (gemv.h), keeping the logits within cosine
+// ~0.9999 of a float reference; --fast-act uses one.
+// Weight matrices that share an input and a type are concatenated at upload
+// (Q|K|V, gate|up) so that one launch reads them all. Types without a CUDA
+// kernel are dequantized to F16 at upload (correct, but more bytes per step;
+// a note says so).
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/session.h"
+#include "backend/cuda/weights.h"
+#include "core/error.h"
+#include "core/fp16.h"
+#include "quant/reference.h"
+
+namespace quern::cuda {
+
+int device_count() { return CudaContext::device_count(); }
+
+namespace {
+
+/// A matrix (or several concatenated along N) and where its rows land in the
+/// output vector.
+struct Piece {
+    DeviceWeight w;
+    int64_t offset = 0;  // first output element
+};
+
+struct LayerWeights {
+    const float* attn_norm = nullptr;
+    const float* ffn_norm = nullptr;
+    std::vector<Piece> qkv;      // outputs into [q | k | v]
+    Piece wo;
+    std::vector<Piece> gate_up;  // outputs into [gate | up]
+    Piece down;
+};
+
+/// Host memory pinned for asynchronous copies (freed with cudaFreeHost).
+class PinnedBuffer {
+public:
+    PinnedBuffer() = default;
+    explicit PinnedBuffer(size_t bytes) { QUERN_CUDA_CHECK(cudaMallocHost(&p_, bytes)); }
+    ~PinnedBuffer() {
+        if (p_) cudaFreeHost(p_);
+    }
+    PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+    PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+        std::swap(p_, o.p_);
+        return *this;
+    }
+    template <class T>
+    T* as() const {
+        return static_cast<T*>(p_);
+    }
+
+private:
+    void* p_ = nullptr;
+};
+
+double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+class LlamaCudaSession final : public Session {
+public:
+    LlamaCudaSession(const Model& model, const SessionOptions& opt);
+    ~LlamaCudaSession() override;
+
+    const ModelConfig& config() const override { return cfg_; }
+    std::string backend_name() const override { return ctx_.name(); }
+    int64_t n_ctx() const override { return n_ctx_; }
+    int64_t size() const override { return n_past_; }
+    void truncate(int64_t n) override { n_past_ = std::clamp<int64_t>(n, 0, n_past_); }
+    void eval(const int32_t* tokens, int64_t n, float* logits) override;
+    int32_t eval_greedy(int32_t token) override;
+    void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) override;
+
+private:
+    void upload_weights(const Model& model);
+    DeviceWeight upload(const Tensor& t);
+    std::vector<Piece> upload_group(const std::vector<const Tensor*>& ts);
+    const float* upload_f32(const Tensor& t);
+
+    /// Queues one decode step on the stream (head: the output projection and
+    /// argmax too). With `trace`, synchronizes after each layer and reports
+    /// the residual stream (never during capture).
+    void enqueue_step(bool head, const TraceFn* trace);
+    void mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y);
+    /// Replays (capturing on first use) the step graph with or without head.
+    void run_step(bool head);
+    /// Uploads tokens[0..n) to positions n_past_.. and sets the control block
+    /// so that the next step evaluates position n_past_.
+    void begin(const int32_t* tokens, int64_t n);
+
+    ModelConfig cfg_;
+    SessionOptions opt_;
+    CudaContext ctx_;
+    int levels_ = 2;
+    int64_t n_ctx_ = 0;
+    int64_t n_past_ = 0;
+    KvType kv_type_ = KvType::F16;
+
+    std::vector<DeviceBuffer> owned_;  // norm weights, embedding table
+    std::vector<LayerWeights> layers_;
+    DType embd_type_ = DType::F32;
+    const void* embd_ = nullptr;
+    const float* out_norm_ = nullptr;
+    const float* rope_freqs_ = nullptr;
+    Piece output_;
+
+    DeviceBuffer kv_;  // per layer: K then V, n_ctx rows of kv_dim elements
+    size_t kv_layer_bytes_ = 0;
+
+    // Per-step activations.
+    DeviceBuffer x_, h_, xn_, qkv_, attn_, gu_, ffh_, logits_, attn_scratch_, argmax_scratch_, tokens_, ctl_;
+    QuantizedActivation xq_embd_, xq_attn_, xq_ff_;
+    PinnedBuffer host_ctl_, host_tokens_;
+
+    cudaGraphExec_t graph_[2] = {nullptr, nullptr};  // [head]
+
+    // QUERN_CUDA_PROFILE=1: steps run uncaptured with CUDA events between the
+    // ops; the destructor prints the GPU time per op kind (µs per step).
+    bool profile_ = false;
+    std::vector<std::pair<const char*, cudaEvent_t>> marks_;
+    std::vector<std::pair<std::string, double>> prof_;  // name -> total ms
+    int64_t prof_steps_ = 0;
+    void mark(const char* what);
+    void collect_profile();
+};
+
+void LlamaCudaSession::mark(const char* what) {
+    if (!profile_) return;
+    cudaEvent_t e;
+    QUERN_CUDA_CHECK(cudaEventCreate(&e));
+    QUERN_CUDA_CHECK(cudaEventRecord(e, ctx_.stream()));
+    marks_.emplace_back(what, e);
+}
+
+void LlamaCudaSession::collect_profile() {
+    if (marks_.empty()) return;
+    QUERN_CUDA_CHECK(cudaEventSynchronize(marks_.back().second));
+    for (size_t i = 1; i < marks_.size(); ++i) {
+        float ms = 0;
+        QUERN_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second));
+        const std::string name = marks_[i].first;
+        auto it = std::find_if(prof_.begin(), prof_.end(), [&](const auto& p) { return p.first == name; });
+        if (it == prof_.end()) prof_.emplace_back(name, ms);
+        else it->second += ms;
+    }
+    for (auto& m : marks_) cudaEventDestroy(m.second);
+    marks_.clear();
+    ++prof_steps_;
+}
+
+LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt)
+    : cfg_(model.config()), opt_(opt), ctx_(opt.device) {
+    const auto& c = cfg_;
+    if (c.arch != "llama") fail("the CUDA backend runs Llama-family models; this one is '{}' (use --device cpu)", c.arch);
+    if (c.head_dim != 64 && c.head_dim != 128)
+        fail("the CUDA decode attention supports head sizes 64 and 128; this model has {} (use --device cpu)",
+             c.head_dim);
+    if (c.n_head % c.n_head_kv != 0 || c.n_head / c.n_head_kv > 16)
+        fail("the CUDA decode attention needs n_head / n_head_kv <= 16 (model: {} / {}; use --device cpu)", c.n_head,
+             c.n_head_kv);
+    for (int64_t d : {c.n_embd, c.q_dim(), c.n_ff})
+        if (d % 32 != 0) fail("the CUDA backend needs dimensions divisible by 32 (model has {}; use --device cpu)", d);
+    levels_ = model.options().precise_activations ? 2 : 1;
+    if (const char* p = std::getenv("QUERN_CUDA_PROFILE"); p && *p && *p != '0') profile_ = true;
+    kv_type_ = opt.f16_kv ? KvType::F16 : KvType::F32;
+    if (opt.n_ctx < 1 || opt.n_ctx > (int64_t{1} << 24)) fail("KV-cache size {} out of range", opt.n_ctx);
+
+    upload_weights(model);
+
+    // Activations and scratch.
+    const auto fbuf = [](int64_t n) { return DeviceBuffer(static_cast<size_t>(n) * sizeof(float)); };
+    x_ = fbuf(c.n_embd);
+    h_ = fbuf(c.n_embd);
+    xn_ = fbuf(c.n_embd);
+    qkv_ = fbuf(c.q_dim() + 2 * c.kv_dim());
+    attn_ = fbuf(c.q_dim());
+    gu_ = fbuf(2 * c.n_ff);
+    ffh_ = fbuf(c.n_ff);
+    logits_ = fbuf(c.n_vocab);
+    argmax_scratch_ = DeviceBuffer(argmax_scratch_bytes(c.n_vocab));
+    xq_embd_ = QuantizedActivation(c.n_embd, levels_);
+    xq_attn_ = QuantizedActivation(c.q_dim(), levels_);
+    xq_ff_ = QuantizedActivation(c.n_ff, levels_);
+    ctl_ = DeviceBuffer(sizeof(DecodeControl));
+    host_ctl_ = PinnedBuffer(sizeof(DecodeControl));
+
+    // KV cache: as requested, capped by --gpu-mem.
+    const size_t elem = kv_type_ == KvType::F16 ? 2 : 4;
+    const size_t per_token = 2 * static_cast<size_t>(c.n_layer * c.kv_dim()) * elem;
+    int64_t n_ctx = opt.n_ctx;
+    if (opt.gpu_mem_fraction > 0) {
+        size_t free_b = 0, total_b = 0;
+        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        const double used = static_cast<double>(total_b - free_b);
+        const double budget = opt.gpu_mem_fraction * static_cast<double>(total_b) - used;
+        // Attention scratch grows with n_ctx too (partials per split), bounded by 128 splits.
+        const double scratch = static_cast<double>(decode_attention_scratch_bytes(1 << 20, static_cast<int>(c.n_head),
+                                                                                  static_cast<int>(c.head_dim)));
+        const auto fit = static_cast<int64_t>((budget - scratch) / static_cast<double>(per_token));
+        if (fit < 1)
+            fail("--gpu-mem {}: the weights already use {:.2f} of {:.2f} GiB; nothing is left for the KV cache",
+                 opt.gpu_mem_fraction, gib(used), gib(static_cast<double>(total_b)));
+        n_ctx = std::min(n_ctx, fit);
+    }
+    n_ctx_ = n_ctx;
+    kv_layer_bytes_ = static_cast<size_t>(n_ctx) * static_cast<size_t>(c.kv_dim()) * elem;
+    try {
+        kv_ = DeviceBuffer(2 * kv_layer_bytes_ * static_cast<size_t>(c.n_layer));
+    } catch (const Error&) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        fail("the KV cache for {} tokens needs {:.2f} GiB but the GPU has {:.2f} GiB free (lower -c or use --gpu-mem)",
+             n_ctx, gib(static_cast<double>(2 * kv_layer_bytes_ * static_cast<size_t>(c.n_layer))),
+             gib(static_cast<double>(free_b)));
+    }
+    attn_scratch_ = DeviceBuffer(
+        decode_attention_scratch_bytes(static_cast<int>(n_ctx), static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));
+    tokens_ = DeviceBuffer(static_cast<size_t>(n_ctx + 1) * sizeof(int32_t));
+    host_tokens_ = PinnedBuffer(static_cast<size_t>(n_ctx + 1) * sizeof(int32_t));
+    if (opt.verbose)
+        std::fprintf(stderr, "quern: CUDA %s: KV cache %lld tokens (%s, %.2f GiB)\n", ctx_.name().c_str(),
+                     static_cast<long long>(n_ctx), kv_type_ == KvType::F16 ? "f16" : "f32",
+                     gib(static_cast<double>(kv_.size())));
+}
+
+LlamaCudaSession::~LlamaCudaSession() {
+    for (auto& g : graph_)
+        if (g) cudaGraphExecDestroy(g);
+    if (profile_ && prof_steps_ > 0) {
+        double total = 0;
+        for (const auto& p : prof_) total += p.second;
+        std::fprintf(stderr, "quern: CUDA profile over %lld steps (kernel time between events, us per step):\n",
+                     static_cast<long long>(prof_steps_));
+        for (const auto& p : prof_)
+            std::fprintf(stderr, "  %-12s %9.1f us  %5.1f%%\n", p.first.c_str(), 1000.0 * p.second / prof_steps_,
+                         100.0 * p.second / total);
+        std::fprintf(stderr, "  %-12s %9.1f us\n", "total", 1000.0 * total / prof_steps_);
+    }
+}
+
+DeviceWeight LlamaCudaSession::upload(const Tensor& t) {
+    if (cuda_weight_type_supported(t.type)) return upload_weight(ctx_, t);
+    // No kernel for this type: dequantize rows to F16 on the host.
+    if (!quant_ref_supports(t.type))
+        fail("tensor '{}': weight type {} cannot be run on the GPU (use --device cpu)", t.name, dtype_name(t.type));
+    const int64_t K = t.ne[0], N = t.nrows();
+    if (opt_.verbose)
+        std::fprintf(stderr, "quern: note: no CUDA kernel for %s weights; '%s' runs as F16 (%.1f MiB more)\n",
+                     std::string(dtype_name(t.type)).c_str(), t.name.c_str(),
+                     (static_cast<double>(K * N * 2) - static_cast<double>(t.nbytes())) / 1048576.0);
+    std::vector<uint16_t> f16(static_cast<size_t>(K * N));
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = 0; r < N; ++r) {
+        dequantize_row_ref(t.type, t.row(r), row.data(), K);
+        for (int64_t i = 0; i < K; ++i) f16[static_cast<size_t>(r * K + i)] = fp32_to_fp16(row[static_cast<size_t>(i)]);
+    }
+    Tensor h = Tensor::contiguous(DType::F16, {K, N, 1, 1}, f16.data(), t.name);
+    return upload_weight(ctx_, h);
+}
+
+std::vector<Piece> LlamaCudaSession::upload_group(const std::vector<const Tensor*>& ts) {
+    // Runs of consecutive matrices of one type become one concatenated matrix.
+    std::vector<Piece> out;
+    int64_t offset = 0;
+    for (size_t i = 0; i < ts.size();) {
+        size_t j = i + 1;
+        while (j < ts.size() && ts[j]->type == ts[i]->type && ts[j]->ne[0] == ts[i]->ne[0]) ++j;
+        Piece p;
+        p.offset = offset;
+        if (j == i + 1) {
+            p.w = upload(*ts[i]);
+        } else {
+            int64_t rows = 0;
+            for (size_t k = i; k < j; ++k) rows += ts[k]->nrows();
+            const size_t rb = ts[i]->row_bytes();
+            std::vector<uint8_t> cat(rb * static_cast<size_t>(rows));
+            size_t at = 0;
+            std::string name;
+            for (size_t k = i; k < j; ++k) {
+                for (int64_t r = 0; r < ts[k]->nrows(); ++r, at += rb) std::memcpy(cat.data() + at, ts[k]->row(r), rb);
+                name += (name.empty() ? "" : "+") + ts[k]->name;
+            }
+            p.w = upload(Tensor::contiguous(ts[i]->type, {ts[i]->ne[0], rows, 1, 1}, cat.data(), name));
+        }
+        offset += p.w.N;
+        out.push_back(std::move(p));
+        i = j;
+    }
+    return out;
+}
+
+const float* LlamaCudaSession::upload_f32(const Tensor& t) {
+    DeviceBuffer b(t.nbytes());
+    b.upload(t.data, t.nbytes(), ctx_.stream());
+    owned_.push_back(std::move(b));
+    return owned_.back().as<float>();
+}
+
+void LlamaCudaSession::upload_weights(const Model& model) {
+    const auto& c = cfg_;
+    const WeightStore& ws = model.weights();
+    const auto get = [&](const std::string& n) -> const Tensor& {
+        const Tensor* t = ws.find(n);
+        if (!t) fail("tensor '{}' is missing", n);
+        return *t;
+    };
+    const Tensor& emb = get("token_embd.weight");
+    if (cuda_get_row_type_supported(emb.type)) {
+        DeviceBuffer b(emb.nbytes());
+        b.upload(emb.data, emb.nbytes(), ctx_.stream());
+        embd_type_ = emb.type;
+        owned_.push_back(std::move(b));
+    } else {
+        std::vector<uint16_t> f16(static_cast<size_t>(emb.nelements()));
+        std::vector<float> row(static_cast<size_t>(emb.ne[0]));
+        for (int64_t r = 0; r < emb.nrows(); ++r) {
+            dequantize_row_ref(emb.type, emb.row(r), row.data(), emb.ne[0]);
+            for (int64_t i = 0; i < emb.ne[0]; ++i)
+                f16[static_cast<size_t>(r * emb.ne[0] + i)] = fp32_to_fp16(row[static_cast<size_t>(i)]);
+        }
+        DeviceBuffer b(f16.size() * 2);
+        b.upload(f16.data(), f16.size() * 2, ctx_.stream());
+        embd_type_ = DType::F16;
+        owned_.push_back(std::move(b));
+    }
+    embd_ = owned_.back().data();
+    out_norm_ = upload_f32(get("output_norm.weight"));
+    if (const Tensor* rf = ws.find("rope_freqs.weight")) rope_freqs_ = upload_f32(*rf);
+    const Tensor* out = ws.find("output.weight");
+    output_.w = upload(out ? *out : emb);
+
+    layers_.resize(static_cast<size_t>(c.n_layer));
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        auto n = [&](const char* s) { return fmt::format("blk.{}.{}.weight", il, s); };
+        LayerWeights& L = layers_[static_cast<size_t>(il)];
+        L.attn_norm = upload_f32(get(n("attn_norm")));
+        L.ffn_norm = upload_f32(get(n("ffn_norm")));
+        L.qkv = upload_group({&get(n("attn_q")), &get(n("attn_k")), &get(n("attn_v"))});
+        L.wo.w = upload(get(n("attn_output")));
+        L.gate_up = upload_group({&get(n("ffn_gate")), &get(n("ffn_up"))});
+        L.down.w = upload(get(n("ffn_down")));
+    }
+}
+
+void LlamaCudaSession::mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y) {
+    if (dtype_is_quantized(p.w.type))
+        gemv(ctx_, p.w, xq, y + p.offset);
+    else
+        gemv(ctx_, p.w, xf, y + p.offset);
+}
+
+void LlamaCudaSession::enqueue_step(bool head, const TraceFn* trace) {
+    const auto& c = cfg_;
+    const cudaStream_t s = ctx_.stream();
+    auto* ctl = ctl_.as<DecodeControl>();
+    const int32_t* pos = &ctl->pos;
+    float* x = x_.as<float>();
+    float* h = h_.as<float>();
+    float* xn = xn_.as<float>();
+    float* q = qkv_.as<float>();
+    float* k = q + c.q_dim();
+    float* v = k + c.kv_dim();
+    float* gate = gu_.as<float>();
+    float* up = gate + c.n_ff;
+    const int nctx = static_cast<int>(n_ctx_);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const auto norm = [&](const float* w, bool residual) {
+        rms_norm_q8_1(x, residual ? h : nullptr, w, xn, xq_embd_.q(), xq_embd_.info(), 1, c.n_embd, c.rms_eps, s,
+                      xq_embd_.q2(), xq_embd_.info2());
+    };
+
+    mark("start");
+    get_row(embd_type_, embd_, c.n_vocab, c.n_embd, &ctl->cur, x, s);
+    mark("embed");
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        const LayerWeights& L = layers_[static_cast<size_t>(il)];
+        auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
+        auto* vc = kc + kv_layer_bytes_;
+        norm(L.attn_norm, il > 0);
+        mark("norm");
+        for (const Piece& p : L.qkv) mm(p, xn, xq_embd_, q);
+        mark("gemv_qkv");
+        rope_kv_store(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
+                      static_cast<int>(c.head_dim), static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox,
+                      rope_freqs_, s);
+        mark("rope_kv");
+        // The output projection's activation is quantized by the attention's combine step.
+        const bool qo = dtype_is_quantized(L.wo.w.type);
+        decode_attention(q, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
+                         static_cast<int>(c.head_dim), scale, attn_scratch_.data(), attn_.as<float>(), s,
+                         qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr, qo ? xq_attn_.q2() : nullptr,
+                         qo ? xq_attn_.info2() : nullptr);
+        mark("attention");
+        mm(L.wo, attn_.as<float>(), xq_attn_, h);
+        mark("gemv_o");
+        norm(L.ffn_norm, true);
+        mark("norm");
+        for (const Piece& p : L.gate_up) mm(p, xn, xq_embd_, gate);
+        mark("gemv_gate_up");
+        swiglu_q8_1(gate, up, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), c.n_ff, s, xq_ff_.q2(), xq_ff_.info2());
+        mark("swiglu");
+        mm(L.down, ffh_.as<float>(), xq_ff_, h);
+        mark("gemv_down");
+        if (trace) {  // residual stream after the layer: x + h (the add is folded into the next norm)
+            std::vector<float> hx(static_cast<size_t>(c.n_embd)), hh(hx.size());
+            x_.download(hx.data(), hx.size() * 4, s);
+            h_.download(hh.data(), hh.size() * 4, s);
+            for (size_t i = 0; i < hx.size(); ++i) hx[i] += hh[i];
+            (*trace)(fmt::format("blk.{}", il), hx.data(), c.n_embd);
+        }
+    }
+    if (head) {
+        norm(out_norm_, true);
+        mark("norm");
+        mm(output_, xn, xq_embd_, logits_.as<float>());
+        mark("gemv_output");
+        argmax(logits_.as<float>(), c.n_vocab, argmax_scratch_.data(), &ctl->sampled, s);
+        mark("argmax");
+    }
+    advance_decode_position(ctl, tokens_.as<int32_t>(), nctx, s);
+    mark("advance");
+    collect_profile();
+}
+
+void LlamaCudaSession::run_step(bool head) {
+    const cudaStream_t s = ctx_.stream();
+    if (!opt_.cuda_graph || profile_) return enqueue_step(head, nullptr);
+    cudaGraphExec_t& ge = graph_[head ? 1 : 0];
+    if (!ge) {
+        cudaGraph_t g = nullptr;
+        QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        try {
+            enqueue_step(head, nullptr);
+        } catch (...) {
+            cudaStreamEndCapture(s, &g);
+            if (g) cudaGraphDestroy(g);
+            cudaGetLastError();
+            throw;
+        }
+        QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+        const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
+        cudaGraphDestroy(g);
+        QUERN_CUDA_CHECK(e);
+    }
+    QUERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+}
+
+void LlamaCudaSession::begin(const int32_t* tokens, int64_t n) {
+    auto* ht = host_tokens_.as<int32_t>();
+    std::memcpy(ht, tokens, static_cast<size_t>(n) * sizeof(int32_t));
+    const cudaStream_t s = ctx_.stream();
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(tokens_.as<int32_t>() + n_past_, ht, static_cast<size_t>(n) * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, s));
+    auto* hc = host_ctl_.as<DecodeControl>();
+    *hc = DecodeControl{static_cast<int32_t>(n_past_), tokens[0], static_cast<int32_t>(n_past_ + n), 0};
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(ctl_.data(), hc, sizeof(DecodeControl), cudaMemcpyHostToDevice, s));
+}
+
+void LlamaCudaSession::eval(const int32_t* tokens, int64_t n, float* logits) {
+    check_tokens(tokens, n);
+    if (n == 0) return;
+    begin(tokens, n);
+    for (int64_t i = 0; i < n; ++i) run_step(i == n - 1);
+    n_past_ += n;
+    if (logits) {
+        QUERN_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.data(), static_cast<size_t>(cfg_.n_vocab) * sizeof(float),
+                                         cudaMemcpyDeviceToHost, ctx_.stream()));
+    }
+    ctx_.synchronize();
+}
+
+int32_t LlamaCudaSession::eval_greedy(int32_t token) {
+    check_tokens(&token, 1);
+    begin(&token, 1);
+    run_step(true);
+    n_past_ += 1;
+    auto* hc = host_ctl_.as<DecodeControl>();
+    QUERN_CUDA_CHECK(
+        cudaMemcpyAsync(hc, ctl_.data(), sizeof(DecodeControl), cudaMemcpyDeviceToHost, ctx_.stream()));
+    ctx_.synchronize();
+    return hc->sampled;
+}
+
+void LlamaCudaSession::eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) {
+    check_tokens(tokens, n);
+    if (n == 0) return;
+    if (n > 1) eval(tokens, n - 1, nullptr);
+    begin(tokens + n - 1, 1);
+    enqueue_step(true, &trace);
+    n_past_ += 1;
+    std::vector<float> host(static_cast<size_t>(cfg_.n_vocab));
+    logits_.download(host.data(), host.size() * sizeof(float), ctx_.stream());
+    trace("logits", host.data(), cfg_.n_vocab);
+    if (logits) std::copy(host.begin(), host.end(), logits);
+}
+
+}  // namespace
+
+std::unique_ptr<Session> make_session(const Model& model, const SessionOptions& opt) {
+    if (CudaContext::device_count() < opt.device + 1)
+        fail("no CUDA GPU {} is available (found {}); use --device cpu", opt.device, CudaContext::device_count());
+    return std::make_unique<LlamaCudaSession>(model, opt);
+}
+
+}  // namespace quern::cuda

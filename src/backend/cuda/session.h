@@ -1,0 +1,39 @@
+// The CUDA backend as the command-line tools see it: a Session (runtime/
+// session.h) that evaluates a Llama-family model on one GPU. Free of CUDA
+// headers so that host-only code can include it.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "runtime/session.h"
+
+namespace quern::cuda {
+
+struct SessionOptions {
+    int device = 0;
+    /// KV-cache positions (the sequence's context size).
+    int64_t n_ctx = 4096;
+    /// When > 0: cap n_ctx to what fits in this fraction of the GPU's memory
+    /// after the weights and scratch (--gpu-mem).
+    double gpu_mem_fraction = 0;
+    /// Keys and values stored as fp16 (default) or fp32.
+    bool f16_kv = true;
+    /// Replay the decode step as a CUDA graph (off: launch kernel by kernel).
+    bool cuda_graph = true;
+    /// Notes on stderr (weights dequantized for lack of a kernel, KV size).
+    bool verbose = true;
+};
+
+/// Number of usable CUDA devices (0 without a driver or GPU; never throws).
+int device_count();
+
+/// A session running `model` (its config and host weights; it must outlive
+/// the session) on the GPU: weights are uploaded once and stay resident, the
+/// KV cache lives in device memory, and each token is one replay of a
+/// captured decode step (CUDA graph) whose only host synchronisation is
+/// reading the sampled token or the logits.
+/// Throws quern::Error when there is no GPU, the architecture or a shape is
+/// not supported by the CUDA kernels, or the model does not fit.
+std::unique_ptr<Session> make_session(const Model& model, const SessionOptions& opt);
+
+}  // namespace quern::cuda

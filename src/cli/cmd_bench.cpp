@@ -19,6 +19,8 @@ namespace {
 
 struct BenchOptions {
     ModelOptions mopts;
+    DeviceOptions dev;
+    int n_depth = 0;
     std::string model;
     std::string synthetic;
     std::string quant = "Q4_K_M";
@@ -69,8 +71,11 @@ void bench(const BenchOptions& o) {
     model->set_options(o.mopts);
     const auto& cfg = model->config();
     ThreadPool pool(o.threads);
-    const int64_t n_ctx = std::max(o.n_prompt, o.n_gen) + 16;
-    KvCache cache = model->make_cache(n_ctx);
+    const int64_t n_ctx = o.n_depth + std::max(o.n_prompt, o.n_gen) + 16;
+    std::unique_ptr<Session> session = make_session(*model, n_ctx, o.dev, pool, !o.json);
+    const std::string backend = session->backend_name();
+    const bool gpu = backend != "CPU";
+    if (session->n_ctx() < n_ctx) fail("the KV cache holds {} tokens, the test needs {}", session->n_ctx(), n_ctx);
     std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
     std::mt19937 rng(42);
     std::uniform_int_distribution<int32_t> tokdist(0, static_cast<int32_t>(cfg.n_vocab - 1));
@@ -82,6 +87,9 @@ void bench(const BenchOptions& o) {
     const double step_bytes = static_cast<double>(model->n_bytes()) - (emb && !tied ? emb->nbytes() : 0);
     const double matmul_params =
         static_cast<double>(model->n_params()) - (emb && !tied ? static_cast<double>(emb->nelements()) : 0.0);
+    // KV-cache bytes a decode step reads per position of context (K and V of
+    // every layer; fp16 on the GPU, fp32 on the CPU).
+    const double kv_bytes_per_pos = 2.0 * static_cast<double>(cfg.n_layer * cfg.kv_dim()) * (gpu ? 2.0 : 4.0);
 
     struct Row {
         std::string test;
@@ -91,19 +99,24 @@ void bench(const BenchOptions& o) {
     std::vector<Row> rows;
     auto run_test = [&](bool prefill, int n) {
         std::vector<double> tps;
+        std::vector<int32_t> depth(static_cast<size_t>(o.n_depth));
+        for (auto& t : depth) t = tokdist(rng);
         for (int r = -1; r < o.reps; ++r) {  // r = -1: warm-up
-            cache.clear();
+            session->clear();
+            if (o.n_depth > 0) {
+                if (tty) std::fprintf(stderr, "\rquern: filling %d tokens of context...        ", o.n_depth);
+                session->eval(depth.data(), o.n_depth, nullptr);
+            }
             std::vector<int32_t> toks(static_cast<size_t>(prefill ? n : 1));
             for (auto& t : toks) t = tokdist(rng);
             const double t0 = now_seconds();
             if (prefill) {
-                model->forward(toks.data(), n, cache, logits.data(), false, pool);
+                session->eval(toks.data(), n, logits.data());
             } else {
+                // Greedy decoding, each token fed back (on a GPU, sampled on
+                // the device: one token id crosses to the host per step).
                 int32_t t = toks[0];
-                for (int i = 0; i < n; ++i) {
-                    model->forward(&t, 1, cache, logits.data(), false, pool);
-                    t = tokdist(rng);
-                }
+                for (int i = 0; i < n; ++i) t = session->eval_greedy(t);
             }
             const double dt = now_seconds() - t0;
             if (r >= 0) tps.push_back(n / dt);
@@ -113,8 +126,12 @@ void bench(const BenchOptions& o) {
         }
         if (tty) std::fprintf(stderr, "\r%60s\r", "");
         Stats s = stats(tps);
-        const double rate = prefill ? 2.0 * matmul_params * s.mean / 1e9 : step_bytes * s.mean / 1e9;
-        rows.push_back({fmt::format("{}{}", prefill ? "pp" : "tg", n), s, rate});
+        const double mean_ctx = o.n_depth + (n + 1) / 2.0;  // positions attention reads, on average
+        const double rate = prefill ? 2.0 * matmul_params * s.mean / 1e9
+                                    : (step_bytes + kv_bytes_per_pos * mean_ctx) * s.mean / 1e9;
+        std::string test = fmt::format("{}{}", prefill ? "pp" : "tg", n);
+        if (o.n_depth > 0) test += fmt::format(" @ d{}", o.n_depth);
+        rows.push_back({test, s, rate});
     };
     if (o.n_prompt > 0) run_test(true, o.n_prompt);
     if (o.n_gen > 0) run_test(false, o.n_gen);
@@ -125,30 +142,33 @@ void bench(const BenchOptions& o) {
             j.push_back({{"model", label},
                          {"size_bytes", model->n_bytes()},
                          {"n_params", model->n_params()},
-                         {"backend", "CPU"},
+                         {"backend", gpu ? "CUDA" : "CPU"},
+                         {"device", backend},
                          {"threads", pool.size()},
+                         {"n_depth", o.n_depth},
                          {"test", r.test},
                          {"precise_activations", o.mopts.precise_activations},
                          {"avg_ts", r.tps.mean},
                          {"stddev_ts", r.tps.stdev},
                          {"samples_ts", r.tps.samples},
-                         {r.test.rfind("pp", 0) == 0 ? "gflops" : "weight_gbps", r.rate}});
+                         {r.test.rfind("pp", 0) == 0 ? "gflops" : "gbps", r.rate}});
         std::printf("%s\n", j.dump(1).c_str());
         return;
     }
-    std::printf("| %-40s | %10s | %9s | %7s | %7s | %6s | %16s | %14s |\n", "model", "size", "params", "backend",
+    std::printf("| %-40s | %10s | %9s | %7s | %7s | %13s | %16s | %14s |\n", "model", "size", "params", "backend",
                 "threads", "test", "t/s", "rate");
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(), std::string(10, '-').c_str(),
                 std::string(9, '-').c_str(), std::string(7, '-').c_str(), std::string(7, '-').c_str(),
-                std::string(6, '-').c_str(), std::string(16, '-').c_str(), std::string(14, '-').c_str());
+                std::string(13, '-').c_str(), std::string(16, '-').c_str(), std::string(14, '-').c_str());
     for (const auto& r : rows) {
         const std::string rate = r.test.rfind("pp", 0) == 0 ? fmt::format("{:.1f} GFLOP/s", r.rate)
                                                             : fmt::format("{:.2f} GB/s", r.rate);
-        std::printf("| %-40s | %6.2f MiB | %7.2f M | %7s | %7d | %6s | %7.2f ± %6.2f | %14s |\n", label.c_str(),
-                    model->n_bytes() / 1048576.0, model->n_params() / 1e6, "CPU", pool.size(), r.test.c_str(),
+        std::printf("| %-40s | %6.2f MiB | %7.2f M | %7s | %7d | %13s | %7.2f ± %6.2f | %14s |\n", label.c_str(),
+                    model->n_bytes() / 1048576.0, model->n_params() / 1e6, gpu ? "CUDA" : "CPU", gpu ? 0 : pool.size(), r.test.c_str(),
                     r.tps.mean, r.tps.stdev, rate.c_str());
     }
     if (!o.mopts.precise_activations) std::printf("(--fast-act: one-level 8-bit activations)\n");
+    if (gpu) std::printf("(GPU: %s; tg rate = weights + KV cache bytes read per step)\n", backend.c_str());
 }
 
 }  // namespace
@@ -170,13 +190,18 @@ void add_bench_command(CLI::App& app) {
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("-r,--repetitions", o->reps, "Timed repetitions of each test")->capture_default_str()->check(CLI::Range(1, 1000));
+    cmd->add_option("-d,--n-depth", o->n_depth, "Tokens already in the context before each test (not timed)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
     add_model_options(cmd, o->mopts);
+    add_device_options(cmd, o->dev);
     add_threads_option(cmd, o->threads);
     cmd->add_flag("--json", o->json, "Print results as JSON");
     cmd->footer(
         "Examples:\n"
         "  quern bench                                   # default model, pp512 and tg128, 5 repetitions\n"
         "  quern bench -m model.gguf -p 512 -n 128 -r 10 --json\n"
-        "  quern bench --synthetic llama3-8b --quant Q4_K_M -p 0 -n 32");
+        "  quern bench --synthetic llama3-8b --quant Q4_K_M -p 0 -n 32\n"
+        "  quern bench --device cuda --synthetic llama3-8b --quant Q8_0 -p 0 -n 128 -d 4096");
     cmd->callback([o] { bench(*o); });
 }

@@ -26,6 +26,7 @@ namespace {
 
 struct ChatCmdOptions {
     ModelOptions mopts;
+    DeviceOptions dev;
     std::string model;
     std::string template_name;
     std::string template_file;
@@ -77,8 +78,8 @@ int run_chat(const ChatCmdOptions& o) {
     chat::Json messages = base;
 
     ThreadPool pool(o.threads);
-    KvCache cache = m.model->make_cache(o.n_ctx);
-    std::vector<int32_t> cached;  // the tokens whose keys/values are in `cache`
+    std::unique_ptr<Session> session = make_session(*m.model, o.n_ctx, o.dev, pool, o.verbose);
+    std::vector<int32_t> cached;  // the tokens whose keys/values are in the session's cache
     std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
     const uint64_t seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
     if (o.seed < 0 && o.sp.temperature > 0 && o.verbose) std::fprintf(stderr, "quern: seed %llu\n", static_cast<unsigned long long>(seed));
@@ -93,7 +94,7 @@ int run_chat(const ChatCmdOptions& o) {
         if (text == "/exit" || text == "/quit") break;
         if (text == "/clear") {
             messages = base;
-            cache.clear();
+            session->clear();
             cached.clear();
             out("(conversation cleared)\n");
             continue;
@@ -108,9 +109,9 @@ int run_chat(const ChatCmdOptions& o) {
             continue;
         }
         const std::vector<int32_t> ids = chat::tokenize_prompt(*m.tokenizer, prompt);
-        if (static_cast<int64_t>(ids.size()) >= o.n_ctx) {
+        if (static_cast<int64_t>(ids.size()) >= session->n_ctx()) {
             std::fprintf(stderr, "quern: the conversation has %zu tokens, more than the context (%lld); /clear to start over or raise -c\n",
-                         ids.size(), static_cast<long long>(o.n_ctx));
+                         ids.size(), static_cast<long long>(session->n_ctx()));
             messages.erase(messages.end() - 1);
             continue;
         }
@@ -118,10 +119,10 @@ int run_chat(const ChatCmdOptions& o) {
         size_t common = 0;
         while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;
         if (common == ids.size()) --common;
-        cache.set_size(static_cast<int64_t>(common));
+        session->truncate(static_cast<int64_t>(common));
         cached.assign(ids.begin(), ids.end());
         const double t0 = now_seconds();
-        m.model->forward(ids.data() + common, static_cast<int64_t>(ids.size() - common), cache, logits.data(), false, pool);
+        session->eval(ids.data() + common, static_cast<int64_t>(ids.size() - common), logits.data());
         const double t1 = now_seconds();
 
         SamplingParams sp = o.sp;
@@ -136,12 +137,12 @@ int run_chat(const ChatCmdOptions& o) {
             sampler.accept(tok);
             reply.push_back(tok);
             out(detok.push(tok));
-            if (cache.size() >= cache.n_ctx()) {
-                std::fprintf(stderr, "\nquern: context full (%lld tokens); /clear to start over\n", static_cast<long long>(cache.n_ctx()));
+            if (session->size() >= session->n_ctx()) {
+                std::fprintf(stderr, "\nquern: context full (%lld tokens); /clear to start over\n", static_cast<long long>(session->n_ctx()));
                 break;
             }
             if (i + 1 < o.n_predict) {
-                m.model->forward(&tok, 1, cache, logits.data(), false, pool);
+                session->eval(&tok, 1, logits.data());
                 cached.push_back(tok);
             }
         }
@@ -175,6 +176,7 @@ void add_chat_command(CLI::App& app) {
     cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")->capture_default_str();
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
     add_model_options(cmd, o->mopts);
+    add_device_options(cmd, o->dev);
     cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
     cmd->add_flag("-v,--verbose", o->verbose, "Print timings of each turn to stderr");
     add_sampling_options(cmd, o->sp, o->seed);

@@ -18,6 +18,8 @@ namespace {
 
 struct RunOptions {
     ModelOptions mopts;
+    DeviceOptions dev;
+    bool verify = false;
     std::string model;
     std::string prompt;
     std::string prompt_file;
@@ -49,8 +51,6 @@ int run(const RunOptions& o) {
 
     std::vector<int32_t> ids = m.tokenizer->encode(prompt, true, !o.no_special);
     if (ids.empty()) fail("the prompt is empty; pass text with -p");
-    if (static_cast<int64_t>(ids.size()) >= o.n_ctx)
-        fail("the prompt has {} tokens, more than the context size {} allows (raise -c)", ids.size(), o.n_ctx);
 
     SamplingParams sp = o.sp;
     sp.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
@@ -60,18 +60,32 @@ int run(const RunOptions& o) {
         std::fprintf(stderr, "quern: seed %llu\n", static_cast<unsigned long long>(sp.seed));
 
     ThreadPool pool(o.threads);
-    KvCache cache = m.model->make_cache(o.n_ctx);
+    std::unique_ptr<Session> session = make_session(*m.model, o.n_ctx, o.dev, pool);
+    if (static_cast<int64_t>(ids.size()) >= session->n_ctx())
+        fail("the prompt has {} tokens, more than the context size {} allows (raise -c)", ids.size(), session->n_ctx());
+    if (o.verify) {
+        if (session->backend_name() == "CPU") fail("--verify compares the GPU with the CPU; it needs --device cuda");
+        std::unique_ptr<Session> cpu = make_cpu_session(*m.model, o.n_ctx, pool);
+        const VerifyResult v = verify_sessions(*cpu, *session, ids);
+        print_verify(v, session->backend_name());
+        if (!v.ok) return 1;
+        session->clear();
+    }
     std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
+    // Pure greedy decoding samples on the device (no logits to the host).
+    const bool greedy = sp.temperature <= 0 && sp.repeat_penalty == 1.0f && sp.presence_penalty == 0.0f &&
+                        sp.frequency_penalty == 0.0f;
 
     const double t0 = now_seconds();
-    m.model->forward(ids.data(), static_cast<int64_t>(ids.size()), cache, logits.data(), false, pool);
+    session->eval(ids.data(), static_cast<int64_t>(ids.size()), logits.data());
     const double t1 = now_seconds();
 
     Detokenizer detok(*m.tokenizer, false);
     const int64_t limit = o.n_predict < 0 ? INT64_MAX : o.n_predict;
     int64_t generated = 0;
+    int32_t next = -1;  // greedy: the token the device picked
     for (; generated < limit; ++generated) {
-        const int32_t tok = sampler.sample(logits.data());
+        const int32_t tok = next >= 0 ? next : sampler.sample(logits.data());
         if (!o.ignore_eos && m.tokenizer->is_eog(tok)) break;
         sampler.accept(tok);
         const std::string text = detok.push(tok);
@@ -79,12 +93,17 @@ int run(const RunOptions& o) {
             std::fwrite(text.data(), 1, text.size(), stdout);
             std::fflush(stdout);
         }
-        if (cache.size() >= cache.n_ctx()) {
-            std::fprintf(stderr, "quern: context full (%lld tokens)\n", static_cast<long long>(cache.n_ctx()));
+        if (session->size() >= session->n_ctx()) {
+            std::fprintf(stderr, "quern: context full (%lld tokens)\n", static_cast<long long>(session->n_ctx()));
             ++generated;
             break;
         }
-        if (generated + 1 < limit) m.model->forward(&tok, 1, cache, logits.data(), false, pool);
+        if (generated + 1 < limit) {
+            if (greedy)
+                next = session->eval_greedy(tok);
+            else
+                session->eval(&tok, 1, logits.data());
+        }
     }
     const std::string rest = detok.flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -95,8 +114,8 @@ int run(const RunOptions& o) {
     const double pp = static_cast<double>(ids.size()) / (t1 - t0);
     // Decode time counts the forward passes after the first sampled token.
     const int64_t decode_steps = generated > 1 ? generated - 1 : 0;
-    std::fprintf(stderr, "quern: prompt %zu tokens in %.3f s (%.1f tok/s); generated %lld tokens in %.3f s (%.1f tok/s)\n",
-                 ids.size(), t1 - t0, pp, static_cast<long long>(generated), t2 - t1,
+    std::fprintf(stderr, "quern: %s: prompt %zu tokens in %.3f s (%.1f tok/s); generated %lld tokens in %.3f s (%.1f tok/s)\n",
+                 session->backend_name().c_str(), ids.size(), t1 - t0, pp, static_cast<long long>(generated), t2 - t1,
                  decode_steps > 0 ? decode_steps / (t2 - t1) : 0.0);
     return 0;
 }
@@ -133,6 +152,10 @@ void add_run_command(CLI::App& app) {
         ->check(CLI::Range(-1, 1 << 30));
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     add_model_options(cmd, o->mopts);
+    add_device_options(cmd, o->dev);
+    cmd->add_flag("--verify", o->verify,
+                  "Also run the prompt on the CPU and fail unless the GPU's last logits match (cosine >= 0.999); "
+                  "names the first diverging layer");
     add_threads_option(cmd, o->threads);
     cmd->add_flag("--no-special", o->no_special, "Treat special-token text in the prompt as plain text");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
@@ -141,7 +164,8 @@ void add_run_command(CLI::App& app) {
         "Examples:\n"
         "  quern run -p \"The capital of France is\" -n 32 --temp 0\n"
         "  quern run -m model.gguf -p \"Once upon a time\" --temp 0.7 --top-p 0.9 --seed 42\n"
-        "  quern run -f prompt.txt -n 256 -c 8192 -t 4");
+        "  quern run -f prompt.txt -n 256 -c 8192 -t 4\n"
+        "  quern run --device cuda --verify -p \"Hello\" -n 16 --temp 0");
     cmd->callback([o] {
         if (o->prompt.empty() && o->prompt_file.empty()) throw CLI::ValidationError("-p", "give a prompt with -p TEXT or -f FILE");
         run(*o);

@@ -9,7 +9,11 @@
 #include <CLI/CLI.hpp>
 
 #include "core/error.h"
+#include <fmt/format.h>
 #include "core/thread_pool.h"
+#ifdef QUERN_HAVE_CUDA
+#include "backend/cuda/session.h"
+#endif
 
 namespace quern::cli {
 
@@ -63,6 +67,61 @@ void add_model_options(CLI::App* cmd, ModelOptions& opts) {
     cmd->add_flag("--fast-act", [&opts](int64_t) { opts.precise_activations = false; },
                   "Quantize activations once to 8 bits as llama.cpp does (faster prefill, less exact); "
                   "default: two-level 8-bit activations");
+}
+
+void add_device_options(CLI::App* cmd, DeviceOptions& opts) {
+    cmd->add_option("--device", opts.device, "Where to run: auto (the GPU when there is one), cpu or cuda")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    cmd->add_option("--kv-tokens", opts.kv_tokens, "GPU KV-cache size in tokens (default: the context size)")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+    cmd->add_option("--gpu-mem", opts.gpu_mem, "Cap the GPU KV cache to what fits in this fraction of GPU memory")
+        ->check(CLI::Range(0.01, 1.0));
+    cmd->add_flag("--no-cuda-graph", opts.no_graph, "Launch the GPU kernels one by one (for debugging and timing)");
+}
+
+bool use_cuda(const DeviceOptions& opts) {
+    if (opts.device == "cpu") return false;
+#ifdef QUERN_HAVE_CUDA
+    if (opts.device == "cuda") return true;
+    return cuda::device_count() > 0;
+#else
+    if (opts.device == "cuda") fail("this quern was built without the CUDA backend (nvcc was not found); use --device cpu");
+    return false;
+#endif
+}
+
+std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
+                                      bool verbose) {
+    if (!use_cuda(opts)) return make_cpu_session(model, n_ctx, pool);
+#ifdef QUERN_HAVE_CUDA
+    cuda::SessionOptions so;
+    so.n_ctx = opts.kv_tokens > 0 ? opts.kv_tokens : n_ctx;
+    so.gpu_mem_fraction = opts.gpu_mem;
+    so.cuda_graph = !opts.no_graph;
+    so.verbose = verbose;
+    return cuda::make_session(model, so);
+#else
+    return nullptr;  // unreachable: use_cuda() failed
+#endif
+}
+
+void print_verify(const VerifyResult& v, const std::string& backend) {
+    double worst = 1.0;
+    std::string worst_name;
+    for (const auto& [name, c] : v.cosines)
+        if (c < worst) worst = c, worst_name = name;
+    if (v.ok) {
+        std::fprintf(stderr, "quern: verify passed: CPU vs %s logits cosine %.7f (>= %.3f), argmax %d / %d%s\n",
+                     backend.c_str(), v.logits_cosine, v.threshold, v.argmax_ref, v.argmax_test,
+                     worst_name.empty() ? "" : fmt::format(", lowest layer cosine {:.7f} ({})", worst, worst_name).c_str());
+        return;
+    }
+    std::fprintf(stderr, "quern: VERIFY FAILED: CPU vs %s logits cosine %.7f < %.3f (argmax %d vs %d)\n",
+                 backend.c_str(), v.logits_cosine, v.threshold, v.argmax_ref, v.argmax_test);
+    for (const auto& [name, c] : v.cosines) std::fprintf(stderr, "  %-10s cosine %.7f\n", name.c_str(), c);
+    if (!v.first_diverging.empty())
+        std::fprintf(stderr, "quern: first diverging tensor: %s\n", v.first_diverging.c_str());
 }
 
 bool stderr_is_tty() { return ::isatty(STDERR_FILENO) != 0; }

@@ -7,6 +7,8 @@
 
 #include "formats/gguf.h"
 #include "model/model.h"
+#include "runtime/session.h"
+#include "runtime/verify.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quern::cli {
@@ -49,6 +51,25 @@ namespace quern::cli {
 void add_threads_option(CLI::App* cmd, int& threads);
 /// Adds --fast-act (one-level 8-bit activations) to a command.
 void add_model_options(CLI::App* cmd, ModelOptions& opts);
+/// Where a command runs the model (--device and the GPU's options).
+struct DeviceOptions {
+    std::string device = "auto";  ///< auto | cpu | cuda
+    int64_t kv_tokens = 0;        ///< GPU KV-cache positions (0: the context size)
+    double gpu_mem = 0;           ///< cap the GPU KV cache to this fraction of GPU memory (0: off)
+    bool no_graph = false;        ///< launch kernels one by one instead of a CUDA graph
+};
+/// Adds --device, --kv-tokens, --gpu-mem and --no-cuda-graph to a command.
+void add_device_options(CLI::App* cmd, DeviceOptions& opts);
+/// Whether `opts` selects the GPU (auto: when this build has CUDA and a GPU is present).
+bool use_cuda(const DeviceOptions& opts);
+/// A session for `model` with n_ctx positions on the device `opts` selects
+/// (CPU sessions use `pool`). Throws quern::Error when the GPU is asked for
+/// and this build has no CUDA backend or the machine no GPU.
+std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
+                                      bool verbose = true);
+/// Prints a verify result to stderr: one line when it passes; the per-layer
+/// cosines and the first diverging layer when it fails.
+void print_verify(const VerifyResult& v, const std::string& backend);
 /// Adds --temp/--top-k/--top-p/--min-p/penalties/--seed options to a command.
 void add_sampling_options(CLI::App* cmd, SamplingParams& sp, int64_t& seed);
 }  // namespace quern::cli

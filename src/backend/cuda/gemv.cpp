@@ -57,15 +57,15 @@ int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation,
         case DType::Q8_0: return long_rows ? 5 : 6;  // R1 T256 U2 : R1 T64 U2
         case DType::Q4_K: return N <= 2048 ? 6 : 4;  // R1 T64 U2 : R4 T64 U2
         case DType::Q6_K: return 6;                  // R1 T64 U2
-        // Q4_0 .. Q3_K: from a one-shot sweep on the H200 (2026-11-30, one
-        // level of activation); each default within ~3% of the best
-        // configuration of that sweep without the spilling R4 T32 U4.
+        // Q4_0 .. Q3_K: one sweep on the H200 with PDL and the weight preload
+        // (2026-11-30, one activation level; bench/gemv-cuda-h200.md), each
+        // default within 4% of that sweep's best.
         case DType::Q4_0:
-        case DType::Q5_1: return long_rows ? 4 : 3;  // R4 T64 U2 : R2 T64 U2
-        case DType::Q5_0: return long_rows ? 1 : 3;  // R2 T128 U2 : R2 T64 U2
-        case DType::Q5_K: return N > 8192 ? 3 : 6;   // R2 T64 U2 : R1 T64 U2
-        case DType::Q2_K: return 3;                  // R2 T64 U2
-        case DType::Q3_K: return N > 8192 && !long_rows ? 2 : 3;  // R4 T128 U1 : R2 T64 U2
+        case DType::Q5_1: return 2;                  // R4 T128 U1
+        case DType::Q5_0: return N > 2048 && N <= 8192 ? 8 : 2;  // R2 T32 U4 : R4 T128 U1
+        case DType::Q5_K: return N > 8192 ? 3 : 2;   // R2 T64 U2 : R4 T128 U1
+        case DType::Q2_K: return N <= 2048 ? 3 : 4;  // R2 T64 U2 : R4 T64 U2
+        case DType::Q3_K: return 4;                  // R4 T64 U2
         case DType::F16:
         case DType::BF16:
             if (N <= 2048) return 5;                 // R1 T256 U2: few rows, many blocks

@@ -40,13 +40,13 @@
 //   Q5_K  q:  [K/32][16] low 4 bits, one chunk per sub-block, as Q4_K.
 //         q2: [K/32] uint32 fifth bits of the sub-block in Q5 order.
 //         s:  [K/256][16] head exactly as Q4_K's.
-//   Q2_K  q:  [K/64][16] two-bit quants per 64 elements: word g, byte k,
-//             bits 2i..2i+1 = element 64c+16g+4i+k (c = the 64-element chunk).
+//   Q2_K  q:  [K/32][8] two-bit quants: word g (0, 1), byte k, bits
+//             2i..2i+1 = element 32b+16g+4i+k.
 //         s:  [K/16] uint8 sub-block scale | min << 4 (unchanged).
 //         s2: [K/256] fp16x2 {d, dmin} (d at the lower address).
-//   Q3_K  q:  [K/64][16] low two bits, laid out as Q2_K's.
-//         q2: [K/64][2] uint32 third bits (GGUF hmask): word h, byte k, bit
-//             4g+i = element 64c+32h+16g+4i+k.
+//   Q3_K  q:  [K/32][8] low two bits, laid out as Q2_K's.
+//         q2: [K/32] uint32 third bits (GGUF hmask): byte k, bit 4g+i =
+//             element 32b+16g+4i+k.
 //         s:  [K/256][12] the 16 six-bit scales (stored + 32) s_n of
 //             sub-blocks n: uint32 word n/8, nibble n%8 = s_n & 15; word 2,
 //             bits 2n..2n+1 = s_n >> 4.

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <vector>
+
 #include "core/error.h"
 #include "formats/gguf.h"
 
@@ -37,6 +39,19 @@ std::unique_ptr<Model> Model::from_weights(const ModelConfig& cfg, WeightStore w
     cfg.validate();
     if (cfg.arch == "llama") return make_llama(cfg, std::move(weights));
     fail("model architecture '{}' is not supported", cfg.arch);
+}
+
+void Model::forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& pool) {
+    // Default: one sequence at a time (architectures without a batched pass).
+    for (int i = 0; i < n_seqs; ++i) {
+        std::vector<float> scratch;
+        float* lg = seqs[i].logits;
+        if (!lg) {
+            scratch.resize(static_cast<size_t>(cfg_.n_vocab));
+            lg = scratch.data();
+        }
+        forward(seqs[i].tokens, seqs[i].n, *seqs[i].cache, lg, false, pool);
+    }
 }
 
 }  // namespace quern

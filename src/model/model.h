@@ -33,6 +33,14 @@ struct ModelOptions {
 /// the first layer where two backends diverge.
 using TraceFn = std::function<void(const std::string& name, const float* data, int64_t n)>;
 
+/// One sequence's part of a batched forward pass (Model::forward_batch).
+struct SeqBatch {
+    const int32_t* tokens = nullptr;  ///< n token ids, evaluated at positions cache->size() ..
+    int64_t n = 0;
+    KvCache* cache = nullptr;         ///< the sequence's cache; the n new keys/values are appended
+    float* logits = nullptr;          ///< n_vocab floats for the last token, or null
+};
+
 class Model {
 public:
     virtual ~Model() = default;
@@ -53,6 +61,18 @@ public:
     /// Throws quern::Error when the cache would overflow or an id is out of range.
     virtual void forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
                          ThreadPool& pool) = 0;
+
+    /// Several sequences in one pass: the matrix products of all their rows
+    /// share one read of the weights; attention runs per sequence.
+    /// Batch-invariant: a sequence's results do not depend on what else is in
+    /// the batch — rows of one-token entries (decode) always use the GEMV
+    /// kernels, rows of longer entries (prompt chunks) the GEMM kernels, and
+    /// every kernel computes each row independently — so a request gives the
+    /// same tokens alone or among others, provided its prompt is cut into the
+    /// same chunks. Entries with n == 1 must come first. Throws quern::Error
+    /// (before anything is evaluated) when a cache would overflow, an id is
+    /// out of range, or the order is violated.
+    virtual void forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& pool);
 
     /// Parameters (elements) and bytes of all weights.
     int64_t n_params() const;

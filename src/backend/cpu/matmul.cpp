@@ -262,6 +262,10 @@ bool has_cpu_kernel(DType t) {
 }  // namespace
 
 void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool) {
+    matmul(W, x, n, y, ldy, pool, MatmulPath::Auto);
+}
+
+void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool, MatmulPath path) {
     if (W.device != Device::CPU) fail("matmul: weight '{}' is not in CPU memory", W.name);
     if (!has_cpu_kernel(W.type)) fail("matmul: weight '{}' has type {} with no CPU kernel", W.name, dtype_name(W.type));
     if (W.ne[2] != 1 || W.ne[3] != 1)
@@ -283,7 +287,11 @@ void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, T
     if (isa == Isa::Scalar) return matmul_q_scalar(W, x, n, y, ldy, pool);
     const QKernels& qk = isa == Isa::AVX512 ? avx512::qkernels : avx2::qkernels;
     const ActQuantizers& qz = quantizers_for(isa);
-    if (n < kGemmMinN) return matmul_q_gemv(W, x, n, y, ldy, pool, qk, qz);
+    if (path == MatmulPath::Gemv || (path == MatmulPath::Auto && n < kGemmMinN)) {
+        for (int64_t c0 = 0; c0 < n; c0 += kGemmMinN - 1)
+            matmul_q_gemv(W, x + c0 * K, std::min(kGemmMinN - 1, n - c0), y + c0 * ldy, ldy, pool, qk, qz);
+        return;
+    }
     return matmul_q_gemm(W, x, n, y, ldy, pool, qk, qz);
 }
 

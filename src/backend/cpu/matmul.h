@@ -19,6 +19,17 @@ namespace quern::cpu {
 /// shapes that are not whole blocks.
 void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool);
 
+/// Kernel family of a quantized matmul: Auto picks by n (GEMV below 12
+/// rows, GEMM from there). Each family computes every output element in an
+/// order independent of the other rows of the batch, but the two families
+/// round differently; a caller that needs a row's result to be independent of
+/// the batch it was computed in (the serving engine: the same request gives
+/// the same text alone or among others) forces one family per kind of row:
+/// Gemv runs n rows as consecutive GEMV calls of at most 11 rows, Gemm uses
+/// the GEMM kernels even for one row. Float weights ignore the choice.
+enum class MatmulPath { Auto, Gemv, Gemm };
+void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool, MatmulPath path);
+
 /// Splits k floats into their 8-bit quantization in blocks of type `act`
 /// (Q8_0, Q8_1 or Q8_K; bytes identical to quantize_row_ref) and the float
 /// residual x - dequantize(q). Uses the fastest quantizer the CPU has.

@@ -35,6 +35,7 @@ public:
 
     void forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
                  ThreadPool& pool) override;
+    void forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& pool) override;
 
 private:
     void bind();
@@ -46,7 +47,15 @@ private:
     /// the arithmetic in prefill). `same_input` reuses the split made by the
     /// previous call (Q/K/V and gate/up read the same activations).
     void mm(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
-            bool same_input = false);
+            bool same_input = false, cpu::MatmulPath path = cpu::MatmulPath::Auto);
+    /// mm over a batch whose first n_dec rows are decode rows (GEMV family)
+    /// and the rest prompt rows (GEMM family); see forward_batch.
+    void mm_split(const Tensor& W, const float* x, int64_t n, int64_t n_dec, float* y, int64_t ldy, ThreadPool& pool) {
+        const int64_t K = W.ne[0];
+        if (n_dec > 0) mm(W, x, n_dec, y, ldy, pool, false, cpu::MatmulPath::Gemv);
+        if (n > n_dec) mm(W, x + n_dec * K, n - n_dec, y + n_dec * ldy, ldy, pool, false, cpu::MatmulPath::Gemm);
+    }
+    std::vector<float> kb_, vb_, lrows_, lout_;
     std::vector<float> xr_, yr_;
     std::vector<uint8_t> qbuf_;
     DType xr_act_ = DType::F32;
@@ -104,9 +113,9 @@ void LlamaModel::ensure_scratch(int64_t nb) {
 }
 
 void LlamaModel::mm(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
-                    bool same_input) {
+                    bool same_input, cpu::MatmulPath path) {
     const DType act = quant_traits(W.type).vec_dot_type;
-    if (!opts_.precise_activations || act == DType::F32) return cpu::matmul(W, x, n, y, ldy, pool);
+    if (!opts_.precise_activations || act == DType::F32) return cpu::matmul(W, x, n, y, ldy, pool, path);
     const int64_t K = W.ne[0], M = W.ne[1];
     if (!same_input || xr_act_ != act || xr_.size() != static_cast<size_t>(2 * n * K)) {
         xr_.resize(static_cast<size_t>(2 * n * K));
@@ -117,7 +126,7 @@ void LlamaModel::mm(const Tensor& W, const float* x, int64_t n, float* y, int64_
         xr_act_ = act;
     }
     yr_.resize(static_cast<size_t>(2 * n * M));
-    cpu::matmul(W, xr_.data(), 2 * n, yr_.data(), M, pool);
+    cpu::matmul(W, xr_.data(), 2 * n, yr_.data(), M, pool, path);
     for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < M; ++j) y[i * ldy + j] = yr_[static_cast<size_t>(i * M + j)] + yr_[static_cast<size_t>((n + i) * M + j)];
 }
@@ -185,6 +194,106 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
         if (trace_ && b0 + nb == n)
             trace_("logits", all_logits ? logits + (n - 1) * c.n_vocab : logits, c.n_vocab);
     }
+}
+
+void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& pool) {
+    const auto& c = cfg_;
+    if (n_seqs <= 0) return;
+    // Validate everything before evaluating anything.
+    int64_t T = 0, n_dec = 0;
+    bool prompt_seen = false;
+    for (int s = 0; s < n_seqs; ++s) {
+        const SeqBatch& b = seqs[s];
+        if (!b.cache || b.n <= 0 || !b.tokens) fail("forward_batch: entry {} is empty", s);
+        if (b.cache->kv_dim() != c.kv_dim()) fail("KV cache row size {} does not match the model ({})", b.cache->kv_dim(), c.kv_dim());
+        if (b.cache->size() + b.n > b.cache->n_ctx())
+            fail("context is full: {} tokens in the cache + {} new > context size {}", b.cache->size(), b.n, b.cache->n_ctx());
+        for (int64_t i = 0; i < b.n; ++i)
+            if (b.tokens[i] < 0 || b.tokens[i] >= c.n_vocab)
+                fail("token id {} is outside the vocabulary [0, {})", b.tokens[i], c.n_vocab);
+        if (b.n == 1) {
+            if (prompt_seen) fail("forward_batch: one-token entries must come before longer ones");
+            ++n_dec;
+        } else {
+            prompt_seen = true;
+        }
+        for (int t = 0; t < s; ++t)
+            if (seqs[t].cache == b.cache) fail("forward_batch: a cache appears twice in one batch");
+        T += b.n;
+    }
+    ensure_scratch(T);
+    const int64_t kvd = c.kv_dim(), qd = c.q_dim();
+    kb_.resize(static_cast<size_t>(T * kvd));
+    vb_.resize(static_cast<size_t>(T * kvd));
+    std::vector<int32_t> toks(static_cast<size_t>(T));
+    {
+        int64_t r = 0;
+        for (int s = 0; s < n_seqs; ++s)
+            for (int64_t i = 0; i < seqs[s].n; ++i, ++r) {
+                toks[static_cast<size_t>(r)] = seqs[s].tokens[i];
+                pos_[static_cast<size_t>(r)] = static_cast<int32_t>(seqs[s].cache->size() + i);
+            }
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float* ff = rope_freqs_ ? static_cast<const float*>(rope_freqs_->data) : nullptr;
+    float* x = x_.data();
+    float* h = h_.data();
+    cpu::get_rows(*tok_embd_, toks.data(), T, x);
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        const Layer& L = layers_[static_cast<size_t>(il)];
+        cpu::rms_norm(x, static_cast<const float*>(L.attn_norm->data), h, T, c.n_embd, c.rms_eps);
+        mm_split(*L.wq, h, T, n_dec, q_.data(), qd, pool);
+        mm_split(*L.wk, h, T, n_dec, kb_.data(), kvd, pool);
+        mm_split(*L.wv, h, T, n_dec, vb_.data(), kvd, pool);
+        cpu::rope(q_.data(), pos_.data(), T, static_cast<int>(c.n_head), static_cast<int>(c.head_dim),
+                  static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
+        cpu::rope(kb_.data(), pos_.data(), T, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                  static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
+        int64_t r = 0;
+        for (int s = 0; s < n_seqs; ++s) {
+            KvCache& kc = *seqs[s].cache;
+            const int64_t n = seqs[s].n, p0 = kc.size();
+            std::copy(kb_.begin() + r * kvd, kb_.begin() + (r + n) * kvd, kc.k(il, p0));
+            std::copy(vb_.begin() + r * kvd, vb_.begin() + (r + n) * kvd, kc.v(il, p0));
+            cpu::attention(q_.data() + r * qd, kc.k(il), kc.v(il), kvd, pos_.data() + r, n,
+                           static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                           scale, attn_.data() + r * qd, pool);
+            r += n;
+        }
+        mm_split(*L.wo, attn_.data(), T, n_dec, h, c.n_embd, pool);
+        cpu::add_inplace(x, h, T * c.n_embd);
+        cpu::rms_norm(x, static_cast<const float*>(L.ffn_norm->data), h, T, c.n_embd, c.rms_eps);
+        mm_split(*L.w_gate, h, T, n_dec, gate_.data(), c.n_ff, pool);
+        mm_split(*L.w_up, h, T, n_dec, up_.data(), c.n_ff, pool);
+        cpu::swiglu(gate_.data(), up_.data(), gate_.data(), T * c.n_ff);
+        mm_split(*L.w_down, gate_.data(), T, n_dec, h, c.n_embd, pool);
+        cpu::add_inplace(x, h, T * c.n_embd);
+    }
+    // Logits of the last row of every entry that asks for them, all through
+    // the GEMV family (a prompt's last row alone or a decode row: same path).
+    std::vector<int> want;
+    {
+        int64_t r = 0;
+        for (int s = 0; s < n_seqs; ++s) {
+            r += seqs[s].n;
+            seqs[s].cache->set_size(seqs[s].cache->size() + seqs[s].n);
+            if (seqs[s].logits) want.push_back(static_cast<int>(r - 1));
+        }
+    }
+    if (want.empty()) return;
+    const int64_t m = static_cast<int64_t>(want.size());
+    lrows_.resize(static_cast<size_t>(m * c.n_embd));
+    for (int64_t i = 0; i < m; ++i)
+        cpu::rms_norm(x + want[static_cast<size_t>(i)] * c.n_embd, static_cast<const float*>(out_norm_->data),
+                      lrows_.data() + i * c.n_embd, 1, c.n_embd, c.rms_eps);
+    lout_.resize(static_cast<size_t>(m * c.n_vocab));
+    mm(*output_, lrows_.data(), m, lout_.data(), c.n_vocab, pool, false, cpu::MatmulPath::Gemv);
+    int64_t i = 0;
+    for (int s = 0; s < n_seqs; ++s)
+        if (seqs[s].logits) {
+            std::copy(lout_.begin() + i * c.n_vocab, lout_.begin() + (i + 1) * c.n_vocab, seqs[s].logits);
+            ++i;
+        }
 }
 
 }  // namespace

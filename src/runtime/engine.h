@@ -1,0 +1,115 @@
+// Engine: many generation requests in flight on one model.
+//
+// A worker thread runs a continuous-batching loop: every step evaluates the
+// next token of every running sequence together with chunks of waiting
+// prompts (chunked prefill) up to a token budget, in one batched forward pass
+// (one read of the weights serves the whole batch), then samples each
+// sequence with its own sampler and reports the token through the request's
+// callback. Requests wait in a bounded FIFO queue when all slots are busy.
+//
+// The engine works in token ids; text (templates, tokenization, stop strings,
+// detokenization) is the caller's business: the HTTP server cancels a
+// request (callback returns false) when its stop string appears.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/sampler.h"
+
+namespace quern {
+
+class Tokenizer;
+
+/// Why a sequence ended.
+enum class FinishReason {
+    None,       ///< still running (not the last event)
+    Stop,       ///< an end-of-generation token (not reported as a token)
+    Length,     ///< max_tokens reached or the context is full
+    Cancelled,  ///< the callback returned false or cancel() was called
+    Error,      ///< see TokenEvent::error
+};
+
+struct GenerationRequest {
+    std::vector<int32_t> prompt;  ///< token ids, non-empty, shorter than the context
+    int64_t max_tokens = -1;      ///< tokens to generate at most; -1: until the context is full
+    SamplingParams sampling;      ///< includes the seed
+    /// Added to the logits before sampling (OpenAI's logit_bias), token id → bias.
+    std::vector<std::pair<int32_t, float>> logit_bias;
+    /// -1: no log-probabilities; 0..20: the sampled token's log-probability
+    /// and that many most likely alternatives (after logit_bias, before the
+    /// sampler's transforms), as OpenAI reports them.
+    int top_logprobs = -1;
+    bool ignore_eos = false;
+};
+
+/// One event of a request: a generated token, or the end (last == true; the
+/// end may carry a token too).
+struct TokenEvent {
+    int32_t token = -1;  ///< -1 when the event carries no token
+    float logprob = 0;   ///< of `token`, when requested
+    std::vector<std::pair<int32_t, float>> top_logprobs;  ///< when requested
+    bool last = false;
+    FinishReason finish = FinishReason::None;
+    std::string error;          ///< FinishReason::Error only
+    int64_t n_prompt = 0;       ///< prompt tokens (every event)
+    int64_t n_cached = 0;       ///< prompt tokens whose KV came from the prefix cache
+    int64_t n_generated = 0;    ///< tokens generated so far, this one included
+};
+
+/// Called on the engine thread for every event, in order; must not block for
+/// long (it stalls every request). Return false to cancel the request (its
+/// resources are freed before the next step; a final event with
+/// FinishReason::Cancelled follows).
+using TokenCallback = std::function<bool(const TokenEvent&)>;
+
+struct EngineOptions {
+    int64_t n_ctx = 4096;     ///< context size per sequence (prompt + generated)
+    int n_parallel = 4;       ///< sequences running at once
+    int max_queue = 64;       ///< waiting requests beyond which submit() refuses
+    int64_t token_budget = 512;  ///< tokens per batched step (decodes + prefill chunks)
+    int n_threads = 0;        ///< CPU threads (0: all cores)
+};
+
+/// Counters for /metrics (monotonic unless noted).
+struct EngineStats {
+    int64_t requests_finished = 0;
+    int64_t prompt_tokens = 0;
+    int64_t prompt_tokens_cached = 0;
+    int64_t generated_tokens = 0;
+    int64_t steps = 0;
+    int running = 0;       ///< now
+    int waiting = 0;       ///< now
+    int64_t kv_tokens_used = 0;   ///< now
+    int64_t kv_tokens_total = 0;  ///< capacity
+};
+
+class Engine {
+public:
+    virtual ~Engine() = default;
+    /// Queues a request. Throws quern::Error with a message fit for a client
+    /// when the request is invalid (empty prompt, prompt + 1 > n_ctx, token id
+    /// out of range, bad sampling values) and QueueFullError when max_queue
+    /// requests are already waiting. Returns the request id.
+    virtual uint64_t submit(GenerationRequest req, TokenCallback cb) = 0;
+    /// Cancels a request (no-op if finished); thread-safe.
+    virtual void cancel(uint64_t id) = 0;
+    virtual EngineStats stats() const = 0;
+    virtual const EngineOptions& options() const = 0;
+    /// Stops the worker after cancelling everything (also done by the destructor).
+    virtual void shutdown() = 0;
+};
+
+/// submit() when the queue is full (the server answers 429).
+struct QueueFullError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// An engine for `model` on the CPU; `model` must outlive it.
+std::unique_ptr<Engine> make_engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& opts);
+
+}  // namespace quern

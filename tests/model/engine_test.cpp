@@ -1,0 +1,245 @@
+// The serving engine (src/runtime/engine.h) on the default model: isolation
+// (a request gives the same tokens alone or among others), seeded sampling,
+// cancellation, limits, queueing and bad requests; and the batched forward
+// pass against the single-sequence one.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "formats/gguf.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "runtime/verify.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace quern;
+
+namespace {
+
+struct Loaded {
+    std::shared_ptr<GgufFile> file;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Tokenizer> tok;
+};
+
+Loaded& loaded() {
+    static Loaded L = [] {
+        Loaded l;
+        l.file = std::make_shared<GgufFile>(test::default_model_path());
+        l.model = Model::from_gguf(l.file);
+        l.tok = Tokenizer::from_gguf(*l.file);
+        return l;
+    }();
+    return L;
+}
+
+/// Collects one request's events; wait() blocks until the last one.
+struct Collector {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> tokens;
+    FinishReason finish = FinishReason::None;
+    std::string error;
+    bool done = false;
+    int cancel_after = -1;  // return false after this many tokens
+    TokenCallback cb() {
+        return [this](const TokenEvent& e) {
+            std::lock_guard<std::mutex> lk(mu);
+            if (e.token >= 0) tokens.push_back(e.token);
+            if (e.last) {
+                finish = e.finish;
+                error = e.error;
+                done = true;
+                cv.notify_all();
+            }
+            return cancel_after < 0 || static_cast<int>(tokens.size()) < cancel_after;
+        };
+    }
+    void wait() {
+        std::unique_lock<std::mutex> lk(mu);
+        ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(120), [&] { return done; })) << "request never finished";
+    }
+};
+
+GenerationRequest greedy(const std::string& text, int max_tokens) {
+    GenerationRequest r;
+    r.prompt = loaded().tok->encode(text, true, true);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.sampling.top_k = 0;
+    r.sampling.top_p = 1;
+    r.sampling.min_p = 0;
+    return r;
+}
+
+const std::vector<std::string>& prompts() {
+    static const std::vector<std::string> p = {
+        "The capital of France is",
+        "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+        "def fibonacci(n):",
+        "The three primary colors are",
+        "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n",
+        "In 1969, Neil Armstrong became the first person to walk on the Moon. The mission, Apollo 11, launched from "
+        "Florida and the crew of three spent eight days in space before they returned safely to Earth, where",
+        "Photosynthesis is the process by which",
+        "1, 2, 3, 4, 5,",
+    };
+    return p;
+}
+
+}  // namespace
+
+TEST(Engine, BatchedForwardMatchesSingleSequence) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
+    Model& m = *loaded().model;
+    ThreadPool pool(0);
+    const auto nv = static_cast<size_t>(m.config().n_vocab);
+    const std::vector<int32_t> a = loaded().tok->encode(prompts()[1], true, true);
+    const std::vector<int32_t> b = loaded().tok->encode(prompts()[0], true, true);
+    KvCache ca = m.make_cache(128), cb = m.make_cache(128), ref = m.make_cache(128);
+    // Reference: sequence a alone through forward().
+    std::vector<float> la(nv), lb(nv), lr(nv);
+    m.forward(a.data(), static_cast<int64_t>(a.size()), ref, lr.data(), false, pool);
+    // Batched: a's prompt together with b's prompt.
+    SeqBatch batch[2] = {{b.data(), static_cast<int64_t>(b.size()), &cb, lb.data()},
+                         {a.data(), static_cast<int64_t>(a.size()), &ca, la.data()}};
+    m.forward_batch(batch, 2, pool);
+    EXPECT_EQ(ca.size(), static_cast<int64_t>(a.size()));
+    EXPECT_GE(cosine_similarity(la.data(), lr.data(), static_cast<int64_t>(nv)), 0.99999);
+    // A decode step of both: one-token entries first.
+    const int32_t ta = 11, tb = 12;
+    SeqBatch dec[2] = {{&ta, 1, &ca, la.data()}, {&tb, 1, &cb, lb.data()}};
+    m.forward_batch(dec, 2, pool);
+    m.forward(&ta, 1, ref, lr.data(), false, pool);
+    EXPECT_GE(cosine_similarity(la.data(), lr.data(), static_cast<int64_t>(nv)), 0.99999);
+    // Order rule and bad ids are refused before anything runs.
+    SeqBatch bad[2] = {{a.data(), 2, &ca, nullptr}, {&ta, 1, &cb, nullptr}};
+    EXPECT_THROW(m.forward_batch(bad, 2, pool), Error);
+    const int32_t oob = static_cast<int32_t>(nv);
+    SeqBatch bad2[1] = {{&oob, 1, &ca, nullptr}};
+    EXPECT_THROW(m.forward_batch(bad2, 1, pool), Error);
+    EXPECT_EQ(ca.size(), static_cast<int64_t>(a.size()) + 1);
+}
+
+// The same greedy request gives the same tokens alone and among 7 others,
+// with prompts longer than the token budget (chunked prefill).
+TEST(Engine, RequestsAreIsolated) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
+    EngineOptions o;
+    o.n_ctx = 256;
+    o.n_parallel = 8;
+    o.token_budget = 16;  // forces several prompt chunks and mixed steps
+    auto eng = make_engine(*loaded().model, *loaded().tok, o);
+    const int n = static_cast<int>(prompts().size());
+    std::vector<std::vector<int32_t>> alone(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+        Collector c;
+        eng->submit(greedy(prompts()[static_cast<size_t>(i)], 12 + i), c.cb());
+        c.wait();
+        alone[static_cast<size_t>(i)] = c.tokens;
+        EXPECT_FALSE(c.tokens.empty());
+    }
+    std::vector<std::unique_ptr<Collector>> cs;
+    for (int i = 0; i < n; ++i) {
+        cs.push_back(std::make_unique<Collector>());
+        eng->submit(greedy(prompts()[static_cast<size_t>(i)], 12 + i), cs.back()->cb());
+    }
+    for (int i = 0; i < n; ++i) {
+        cs[static_cast<size_t>(i)]->wait();
+        EXPECT_EQ(cs[static_cast<size_t>(i)]->tokens, alone[static_cast<size_t>(i)]) << "prompt " << i;
+    }
+}
+
+TEST(Engine, SeededSamplingRepeats) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
+    EngineOptions o;
+    o.n_ctx = 128;
+    o.n_parallel = 2;
+    auto eng = make_engine(*loaded().model, *loaded().tok, o);
+    GenerationRequest r = greedy(prompts()[0], 20);
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_k = 40;
+    r.sampling.top_p = 0.95f;
+    r.sampling.seed = 1234;
+    r.ignore_eos = true;
+    Collector a, b, c;
+    eng->submit(r, a.cb());
+    eng->submit(r, b.cb());
+    r.sampling.seed = 99;
+    eng->submit(r, c.cb());
+    a.wait();
+    b.wait();
+    c.wait();
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.tokens.size(), 20u);
+    EXPECT_EQ(a.finish, FinishReason::Length);
+    EXPECT_NE(a.tokens, c.tokens);
+}
+
+TEST(Engine, CancelLimitsQueueAndBadRequests) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
+    EngineOptions o;
+    o.n_ctx = 64;
+    o.n_parallel = 1;
+    o.max_queue = 1;
+    auto eng = make_engine(*loaded().model, *loaded().tok, o);
+    // Cancellation by the callback.
+    Collector c;
+    c.cancel_after = 3;
+    GenerationRequest r = greedy(prompts()[1], 40);
+    r.ignore_eos = true;
+    eng->submit(r, c.cb());
+    c.wait();
+    EXPECT_EQ(c.finish, FinishReason::Cancelled);
+    EXPECT_EQ(c.tokens.size(), 3u);
+    // The context fills: Length.
+    Collector d;
+    GenerationRequest full = greedy(prompts()[1], -1);
+    full.ignore_eos = true;
+    eng->submit(full, d.cb());
+    d.wait();
+    EXPECT_EQ(d.finish, FinishReason::Length);
+    // The last token is reported when the cache is full: prompt + generated = n_ctx + 1.
+    EXPECT_EQ(static_cast<int64_t>(full.prompt.size() + d.tokens.size()), o.n_ctx + 1);
+    // Bad requests.
+    GenerationRequest empty;
+    EXPECT_THROW(eng->submit(empty, nullptr), Error);
+    GenerationRequest big = greedy(prompts()[0], 4);
+    big.prompt.assign(64, 5);
+    EXPECT_THROW(eng->submit(big, nullptr), Error);
+    GenerationRequest nan = greedy(prompts()[0], 4);
+    nan.sampling.temperature = NAN;
+    EXPECT_THROW(eng->submit(nan, nullptr), Error);
+    GenerationRequest oob = greedy(prompts()[0], 4);
+    oob.prompt[0] = -1;
+    EXPECT_THROW(eng->submit(oob, nullptr), Error);
+    // Queue: one running + one waiting, the third is refused.
+    Collector q1, q2;
+    GenerationRequest slow = greedy(prompts()[1], 30);
+    slow.ignore_eos = true;
+    eng->submit(slow, q1.cb());
+    eng->submit(slow, q2.cb());
+    bool refused = false;
+    try {
+        Collector q3;
+        eng->submit(slow, q3.cb());
+        q3.wait();
+    } catch (const QueueFullError&) {
+        refused = true;
+    }
+    q1.wait();
+    q2.wait();
+    EXPECT_TRUE(refused);
+    EXPECT_EQ(q1.tokens, q2.tokens);
+    const EngineStats st = eng->stats();
+    EXPECT_GE(st.requests_finished, 4);
+    EXPECT_GT(st.generated_tokens, 0);
+}

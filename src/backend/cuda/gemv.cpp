@@ -54,9 +54,13 @@ int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation,
     }
     switch (type) {
         case DType::Q4_1: return long_rows ? 4 : 3;  // R4 T64 U2 : R2 T64 U2
-        case DType::Q8_0: return long_rows ? 5 : 6;  // R1 T256 U2 : R1 T64 U2
-        case DType::Q4_K: return N <= 2048 ? 6 : 4;  // R1 T64 U2 : R4 T64 U2
-        case DType::Q6_K: return 6;                  // R1 T64 U2
+        // Q8_0, Q4_K, Q6_K: re-swept after the kernels gained PDL and the
+        // weight preload (H200, 2026-11-30; bench/gemv-cuda-h200.md).
+        case DType::Q8_0: return long_rows ? 5 : 2;  // R1 T256 U2 : R4 T128 U1
+        case DType::Q4_K: return N <= 2048 ? 2 : 4;  // R4 T128 U1 : R4 T64 U2
+        case DType::Q6_K:
+            if (long_rows) return 1;                 // R2 T128 U2
+            return N < 8192 ? 7 : 3;                 // R4 T32 U4 : R2 T64 U2
         // Q4_0 .. Q3_K: one sweep on the H200 with PDL and the weight preload
         // (2026-11-30, one activation level; bench/gemv-cuda-h200.md), each
         // default within 4% of that sweep's best.

@@ -41,17 +41,8 @@ std::unique_ptr<Model> Model::from_weights(const ModelConfig& cfg, WeightStore w
     fail("model architecture '{}' is not supported", cfg.arch);
 }
 
-void Model::forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& pool) {
-    // Default: one sequence at a time (architectures without a batched pass).
-    for (int i = 0; i < n_seqs; ++i) {
-        std::vector<float> scratch;
-        float* lg = seqs[i].logits;
-        if (!lg) {
-            scratch.resize(static_cast<size_t>(cfg_.n_vocab));
-            lg = scratch.data();
-        }
-        forward(seqs[i].tokens, seqs[i].n, *seqs[i].cache, lg, false, pool);
-    }
+void Model::forward_batch(const SeqBatch*, int, PagedKvPool&, ThreadPool&) {
+    fail("the '{}' architecture has no batched forward pass (serving is not supported for it yet)", cfg_.arch);
 }
 
 }  // namespace quern

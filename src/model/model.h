@@ -33,12 +33,16 @@ struct ModelOptions {
 /// the first layer where two backends diverge.
 using TraceFn = std::function<void(const std::string& name, const float* data, int64_t n)>;
 
+class PagedKvPool;
+
 /// One sequence's part of a batched forward pass (Model::forward_batch).
 struct SeqBatch {
-    const int32_t* tokens = nullptr;  ///< n token ids, evaluated at positions cache->size() ..
+    const int32_t* tokens = nullptr;       ///< n token ids, at positions n_past .. n_past + n - 1
     int64_t n = 0;
-    KvCache* cache = nullptr;         ///< the sequence's cache; the n new keys/values are appended
-    float* logits = nullptr;          ///< n_vocab floats for the last token, or null
+    const int32_t* block_table = nullptr;  ///< the sequence's blocks, covering positions 0 .. n_past + n - 1
+    int64_t n_past = 0;                    ///< positions already in the cache
+    bool decode = false;                   ///< generated tokens (GEMV rows) rather than prompt rows (GEMM)
+    float* logits = nullptr;               ///< n_vocab floats for the last token, or null
 };
 
 class Model {
@@ -62,17 +66,20 @@ public:
     virtual void forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
                          ThreadPool& pool) = 0;
 
-    /// Several sequences in one pass: the matrix products of all their rows
-    /// share one read of the weights; attention runs per sequence.
-    /// Batch-invariant: a sequence's results do not depend on what else is in
-    /// the batch — rows of one-token entries (decode) always use the GEMV
-    /// kernels, rows of longer entries (prompt chunks) the GEMM kernels, and
-    /// every kernel computes each row independently — so a request gives the
-    /// same tokens alone or among others, provided its prompt is cut into the
-    /// same chunks. Entries with n == 1 must come first. Throws quern::Error
-    /// (before anything is evaluated) when a cache would overflow, an id is
-    /// out of range, or the order is violated.
-    virtual void forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& pool);
+    /// Several sequences in one pass over a paged KV cache: the matrix
+    /// products of all their rows share one read of the weights; attention
+    /// runs per sequence and per query row. Keys and values of the new
+    /// positions are written into the sequences' blocks (which the caller
+    /// allocated). Batch-invariant: a row's results depend only on its
+    /// sequence's tokens, never on the rest of the batch or on how a prompt
+    /// was cut into chunks — decode entries' rows always use the GEMV kernels,
+    /// prompt rows the GEMM kernels, attention is computed row by row, and
+    /// every kernel computes each row independently of the others. Decode
+    /// entries must come first. Throws quern::Error (before anything is
+    /// evaluated) for an out-of-range id, a missing block table or a violated
+    /// order; the default implementation throws (architecture without a
+    /// batched pass).
+    virtual void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv, ThreadPool& pool);
 
     /// Parameters (elements) and bytes of all weights.
     int64_t n_params() const;

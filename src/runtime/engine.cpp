@@ -1,19 +1,25 @@
 // The CPU engine: a worker thread running continuous batching over a fixed
-// number of sequence slots (see engine.h).
+// number of sequence slots and one paged KV cache (see engine.h).
 //
 // Each step:
-//   1. admits waiting requests into free slots (FIFO) and drops cancelled ones;
+//   1. admits waiting requests into free slots (FIFO), taking the blocks of
+//      the longest cached prefix of their prompt, and drops cancelled ones;
 //   2. builds one batch: the next token of every generating sequence (decode
-//      rows first), then prompt chunks of sequences still reading their
-//      prompt, in admission order, while the token budget lasts (at least one
-//      chunk per step, so a long prompt always progresses);
-//   3. runs Model::forward_batch, samples every sequence that produced logits
-//      and reports the events.
-// Prompts are cut into chunks at fixed positions (multiples of the token
-// budget from position 0), never by how much budget a step has left, so a
-// request's computation does not depend on the other requests: with the
-// batch-invariant forward pass it produces the same tokens alone or in a
-// crowd (for a given seed).
+//      rows first), then prompt chunks (and recomputation of preempted
+//      sequences) in admission order while the token budget lasts (at least
+//      one chunk per step, so a long prompt always progresses), allocating
+//      blocks as it goes; when none is left, the newest sequence loses its
+//      blocks (preemption) and is recomputed once blocks are free again;
+//   3. runs Model::forward_batch, publishes the prompt blocks it completed
+//      to the prefix cache, samples every sequence that produced logits and
+//      reports the events.
+// Model::forward_batch is batch-invariant (a row's result depends only on its
+// sequence), so a request produces the same tokens alone or in a crowd, with
+// or without a prefix-cache hit, for a given seed. Only prompt blocks are
+// published: their rows are computed the same way by every request with that
+// prompt (generated tokens take the GEMV path, prompt tokens the GEMM path).
+// A sequence that was preempted recomputes its generated tokens as prompt
+// rows, so its continuation may differ in the last bits from an undisturbed run.
 #include "runtime/engine.h"
 
 #include <algorithm>
@@ -29,7 +35,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "runtime/kv_cache.h"
+#include "runtime/paged_kv.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quern {
@@ -47,17 +53,19 @@ struct Slot {
     uint64_t id = 0;
     GenerationRequest req;
     TokenCallback cb;
-    KvCache cache;
-    std::unique_ptr<Sampler> sampler;
-    int64_t prompt_done = 0;  // prompt tokens evaluated
+    std::vector<int32_t> tokens;   // prompt + generated tokens
+    std::vector<int32_t> blocks;   // block table of the paged cache
+    std::vector<uint64_t> hashes;  // chain hash of each full prompt block
+    int64_t computed = 0;          // positions whose keys/values are in the cache
+    int64_t n_prompt = 0;
+    int64_t n_cached = 0;          // prompt tokens taken from the prefix cache at admission
     int64_t generated = 0;
-    int32_t next = -1;        // sampled token to evaluate next (decode phase)
-    uint64_t order = 0;       // admission order
+    uint64_t order = 0;            // admission order (older = higher priority)
     bool cancel = false;
+    bool fresh = true;             // no prefix lookup done since the blocks were (re)set
+    uint64_t epoch = 0;            // bumped whenever the blocks are dropped
+    std::unique_ptr<Sampler> sampler;
     std::vector<float> logits;
-
-    explicit Slot(KvCache c) : cache(std::move(c)) {}
-    bool decoding() const { return active && prompt_done == static_cast<int64_t>(req.prompt.size()); }
 };
 
 class CpuEngine final : public Engine {
@@ -68,7 +76,12 @@ public:
         if (o.n_ctx < 2) fail("the context size must be at least 2 (got {})", o.n_ctx);
         if (o.max_queue < 0) fail("--max-queue must not be negative");
         if (o.token_budget < 1) fail("the token budget must be positive");
-        for (int i = 0; i < o.n_parallel; ++i) slots_.emplace_back(model.make_cache(o.n_ctx));
+        const auto& c = model.config();
+        const int64_t bs = 16;
+        int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
+        if (kv_tokens < o.n_ctx) fail("the KV cache ({} tokens) must hold at least one full context ({})", kv_tokens, o.n_ctx);
+        kv_ = std::make_unique<PagedKvPool>(c.n_layer, c.kv_dim(), (kv_tokens + bs - 1) / bs, bs);
+        slots_.resize(static_cast<size_t>(o.n_parallel));
         worker_ = std::thread([this] { loop(); });
     }
     ~CpuEngine() override { shutdown(); }
@@ -150,12 +163,22 @@ private:
         e.error = err;
         e.n_prompt = static_cast<int64_t>(s.req.prompt.size());
         e.n_generated = s.generated;
+        e.n_cached = std::max<int64_t>(s.n_cached, 0);
         TokenCallback cb = std::move(s.cb);
         release(s);
         if (cb) cb(e);
     }
 
+    void drop_blocks(Slot& s) {
+        for (int32_t b : s.blocks) kv_->unref(b);
+        s.blocks.clear();
+        s.computed = 0;
+        s.fresh = true;
+        ++s.epoch;
+    }
+
     void release(Slot& s) {
+        drop_blocks(s);
         s.active = false;
         s.cb = nullptr;
         s.sampler.reset();
@@ -193,24 +216,30 @@ private:
             s.id = p.id;
             s.req = std::move(p.req);
             s.cb = std::move(p.cb);
-            s.cache.clear();
-            s.prompt_done = 0;
+            s.tokens = s.req.prompt;
+            s.n_prompt = static_cast<int64_t>(s.tokens.size());
+            s.blocks.clear();
+            s.computed = 0;
+            s.n_cached = -1;  // set by the first prefix lookup
+            s.fresh = true;
             s.generated = 0;
-            s.next = -1;
             s.order = ++admitted_;
             s.sampler = std::make_unique<Sampler>(s.req.sampling, model_.config().n_vocab);
             for (int32_t t : s.req.prompt) s.sampler->accept(t);
+            s.hashes.clear();
+            uint64_t h = 0;
+            const int64_t bs = kv_->block_size();
+            for (int64_t b = 0; (b + 1) * bs <= s.n_prompt; ++b) {
+                h = PagedKvPool::chain_hash(h, s.tokens.data() + b * bs, bs);
+                s.hashes.push_back(h);
+            }
             stats_.prompt_tokens += static_cast<int64_t>(s.req.prompt.size());
         }
         int running = 0;
-        int64_t used = 0;
-        for (const Slot& s : slots_) {
-            running += s.active;
-            if (s.active) used += s.cache.size();
-        }
+        for (const Slot& s : slots_) running += s.active;
         stats_.running = running;
-        stats_.kv_tokens_used = used;
-        stats_.kv_tokens_total = opts_.n_ctx * static_cast<int64_t>(slots_.size());
+        stats_.kv_tokens_used = kv_->used_blocks() * kv_->block_size();
+        stats_.kv_tokens_total = kv_->n_blocks() * kv_->block_size();
     }
 
     void loop() {
@@ -253,63 +282,128 @@ private:
         }
     }
 
+    /// Takes the blocks of the longest cached prefix of the prompt (keeping
+    /// at least one prompt token to compute, for the logits).
+    void prefix_lookup(Slot& s) {
+        s.fresh = false;
+        int64_t hit = 0;
+        if (opts_.prefix_cache) {
+            const int64_t bs = kv_->block_size();
+            for (size_t b = 0; b < s.hashes.size(); ++b) {
+                if (static_cast<int64_t>(b + 1) * bs > s.n_prompt - 1) break;
+                const int32_t blk = kv_->lookup(s.hashes[b]);
+                if (blk < 0) break;
+                s.blocks.push_back(blk);
+                hit += bs;
+            }
+        }
+        s.computed = hit;
+        if (s.n_cached < 0) {
+            s.n_cached = hit;
+            std::lock_guard<std::mutex> lk(mu_);
+            stats_.prompt_tokens_cached += hit;
+        }
+    }
+
+    /// Gives s blocks for positions [0, upto); frees newer sequences' blocks
+    /// when the pool is empty. False when that is not enough.
+    bool reserve(Slot& s, int64_t upto) {
+        const int64_t bs = kv_->block_size();
+        while (static_cast<int64_t>(s.blocks.size()) * bs < upto) {
+            int32_t b = kv_->allocate();
+            if (b < 0) {
+                Slot* victim = nullptr;  // the newest other sequence holding blocks
+                for (Slot& o : slots_)
+                    if (o.active && &o != &s && !o.blocks.empty() && o.order > s.order &&
+                        (!victim || o.order > victim->order))
+                        victim = &o;
+                if (!victim) return false;
+                drop_blocks(*victim);
+                std::lock_guard<std::mutex> lk(mu_);
+                ++stats_.preemptions;
+                continue;
+            }
+            s.blocks.push_back(b);
+        }
+        return true;
+    }
+
     void step() {
-        std::vector<Slot*> dec, pre;
-        for (Slot& s : slots_) {
-            if (!s.active) continue;
-            (s.decoding() ? dec : pre).push_back(&s);
-        }
-        if (dec.empty() && pre.empty()) return;
-        std::sort(pre.begin(), pre.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
+        std::vector<Slot*> act;
+        for (Slot& s : slots_)
+            if (s.active) act.push_back(&s);
+        if (act.empty()) return;
+        std::sort(act.begin(), act.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
         const auto nv = static_cast<size_t>(model_.config().n_vocab);
-        std::vector<SeqBatch> batch;
-        std::vector<Slot*> owners;
-        int64_t budget = opts_.token_budget - static_cast<int64_t>(dec.size());
-        for (Slot* s : dec) {
-            s->logits.resize(nv);
-            batch.push_back(SeqBatch{&s->next, 1, &s->cache, s->logits.data()});
-            owners.push_back(s);
+        struct Entry {
+            Slot* slot;
+            int64_t n;
+            bool decode;
+            bool logits;
+            uint64_t epoch;  // the slot's epoch when chosen (a preemption since voids the entry)
+        };
+        std::vector<Entry> dec, pre;
+        // Decode rows: sequences whose only missing position is their last token.
+        for (Slot* s : act) {
+            if (s->fresh) continue;
+            const int64_t L = static_cast<int64_t>(s->tokens.size());
+            if (s->generated > 0 && s->computed == L - 1 && reserve(*s, L)) dec.push_back({s, 1, true, true, s->epoch});
         }
-        // Prompt chunks at fixed boundaries; one-token chunks count as decode
-        // rows and must precede longer ones.
-        std::vector<SeqBatch> one, longer;
-        std::vector<Slot*> one_o, longer_o;
+        int64_t budget = opts_.token_budget - static_cast<int64_t>(dec.size());
         bool any_chunk = false;
-        for (Slot* s : pre) {
-            const int64_t len = static_cast<int64_t>(s->req.prompt.size());
-            const int64_t end = std::min(len, (s->prompt_done / opts_.token_budget + 1) * opts_.token_budget);
-            const int64_t n = end - s->prompt_done;
-            if (any_chunk && n > budget) continue;
+        for (Slot* s : act) {
+            if (s->fresh) prefix_lookup(*s);
+            const int64_t L = static_cast<int64_t>(s->tokens.size());
+            if (s->generated > 0 && s->computed == L - 1) continue;  // decoding (or waiting for a block)
+            if (s->blocks.empty() && s->computed > 0) continue;      // preempted this step
+            // Prompt rows up to the prompt's end (with logits there on the
+            // first pass), or recomputation of generated tokens but the last.
+            const int64_t end = s->computed < s->n_prompt ? s->n_prompt : L - 1;
+            int64_t n = end - s->computed;
+            if (n <= 0) continue;
+            if (any_chunk) n = std::min(n, budget);
+            if (n <= 0) continue;
+            if (!reserve(*s, s->computed + n)) {
+                // Use what blocks it has; if none beyond computed, wait.
+                const int64_t cap = static_cast<int64_t>(s->blocks.size()) * kv_->block_size() - s->computed;
+                n = std::min(n, cap);
+                if (n <= 0) continue;
+            }
             any_chunk = true;
             budget -= n;
-            float* lg = nullptr;
-            if (end == len) {
-                s->logits.resize(nv);
-                lg = s->logits.data();
-            }
-            SeqBatch b{s->req.prompt.data() + s->prompt_done, n, &s->cache, lg};
-            (n == 1 ? one : longer).push_back(b);
-            (n == 1 ? one_o : longer_o).push_back(s);
+            const bool lg = s->computed + n == s->n_prompt && s->generated == 0;
+            pre.push_back({s, n, false, lg, s->epoch});
         }
-        batch.insert(batch.end(), one.begin(), one.end());
-        owners.insert(owners.end(), one_o.begin(), one_o.end());
-        batch.insert(batch.end(), longer.begin(), longer.end());
-        owners.insert(owners.end(), longer_o.begin(), longer_o.end());
-
-        model_.forward_batch(batch.data(), static_cast<int>(batch.size()), pool_);
+        // A preemption during this loop may have taken blocks from an entry
+        // already chosen: drop such entries.
+        std::vector<SeqBatch> batch;
+        std::vector<Entry> used;
+        for (const auto* list : {&dec, &pre})
+            for (const Entry& e : *list) {
+                Slot& s = *e.slot;
+                if (s.epoch != e.epoch) continue;
+                if (e.logits) s.logits.resize(nv);
+                batch.push_back(SeqBatch{s.tokens.data() + s.computed, e.n, s.blocks.data(), s.computed, e.decode,
+                                         e.logits ? s.logits.data() : nullptr});
+                used.push_back(e);
+            }
+        if (batch.empty()) return;
+        model_.forward_batch(batch.data(), static_cast<int>(batch.size()), *kv_, pool_);
+        const int64_t bs = kv_->block_size();
+        for (const Entry& e : used) {
+            Slot& s = *e.slot;
+            s.computed += e.n;
+            // Publish the prompt blocks this step completed.
+            for (int64_t b = 0; b < static_cast<int64_t>(s.hashes.size()) && (b + 1) * bs <= s.computed; ++b)
+                kv_->publish(s.blocks[static_cast<size_t>(b)], s.hashes[static_cast<size_t>(b)]);
+        }
         {
             std::lock_guard<std::mutex> lk(mu_);
             ++stats_.steps;
+            stats_.kv_tokens_used = kv_->used_blocks() * bs;
         }
-
-        for (size_t i = 0; i < batch.size(); ++i) {
-            Slot& s = *owners[i];
-            if (!s.decoding()) {
-                s.prompt_done += batch[i].n;
-                if (!batch[i].logits) continue;  // more prompt to come
-            }
-            sample_and_report(s);
-        }
+        for (const Entry& e : used)
+            if (e.logits) sample_and_report(*e.slot);
     }
 
     void sample_and_report(Slot& s) {
@@ -342,6 +436,7 @@ private:
             return;
         }
         s.sampler->accept(tok);
+        s.tokens.push_back(tok);
         ++s.generated;
         {
             std::lock_guard<std::mutex> lk(mu_);
@@ -349,7 +444,9 @@ private:
         }
         e.token = tok;
         e.n_generated = s.generated;
-        const bool length = (s.req.max_tokens > 0 && s.generated >= s.req.max_tokens) || s.cache.size() + 1 > s.cache.n_ctx();
+        e.n_cached = std::max<int64_t>(s.n_cached, 0);
+        const bool length = (s.req.max_tokens > 0 && s.generated >= s.req.max_tokens) ||
+                            static_cast<int64_t>(s.tokens.size()) > opts_.n_ctx;
         if (length) {
             e.last = true;
             e.finish = FinishReason::Length;
@@ -365,13 +462,13 @@ private:
             finish(s, FinishReason::Cancelled);
             return;
         }
-        s.next = tok;
     }
 
     Model& model_;
     const Tokenizer& tok_;
     EngineOptions opts_;
     ThreadPool pool_;
+    std::unique_ptr<PagedKvPool> kv_;
     std::vector<Slot> slots_;
 
     mutable std::mutex mu_;

@@ -6,6 +6,10 @@
 // (one read of the weights serves the whole batch), then samples each
 // sequence with its own sampler and reports the token through the request's
 // callback. Requests wait in a bounded FIFO queue when all slots are busy.
+// Keys and values live in a paged cache shared by all sequences
+// (runtime/paged_kv.h); a prompt that starts like an earlier one reuses its
+// blocks (prefix caching), and when blocks run out the newest sequences are
+// preempted and recomputed later.
 //
 // The engine works in token ids; text (templates, tokenization, stop strings,
 // detokenization) is the caller's business: the HTTP server cancels a
@@ -73,6 +77,11 @@ struct EngineOptions {
     int max_queue = 64;       ///< waiting requests beyond which submit() refuses
     int64_t token_budget = 512;  ///< tokens per batched step (decodes + prefill chunks)
     int n_threads = 0;        ///< CPU threads (0: all cores)
+    /// Positions of the paged KV cache shared by all sequences (0: n_ctx ×
+    /// n_parallel). When it runs out, the newest sequences are preempted
+    /// (their cache is dropped and recomputed later). At least n_ctx.
+    int64_t kv_tokens = 0;
+    bool prefix_cache = true;  ///< reuse the cached blocks of earlier prompts with the same start
 };
 
 /// Counters for /metrics (monotonic unless noted).
@@ -82,6 +91,7 @@ struct EngineStats {
     int64_t prompt_tokens_cached = 0;
     int64_t generated_tokens = 0;
     int64_t steps = 0;
+    int64_t preemptions = 0;  ///< sequences whose KV blocks were taken for older ones
     int running = 0;       ///< now
     int waiting = 0;       ///< now
     int64_t kv_tokens_used = 0;   ///< now

@@ -16,6 +16,7 @@
 #include "formats/gguf.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "runtime/paged_kv.h"
 #include "runtime/verify.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -100,33 +101,66 @@ const std::vector<std::string>& prompts() {
 TEST(Engine, BatchedForwardMatchesSingleSequence) {
     if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
     Model& m = *loaded().model;
+    const auto& c = m.config();
     ThreadPool pool(0);
-    const auto nv = static_cast<size_t>(m.config().n_vocab);
-    const std::vector<int32_t> a = loaded().tok->encode(prompts()[1], true, true);
+    const auto nv = static_cast<size_t>(c.n_vocab);
+    const std::vector<int32_t> a = loaded().tok->encode(prompts()[5], true, true);
     const std::vector<int32_t> b = loaded().tok->encode(prompts()[0], true, true);
-    KvCache ca = m.make_cache(128), cb = m.make_cache(128), ref = m.make_cache(128);
-    // Reference: sequence a alone through forward().
+    PagedKvPool kv(c.n_layer, c.kv_dim(), 32, 16);
+    // Block tables in scrambled order, to exercise the indirection.
+    std::vector<int32_t> ta, tb;
+    for (int i = 0; i < 4; ++i) tb.push_back(kv.allocate());
+    for (int i = 0; i < 6; ++i) ta.push_back(kv.allocate());
+    std::swap(ta[0], ta[3]);
+    KvCache ref = m.make_cache(128);
     std::vector<float> la(nv), lb(nv), lr(nv);
     m.forward(a.data(), static_cast<int64_t>(a.size()), ref, lr.data(), false, pool);
-    // Batched: a's prompt together with b's prompt.
-    SeqBatch batch[2] = {{b.data(), static_cast<int64_t>(b.size()), &cb, lb.data()},
-                         {a.data(), static_cast<int64_t>(a.size()), &ca, la.data()}};
-    m.forward_batch(batch, 2, pool);
-    EXPECT_EQ(ca.size(), static_cast<int64_t>(a.size()));
+    // a's prompt in two chunks of different sizes, batched with b's prompt.
+    const int64_t h = 7;
+    SeqBatch first[2] = {{b.data(), static_cast<int64_t>(b.size()), tb.data(), 0, false, lb.data()},
+                         {a.data(), h, ta.data(), 0, false, nullptr}};
+    m.forward_batch(first, 2, kv, pool);
+    SeqBatch second[1] = {{a.data() + h, static_cast<int64_t>(a.size()) - h, ta.data(), h, false, la.data()}};
+    m.forward_batch(second, 1, kv, pool);
     EXPECT_GE(cosine_similarity(la.data(), lr.data(), static_cast<int64_t>(nv)), 0.99999);
-    // A decode step of both: one-token entries first.
-    const int32_t ta = 11, tb = 12;
-    SeqBatch dec[2] = {{&ta, 1, &ca, la.data()}, {&tb, 1, &cb, lb.data()}};
-    m.forward_batch(dec, 2, pool);
-    m.forward(&ta, 1, ref, lr.data(), false, pool);
+    // A decode step of both.
+    const int32_t xa = 11, xb = 12;
+    SeqBatch dec[2] = {{&xa, 1, ta.data(), static_cast<int64_t>(a.size()), true, la.data()},
+                       {&xb, 1, tb.data(), static_cast<int64_t>(b.size()), true, lb.data()}};
+    m.forward_batch(dec, 2, kv, pool);
+    m.forward(&xa, 1, ref, lr.data(), false, pool);
     EXPECT_GE(cosine_similarity(la.data(), lr.data(), static_cast<int64_t>(nv)), 0.99999);
     // Order rule and bad ids are refused before anything runs.
-    SeqBatch bad[2] = {{a.data(), 2, &ca, nullptr}, {&ta, 1, &cb, nullptr}};
-    EXPECT_THROW(m.forward_batch(bad, 2, pool), Error);
+    SeqBatch bad[2] = {{a.data(), 2, ta.data(), 0, false, nullptr}, {&xa, 1, tb.data(), 0, true, nullptr}};
+    EXPECT_THROW(m.forward_batch(bad, 2, kv, pool), Error);
     const int32_t oob = static_cast<int32_t>(nv);
-    SeqBatch bad2[1] = {{&oob, 1, &ca, nullptr}};
-    EXPECT_THROW(m.forward_batch(bad2, 1, pool), Error);
-    EXPECT_EQ(ca.size(), static_cast<int64_t>(a.size()) + 1);
+    SeqBatch bad2[1] = {{&oob, 1, ta.data(), 0, true, nullptr}};
+    EXPECT_THROW(m.forward_batch(bad2, 1, kv, pool), Error);
+}
+
+TEST(PagedKv, RefcountsPrefixCacheAndEviction) {
+    PagedKvPool kv(2, 8, 4, 16);
+    const int32_t a = kv.allocate(), b = kv.allocate();
+    EXPECT_EQ(kv.used_blocks(), 2);
+    const std::vector<int32_t> toks(16, 7);
+    const uint64_t h = PagedKvPool::chain_hash(0, toks.data(), 16);
+    EXPECT_NE(h, PagedKvPool::chain_hash(h, toks.data(), 16));
+    kv.publish(a, h);
+    EXPECT_EQ(kv.lookup(h), a);
+    EXPECT_EQ(kv.refcount(a), 2);
+    kv.unref(a);
+    kv.unref(a);  // no references: stays cached
+    EXPECT_EQ(kv.cached_blocks(), 1);
+    EXPECT_EQ(kv.lookup(h), a);  // revived
+    kv.unref(a);
+    kv.unref(b);  // plain free
+    // Four allocations: the free blocks first, the cached one evicted last.
+    std::vector<int32_t> got;
+    for (int i = 0; i < 4; ++i) got.push_back(kv.allocate());
+    EXPECT_EQ(got.back(), a);
+    EXPECT_EQ(kv.allocate(), -1);
+    EXPECT_EQ(kv.lookup(h), -1);
+    EXPECT_THROW({ for (int i = 0; i < 2; ++i) kv.unref(b); }, Error);
 }
 
 // The same greedy request gives the same tokens alone and among 7 others,
@@ -147,6 +181,8 @@ TEST(Engine, RequestsAreIsolated) {
         alone[static_cast<size_t>(i)] = c.tokens;
         EXPECT_FALSE(c.tokens.empty());
     }
+    // Now all at once: the prefix cache holds every prompt's full blocks, so
+    // this also checks that reused blocks give the same results.
     std::vector<std::unique_ptr<Collector>> cs;
     for (int i = 0; i < n; ++i) {
         cs.push_back(std::make_unique<Collector>());
@@ -156,6 +192,82 @@ TEST(Engine, RequestsAreIsolated) {
         cs[static_cast<size_t>(i)]->wait();
         EXPECT_EQ(cs[static_cast<size_t>(i)]->tokens, alone[static_cast<size_t>(i)]) << "prompt " << i;
     }
+    EXPECT_GT(eng->stats().prompt_tokens_cached, 0);
+    // And on an engine without prefix caching, with a different token budget.
+    o.prefix_cache = false;
+    o.token_budget = 7;
+    auto cold = make_engine(*loaded().model, *loaded().tok, o);
+    std::vector<std::unique_ptr<Collector>> ds;
+    for (int i = 0; i < n; ++i) {
+        ds.push_back(std::make_unique<Collector>());
+        cold->submit(greedy(prompts()[static_cast<size_t>(i)], 12 + i), ds.back()->cb());
+    }
+    for (int i = 0; i < n; ++i) {
+        ds[static_cast<size_t>(i)]->wait();
+        EXPECT_EQ(ds[static_cast<size_t>(i)]->tokens, alone[static_cast<size_t>(i)]) << "prompt " << i;
+    }
+}
+
+// A prompt sharing a prefix with an earlier one reuses its blocks.
+TEST(Engine, PrefixCacheReusesBlocks) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
+    EngineOptions o;
+    o.n_ctx = 512;
+    o.n_parallel = 2;
+    auto eng = make_engine(*loaded().model, *loaded().tok, o);
+    std::string shared;
+    for (int i = 0; i < 12; ++i) shared += "The quick brown fox jumps over the lazy dog. ";
+    GenerationRequest a = greedy(shared + "What does the fox do?", 8);
+    GenerationRequest b = greedy(shared + "Which animal is lazy?", 8);
+    std::atomic<int64_t> cached_a{-1}, cached_b{-1};
+    Collector ca, cb;
+    auto wrap = [](Collector& c, std::atomic<int64_t>& cached) {
+        TokenCallback inner = c.cb();
+        return [inner, &cached](const TokenEvent& e) {
+            cached = e.n_cached;
+            return inner(e);
+        };
+    };
+    eng->submit(a, wrap(ca, cached_a));
+    ca.wait();
+    eng->submit(b, wrap(cb, cached_b));
+    cb.wait();
+    EXPECT_EQ(cached_a.load(), 0);
+    // The shared text is ~120 tokens: at least 6 full blocks of 16 reused.
+    EXPECT_GE(cached_b.load(), 96);
+    EXPECT_EQ(cached_b.load() % 16, 0);
+    // Same text as without the cache.
+    o.prefix_cache = false;
+    auto cold = make_engine(*loaded().model, *loaded().tok, o);
+    Collector cc;
+    cold->submit(b, cc.cb());
+    cc.wait();
+    EXPECT_EQ(cc.tokens, cb.tokens);
+}
+
+// A KV cache of one context for four requests: sequences are preempted and
+// recomputed, and every request still completes.
+TEST(Engine, PreemptionWhenBlocksRunOut) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
+    EngineOptions o;
+    o.n_ctx = 96;
+    o.n_parallel = 4;
+    o.kv_tokens = 96;
+    o.token_budget = 32;
+    auto eng = make_engine(*loaded().model, *loaded().tok, o);
+    std::vector<std::unique_ptr<Collector>> cs;
+    for (int i = 0; i < 4; ++i) {
+        cs.push_back(std::make_unique<Collector>());
+        GenerationRequest r = greedy(prompts()[static_cast<size_t>(i + 1)], 40);
+        r.ignore_eos = true;
+        eng->submit(r, cs.back()->cb());
+    }
+    for (auto& c : cs) {
+        c->wait();
+        EXPECT_EQ(c->finish, FinishReason::Length);
+        EXPECT_EQ(c->tokens.size(), 40u);
+    }
+    EXPECT_GT(eng->stats().preemptions, 0);
 }
 
 TEST(Engine, SeededSamplingRepeats) {

@@ -191,11 +191,12 @@ void attention_gemm(const float* q, const float* k, const float* v, int64_t kv_s
 
 }  // namespace
 
-void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
-               int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
-               ThreadPool& pool) {
-    if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
-    if (n >= 16) return attention_gemm(q, k, v, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, out, pool);
+namespace {
+
+// One query row at a time; row_k(p) / row_v(p) give position p's cache rows.
+template <class RowK, class RowV>
+void attention_rows(const float* q, RowK row_k, RowV row_v, const int32_t* pos, int64_t n, int n_head, int n_head_kv,
+                    int head_dim, float scale, float* out, ThreadPool& pool) {
     const int group = n_head / n_head_kv;
     const int64_t work = n * n_head;
     pool.parallel_for(work, 1, [&](int64_t b, int64_t e, int) {
@@ -209,7 +210,7 @@ void attention(const float* q, const float* k, const float* v, int64_t kv_stride
             const float* qh = q + (t * n_head + h) * head_dim;
             float mx = -INFINITY;
             for (int64_t p = 0; p < len; ++p) {
-                const float s = dot_f32(qh, k + p * kv_stride + kvh * head_dim, head_dim) * scale;
+                const float s = dot_f32(qh, row_k(p) + kvh * head_dim, head_dim) * scale;
                 scores[static_cast<size_t>(p)] = s;
                 mx = std::max(mx, s);
             }
@@ -223,9 +224,34 @@ void attention(const float* q, const float* k, const float* v, int64_t kv_stride
             std::fill(o, o + head_dim, 0.0f);
             const float inv = 1.0f / sum;
             for (int64_t p = 0; p < len; ++p)
-                axpy_f32(scores[static_cast<size_t>(p)] * inv, v + p * kv_stride + kvh * head_dim, o, head_dim);
+                axpy_f32(scores[static_cast<size_t>(p)] * inv, row_v(p) + kvh * head_dim, o, head_dim);
         }
     });
+}
+
+}  // namespace
+
+void attention_paged(const float* q, const PagedKv& kv, const int32_t* pos, int64_t n, int n_head, int n_head_kv,
+                     int head_dim, float scale, float* out, ThreadPool& pool) {
+    if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
+    if (kv.block_size <= 0) fail("attention_paged: block size must be positive");
+    const auto row = [&kv](const float* base, int64_t p) {
+        return base + (static_cast<int64_t>(kv.block_table[p / kv.block_size]) * kv.block_size + p % kv.block_size) *
+                          kv.kv_stride;
+    };
+    attention_rows(
+        q, [&](int64_t p) { return row(kv.k, p); }, [&](int64_t p) { return row(kv.v, p); }, pos, n, n_head,
+        n_head_kv, head_dim, scale, out, pool);
+}
+
+void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
+               int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
+               ThreadPool& pool) {
+    if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
+    if (n >= 16) return attention_gemm(q, k, v, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, out, pool);
+    return attention_rows(
+        q, [&](int64_t p) { return k + p * kv_stride; }, [&](int64_t p) { return v + p * kv_stride; }, pos, n, n_head,
+        n_head_kv, head_dim, scale, out, pool);
 }
 
 }  // namespace quern::cpu

@@ -45,6 +45,25 @@ void attention(const float* q, const float* k, const float* v, int64_t kv_stride
                int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
                ThreadPool& pool);
 
+/// Where a sequence's keys and values live in a paged cache: position p is
+/// row (block_table[p / block_size] * block_size + p % block_size) of k and
+/// v, rows of kv_stride floats (one layer's pool of blocks).
+struct PagedKv {
+    const float* k;
+    const float* v;
+    const int32_t* block_table;
+    int64_t block_size;
+    int64_t kv_stride;
+};
+
+/// attention() over a paged cache, one query row at a time: every output row
+/// is computed by the same arithmetic whatever n, pos or the other rows are
+/// (the property the serving engine's batch invariance rests on), at the
+/// price of no GEMM for long prompts. Same shapes and conventions as
+/// attention(); the block table must cover positions 0..max(pos).
+void attention_paged(const float* q, const PagedKv& kv, const int32_t* pos, int64_t n, int n_head, int n_head_kv,
+                     int head_dim, float scale, float* out, ThreadPool& pool);
+
 /// Numerically stable in-place softmax of n floats.
 void softmax(float* x, int64_t n);
 

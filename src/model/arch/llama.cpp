@@ -11,6 +11,7 @@
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "runtime/paged_kv.h"
 #include "quant/traits.h"
 
 namespace quern {
@@ -35,7 +36,7 @@ public:
 
     void forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
                  ThreadPool& pool) override;
-    void forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& pool) override;
+    void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv, ThreadPool& pool) override;
 
 private:
     void bind();
@@ -196,29 +197,27 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
     }
 }
 
-void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& pool) {
+void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv, ThreadPool& pool) {
     const auto& c = cfg_;
     if (n_seqs <= 0) return;
+    if (kv.kv_dim() != c.kv_dim() || kv.n_layer() != c.n_layer)
+        fail("paged KV cache shape ({} layers × {}) does not match the model ({} × {})", kv.n_layer(), kv.kv_dim(),
+             c.n_layer, c.kv_dim());
     // Validate everything before evaluating anything.
     int64_t T = 0, n_dec = 0;
     bool prompt_seen = false;
     for (int s = 0; s < n_seqs; ++s) {
         const SeqBatch& b = seqs[s];
-        if (!b.cache || b.n <= 0 || !b.tokens) fail("forward_batch: entry {} is empty", s);
-        if (b.cache->kv_dim() != c.kv_dim()) fail("KV cache row size {} does not match the model ({})", b.cache->kv_dim(), c.kv_dim());
-        if (b.cache->size() + b.n > b.cache->n_ctx())
-            fail("context is full: {} tokens in the cache + {} new > context size {}", b.cache->size(), b.n, b.cache->n_ctx());
+        if (b.n <= 0 || !b.tokens || !b.block_table || b.n_past < 0) fail("forward_batch: entry {} is empty", s);
         for (int64_t i = 0; i < b.n; ++i)
             if (b.tokens[i] < 0 || b.tokens[i] >= c.n_vocab)
                 fail("token id {} is outside the vocabulary [0, {})", b.tokens[i], c.n_vocab);
-        if (b.n == 1) {
-            if (prompt_seen) fail("forward_batch: one-token entries must come before longer ones");
-            ++n_dec;
+        if (b.decode) {
+            if (prompt_seen) fail("forward_batch: decode entries must come before prompt entries");
+            n_dec += b.n;
         } else {
             prompt_seen = true;
         }
-        for (int t = 0; t < s; ++t)
-            if (seqs[t].cache == b.cache) fail("forward_batch: a cache appears twice in one batch");
         T += b.n;
     }
     ensure_scratch(T);
@@ -231,7 +230,7 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& poo
         for (int s = 0; s < n_seqs; ++s)
             for (int64_t i = 0; i < seqs[s].n; ++i, ++r) {
                 toks[static_cast<size_t>(r)] = seqs[s].tokens[i];
-                pos_[static_cast<size_t>(r)] = static_cast<int32_t>(seqs[s].cache->size() + i);
+                pos_[static_cast<size_t>(r)] = static_cast<int32_t>(seqs[s].n_past + i);
             }
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -251,14 +250,15 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& poo
                   static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
         int64_t r = 0;
         for (int s = 0; s < n_seqs; ++s) {
-            KvCache& kc = *seqs[s].cache;
-            const int64_t n = seqs[s].n, p0 = kc.size();
-            std::copy(kb_.begin() + r * kvd, kb_.begin() + (r + n) * kvd, kc.k(il, p0));
-            std::copy(vb_.begin() + r * kvd, vb_.begin() + (r + n) * kvd, kc.v(il, p0));
-            cpu::attention(q_.data() + r * qd, kc.k(il), kc.v(il), kvd, pos_.data() + r, n,
-                           static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
-                           scale, attn_.data() + r * qd, pool);
-            r += n;
+            const SeqBatch& b = seqs[s];
+            for (int64_t i = 0; i < b.n; ++i) {
+                std::copy_n(kb_.data() + (r + i) * kvd, kvd, kv.k_row(il, b.block_table, b.n_past + i));
+                std::copy_n(vb_.data() + (r + i) * kvd, kvd, kv.v_row(il, b.block_table, b.n_past + i));
+            }
+            cpu::attention_paged(q_.data() + r * qd, kv.view(il, b.block_table), pos_.data() + r, b.n,
+                                 static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
+                                 static_cast<int>(c.head_dim), scale, attn_.data() + r * qd, pool);
+            r += b.n;
         }
         mm_split(*L.wo, attn_.data(), T, n_dec, h, c.n_embd, pool);
         cpu::add_inplace(x, h, T * c.n_embd);
@@ -270,13 +270,12 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, ThreadPool& poo
         cpu::add_inplace(x, h, T * c.n_embd);
     }
     // Logits of the last row of every entry that asks for them, all through
-    // the GEMV family (a prompt's last row alone or a decode row: same path).
+    // the GEMV family (a prompt's last row and a decode row alike).
     std::vector<int> want;
     {
         int64_t r = 0;
         for (int s = 0; s < n_seqs; ++s) {
             r += seqs[s].n;
-            seqs[s].cache->set_size(seqs[s].cache->size() + seqs[s].n);
             if (seqs[s].logits) want.push_back(static_cast<int>(r - 1));
         }
     }

@@ -1,0 +1,414 @@
+#include "server/server.h"
+
+#include <httplib.h>
+#include <strings.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <random>
+
+#include "chat/chat.h"
+#include "core/error.h"
+#include "runtime/engine.h"
+#include "server/api.h"
+#include "server/generation.h"
+#include "server/metrics.h"
+#include "tokenizer/tokenizer.h"
+
+namespace quern::server {
+namespace {
+
+const char* kChatPath = "/v1/chat/completions";
+const char* kCompletionsPath = "/v1/completions";
+const char* kRoutes =
+    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics";
+
+std::string random_hex(size_t n) {
+    static std::mutex mu;
+    static std::mt19937_64 rng{std::random_device{}()};
+    static const char* digits = "0123456789abcdef";
+    std::string s;
+    std::lock_guard<std::mutex> lock(mu);
+    while (s.size() < n) {
+        uint64_t x = rng();
+        for (int i = 0; i < 16 && s.size() < n; ++i, x >>= 4) s += digits[x & 15];
+    }
+    return s;
+}
+
+bool equal_constant_time(const std::string& a, const std::string& b) {
+    unsigned char diff = a.size() == b.size() ? 0 : 1;
+    const size_t n = std::max(a.size(), b.size());
+    for (size_t i = 0; i < n; ++i)
+        diff |= static_cast<unsigned char>((i < a.size() ? a[i] : 0) ^ (i < b.size() ? b[i] : 0));
+    return diff == 0;
+}
+
+void send_json(httplib::Response& res, int status, const Json& body) {
+    res.status = status;
+    res.set_content(dump(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+    send_json(res, e.status, error_json(e));
+    if (e.status == 429) res.set_header("Retry-After", "1");
+}
+
+/// What a generation request keeps between its handler and its content provider.
+struct Pending {
+    std::shared_ptr<Generation> gen;
+    ResponseMeta meta;
+    std::string endpoint;
+    bool stream = false;
+    bool include_usage = false;
+    double t_arrival = 0;
+    bool ran = false;
+    bool closed = false;
+};
+
+/// Server-sent events: one chunk per piece of text, one per finish.
+class SseSink : public Sink {
+public:
+    SseSink(httplib::DataSink& ds, const Pending& p) : ds_(ds), p_(p) {}
+    bool write(const std::string& s) { return ds_.write(s.data(), s.size()); }
+    bool text(int choice, const std::string& text, const std::vector<TokenLogprob>* lps) override {
+        return write(sse_event(chunk_json(p_.meta, choice, nullptr, text, lps, "", p_.include_usage)));
+    }
+    bool finish(int choice, const std::string& reason) override {
+        return write(sse_event(chunk_json(p_.meta, choice, nullptr, "", nullptr, reason, p_.include_usage)));
+    }
+    bool alive() override { return ds_.is_writable(); }
+
+private:
+    httplib::DataSink& ds_;
+    const Pending& p_;
+};
+
+/// A non-streamed response: only watches the connection while generating.
+class WatchSink : public Sink {
+public:
+    explicit WatchSink(httplib::DataSink& ds) : ds_(ds) {}
+    bool alive() override { return ds_.is_writable(); }
+
+private:
+    httplib::DataSink& ds_;
+};
+
+/// httplib's server with a listen backlog fit for bursts of clients (the
+/// library's compiled-in backlog is 5: a burst of connections beyond it waits
+/// for SYN retransmits, a second or more).
+class Listener : public httplib::Server {
+public:
+    void widen_backlog(int backlog) {
+        const int fd = svr_sock_.load();
+        if (fd >= 0) ::listen(fd, backlog);  // Linux takes a new backlog for a listening socket
+    }
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+    Engine& engine;
+    const Tokenizer& tok;
+    const chat::ChatTemplate* tmpl;
+    ServerOptions o;
+    Listener svr;
+    Metrics metrics;
+    std::mutex tmpl_mu;
+    std::atomic<bool> draining{false};
+    std::atomic<int> in_flight{0};
+    int64_t created = static_cast<int64_t>(std::time(nullptr));
+    int port = 0;
+
+    Impl(Engine& e, const Tokenizer& t, const chat::ChatTemplate* tp, ServerOptions opts)
+        : engine(e), tok(t), tmpl(tp), o(std::move(opts)) {}
+
+    void log(const std::string& line) {
+        if (!o.log_requests) return;
+        std::fprintf(stderr, "quern: %s\n", line.c_str());
+        std::fflush(stderr);
+    }
+
+    void check_auth(const httplib::Request& req) const {
+        if (o.api_key.empty()) return;
+        const std::string h = req.get_header_value("Authorization");
+        if (h.size() < 7 || strncasecmp(h.c_str(), "bearer ", 7) != 0)
+            throw ApiError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY' "
+                                "with the key quern serve was started with (--api-key)", "", "missing_api_key");
+        std::string key = h.substr(7);
+        while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+        while (!key.empty() && (key.front() == ' ' || key.front() == '\t')) key.erase(key.begin());
+        if (!equal_constant_time(key, o.api_key))
+            throw ApiError(401, "the API key is not valid: send the key quern serve was started with (--api-key)", "",
+                           "invalid_api_key");
+    }
+
+    void check_model(const std::string& model) const {
+        if (model.empty() || model == o.model_id) return;
+        throw ApiError(404, "the model '" + model + "' does not exist: this server serves '" + o.model_id +
+                                "' (GET /v1/models lists it)", "model", "model_not_found");
+    }
+
+    Json model_json() const {
+        return Json{{"id", o.model_id},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "quern"},
+                    {"max_model_len", engine.options().n_ctx}};
+    }
+
+    /// Token ids of each prompt of a request, checked against the context.
+    std::vector<std::vector<int32_t>> prompts_of(const ApiRequest& r) {
+        std::vector<std::vector<int32_t>> prompts;
+        if (r.endpoint == Endpoint::Chat) {
+            if (!tmpl) throw ApiError(400, "this server has no chat template; use /v1/completions");
+            chat::ChatOptions copts;
+            copts.add_generation_prompt = true;
+            copts.tools = r.tools;
+            copts.extra = r.template_kwargs;
+            std::string text;
+            try {
+                std::lock_guard<std::mutex> lock(tmpl_mu);
+                text = tmpl->apply(r.messages, copts);
+            } catch (const Error& e) {
+                throw ApiError(400, std::string("the chat template rejected these messages: ") + e.what(), "messages");
+            }
+            prompts.push_back(chat::tokenize_prompt(tok, text));
+        } else {
+            for (const std::string& t : r.prompt_texts) prompts.push_back(chat::tokenize_prompt(tok, t));
+            for (const auto& ids : r.prompt_tokens) prompts.push_back(ids);
+        }
+        const int64_t n_ctx = engine.options().n_ctx;
+        const char* param = r.endpoint == Endpoint::Chat ? "messages" : "prompt";
+        for (const auto& p : prompts) {
+            if (p.empty()) throw ApiError(400, std::string("the prompt is empty: '") + param + "' gives no tokens", param);
+            if (static_cast<int64_t>(p.size()) + 1 > n_ctx)
+                throw ApiError(400,
+                               "this model's context holds " + std::to_string(n_ctx) + " tokens, but the prompt has " +
+                                   std::to_string(p.size()) + " (and the reply needs at least 1): shorten the " +
+                                   param + " or restart quern serve with a larger -c",
+                               param, "context_length_exceeded");
+        }
+        const EngineOptions& eo = engine.options();
+        const int64_t total = static_cast<int64_t>(prompts.size()) * r.n;
+        const int64_t cap = static_cast<int64_t>(eo.n_parallel) + eo.max_queue;
+        if (total > cap)
+            throw ApiError(400,
+                           "this request asks for " + std::to_string(total) + " sequences (n x prompts), more than " +
+                               "the server runs and queues at once (" + std::to_string(cap) +
+                               "); lower 'n' or send fewer prompts per request",
+                           "n");
+        return prompts;
+    }
+
+    void handle_generate(const httplib::Request& hreq, httplib::Response& res, Endpoint ep) {
+        const double t0 = mono_seconds();
+        const std::string endpoint = ep == Endpoint::Chat ? kChatPath : kCompletionsPath;
+        const std::string id = (ep == Endpoint::Chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
+        try {
+            if (draining.load())
+                throw ApiError(503, "the server is shutting down; retry in a moment or against another server");
+            check_auth(hreq);
+            const Json body = parse_body(hreq.body);
+            ApiRequest r = ep == Endpoint::Chat ? parse_chat_request(body, tok.n_vocab())
+                                                : parse_completion_request(body, tok.n_vocab());
+            check_model(r.model);
+            std::vector<std::vector<int32_t>> prompts = prompts_of(r);
+
+            auto p = std::make_shared<Pending>();
+            p->gen = std::make_shared<Generation>(engine, tok, r, std::move(prompts), t0, &metrics);
+            p->gen->submit();
+            p->meta = ResponseMeta{ep, id, static_cast<int64_t>(std::time(nullptr)), o.model_id};
+            p->endpoint = endpoint;
+            p->stream = r.stream;
+            p->include_usage = r.include_usage;
+            p->t_arrival = t0;
+            ++in_flight;
+            res.status = 200;
+            if (r.stream) {
+                res.set_header("Cache-Control", "no-cache");
+                res.set_header("X-Accel-Buffering", "no");
+            }
+            res.set_chunked_content_provider(
+                r.stream ? "text/event-stream" : "application/json",
+                [this, p](size_t, httplib::DataSink& ds) { return provide(*p, ds); },
+                [this, p](bool) { close(*p, 499); });
+        } catch (const ApiError& e) {
+            send_error(res, e);
+            metrics.count_request(endpoint, e.status);
+            log(id + " " + std::to_string(e.status) + " " + e.what());
+        }
+    }
+
+    /// Writes the response of an admitted request (on its HTTP thread).
+    bool provide(Pending& p, httplib::DataSink& ds) {
+        if (p.ran) return false;
+        p.ran = true;
+        Generation& g = *p.gen;
+        bool ok = true;
+        if (p.stream) {
+            SseSink sink(ds, p);
+            if (p.meta.endpoint == Endpoint::Chat) {
+                const std::string role = "assistant";
+                for (int i = 0; i < g.n_choices() && ok; ++i)
+                    ok = sink.write(sse_event(chunk_json(p.meta, i, &role, "", nullptr, "", p.include_usage)));
+            }
+            ok = ok && g.run(sink);
+            if (ok && !g.error().empty()) ok = sink.write(sse_event(error_json(500, g.error(), "", "", "server_error")));
+            else if (ok && p.include_usage) ok = sink.write(sse_event(usage_chunk_json(p.meta, g.usage())));
+            ok = ok && sink.write(sse_done());
+        } else {
+            WatchSink sink(ds);
+            ok = g.run(sink);
+            if (ok) {
+                const std::string body = g.error().empty() ? dump(response_json(p.meta, g.results(), g.usage()))
+                                                           : dump(error_json(500, g.error(), "", "", "server_error"));
+                ok = ds.write(body.data(), body.size());
+            }
+        }
+        if (!ok) {
+            g.abort();
+            close(p, 499);
+            return false;
+        }
+        ds.done();
+        close(p, g.error().empty() ? 200 : 500);
+        return true;
+    }
+
+    /// Once per admitted request: cancels what still runs, counts and logs it.
+    void close(Pending& p, int status) {
+        if (p.closed) return;
+        p.closed = true;
+        Generation& g = *p.gen;
+        g.abort();
+        --in_flight;
+        metrics.count_request(p.endpoint, status);
+        metrics.observe_e2e(mono_seconds() - p.t_arrival);
+        const Usage u = g.usage();
+        const std::optional<double> ttft = g.ttft();
+        std::string line = p.meta.id + " " + std::to_string(status) + " prompt " + std::to_string(u.prompt_tokens) +
+                           " (cached " + std::to_string(u.cached_tokens) + ") completion " +
+                           std::to_string(u.completion_tokens);
+        char buf[96];
+        if (ttft) {
+            std::snprintf(buf, sizeof buf, " ttft %.3f s %.1f tok/s", *ttft, g.tokens_per_second());
+            line += buf;
+        }
+        line += " " + (status == 499 ? std::string("client gone") : g.summary_reason());
+        if (!g.error().empty()) line += ": " + g.error();
+        log(line);
+    }
+
+    void setup() {
+        const EngineOptions& eo = engine.options();
+        int threads = o.http_threads > 0 ? o.http_threads : std::clamp(eo.n_parallel + eo.max_queue + 8, 16, 512);
+        svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+        svr.set_payload_max_length(o.max_body_bytes);
+        svr.set_tcp_nodelay(true);
+        svr.set_keep_alive_max_count(1000);
+        svr.set_write_timeout(30, 0);
+        svr.set_read_timeout(30, 0);
+
+        svr.Post(kChatPath, [this](const httplib::Request& req, httplib::Response& res) {
+            handle_generate(req, res, Endpoint::Chat);
+        });
+        svr.Post(kCompletionsPath, [this](const httplib::Request& req, httplib::Response& res) {
+            handle_generate(req, res, Endpoint::Completions);
+        });
+        svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+            try {
+                check_auth(req);
+                send_json(res, 200, Json{{"object", "list"}, {"data", Json::array({model_json()})}});
+            } catch (const ApiError& e) {
+                send_error(res, e);
+            }
+        });
+        svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+            try {
+                check_auth(req);
+                const std::string name = req.matches[1];
+                if (name != o.model_id) check_model(name);
+                send_json(res, 200, model_json());
+            } catch (const ApiError& e) {
+                send_error(res, e);
+            }
+        });
+        svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+            if (draining.load()) send_json(res, 503, Json{{"status", "shutting down"}});
+            else send_json(res, 200, Json{{"status", "ok"}});
+        });
+        svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+            res.set_content(metrics.render(engine.stats(), engine.options(), in_flight.load()),
+                            "text/plain; version=0.0.4; charset=utf-8");
+        });
+        // Errors httplib finds itself (no route, body too large, malformed
+        // HTTP) get the same JSON shape; our own error bodies pass through.
+        svr.set_error_handler(httplib::Server::HandlerWithResponse(
+            [this](const httplib::Request& req, httplib::Response& res) -> httplib::Server::HandlerResponse {
+                if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+                std::string msg;
+                if (res.status == 404)
+                    msg = "no route " + req.method + " " + req.path + "; this server answers " + kRoutes;
+                else if (res.status == 413)
+                    msg = "the request body is larger than " + std::to_string(o.max_body_bytes >> 20) +
+                          " MiB; send a shorter prompt";
+                else
+                    msg = "the request could not be read (HTTP status " + std::to_string(res.status) + ")";
+                send_json(res, res.status, error_json(res.status, msg));
+                const bool gen = req.path == kChatPath || req.path == kCompletionsPath;
+                if (gen) metrics.count_request(req.path, res.status);
+                log(req.method + " " + req.path + " " + std::to_string(res.status) + " " + msg);
+                return httplib::Server::HandlerResponse::Handled;
+            }));
+        svr.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+            std::string what = "unknown error";
+            try {
+                if (ep) std::rethrow_exception(ep);
+            } catch (const std::exception& e) {
+                what = e.what();
+            } catch (...) {
+            }
+            send_json(res, 500, error_json(500, "internal error: " + what));
+            log(req.method + " " + req.path + " 500 internal error: " + what);
+        });
+    }
+};
+
+HttpServer::HttpServer(Engine& engine, const Tokenizer& tok, const chat::ChatTemplate* tmpl, ServerOptions opts)
+    : impl_(std::make_unique<Impl>(engine, tok, tmpl, std::move(opts))) {
+    impl_->setup();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+    Impl& m = *impl_;
+    if (m.o.port == 0) {
+        m.port = m.svr.bind_to_any_port(m.o.host);
+        if (m.port <= 0) fail("cannot listen on {} (is the address one of this machine's?); pick another with --host", m.o.host);
+    } else {
+        if (!m.svr.bind_to_port(m.o.host, m.o.port))
+            fail("cannot listen on {}:{} (in use, or not an address of this machine); pick another with --port / --host",
+                 m.o.host, m.o.port);
+        m.port = m.o.port;
+    }
+    m.svr.widen_backlog(1024);
+    return m.port;
+}
+
+void HttpServer::run() { impl_->svr.listen_after_bind(); }
+
+void HttpServer::begin_shutdown() { impl_->draining.store(true); }
+
+int HttpServer::in_flight() const { return impl_->in_flight.load(); }
+
+void HttpServer::stop() {
+    if (impl_->svr.is_running()) impl_->svr.stop();
+}
+
+}  // namespace quern::server

@@ -1,0 +1,59 @@
+// The OpenAI-compatible HTTP server over an Engine (cpp-httplib underneath):
+//   POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/ID]
+//   GET /health                 GET /metrics (Prometheus text)
+// Each connection is served on its own HTTP thread; a generation request
+// validates and tokenizes there, submits to the engine and then waits on its
+// own event queue (see generation.h), so the engine thread never waits on
+// the network. Errors use OpenAI's JSON error shape.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace quern {
+class Engine;
+class Tokenizer;
+namespace chat {
+class ChatTemplate;
+}
+}  // namespace quern
+
+namespace quern::server {
+
+struct ServerOptions {
+    std::string host = "127.0.0.1";
+    int port = 8080;                       ///< 0: any free port (bind() says which)
+    std::string model_id = "default";      ///< what /v1/models lists and requests may name
+    std::string api_key;                   ///< "": no authentication
+    size_t max_body_bytes = size_t{8} << 20;  ///< larger bodies get 413
+    int http_threads = 0;                  ///< 0: enough for every running and waiting request
+    bool log_requests = true;              ///< one line per request on stderr
+};
+
+class HttpServer {
+public:
+    /// `tmpl` may be null (then /v1/chat/completions answers 400). All
+    /// references must outlive the server.
+    HttpServer(Engine& engine, const Tokenizer& tok, const chat::ChatTemplate* tmpl, ServerOptions opts);
+    ~HttpServer();
+    HttpServer(const HttpServer&) = delete;
+    HttpServer& operator=(const HttpServer&) = delete;
+
+    /// Binds the listening socket; returns the port. Throws quern::Error when
+    /// the address cannot be bound.
+    int bind();
+    /// Serves until stop() (call bind() first).
+    void run();
+    /// From now on generation requests get 503 and /health reports it.
+    void begin_shutdown();
+    /// Generation requests being answered now.
+    int in_flight() const;
+    /// Stops listening and returns from run() once open connections finish.
+    void stop();
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace quern::server

@@ -1,0 +1,290 @@
+// The HTTP layer over a scripted engine (no model needed): routes, the
+// OpenAI error shape and status of every refusal (400/401/404/413/429/503),
+// SSE framing (role chunk, [DONE], the usage-chunk rules), stream == non-stream,
+// and a client that disconnects mid-stream freeing its sequence at once.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <thread>
+
+#include "chat/chat.h"
+#include "fake_engine.h"
+#include "server/api.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace quern;
+using namespace quern::server;
+
+namespace {
+
+const char* kText = "Hello, wörld! 你好 STOP tail";
+
+class HttpTest : public ::testing::Test {
+protected:
+    void start(std::chrono::microseconds interval = std::chrono::microseconds(200), int parallel = 4, int queue = 8,
+               std::string api_key = "") {
+        tok_ = Tokenizer::from_file(std::string(QUERN_TESTDATA_DIR) + "/vocab/ggml-vocab-gpt-2.gguf");
+        script_ = tok_->encode(kText, false, false);
+        EngineOptions eo;
+        eo.n_ctx = 64;
+        eo.n_parallel = parallel;
+        eo.max_queue = queue;
+        engine_ = std::make_unique<test::FakeEngine>([this](const GenerationRequest&) { return script_; }, eo, interval);
+        tmpl_ = std::make_unique<chat::ChatTemplate>(*chat::builtin_template("chatml"), "", "<|endoftext|>", "chatml");
+        ServerOptions so;
+        so.host = "127.0.0.1";
+        so.port = 0;
+        so.model_id = "test-model";
+        so.api_key = std::move(api_key);
+        so.max_body_bytes = 64 * 1024;
+        so.log_requests = std::getenv("QUERN_TEST_LOG") != nullptr;
+        server_ = std::make_unique<HttpServer>(*engine_, *tok_, tmpl_.get(), so);
+        port_ = server_->bind();
+        thread_ = std::thread([this] { server_->run(); });
+        client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
+        client_->set_read_timeout(10, 0);
+    }
+    void TearDown() override {
+        if (server_) server_->stop();
+        if (thread_.joinable()) thread_.join();
+        server_.reset();
+        if (engine_) engine_->shutdown();
+    }
+    httplib::Result post(const std::string& path, const std::string& body, httplib::Headers h = {}) {
+        return client_->Post(path, h, body, "application/json");
+    }
+    /// The error object of a refusal, checked for OpenAI's shape.
+    Json error_of(const httplib::Result& r, int status) {
+        EXPECT_TRUE(r) << "no response";
+        if (!r) return {};
+        EXPECT_EQ(r->status, status) << r->body;
+        const Json j = Json::parse(r->body);
+        EXPECT_TRUE(j.contains("error")) << r->body;
+        const Json& e = j["error"];
+        EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty());
+        EXPECT_TRUE(e["type"].is_string());
+        EXPECT_TRUE(e.contains("param") && e.contains("code"));
+        return e;
+    }
+    /// The data payloads of an SSE body.
+    static std::vector<std::string> events(const std::string& body) {
+        std::vector<std::string> out;
+        size_t at = 0;
+        while (at < body.size()) {
+            const size_t end = body.find("\n\n", at);
+            EXPECT_NE(end, std::string::npos) << "unterminated event";
+            if (end == std::string::npos) break;
+            const std::string ev = body.substr(at, end - at);
+            EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+            out.push_back(ev.substr(6));
+            at = end + 2;
+        }
+        return out;
+    }
+
+    std::unique_ptr<Tokenizer> tok_;
+    std::vector<int32_t> script_;
+    std::unique_ptr<test::FakeEngine> engine_;
+    std::unique_ptr<chat::ChatTemplate> tmpl_;
+    std::unique_ptr<HttpServer> server_;
+    std::unique_ptr<httplib::Client> client_;
+    std::thread thread_;
+    int port_ = 0;
+};
+
+const std::string kChat = R"({"model": "test-model", "messages": [{"role": "user", "content": "hi"}]})";
+
+}  // namespace
+
+TEST_F(HttpTest, ModelsHealthMetrics) {
+    start();
+    auto r = client_->Get("/v1/models");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    const Json j = Json::parse(r->body);
+    EXPECT_EQ(j["data"][0]["id"], "test-model");
+    EXPECT_EQ(client_->Get("/v1/models/test-model")->status, 200);
+    error_of(client_->Get("/v1/models/other"), 404);
+    EXPECT_EQ(client_->Get("/health")->status, 200);
+    r = client_->Get("/metrics");
+    ASSERT_TRUE(r);
+    EXPECT_NE(r->body.find("quern_requests_running"), std::string::npos);
+    EXPECT_NE(r->body.find("quern_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), std::string::npos);
+}
+
+TEST_F(HttpTest, ChatAndCompletionsStreamedAndNot) {
+    start();
+    const std::string body = kChat.substr(0, kChat.size() - 1) + R"(, "stop": "STOP", "seed": 3})";
+    auto r = post("/v1/chat/completions", body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const Json j = Json::parse(r->body);
+    EXPECT_EQ(j["object"], "chat.completion");
+    EXPECT_EQ(j["model"], "test-model");
+    EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+    EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello, wörld! 你好 ");
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+    EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 0);
+    EXPECT_TRUE(j["usage"]["prompt_tokens_details"].contains("cached_tokens"));
+
+    const std::string sbody = body.substr(0, body.size() - 1) + R"(, "stream": true})";
+    r = post("/v1/chat/completions", sbody);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+    const auto evs = events(r->body);
+    ASSERT_GE(evs.size(), 4u);
+    EXPECT_EQ(evs.back(), "[DONE]");
+    const Json first = Json::parse(evs[0]);
+    EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+    std::string text;
+    std::string finish;
+    for (size_t i = 0; i + 1 < evs.size(); ++i) {
+        const Json c = Json::parse(evs[i]);
+        EXPECT_EQ(c["object"], "chat.completion.chunk");
+        EXPECT_FALSE(c.contains("usage")) << "no usage without stream_options.include_usage";
+        ASSERT_EQ(c["choices"].size(), 1u);
+        if (c["choices"][0]["delta"].contains("content")) text += c["choices"][0]["delta"]["content"].get<std::string>();
+        if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(text, j["choices"][0]["message"]["content"]);
+    EXPECT_EQ(finish, "stop");
+
+    // completions with include_usage: exactly one usage chunk, last before [DONE], with empty choices
+    r = post("/v1/completions",
+             R"({"prompt": "x", "max_tokens": 5, "stream": true, "stream_options": {"include_usage": true}})");
+    ASSERT_TRUE(r);
+    const auto cevs = events(r->body);
+    ASSERT_GE(cevs.size(), 3u);
+    EXPECT_EQ(cevs.back(), "[DONE]");
+    int usage_chunks = 0;
+    std::string ctext;
+    for (size_t i = 0; i + 1 < cevs.size(); ++i) {
+        const Json c = Json::parse(cevs[i]);
+        EXPECT_EQ(c["object"], "text_completion");
+        ASSERT_TRUE(c.contains("usage"));
+        if (!c["usage"].is_null()) {
+            ++usage_chunks;
+            EXPECT_EQ(i, cevs.size() - 2);
+            EXPECT_TRUE(c["choices"].empty());
+            EXPECT_EQ(c["usage"]["completion_tokens"], 5);
+        } else {
+            ctext += c["choices"][0]["text"].get<std::string>();
+        }
+    }
+    EXPECT_EQ(usage_chunks, 1);
+    const auto plain = post("/v1/completions", R"({"prompt": "x", "max_tokens": 5})");
+    ASSERT_TRUE(plain);
+    const Json pj = Json::parse(plain->body);
+    EXPECT_EQ(pj["choices"][0]["text"], ctext);
+    EXPECT_EQ(pj["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(HttpTest, Refusals) {
+    start();
+    // 400: malformed, wrong types, out of range, empty, too long for the context
+    Json e = error_of(post("/v1/chat/completions", "{not json"), 400);
+    error_of(post("/v1/chat/completions", "[]"), 400);
+    e = error_of(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": "warm"})"), 400);
+    EXPECT_EQ(e["param"], "temperature");
+    error_of(post("/v1/chat/completions", R"({"messages": []})"), 400);
+    error_of(post("/v1/completions", R"({"prompt": "x", "max_tokens": -1})"), 400);
+    e = error_of(post("/v1/completions", R"({"prompt": ")" + std::string(2000, 'a') + " " + std::string(2000, 'b') + R"("})"), 400);
+    EXPECT_EQ(e["code"], "context_length_exceeded");
+    error_of(post("/v1/completions", R"({"prompt": "x", "n": 100})"), 400);  // more than the server can hold
+    // 404: unknown route, unknown model
+    e = error_of(post("/v1/nothing", "{}"), 404);
+    error_of(client_->Get("/v2/models"), 404);
+    e = error_of(post("/v1/chat/completions", R"({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})"), 404);
+    EXPECT_EQ(e["code"], "model_not_found");
+    // 413: over the body limit (64 KiB in this test); the connection still works afterwards
+    error_of(post("/v1/completions", R"({"prompt": ")" + std::string(100 * 1024, 'a') + R"("})"), 413);
+    EXPECT_EQ(post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})")->status, 200);
+    // 503 once shutting down
+    server_->begin_shutdown();
+    error_of(post("/v1/completions", R"({"prompt": "x"})"), 503);
+    EXPECT_EQ(client_->Get("/health")->status, 503);
+}
+
+TEST_F(HttpTest, ApiKey) {
+    start(std::chrono::microseconds(200), 4, 8, "sekrit");
+    Json e = error_of(post("/v1/chat/completions", kChat), 401);
+    EXPECT_EQ(e["code"], "missing_api_key");
+    e = error_of(post("/v1/chat/completions", kChat, {{"Authorization", "Bearer wrong"}}), 401);
+    EXPECT_EQ(e["code"], "invalid_api_key");
+    error_of(client_->Get("/v1/models"), 401);
+    auto r = post("/v1/chat/completions", kChat, {{"Authorization", "Bearer sekrit"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(client_->Get("/health")->status, 200);  // health and metrics stay open
+}
+
+TEST_F(HttpTest, QueueFullIs429) {
+    start(std::chrono::microseconds(200), 1, 0);
+    engine_->pause(true);
+    httplib::Client other("127.0.0.1", port_);
+    std::thread first([&] { other.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 3})", "application/json"); });
+    for (int i = 0; i < 400 && engine_->active() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_EQ(engine_->active(), 1);
+    auto r = post("/v1/completions", R"({"prompt": "x", "max_tokens": 3})");
+    Json e = error_of(r, 429);
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    engine_->pause(false);
+    first.join();
+    EXPECT_EQ(post("/v1/completions", R"({"prompt": "x", "max_tokens": 3})")->status, 200);
+}
+
+TEST_F(HttpTest, DisconnectMidStreamFreesTheSequence) {
+    start(std::chrono::milliseconds(5));
+    script_.clear();
+    for (int i = 0; i < 2000; ++i) script_.push_back(tok_->encode(" word", false, false)[0]);  // ~10 s of tokens
+    for (const bool stream : {true, false}) {
+        const int64_t before = engine_->cancelled();
+        httplib::Client c("127.0.0.1", port_);
+        int chunks = 0;
+        std::thread t([&] {
+            httplib::Request req;
+            req.method = "POST";
+            req.path = "/v1/completions";
+            req.body = std::string(R"({"prompt": "x", "max_tokens": 2000, "stream": )") + (stream ? "true" : "false") + "}";
+            req.set_header("Content-Type", "application/json");
+            req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+            c.send(req);
+        });
+        // the non-streamed request sends nothing until the end: give up on it from outside
+        if (!stream) {
+            for (int i = 0; i < 400 && engine_->active() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            c.stop();
+        }
+        t.join();
+        const auto t0 = std::chrono::steady_clock::now();
+        while (engine_->cancelled() == before && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(engine_->cancelled(), before + 1) << (stream ? "stream" : "non-stream");
+        EXPECT_LT(ms, 1000) << "the sequence should be cancelled at once";
+        for (int i = 0; i < 400 && engine_->active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        EXPECT_EQ(engine_->active(), 0);
+    }
+    // the server is still fine
+    EXPECT_EQ(post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})")->status, 200);
+}
+
+TEST_F(HttpTest, ManyConcurrentRequestsAllAnswered) {
+    start(std::chrono::microseconds(500), 4, 32);
+    std::vector<std::thread> ts;
+    std::atomic<int> ok{0};
+    for (int i = 0; i < 24; ++i)
+        ts.emplace_back([&, i] {
+            httplib::Client c("127.0.0.1", port_);
+            auto r = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 6, "stream": )" +
+                                                   std::string(i % 2 ? "true" : "false") + "}",
+                            "application/json");
+            if (r && r->status == 200) ++ok;
+            else ADD_FAILURE() << i << " " << (r ? std::to_string(r->status) + " " + r->body : httplib::to_string(r.error()));
+        });
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(ok.load(), 24);
+}

@@ -15,3 +15,4 @@ void add_detokenize_command(CLI::App& app);  // quern detokenize [-m MODEL] [-p 
 void add_synth_command(CLI::App& app);  // quern synth PRESET --quant TYPE -o FILE: synthetic GGUF
 void add_template_command(CLI::App& app);  // quern template --messages FILE: render a chat template
 void add_chat_command(CLI::App& app);  // quern chat [-m MODEL]: interactive chat with the model's template
+void add_serve_command(CLI::App& app);  // quern serve: OpenAI-compatible HTTP server

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
         "  quern bench -p 512 -n 128 -r 5\n"
         "  quern perplexity -f tests/data/genesis-kjv.txt -c 512\n"
         "  quern inspect ~/.cache/quern/models/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+        "  quern serve --port 8080\n"
         "Run 'quern COMMAND --help' for the options of a command.");
     add_run_command(app);
     add_inspect_command(app);
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
     add_detokenize_command(app);
     add_template_command(app);
     add_chat_command(app);
+    add_serve_command(app);
     try {
         try {
             app.parse(argc, argv);

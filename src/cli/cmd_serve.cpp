@@ -1,0 +1,154 @@
+// quern serve: an OpenAI-compatible HTTP server (src/server) over the
+// batching engine (src/runtime/engine.h). Binds to loopback unless told
+// otherwise; logs one line per request to stderr; SIGINT/SIGTERM stop it
+// gracefully (new requests get 503, running ones get a few seconds to end).
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "chat/chat.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "runtime/engine.h"
+#include "server/server.h"
+
+namespace quern::cli {
+namespace {
+
+constexpr double kGraceSeconds = 10;
+
+struct ServeOptions {
+    ModelOptions mopts;
+    std::string model;
+    std::string alias;
+    std::string template_name;
+    std::string template_file;
+    server::ServerOptions server;
+    EngineOptions engine;
+    bool quiet = false;
+};
+
+/// Waits up to `seconds` for SIGINT/SIGTERM (blocked in every thread); true when one came.
+bool wait_signal(const sigset_t& set, double seconds) {
+    timespec ts;
+    ts.tv_sec = static_cast<time_t>(seconds);
+    ts.tv_nsec = static_cast<long>((seconds - static_cast<double>(ts.tv_sec)) * 1e9);
+    return sigtimedwait(&set, nullptr, &ts) > 0;
+}
+
+int serve(ServeOptions& o) {
+    // Signals go to one thread that runs the shutdown; block them before
+    // any other thread (engine, HTTP pool) exists so all inherit the mask.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    signal(SIGPIPE, SIG_IGN);  // a vanished client must not end the process
+
+    LoadedModel m = load_model(o.model, o.mopts);
+    const auto& cfg = m.model->config();
+    const std::string model_id =
+        o.alias.empty() ? std::filesystem::path(m.file->path()).stem().string() : o.alias;
+    std::optional<chat::ChatTemplate> tmpl;
+    tmpl.emplace(chat::ChatTemplate::for_model(*m.file, *m.tokenizer, o.template_name, o.template_file));
+    std::fprintf(stderr, "quern: %s (%s, %.1fM params) loaded in %.2f s; chat template: %s\n", m.file->path().c_str(),
+                 cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6, m.load_seconds,
+                 tmpl->origin().c_str());
+
+    std::unique_ptr<Engine> engine = make_engine(*m.model, *m.tokenizer, o.engine);
+    o.server.model_id = model_id;
+    o.server.log_requests = !o.quiet;
+    server::HttpServer http(*engine, *m.tokenizer, &*tmpl, o.server);
+    const int port = http.bind();
+    const std::string host = o.server.host.find(':') != std::string::npos ? "[" + o.server.host + "]" : o.server.host;
+    std::fprintf(stderr,
+                 "quern: serving '%s' at http://%s:%d/v1 (context %lld, %d in parallel, queue %d%s); Ctrl-C stops\n",
+                 model_id.c_str(), host.c_str(), port, static_cast<long long>(o.engine.n_ctx), o.engine.n_parallel,
+                 o.engine.max_queue, o.server.api_key.empty() ? "" : ", API key required");
+    std::fflush(stderr);
+
+    std::atomic<bool> done{false};
+    std::thread stopper([&] {
+        while (!done.load())
+            if (wait_signal(sigs, 0.2)) break;
+        if (done.load()) return;
+        http.begin_shutdown();
+        std::fprintf(stderr, "quern: shutting down: finishing %d request(s) (up to %.0f s; Ctrl-C again stops now)\n",
+                     http.in_flight(), kGraceSeconds);
+        const double end = now_seconds() + kGraceSeconds;
+        while (http.in_flight() > 0 && now_seconds() < end)
+            if (wait_signal(sigs, 0.1)) break;
+        engine->shutdown();  // cancels what is left: those streams end with an error event
+        const double end2 = now_seconds() + 2;
+        while (http.in_flight() > 0 && now_seconds() < end2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        http.stop();
+    });
+    http.run();
+    done.store(true);
+    stopper.join();
+    engine->shutdown();
+    std::fprintf(stderr, "quern: stopped\n");
+    return 0;
+}
+
+}  // namespace
+}  // namespace quern::cli
+
+void add_serve_command(CLI::App& app) {
+    using namespace quern::cli;
+    auto o = std::make_shared<ServeOptions>();
+    CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+    cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
+    cmd->add_option("--host", o->server.host, "Address to listen on (0.0.0.0: every interface)")->capture_default_str();
+    cmd->add_option("--port", o->server.port, "Port to listen on (0: any free port, printed at start)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 65535));
+    cmd->add_option("-c,--ctx-size", o->engine.n_ctx, "Context size per sequence in tokens (prompt + reply)")
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t{16}, int64_t{1} << 20));
+    cmd->add_option("--parallel", o->engine.n_parallel, "Sequences generated at once")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1024));
+    cmd->add_option("--max-queue", o->engine.max_queue, "Waiting requests beyond which new ones get 429")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--token-budget", o->engine.token_budget,
+                    "Tokens per batched step (decodes plus prompt chunks)")
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    cmd->add_option("--kv-tokens", o->engine.kv_tokens,
+                    "KV-cache positions shared by all sequences (default: context x parallel); when they run "
+                    "out, the newest sequences wait and are recomputed")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+    cmd->add_flag("--no-prefix-cache", [o](int64_t) { o->engine.prefix_cache = false; },
+                  "Do not reuse the cached keys/values of earlier prompts that start the same way");
+    cmd->add_option("--api-key", o->server.api_key,
+                    "Require 'Authorization: Bearer KEY' on /v1 routes (or set QUERN_API_KEY)")
+        ->envname("QUERN_API_KEY");
+    cmd->add_option("--alias", o->alias, "Model id that /v1/models lists and requests name (default: the file name)");
+    cmd->add_option("--chat-template", o->template_name,
+                    "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "
+                    "tokenizer.chat_template.NAME; default: the model's own");
+    cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file");
+    add_model_options(cmd, o->mopts);
+    add_threads_option(cmd, o->engine.n_threads);
+    cmd->add_flag("-q,--quiet", o->quiet, "Do not log one line per request");
+    cmd->footer(
+        "Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.\n"
+        "Bodies over 8 MiB get 413. SIGINT/SIGTERM: new requests get 503, running ones get 10 s to finish.\n"
+        "Examples:\n"
+        "  quern serve\n"
+        "  quern serve -m model.gguf --port 8000 -c 8192 --parallel 8 --api-key secret\n"
+        "  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi!\"}], \"max_tokens\": 32}'\n"
+        "  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\\n"
+        "       -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}'");
+    cmd->callback([o] { serve(*o); });
+}

@@ -72,6 +72,10 @@ int serve(ServeOptions& o) {
                  "quern: serving '%s' at http://%s:%d/v1 (context %lld, %d in parallel, queue %d%s); Ctrl-C stops\n",
                  model_id.c_str(), host.c_str(), port, static_cast<long long>(o.engine.n_ctx), o.engine.n_parallel,
                  o.engine.max_queue, o.server.api_key.empty() ? "" : ", API key required");
+    const bool loopback = o.server.host == "127.0.0.1" || o.server.host == "::1" || o.server.host == "localhost";
+    if (!loopback && o.server.api_key.empty())
+        std::fprintf(stderr, "quern: note: listening on %s without --api-key: anyone who can reach this port can use it\n",
+                     o.server.host.c_str());
     std::fflush(stderr);
 
     std::atomic<bool> done{false};

@@ -272,6 +272,12 @@ def test_stop(s, c):
     check(texts[0] == expect and finish[0] == "stop", f"streamed stop: {texts[0]!r} {finish}")
     sent = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     check(stop not in sent and stop[:2] not in sent[len(expect):], "part of the stop string was sent")
+    # streamed logprobs arrive with the text of their tokens
+    chunks = list(c.chat.completions.create(model=s.model_id, messages=USER, max_tokens=30, temperature=0,
+                                            logprobs=True, top_logprobs=2, stream=True))
+    stoks = [t.token for ch in chunks if ch.choices and ch.choices[0].logprobs
+             for t in ch.choices[0].logprobs.content]
+    check(stoks == toks, f"streamed logprob tokens {stoks} != {toks}")
     # completions logprobs format
     r = c.completions.create(model=s.model_id, prompt="The sky is", max_tokens=6, temperature=0, logprobs=2)
     lp = r.choices[0].logprobs

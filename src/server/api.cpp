@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 namespace quern::server {
@@ -65,7 +68,9 @@ int64_t get_int(const Json& body, const char* name, int64_t lo, int64_t hi, int6
         x = v->get<int64_t>();
     } else if (v->is_number_float()) {
         const double d = v->get<double>();
-        if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi))
+        // (double)INT64_MAX rounds up to 2^63, which no int64 holds
+        if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi) ||
+            d >= 0x1p63)
             bad(name, want);
         x = static_cast<int64_t>(d);
     } else {

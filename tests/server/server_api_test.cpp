@@ -154,6 +154,7 @@ TEST(ServerApi, ChatRejectsBadValuesNamingTheField) {
         {"{" + m + R"(, "max_tokens": 99999999999999999999999})", "max_tokens"},
         {"{" + m + R"(, "max_completion_tokens": 0})", "max_completion_tokens"},
         {"{" + m + R"(, "seed": 1e30})", "seed"},
+        {"{" + m + R"(, "seed": 9223372036854775808.0})", "seed"},
         {"{" + m + R"(, "seed": "1"})", "seed"},
         {"{" + m + R"(, "stop": 5})", "stop"},
         {"{" + m + R"(, "stop": ["a", 5]})", "stop"},
@@ -546,4 +547,54 @@ TEST_F(GenerationTest, QueueFullIs429AndCancelsWhatWasSubmitted) {
     engine_->pause(false);
     for (int i = 0; i < 400 && engine_->active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     EXPECT_EQ(engine_->active(), 0);
+}
+
+// ---------------------------------------------------------------- mutated bodies
+
+TEST(ServerApi, MutatedBodiesGiveApiErrorsOnly) {
+    const std::vector<std::string> seeds = {
+        R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "temperature": 0.5,
+            "top_p": 0.9, "n": 2, "stop": ["a", "b"], "logit_bias": {"5": 1}, "logprobs": true, "top_logprobs": 3,
+            "stream": true, "stream_options": {"include_usage": true}, "seed": 7, "max_tokens": 9})",
+        R"({"prompt": [[1, 2], [3]], "logprobs": 2, "max_tokens": 3, "best_of": 1, "stop": "x", "frequency_penalty": 1})",
+        R"({"prompt": ["a", "b"], "min_p": 0.1, "top_k": 5, "repetition_penalty": 1.1, "user": "u"})",
+    };
+    std::mt19937 rng(99);
+    std::printf("seed 99\n");
+    const std::string alphabet = "{}[]\",:0123456789.-+eE truefalsnul\\\x80\xff";
+    int accepted = 0;
+    for (int iter = 0; iter < 20000; ++iter) {
+        std::string b = seeds[static_cast<size_t>(iter) % seeds.size()];
+        const int edits = 1 + static_cast<int>(rng() % 4);
+        for (int e = 0; e < edits && !b.empty(); ++e) {
+            const size_t at = rng() % b.size();
+            switch (rng() % 4) {
+                case 0: b[at] = alphabet[rng() % alphabet.size()]; break;
+                case 1: b.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+                case 2: b.erase(at, 1 + rng() % 8); break;
+                default: b.resize(at); break;
+            }
+        }
+        try {
+            const Json j = parse_body(b);
+            try {
+                parse_chat_request(j, kVocab);
+                ++accepted;
+            } catch (const ApiError& e) {
+                ASSERT_EQ(e.status, 400);
+            }
+            try {
+                parse_completion_request(j, kVocab);
+                ++accepted;
+            } catch (const ApiError& e) {
+                ASSERT_EQ(e.status, 400);
+            }
+        } catch (const ApiError& e) {
+            ASSERT_EQ(e.status, 400);
+            ASSERT_FALSE(std::string(e.what()).empty());
+        } catch (const std::exception& e) {
+            FAIL() << "not an ApiError: " << e.what() << " for " << b;
+        }
+    }
+    EXPECT_GT(accepted, 100);  // some mutations stay valid
 }

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -88,7 +89,14 @@ int serve(ServeOptions& o) {
                      http.in_flight(), kGraceSeconds);
         const double end = now_seconds() + kGraceSeconds;
         while (http.in_flight() > 0 && now_seconds() < end)
-            if (wait_signal(sigs, 0.1)) break;
+            if (wait_signal(sigs, 0.1)) {
+                // a second signal: stop now (idle keep-alive connections would hold a clean exit for seconds)
+                const int cut = http.in_flight();
+                engine->shutdown();
+                std::fprintf(stderr, "quern: stopped at once; %d request(s) cut off\n", cut);
+                std::fflush(stderr);
+                std::_Exit(130);
+            }
         engine->shutdown();  // cancels what is left: those streams end with an error event
         const double end2 = now_seconds() + 2;
         while (http.in_flight() > 0 && now_seconds() < end2) std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -353,7 +353,7 @@ def test_errors(s, c, quern, model):
         sc.close()
         t0 = time.time()
         s2.proc.wait(30)
-        check(time.time() - t0 < 3, f"the server took {time.time() - t0:.1f} s to exit after its last request")
+        check(time.time() - t0 < 4.5, f"the server took {time.time() - t0:.1f} s to exit after its last request")
         check(s2.proc.returncode == 0, f"exit status {s2.proc.returncode}")
     finally:
         s2.stop()
@@ -538,7 +538,7 @@ def main():
         c.close()
         t = time.time()
         s.stop()
-    check(time.time() - t < 3, f"the server took {time.time() - t:.1f} s to stop")
+    check(time.time() - t < 4.5, f"the server took {time.time() - t:.1f} s to stop")
     print(f"server_e2e: all passed in {time.time() - t_start:.1f} s")
 
 

@@ -183,8 +183,12 @@ private:
         s.cb = nullptr;
         s.sampler.reset();
         s.req = GenerationRequest{};
+        int running = 0;
+        for (const Slot& o : slots_) running += o.active;
         std::lock_guard<std::mutex> lk(mu_);
         ++stats_.requests_finished;
+        stats_.running = running;  // kept current for /metrics while the worker sleeps
+        stats_.kv_tokens_used = kv_->used_blocks() * kv_->block_size();
     }
 
     void admit() {

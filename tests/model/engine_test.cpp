@@ -352,6 +352,8 @@ TEST(Engine, CancelLimitsQueueAndBadRequests) {
     EXPECT_TRUE(refused);
     EXPECT_EQ(q1.tokens, q2.tokens);
     const EngineStats st = eng->stats();
+    EXPECT_EQ(st.running, 0);  // current after the last request, not only at the next admission
+    EXPECT_EQ(st.kv_tokens_used, 0);
     EXPECT_GE(st.requests_finished, 4);
     EXPECT_GT(st.generated_tokens, 0);
 }

@@ -11,7 +11,7 @@ namespace quern {
 namespace {
 // Block sizes and byte sizes follow ggml's block definitions (ggml-common.h);
 // src/quant/blocks.h static_asserts the same numbers against the structs.
-constexpr std::array<DTypeInfo, 20> kTypes{{
+constexpr std::array<DTypeInfo, 24> kTypes{{
     {DType::F32, "F32", 1, 4},
     {DType::F16, "F16", 1, 2},
     {DType::Q4_0, "Q4_0", 32, 18},
@@ -32,6 +32,10 @@ constexpr std::array<DTypeInfo, 20> kTypes{{
     {DType::I64, "I64", 1, 8},
     {DType::F64, "F64", 1, 8},
     {DType::BF16, "BF16", 1, 2},
+    {DType::U8, "U8", 1, 1},
+    {DType::BOOL, "BOOL", 1, 1},
+    {DType::F8_E4M3, "F8_E4M3", 1, 1},
+    {DType::F8_E5M2, "F8_E5M2", 1, 1},
 }};
 }  // namespace
 

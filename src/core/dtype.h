@@ -1,6 +1,9 @@
-// Element / block types of tensors. The numeric values are GGML's type ids as
-// stored in GGUF tensor infos (ggml.h `enum ggml_type`), so a DType read from a
-// file can be cast directly once validated with dtype_is_known().
+// Element / block types of tensors. The numeric values below
+// kDTypeQuernBase are GGML's type ids as stored in GGUF tensor infos (ggml.h
+// `enum ggml_type`), so a GGUF type id can be cast directly once validated
+// with dtype_is_ggml_id(). Types GGML lacks (those of safetensors checkpoints:
+// FP8, U8, BOOL) take ids from kDTypeQuernBase up, far above GGML's range, so
+// GGML can add types without a collision; they never appear in a GGUF file.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -30,7 +33,15 @@ enum class DType : uint32_t {
     I64 = 27,
     F64 = 28,
     BF16 = 30,
+    // quern-only types (not GGML's; see kDTypeQuernBase)
+    U8 = 1024,
+    BOOL = 1025,     // one byte per element, 0 or 1 (not checked)
+    F8_E4M3 = 1026,  // OCP FP8 E4M3FN: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no inf, NaN = S.1111.111
+    F8_E5M2 = 1027,  // OCP FP8 E5M2: 1 sign, 5 exponent (bias 15), 2 mantissa bits; IEEE-like inf/NaN
 };
+
+/// First id of the types GGML does not define. GGUF files never hold them.
+inline constexpr uint32_t kDTypeQuernBase = 1024;
 
 /// Layout facts of one type: a tensor row of n elements (n a multiple of
 /// block_size) occupies n / block_size * type_size bytes.
@@ -46,6 +57,8 @@ const DTypeInfo* dtype_info(uint32_t id);
 /// Facts for a known type (asserts it is known).
 const DTypeInfo& dtype_info(DType t);
 inline bool dtype_is_known(uint32_t id) { return dtype_info(id) != nullptr; }
+/// True for the ids of GGML types quern knows: those a GGUF tensor may have.
+inline bool dtype_is_ggml_id(uint32_t id) { return id < kDTypeQuernBase && dtype_is_known(id); }
 std::string_view dtype_name(DType t);
 /// Parses a name such as "Q4_K" or "q4_k" or "f16"; nullopt if unknown.
 std::optional<DType> dtype_from_name(std::string_view name);

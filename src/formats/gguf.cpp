@@ -462,8 +462,8 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
         }
         const uint64_t type_at = p.pos();
         const auto type_id = p.get<uint32_t>("tensor type");
+        if (!dtype_is_ggml_id(type_id)) p.error("unknown tensor type id {} (at byte {})", type_id, type_at);
         const DTypeInfo* ti = dtype_info(type_id);
-        if (!ti) p.error("unknown tensor type id {} (at byte {})", type_id, type_at);
         t.type = ti->type;
         const uint64_t off_at = p.pos();
         t.offset = p.get<uint64_t>("data offset");  // relative until the data section is known

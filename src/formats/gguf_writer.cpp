@@ -200,6 +200,9 @@ void GgufWriter::add_tensor(std::string name, DType type, std::array<int64_t, 4>
         if (__builtin_mul_overflow(n_el, std::max<int64_t>(ne[d], 1), &n_el))
             fail("gguf writer: tensor '{}': element count overflows", name);
     }
+    if (!dtype_is_ggml_id(static_cast<uint32_t>(type)))
+        fail("gguf writer: tensor '{}': type {} has no GGML type id and cannot be stored in GGUF", name,
+             dtype_name(type));
     const auto& info = dtype_info(type);
     if (ne[0] % info.block_size != 0)
         fail("gguf writer: tensor '{}': ne[0] = {} is not a multiple of the {} block size {}", name, ne[0], info.name,

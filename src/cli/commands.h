@@ -6,7 +6,7 @@ namespace CLI {
 class App;
 }
 
-void add_inspect_command(CLI::App& app);  // quern inspect MODEL [--json]: GGUF metadata, tensors, totals
+void add_inspect_command(CLI::App& app);  // quern inspect MODEL [--json]: GGUF / safetensors metadata, tensors, totals
 void add_run_command(CLI::App& app);  // quern run -p TEXT: generate text
 void add_perplexity_command(CLI::App& app);  // quern perplexity -f TEXT: llama.cpp-style perplexity
 void add_bench_command(CLI::App& app);  // quern bench: pp/tg tokens/s like llama-bench

@@ -47,6 +47,8 @@ std::string shape_string(const GgufTensorInfo& t) {
     return s + "]";
 }
 
+}  // namespace
+
 std::string human_count(uint64_t n) {
     if (n >= 1000000000ull) return fmt::format("{:.2f}B", static_cast<double>(n) / 1e9);
     if (n >= 1000000ull) return fmt::format("{:.1f}M", static_cast<double>(n) / 1e6);
@@ -61,8 +63,6 @@ std::string human_bytes(uint64_t n) {
     if (n >= (1ull << 10)) return fmt::format("{:.1f} KiB", d / (1ull << 10));
     return fmt::format("{} B", n);
 }
-
-}  // namespace
 
 nlohmann::json gguf_value_to_json(const GgufValue& v, size_t max_items, bool* truncated) {
     struct Visitor {

@@ -27,4 +27,8 @@ nlohmann::json gguf_inspect_json(const GgufFile& f, size_t max_items = SIZE_MAX)
 /// `*truncated` (when given) is set if any was.
 nlohmann::json gguf_value_to_json(const GgufValue& v, size_t max_items = SIZE_MAX, bool* truncated = nullptr);
 
+/// Counts and sizes for reports: "135.0M", "1.23B"; "92.3 MiB", "512 B".
+std::string human_count(uint64_t n);
+std::string human_bytes(uint64_t n);
+
 }  // namespace quern

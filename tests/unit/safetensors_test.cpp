@@ -1,12 +1,13 @@
 // Safetensors reader tests: files written by a small writer (safetensors_test_util.h)
 // read back with values, shapes, dtypes and metadata; sharded checkpoints and
 // folder resolution; GGUF keeping quern-only types out; interop with the Python
-// `safetensors` package when installed. The malformed-input
+// `safetensors` package when installed; the inspect report. The malformed-input
 // suite is safetensors_malformed_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <sys/wait.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
+#include "formats/safetensors_inspect.h"
 #include "safetensors_test_util.h"
 
 using namespace quern;
@@ -278,6 +280,94 @@ with safe_open(sys.argv[1], "np") as f:
     assert f.metadata() == {"format": "pt"}
 )");
     EXPECT_EQ(std::system(("python3 " + script + " " + path).c_str()), 0);
+}
+
+// ---------------------------------------------------------------- inspect
+
+TEST(SafetensorsInspect, TextAndJson) {
+    const Sharded s = write_sharded("inspect");
+    const SafetensorsModel m = SafetensorsModel::open(s.dir);
+    const std::string text = safetensors_inspect_text(m);
+    for (const char* part : {"model.safetensors.index.json", "2 shards", "model-00002-of-00002.safetensors",
+                             "shape as stored, outermost first", "lm_head.weight", "F8_E4M3", "[2, 1]",
+                             "4 tensors, 11 parameters", "total_size", "the same in every shard"})
+        EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
+    const nlohmann::json j = safetensors_inspect_json(m);
+    EXPECT_EQ(j["format"], "safetensors");
+    EXPECT_EQ(j["files"].size(), 2u);
+    EXPECT_EQ(j["files"][0]["metadata"]["format"], "pt");
+    EXPECT_EQ(j["index_metadata"]["total_size"], 32);
+    ASSERT_EQ(j["tensors"].size(), 4u);
+    const auto& lm = j["tensors"][3];
+    EXPECT_EQ(lm["name"], "lm_head.weight");
+    EXPECT_EQ(lm["dtype"], "F8_E4M3");
+    EXPECT_EQ(lm["shape"], nlohmann::json({2, 1}));
+    EXPECT_EQ(lm["ne"], nlohmann::json({1, 2}));
+    EXPECT_EQ(lm["file"], 1);
+    EXPECT_EQ(j["totals"]["parameters"], 11);
+    EXPECT_EQ(j["totals"]["bytes"], 32);
+    EXPECT_EQ(j["totals"]["by_type"]["F32"]["tensors"], 2);
+
+    // A single file with a rank-5 tensor: no "ne" for it, the shape as stored.
+    const std::string one = sample().write("inspect_one.safetensors");
+    const nlohmann::json j1 = safetensors_inspect_json(SafetensorsModel::open(one));
+    EXPECT_TRUE(j1["index"].is_null());
+    EXPECT_EQ(j1["tensors"][0]["name"], "conv");
+    EXPECT_FALSE(j1["tensors"][0].contains("ne"));
+    EXPECT_EQ(j1["tensors"][0]["shape"], nlohmann::json({1, 2, 1, 1, 2}));
+    const std::string t1 = safetensors_inspect_text(SafetensorsModel::open(one));
+    EXPECT_NE(t1.find("\"quern test \\\"quoted\\\"\""), std::string::npos) << t1;
+    EXPECT_NE(t1.find("format:    safetensors, header"), std::string::npos) << t1;
+}
+
+// `quern inspect` on a folder, an index, a file (text and --json), on a bad
+// file (exit 1, the error on stderr), and on a GGUF file (unchanged path).
+TEST(SafetensorsInspect, Command) {
+    const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
+    if (!fs::exists(quern)) GTEST_SKIP() << quern << " is not built";
+    const Sharded s = write_sharded("cli");
+    const auto run = [&](const std::string& args, int* status = nullptr) {
+        const std::string out = temp_path("cli.out");
+        const int rc = std::system(("'" + quern + "' inspect " + args + " >'" + out + "' 2>&1").c_str());
+        if (status) *status = WEXITSTATUS(rc);
+        std::ifstream f(out);
+        return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    int rc = -1;
+    std::string out = run("'" + s.dir + "'", &rc);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("2 shards"), std::string::npos) << out;
+    EXPECT_NE(out.find("lm_head.weight"), std::string::npos) << out;
+    out = run("'" + s.dir + "/model.safetensors.index.json' --json", &rc);
+    EXPECT_EQ(rc, 0) << out;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    EXPECT_EQ(j["totals"]["tensors"], 4);
+    out = run("'" + s.dir + "/model-00001-of-00002.safetensors'", &rc);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("embed.weight"), std::string::npos) << out;
+    write_bytes(temp_path("cli_bad.safetensors"), raw_file("{\"w\": 1}", {}));
+    out = run("'" + temp_path("cli_bad.safetensors") + "'", &rc);
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("cli_bad.safetensors': tensor 'w': the entry is"), std::string::npos) << out;
+    GgufWriter w;
+    const float data[2] = {1, 2};
+    w.add_tensor("g", DType::F32, {2, 1, 1, 1}, 1, data);
+    w.write(temp_path("cli.gguf"));
+    out = run("'" + temp_path("cli.gguf") + "'", &rc);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("GGUF version 3"), std::string::npos) << out;
+}
+
+TEST(SafetensorsInspect, Detection) {
+    EXPECT_TRUE(looks_like_safetensors(temp_dir().string()));
+    EXPECT_TRUE(looks_like_safetensors("whatever.safetensors"));
+    EXPECT_TRUE(looks_like_safetensors("model.safetensors.index.json"));
+    const std::string noext = temp_path("weights.bin");
+    write_bytes(noext, sample().build());
+    EXPECT_TRUE(looks_like_safetensors(noext));
+    write_bytes(noext, {'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0});
+    EXPECT_FALSE(looks_like_safetensors(noext));
+    EXPECT_FALSE(looks_like_safetensors(temp_path("absent.gguf")));
 }
 
 }  // namespace

@@ -341,3 +341,36 @@ TEST(CpuFeatures, OverrideClampsAndParses) {
 }
 
 }  // namespace
+
+// The serving engine's batch invariance rests on this: with a forced kernel
+// family, every output row is bit-identical whatever else is in the batch
+// (row r computed alone, among n rows, or at another offset).
+TEST(MatmulBatchInvariance, EachFamilyComputesRowsIndependently) {
+    std::mt19937 rng(424242);
+    std::normal_distribution<float> nd;
+    const int64_t K = 512, M = 96, nmax = 40;
+    std::vector<float> x(static_cast<size_t>(K * (nmax + 3)));
+    for (auto& v : x) v = nd(rng);
+    ThreadPool pool(2);
+    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q2_K, DType::Q4_K, DType::Q6_K}) {
+        std::vector<float> wf(static_cast<size_t>(K * M));
+        for (auto& v : wf) v = nd(rng);
+        std::vector<uint8_t> wq(row_size(t, K) * M);
+        for (int64_t r = 0; r < M; ++r) quantize_row_ref(t, wf.data() + r * K, wq.data() + r * row_size(t, K), K);
+        const Tensor W = Tensor::contiguous(t, {K, M, 1, 1}, wq.data(), "w");
+        for (auto path : {cpu::MatmulPath::Gemv, cpu::MatmulPath::Gemm}) {
+            const char* name = path == cpu::MatmulPath::Gemv ? "gemv" : "gemm";
+            std::vector<float> alone(static_cast<size_t>(M * (nmax + 3)));
+            for (int64_t c = 0; c < nmax + 3; ++c)
+                cpu::matmul(W, x.data() + c * K, 1, alone.data() + c * M, M, pool, path);
+            for (int64_t n : {2, 5, 9, 12, 17, 33, 40}) {
+                for (int64_t off : {0, 3}) {
+                    std::vector<float> y(static_cast<size_t>(M * n), NAN);
+                    cpu::matmul(W, x.data() + off * K, n, y.data(), M, pool, path);
+                    EXPECT_EQ(0, std::memcmp(y.data(), alone.data() + off * M, y.size() * sizeof(float)))
+                        << dtype_name(t) << " " << name << " n=" << n << " offset " << off;
+                }
+            }
+        }
+    }
+}

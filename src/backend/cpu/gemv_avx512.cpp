@@ -435,29 +435,27 @@ void gemv_k(int64_t K, const uint8_t* w0, size_t ldw, int nr, const GemvAct* act
 // weights stream as one sequential run, which the hardware prefetchers follow
 // at full speed (interleaving 4 rows - 4 short streams of 1-2 KB - was
 // measured 2-3x slower from DRAM). Activation rows go up to 4 at a time.
+constexpr int kMaxNC = 8;  // activation rows per kernel call
+
 template <template <int> class F>
 void rows(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* act, int nc, float* y, size_t ldy) {
     // more than 4 activation rows: blocks of 16 weight rows (L1/L2) are reused
     // across the column chunks instead of being streamed from memory again
-    const int rb = nc <= 4 ? nr : 16;
+    const int rb = nc <= kMaxNC ? nr : 16;
     for (int r0 = 0; r0 < nr; r0 += rb) {
         const int rn = nr - r0 < rb ? nr - r0 : rb;
-        for (int c0 = 0; c0 < nc; c0 += 4) {
+        for (int c0 = 0; c0 < nc; c0 += kMaxNC) {
             const uint8_t* wr = w + r0 * ldw;
             float* yr = y + c0 * ldy + r0;
-            switch (nc - c0 < 4 ? nc - c0 : 4) {
-                case 1:
-                    F<1>::run(K, wr, ldw, rn, act + c0, yr, ldy);
-                    break;
-                case 2:
-                    F<2>::run(K, wr, ldw, rn, act + c0, yr, ldy);
-                    break;
-                case 3:
-                    F<3>::run(K, wr, ldw, rn, act + c0, yr, ldy);
-                    break;
-                default:
-                    F<4>::run(K, wr, ldw, rn, act + c0, yr, ldy);
-                    break;
+            switch (nc - c0 < kMaxNC ? nc - c0 : kMaxNC) {
+                case 1: F<1>::run(K, wr, ldw, rn, act + c0, yr, ldy); break;
+                case 2: F<2>::run(K, wr, ldw, rn, act + c0, yr, ldy); break;
+                case 3: F<3>::run(K, wr, ldw, rn, act + c0, yr, ldy); break;
+                case 4: F<4>::run(K, wr, ldw, rn, act + c0, yr, ldy); break;
+                case 5: F<5>::run(K, wr, ldw, rn, act + c0, yr, ldy); break;
+                case 6: F<6>::run(K, wr, ldw, rn, act + c0, yr, ldy); break;
+                case 7: F<7>::run(K, wr, ldw, rn, act + c0, yr, ldy); break;
+                default: F<8>::run(K, wr, ldw, rn, act + c0, yr, ldy); break;
             }
         }
     }

@@ -13,11 +13,17 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "model/synth.h"
+#include "runtime/engine.h"
+#include "tokenizer/tokenizer.h"
+
+#include <condition_variable>
+#include <mutex>
 
 namespace quern::cli {
 namespace {
 
 struct BenchOptions {
+    std::vector<int> batch;  // --batch: concurrent sequences through the serving engine
     ModelOptions mopts;
     DeviceOptions dev;
     int n_depth = 0;
@@ -46,7 +52,83 @@ Stats stats(const std::vector<double>& v) {
     return s;
 }
 
+// --batch N,...: N requests of n_prompt random tokens, each generating n_gen
+// tokens (greedy, EOS ignored), submitted at once to the serving engine
+// (continuous batching, paged KV cache) in-process; aggregate tok/s.
+void bench_batched(const BenchOptions& o) {
+    if (use_cuda(o.dev)) fail("--batch runs the CPU serving engine; add --device cpu");
+    if (!o.synthetic.empty()) fail("--batch needs a GGUF file (write one with quern synth) for its tokenizer");
+    if (o.n_gen <= 0 || o.n_prompt <= 0) fail("--batch needs -p and -n greater than 0");
+    auto file = std::make_shared<GgufFile>(resolve_model_path(o.model));
+    auto model = Model::from_gguf(file);
+    model->set_options(o.mopts);
+    auto tok = Tokenizer::from_gguf(*file);
+    const std::string label = file->path().substr(file->path().find_last_of('/') + 1);
+    const bool tty = stderr_is_tty() && !o.json;
+    std::mt19937 rng(42);
+    std::uniform_int_distribution<int32_t> tokdist(0, static_cast<int32_t>(model->config().n_vocab - 1));
+    nlohmann::json out = nlohmann::json::array();
+    if (!o.json)
+        std::printf("| %-40s | %8s | %6s | %6s | %14s | %14s | %12s |\n", "model", "parallel", "prompt", "gen",
+                    "gen tok/s", "total tok/s", "wall s");
+    for (int n : o.batch) {
+        EngineOptions eo;
+        eo.n_ctx = o.n_prompt + o.n_gen + 1;
+        eo.n_parallel = n;
+        eo.max_queue = n;
+        eo.n_threads = o.threads;
+        eo.prefix_cache = false;
+        std::vector<double> gen_tps, tot_tps, walls;
+        for (int r = -1; r < o.reps; ++r) {  // r = -1: warm-up
+            auto eng = make_engine(*model, *tok, eo);
+            std::mutex mu;
+            std::condition_variable cv;
+            int done = 0;
+            int64_t generated = 0;
+            const double t0 = now_seconds();
+            for (int i = 0; i < n; ++i) {
+                GenerationRequest req;
+                req.prompt.resize(static_cast<size_t>(o.n_prompt));
+                for (auto& t : req.prompt) t = tokdist(rng);
+                req.max_tokens = o.n_gen;
+                req.ignore_eos = true;
+                req.sampling.temperature = 0;
+                eng->submit(std::move(req), [&](const TokenEvent& e) {
+                    std::lock_guard<std::mutex> lk(mu);
+                    if (e.token >= 0) ++generated;
+                    if (e.last) {
+                        ++done;
+                        cv.notify_all();
+                    }
+                    return true;
+                });
+            }
+            std::unique_lock<std::mutex> lk(mu);
+            cv.wait(lk, [&] { return done == n; });
+            const double dt = now_seconds() - t0;
+            if (r < 0) continue;
+            gen_tps.push_back(static_cast<double>(generated) / dt);
+            tot_tps.push_back(static_cast<double>(generated + int64_t{n} * o.n_prompt) / dt);
+            walls.push_back(dt);
+            if (tty) std::fprintf(stderr, "\rquern: parallel %d run %d/%d: %.1f tok/s   ", n, r + 1, o.reps, gen_tps.back());
+        }
+        if (tty) std::fprintf(stderr, "\r%60s\r", "");
+        const Stats g = stats(gen_tps), t = stats(tot_tps), w = stats(walls);
+        if (o.json) {
+            out.push_back({{"model", label}, {"backend", "CPU"}, {"parallel", n}, {"n_prompt", o.n_prompt},
+                           {"n_gen", o.n_gen}, {"precise_activations", o.mopts.precise_activations},
+                           {"gen_tps", g.mean}, {"gen_tps_stddev", g.stdev}, {"total_tps", t.mean},
+                           {"samples_gen_tps", g.samples}, {"wall_s", w.mean}});
+        } else {
+            std::printf("| %-40s | %8d | %6d | %6d | %7.1f ± %5.1f | %7.1f ± %5.1f | %12.2f |\n", label.c_str(), n,
+                        o.n_prompt, o.n_gen, g.mean, g.stdev, t.mean, t.stdev, w.mean);
+        }
+    }
+    if (o.json) std::printf("%s\n", out.dump(1).c_str());
+}
+
 void bench(const BenchOptions& o) {
+    if (!o.batch.empty()) return bench_batched(o);
     if (o.n_prompt == 0 && o.n_gen == 0) fail("nothing to measure: -p and -n are both 0");
     std::unique_ptr<Model> model;
     std::shared_ptr<GgufFile> file;
@@ -190,6 +272,11 @@ void add_bench_command(CLI::App& app) {
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("-r,--repetitions", o->reps, "Timed repetitions of each test")->capture_default_str()->check(CLI::Range(1, 1000));
+    cmd->add_option("--batch", o->batch,
+                    "Batched decode through the serving engine: for each N, N requests of -p prompt and -n "
+                    "generated tokens at once (e.g. --batch 1,4,16,64)")
+        ->delimiter(',')
+        ->check(CLI::Range(1, 1024));
     cmd->add_option("-d,--n-depth", o->n_depth, "Tokens already in the context before each test (not timed)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 20));
@@ -202,6 +289,7 @@ void add_bench_command(CLI::App& app) {
         "  quern bench                                   # default model, pp512 and tg128, 5 repetitions\n"
         "  quern bench -m model.gguf -p 512 -n 128 -r 10 --json\n"
         "  quern bench --synthetic llama3-8b --quant Q4_K_M -p 0 -n 32\n"
-        "  quern bench --device cuda --synthetic llama3-8b --quant Q8_0 -p 0 -n 128 -d 4096");
+        "  quern bench --device cuda --synthetic llama3-8b --quant Q8_0 -p 0 -n 128 -d 4096\n"
+        "  quern bench --device cpu --batch 1,4,16,64 -p 128 -n 128 -r 3   # continuous batching");
     cmd->callback([o] { bench(*o); });
 }

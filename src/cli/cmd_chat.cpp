@@ -173,17 +173,20 @@ void add_chat_command(CLI::App& app) {
     cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file");
     cmd->add_option("-s,--system", o->system, "System message");
     cmd->add_option("--var", o->vars, "Extra template variable KEY=JSON (e.g. enable_thinking=false); repeatable");
-    cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")->capture_default_str();
+    cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 30));
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
     add_model_options(cmd, o->mopts);
     add_device_options(cmd, o->dev);
-    cmd->add_option("-t,--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+    add_threads_option(cmd, o->threads);
     cmd->add_flag("-v,--verbose", o->verbose, "Print timings of each turn to stderr");
     add_sampling_options(cmd, o->sp, o->seed);
     cmd->footer(
         "Examples:\n"
         "  quern chat\n"
         "  printf 'Hi!\\nWhat is the capital of France?\\n' | quern chat --temp 0\n"
-        "  quern chat -m model.gguf --chat-template llama3 -s 'Answer briefly.'");
+        "  quern chat -m model.gguf --chat-template llama3 -s 'Answer briefly.'\n"
+        "In the conversation: /clear starts over, /exit or /quit (or end of input) leaves.");
     cmd->callback([o] { run_chat(*o); });
 }

@@ -6,7 +6,7 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
-    CLI::App app{"quern — a large-language-model inference engine (GGUF models on the CPU)"};
+    CLI::App app{"quern — a large-language-model inference engine (GGUF models on the CPU or an NVIDIA GPU; an OpenAI-compatible server)"};
     app.set_version_flag("--version", QUERN_VERSION);
     app.require_subcommand(1);
     app.footer(

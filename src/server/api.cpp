@@ -103,6 +103,8 @@ void parse_common(const Json& body, ApiRequest& r, int32_t n_vocab) {
     // OpenAI's defaults, not quern run's: no top-k / min-p, full nucleus.
     sp.temperature = static_cast<float>(get_number(body, "temperature", 0.0, 2.0, 1.0));
     sp.top_p = static_cast<float>(get_number(body, "top_p", 0.0, 1.0, 1.0));
+    // OpenAI accepts top_p = 0: only the most likely token survives the cut.
+    if (sp.top_p == 0.0f) sp.top_p = std::numeric_limits<float>::min();
     const int64_t top_k = get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max(), 0);
     sp.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
     sp.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 1.0, 0.0));

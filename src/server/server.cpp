@@ -311,6 +311,12 @@ struct HttpServer::Impl {
         svr.set_payload_max_length(o.max_body_bytes);
         svr.set_tcp_nodelay(true);
         svr.set_keep_alive_max_count(1000);
+        // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which lets
+        // a second server bind the same port and silently take half the traffic.
+        svr.set_socket_options([](socket_t sock) {
+            int yes = 1;
+            ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof yes);
+        });
         svr.set_write_timeout(30, 0);
         svr.set_read_timeout(30, 0);
 

@@ -330,6 +330,9 @@ TEST(Engine, CancelLimitsQueueAndBadRequests) {
     GenerationRequest nan = greedy(prompts()[0], 4);
     nan.sampling.temperature = NAN;
     EXPECT_THROW(eng->submit(nan, nullptr), Error);
+    GenerationRequest zero_p = greedy(prompts()[0], 4);
+    zero_p.sampling.top_p = 0;  // the sampler needs (0, 1]: refused at submit, never on the engine thread
+    EXPECT_THROW(eng->submit(zero_p, nullptr), Error);
     GenerationRequest oob = greedy(prompts()[0], 4);
     oob.prompt[0] = -1;
     EXPECT_THROW(eng->submit(oob, nullptr), Error);

@@ -288,3 +288,19 @@ TEST_F(HttpTest, ManyConcurrentRequestsAllAnswered) {
     for (auto& t : ts) t.join();
     EXPECT_EQ(ok.load(), 24);
 }
+
+// A second server on a port in use fails to bind (no SO_REUSEPORT sharing),
+// and top_p = 0 (accepted by OpenAI) is answered, not fatal.
+TEST_F(HttpTest, PortInUseAndTopPZero) {
+    start();
+    ServerOptions so;
+    so.host = "127.0.0.1";
+    so.port = port_;
+    so.model_id = "test-model";
+    HttpServer second(*engine_, *tok_, tmpl_.get(), so);
+    EXPECT_THROW(second.bind(), Error);
+    auto r = post("/v1/chat/completions",
+                  R"({"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"top_p":0})");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+}

@@ -373,9 +373,14 @@ GgufFile::GgufFile(const std::string& path) : file_(std::make_unique<MappedFile>
     // Header.
     p.set_context("header");
     if (size < 4) p.error("not a GGUF file: it is only {} bytes long", size);
-    if (std::memcmp(base, "GGUF", 4) != 0)
-        p.error("not a GGUF file: bad magic \"{}\" at byte 0 (expected \"GGUF\")",
-                printable(std::string_view(reinterpret_cast<const char*>(base), 4)));
+    if (std::memcmp(base, "GGUF", 4) != 0) {
+        // A safetensors file starts with an 8-byte little-endian header size, then '{'.
+        if (size >= 9 && base[8] == '{' && base[6] == 0 && base[7] == 0)
+            p.error("this is a safetensors file, not GGUF: quern runs GGUF models for now (quern inspect reads "
+                    "safetensors)");
+        p.error("not a GGUF file: bad magic {:02x} {:02x} {:02x} {:02x} at byte 0 (expected \"GGUF\" = 47 47 55 46)",
+                base[0], base[1], base[2], base[3]);
+    }
     p.get<uint32_t>("magic");
     version_ = p.get<uint32_t>("version");
     if (version_ != 2 && version_ != 3) {

@@ -434,7 +434,7 @@ TEST(GgufMalformed, TruncatedAtEveryLength) {
 TEST(GgufMalformed, HeaderErrors) {
     EXPECT_GGUF_ERROR({}, "m.gguf", "only 0 bytes");
     EXPECT_GGUF_ERROR(Raw().bytes("GG", 2).b, "only 2 bytes");
-    EXPECT_GGUF_ERROR(Raw().bytes("GGML", 4).u32(3).u64(0).u64(0).b, "bad magic \"GGML\"", "byte 0");
+    EXPECT_GGUF_ERROR(Raw().bytes("GGML", 4).u32(3).u64(0).u64(0).b, "bad magic 47 47 4d 4c", "byte 0");
     EXPECT_GGUF_ERROR(Raw().header(0, 0, 1).b, "version 1", "not supported");
     EXPECT_GGUF_ERROR(Raw().header(0, 0, 4).b, "version 4", "only versions 2 and 3");
     EXPECT_GGUF_ERROR(Raw().header(0, 0, 0x03000000).b, "big-endian");

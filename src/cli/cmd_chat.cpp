@@ -53,6 +53,8 @@ void out(const std::string& s) {
 }
 
 int run_chat(const ChatCmdOptions& o) {
+    // Check the options before spending time on loading the model.
+    Sampler(o.sp, 1);  // throws quern::Error for out-of-range sampling values
     LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
     const chat::ChatTemplate tmpl = chat::ChatTemplate::for_model(*m.file, *m.tokenizer, o.template_name, o.template_file);

@@ -43,6 +43,10 @@ int run(const RunOptions& o) {
         while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) prompt.append(buf, n);
         std::fclose(f);
     }
+    // Check the options before spending time on loading the model.
+    Sampler(o.sp, 1);  // throws quern::Error for out-of-range sampling values
+    if (o.verify && !use_cuda(o.dev))
+        fail("--verify compares the GPU with the CPU, and no GPU is in use here (--device {})", o.dev.device);
     LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
     std::fprintf(stderr, "quern: loaded %s (%s, %.1fM params, %.1f MiB) in %.2f s\n", m.file->path().c_str(),

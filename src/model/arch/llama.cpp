@@ -57,6 +57,16 @@ private:
         if (n > n_dec) mm(W, x + n_dec * K, n - n_dec, y + n_dec * ldy, ldy, pool, false, cpu::MatmulPath::Gemm);
     }
     std::vector<float> kb_, vb_, lrows_, lout_;
+    std::vector<int32_t> toks_;
+
+    /// The decoder blocks over nb rows of x_ (positions in pos_), shared by
+    /// forward() and forward_batch():
+    ///   mat(W, in, out, ld, same_input): out = in · Wᵀ for the nb rows;
+    ///   attend(il): store layer il's new keys/values (kb_, vb_, after RoPE)
+    ///     in the cache and write the attention of q_ into attn_;
+    ///   after(il): called with the residual stream after layer il.
+    template <class Mat, class Attend, class After>
+    void run_layers(int64_t nb, Mat&& mat, Attend&& attend, After&& after);
     std::vector<float> xr_, yr_;
     std::vector<uint8_t> qbuf_;
     DType xr_act_ = DType::F32;
@@ -132,6 +142,39 @@ void LlamaModel::mm(const Tensor& W, const float* x, int64_t n, float* y, int64_
         for (int64_t j = 0; j < M; ++j) y[i * ldy + j] = yr_[static_cast<size_t>(i * M + j)] + yr_[static_cast<size_t>((n + i) * M + j)];
 }
 
+template <class Mat, class Attend, class After>
+void LlamaModel::run_layers(int64_t nb, Mat&& mat, Attend&& attend, After&& after) {
+    const auto& c = cfg_;
+    const int64_t kvd = c.kv_dim();
+    const float* ff = rope_freqs_ ? static_cast<const float*>(rope_freqs_->data) : nullptr;
+    kb_.resize(static_cast<size_t>(nb * kvd));
+    vb_.resize(static_cast<size_t>(nb * kvd));
+    float* x = x_.data();
+    float* h = h_.data();
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        const Layer& L = layers_[static_cast<size_t>(il)];
+        cpu::rms_norm(x, static_cast<const float*>(L.attn_norm->data), h, nb, c.n_embd, c.rms_eps);
+        mat(*L.wq, h, q_.data(), c.q_dim(), false);
+        mat(*L.wk, h, kb_.data(), kvd, true);
+        mat(*L.wv, h, vb_.data(), kvd, true);
+        cpu::rope(q_.data(), pos_.data(), nb, static_cast<int>(c.n_head), static_cast<int>(c.head_dim),
+                  static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
+        cpu::rope(kb_.data(), pos_.data(), nb, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                  static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
+        attend(il);
+        mat(*L.wo, attn_.data(), h, c.n_embd, false);
+        cpu::add_inplace(x, h, nb * c.n_embd);
+
+        cpu::rms_norm(x, static_cast<const float*>(L.ffn_norm->data), h, nb, c.n_embd, c.rms_eps);
+        mat(*L.w_gate, h, gate_.data(), c.n_ff, false);
+        mat(*L.w_up, h, up_.data(), c.n_ff, true);
+        cpu::swiglu(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
+        mat(*L.w_down, gate_.data(), h, c.n_embd, false);
+        cpu::add_inplace(x, h, nb * c.n_embd);
+        after(il);
+    }
+}
+
 void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
                          ThreadPool& pool) {
     const auto& c = cfg_;
@@ -145,7 +188,6 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
             fail("token id {} is outside the vocabulary [0, {})", tokens[i], c.n_vocab);
 
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const float* ff = rope_freqs_ ? static_cast<const float*>(rope_freqs_->data) : nullptr;
     const int64_t kvd = c.kv_dim();
 
     for (int64_t b0 = 0; b0 < n; b0 += kBatch) {
@@ -156,32 +198,21 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
         float* x = x_.data();
         float* h = h_.data();
         cpu::get_rows(*tok_embd_, tokens + b0, nb, x);
-
-        for (int64_t il = 0; il < c.n_layer; ++il) {
-            const Layer& L = layers_[static_cast<size_t>(il)];
-            cpu::rms_norm(x, static_cast<const float*>(L.attn_norm->data), h, nb, c.n_embd, c.rms_eps);
-            float* kc = cache.k(il);
-            float* vc = cache.v(il);
-            mm(*L.wq, h, nb, q_.data(), c.q_dim(), pool);
-            mm(*L.wk, h, nb, kc + p0 * kvd, kvd, pool, true);
-            mm(*L.wv, h, nb, vc + p0 * kvd, kvd, pool, true);
-            cpu::rope(q_.data(), pos_.data(), nb, static_cast<int>(c.n_head), static_cast<int>(c.head_dim),
-                      static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
-            cpu::rope(kc + p0 * kvd, pos_.data(), nb, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
-                      static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
-            cpu::attention(q_.data(), kc, vc, kvd, pos_.data(), nb, static_cast<int>(c.n_head),
-                           static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), scale, attn_.data(), pool);
-            mm(*L.wo, attn_.data(), nb, h, c.n_embd, pool);
-            cpu::add_inplace(x, h, nb * c.n_embd);
-
-            cpu::rms_norm(x, static_cast<const float*>(L.ffn_norm->data), h, nb, c.n_embd, c.rms_eps);
-            mm(*L.w_gate, h, nb, gate_.data(), c.n_ff, pool);
-            mm(*L.w_up, h, nb, up_.data(), c.n_ff, pool, true);
-            cpu::swiglu(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
-            mm(*L.w_down, gate_.data(), nb, h, c.n_embd, pool);
-            cpu::add_inplace(x, h, nb * c.n_embd);
-            if (trace_ && b0 + nb == n) trace_(fmt::format("blk.{}", il), x + (nb - 1) * c.n_embd, c.n_embd);
-        }
+        run_layers(
+            nb,
+            [&](const Tensor& W, const float* in, float* out, int64_t ld, bool same) {
+                mm(W, in, nb, out, ld, pool, same);
+            },
+            [&](int64_t il) {
+                std::copy_n(kb_.data(), nb * kvd, cache.k(il, p0));
+                std::copy_n(vb_.data(), nb * kvd, cache.v(il, p0));
+                cpu::attention(q_.data(), cache.k(il), cache.v(il), kvd, pos_.data(), nb, static_cast<int>(c.n_head),
+                               static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), scale, attn_.data(),
+                               pool);
+            },
+            [&](int64_t il) {
+                if (trace_ && b0 + nb == n) trace_(fmt::format("blk.{}", il), x + (nb - 1) * c.n_embd, c.n_embd);
+            });
         cache.set_size(p0 + nb);
 
         const float* onw = static_cast<const float*>(out_norm_->data);
@@ -222,53 +253,38 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
     }
     ensure_scratch(T);
     const int64_t kvd = c.kv_dim(), qd = c.q_dim();
-    kb_.resize(static_cast<size_t>(T * kvd));
-    vb_.resize(static_cast<size_t>(T * kvd));
-    std::vector<int32_t> toks(static_cast<size_t>(T));
+    toks_.resize(static_cast<size_t>(T));
     {
         int64_t r = 0;
         for (int s = 0; s < n_seqs; ++s)
             for (int64_t i = 0; i < seqs[s].n; ++i, ++r) {
-                toks[static_cast<size_t>(r)] = seqs[s].tokens[i];
+                toks_[static_cast<size_t>(r)] = seqs[s].tokens[i];
                 pos_[static_cast<size_t>(r)] = static_cast<int32_t>(seqs[s].n_past + i);
             }
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const float* ff = rope_freqs_ ? static_cast<const float*>(rope_freqs_->data) : nullptr;
     float* x = x_.data();
-    float* h = h_.data();
-    cpu::get_rows(*tok_embd_, toks.data(), T, x);
-    for (int64_t il = 0; il < c.n_layer; ++il) {
-        const Layer& L = layers_[static_cast<size_t>(il)];
-        cpu::rms_norm(x, static_cast<const float*>(L.attn_norm->data), h, T, c.n_embd, c.rms_eps);
-        mm_split(*L.wq, h, T, n_dec, q_.data(), qd, pool);
-        mm_split(*L.wk, h, T, n_dec, kb_.data(), kvd, pool);
-        mm_split(*L.wv, h, T, n_dec, vb_.data(), kvd, pool);
-        cpu::rope(q_.data(), pos_.data(), T, static_cast<int>(c.n_head), static_cast<int>(c.head_dim),
-                  static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
-        cpu::rope(kb_.data(), pos_.data(), T, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
-                  static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
-        int64_t r = 0;
-        for (int s = 0; s < n_seqs; ++s) {
-            const SeqBatch& b = seqs[s];
-            for (int64_t i = 0; i < b.n; ++i) {
-                std::copy_n(kb_.data() + (r + i) * kvd, kvd, kv.k_row(il, b.block_table, b.n_past + i));
-                std::copy_n(vb_.data() + (r + i) * kvd, kvd, kv.v_row(il, b.block_table, b.n_past + i));
+    cpu::get_rows(*tok_embd_, toks_.data(), T, x);
+    run_layers(
+        T,
+        [&](const Tensor& W, const float* in, float* out, int64_t ld, bool) {
+            mm_split(W, in, T, n_dec, out, ld, pool);
+        },
+        [&](int64_t il) {
+            int64_t r = 0;
+            for (int s = 0; s < n_seqs; ++s) {
+                const SeqBatch& b = seqs[s];
+                for (int64_t i = 0; i < b.n; ++i) {
+                    std::copy_n(kb_.data() + (r + i) * kvd, kvd, kv.k_row(il, b.block_table, b.n_past + i));
+                    std::copy_n(vb_.data() + (r + i) * kvd, kvd, kv.v_row(il, b.block_table, b.n_past + i));
+                }
+                cpu::attention_paged(q_.data() + r * qd, kv.view(il, b.block_table), pos_.data() + r, b.n,
+                                     static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
+                                     static_cast<int>(c.head_dim), scale, attn_.data() + r * qd, pool);
+                r += b.n;
             }
-            cpu::attention_paged(q_.data() + r * qd, kv.view(il, b.block_table), pos_.data() + r, b.n,
-                                 static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
-                                 static_cast<int>(c.head_dim), scale, attn_.data() + r * qd, pool);
-            r += b.n;
-        }
-        mm_split(*L.wo, attn_.data(), T, n_dec, h, c.n_embd, pool);
-        cpu::add_inplace(x, h, T * c.n_embd);
-        cpu::rms_norm(x, static_cast<const float*>(L.ffn_norm->data), h, T, c.n_embd, c.rms_eps);
-        mm_split(*L.w_gate, h, T, n_dec, gate_.data(), c.n_ff, pool);
-        mm_split(*L.w_up, h, T, n_dec, up_.data(), c.n_ff, pool);
-        cpu::swiglu(gate_.data(), up_.data(), gate_.data(), T * c.n_ff);
-        mm_split(*L.w_down, gate_.data(), T, n_dec, h, c.n_embd, pool);
-        cpu::add_inplace(x, h, T * c.n_embd);
-    }
+        },
+        [](int64_t) {});
     // Logits of the last row of every entry that asks for them, all through
     // the GEMV family (a prompt's last row and a decode row alike).
     std::vector<int> want;

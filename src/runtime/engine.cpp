@@ -27,7 +27,6 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -64,7 +63,6 @@ struct Slot {
     uint64_t order = 0;            // admission order (older = higher priority)
     bool cancel = false;
     bool fresh = true;             // no prefix lookup done since the blocks were (re)set
-    std::string failed;            // set when the request cannot run (reported at the next step)
     uint64_t epoch = 0;            // bumped whenever the blocks are dropped
     std::unique_ptr<Sampler> sampler;
     std::vector<float> logits;
@@ -139,10 +137,7 @@ private:
             if (!std::isfinite(b)) fail("logit_bias values must be finite numbers");
         }
         const SamplingParams& p = r.sampling;
-        if (!std::isfinite(p.temperature) || p.temperature < 0) fail("temperature must be a number >= 0");
-        if (!std::isfinite(p.top_p) || p.top_p <= 0 || p.top_p > 1) fail("top_p must be in (0, 1]");
-        if (!std::isfinite(p.min_p) || p.min_p < 0 || p.min_p > 1) fail("min_p must be between 0 and 1");
-        if (!std::isfinite(p.repeat_penalty) || p.repeat_penalty <= 0) fail("repetition_penalty must be > 0");
+        Sampler(p, c.n_vocab);  // its own checks (temperature, top_p, min_p, penalty), here rather than on the worker
         if (!std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty))
             fail("presence_penalty and frequency_penalty must be finite numbers");
         if (r.top_logprobs > 20) fail("top_logprobs must be at most 20");
@@ -219,7 +214,6 @@ private:
             waiting_.pop_front();
             s.active = true;
             s.cancel = false;
-            s.failed.clear();
             s.id = p.id;
             s.req = std::move(p.req);
             s.cb = std::move(p.cb);
@@ -231,12 +225,7 @@ private:
             s.fresh = true;
             s.generated = 0;
             s.order = ++admitted_;
-            try {
-                s.sampler = std::make_unique<Sampler>(s.req.sampling, model_.config().n_vocab);
-            } catch (const std::exception& e) {  // validate() should have caught it: fail the request, not the server
-                s.sampler.reset();
-                s.failed = e.what();
-            }
+            s.sampler = std::make_unique<Sampler>(s.req.sampling, model_.config().n_vocab);  // checked at submit
             for (int32_t t : s.req.prompt) s.sampler->accept(t);
             s.hashes.clear();
             uint64_t h = 0;
@@ -267,15 +256,9 @@ private:
                 });
                 if (stopping_) break;
             }
-            try {
-                admit();
-            } catch (const std::exception& e) {
-                std::fprintf(stderr, "quern: engine: %s\n", e.what());
-            }
-            for (Slot& s : slots_) {
-                if (s.active && !s.failed.empty()) finish(s, FinishReason::Error, s.failed);
+            admit();
+            for (Slot& s : slots_)
                 if (s.active && s.cancel) finish(s, FinishReason::Cancelled);
-            }
             try {
                 step();
             } catch (const std::exception& e) {

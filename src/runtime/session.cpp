@@ -18,9 +18,10 @@ void Session::check_tokens(const int32_t* tokens, int64_t n) const {
 }
 
 int32_t Session::eval_greedy(int32_t token) {
-    std::vector<float> logits(static_cast<size_t>(config().n_vocab));
-    eval(&token, 1, logits.data());
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    greedy_logits_.resize(static_cast<size_t>(config().n_vocab));
+    eval(&token, 1, greedy_logits_.data());
+    return static_cast<int32_t>(std::max_element(greedy_logits_.begin(), greedy_logits_.end()) -
+                                greedy_logits_.begin());
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "model/model.h"
@@ -46,6 +47,7 @@ public:
 protected:
     /// Checks that n tokens fit and are in the vocabulary (quern::Error if not).
     void check_tokens(const int32_t* tokens, int64_t n) const;
+    std::vector<float> greedy_logits_;  ///< eval_greedy's buffer, kept between tokens
 };
 
 /// A session on the CPU backend: `model` and `pool` must outlive it.

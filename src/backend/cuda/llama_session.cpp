@@ -23,9 +23,9 @@
 // activation has two levels (gemv.h), keeping the logits within cosine
 // ~0.9999 of a float reference; --fast-act uses one.
 // Weight matrices that share an input and a type are concatenated at upload
-// (Q|K|V, gate|up) so that one launch reads them all. Types without a CUDA
-// kernel are dequantized to F16 at upload (correct, but more bytes per step;
-// a note says so).
+// (Q|K|V, gate|up) so that one launch reads them all. Every weight type the
+// CPU runs has a GEMV; an embedding table of a type get_row lacks is
+// dequantized to F16 at upload.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -108,7 +108,6 @@ public:
 
 private:
     void upload_weights(const Model& model);
-    DeviceWeight upload(const Tensor& t);
     std::vector<Piece> upload_group(const std::vector<const Tensor*>& ts);
     const float* upload_f32(const Tensor& t);
 
@@ -274,26 +273,6 @@ LlamaCudaSession::~LlamaCudaSession() {
     }
 }
 
-DeviceWeight LlamaCudaSession::upload(const Tensor& t) {
-    if (cuda_weight_type_supported(t.type)) return upload_weight(ctx_, t);
-    // No kernel for this type: dequantize rows to F16 on the host.
-    if (!quant_ref_supports(t.type))
-        fail("tensor '{}': weight type {} cannot be run on the GPU (use --device cpu)", t.name, dtype_name(t.type));
-    const int64_t K = t.ne[0], N = t.nrows();
-    if (opt_.verbose)
-        std::fprintf(stderr, "quern: note: no CUDA kernel for %s weights; '%s' runs as F16 (%.1f MiB more)\n",
-                     std::string(dtype_name(t.type)).c_str(), t.name.c_str(),
-                     (static_cast<double>(K * N * 2) - static_cast<double>(t.nbytes())) / 1048576.0);
-    std::vector<uint16_t> f16(static_cast<size_t>(K * N));
-    std::vector<float> row(static_cast<size_t>(K));
-    for (int64_t r = 0; r < N; ++r) {
-        dequantize_row_ref(t.type, t.row(r), row.data(), K);
-        for (int64_t i = 0; i < K; ++i) f16[static_cast<size_t>(r * K + i)] = fp32_to_fp16(row[static_cast<size_t>(i)]);
-    }
-    Tensor h = Tensor::contiguous(DType::F16, {K, N, 1, 1}, f16.data(), t.name);
-    return upload_weight(ctx_, h);
-}
-
 std::vector<Piece> LlamaCudaSession::upload_group(const std::vector<const Tensor*>& ts) {
     // Runs of consecutive matrices of one type become one concatenated matrix.
     std::vector<Piece> out;
@@ -304,7 +283,7 @@ std::vector<Piece> LlamaCudaSession::upload_group(const std::vector<const Tensor
         Piece p;
         p.offset = offset;
         if (j == i + 1) {
-            p.w = upload(*ts[i]);
+            p.w = upload_weight(ctx_, *ts[i]);
         } else {
             int64_t rows = 0;
             for (size_t k = i; k < j; ++k) rows += ts[k]->nrows();
@@ -316,7 +295,7 @@ std::vector<Piece> LlamaCudaSession::upload_group(const std::vector<const Tensor
                 for (int64_t r = 0; r < ts[k]->nrows(); ++r, at += rb) std::memcpy(cat.data() + at, ts[k]->row(r), rb);
                 name += (name.empty() ? "" : "+") + ts[k]->name;
             }
-            p.w = upload(Tensor::contiguous(ts[i]->type, {ts[i]->ne[0], rows, 1, 1}, cat.data(), name));
+            p.w = upload_weight(ctx_, Tensor::contiguous(ts[i]->type, {ts[i]->ne[0], rows, 1, 1}, cat.data(), name));
         }
         offset += p.w.N;
         out.push_back(std::move(p));
@@ -363,7 +342,7 @@ void LlamaCudaSession::upload_weights(const Model& model) {
     out_norm_ = upload_f32(get("output_norm.weight"));
     if (const Tensor* rf = ws.find("rope_freqs.weight")) rope_freqs_ = upload_f32(*rf);
     const Tensor* out = ws.find("output.weight");
-    output_.w = upload(out ? *out : emb);
+    output_.w = upload_weight(ctx_, out ? *out : emb);
 
     layers_.resize(static_cast<size_t>(c.n_layer));
     for (int64_t il = 0; il < c.n_layer; ++il) {
@@ -372,9 +351,9 @@ void LlamaCudaSession::upload_weights(const Model& model) {
         L.attn_norm = upload_f32(get(n("attn_norm")));
         L.ffn_norm = upload_f32(get(n("ffn_norm")));
         L.qkv = upload_group({&get(n("attn_q")), &get(n("attn_k")), &get(n("attn_v"))});
-        L.wo.w = upload(get(n("attn_output")));
+        L.wo.w = upload_weight(ctx_, get(n("attn_output")));
         L.gate_up = upload_group({&get(n("ffn_gate")), &get(n("ffn_up"))});
-        L.down.w = upload(get(n("ffn_down")));
+        L.down.w = upload_weight(ctx_, get(n("ffn_down")));
     }
 }
 

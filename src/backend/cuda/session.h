@@ -20,7 +20,7 @@ struct SessionOptions {
     bool f16_kv = true;
     /// Replay the decode step as a CUDA graph (off: launch kernel by kernel).
     bool cuda_graph = true;
-    /// Notes on stderr (weights dequantized for lack of a kernel, KV size).
+    /// Notes on stderr (the KV-cache size).
     bool verbose = true;
 };
 

@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -32,6 +31,7 @@
 #include "model/synth.h"
 #include "quant/reference.h"
 #include "runtime/verify.h"
+#include "../model/test_util.h"
 
 using namespace quern;
 
@@ -41,11 +41,7 @@ bool have_gpu() { return cuda::CudaContext::device_count() > 0; }
 #define REQUIRE_GPU() \
     if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU"
 
-std::string default_model_path() {
-    const char* qh = std::getenv("QUERN_HOME");
-    std::string home = qh && *qh ? qh : std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") + "/.cache/quern";
-    return home + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+using test::default_model_path;
 #define REQUIRE_MODEL() \
     if (!std::filesystem::exists(default_model_path())) GTEST_SKIP() << "default model not fetched"
 
@@ -76,6 +72,27 @@ void host_quantize(const std::vector<float>& x, std::vector<int8_t>& q, std::vec
 
 // ---------------------------------------------------------------- two-level activations
 
+/// Checks a two-level QuantizedActivation buffer `got` (level size lb bytes,
+/// K elements) against the host quantization of the float row y and of its
+/// residual; check_info1: also level 1's block records.
+void expect_two_levels(const std::vector<uint8_t>& got, size_t lb, const std::vector<float>& y, bool check_info1,
+                       const std::string& what) {
+    const size_t K = y.size();
+    std::vector<int8_t> q1, q2;
+    std::vector<cuda::ActBlockInfo> i1, i2;
+    std::vector<float> r;
+    host_quantize(y, q1, i1, &r);
+    host_quantize(r, q2, i2, nullptr);
+    EXPECT_EQ(0, std::memcmp(got.data(), q1.data(), K)) << what;
+    if (check_info1) {
+        EXPECT_EQ(0, std::memcmp(got.data() + K, i1.data(), i1.size() * sizeof(cuda::ActBlockInfo))) << what;
+    }
+    EXPECT_EQ(0, std::memcmp(got.data() + lb, q2.data(), K)) << what;
+    EXPECT_EQ(0, std::memcmp(got.data() + lb + K, i2.data(), i2.size() * sizeof(cuda::ActBlockInfo))) << what;
+}
+
+
+
 TEST(CudaTwoLevel, QuantizeActivationMatchesHostBitExactly) {
     REQUIRE_GPU();
     cuda::CudaContext ctx;
@@ -93,16 +110,7 @@ TEST(CudaTwoLevel, QuantizeActivationMatchesHostBitExactly) {
     std::vector<uint8_t> got(a.buffer().size());
     a.buffer().download(got.data(), got.size(), ctx.stream());
 
-    std::vector<int8_t> q1, q2;
-    std::vector<cuda::ActBlockInfo> i1, i2;
-    std::vector<float> r;
-    host_quantize(x, q1, i1, &r);
-    host_quantize(r, q2, i2, nullptr);
-    const size_t lb = a.level_bytes();
-    EXPECT_EQ(0, std::memcmp(got.data(), q1.data(), static_cast<size_t>(K)));
-    EXPECT_EQ(0, std::memcmp(got.data() + K, i1.data(), i1.size() * sizeof(cuda::ActBlockInfo)));
-    EXPECT_EQ(0, std::memcmp(got.data() + lb, q2.data(), static_cast<size_t>(K)));
-    EXPECT_EQ(0, std::memcmp(got.data() + lb + K, i2.data(), i2.size() * sizeof(cuda::ActBlockInfo)));
+    expect_two_levels(got, a.level_bytes(), x, true, "quantize_activation");
 }
 
 TEST(CudaTwoLevel, RmsNormWritesBothLevels) {
@@ -128,16 +136,7 @@ TEST(CudaTwoLevel, RmsNormWritesBothLevels) {
         std::vector<uint8_t> got(a.buffer().size());
         a.buffer().download(got.data(), got.size(), ctx.stream());
         // The levels must quantize the float row the kernel wrote.
-        std::vector<int8_t> q1, q2;
-        std::vector<cuda::ActBlockInfo> i1, i2;
-        std::vector<float> r;
-        host_quantize(yh, q1, i1, &r);
-        host_quantize(r, q2, i2, nullptr);
-        const size_t lb = a.level_bytes();
-        EXPECT_EQ(0, std::memcmp(got.data(), q1.data(), static_cast<size_t>(K))) << "vec " << vec;
-        EXPECT_EQ(0, std::memcmp(got.data() + lb, q2.data(), static_cast<size_t>(K))) << "vec " << vec;
-        EXPECT_EQ(0, std::memcmp(got.data() + lb + K, i2.data(), i2.size() * sizeof(cuda::ActBlockInfo)))
-            << "vec " << vec;
+        expect_two_levels(got, a.level_bytes(), yh, false, vec ? "rms_norm vec" : "rms_norm");
     }
 }
 
@@ -173,16 +172,7 @@ TEST(CudaTwoLevel, AttentionQuantizesItsOutput) {
     EXPECT_EQ(0, std::memcmp(h1.data(), h2.data(), h1.size() * 4));
     std::vector<uint8_t> got(a.buffer().size());
     a.buffer().download(got.data(), got.size(), ctx.stream());
-    std::vector<int8_t> q1, q2;
-    std::vector<cuda::ActBlockInfo> i1, i2;
-    std::vector<float> r;
-    host_quantize(h2, q1, i1, &r);
-    host_quantize(r, q2, i2, nullptr);
-    const size_t K = h2.size(), lb = a.level_bytes();
-    EXPECT_EQ(0, std::memcmp(got.data(), q1.data(), K));
-    EXPECT_EQ(0, std::memcmp(got.data() + K, i1.data(), i1.size() * sizeof(cuda::ActBlockInfo)));
-    EXPECT_EQ(0, std::memcmp(got.data() + lb, q2.data(), K));
-    EXPECT_EQ(0, std::memcmp(got.data() + lb + K, i2.data(), i2.size() * sizeof(cuda::ActBlockInfo)));
+    expect_two_levels(got, a.level_bytes(), h2, true, "decode_attention");
 }
 
 // W·x with two levels is much closer to the float product than with one,
@@ -239,23 +229,8 @@ TEST(CudaTwoLevel, GemvErrorDropsBelowOneLevel) {
 
 // ---------------------------------------------------------------- sessions
 
-struct Golden {
-    nlohmann::json meta;
-    std::vector<uint16_t> logits;
-};
-
-Golden load_golden() {
-    const std::string dir = std::string(QUERN_SOURCE_DIR) + "/tests/data/golden/";
-    Golden g;
-    std::ifstream jf(dir + "smollm2-135m-q4_1.json");
-    g.meta = nlohmann::json::parse(jf);
-    std::ifstream lf(dir + g.meta["logits_file"].get<std::string>(), std::ios::binary | std::ios::ate);
-    const auto size = static_cast<size_t>(lf.tellg());
-    lf.seekg(0);
-    g.logits.resize(size / 2);
-    lf.read(reinterpret_cast<char*>(g.logits.data()), static_cast<std::streamsize>(size));
-    return g;
-}
+using test::Golden;
+using test::load_golden;
 
 int32_t argmax_of(const std::vector<float>& v) {
     return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());

@@ -18,23 +18,8 @@ using namespace quern;
 
 namespace {
 
-struct Golden {
-    nlohmann::json meta;
-    std::vector<uint16_t> logits;  // fp16
-};
-
-Golden load_golden() {
-    const std::string dir = std::string(QUERN_SOURCE_DIR) + "/tests/data/golden/";
-    Golden g;
-    std::ifstream jf(dir + "smollm2-135m-q4_1.json");
-    g.meta = nlohmann::json::parse(jf);
-    std::ifstream lf(dir + g.meta["logits_file"].get<std::string>(), std::ios::binary | std::ios::ate);
-    const auto size = static_cast<size_t>(lf.tellg());
-    lf.seekg(0);
-    g.logits.resize(size / 2);
-    lf.read(reinterpret_cast<char*>(g.logits.data()), static_cast<std::streamsize>(size));
-    return g;
-}
+using test::Golden;
+using test::load_golden;
 
 int argmax(const float* x, int64_t n) { return static_cast<int>(std::max_element(x, x + n) - x); }
 

@@ -2,9 +2,13 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace quern::test {
 
@@ -21,6 +25,27 @@ inline bool have_default_model() {
     if (std::filesystem::exists(default_model_path())) return true;
     if (std::getenv("CI")) ADD_FAILURE() << "default model missing in CI: " << default_model_path();
     return false;
+}
+
+/// The golden fixtures of the default model (tests/data/golden, made by
+/// tools/make_golden.py): prompts, token ids, greedy continuations, and the
+/// reference logits as fp16, [position][vocab] per prompt in order.
+struct Golden {
+    nlohmann::json meta;
+    std::vector<uint16_t> logits;
+};
+
+inline Golden load_golden() {
+    const std::string dir = std::string(QUERN_SOURCE_DIR) + "/tests/data/golden/";
+    Golden g;
+    std::ifstream jf(dir + "smollm2-135m-q4_1.json");
+    g.meta = nlohmann::json::parse(jf);
+    std::ifstream lf(dir + g.meta["logits_file"].get<std::string>(), std::ios::binary | std::ios::ate);
+    const auto size = static_cast<size_t>(lf.tellg());
+    lf.seekg(0);
+    g.logits.resize(size / 2);
+    lf.read(reinterpret_cast<char*>(g.logits.data()), static_cast<std::streamsize>(size));
+    return g;
 }
 
 }  // namespace quern::test

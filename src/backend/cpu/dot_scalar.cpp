@@ -314,7 +314,14 @@ void q8_K(const float* x, void* y, int64_t k) { quantize_row_ref(DType::Q8_K, x,
 
 const ActQuantizers quantizers{q8_0, q8_1, q8_K};
 
-const FKernels fkernels{4, 1, fgemm<dot_f32>, fgemm<dot_f16>, fgemm<dot_bf16>};
+const FKernels fkernels{4,
+                        1,
+                        fgemm<dot_f32>,
+                        fgemm<dot_f16>,
+                        fgemm<dot_bf16>,
+                        fgemm<dot_f32>,
+                        fgemm<dot_f16>,
+                        fgemm<dot_bf16>};
 
 ScalarDotFn dot_fn(DType t) {
     switch (t) {

@@ -123,10 +123,12 @@ void rowdot(int64_t K, const uint8_t* w, const float* x, size_t ldx, float* y, s
         y[c * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][c], acc[1][c]), _mm512_add_ps(acc[2][c], acc[3][c])));
 }
 
-template <class L>
+// Rowdot: take the decode kernel (rowdot) for nc <= 3; without it every
+// output element has the same arithmetic whatever nr and nc (the tiles).
+template <class L, bool Rowdot>
 void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t ldx, int nc, float* y, size_t ldy) {
     const auto* w = static_cast<const uint8_t*>(wv);
-    if (nc <= 3) {
+    if (Rowdot && nc <= 3) {
         for (int r = 0; r < nr; ++r) {
             if (nc == 1) rowdot<L, 1>(K, w + r * ldw, x, ldx, y + r, ldy);
             else if (nc == 2) rowdot<L, 2>(K, w + r * ldw, x, ldx, y + r, ldy);
@@ -147,6 +149,7 @@ void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t
 
 }  // namespace
 
-const FKernels fkernels{4, 4, fgemm<LoadF32>, fgemm<LoadF16>, fgemm<LoadBF16>};
+const FKernels fkernels{4, 4, fgemm<LoadF32, true>, fgemm<LoadF16, true>, fgemm<LoadBF16, true>,
+                        fgemm<LoadF32, false>, fgemm<LoadF16, false>, fgemm<LoadBF16, false>};
 
 }  // namespace quern::cpu::avx512

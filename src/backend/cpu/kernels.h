@@ -135,6 +135,9 @@ using FGemmFn = void (*)(int64_t K, const void* w, size_t ldw, int nr, const flo
 struct FKernels {
     int nr, nc;  // preferred tile (rows x columns)
     FGemmFn f32, f16, bf16;
+    // the same without the decode special case (nc <= 3): every output
+    // element computed alike whatever nr and nc (batch-invariant)
+    FGemmFn f32_tiled, f16_tiled, bf16_tiled;
 };
 
 // ---------------------------------------------------------------- per-level tables

@@ -110,9 +110,13 @@ QuantizeRowFn quantizer(const ActQuantizers& q, DType act) {
 }
 
 // ---------------------------------------------------------------- float weights
-void matmul_float(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool, Isa isa) {
+// `tiled`: the same arithmetic for every row whatever n (a forced MatmulPath).
+void matmul_float(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool, Isa isa,
+                  bool tiled) {
     const FKernels& fk = isa == Isa::AVX512 ? avx512::fkernels : isa == Isa::AVX2 ? avx2::fkernels : scalar::fkernels;
-    const FGemmFn fn = W.type == DType::F32 ? fk.f32 : W.type == DType::F16 ? fk.f16 : fk.bf16;
+    const FGemmFn fn = W.type == DType::F32 ? (tiled ? fk.f32_tiled : fk.f32)
+                       : W.type == DType::F16 ? (tiled ? fk.f16_tiled : fk.f16)
+                                              : (tiled ? fk.bf16_tiled : fk.bf16);
     const int64_t K = W.ne[0], M = W.ne[1];
     const size_t ldw = W.nb[1];
     const auto* w = static_cast<const uint8_t*>(W.data);
@@ -283,7 +287,7 @@ void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, T
     if (!W.data || !x || !y) fail("matmul: null data pointer (weight '{}')", W.name);
 
     const Isa isa = active_isa();
-    if (!dtype_is_quantized(W.type)) return matmul_float(W, x, n, y, ldy, pool, isa);
+    if (!dtype_is_quantized(W.type)) return matmul_float(W, x, n, y, ldy, pool, isa, path != MatmulPath::Auto);
     if (isa == Isa::Scalar) return matmul_q_scalar(W, x, n, y, ldy, pool);
     const QKernels& qk = isa == Isa::AVX512 ? avx512::qkernels : avx2::qkernels;
     const ActQuantizers& qz = quantizers_for(isa);

@@ -11,11 +11,17 @@
 // SmolLM2-135M forward pass (30 layers of q/k/v/o 576->576/192, gate/up
 // 576->1536, down 1536->576, plus the 576x49152 output head), every layer with
 // its own weights as in a real model, and reports matmul-only tokens/s for
-// decode (n = 1) and prefill (n = 512 tokens in one batch).
+// decode (n = 1) and prefill (n = 512 tokens in one batch), or for the
+// activation-row counts of --n.
+//
+// `--path gemv|gemm|decode|tile` forces a kernel family or kernel
+// (cpu::MatmulPath; default auto: GEMV below 12 rows, the GEMM family from
+// there). With two-level activations (the default of `quern run` and `serve`)
+// a batch of N tokens is 2N rows.
 //
 // Usage: bench_matmul [--threads N] [--types Q4_K,Q8_0,...] [--n 1,512]
 //                     [--shapes 576x576,...] [--min-time S] [--hot]
-//                     [--model q4_1|q8_0|q4_k_m]
+//                     [--model q4_1|q8_0|q4_k_m] [--path auto|gemv|gemm|decode|tile]
 // The ISA level follows QUERN_CPU (scalar|avx2|avx512), default the best.
 #include <algorithm>
 #include <chrono>
@@ -154,7 +160,8 @@ std::vector<ModelTensor> smollm2(const std::string& variant) {
     return ts;
 }
 
-int run_model(const std::string& variant, ThreadPool& pool, double min_time) {
+int run_model(const std::string& variant, ThreadPool& pool, double min_time, const std::vector<int64_t>& ns,
+              cpu::MatmulPath path) {
     if (variant != "q4_1" && variant != "q8_0" && variant != "q4_k_m") {
         std::fprintf(stderr, "unknown model variant %s (q4_1, q8_0, q4_k_m)\n", variant.c_str());
         return 2;
@@ -175,17 +182,17 @@ int run_model(const std::string& variant, ThreadPool& pool, double min_time) {
     }
     std::printf("# SmolLM2-135M %s: %zu matmuls, %.1f MB of weights per token\n", variant.c_str(), ts.size(),
                 static_cast<double>(total) / 1e6);
-    std::printf("| phase | n | median ms per pass | tokens/s (matmul only) | GB/s | GOP/s |\n|---|---|---|---|---|---|\n");
-    for (int64_t n : {int64_t(1), int64_t(512)}) {
+    std::printf("| phase | n | median ms per pass | rows/s (matmul only) | GB/s | GOP/s |\n|---|---|---|---|---|---|\n");
+    for (int64_t n : ns) {
         std::vector<float> x(static_cast<size_t>(n * 1536)), y(static_cast<size_t>(n * 49152));
         std::normal_distribution<float> g;
         for (auto& v : x) v = g(rng);
         const double sec = median_time(
             [&](int) {
-                for (const Tensor& W : Ws) cpu::matmul(W, x.data(), n, y.data(), W.ne[1], pool);
+                for (const Tensor& W : Ws) cpu::matmul(W, x.data(), n, y.data(), W.ne[1], pool, path);
             },
             min_time, n == 1 ? 20 : 3);
-        std::printf("| %s | %lld | %.3f | %.0f | %.1f | %.1f |\n", n == 1 ? "decode" : "prefill",
+        std::printf("| %s | %lld | %.3f | %.0f | %.1f | %.1f |\n", n < 12 ? "decode" : n < 512 ? "batch" : "prefill",
                     static_cast<long long>(n), sec * 1e3, static_cast<double>(n) / sec,
                     static_cast<double>(total) / sec * 1e-9, ops * static_cast<double>(n) / sec * 1e-9);
         std::fflush(stdout);
@@ -203,6 +210,7 @@ int main(int argc, char** argv) {
     double min_time = 0.3;
     bool hot = false;
     std::string model;
+    cpu::MatmulPath path = cpu::MatmulPath::Auto;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string {
@@ -219,19 +227,35 @@ int main(int argc, char** argv) {
         else if (a == "--min-time") min_time = std::stod(next());
         else if (a == "--hot") hot = true;
         else if (a == "--model") model = next();
-        else {
-            std::fprintf(stderr, "usage: %s [--threads N] [--types T,..] [--shapes KxM,..] [--n 1,512] [--min-time S] [--hot] [--model q4_1|q8_0|q4_k_m]\n",
+        else if (a == "--path") {
+            const std::string v = next();
+            if (v == "auto") path = cpu::MatmulPath::Auto;
+            else if (v == "gemv") path = cpu::MatmulPath::Gemv;
+            else if (v == "gemm") path = cpu::MatmulPath::Gemm;
+            else if (v == "decode") path = cpu::MatmulPath::Decode;
+            else if (v == "tile") path = cpu::MatmulPath::Tile;
+            else {
+                std::fprintf(stderr, "unknown path %s (auto, gemv, gemm, decode, tile)\n", v.c_str());
+                return 2;
+            }
+        } else {
+            std::fprintf(stderr, "usage: %s [--threads N] [--types T,..] [--shapes KxM,..] [--n 1,512] [--min-time S] [--hot] [--model q4_1|q8_0|q4_k_m] [--path auto|gemv|gemm|decode|tile]\n",
                          argv[0]);
             return 2;
         }
     }
     ThreadPool pool(threads);
+    static const char* const kPathNames[] = {"auto", "gemv", "gemm", "decode", "tile"};
+    const char* pname = kPathNames[static_cast<int>(path)];
+    std::vector<int64_t> nlist;
+    for (const std::string& v : split(ns, ',')) nlist.push_back(std::stoll(v));
     if (!model.empty()) {
-        std::printf("# isa=%s threads=%d\n", std::string(cpu::isa_name(cpu::active_isa())).c_str(), threads);
-        return run_model(model, pool, min_time);
+        std::printf("# isa=%s threads=%d path=%s\n", std::string(cpu::isa_name(cpu::active_isa())).c_str(), threads,
+                    pname);
+        return run_model(model, pool, min_time, nlist, path);
     }
-    std::printf("# isa=%s threads=%d %s\n", std::string(cpu::isa_name(cpu::active_isa())).c_str(), threads,
-                hot ? "(hot: weights cache-resident)" : "(decode: weights streamed from DRAM)");
+    std::printf("# isa=%s threads=%d path=%s %s\n", std::string(cpu::isa_name(cpu::active_isa())).c_str(), threads,
+                pname, hot ? "(hot: weights cache-resident)" : "(decode: weights streamed from DRAM)");
     std::printf("| type | K x M | n | median us | GB/s | GOP/s |\n|---|---|---|---|---|---|\n");
     std::mt19937 rng(1);
     for (const std::string& tn : split(types, ',')) {
@@ -245,11 +269,10 @@ int main(int argc, char** argv) {
             const int64_t K = std::stoll(km.at(0)), M = std::stoll(km.at(1));
             if (K % dtype_info(*t).block_size != 0) continue;  // e.g. K-quants need K % 256 == 0
             const size_t bytes = row_size(*t, K) * static_cast<size_t>(M);
-            for (const std::string& nstr : split(ns, ',')) {
-                const int64_t n = std::stoll(nstr);
-                // decode: enough copies to exceed a 32 MiB L3 twice over
+            for (const int64_t n : nlist) {
+                // decode and batches below prefill size: enough copies to exceed a 32 MiB L3 twice over
                 const size_t copies =
-                    (n == 1 && !hot) ? std::max<size_t>(1, (96u << 20) / bytes + 1) : size_t(1);
+                    (n < 512 && !hot) ? std::max<size_t>(1, (96u << 20) / bytes + 1) : size_t(1);
                 std::vector<uint8_t> w(bytes * copies);
                 fill_weights(*t, w.data(), bytes, rng);
                 for (size_t c = 1; c < copies; ++c) std::memcpy(w.data() + c * bytes, w.data(), bytes);
@@ -260,7 +283,7 @@ int main(int argc, char** argv) {
                 for (size_t c = 0; c < copies; ++c)
                     Ws.push_back(Tensor::contiguous(*t, {K, M, 1, 1}, w.data() + c * bytes, "w"));
                 const double sec = median_time(
-                    [&](int i) { cpu::matmul(Ws[static_cast<size_t>(i) % copies], x.data(), n, y.data(), M, pool); },
+                    [&](int i) { cpu::matmul(Ws[static_cast<size_t>(i) % copies], x.data(), n, y.data(), M, pool, path); },
                     min_time, n == 1 ? 50 : 5);
                 std::printf("| %s | %lldx%lld | %lld | %.1f | %.1f | %.1f |\n", tn.c_str(), static_cast<long long>(K),
                             static_cast<long long>(M), static_cast<long long>(n), sec * 1e6,

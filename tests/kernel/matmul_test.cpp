@@ -102,10 +102,22 @@ struct Case {
 
 class MatmulTest : public ::testing::TestWithParam<std::tuple<DType, Isa>> {};
 
-void run_case(DType t, Isa isa, const Case& cs, bool gaussian, int threads, uint32_t seed, size_t row_pad = 0) {
+const char* path_name(cpu::MatmulPath p) {
+    switch (p) {
+        case cpu::MatmulPath::Gemv: return "gemv";
+        case cpu::MatmulPath::Gemm: return "gemm";
+        case cpu::MatmulPath::Decode: return "decode";
+        case cpu::MatmulPath::Tile: return "tile";
+        default: return "auto";
+    }
+}
+
+void run_case(DType t, Isa isa, const Case& cs, bool gaussian, int threads, uint32_t seed, size_t row_pad = 0,
+              cpu::MatmulPath path = cpu::MatmulPath::Auto) {
     SCOPED_TRACE(::testing::Message() << dtype_name(t) << " " << cpu::isa_name(isa) << " K=" << cs.K << " M=" << cs.M
                                       << " n=" << cs.n << (gaussian ? " gaussian" : " random-bits")
-                                      << " threads=" << threads << " row_pad=" << row_pad);
+                                      << " threads=" << threads << " row_pad=" << row_pad << " path "
+                                      << path_name(path));
     std::mt19937 rng(seed);
     const int64_t K = cs.K, M = cs.M, n = cs.n;
     std::vector<uint8_t> w = gaussian ? gaussian_weights(t, M, K, rng) : random_blocks(t, M, K, rng);
@@ -156,7 +168,7 @@ void run_case(DType t, Isa isa, const Case& cs, bool gaussian, int threads, uint
     ThreadPool pool(threads);
     {
         IsaGuard guard(isa);
-        cpu::matmul(W, x.data(), n, y.data(), ldy, pool);
+        cpu::matmul(W, x.data(), n, y.data(), ldy, pool, path);
     }
 
     int bad = 0;
@@ -231,6 +243,21 @@ TEST_P(MatmulTest, StridedRowsAndTinyShapes) {
     run_case(t, isa, {K, 13, 20}, false, 2, 92, 18);  // rows not contiguous, prefill
     run_case(t, isa, {K, 1, 1}, false, 3, 93);        // more threads than rows
     run_case(t, isa, {K, 2, 40}, false, 3, 94);
+}
+
+// The decode kernel (and, for float weights, the tiled kernels every forced
+// path uses) against the reference, on the same shapes.
+TEST_P(MatmulTest, DecodePathMatchesReference) {
+    const auto [t, isa] = GetParam();
+    uint32_t seed = 5000 + 1000 * static_cast<uint32_t>(t) + static_cast<uint32_t>(isa);
+    for (const Case& cs : cases_for(t)) {
+        run_case(t, isa, cs, /*gaussian=*/false, 2, seed++, 0, cpu::MatmulPath::Decode);
+        run_case(t, isa, cs, /*gaussian=*/true, cs.n == 3 ? 3 : 2, seed++, 0, cpu::MatmulPath::Decode);
+    }
+    const int bs = dtype_info(t).block_size;
+    const int64_t K = bs == 256 ? 512 : bs == 32 ? 96 : 40;
+    run_case(t, isa, {K, 13, 2}, false, 2, seed++, 52, cpu::MatmulPath::Decode);  // rows not contiguous
+    run_case(t, isa, {K, 1, 1}, false, 3, seed++, 0, cpu::MatmulPath::Decode);    // more threads than rows
 }
 
 const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
@@ -342,6 +369,85 @@ TEST(CpuFeatures, OverrideClampsAndParses) {
 
 }  // namespace
 
+namespace {
+
+// Random tests below draw a fresh seed per run; QUERN_TEST_SEED replays one.
+uint64_t test_seed() {
+    static const uint64_t seed = [] {
+        if (const char* s = std::getenv("QUERN_TEST_SEED")) return static_cast<uint64_t>(std::strtoull(s, nullptr, 10));
+        std::random_device rd;
+        return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    }();
+    return seed;
+}
+
+std::string seed_note() { return "seed " + std::to_string(test_seed()) + " (replay with QUERN_TEST_SEED=...)"; }
+
+}  // namespace
+
+// The decode kernel computes what the GEMM tile computes, bit for bit: for
+// every weight type, ISA level, shape (odd row counts, several K), number of
+// activation rows and thread count, MatmulPath::Decode and MatmulPath::Tile
+// give identical floats (NaN-poisoned outputs, so every element is written),
+// and so does MatmulPath::Gemm, which picks one of them by the row count. The
+// serving engine relies on it: a batch of 2 rows and a batch of 600 take
+// different kernels but must give a row the same result.
+class DecodeEqualsGemm : public ::testing::TestWithParam<std::tuple<DType, Isa>> {};
+
+TEST_P(DecodeEqualsGemm, Bitwise) {
+    const auto [t, isa] = GetParam();
+    SCOPED_TRACE(seed_note());
+    std::mt19937 rng(static_cast<uint32_t>(test_seed() ^ (static_cast<uint64_t>(t) * 7919 + static_cast<uint64_t>(isa))));
+    const int bs = dtype_info(t).block_size;
+    const std::vector<int64_t> Ks = bs == 256 ? std::vector<int64_t>{256, 768, 1536}
+                                    : bs == 32 ? std::vector<int64_t>{32, 96, 576, 1536}
+                                               : std::vector<int64_t>{16, 100, 576};
+    IsaGuard guard(isa);
+    for (int64_t K : Ks) {
+        for (int64_t M : {5, 16, 37, 67}) {
+            const bool gaussian = (K + M) % 2 == 0;
+            std::vector<uint8_t> w = gaussian || !dtype_is_quantized(t) ? gaussian_weights(t, M, K, rng)
+                                                                         : random_blocks(t, M, K, rng);
+            const Tensor W = Tensor::contiguous(t, {K, M, 1, 1}, w.data(), "w");
+            const int64_t nmax = 33;
+            std::vector<float> x(static_cast<size_t>(nmax * K));
+            std::normal_distribution<float> g(0.0f, 1.0f);
+            std::uniform_real_distribution<float> sc(0.05f, 4.0f);
+            for (size_t i = 0; i < x.size(); i += 32) {
+                const float s = sc(rng);
+                for (size_t j = i; j < std::min(i + 32, x.size()); ++j) x[j] = s * g(rng);
+            }
+            for (int64_t n : {1, 2, 3, 7, 16, 33}) {
+                for (int threads : {1, 2, 3}) {
+                    if (threads == 3 && n != 7) continue;
+                    ThreadPool pool(threads);
+                    const int64_t ldy = M + 5;
+                    std::vector<float> yg(static_cast<size_t>(n * ldy), std::nanf("")), yd = yg, yf = yg;
+                    cpu::matmul(W, x.data(), n, yg.data(), ldy, pool, cpu::MatmulPath::Tile);
+                    cpu::matmul(W, x.data(), n, yd.data(), ldy, pool, cpu::MatmulPath::Decode);
+                    cpu::matmul(W, x.data(), n, yf.data(), ldy, pool, cpu::MatmulPath::Gemm);
+                    int written = 0;
+                    for (int64_t c = 0; c < n; ++c)
+                        for (int64_t r = 0; r < M; ++r) written += !std::isnan(yd[static_cast<size_t>(c * ldy + r)]);
+                    EXPECT_EQ(written, n * M) << dtype_name(t) << " K=" << K << " M=" << M << " n=" << n;
+                    for (int64_t c = 0; c < n; ++c)
+                        for (int64_t r = M; r < ldy; ++r)
+                            ASSERT_TRUE(std::isnan(yd[static_cast<size_t>(c * ldy + r)])) << "padding overwritten";
+                    ASSERT_EQ(0, std::memcmp(yg.data(), yd.data(), yg.size() * sizeof(float)))
+                        << dtype_name(t) << " " << cpu::isa_name(isa) << " K=" << K << " M=" << M << " n=" << n
+                        << " threads=" << threads;
+                    ASSERT_EQ(0, std::memcmp(yg.data(), yf.data(), yg.size() * sizeof(float)))
+                        << "path gemm: " << dtype_name(t) << " K=" << K << " M=" << M << " n=" << n;
+                }
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, DecodeEqualsGemm,
+                         ::testing::Combine(::testing::ValuesIn(kTypes), ::testing::ValuesIn(available_isas())),
+                         param_name);
+
 // The serving engine's batch invariance rests on this: with a forced kernel
 // family, every output row is bit-identical whatever else is in the batch
 // (row r computed alone, among n rows, or at another offset).
@@ -352,14 +458,15 @@ TEST(MatmulBatchInvariance, EachFamilyComputesRowsIndependently) {
     std::vector<float> x(static_cast<size_t>(K * (nmax + 3)));
     for (auto& v : x) v = nd(rng);
     ThreadPool pool(2);
-    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q2_K, DType::Q4_K, DType::Q6_K}) {
+    for (DType t : kTypes) {
         std::vector<float> wf(static_cast<size_t>(K * M));
         for (auto& v : wf) v = nd(rng);
         std::vector<uint8_t> wq(row_size(t, K) * M);
         for (int64_t r = 0; r < M; ++r) quantize_row_ref(t, wf.data() + r * K, wq.data() + r * row_size(t, K), K);
         const Tensor W = Tensor::contiguous(t, {K, M, 1, 1}, wq.data(), "w");
-        for (auto path : {cpu::MatmulPath::Gemv, cpu::MatmulPath::Gemm}) {
-            const char* name = path == cpu::MatmulPath::Gemv ? "gemv" : "gemm";
+        for (auto path : {cpu::MatmulPath::Gemv, cpu::MatmulPath::Gemm, cpu::MatmulPath::Decode,
+                          cpu::MatmulPath::Tile}) {
+            const char* name = path_name(path);
             std::vector<float> alone(static_cast<size_t>(M * (nmax + 3)));
             for (int64_t c = 0; c < nmax + 3; ++c)
                 cpu::matmul(W, x.data() + c * K, 1, alone.data() + c * M, M, pool, path);

@@ -26,10 +26,19 @@
 //     activations are packed into column panels [K/4][NCP][4 bytes] so that a
 //     broadcast 4-byte group of one weight row meets 16 activation rows per
 //     vpdpbusd; the unpacked weight panel is reused against every column panel.
+//   * decode kernel (AVX-512; QDecodeFn below): the same arithmetic with the
+//     roles swapped: 16 unpacked weight rows interleaved [K/4][16][4 bytes]
+//     meet one broadcast 4-byte group of an activation row per vpdpbusd, so
+//     one activation row already fills the vector. Per output element the
+//     integer sums are exact and the float steps (convert, * da, fma with D,
+//     fma of dsa with Mn, sub-block by sub-block) are the tile's, in the same
+//     order: the two kernels give bit-identical results, which is what lets
+//     the serving engine mix batch sizes freely (matmul.h, MatmulPath).
 // Only the unpackers (and the activation quantizers) are type-specific there.
-// Decode uses fused per-type GEMV kernels instead (GemvFn below,
-// gemv_avx512.cpp, gemv_avx2.cpp) that read the packed blocks directly: a
-// bandwidth-bound kernel cannot afford an extra pass through an L1 buffer.
+// Single-sequence decode uses fused per-type GEMV kernels instead (GemvFn
+// below, gemv_avx512.cpp, gemv_avx2.cpp) that read the packed blocks directly:
+// for one or two activation rows, a bandwidth-bound kernel cannot afford the
+// unpacking pass through an L1 buffer. They round differently from the GEMM.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -111,6 +120,19 @@ void gemv_prep_generic(DType w, int64_t K, const void* q8row, uint8_t* buf, Gemv
 using GemvFn = void (*)(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* acts, int nc, float* y,
                         size_t ldy);
 
+/// Decode kernel (batch-invariant decode with the GEMM's arithmetic):
+///   y[c * ldy + r] = dot(weight row r, activation column c)
+/// for weight rows r < nr <= decode_nr (packed rows of K elements, stride ldw
+/// bytes, unpacked here by `unpack`) and columns c < nc. Column c is column
+/// c % decode_ncp of panels[c / decode_ncp], an ActPanel of decode_ncp columns
+/// (pack_panel with ncp = decode_ncp). work: decode_work(K, f.G)
+/// bytes, 64-byte aligned. Bit-identical to the GEMM tile (QTileFn) of the
+/// same level for every (r, c), whatever nr and nc.
+using QDecodeFn = void (*)(int64_t K, UForm f, UnpackFn unpack, const uint8_t* w, size_t ldw, int nr,
+                           const ActPanel* panels, int nc, float* y, size_t ldy, uint8_t* work);
+/// Bytes of work buffer a QDecodeFn needs for rows of K elements in sub-blocks of G.
+using DecodeWorkFn = size_t (*)(int64_t K, int G);
+
 /// Everything one SIMD level provides for quantized types.
 struct QKernels {
     int nr;   // weight rows per GEMM tile
@@ -118,6 +140,11 @@ struct QKernels {
     bool q8_0_signed;  // the Q8_0 unpacker emits signed u (see UForm)
     QTileFn tile;
     PackPanelFn pack_panel;
+    // decode kernel; decode == nullptr where the level has none
+    int decode_nr;   // weight rows per call
+    int decode_ncp;  // columns per activation panel
+    QDecodeFn decode;
+    DecodeWorkFn decode_work;
     // fused GEMV (decode)
     GemvScratchFn gemv_scratch;
     GemvPrepFn gemv_prep;
@@ -167,6 +194,9 @@ extern const FKernels fkernels;
 namespace avx512 {
 QUERN_CPU_DECLARE_UNPACKERS(unpack_)
 GemvFn gemv_for(DType t);
+void decode(int64_t K, UForm f, UnpackFn unpack, const uint8_t* w, size_t ldw, int nr, const ActPanel* panels, int nc,
+            float* y, size_t ldy, uint8_t* work);
+size_t decode_work_bytes(int64_t K, int G);
 extern const ActQuantizers quantizers;
 extern const QKernels qkernels;
 extern const FKernels fkernels;

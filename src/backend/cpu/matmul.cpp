@@ -4,22 +4,37 @@
 // Shapes: W is K x M (ne[0] = K contiguous, ne[1] = M rows, row stride
 // nb[1] bytes); x is n rows of K floats; y is n rows of M floats, stride ldy.
 //
+// Kernel families (MatmulPath in matmul.h): GEMV, and GEMM computed by two
+// kernels with the same arithmetic per output element (the tile and the
+// decode kernel), so that a row's result never depends on the batch.
+//
 // Work mapping:
-//   * decode and small batches (n < kGemmMinN, GEMV): the caller quantizes the
-//     n activation rows once; each thread gets one contiguous range of weight
-//     rows (one sequential memory stream, which the prefetchers follow). The
-//     fused kernels (gemv_avx512.cpp, gemv_avx2.cpp) read the packed blocks
-//     directly, up to 4 activation rows per pass. Bound by memory bandwidth:
-//     each weight byte is read from memory once.
-//   * prefill (n >= kGemmMinN, GEMM): activations are quantized and packed into
-//     column panels of ncp rows, in parallel over panels; then blocks of 8
-//     panels of nr weight rows are handed out dynamically; each thread unpacks
-//     its block once (L1/L2) and runs the nr x ncp register-tile kernel for
-//     every (activation panel, row panel) pair, row panels innermost so output
-//     rows are written in whole cache lines. Compute-bound: each unpacked
-//     weight is reused n times, each activation byte nr times from registers.
+//   * decode and small batches (Auto and n < kGemmMinN, or Gemv: GEMV): the
+//     caller quantizes the n activation rows once; each thread gets one
+//     contiguous range of weight rows (one sequential memory stream, which the
+//     prefetchers follow). The fused kernels (gemv_avx512.cpp, gemv_avx2.cpp)
+//     read the packed blocks directly, several activation rows per pass. Bound
+//     by memory bandwidth: each weight byte is read from memory once.
+//   * GEMM family, n < kDecodeMaxN, where the level has a decode kernel
+//     (AVX-512: qdecode_avx512.cpp): activations are quantized and packed
+//     into panels of decode_ncp columns (in parallel over panels); each thread
+//     gets one contiguous range of weight rows, as the GEMV does, and for each
+//     panel of decode_nr = 16 rows unpacks and interleaves them in L1 and runs
+//     every activation row against them with 16 weight rows across the vector
+//     lanes (up to 8 activation rows per pass). Full vpdpbusd width from one
+//     activation row up; bound by the unpacking below ~8 rows, by arithmetic
+//     above.
+//   * GEMM family otherwise (GEMM tile): activations are quantized and packed
+//     into column panels of ncp rows, in parallel over panels; then blocks of
+//     8 panels of nr weight rows are handed out dynamically; each thread
+//     unpacks its block once (L1/L2) and runs the nr x ncp register-tile kernel
+//     for every (activation panel, row panel) pair, row panels innermost so
+//     output rows are written in whole cache lines. Compute-bound: each
+//     unpacked weight is reused n times, each activation byte nr times from
+//     registers.
 //   * float weights (F32/F16/BF16): row chunks per thread; the kernel tiles
-//     rows x activation rows in registers.
+//     rows x activation rows in registers (Auto: one row at a time below 4
+//     activation rows).
 // Scratch buffers are thread-local and only grow.
 #include "backend/cpu/matmul.h"
 
@@ -39,7 +54,8 @@ namespace quern::cpu {
 
 namespace {
 
-constexpr int64_t kGemmMinN = 12;   // n at or above which the GEMM path is used
+constexpr int64_t kGemmMinN = 12;     // Auto: n at or above which the GEMM family is used
+constexpr int64_t kDecodeMaxN = 512;  // GEMM family: the decode kernel below, the tile from here
 
 // A 64-byte aligned, grow-only byte buffer.
 class Scratch {
@@ -244,6 +260,59 @@ void matmul_q_gemm(const Tensor& W, const float* x, int64_t n, float* y, int64_t
     });
 }
 
+// Decode kernel (kernels.h QDecodeFn): the GEMM's arithmetic with weight rows
+// across the vector lanes. Activations are quantized and packed into panels of
+// decode_ncp columns (the GEMM's panel format and packer); each thread takes one
+// contiguous range of weight rows, as the GEMV does, and runs the kernel on
+// panels of decode_nr rows against every column.
+void matmul_q_decode(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
+                     const QKernels& qk, const ActQuantizers& qz) {
+    const DType act = act_type_for(W.type);
+    const int G = subblock_for(W.type);
+    const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed, umax_for(W.type)};
+    const UnpackFn unpack = qk.unpack(W.type);
+    const int64_t K = W.ne[0], M = W.ne[1];
+    const int64_t nsub = K / G;
+    const size_t ldw = W.nb[1];
+    const size_t ldq = row_size(act, K);
+    const int NCP = qk.decode_ncp, NR = qk.decode_nr;
+    const int64_t npanels = (n + NCP - 1) / NCP;
+
+    const size_t panel_a = align64(static_cast<size_t>(K) * NCP);
+    const size_t panel_s = align64(static_cast<size_t>(nsub) * NCP * 4);
+    const size_t panel_bytes = panel_a + 2 * panel_s + align64(ldq * NCP);
+    Carver cv{tl_act.get(static_cast<size_t>(npanels) * (panel_bytes + sizeof(ActPanel)) + 64)};
+    auto* panels = cv.take<ActPanel>(static_cast<size_t>(npanels));
+    uint8_t* base = cv.take<uint8_t>(static_cast<size_t>(npanels) * panel_bytes);
+    const QuantizeRowFn q = quantizer(qz, act);
+    pool.parallel_for(npanels, 1, [&](int64_t p0, int64_t p1, int) {
+        for (int64_t p = p0; p < p1; ++p) {
+            uint8_t* pb = base + p * static_cast<int64_t>(panel_bytes);
+            uint8_t* qb = pb + panel_a + 2 * panel_s;
+            const int nrows = static_cast<int>(std::min<int64_t>(NCP, n - p * NCP));
+            const void* rowp[64];
+            for (int c = 0; c < nrows; ++c) {
+                q(x + (p * NCP + c) * K, qb + c * ldq, K);
+                rowp[c] = qb + c * ldq;
+            }
+            auto* a = reinterpret_cast<int8_t*>(pb);
+            auto* da = reinterpret_cast<float*>(pb + panel_a);
+            auto* dsa = reinterpret_cast<float*>(pb + panel_a + panel_s);
+            qk.pack_panel(act, G, K, NCP, rowp, nrows, a, da, dsa);
+            panels[p] = ActPanel{a, da, dsa};
+        }
+    });
+
+    const auto* w = static_cast<const uint8_t*>(W.data);
+    const size_t work = qk.decode_work(K, G);
+    split_rows(pool, M, NR, [&](int64_t r0, int64_t r1) {
+        uint8_t* wb = tl_work.get(work);
+        for (int64_t r = r0; r < r1; r += NR)
+            qk.decode(K, form, unpack, w + r * ldw, ldw, static_cast<int>(std::min<int64_t>(NR, r1 - r)), panels,
+                      static_cast<int>(n), y + r, static_cast<size_t>(ldy), wb);
+    });
+}
+
 bool has_cpu_kernel(DType t) {
     switch (t) {
         case DType::F32:
@@ -296,6 +365,9 @@ void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, T
             matmul_q_gemv(W, x + c0 * K, std::min(kGemmMinN - 1, n - c0), y + c0 * ldy, ldy, pool, qk, qz);
         return;
     }
+    // The GEMM family: the decode kernel and the tile give the same floats.
+    const bool decode = path == MatmulPath::Decode || (path != MatmulPath::Tile && n < kDecodeMaxN);
+    if (decode && qk.decode) return matmul_q_decode(W, x, n, y, ldy, pool, qk, qz);
     return matmul_q_gemm(W, x, n, y, ldy, pool, qk, qz);
 }
 

@@ -19,15 +19,25 @@ namespace quern::cpu {
 /// shapes that are not whole blocks.
 void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool);
 
-/// Kernel family of a quantized matmul: Auto picks by n (GEMV below 12
-/// rows, GEMM from there). Each family computes every output element in an
-/// order independent of the other rows of the batch, but the two families
-/// round differently; a caller that needs a row's result to be independent of
-/// the batch it was computed in (the serving engine: the same request gives
-/// the same text alone or among others) forces one family per kind of row:
-/// Gemv runs n rows as consecutive GEMV calls of at most 11 rows, Gemm uses
-/// the GEMM kernels even for one row. Float weights ignore the choice.
-enum class MatmulPath { Auto, Gemv, Gemm };
+/// Kernel family of a matmul. The two families of quantized kernels round
+/// differently; within each, every output element is computed the same way
+/// whatever the number of rows n, the other rows of the batch and the thread
+/// count, so a caller that needs a row's result to be independent of the batch
+/// (the serving engine: a request gives the same text alone or among others)
+/// forces one family for every row:
+///   Gemv:   the fused GEMV kernels (consecutive calls of at most 11 rows);
+///           fastest for one or two rows, memory-bound.
+///   Gemm:   the GEMM arithmetic, computed by the decode kernel (weight rows
+///           across the vector lanes: full speed from one row up) below 512
+///           rows and by the register-tiled GEMM above, where the CPU has the
+///           decode kernel (AVX-512 VNNI), else by the tiled GEMM alone.
+///   Decode, Tile: the GEMM family through one kernel only (for tests and
+///           benchmarks; Decode is the tile where there is no decode kernel).
+///   Auto:   GEMV below 12 rows, Gemm from there (the fastest choice for one
+///           sequence; not batch-invariant).
+/// Float weights (F32/F16/BF16) have one family; every path but Auto uses its
+/// tiled kernel for every n (Auto takes a row-at-a-time kernel below 4 rows).
+enum class MatmulPath { Auto, Gemv, Gemm, Decode, Tile };
 void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool, MatmulPath path);
 
 /// Splits k floats into their 8-bit quantization in blocks of type `act`

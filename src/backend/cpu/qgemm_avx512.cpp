@@ -1,7 +1,9 @@
 // AVX-512 VNNI GEMM tile over unpacked weights (see kernels.h for the form
 // w_k = D_s * u_k + Mn_s). Integer products with vpdpbusd (u8 weights x s8
 // activations, 4 products per 32-bit lane), float scaling once per sub-block.
-// (Decode uses the fused kernels of gemv_avx512.cpp instead.)
+// qdecode_avx512.cpp computes the same floats with weight rows across the
+// lanes (few activation rows); single-sequence decode uses the fused GEMV
+// kernels of gemv_avx512.cpp, which round differently.
 //
 // GEMM tile (prefill): NR = 4 weight rows x NCP = 32 activation rows (two
 //   16-lane vectors). Activations are packed a[K/4][32][4]; each step loads two
@@ -145,6 +147,10 @@ const QKernels qkernels{
     false,
     tile,
     pack_panel,
+    16,
+    16,
+    decode,
+    decode_work_bytes,
     gemv_scratch_generic,
     gemv_prep_generic,
     gemv_for,

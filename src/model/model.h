@@ -41,7 +41,8 @@ struct SeqBatch {
     int64_t n = 0;
     const int32_t* block_table = nullptr;  ///< the sequence's blocks, covering positions 0 .. n_past + n - 1
     int64_t n_past = 0;                    ///< positions already in the cache
-    bool decode = false;                   ///< generated tokens (GEMV rows) rather than prompt rows (GEMM)
+    bool decode = false;                   ///< a generated token rather than prompt tokens (informative: both
+                                           ///< are computed alike)
     float* logits = nullptr;               ///< n_vocab floats for the last token, or null
 };
 
@@ -71,13 +72,13 @@ public:
     /// runs per sequence and per query row. Keys and values of the new
     /// positions are written into the sequences' blocks (which the caller
     /// allocated). Batch-invariant: a row's results depend only on its
-    /// sequence's tokens, never on the rest of the batch or on how a prompt
-    /// was cut into chunks — decode entries' rows always use the GEMV kernels,
-    /// prompt rows the GEMM kernels, attention is computed row by row, and
-    /// every kernel computes each row independently of the others. Decode
-    /// entries must come first. Throws quern::Error (before anything is
-    /// evaluated) for an out-of-range id, a missing block table or a violated
-    /// order; the default implementation throws (architecture without a
+    /// sequence's tokens, never on the rest of the batch, on how a prompt was
+    /// cut into chunks or on whether a token was generated or given in the
+    /// prompt — every row goes through the GEMM family of matmul kernels
+    /// (cpu::MatmulPath::Gemm), which computes each row alike whatever the
+    /// batch, and attention is computed row by row. Throws quern::Error
+    /// (before anything is evaluated) for an out-of-range id or a missing
+    /// block table; the default implementation throws (architecture without a
     /// batched pass).
     virtual void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv, ThreadPool& pool);
 

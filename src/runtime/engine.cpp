@@ -10,16 +10,16 @@
 //      one chunk per step, so a long prompt always progresses), allocating
 //      blocks as it goes; when none is left, the newest sequence loses its
 //      blocks (preemption) and is recomputed once blocks are free again;
-//   3. runs Model::forward_batch, publishes the prompt blocks it completed
-//      to the prefix cache, samples every sequence that produced logits and
-//      reports the events.
+//   3. runs Model::forward_batch, publishes the blocks it completed to the
+//      prefix cache, samples every sequence that produced logits and reports
+//      the events.
 // Model::forward_batch is batch-invariant (a row's result depends only on its
-// sequence), so a request produces the same tokens alone or in a crowd, with
-// or without a prefix-cache hit, for a given seed. Only prompt blocks are
-// published: their rows are computed the same way by every request with that
-// prompt (generated tokens take the GEMV path, prompt tokens the GEMM path).
-// A sequence that was preempted recomputes its generated tokens as prompt
-// rows, so its continuation may differ in the last bits from an undisturbed run.
+// sequence's tokens, and a generated token is computed exactly as the same
+// token in a prompt), so a request produces the same tokens alone or in a
+// crowd, with or without a prefix-cache hit, preempted or not, for a given
+// seed. Blocks of generated text are published too: a later prompt that
+// repeats a conversation (prompt + reply) reuses them, and a preempted
+// sequence finds its own blocks again if they have not been evicted.
 #include "runtime/engine.h"
 
 #include <algorithm>
@@ -55,7 +55,7 @@ struct Slot {
     TokenCallback cb;
     std::vector<int32_t> tokens;   // prompt + generated tokens
     std::vector<int32_t> blocks;   // block table of the paged cache
-    std::vector<uint64_t> hashes;  // chain hash of each full prompt block
+    std::vector<uint64_t> hashes;  // chain hash of each full block of tokens known so far
     int64_t computed = 0;          // positions whose keys/values are in the cache
     int64_t n_prompt = 0;
     int64_t n_cached = 0;          // prompt tokens taken from the prefix cache at admission
@@ -283,15 +283,17 @@ private:
         }
     }
 
-    /// Takes the blocks of the longest cached prefix of the prompt (keeping
-    /// at least one prompt token to compute, for the logits).
+    /// Takes the blocks of the longest cached prefix of the sequence's tokens
+    /// (keeping at least the last token to compute: it gives the logits of a
+    /// new prompt, and it is the next decode input of a preempted sequence).
     void prefix_lookup(Slot& s) {
         s.fresh = false;
         int64_t hit = 0;
         if (opts_.prefix_cache) {
             const int64_t bs = kv_->block_size();
+            const int64_t L = static_cast<int64_t>(s.tokens.size());
             for (size_t b = 0; b < s.hashes.size(); ++b) {
-                if (static_cast<int64_t>(b + 1) * bs > s.n_prompt - 1) break;
+                if (static_cast<int64_t>(b + 1) * bs > L - 1) break;
                 const int32_t blk = kv_->lookup(s.hashes[b]);
                 if (blk < 0) break;
                 s.blocks.push_back(blk);
@@ -394,7 +396,11 @@ private:
         for (const Entry& e : used) {
             Slot& s = *e.slot;
             s.computed += e.n;
-            // Publish the prompt blocks this step completed.
+            // Publish the blocks this step completed (prompt or generated text).
+            while (static_cast<int64_t>(s.hashes.size() + 1) * bs <= s.computed) {
+                const uint64_t parent = s.hashes.empty() ? 0 : s.hashes.back();
+                s.hashes.push_back(PagedKvPool::chain_hash(parent, s.tokens.data() + s.hashes.size() * bs, bs));
+            }
             for (int64_t b = 0; b < static_cast<int64_t>(s.hashes.size()) && (b + 1) * bs <= s.computed; ++b)
                 kv_->publish(s.blocks[static_cast<size_t>(b)], s.hashes[static_cast<size_t>(b)]);
         }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -130,12 +131,56 @@ TEST(Engine, BatchedForwardMatchesSingleSequence) {
     m.forward_batch(dec, 2, kv, pool);
     m.forward(&xa, 1, ref, lr.data(), false, pool);
     EXPECT_GE(cosine_similarity(la.data(), lr.data(), static_cast<int64_t>(nv)), 0.99999);
-    // Order rule and bad ids are refused before anything runs.
-    SeqBatch bad[2] = {{a.data(), 2, ta.data(), 0, false, nullptr}, {&xa, 1, tb.data(), 0, true, nullptr}};
-    EXPECT_THROW(m.forward_batch(bad, 2, kv, pool), Error);
+    // Bad ids are refused before anything runs.
     const int32_t oob = static_cast<int32_t>(nv);
     SeqBatch bad2[1] = {{&oob, 1, ta.data(), 0, true, nullptr}};
     EXPECT_THROW(m.forward_batch(bad2, 1, kv, pool), Error);
+}
+
+// A generated token (decode entry) and the same token given in a prompt get
+// bit-identical keys, values and logits, whatever else is in the batch and in
+// whichever order the entries come.
+TEST(Engine, DecodeRowsEqualPromptRows) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
+    Model& m = *loaded().model;
+    const auto& c = m.config();
+    ThreadPool pool(0);
+    const auto nv = static_cast<size_t>(c.n_vocab);
+    std::vector<int32_t> p = loaded().tok->encode(prompts()[1], true, true);
+    const std::vector<int32_t> other = loaded().tok->encode(prompts()[5], true, true);
+    const int64_t L = static_cast<int64_t>(p.size());
+    PagedKvPool kv(c.n_layer, c.kv_dim(), 64, 16);
+    auto blocks = [&](int n) {
+        std::vector<int32_t> t;
+        for (int i = 0; i < n; ++i) t.push_back(kv.allocate());
+        return t;
+    };
+    const std::vector<int32_t> t1 = blocks(4), t2 = blocks(4), t3 = blocks(6), t4 = blocks(6);
+    std::vector<float> l1(nv), l2(nv), lo(nv);
+    // 1: the prompt alone, then token x as a decode entry placed after a prompt entry of another sequence.
+    SeqBatch s1[1] = {{p.data(), L, t1.data(), 0, false, nullptr}};
+    m.forward_batch(s1, 1, kv, pool);
+    const int32_t x = 42;
+    SeqBatch s2[2] = {{other.data(), static_cast<int64_t>(other.size()), t3.data(), 0, false, lo.data()},
+                      {&x, 1, t1.data(), L, true, l1.data()}};
+    m.forward_batch(s2, 2, kv, pool);
+    // 2: prompt + x as one prompt, in two chunks, next to another sequence's prompt.
+    p.push_back(x);
+    SeqBatch s3[2] = {{p.data(), 5, t2.data(), 0, false, nullptr},
+                      {other.data(), 9, t4.data(), 0, false, nullptr}};
+    m.forward_batch(s3, 2, kv, pool);
+    SeqBatch s4[1] = {{p.data() + 5, L + 1 - 5, t2.data(), 5, false, l2.data()}};
+    m.forward_batch(s4, 1, kv, pool);
+    EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), nv * sizeof(float)));
+    for (int64_t il = 0; il < c.n_layer; il += 7)
+        for (int64_t pos : {int64_t(0), L - 1, L}) {
+            EXPECT_EQ(0, std::memcmp(kv.k_row(il, t1.data(), pos), kv.k_row(il, t2.data(), pos),
+                                     static_cast<size_t>(c.kv_dim()) * sizeof(float)))
+                << "layer " << il << " position " << pos;
+            EXPECT_EQ(0, std::memcmp(kv.v_row(il, t1.data(), pos), kv.v_row(il, t2.data(), pos),
+                                     static_cast<size_t>(c.kv_dim()) * sizeof(float)))
+                << "layer " << il << " position " << pos;
+        }
 }
 
 TEST(PagedKv, RefcountsPrefixCacheAndEviction) {
@@ -245,8 +290,47 @@ TEST(Engine, PrefixCacheReusesBlocks) {
     EXPECT_EQ(cc.tokens, cb.tokens);
 }
 
+// Blocks of generated text are published: a prompt that repeats an earlier
+// prompt and its reply reuses blocks beyond the earlier prompt's, and gives
+// the same tokens as without the cache.
+TEST(Engine, GeneratedBlocksAreReused) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
+    EngineOptions o;
+    o.n_ctx = 256;
+    o.n_parallel = 2;
+    auto eng = make_engine(*loaded().model, *loaded().tok, o);
+    GenerationRequest a = greedy(prompts()[5], 40);
+    a.ignore_eos = true;
+    Collector ca;
+    eng->submit(a, ca.cb());
+    ca.wait();
+    ASSERT_EQ(ca.tokens.size(), 40u);
+    GenerationRequest b = a;
+    b.prompt.insert(b.prompt.end(), ca.tokens.begin(), ca.tokens.end());
+    b.max_tokens = 12;
+    std::atomic<int64_t> cached{-1};
+    Collector cb;
+    TokenCallback inner = cb.cb();
+    eng->submit(b, [&](const TokenEvent& e) {
+        cached = e.n_cached;
+        return inner(e);
+    });
+    cb.wait();
+    // a computed its prompt and 39 generated tokens (the last one was never an input).
+    const int64_t computed_a = static_cast<int64_t>(a.prompt.size()) + 39;
+    EXPECT_EQ(cached.load(), computed_a / 16 * 16);
+    EXPECT_GT(cached.load(), static_cast<int64_t>(a.prompt.size()) / 16 * 16);
+    o.prefix_cache = false;
+    auto cold = make_engine(*loaded().model, *loaded().tok, o);
+    Collector cc;
+    cold->submit(b, cc.cb());
+    cc.wait();
+    EXPECT_EQ(cc.tokens, cb.tokens);
+}
+
 // A KV cache of one context for four requests: sequences are preempted and
-// recomputed, and every request still completes.
+// recomputed, and every request still completes, with the tokens it gives
+// alone (a recomputed generated token is computed exactly as before).
 TEST(Engine, PreemptionWhenBlocksRunOut) {
     if (!test::have_default_model()) GTEST_SKIP() << "default model not fetched";
     EngineOptions o;
@@ -268,6 +352,18 @@ TEST(Engine, PreemptionWhenBlocksRunOut) {
         EXPECT_EQ(c->tokens.size(), 40u);
     }
     EXPECT_GT(eng->stats().preemptions, 0);
+    o.kv_tokens = 0;  // room for every context
+    o.prefix_cache = false;
+    auto roomy = make_engine(*loaded().model, *loaded().tok, o);
+    for (int i = 0; i < 4; ++i) {
+        Collector c;
+        GenerationRequest r = greedy(prompts()[static_cast<size_t>(i + 1)], 40);
+        r.ignore_eos = true;
+        roomy->submit(r, c.cb());
+        c.wait();
+        EXPECT_EQ(c.tokens, cs[static_cast<size_t>(i)]->tokens) << "request " << i;
+    }
+    EXPECT_EQ(roomy->stats().preemptions, 0);
 }
 
 TEST(Engine, SeededSamplingRepeats) {

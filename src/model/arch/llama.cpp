@@ -49,13 +49,6 @@ private:
     /// previous call (Q/K/V and gate/up read the same activations).
     void mm(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
             bool same_input = false, cpu::MatmulPath path = cpu::MatmulPath::Auto);
-    /// mm over a batch whose first n_dec rows are decode rows (GEMV family)
-    /// and the rest prompt rows (GEMM family); see forward_batch.
-    void mm_split(const Tensor& W, const float* x, int64_t n, int64_t n_dec, float* y, int64_t ldy, ThreadPool& pool) {
-        const int64_t K = W.ne[0];
-        if (n_dec > 0) mm(W, x, n_dec, y, ldy, pool, false, cpu::MatmulPath::Gemv);
-        if (n > n_dec) mm(W, x + n_dec * K, n - n_dec, y + n_dec * ldy, ldy, pool, false, cpu::MatmulPath::Gemm);
-    }
     std::vector<float> kb_, vb_, lrows_, lout_;
     std::vector<int32_t> toks_;
 
@@ -235,20 +228,13 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
         fail("paged KV cache shape ({} layers × {}) does not match the model ({} × {})", kv.n_layer(), kv.kv_dim(),
              c.n_layer, c.kv_dim());
     // Validate everything before evaluating anything.
-    int64_t T = 0, n_dec = 0;
-    bool prompt_seen = false;
+    int64_t T = 0;
     for (int s = 0; s < n_seqs; ++s) {
         const SeqBatch& b = seqs[s];
         if (b.n <= 0 || !b.tokens || !b.block_table || b.n_past < 0) fail("forward_batch: entry {} is empty", s);
         for (int64_t i = 0; i < b.n; ++i)
             if (b.tokens[i] < 0 || b.tokens[i] >= c.n_vocab)
                 fail("token id {} is outside the vocabulary [0, {})", b.tokens[i], c.n_vocab);
-        if (b.decode) {
-            if (prompt_seen) fail("forward_batch: decode entries must come before prompt entries");
-            n_dec += b.n;
-        } else {
-            prompt_seen = true;
-        }
         T += b.n;
     }
     ensure_scratch(T);
@@ -265,10 +251,13 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     float* x = x_.data();
     cpu::get_rows(*tok_embd_, toks_.data(), T, x);
+    // Every row, generated token or prompt token, through the GEMM family
+    // (cpu::MatmulPath::Gemm), whose kernels compute each row alike whatever
+    // the batch: a token's keys, values and logits depend only on its sequence.
     run_layers(
         T,
-        [&](const Tensor& W, const float* in, float* out, int64_t ld, bool) {
-            mm_split(W, in, T, n_dec, out, ld, pool);
+        [&](const Tensor& W, const float* in, float* out, int64_t ld, bool same) {
+            mm(W, in, T, out, ld, pool, same, cpu::MatmulPath::Gemm);
         },
         [&](int64_t il) {
             int64_t r = 0;
@@ -285,8 +274,7 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
             }
         },
         [](int64_t) {});
-    // Logits of the last row of every entry that asks for them, all through
-    // the GEMV family (a prompt's last row and a decode row alike).
+    // Logits of the last row of every entry that asks for them.
     std::vector<int> want;
     {
         int64_t r = 0;
@@ -302,7 +290,7 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
         cpu::rms_norm(x + want[static_cast<size_t>(i)] * c.n_embd, static_cast<const float*>(out_norm_->data),
                       lrows_.data() + i * c.n_embd, 1, c.n_embd, c.rms_eps);
     lout_.resize(static_cast<size_t>(m * c.n_vocab));
-    mm(*output_, lrows_.data(), m, lout_.data(), c.n_vocab, pool, false, cpu::MatmulPath::Gemv);
+    mm(*output_, lrows_.data(), m, lout_.data(), c.n_vocab, pool, false, cpu::MatmulPath::Gemm);
     int64_t i = 0;
     for (int s = 0; s < n_seqs; ++s)
         if (seqs[s].logits) {

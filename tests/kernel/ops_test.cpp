@@ -190,4 +190,16 @@ TEST(Ops, PagedAttentionMatchesContiguous) {
     cpu::attention_paged(q.data() + 4 * n_head * hd, view, pos.data() + 4, 1, n_head, n_head_kv, hd, 0.2f, c.data(),
                          pool);
     EXPECT_EQ(0, std::memcmp(c.data(), b.data() + 4 * n_head * hd, c.size() * sizeof(float)));
+    // Several sequences in one call give each sequence's own bits: rows 0-2
+    // and 3-5 as two sequences over the same cache, and row 4 again as a third.
+    std::vector<float> d(q.size(), NAN), e(static_cast<size_t>(n_head * hd), NAN);
+    const cpu::PagedAttnSeq seqs[3] = {{q.data(), view, pos.data(), 3, d.data()},
+                                       {q.data() + 3 * n_head * hd, view, pos.data() + 3, 3, d.data() + 3 * n_head * hd},
+                                       {q.data() + 4 * n_head * hd, view, pos.data() + 4, 1, e.data()}};
+    for (int threads : {1, 3}) {
+        ThreadPool p2(threads);
+        cpu::attention_paged_batch(seqs, 3, n_head, n_head_kv, hd, 0.2f, p2);
+        EXPECT_EQ(0, std::memcmp(d.data(), b.data(), d.size() * sizeof(float)));
+        EXPECT_EQ(0, std::memcmp(e.data(), c.data(), e.size() * sizeof(float)));
+    }
 }

@@ -22,6 +22,8 @@ void axpy_f32(float a, const float* x, float* y, int n);
 float dot_f32_avx2(const float* a, const float* b, int n);
 void axpy_f32_avx2(float a, const float* x, float* y, int n);
 void softmax_scaled_avx2(float* x, int64_t n, float scale);
+void attend_head_avx2(const float* qh, const float* const* kb, const float* const* vb, int64_t bs, int64_t stride,
+                      int64_t len, int head_dim, float scale, float* scores, float* o);
 void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n);
 
 namespace {
@@ -193,39 +195,64 @@ void attention_gemm(const float* q, const float* k, const float* v, int64_t kv_s
 
 namespace {
 
-// One query row at a time; row_k(p) / row_v(p) give position p's cache rows.
-template <class RowK, class RowV>
-void attention_rows(const float* q, RowK row_k, RowV row_v, const int32_t* pos, int64_t n, int n_head, int n_head_kv,
-                    int head_dim, float scale, float* out, ThreadPool& pool) {
+// One query row and head: qh (head_dim floats) against cache positions
+// 0..len-1, given in blocks of bs rows: position p is row p % bs (stride
+// floats apart) from kb[p / bs] (keys) and vb[p / bs] (values), pointers
+// already at the head's KV columns. The head's output goes to o. scores: room
+// for len floats.
+void attend_row(const float* qh, const float* const* kb, const float* const* vb, int64_t bs, int64_t stride,
+                int64_t len, int head_dim, float scale, float* scores, float* o) {
+    if (kHaveAvx2 && head_dim % 8 == 0)
+        return attend_head_avx2(qh, kb, vb, bs, stride, len, head_dim, scale, scores, o);
+    for (int64_t p = 0; p < len; ++p) scores[p] = dot_f32(qh, kb[p / bs] + (p % bs) * stride, head_dim);
+    softmax_scaled(scores, len, scale);
+    std::fill(o, o + head_dim, 0.0f);
+    for (int64_t p = 0; p < len; ++p) axpy_f32(scores[p], vb[p / bs] + (p % bs) * stride, o, head_dim);
+}
+
+// Per-thread scratch: len scores and the block pointers of both caches.
+struct RowScratch {
+    std::vector<float> scores;
+    std::vector<const float*> kb, vb;
+};
+RowScratch& row_scratch(int64_t len, int64_t n_blocks) {
+    thread_local RowScratch r;
+    if (static_cast<int64_t>(r.scores.size()) < len) r.scores.resize(static_cast<size_t>(len));
+    if (static_cast<int64_t>(r.kb.size()) < n_blocks) {
+        r.kb.resize(static_cast<size_t>(n_blocks));
+        r.vb.resize(static_cast<size_t>(n_blocks));
+    }
+    return r;
+}
+
+// Query row t, head h of a paged sequence (block table) or a contiguous cache
+// (block_table == nullptr: one block).
+void attend_one(const float* q, const float* k, const float* v, const int32_t* block_table, int64_t block_size,
+                int64_t kv_stride, const int32_t* pos, int64_t t, int h, int n_head, int group, int head_dim,
+                float scale, float* out) {
+    const int64_t len = static_cast<int64_t>(pos[t]) + 1;
+    const int64_t bs = block_table ? block_size : len;
+    const int64_t nblk = (len + bs - 1) / bs;
+    RowScratch& rs = row_scratch(len, nblk);
+    const int64_t col = static_cast<int64_t>(h / group) * head_dim;
+    for (int64_t b = 0; b < nblk; ++b) {
+        const int64_t row0 = block_table ? static_cast<int64_t>(block_table[b]) * block_size : 0;
+        rs.kb[static_cast<size_t>(b)] = k + row0 * kv_stride + col;
+        rs.vb[static_cast<size_t>(b)] = v + row0 * kv_stride + col;
+    }
+    attend_row(q + (t * n_head + h) * head_dim, rs.kb.data(), rs.vb.data(), bs, kv_stride, len, head_dim, scale,
+               rs.scores.data(), out + (t * n_head + h) * head_dim);
+}
+
+// One query row at a time (work items: (row, head) pairs).
+void attention_rows(const float* q, const float* k, const float* v, const int32_t* block_table, int64_t block_size,
+                    int64_t kv_stride, const int32_t* pos, int64_t n, int n_head, int n_head_kv, int head_dim,
+                    float scale, float* out, ThreadPool& pool) {
     const int group = n_head / n_head_kv;
-    const int64_t work = n * n_head;
-    pool.parallel_for(work, 1, [&](int64_t b, int64_t e, int) {
-        thread_local std::vector<float> scores;
-        for (int64_t w = b; w < e; ++w) {
-            const int64_t t = w / n_head;
-            const int h = static_cast<int>(w % n_head);
-            const int kvh = h / group;
-            const int64_t len = static_cast<int64_t>(pos[t]) + 1;
-            if (static_cast<int64_t>(scores.size()) < len) scores.resize(static_cast<size_t>(len));
-            const float* qh = q + (t * n_head + h) * head_dim;
-            float mx = -INFINITY;
-            for (int64_t p = 0; p < len; ++p) {
-                const float s = dot_f32(qh, row_k(p) + kvh * head_dim, head_dim) * scale;
-                scores[static_cast<size_t>(p)] = s;
-                mx = std::max(mx, s);
-            }
-            float sum = 0.0f;
-            for (int64_t p = 0; p < len; ++p) {
-                const float e2 = std::exp(scores[static_cast<size_t>(p)] - mx);
-                scores[static_cast<size_t>(p)] = e2;
-                sum += e2;
-            }
-            float* o = out + (t * n_head + h) * head_dim;
-            std::fill(o, o + head_dim, 0.0f);
-            const float inv = 1.0f / sum;
-            for (int64_t p = 0; p < len; ++p)
-                axpy_f32(scores[static_cast<size_t>(p)] * inv, row_v(p) + kvh * head_dim, o, head_dim);
-        }
+    pool.parallel_for(n * n_head, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t w = b; w < e; ++w)
+            attend_one(q, k, v, block_table, block_size, kv_stride, pos, w / n_head, static_cast<int>(w % n_head),
+                       n_head, group, head_dim, scale, out);
     });
 }
 
@@ -235,13 +262,32 @@ void attention_paged(const float* q, const PagedKv& kv, const int32_t* pos, int6
                      int head_dim, float scale, float* out, ThreadPool& pool) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
     if (kv.block_size <= 0) fail("attention_paged: block size must be positive");
-    const auto row = [&kv](const float* base, int64_t p) {
-        return base + (static_cast<int64_t>(kv.block_table[p / kv.block_size]) * kv.block_size + p % kv.block_size) *
-                          kv.kv_stride;
-    };
-    attention_rows(
-        q, [&](int64_t p) { return row(kv.k, p); }, [&](int64_t p) { return row(kv.v, p); }, pos, n, n_head,
-        n_head_kv, head_dim, scale, out, pool);
+    attention_rows(q, kv.k, kv.v, kv.block_table, kv.block_size, kv.kv_stride, pos, n, n_head, n_head_kv, head_dim,
+                   scale, out, pool);
+}
+
+void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int n_head_kv, int head_dim, float scale,
+                           ThreadPool& pool) {
+    if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
+    thread_local std::vector<int64_t> first;  // first (row, head) work item of each sequence
+    first.resize(static_cast<size_t>(n_seqs) + 1);
+    first[0] = 0;
+    for (int s = 0; s < n_seqs; ++s) {
+        if (seqs[s].kv.block_size <= 0) fail("attention_paged: block size must be positive");
+        first[static_cast<size_t>(s) + 1] = first[static_cast<size_t>(s)] + seqs[s].n * n_head;
+    }
+    const int group = n_head / n_head_kv;
+    const int64_t* fst = first.data();
+    pool.parallel_for(fst[n_seqs], 1, [&](int64_t b, int64_t e, int) {
+        int s = static_cast<int>(std::upper_bound(fst, fst + n_seqs + 1, b) - fst) - 1;
+        for (int64_t w = b; w < e; ++w) {
+            while (w >= fst[s + 1]) ++s;
+            const PagedAttnSeq& sq = seqs[s];
+            attend_one(sq.q, sq.kv.k, sq.kv.v, sq.kv.block_table, sq.kv.block_size, sq.kv.kv_stride, sq.pos,
+                       (w - fst[s]) / n_head, static_cast<int>((w - fst[s]) % n_head), n_head, group, head_dim, scale,
+                       sq.out);
+        }
+    });
 }
 
 void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
@@ -249,9 +295,7 @@ void attention(const float* q, const float* k, const float* v, int64_t kv_stride
                ThreadPool& pool) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
     if (n >= 16) return attention_gemm(q, k, v, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, out, pool);
-    return attention_rows(
-        q, [&](int64_t p) { return k + p * kv_stride; }, [&](int64_t p) { return v + p * kv_stride; }, pos, n, n_head,
-        n_head_kv, head_dim, scale, out, pool);
+    return attention_rows(q, k, v, nullptr, 0, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, out, pool);
 }
 
 }  // namespace quern::cpu

@@ -64,6 +64,22 @@ struct PagedKv {
 void attention_paged(const float* q, const PagedKv& kv, const int32_t* pos, int64_t n, int n_head, int n_head_kv,
                      int head_dim, float scale, float* out, ThreadPool& pool);
 
+/// One sequence's query rows for attention_paged_batch: q, pos, n and out as
+/// in attention_paged, over the cache rows kv.
+struct PagedAttnSeq {
+    const float* q;
+    PagedKv kv;
+    const int32_t* pos;
+    int64_t n;
+    float* out;
+};
+
+/// attention_paged for several sequences in one parallel region (the work
+/// items are all (query row, head) pairs): every row is computed exactly as
+/// attention_paged computes it.
+void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int n_head_kv, int head_dim, float scale,
+                           ThreadPool& pool);
+
 /// Numerically stable in-place softmax of n floats.
 void softmax(float* x, int64_t n);
 

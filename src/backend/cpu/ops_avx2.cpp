@@ -109,4 +109,60 @@ void softmax_scaled_avx2(float* x, int64_t n, float scale) {
     for (; i < n; ++i) x[i] *= 1.0f / sum;
 }
 
+namespace {
+// o[0 .. 8*NV) += sum over p < len of w[p] * row(p)[0 .. 8*NV), the sum kept
+// in registers (rows as in attend_head_avx2).
+template <int NV>
+void weighted_rows(const float* w, const float* const* vb, int64_t bs, int64_t stride, int64_t len, int64_t d0,
+                   float* o) {
+    __m256 acc[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < len; b0 += bs) {
+        const float* base = vb[b0 / bs] + d0;
+        const int64_t nb = len - b0 < bs ? len - b0 : bs;
+        for (int64_t i = 0; i < nb; ++i) {
+            const __m256 s = _mm256_broadcast_ss(w + b0 + i);
+            const float* row = base + i * stride;
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; ++j) acc[j] = _mm256_fmadd_ps(s, _mm256_loadu_ps(row + 8 * j), acc[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(o + d0 + 8 * j, acc[j]);
+}
+}  // namespace
+
+void attend_head_avx2(const float* qh, const float* const* kb, const float* const* vb, int64_t bs, int64_t stride,
+                      int64_t len, int head_dim, float scale, float* scores, float* o) {
+    for (int64_t b0 = 0; b0 < len; b0 += bs) {
+        const float* base = kb[b0 / bs];
+        const int64_t nb = len - b0 < bs ? len - b0 : bs;
+        for (int64_t i = 0; i < nb; ++i) {
+            const float* k = base + i * stride;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int d = 0;
+            for (; d + 16 <= head_dim; d += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(k + d), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+            }
+            if (d < head_dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(k + d), a0);
+            scores[b0 + i] = hsum(_mm256_add_ps(a0, a1));
+        }
+    }
+    softmax_scaled_avx2(scores, len, scale);
+    int64_t d0 = 0;
+    for (; d0 + 64 <= head_dim; d0 += 64) weighted_rows<8>(scores, vb, bs, stride, len, d0, o);
+    switch ((head_dim - d0) / 8) {
+        case 7: weighted_rows<7>(scores, vb, bs, stride, len, d0, o); break;
+        case 6: weighted_rows<6>(scores, vb, bs, stride, len, d0, o); break;
+        case 5: weighted_rows<5>(scores, vb, bs, stride, len, d0, o); break;
+        case 4: weighted_rows<4>(scores, vb, bs, stride, len, d0, o); break;
+        case 3: weighted_rows<3>(scores, vb, bs, stride, len, d0, o); break;
+        case 2: weighted_rows<2>(scores, vb, bs, stride, len, d0, o); break;
+        case 1: weighted_rows<1>(scores, vb, bs, stride, len, d0, o); break;
+        default: break;
+    }
+}
+
 }  // namespace quern::cpu

@@ -50,6 +50,7 @@ private:
     void mm(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
             bool same_input = false, cpu::MatmulPath path = cpu::MatmulPath::Auto);
     std::vector<float> kb_, vb_, lrows_, lout_;
+    std::vector<cpu::PagedAttnSeq> attn_seqs_;
     std::vector<int32_t> toks_;
 
     /// The decoder blocks over nb rows of x_ (positions in pos_), shared by
@@ -260,6 +261,7 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
             mm(W, in, T, out, ld, pool, same, cpu::MatmulPath::Gemm);
         },
         [&](int64_t il) {
+            attn_seqs_.clear();
             int64_t r = 0;
             for (int s = 0; s < n_seqs; ++s) {
                 const SeqBatch& b = seqs[s];
@@ -267,11 +269,13 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
                     std::copy_n(kb_.data() + (r + i) * kvd, kvd, kv.k_row(il, b.block_table, b.n_past + i));
                     std::copy_n(vb_.data() + (r + i) * kvd, kvd, kv.v_row(il, b.block_table, b.n_past + i));
                 }
-                cpu::attention_paged(q_.data() + r * qd, kv.view(il, b.block_table), pos_.data() + r, b.n,
-                                     static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
-                                     static_cast<int>(c.head_dim), scale, attn_.data() + r * qd, pool);
+                attn_seqs_.push_back(cpu::PagedAttnSeq{q_.data() + r * qd, kv.view(il, b.block_table),
+                                                       pos_.data() + r, b.n, attn_.data() + r * qd});
                 r += b.n;
             }
+            // One parallel region for every sequence's rows.
+            cpu::attention_paged_batch(attn_seqs_.data(), n_seqs, static_cast<int>(c.n_head),
+                                       static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), scale, pool);
         },
         [](int64_t) {});
     // Logits of the last row of every entry that asks for them.

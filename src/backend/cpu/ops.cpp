@@ -22,8 +22,8 @@ void axpy_f32(float a, const float* x, float* y, int n);
 float dot_f32_avx2(const float* a, const float* b, int n);
 void axpy_f32_avx2(float a, const float* x, float* y, int n);
 void softmax_scaled_avx2(float* x, int64_t n, float scale);
-void attend_head_avx2(const float* qh, const float* const* kb, const float* const* vb, int64_t bs, int64_t stride,
-                      int64_t len, int head_dim, float scale, float* scores, float* o);
+void attend_heads_avx2(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
+                       int64_t stride, int64_t len, int head_dim, float scale, float* const* scores, float* const* o);
 void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n);
 
 namespace {
@@ -195,29 +195,33 @@ void attention_gemm(const float* q, const float* k, const float* v, int64_t kv_s
 
 namespace {
 
-// One query row and head: qh (head_dim floats) against cache positions
-// 0..len-1, given in blocks of bs rows: position p is row p % bs (stride
-// floats apart) from kb[p / bs] (keys) and vb[p / bs] (values), pointers
-// already at the head's KV columns. The head's output goes to o. scores: room
-// for len floats.
-void attend_row(const float* qh, const float* const* kb, const float* const* vb, int64_t bs, int64_t stride,
-                int64_t len, int head_dim, float scale, float* scores, float* o) {
+// One query row, the nh query heads that share a KV head: qh[i] (head_dim
+// floats each) against cache positions 0..len-1, given in blocks of bs rows:
+// position p is row p % bs (stride floats apart) from kb[p / bs] (keys) and
+// vb[p / bs] (values), pointers already at the KV head's columns. Head i's
+// output goes to o[i]. scores[i]: room for len floats.
+void attend_heads(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
+                  int64_t stride, int64_t len, int head_dim, float scale, float* const* scores, float* const* o) {
     if (kHaveAvx2 && head_dim % 8 == 0)
-        return attend_head_avx2(qh, kb, vb, bs, stride, len, head_dim, scale, scores, o);
-    for (int64_t p = 0; p < len; ++p) scores[p] = dot_f32(qh, kb[p / bs] + (p % bs) * stride, head_dim);
-    softmax_scaled(scores, len, scale);
-    std::fill(o, o + head_dim, 0.0f);
-    for (int64_t p = 0; p < len; ++p) axpy_f32(scores[p], vb[p / bs] + (p % bs) * stride, o, head_dim);
+        return attend_heads_avx2(nh, qh, kb, vb, bs, stride, len, head_dim, scale, scores, o);
+    for (int i = 0; i < nh; ++i) {
+        float* sc = scores[i];
+        for (int64_t p = 0; p < len; ++p) sc[p] = dot_f32(qh[i], kb[p / bs] + (p % bs) * stride, head_dim);
+        softmax_scaled(sc, len, scale);
+        std::fill(o[i], o[i] + head_dim, 0.0f);
+        for (int64_t p = 0; p < len; ++p) axpy_f32(sc[p], vb[p / bs] + (p % bs) * stride, o[i], head_dim);
+    }
 }
 
-// Per-thread scratch: len scores and the block pointers of both caches.
+// Per-thread scratch: scores of each head of a group and the block pointers
+// of both caches.
 struct RowScratch {
     std::vector<float> scores;
     std::vector<const float*> kb, vb;
 };
-RowScratch& row_scratch(int64_t len, int64_t n_blocks) {
+RowScratch& row_scratch(int64_t scores, int64_t n_blocks) {
     thread_local RowScratch r;
-    if (static_cast<int64_t>(r.scores.size()) < len) r.scores.resize(static_cast<size_t>(len));
+    if (static_cast<int64_t>(r.scores.size()) < scores) r.scores.resize(static_cast<size_t>(scores));
     if (static_cast<int64_t>(r.kb.size()) < n_blocks) {
         r.kb.resize(static_cast<size_t>(n_blocks));
         r.vb.resize(static_cast<size_t>(n_blocks));
@@ -225,34 +229,47 @@ RowScratch& row_scratch(int64_t len, int64_t n_blocks) {
     return r;
 }
 
-// Query row t, head h of a paged sequence (block table) or a contiguous cache
-// (block_table == nullptr: one block).
+// Query row t, KV head g (query heads g*group .. g*group + group - 1) of a
+// paged sequence (block table) or of a contiguous cache (block_table ==
+// nullptr: one block).
 void attend_one(const float* q, const float* k, const float* v, const int32_t* block_table, int64_t block_size,
-                int64_t kv_stride, const int32_t* pos, int64_t t, int h, int n_head, int group, int head_dim,
+                int64_t kv_stride, const int32_t* pos, int64_t t, int g, int n_head, int group, int head_dim,
                 float scale, float* out) {
     const int64_t len = static_cast<int64_t>(pos[t]) + 1;
     const int64_t bs = block_table ? block_size : len;
     const int64_t nblk = (len + bs - 1) / bs;
-    RowScratch& rs = row_scratch(len, nblk);
-    const int64_t col = static_cast<int64_t>(h / group) * head_dim;
+    RowScratch& rs = row_scratch(len * group, nblk);
+    const int64_t col = static_cast<int64_t>(g) * head_dim;
     for (int64_t b = 0; b < nblk; ++b) {
         const int64_t row0 = block_table ? static_cast<int64_t>(block_table[b]) * block_size : 0;
         rs.kb[static_cast<size_t>(b)] = k + row0 * kv_stride + col;
         rs.vb[static_cast<size_t>(b)] = v + row0 * kv_stride + col;
     }
-    attend_row(q + (t * n_head + h) * head_dim, rs.kb.data(), rs.vb.data(), bs, kv_stride, len, head_dim, scale,
-               rs.scores.data(), out + (t * n_head + h) * head_dim);
+    constexpr int kMaxGroup = 16;
+    const float* qh[kMaxGroup];
+    float* sc[kMaxGroup];
+    float* o[kMaxGroup];
+    for (int h0 = 0; h0 < group; h0 += kMaxGroup) {
+        const int nh = std::min(kMaxGroup, group - h0);
+        for (int i = 0; i < nh; ++i) {
+            const int64_t h = static_cast<int64_t>(g) * group + h0 + i;
+            qh[i] = q + (t * n_head + h) * head_dim;
+            sc[i] = rs.scores.data() + (h0 + i) * len;
+            o[i] = out + (t * n_head + h) * head_dim;
+        }
+        attend_heads(nh, qh, rs.kb.data(), rs.vb.data(), bs, kv_stride, len, head_dim, scale, sc, o);
+    }
 }
 
-// One query row at a time (work items: (row, head) pairs).
+// One query row at a time (work items: (row, KV head) pairs).
 void attention_rows(const float* q, const float* k, const float* v, const int32_t* block_table, int64_t block_size,
                     int64_t kv_stride, const int32_t* pos, int64_t n, int n_head, int n_head_kv, int head_dim,
                     float scale, float* out, ThreadPool& pool) {
     const int group = n_head / n_head_kv;
-    pool.parallel_for(n * n_head, 1, [&](int64_t b, int64_t e, int) {
+    pool.parallel_for(n * n_head_kv, 1, [&](int64_t b, int64_t e, int) {
         for (int64_t w = b; w < e; ++w)
-            attend_one(q, k, v, block_table, block_size, kv_stride, pos, w / n_head, static_cast<int>(w % n_head),
-                       n_head, group, head_dim, scale, out);
+            attend_one(q, k, v, block_table, block_size, kv_stride, pos, w / n_head_kv,
+                       static_cast<int>(w % n_head_kv), n_head, group, head_dim, scale, out);
     });
 }
 
@@ -269,12 +286,12 @@ void attention_paged(const float* q, const PagedKv& kv, const int32_t* pos, int6
 void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int n_head_kv, int head_dim, float scale,
                            ThreadPool& pool) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
-    thread_local std::vector<int64_t> first;  // first (row, head) work item of each sequence
+    thread_local std::vector<int64_t> first;  // first (row, KV head) work item of each sequence
     first.resize(static_cast<size_t>(n_seqs) + 1);
     first[0] = 0;
     for (int s = 0; s < n_seqs; ++s) {
         if (seqs[s].kv.block_size <= 0) fail("attention_paged: block size must be positive");
-        first[static_cast<size_t>(s) + 1] = first[static_cast<size_t>(s)] + seqs[s].n * n_head;
+        first[static_cast<size_t>(s) + 1] = first[static_cast<size_t>(s)] + seqs[s].n * n_head_kv;
     }
     const int group = n_head / n_head_kv;
     const int64_t* fst = first.data();
@@ -284,8 +301,8 @@ void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int
             while (w >= fst[s + 1]) ++s;
             const PagedAttnSeq& sq = seqs[s];
             attend_one(sq.q, sq.kv.k, sq.kv.v, sq.kv.block_table, sq.kv.block_size, sq.kv.kv_stride, sq.pos,
-                       (w - fst[s]) / n_head, static_cast<int>((w - fst[s]) % n_head), n_head, group, head_dim, scale,
-                       sq.out);
+                       (w - fst[s]) / n_head_kv, static_cast<int>((w - fst[s]) % n_head_kv), n_head, group, head_dim,
+                       scale, sq.out);
         }
     });
 }

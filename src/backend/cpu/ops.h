@@ -75,8 +75,8 @@ struct PagedAttnSeq {
 };
 
 /// attention_paged for several sequences in one parallel region (the work
-/// items are all (query row, head) pairs): every row is computed exactly as
-/// attention_paged computes it.
+/// items are all (query row, KV head) pairs): every row is computed exactly
+/// as attention_paged computes it.
 void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int n_head_kv, int head_dim, float scale,
                            ThreadPool& pool);
 

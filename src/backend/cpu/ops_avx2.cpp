@@ -110,58 +110,82 @@ void softmax_scaled_avx2(float* x, int64_t n, float scale) {
 }
 
 namespace {
-// o[0 .. 8*NV) += sum over p < len of w[p] * row(p)[0 .. 8*NV), the sum kept
-// in registers (rows as in attend_head_avx2).
-template <int NV>
-void weighted_rows(const float* w, const float* const* vb, int64_t bs, int64_t stride, int64_t len, int64_t d0,
-                   float* o) {
-    __m256 acc[NV];
+// For the nh heads h of a group: o[h][d0 .. d0 + 8*NV) = sum over p < len of
+// w[h][p] * row(p)[d0 ..], the sums kept in registers (rows as in
+// attend_heads_avx2); each value row is loaded once for all heads.
+template <int NV, int NH>
+void weighted_rows(const float* const* w, const float* const* vb, int64_t bs, int64_t stride, int64_t len, int64_t d0,
+                   float* const* o) {
+    __m256 acc[NH][NV];
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
+    for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) acc[h][j] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < len; b0 += bs) {
         const float* base = vb[b0 / bs] + d0;
         const int64_t nb = len - b0 < bs ? len - b0 : bs;
         for (int64_t i = 0; i < nb; ++i) {
-            const __m256 s = _mm256_broadcast_ss(w + b0 + i);
             const float* row = base + i * stride;
+            __m256 r[NV];
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; ++j) acc[j] = _mm256_fmadd_ps(s, _mm256_loadu_ps(row + 8 * j), acc[j]);
+            for (int j = 0; j < NV; ++j) r[j] = _mm256_loadu_ps(row + 8 * j);
+#pragma GCC unroll 8
+            for (int h = 0; h < NH; ++h) {
+                const __m256 s = _mm256_broadcast_ss(w[h] + b0 + i);
+#pragma GCC unroll 8
+                for (int j = 0; j < NV; ++j) acc[h][j] = _mm256_fmadd_ps(s, r[j], acc[h][j]);
+            }
         }
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(o + d0 + 8 * j, acc[j]);
+    for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) _mm256_storeu_ps(o[h] + d0 + 8 * j, acc[h][j]);
+}
+
+// NH heads at a time, in chunks of 8 * NV dimensions (NH * NV accumulators).
+template <int NH, int NV>
+void weighted_heads(const float* const* w, const float* const* vb, int64_t bs, int64_t stride, int64_t len,
+                    int head_dim, float* const* o) {
+    int64_t d0 = 0;
+    for (; d0 + 8 * NV <= head_dim; d0 += 8 * NV) weighted_rows<NV, NH>(w, vb, bs, stride, len, d0, o);
+    for (; d0 < head_dim; d0 += 8) weighted_rows<1, NH>(w, vb, bs, stride, len, d0, o);
 }
 }  // namespace
 
-void attend_head_avx2(const float* qh, const float* const* kb, const float* const* vb, int64_t bs, int64_t stride,
-                      int64_t len, int head_dim, float scale, float* scores, float* o) {
+void attend_heads_avx2(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
+                       int64_t stride, int64_t len, int head_dim, float scale, float* const* scores, float* const* o) {
+    // Scores: each key row loaded once for the nh heads; per head the same
+    // two-accumulator sum as a single-head dot product.
     for (int64_t b0 = 0; b0 < len; b0 += bs) {
         const float* base = kb[b0 / bs];
         const int64_t nb = len - b0 < bs ? len - b0 : bs;
         for (int64_t i = 0; i < nb; ++i) {
             const float* k = base + i * stride;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            int d = 0;
-            for (; d + 16 <= head_dim; d += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(k + d), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+            for (int h = 0; h < nh; ++h) {
+                const float* q = qh[h];
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                int d = 0;
+                for (; d + 16 <= head_dim; d += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+                }
+                if (d < head_dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+                scores[h][b0 + i] = hsum(_mm256_add_ps(a0, a1));
             }
-            if (d < head_dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(k + d), a0);
-            scores[b0 + i] = hsum(_mm256_add_ps(a0, a1));
         }
     }
-    softmax_scaled_avx2(scores, len, scale);
-    int64_t d0 = 0;
-    for (; d0 + 64 <= head_dim; d0 += 64) weighted_rows<8>(scores, vb, bs, stride, len, d0, o);
-    switch ((head_dim - d0) / 8) {
-        case 7: weighted_rows<7>(scores, vb, bs, stride, len, d0, o); break;
-        case 6: weighted_rows<6>(scores, vb, bs, stride, len, d0, o); break;
-        case 5: weighted_rows<5>(scores, vb, bs, stride, len, d0, o); break;
-        case 4: weighted_rows<4>(scores, vb, bs, stride, len, d0, o); break;
-        case 3: weighted_rows<3>(scores, vb, bs, stride, len, d0, o); break;
-        case 2: weighted_rows<2>(scores, vb, bs, stride, len, d0, o); break;
-        case 1: weighted_rows<1>(scores, vb, bs, stride, len, d0, o); break;
-        default: break;
+    for (int h = 0; h < nh; ++h) softmax_scaled_avx2(scores[h], len, scale);
+    // Values: up to 4 heads per pass over the rows (at most 13 registers live).
+    for (int h0 = 0; h0 < nh; h0 += 4) {
+        const float* const* w = scores + h0;
+        float* const* oh = o + h0;
+        switch (nh - h0 < 4 ? nh - h0 : 4) {
+            case 4: weighted_heads<4, 2>(w, vb, bs, stride, len, head_dim, oh); break;
+            case 3: weighted_heads<3, 2>(w, vb, bs, stride, len, head_dim, oh); break;
+            case 2: weighted_heads<2, 4>(w, vb, bs, stride, len, head_dim, oh); break;
+            default: weighted_heads<1, 4>(w, vb, bs, stride, len, head_dim, oh); break;
+        }
     }
 }
 

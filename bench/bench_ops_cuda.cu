@@ -153,6 +153,39 @@ int main(int argc, char** argv) {
         }
     }
 
+    // Short context as in tg128: RoPE + KV write + attention, separate launches vs fused.
+    {
+        const int n_ctx_s = 4096;
+        DeviceBuffer kcs(static_cast<size_t>(n_ctx_s) * n_kv * hd * 2), vcs(kcs.size());
+        kcs.fill_bytes(0x11, s);
+        vcs.fill_bytes(0x11, s);
+        DeviceBuffer scratch(decode_attention_scratch_bytes(n_ctx_s, n_head, hd));
+        std::vector<float> inv(static_cast<size_t>(hd / 2));
+        for (int i = 0; i < hd / 2; ++i) inv[static_cast<size_t>(i)] = std::pow(500000.0f, -2.0f * i / hd);
+        DeviceBuffer dinv(inv.size() * 4);
+        dinv.upload(inv.data(), inv.size() * 4, s);
+        QuantizedActivation qa(n_head * hd, 2);
+        for (int p : {40, 100, 1000}) {
+            DeviceBuffer pp(4);
+            pp.upload(&p, 4, s);
+            const double sep = time_graph(ctx, L, [&](int) {
+                rope_kv_store(q.as<float>(), k.as<float>(), v.as<float>(), kcs.data(), vcs.data(), KvType::F16,
+                              pp.as<int32_t>(), n_ctx_s, n_head, n_kv, hd, hd, 500000.0f, false, nullptr, s);
+                decode_attention(q.as<float>(), kcs.data(), vcs.data(), KvType::F16, pp.as<int32_t>(), n_ctx_s, n_head,
+                                 n_kv, hd, 0.088f, scratch.data(), out.as<float>(), s, qa.q(), qa.info(), qa.q2(),
+                                 qa.info2());
+            });
+            const double fused = time_graph(ctx, L, [&](int) {
+                decode_attention_rope(q.as<float>(), k.as<float>(), v.as<float>(), kcs.data(), vcs.data(), KvType::F16,
+                                      pp.as<int32_t>(), n_ctx_s, n_head, n_kv, hd, dinv.as<float>(), hd, false, 0.088f,
+                                      scratch.data(), out.as<float>(), s, qa.q(), qa.info(), qa.q2(), qa.info2());
+            });
+            const double bytes = 2.0 * (p + 1) * n_kv * hd * 2;
+            report("rope_kv_store + decode_attention f16, pos " + std::to_string(p), sep, bytes);
+            report("decode_attention_rope (fused) f16, pos " + std::to_string(p), fused, bytes);
+        }
+    }
+
     // Embedding row (Q6_K-sized table slice is enough: one row is read) and argmax.
     DeviceBuffer table(static_cast<size_t>(1024) * 4096 * 2);
     table.fill_bytes(0x22, s);

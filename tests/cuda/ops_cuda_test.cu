@@ -16,11 +16,15 @@
 //   rope       |x − ref| <= 1e-5 (angles computed as the CPU does, in double;
 //              FMA contraction in the rotation); f16 cache: within half an
 //              fp16 ulp (plus 1e-5) of the reference; v rows bit-exact.
-//   attention  |o − ref| <= 2e-5 (outputs are convex combinations of V in [-1, 1]).
+//   attention  |o − ref| <= 2e-5 (outputs are convex combinations of V in [-1, 1]);
+//              fused with RoPE: the cache row it writes as rope, the output
+//              <= 5e-5 against cpu::rope + cpu::attention, its Q8_1 row
+//              bit-exact, and a second identical call bit-identical.
 //   get_row    bit-exact against dequantize_row_ref.
 //   argmax     exact index.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -391,6 +395,132 @@ TEST_F(OpsCuda, DecodeAttention) {
     }
 }
 
+struct AttnRopeCase {
+    int n_head, n_head_kv, head_dim, rope_dim;
+    bool neox, freq;
+    KvType kv;
+    std::vector<int> positions;
+};
+
+TEST_F(OpsCuda, DecodeAttentionRope) {
+    ThreadPool pool(2);
+    const AttnRopeCase cases[] = {
+        {32, 8, 128, 128, false, false, KvType::F16, {0, 1, 63, 64, 100, 1000, 4095, 9000}},
+        {32, 8, 128, 128, false, true, KvType::F32, {0, 70, 511}},
+        {14, 2, 64, 64, true, false, KvType::F16, {0, 127, 2047}},  // g = 7, NeoX
+        {16, 4, 64, 32, true, true, KvType::F32, {5, 300}},         // partial rotation
+        {8, 8, 128, 96, false, false, KvType::F16, {64, 777}},      // g = 1
+    };
+    for (const auto& c : cases) {
+        const int n_ctx = c.positions.back() + 1 + 100;
+        const int qn = c.n_head * c.head_dim, kn = c.n_head_kv * c.head_dim;
+        const bool f16 = c.kv == KvType::F16;
+        const size_t esz = f16 ? 2 : 4;
+        const size_t row_bytes = static_cast<size_t>(kn) * esz;
+        // Cache contents for rows before pos: random, as the device holds them.
+        std::vector<float> kf = randv(static_cast<int64_t>(n_ctx) * kn, rng_), vf = randv(static_cast<int64_t>(n_ctx) * kn, rng_);
+        std::vector<uint8_t> kbytes(static_cast<size_t>(n_ctx) * row_bytes), vbytes(kbytes.size());
+        for (size_t i = 0; i < kf.size(); ++i) {
+            if (f16) {
+                const uint16_t hk = fp32_to_fp16(kf[i]), hv = fp32_to_fp16(vf[i]);
+                std::memcpy(kbytes.data() + 2 * i, &hk, 2);
+                std::memcpy(vbytes.data() + 2 * i, &hv, 2);
+                kf[i] = fp16_to_fp32(hk);
+                vf[i] = fp16_to_fp32(hv);
+            } else {
+                std::memcpy(kbytes.data() + 4 * i, &kf[i], 4);
+                std::memcpy(vbytes.data() + 4 * i, &vf[i], 4);
+            }
+        }
+        auto ff = randv(c.rope_dim / 2, rng_, 1.0f, 8.0f);
+        std::vector<float> inv(static_cast<size_t>(c.rope_dim / 2));
+        cpu::rope_inv_freq(c.rope_dim, 10000.0f, c.freq ? ff.data() : nullptr, inv.data());
+        auto dinv = up(inv);
+        DeviceBuffer kc(static_cast<size_t>(n_ctx) * row_bytes), vc(static_cast<size_t>(n_ctx) * row_bytes);
+        DeviceBuffer scratch(decode_attention_scratch_bytes(n_ctx, c.n_head, c.head_dim));
+        scratch.fill_bytes(0xFF, st());
+        const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+        for (int pos : c.positions) {
+            const std::string what = "heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) +
+                                     " hd " + std::to_string(c.head_dim) + " rope " + std::to_string(c.rope_dim) +
+                                     (c.neox ? " neox" : " normal") + (c.freq ? " ff" : "") + (f16 ? " f16" : " f32") +
+                                     " pos " + std::to_string(pos);
+            // Rows 0..pos-1 live, row pos and after poisoned (pos must be written, later rows never read).
+            kc.fill_bytes(0xFF, st());
+            vc.fill_bytes(0xFF, st());
+            if (pos > 0) {
+                kc.upload(kbytes.data(), static_cast<size_t>(pos) * row_bytes, st());
+                vc.upload(vbytes.data(), static_cast<size_t>(pos) * row_bytes, st());
+            }
+            auto q = randv(qn, rng_, -3.0f, 3.0f), k = randv(kn, rng_, -2.0f, 2.0f), v = randv(kn, rng_);
+            auto dq = up(q), dk = up(k), dv = up(v);
+            auto dpos = up(std::vector<int32_t>{pos});
+            auto dout = poisoned<float>(qn);
+            auto dxq = poisoned<int8_t>(qn), dxq2 = poisoned<int8_t>(qn);
+            auto dinfo = poisoned<ActBlockInfo>(qn / 32), dinfo2 = poisoned<ActBlockInfo>(qn / 32);
+            auto call = [&] {
+                decode_attention_rope(dq.as<float>(), dk.as<float>(), dv.as<float>(), kc.data(), vc.data(), c.kv,
+                                      dpos.as<int32_t>(), n_ctx, c.n_head, c.n_head_kv, c.head_dim, dinv.as<float>(),
+                                      c.rope_dim, c.neox, scale, scratch.data(), dout.as<float>(), st(),
+                                      dxq.as<int8_t>(), dinfo.as<ActBlockInfo>(), dxq2.as<int8_t>(),
+                                      dinfo2.as<ActBlockInfo>());
+            };
+            call();
+            auto got = down<float>(dout, qn);
+            // Inputs untouched.
+            ASSERT_EQ(0, std::memcmp(down<float>(dq, qn).data(), q.data(), q.size() * 4)) << what << ": q modified";
+            ASSERT_EQ(0, std::memcmp(down<float>(dk, kn).data(), k.data(), k.size() * 4)) << what << ": k modified";
+            // Row pos: rotated k and v, as rope_kv_store writes them; row pos+1 untouched.
+            auto rq = q, rk = k;
+            const int32_t p = pos;
+            cpu::rope(rq.data(), &p, 1, c.n_head, c.head_dim, c.rope_dim, 10000.0f, c.neox, c.freq ? ff.data() : nullptr);
+            cpu::rope(rk.data(), &p, 1, c.n_head_kv, c.head_dim, c.rope_dim, 10000.0f, c.neox,
+                      c.freq ? ff.data() : nullptr);
+            std::vector<uint8_t> kr(row_bytes), vr(row_bytes), nk(row_bytes);
+            kc.download(kr.data(), row_bytes, st(), static_cast<size_t>(pos) * row_bytes);
+            vc.download(vr.data(), row_bytes, st(), static_cast<size_t>(pos) * row_bytes);
+            kc.download(nk.data(), row_bytes, st(), static_cast<size_t>(pos + 1) * row_bytes);
+            ctx_->synchronize();
+            for (size_t i = 0; i < row_bytes; ++i) ASSERT_EQ(nk[i], 0xFF) << what << ": row pos+1 written";
+            std::vector<float> kref(static_cast<size_t>(pos + 1) * kn), vref(kref.size());
+            std::copy(kf.begin(), kf.begin() + static_cast<int64_t>(pos) * kn, kref.begin());
+            std::copy(vf.begin(), vf.begin() + static_cast<int64_t>(pos) * kn, vref.begin());
+            for (int i = 0; i < kn; ++i) {
+                float gk, gv;
+                if (f16) {
+                    uint16_t hk, hv;
+                    std::memcpy(&hk, kr.data() + 2 * i, 2);
+                    std::memcpy(&hv, vr.data() + 2 * i, 2);
+                    gk = fp16_to_fp32(hk), gv = fp16_to_fp32(hv);
+                    ASSERT_EQ(hv, fp32_to_fp16(v[i])) << what << " v " << i;
+                    ASSERT_LE(std::fabs(gk - rk[i]), std::fabs(rk[i]) * (1.0f / 2048.0f) + 1e-5f)
+                        << what << " k " << i << " " << gk << " vs " << rk[i];
+                } else {
+                    std::memcpy(&gk, kr.data() + 4 * i, 4);
+                    std::memcpy(&gv, vr.data() + 4 * i, 4);
+                    ASSERT_EQ(gv, v[i]) << what << " v " << i;
+                    ASSERT_LE(std::fabs(gk - rk[i]), 1e-5f) << what << " k " << i << " " << gk << " vs " << rk[i];
+                }
+                kref[static_cast<size_t>(pos) * kn + i] = gk;  // the attention reference reads what the device stored
+                vref[static_cast<size_t>(pos) * kn + i] = gv;
+            }
+            std::vector<float> ref(static_cast<size_t>(qn));
+            cpu::attention(rq.data(), kref.data(), vref.data(), kn, &p, 1, c.n_head, c.n_head_kv, c.head_dim, scale,
+                           ref.data(), pool);
+            for (int i = 0; i < qn; ++i)
+                ASSERT_LE(std::fabs(got[i] - ref[i]), 5e-5f) << what << " out " << i << " " << got[i] << " vs " << ref[i];
+            expect_guard(dout, qn);
+            auto gq8 = down<int8_t>(dxq, qn);
+            auto ginfo = down<ActBlockInfo>(dinfo, qn / 32);
+            expect_quantized(got, gq8.data(), ginfo.data(), qn, what + " Q8_1");
+            // The same call again (row pos now in the cache too): identical output.
+            call();
+            auto again = down<float>(dout, qn);
+            ASSERT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * 4)) << what << ": second call differs";
+        }
+    }
+}
+
 // ------------------------------------------------------------------ embedding rows
 
 void put_f16(uint8_t* p, float v) {
@@ -494,6 +624,12 @@ TEST_F(OpsCuda, RejectsBadArguments) {
     EXPECT_THROW(decode_attention(f, f, f, KvType::F16, b.as<int32_t>(), 16, 8, 8, 96, 1.0f, f, f, st()),
                  std::exception);
     EXPECT_THROW(decode_attention(f, f, f, KvType::F16, b.as<int32_t>(), 16, 12, 8, 64, 1.0f, f, f, st()),
+                 std::exception);
+    EXPECT_THROW(decode_attention_rope(f, f, f, f, f, KvType::F16, b.as<int32_t>(), 16, 8, 8, 64, f, 66, false, 1.0f,
+                                       f, f, st()),
+                 std::exception);  // rope_dim > head_dim
+    EXPECT_THROW(decode_attention_rope(f, nullptr, f, f, f, KvType::F16, b.as<int32_t>(), 16, 8, 8, 64, f, 64, false,
+                                       1.0f, f, f, st()),
                  std::exception);
     EXPECT_THROW(get_row(DType::Q4_1, f, 1, 32, b.as<int32_t>(), f, st()), std::exception);
     EXPECT_THROW(swiglu_q8_1(f, f, f, nullptr, nullptr, 33, st()), std::exception);

@@ -69,6 +69,14 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, int64_t dim, 
     }
 }
 
+void rope_inv_freq(int rope_dim, float base, const float* freq_factors, float* inv_freq) {
+    for (int i = 0; i < rope_dim / 2; ++i) {
+        double f = std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
+        if (freq_factors) f /= freq_factors[i];
+        inv_freq[i] = static_cast<float>(f);
+    }
+}
+
 void rope(float* x, const int32_t* pos, int64_t n, int n_heads, int head_dim, int rope_dim,
           float base, bool neox, const float* freq_factors) {
     const int half = rope_dim / 2;
@@ -77,11 +85,7 @@ void rope(float* x, const int32_t* pos, int64_t n, int n_heads, int head_dim, in
     inv_freq.resize(static_cast<size_t>(half));
     cs.resize(static_cast<size_t>(half));
     sn.resize(static_cast<size_t>(half));
-    for (int i = 0; i < half; ++i) {
-        double f = std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
-        if (freq_factors) f /= freq_factors[i];
-        inv_freq[static_cast<size_t>(i)] = static_cast<float>(f);
-    }
+    rope_inv_freq(rope_dim, base, freq_factors, inv_freq.data());
     for (int64_t t = 0; t < n; ++t) {
         for (int i = 0; i < half; ++i) {
             const double a = static_cast<double>(pos[t]) * inv_freq[static_cast<size_t>(i)];

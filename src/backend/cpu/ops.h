@@ -24,6 +24,13 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, int64_t dim, 
 void rope(float* x, const int32_t* pos, int64_t n, int n_heads, int head_dim, int rope_dim,
           float base, bool neox, const float* freq_factors);
 
+/// The inverse frequencies rope() uses: inv_freq[i] = float(base^(-2i/rope_dim)
+/// / freq_factors[i]) computed in double, for i < rope_dim/2 (freq_factors may
+/// be null). The angle of pair i at position p is then double(p) * inv_freq[i]
+/// (cos and sin in double, rounded to float). Shared with the CUDA backend so
+/// both rotate by the same angles.
+void rope_inv_freq(int rope_dim, float base, const float* freq_factors, float* inv_freq);
+
 /// SwiGLU (Shazeer 2020): out = silu(gate) * up elementwise, count elements.
 void swiglu(const float* gate, const float* up, float* out, int64_t count);
 

@@ -9,8 +9,8 @@
 //   per layer:
 //     xn, xq = RMSNorm(x (+= h), attn_norm)               rms_norm_q8_1 (residual folded in)
 //     [q | k | v] = W_qkv · xq                            one GEMV per run of equal weight types
-//     rotate q, k; store k, v at pos                      rope_kv_store
-//     a, aq = attention(q, cache[0..pos]), Q8_1(a)        decode_attention (split-K; quantizes in its combine)
+//     rotate q, k; store k, v at pos;                     decode_attention_rope (split-K with RoPE and
+//     a, aq = attention(q, cache[0..pos]), Q8_1(a)          the KV write fused; quantizes in its combine)
 //     h = W_o · aq                                        gemv
 //     xn, xq = RMSNorm(x += h, ffn_norm)                  rms_norm_q8_1
 //     [gate | up] = W_gate_up · xq                        one GEMV when the types match
@@ -36,6 +36,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/ops.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemv.h"
@@ -135,7 +136,7 @@ private:
     DType embd_type_ = DType::F32;
     const void* embd_ = nullptr;
     const float* out_norm_ = nullptr;
-    const float* rope_freqs_ = nullptr;
+    const float* inv_freq_ = nullptr;    // rope_dim/2 floats: cpu::rope_inv_freq
     Piece output_;
 
     DeviceBuffer kv_;  // per layer: K then V, n_ctx rows of kv_dim elements
@@ -340,7 +341,18 @@ void LlamaCudaSession::upload_weights(const Model& model) {
     }
     embd_ = owned_.back().data();
     out_norm_ = upload_f32(get("output_norm.weight"));
-    if (const Tensor* rf = ws.find("rope_freqs.weight")) rope_freqs_ = upload_f32(*rf);
+    {  // RoPE inverse frequencies (with rope_freqs.weight's factors when present)
+        const Tensor* rf = ws.find("rope_freqs.weight");
+        if (rf && (rf->type != DType::F32 || rf->nelements() < c.rope_dim / 2))
+            fail("rope_freqs.weight must be F32 with at least {} elements", c.rope_dim / 2);
+        std::vector<float> inv(static_cast<size_t>(std::max<int64_t>(1, c.rope_dim / 2)), 0.0f);
+        cpu::rope_inv_freq(static_cast<int>(c.rope_dim), c.rope_base,
+                           rf ? static_cast<const float*>(rf->data) : nullptr, inv.data());
+        DeviceBuffer b(inv.size() * sizeof(float));
+        b.upload(inv.data(), inv.size() * sizeof(float), ctx_.stream());
+        owned_.push_back(std::move(b));
+        inv_freq_ = owned_.back().as<float>();
+    }
     const Tensor* out = ws.find("output.weight");
     output_.w = upload_weight(ctx_, out ? *out : emb);
 
@@ -395,16 +407,14 @@ void LlamaCudaSession::enqueue_step(bool head, const TraceFn* trace) {
         mark("norm");
         for (const Piece& p : L.qkv) mm(p, xn, xq_embd_, q);
         mark("gemv_qkv");
-        rope_kv_store(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
-                      static_cast<int>(c.head_dim), static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox,
-                      rope_freqs_, s);
-        mark("rope_kv");
-        // The output projection's activation is quantized by the attention's combine step.
+        // RoPE, the KV-cache write and attention in one launch; it also
+        // quantizes the output projection's activation.
         const bool qo = dtype_is_quantized(L.wo.w.type);
-        decode_attention(q, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
-                         static_cast<int>(c.head_dim), scale, attn_scratch_.data(), attn_.as<float>(), s,
-                         qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr, qo ? xq_attn_.q2() : nullptr,
-                         qo ? xq_attn_.info2() : nullptr);
+        decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
+                              static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq_,
+                              static_cast<int>(c.rope_dim), c.rope_neox, scale, attn_scratch_.data(),
+                              attn_.as<float>(), s, qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr,
+                              qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr);
         mark("attention");
         mm(L.wo, attn_.as<float>(), xq_attn_, h);
         mark("gemv_o");

@@ -1,6 +1,7 @@
 // Non-GEMV decode kernels of the CUDA backend: RMSNorm (+ residual add) fused
 // with the Q8_1 activation quantizer, RoPE fused with the KV-cache write,
-// split-K ("flash-decoding") GQA attention over a device KV cache, SwiGLU
+// split-K ("flash-decoding") GQA attention over a device KV cache (also with
+// the RoPE and the KV-cache write fused in), SwiGLU
 // fused with the quantizer, residual add, embedding row lookup and greedy
 // argmax.
 //
@@ -73,8 +74,9 @@ void rope_kv_store(float* q, const float* k, const float* v, void* k_cache, void
                    const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, int rope_dim, float base,
                    bool neox, const float* freq_factors, cudaStream_t stream);
 
-/// Scratch of decode_attention: partial results of every (split, head).
-/// Size in bytes for a cache of n_ctx positions and n_head query heads.
+/// Scratch of decode_attention and decode_attention_rope: partial results
+/// of every (split, head). Size in bytes for a cache of n_ctx positions and
+/// n_head query heads.
 size_t decode_attention_scratch_bytes(int n_ctx, int n_head, int head_dim);
 
 /// Causal GQA decode attention of one query token at position *pos over the
@@ -100,6 +102,23 @@ void decode_attention(const float* q, const void* k_cache, const void* v_cache, 
                       const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale,
                       void* scratch, float* out, cudaStream_t stream, int8_t* xq = nullptr,
                       ActBlockInfo* xinfo = nullptr, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr);
+
+/// decode_attention with rope_kv_store folded into its split kernel (one
+/// launch less per layer): q (n_head × head_dim floats),
+/// k and v (n_head_kv × head_dim floats: the new token's keys and values) are
+/// the QKV projection's output, not rotated. q and k are rotated as cpu::rope
+/// does with the angles double(*pos) · inv_freq[i] (up to float rounding of
+/// cos and sin; inv_freq: rope_dim/2
+/// floats on the device, from cpu::rope_inv_freq; pairs (2i, 2i+1) or, neox,
+/// (i, i + rope_dim/2); elements past rope_dim pass through); k and v are
+/// stored (as kv_type) in cache row *pos, which the attention then includes.
+/// q, k and v are left unchanged. Other arguments, limits and the scratch as
+/// decode_attention; rope_dim even and <= head_dim.
+void decode_attention_rope(const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
+                           KvType kv_type, const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim,
+                           const float* inv_freq, int rope_dim, bool neox, float scale, void* scratch, float* out,
+                           cudaStream_t stream, int8_t* xq = nullptr, ActBlockInfo* xinfo = nullptr,
+                           int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr);
 
 /// Embedding lookup: out[dim] = row *id of `table`, rows of dim elements in
 /// GGUF block layout stored back to back (row stride row_size(type, dim);

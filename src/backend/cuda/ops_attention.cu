@@ -1,5 +1,5 @@
 // Split-K GQA decode attention ("flash-decoding") over the device KV cache.
-// API: ops.h (decode_attention).
+// API: ops.h (decode_attention, decode_attention_rope).
 //
 // Split layout (graph-capturable: the grid depends on n_ctx only, the work on
 // *pos read on the device):
@@ -10,7 +10,7 @@
 //   (short context: one tile each, up to 64·S positions; long context: S
 //   splits of tps tiles). Blocks of splits >= na exit at once.
 //
-// attn_split_kernel<HD, T, G>
+// attn_split_kernel<HD, T, G, ROPE>
 //   Shapes:  q: n_head × HD floats; caches: n_ctx rows × n_head_kv × HD T
 //            (T = float or __half), rows of n_head_kv·HD elements;
 //            part_o: [n_head][S][HD] floats, part_ml: [n_head][S][2]
@@ -34,6 +34,13 @@
 //            then does acc[j][e] = α_j·acc[j][e] + Σ_rows p_j(row)·v(row, e).
 //            End: acc summed over the warp's row groups (shuffles) and over
 //            the 8 warps (shared memory, 4 heads at a time) → part_o, part_ml.
+//   ROPE:    q and the new token's k, v arrive unrotated (the QKV GEMV's
+//            output, decode_attention_rope): each block rotates its g query
+//            heads while loading them (angles as cpu::rope up to float
+//            rounding, rope_angle), and the block of the last active split —
+//            whose tiles hold position *pos — rotates k, stores k and v in
+//            cache row *pos and reads that row from shared memory. This
+//            replaces a separate rope_kv_store launch per layer.
 //   Align:   cache base pointers 16-byte aligned (cudaMalloc gives 256).
 //   Bound:   bandwidth of the K/V reads at long context (2·L·n_head_kv·HD·
 //            sizeof(T) bytes per layer); at short context latency: a chain
@@ -51,6 +58,8 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
+
+#include <string>
 
 namespace quern::cuda {
 namespace {
@@ -97,9 +106,47 @@ __device__ __forceinline__ SplitPlan split_plan(int L, int n_splits) {
     return p;
 }
 
-template <int HD, class T, int G>
+// Parameters of the fused RoPE + KV-cache write (attn_split_kernel with ROPE).
+struct RopeStore {
+    const float* k;         // the new token's keys, n_head_kv × HD floats, not rotated
+    const float* v;         // its values
+    const float* inv_freq;  // rope_dim/2 floats (cpu::rope_inv_freq)
+    int rope_dim;
+    int neox;
+};
+
+// Element e of a head after rotation by the angle table (cs, sn); x: the
+// head's HD unrotated floats. As cpu::rope: pairs (2i, 2i+1) or, neox,
+// (i, i + rope_dim/2) for i < rope_dim/2; elements past rope_dim pass through.
+__device__ __forceinline__ float rotated(const float* x, int e, int rope_dim, int neox, const float* cs,
+                                         const float* sn) {
+    if (e >= rope_dim) return x[e];
+    const int half = rope_dim / 2;
+    int i, i0, i1;
+    if (neox) {
+        i = e < half ? e : e - half;
+        i0 = i, i1 = i + half;
+    } else {
+        i = e >> 1;
+        i0 = 2 * i, i1 = 2 * i + 1;
+    }
+    const float a = x[i0], b = x[i1], c = cs[i], s = sn[i];
+    return e == i0 ? a * c - b * s : a * s + b * c;
+}
+
+// cos and sin of the angle double(pos) · inv_freq, as cpu::rope computes
+// them up to float rounding: the product and its reduction to [−π, π] in
+// double, then sincosf of the reduced angle (no slow path).
+__device__ __forceinline__ void rope_angle(int pos, float inv_freq, float* c, float* s) {
+    const double a = static_cast<double>(pos) * static_cast<double>(inv_freq);
+    const double r = fma(-6.283185307179586, rint(a * 0.15915494309189535), a);
+    sincosf(static_cast<float>(r), s, c);
+}
+
+template <int HD, class T, int G, bool ROPE>
 __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* __restrict__ q,
-                                                                  const T* __restrict__ kc, const T* __restrict__ vc,
+                                                                  T* __restrict__ kc, T* __restrict__ vc,
+                                                                  const RopeStore rope,
                                                                   const int32_t* __restrict__ pos_ptr, int n_ctx,
                                                                   int n_head_kv, int g, float scale, int n_splits,
                                                                   float* __restrict__ part_o,
@@ -117,6 +164,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     __shared__ float sc[G][kTile];
     __shared__ float st_m[G], st_l[G], st_a[G];
     __shared__ float red[kNW][GB][HD];
+    __shared__ float cs[ROPE ? HD / 2 : 1], sn[ROPE ? HD / 2 : 1];
+    __shared__ __align__(16) T kn[ROPE ? HD : EPL], vn[ROPE ? HD : EPL];
 
     const int L = clamp_pos(pos_ptr, n_ctx) + 1;
     const SplitPlan plan = split_plan(L, n_splits);
@@ -125,8 +174,36 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     const int tile0 = s * plan.tps, tile1 = min(plan.nt, tile0 + plan.tps);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h0 = hk * g;
-    for (int idx = tid; idx < G * HD; idx += kAttnThreads)
-        qs[idx / HD][idx % HD] = idx < g * HD ? q[static_cast<int64_t>(h0) * HD + idx] * scale : 0.0f;
+    const int pos = L - 1;
+    const int64_t rs = static_cast<int64_t>(n_head_kv) * HD;  // cache row stride (elements)
+    // With ROPE, the split holding position pos (the last active one) stores
+    // the new token's rotated K and its V in row pos, and reads that row from
+    // shared memory below.
+    const bool owns_new = ROPE && s == plan.na - 1;
+    if constexpr (ROPE) {
+        for (int i = tid; i < rope.rope_dim / 2; i += kAttnThreads) rope_angle(pos, rope.inv_freq[i], &cs[i], &sn[i]);
+        __syncthreads();
+        for (int idx = tid; idx < G * HD; idx += kAttnThreads) {
+            const int j = idx / HD, e = idx % HD;
+            qs[j][e] = j < g ? rotated(q + static_cast<int64_t>(h0 + j) * HD, e, rope.rope_dim, rope.neox, cs, sn) * scale
+                             : 0.0f;
+        }
+        if (owns_new) {
+            for (int e = tid; e < HD; e += kAttnThreads) {
+                const T kt = detail::from_f32<T>(
+                    rotated(rope.k + static_cast<int64_t>(hk) * HD, e, rope.rope_dim, rope.neox, cs, sn));
+                const T vt = detail::from_f32<T>(rope.v[static_cast<int64_t>(hk) * HD + e]);
+                const int64_t off = static_cast<int64_t>(pos) * rs + static_cast<int64_t>(hk) * HD + e;
+                kc[off] = kt;
+                vc[off] = vt;
+                kn[e] = kt;
+                vn[e] = vt;
+            }
+        }
+    } else {
+        for (int idx = tid; idx < G * HD; idx += kAttnThreads)
+            qs[idx / HD][idx % HD] = idx < g * HD ? q[static_cast<int64_t>(h0) * HD + idx] * scale : 0.0f;
+    }
     if (tid < G) st_m[tid] = -INFINITY, st_l[tid] = 0.0f;
     __syncthreads();
 
@@ -143,7 +220,6 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[j][e] = 0.0f;
 
-    const int64_t rs = static_cast<int64_t>(n_head_kv) * HD;  // cache row stride (elements)
     const int64_t col = static_cast<int64_t>(hk) * HD + cl * EPL;
     for (int tile = tile0; tile < tile1; ++tile) {
         const int t0 = tile * kTile;
@@ -152,7 +228,12 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
 #pragma unroll
         for (int u = 0; u < NL; ++u) {
             const int row = (u * kNW + warp) * RPW + rsub;
-            if (row < n) {
+            if (ROPE && owns_new && t0 + row == pos) {  // written above by this block
+                kr[u] = *reinterpret_cast<const uint4*>(&kn[cl * EPL]);
+                vr[u] = *reinterpret_cast<const uint4*>(&vn[cl * EPL]);
+            } else if (row < n) {
+                // Rows before pos are not written by this launch: the
+                // read-only path is safe for them.
                 const int64_t off = static_cast<int64_t>(t0 + row) * rs + col;
                 kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
                 vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
@@ -311,27 +392,72 @@ int n_splits_for(int n_ctx) {
     return tiles < kMaxSplits ? tiles : kMaxSplits;
 }
 
-template <int HD, class T, int G>
-void launch_split(const float* q, const void* kc, const void* vc, const int32_t* pos, int n_ctx, int n_head_kv,
-                  int g, float scale, int n_splits, float* po, float* pml, cudaStream_t stream) {
+template <int HD, class T, int G, bool ROPE>
+void launch_split(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
+                  int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv));
-    launch_pdl(attn_split_kernel<HD, T, G>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<const T*>(kc),
-               static_cast<const T*>(vc), pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml);
+    launch_pdl(attn_split_kernel<HD, T, G, ROPE>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
+               static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml);
 }
 
-template <int HD, class T>
-void dispatch_g(const float* q, const void* kc, const void* vc, const int32_t* pos, int n_ctx, int n_head_kv, int g,
-                float scale, int n_splits, float* po, float* pml, cudaStream_t stream) {
+template <int HD, class T, bool ROPE>
+void dispatch_g(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
+                int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, cudaStream_t stream) {
     if (g <= 1)
-        launch_split<HD, T, 1>(q, kc, vc, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 1, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
     else if (g <= 2)
-        launch_split<HD, T, 2>(q, kc, vc, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 2, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
     else if (g <= 4)
-        launch_split<HD, T, 4>(q, kc, vc, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 4, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
     else if (g <= 8)
-        launch_split<HD, T, 8>(q, kc, vc, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 8, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
     else
-        launch_split<HD, T, 16>(q, kc, vc, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 16, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+}
+
+template <bool ROPE>
+void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStore& rope, KvType kv_type,
+                    const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale,
+                    void* scratch, float* out, cudaStream_t stream, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2,
+                    ActBlockInfo* xinfo2, const char* fn) {
+    const std::string f(fn);
+    if ((xq == nullptr) != (xinfo == nullptr) || (xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
+        throw_error(f + ": give xq with xinfo (and xq2 with xinfo2, only with xq)");
+    if (head_dim != 64 && head_dim != 128) throw_error(f + ": head_dim must be 64 or 128");
+    if (n_ctx < 1 || n_head_kv < 1 || n_head < n_head_kv || n_head % n_head_kv != 0 || n_head / n_head_kv > 16)
+        throw_error(f + ": need n_ctx >= 1 and n_head a multiple of n_head_kv, at most 16 times it");
+    if (!q || !k_cache || !v_cache || !pos || !scratch || !out) throw_error(f + ": null pointer");
+    if (reinterpret_cast<uintptr_t>(k_cache) % 16 != 0 || reinterpret_cast<uintptr_t>(v_cache) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(scratch) % 16 != 0)
+        throw_error(f + ": caches and scratch must be 16-byte aligned");
+    const int g = n_head / n_head_kv;
+    const int n_splits = n_splits_for(n_ctx);
+    float* po = static_cast<float*>(scratch);
+    float* pml = po + static_cast<size_t>(n_head) * static_cast<size_t>(n_splits) * static_cast<size_t>(head_dim);
+    const bool f16 = kv_type == KvType::F16;
+    if (head_dim == 64) {
+        if (f16)
+            dispatch_g<64, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml,
+                                         stream);
+        else
+            dispatch_g<64, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml,
+                                        stream);
+    } else {
+        if (f16)
+            dispatch_g<128, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po,
+                                          pml, stream);
+        else
+            dispatch_g<128, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po,
+                                         pml, stream);
+    }
+    QUERN_CUDA_CHECK_LAUNCH();
+    if (head_dim == 64)
+        launch_pdl(attn_combine_kernel<64>, dim3(static_cast<unsigned>(n_head)), dim3(kCombineThreads), 0, stream, po,
+                   pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2);
+    else
+        launch_pdl(attn_combine_kernel<128>, dim3(static_cast<unsigned>(n_head)), dim3(kCombineThreads), 0, stream, po,
+                   pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2);
+    QUERN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -344,39 +470,21 @@ size_t decode_attention_scratch_bytes(int n_ctx, int n_head, int head_dim) {
 void decode_attention(const float* q, const void* k_cache, const void* v_cache, KvType kv_type, const int32_t* pos,
                       int n_ctx, int n_head, int n_head_kv, int head_dim, float scale, void* scratch, float* out,
                       cudaStream_t stream, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2, ActBlockInfo* xinfo2) {
-    if ((xq == nullptr) != (xinfo == nullptr) || (xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
-        throw_error("decode_attention: give xq with xinfo (and xq2 with xinfo2, only with xq)");
-    if (head_dim != 64 && head_dim != 128) throw_error("decode_attention: head_dim must be 64 or 128");
-    if (n_ctx < 1 || n_head_kv < 1 || n_head < n_head_kv || n_head % n_head_kv != 0 || n_head / n_head_kv > 16)
-        throw_error("decode_attention: need n_ctx >= 1 and n_head a multiple of n_head_kv, at most 16 times it");
-    if (!q || !k_cache || !v_cache || !pos || !scratch || !out) throw_error("decode_attention: null pointer");
-    if (reinterpret_cast<uintptr_t>(k_cache) % 16 != 0 || reinterpret_cast<uintptr_t>(v_cache) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(scratch) % 16 != 0)
-        throw_error("decode_attention: caches and scratch must be 16-byte aligned");
-    const int g = n_head / n_head_kv;
-    const int n_splits = n_splits_for(n_ctx);
-    float* po = static_cast<float*>(scratch);
-    float* pml = po + static_cast<size_t>(n_head) * static_cast<size_t>(n_splits) * static_cast<size_t>(head_dim);
-    const bool f16 = kv_type == KvType::F16;
-    if (head_dim == 64) {
-        if (f16)
-            dispatch_g<64, __half>(q, k_cache, v_cache, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
-        else
-            dispatch_g<64, float>(q, k_cache, v_cache, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
-    } else {
-        if (f16)
-            dispatch_g<128, __half>(q, k_cache, v_cache, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
-        else
-            dispatch_g<128, float>(q, k_cache, v_cache, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
-    }
-    QUERN_CUDA_CHECK_LAUNCH();
-    if (head_dim == 64)
-        launch_pdl(attn_combine_kernel<64>, dim3(static_cast<unsigned>(n_head)), dim3(kCombineThreads), 0, stream, po,
-                   pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2);
-    else
-        launch_pdl(attn_combine_kernel<128>, dim3(static_cast<unsigned>(n_head)), dim3(kCombineThreads), 0, stream, po,
-                   pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2);
-    QUERN_CUDA_CHECK_LAUNCH();
+    attention_impl<false>(q, const_cast<void*>(k_cache), const_cast<void*>(v_cache), RopeStore{}, kv_type, pos, n_ctx,
+                          n_head, n_head_kv, head_dim, scale, scratch, out, stream, xq, xinfo, xq2, xinfo2,
+                          "decode_attention");
+}
+
+void decode_attention_rope(const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
+                           KvType kv_type, const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim,
+                           const float* inv_freq, int rope_dim, bool neox, float scale, void* scratch, float* out,
+                           cudaStream_t stream, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2, ActBlockInfo* xinfo2) {
+    if (!k || !v || (rope_dim > 0 && !inv_freq)) throw_error("decode_attention_rope: null pointer");
+    if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > head_dim)
+        throw_error("decode_attention_rope: rope_dim must be even and at most head_dim");
+    attention_impl<true>(q, k_cache, v_cache, RopeStore{k, v, inv_freq, rope_dim, neox ? 1 : 0}, kv_type, pos, n_ctx,
+                         n_head, n_head_kv, head_dim, scale, scratch, out, stream, xq, xinfo, xq2, xinfo2,
+                         "decode_attention_rope");
 }
 
 }  // namespace quern::cuda

@@ -3,6 +3,10 @@
 // residual; final RMSNorm and an output projection (tied to the token
 // embedding when output.weight is absent). Tensor names follow llama.cpp's GGUF
 // convention (token_embd, blk.N.attn_q, ..., output_norm, output).
+// The same blocks run Qwen2 (biases on the q/k/v projections:
+// blk.N.attn_{q,k,v}.bias) and Qwen3 (RMSNorm of each query and key head
+// before RoPE: blk.N.attn_{q,k}_norm.weight, head_dim floats), and Llama
+// checkpoints with attention_bias (blk.N.attn_output.bias as well).
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
@@ -28,7 +32,21 @@ struct Layer {
     const Tensor* w_gate;
     const Tensor* w_up;
     const Tensor* w_down;
+    // Present only when the config asks for them (null otherwise).
+    const Tensor* bq = nullptr;
+    const Tensor* bk = nullptr;
+    const Tensor* bv = nullptr;
+    const Tensor* bo = nullptr;
+    const Tensor* q_norm = nullptr;
+    const Tensor* k_norm = nullptr;
 };
+
+/// y[r] += b for n rows of dim floats.
+void add_bias(float* y, const Tensor* b, int64_t n, int64_t dim) {
+    const float* bv = static_cast<const float*>(b->data);
+    for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < dim; ++i) y[r * dim + i] += bv[i];
+}
 
 class LlamaModel final : public Model {
 public:
@@ -100,6 +118,19 @@ void LlamaModel::bind() {
         L.w_gate = &weights_.require(n("ffn_gate"), {c.n_embd, c.n_ff}, mm);
         L.w_up = &weights_.require(n("ffn_up"), {c.n_embd, c.n_ff}, mm);
         L.w_down = &weights_.require(n("ffn_down"), {c.n_ff, c.n_embd}, mm);
+        auto bias = [&](const char* s, int64_t dim) {
+            return &weights_.require(fmt::format("blk.{}.{}.bias", i, s), {dim}, f32);
+        };
+        if (c.qkv_bias) {
+            L.bq = bias("attn_q", c.q_dim());
+            L.bk = bias("attn_k", c.kv_dim());
+            L.bv = bias("attn_v", c.kv_dim());
+        }
+        if (c.out_bias) L.bo = bias("attn_output", c.n_embd);
+        if (c.qk_norm) {
+            L.q_norm = &weights_.require(n("attn_q_norm"), {c.head_dim}, f32);
+            L.k_norm = &weights_.require(n("attn_k_norm"), {c.head_dim}, f32);
+        }
     }
 }
 
@@ -151,12 +182,24 @@ void LlamaModel::run_layers(int64_t nb, Mat&& mat, Attend&& attend, After&& afte
         mat(*L.wq, h, q_.data(), c.q_dim(), false);
         mat(*L.wk, h, kb_.data(), kvd, true);
         mat(*L.wv, h, vb_.data(), kvd, true);
+        if (L.bq) {
+            add_bias(q_.data(), L.bq, nb, c.q_dim());
+            add_bias(kb_.data(), L.bk, nb, kvd);
+            add_bias(vb_.data(), L.bv, nb, kvd);
+        }
+        if (L.q_norm) {
+            cpu::rms_norm(q_.data(), static_cast<const float*>(L.q_norm->data), q_.data(), nb * c.n_head, c.head_dim,
+                          c.rms_eps);
+            cpu::rms_norm(kb_.data(), static_cast<const float*>(L.k_norm->data), kb_.data(), nb * c.n_head_kv,
+                          c.head_dim, c.rms_eps);
+        }
         cpu::rope(q_.data(), pos_.data(), nb, static_cast<int>(c.n_head), static_cast<int>(c.head_dim),
                   static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
         cpu::rope(kb_.data(), pos_.data(), nb, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
                   static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
         attend(il);
         mat(*L.wo, attn_.data(), h, c.n_embd, false);
+        if (L.bo) add_bias(h, L.bo, nb, c.n_embd);
         cpu::add_inplace(x, h, nb * c.n_embd);
 
         cpu::rms_norm(x, static_cast<const float*>(L.ffn_norm->data), h, nb, c.n_embd, c.rms_eps);

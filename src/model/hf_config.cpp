@@ -1,0 +1,197 @@
+// ModelConfig from a Hugging Face config.json: the keys of transformers'
+// LlamaConfig, Qwen2Config and Qwen3Config, with their documented defaults for
+// optional keys, and the llama3 / linear RoPE scalings turned into per-pair
+// frequency divisors (the values llama.cpp stores as rope_freqs.weight).
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <numbers>
+
+#include "core/error.h"
+#include "model/config.h"
+
+namespace quern {
+
+namespace {
+
+using json = nlohmann::json;
+
+/// Typed reads of config.json keys; every error names the key and the file.
+struct Keys {
+    const json& j;
+    const std::string& where;
+
+    bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
+
+    int64_t get_int(const char* key) const {
+        if (!has(key)) fail("{}: key '{}' is missing", where, key);
+        const json& v = j[key];
+        if (!v.is_number_integer()) fail("{}: key '{}' must be an integer, got {}", where, key, v.dump());
+        return v.get<int64_t>();
+    }
+    int64_t get_int(const char* key, int64_t def) const { return has(key) ? get_int(key) : def; }
+
+    double get_float(const json& obj, const char* key, const std::string& path) const {
+        if (!obj.contains(key) || obj[key].is_null()) fail("{}: key '{}' is missing", where, path);
+        const json& v = obj[key];
+        if (!v.is_number()) fail("{}: key '{}' must be a number, got {}", where, path, v.dump());
+        return v.get<double>();
+    }
+    double get_float(const char* key, double def) const { return has(key) ? get_float(j, key, key) : def; }
+
+    bool get_bool(const char* key, bool def) const {
+        if (!has(key)) return def;
+        if (!j[key].is_boolean()) fail("{}: key '{}' must be true or false, got {}", where, key, j[key].dump());
+        return j[key].get<bool>();
+    }
+    std::string get_string(const char* key, const std::string& def) const {
+        if (!has(key)) return def;
+        if (!j[key].is_string()) fail("{}: key '{}' must be a string, got {}", where, key, j[key].dump());
+        return j[key].get<std::string>();
+    }
+};
+
+/// Frequency divisors of Llama 3.1's RoPE scaling (Meta's reference
+/// `apply_scaling`; transformers' `_compute_llama3_parameters`): with
+/// wavelength w = 2π / θ_i of pair i, pairs with w < L / high_freq_factor keep
+/// their frequency, pairs with w > L / low_freq_factor turn `factor` times
+/// slower, and those between are interpolated by
+/// s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor):
+/// θ_i' = (1 - s) θ_i / factor + s θ_i. Returns θ_i / θ_i' per pair
+/// (L = original_max_position_embeddings).
+std::vector<float> llama3_freq_factors(const Keys& k, const json& rs, const std::string& prefix, double base,
+                                       int64_t rope_dim) {
+    const double factor = k.get_float(rs, "factor", prefix + "factor");
+    const double low = k.get_float(rs, "low_freq_factor", prefix + "low_freq_factor");
+    const double high = k.get_float(rs, "high_freq_factor", prefix + "high_freq_factor");
+    const double old_ctx = k.get_float(rs, "original_max_position_embeddings", prefix + "original_max_position_embeddings");
+    if (!(factor > 0) || !(low > 0) || !(high > low) || !(old_ctx > 0))
+        fail("{}: llama3 rope scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+             "original_max_position_embeddings > 0 (got {}, {}, {}, {})",
+             k.where, factor, low, high, old_ctx);
+    const double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+    std::vector<float> f(static_cast<size_t>(rope_dim / 2));
+    for (int64_t i = 0; i < rope_dim / 2; ++i) {
+        const double theta = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rope_dim));
+        const double wavelen = 2.0 * std::numbers::pi / theta;
+        double scaled;
+        if (wavelen < high_wavelen) {
+            scaled = theta;
+        } else if (wavelen > low_wavelen) {
+            scaled = theta / factor;
+        } else {
+            const double s = (old_ctx / wavelen - low) / (high - low);
+            scaled = (1.0 - s) * theta / factor + s * theta;
+        }
+        f[static_cast<size_t>(i)] = static_cast<float>(theta / scaled);
+    }
+    return f;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::string& where) {
+    json j;
+    try {
+        j = json::parse(json_text);
+    } catch (const json::exception& e) {
+        fail("{}: not valid JSON ({})", where, e.what());
+    }
+    if (!j.is_object()) fail("{}: a config.json must be a JSON object", where);
+    const Keys k{j, where};
+
+    ModelConfig c;
+    c.arch = k.get_string("model_type", "");
+    if (c.arch.empty()) fail("{}: key 'model_type' is missing", where);
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
+        fail("{}: model_type '{}' is not supported for Hugging Face folders yet (supported: llama, qwen2, qwen3)",
+             where, c.arch);
+    const bool qwen = c.arch != "llama";
+
+    const std::string act = k.get_string("hidden_act", "silu");
+    if (act != "silu") fail("{}: hidden_act '{}' is not supported (quern computes silu)", where, act);
+
+    c.n_vocab = k.get_int("vocab_size");
+    c.n_embd = k.get_int("hidden_size");
+    c.n_layer = k.get_int("num_hidden_layers");
+    c.n_head = k.get_int("num_attention_heads");
+    c.n_ff = k.get_int("intermediate_size");
+    if (c.n_head <= 0) fail("{}: key 'num_attention_heads' must be positive, got {}", where, c.n_head);
+    c.n_head_kv = k.get_int("num_key_value_heads", c.n_head);
+    // Qwen3Config's head_dim defaults to 128; LlamaConfig and Qwen2Config use hidden_size / heads.
+    c.head_dim = k.get_int("head_dim", c.arch == "qwen3" ? 128 : c.n_embd / c.n_head);
+    c.rope_dim = c.head_dim;
+    c.n_ctx_train = k.get_int("max_position_embeddings", qwen ? 32768 : 2048);
+    c.rms_eps = static_cast<float>(k.get_float("rms_norm_eps", 1e-6));
+    c.rope_neox = true;  // transformers' rotate_half pairs (x[i], x[i + d/2]), and HF weights are not permuted
+    c.tie_embeddings = k.get_bool("tie_word_embeddings", false);
+    c.name = k.get_string("_name_or_path", "");
+
+    // Attention and MLP biases.
+    const bool attention_bias = k.get_bool("attention_bias", false);
+    if (c.arch == "qwen2") {
+        c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o without
+    } else {
+        c.qkv_bias = attention_bias;
+        c.out_bias = attention_bias;
+    }
+    if (k.get_bool("mlp_bias", false)) fail("{}: mlp_bias = true is not supported", where);
+    c.qk_norm = c.arch == "qwen3";
+
+    // Sliding-window attention (Qwen2/Qwen3 have the keys, off by default).
+    if (k.get_bool("use_sliding_window", false))
+        fail("{}: use_sliding_window = true is not supported (quern computes full attention)", where);
+    if (k.has("layer_types")) {
+        if (!j["layer_types"].is_array()) fail("{}: key 'layer_types' must be an array", where);
+        for (const json& t : j["layer_types"])
+            if (!t.is_string() || t.get<std::string>() != "full_attention")
+                fail("{}: layer_types entry {} is not supported (quern computes full_attention layers)", where,
+                     t.dump());
+    }
+
+    // RoPE: rope_theta and rope_scaling (transformers 4.x), or one
+    // rope_parameters object holding both (transformers 5).
+    double base = k.get_float("rope_theta", 10000.0);
+    json rs;
+    std::string rs_key = "rope_scaling";
+    if (k.has("rope_parameters")) {
+        rs = j["rope_parameters"];
+        rs_key = "rope_parameters";
+        if (!rs.is_object()) fail("{}: key 'rope_parameters' must be an object", where);
+        if (rs.contains("rope_theta")) base = k.get_float(rs, "rope_theta", "rope_parameters.rope_theta");
+    } else if (k.has("rope_scaling")) {
+        rs = j["rope_scaling"];
+        if (!rs.is_object()) fail("{}: key 'rope_scaling' must be an object or null", where);
+    }
+    if (!(base > 0)) fail("{}: rope_theta must be positive, got {}", where, base);
+    c.rope_base = static_cast<float>(base);
+    if (rs.is_object()) {
+        std::string type = "default";
+        for (const char* key : {"rope_type", "type"})
+            if (rs.contains(key) && rs[key].is_string()) {
+                type = rs[key].get<std::string>();
+                break;
+            }
+        const std::string prefix = rs_key + ".";
+        if (type == "llama3") {
+            if (c.rope_dim <= 0 || c.rope_dim % 2 != 0)
+                fail("{}: head_dim {} must be positive and even", where, c.rope_dim);
+            c.rope_freq_factors = llama3_freq_factors(k, rs, prefix, base, c.rope_dim);
+        } else if (type == "linear") {
+            const double factor = k.get_float(rs, "factor", prefix + "factor");
+            if (!(factor > 0)) fail("{}: {}factor must be positive, got {}", where, prefix, factor);
+            if (c.rope_dim > 0) c.rope_freq_factors.assign(static_cast<size_t>(c.rope_dim / 2), static_cast<float>(factor));
+        } else if (type != "default") {
+            fail("{}: {}rope_type '{}' is not supported (supported: default, linear, llama3)", where, prefix, type);
+        }
+    }
+    if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0)
+        fail("{}: num_attention_heads {} must be a multiple of num_key_value_heads {}", where, c.n_head, c.n_head_kv);
+    try {
+        c.validate();
+    } catch (const Error& e) {
+        fail("{}: {}", where, e.what());
+    }
+    return c;
+}
+
+}  // namespace quern

@@ -1,0 +1,42 @@
+// Hugging Face model folders: config.json + safetensors weights (one file or
+// shards with model.safetensors.index.json) → a Model.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+
+namespace quern {
+
+/// Where the parts of a Hugging Face model folder are.
+struct HfFolder {
+    std::string dir;      ///< the folder
+    std::string config;   ///< dir/config.json
+    std::string weights;  ///< what SafetensorsModel::open reads: the folder, or the file / index the user named
+};
+
+/// True when `path` names a Hugging Face model folder or a file inside one: a
+/// folder holding config.json, a config.json, a *.safetensors file or a
+/// *.safetensors.index.json. Never throws.
+bool is_hf_model_path(const std::string& path);
+
+/// Resolves a folder, its config.json, or a safetensors file or index inside
+/// it. Throws quern::Error when the folder has no config.json.
+HfFolder resolve_hf_folder(const std::string& path);
+
+/// Loads a Hugging Face checkpoint of model_type llama, qwen2 or qwen3
+/// (ModelConfig::from_hf_config) for the CPU forward pass. Weight matrices
+/// stay in the memory-mapped safetensors files (F32, F16 or BF16, used as
+/// stored: a PyTorch [out, in] row-major matrix is ne = {in, out}); norm
+/// weights and biases are widened to F32; llama3/linear RoPE scaling becomes
+/// a rope_freqs.weight tensor. Tensors get llama.cpp's GGUF names
+/// (model.layers.N.self_attn.q_proj.weight → blk.N.attn_q.weight, ...). q/k
+/// rows are not permuted: the model uses NeoX-ordered RoPE, as transformers'
+/// rotate_half does.
+/// Throws quern::Error naming the tensor and the file for a missing tensor, a
+/// wrong shape (shown outermost first, as stored), a dtype other than F32,
+/// F16 or BF16, a tensor the architecture does not use, and (through the
+/// safetensors reader) malformed or truncated files.
+std::unique_ptr<Model> load_hf_model(const std::string& path);
+
+}  // namespace quern

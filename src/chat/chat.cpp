@@ -20,7 +20,15 @@ std::string eos_text(const Tokenizer& tok) { return tok.eos() >= 0 ? tok.token_t
 
 ChatTemplate ChatTemplate::for_model(const GgufFile& f, const Tokenizer& tok, const std::string& name,
                                      const std::string& file_path) {
-    ChatTemplate t = for_model_source(f, tok, name, file_path);
+    const TemplateLookup lookup = [&f](const std::string& n) {
+        return f.get_string(n.empty() ? std::string("tokenizer.chat_template") : "tokenizer.chat_template." + n, "");
+    };
+    return for_model(lookup, "tokenizer.chat_template", tok, name, file_path);
+}
+
+ChatTemplate ChatTemplate::for_model(const TemplateLookup& lookup, const std::string& where, const Tokenizer& tok,
+                                     const std::string& name, const std::string& file_path) {
+    ChatTemplate t = for_model_source(lookup, where, tok, name, file_path);
     Json specials = Json::object();
     if (tok.unk() >= 0) specials["unk_token"] = tok.token_to_piece(tok.unk(), true);
     if (tok.pad() >= 0) specials["pad_token"] = tok.token_to_piece(tok.pad(), true);
@@ -28,7 +36,8 @@ ChatTemplate ChatTemplate::for_model(const GgufFile& f, const Tokenizer& tok, co
     return t;
 }
 
-ChatTemplate ChatTemplate::for_model_source(const GgufFile& f, const Tokenizer& tok, const std::string& name,
+ChatTemplate ChatTemplate::for_model_source(const TemplateLookup& lookup, const std::string& where,
+                                            const Tokenizer& tok, const std::string& name,
                                             const std::string& file_path) {
     const std::string bos = bos_text(tok), eos = eos_text(tok);
     if (!file_path.empty()) {
@@ -39,8 +48,8 @@ ChatTemplate ChatTemplate::for_model_source(const GgufFile& f, const Tokenizer& 
         return ChatTemplate(ss.str(), bos, eos, file_path);
     }
     if (!name.empty()) {
-        const std::string named = f.get_string("tokenizer.chat_template." + name, "");
-        if (!named.empty()) return ChatTemplate(named, bos, eos, "tokenizer.chat_template." + name);
+        const std::string named = lookup(name);
+        if (!named.empty()) return ChatTemplate(named, bos, eos, where + "." + name);
         const auto b = builtin_template(name);
         if (!b) {
             std::string names;
@@ -49,8 +58,8 @@ ChatTemplate ChatTemplate::for_model_source(const GgufFile& f, const Tokenizer& 
         }
         return ChatTemplate(*b, bos, eos, "built-in " + name);
     }
-    const std::string src = f.get_string("tokenizer.chat_template", "");
-    if (!src.empty()) return ChatTemplate(src, bos, eos, "tokenizer.chat_template");
+    const std::string src = lookup("");
+    if (!src.empty()) return ChatTemplate(src, bos, eos, where);
     const std::string guess = guess_builtin_template(tok);
     return ChatTemplate(*builtin_template(guess), bos, eos, "built-in " + guess + " (the model has no template)");
 }

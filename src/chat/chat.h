@@ -15,6 +15,7 @@
 // llama2, llama3, mistral, gemma, phi3), chosen by name or guessed from the
 // vocabulary's special tokens.
 #pragma once
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,6 +64,15 @@ public:
     /// BOS/EOS text comes from the tokenizer.
     static ChatTemplate for_model(const GgufFile& f, const Tokenizer& tok, const std::string& name = "",
                                   const std::string& file_path = "");
+    /// The model's templates by name ("" for the default one); returns ""
+    /// when the model has no such template.
+    using TemplateLookup = std::function<std::string(const std::string& name)>;
+    /// As for_model, with the model's templates from `lookup` instead of a
+    /// GGUF file (a Hugging Face folder's tokenizer_config.json chat_template).
+    /// `where` names the model's templates in origin() ("tokenizer.chat_template"
+    /// for GGUF).
+    static ChatTemplate for_model(const TemplateLookup& lookup, const std::string& where, const Tokenizer& tok,
+                                  const std::string& name = "", const std::string& file_path = "");
 
     /// Renders a conversation to prompt text. Throws jinja::TemplateError
     /// (e.g. a template's raise_exception) with jinja2's message.
@@ -79,7 +89,8 @@ public:
     const std::string& eos_token() const { return eos_; }
 
 private:
-    static ChatTemplate for_model_source(const GgufFile& f, const Tokenizer& tok, const std::string& name,
+    static ChatTemplate for_model_source(const TemplateLookup& lookup, const std::string& where,
+                                         const Tokenizer& tok, const std::string& name,
                                          const std::string& file_path);
     std::string source_, bos_, eos_, origin_;
     Json specials_ = Json::object();

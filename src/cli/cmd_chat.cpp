@@ -57,9 +57,10 @@ int run_chat(const ChatCmdOptions& o) {
     Sampler(o.sp, 1);  // throws quern::Error for out-of-range sampling values
     LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
-    const chat::ChatTemplate tmpl = chat::ChatTemplate::for_model(*m.file, *m.tokenizer, o.template_name, o.template_file);
+    const chat::ChatTemplate tmpl = chat::ChatTemplate::for_model(m.chat_templates, m.chat_templates_origin, *m.tokenizer, o.template_name,
+                                                 o.template_file);
     const bool tty = ::isatty(STDIN_FILENO) != 0;
-    std::fprintf(stderr, "quern: %s (%s, %.1fM params) loaded in %.2f s; chat template: %s\n", m.file->path().c_str(),
+    std::fprintf(stderr, "quern: %s (%s, %.1fM params) loaded in %.2f s; chat template: %s\n", m.path.c_str(),
                  cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6, m.load_seconds,
                  tmpl.origin().c_str());
     if (tty) std::fprintf(stderr, "quern: type a message; /clear starts over, /exit quits\n");
@@ -168,7 +169,9 @@ void add_chat_command(CLI::App& app) {
     o->sp.temperature = 0.3f;
     o->sp.repeat_penalty = 1.1f;
     CLI::App* cmd = app.add_subcommand("chat", "Chat with a model in the terminal (uses the model's chat template)");
-    cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
+    cmd->add_option("-m,--model", o->model,
+                    "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3) "
+                    "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("--chat-template", o->template_name,
                     "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "
                     "tokenizer.chat_template.NAME; default: the model's own");

@@ -49,7 +49,7 @@ int run(const RunOptions& o) {
         fail("--verify compares the GPU with the CPU, and no GPU is in use here (--device {})", o.dev.device);
     LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
-    std::fprintf(stderr, "quern: loaded %s (%s, %.1fM params, %.1f MiB) in %.2f s\n", m.file->path().c_str(),
+    std::fprintf(stderr, "quern: loaded %s (%s, %.1fM params, %.1f MiB) in %.2f s\n", m.path.c_str(),
                  cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6,
                  m.model->n_bytes() / 1048576.0, m.load_seconds);
 
@@ -148,7 +148,9 @@ void add_run_command(CLI::App& app) {
     using namespace quern::cli;
     auto o = std::make_shared<RunOptions>();
     CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (text to stdout, timings to stderr)");
-    cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
+    cmd->add_option("-m,--model", o->model,
+                    "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3) "
+                    "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     auto* p = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
     cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file")->excludes(p);
     cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (-1 = until end of generation or a full context)")
@@ -169,6 +171,7 @@ void add_run_command(CLI::App& app) {
         "  quern run -p \"The capital of France is\" -n 32 --temp 0\n"
         "  quern run -m model.gguf -p \"Once upon a time\" --temp 0.7 --top-p 0.9 --seed 42\n"
         "  quern run -f prompt.txt -n 256 -c 8192 -t 4\n"
+        "  quern run -m ~/models/Qwen2.5-0.5B-Instruct -p \"Hello\" -n 32   # a Hugging Face folder\n"
         "  quern run --device cuda --verify -p \"Hello\" -n 16 --temp 0");
     cmd->callback([o] {
         if (o->prompt.empty() && o->prompt_file.empty()) throw CLI::ValidationError("-p", "give a prompt with -p TEXT or -f FILE");

@@ -56,10 +56,13 @@ int serve(ServeOptions& o) {
     LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
     const std::string model_id =
-        o.alias.empty() ? std::filesystem::path(m.file->path()).stem().string() : o.alias;
+        !o.alias.empty() ? o.alias
+        : m.file        ? std::filesystem::path(m.path).stem().string()
+                        : std::filesystem::path(m.path).filename().string();
     std::optional<chat::ChatTemplate> tmpl;
-    tmpl.emplace(chat::ChatTemplate::for_model(*m.file, *m.tokenizer, o.template_name, o.template_file));
-    std::fprintf(stderr, "quern: %s (%s, %.1fM params) loaded in %.2f s; chat template: %s\n", m.file->path().c_str(),
+    tmpl.emplace(chat::ChatTemplate::for_model(m.chat_templates, m.chat_templates_origin, *m.tokenizer, o.template_name,
+                                                 o.template_file));
+    std::fprintf(stderr, "quern: %s (%s, %.1fM params) loaded in %.2f s; chat template: %s\n", m.path.c_str(),
                  cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6, m.load_seconds,
                  tmpl->origin().c_str());
 
@@ -117,7 +120,9 @@ void add_serve_command(CLI::App& app) {
     using namespace quern::cli;
     auto o = std::make_shared<ServeOptions>();
     CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-    cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
+    cmd->add_option("-m,--model", o->model,
+                    "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3) "
+                    "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("--host", o->server.host, "Address to listen on (0.0.0.0: every interface)")->capture_default_str();
     cmd->add_option("--port", o->server.port, "Port to listen on (0: any free port, printed at start)")
         ->capture_default_str()

@@ -5,12 +5,17 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include <CLI/CLI.hpp>
 
 #include "core/error.h"
 #include <fmt/format.h>
 #include "core/thread_pool.h"
+#include "model/hf_model.h"
 #ifdef QUERN_HAVE_CUDA
 #include "backend/cuda/session.h"
 #endif
@@ -36,13 +41,71 @@ std::string resolve_model_path(const std::string& path) {
     return path;
 }
 
+namespace {
+
+/// tokenizer_config.json's chat_template (a string, or a list of
+/// {"name", "template"} objects) and chat_template.jinja, by name.
+std::map<std::string, std::string> hf_chat_templates(const std::string& dir) {
+    namespace fs = std::filesystem;
+    std::map<std::string, std::string> t;
+    auto read = [](const fs::path& p) {
+        std::ifstream f(p, std::ios::binary);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        return ss.str();
+    };
+    std::error_code ec;
+    const fs::path cfg = fs::path(dir) / "tokenizer_config.json";
+    if (fs::exists(cfg, ec)) {
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(read(cfg));
+        } catch (const nlohmann::json::exception& e) {
+            fail("{}: not valid JSON ({})", cfg.string(), e.what());
+        }
+        const nlohmann::json ct = j.is_object() ? j.value("chat_template", nlohmann::json()) : nlohmann::json();
+        if (ct.is_string()) t[""] = ct.get<std::string>();
+        if (ct.is_array())
+            for (const auto& e : ct)
+                if (e.is_object() && e.value("name", nlohmann::json()).is_string() &&
+                    e.value("template", nlohmann::json()).is_string()) {
+                    const std::string n = e["name"].get<std::string>();
+                    t[n == "default" ? "" : n] = e["template"].get<std::string>();
+                }
+    }
+    const fs::path jinja = fs::path(dir) / "chat_template.jinja";  // newer transformers save it here
+    if (!t.count("") && fs::exists(jinja, ec)) t[""] = read(jinja);
+    return t;
+}
+
+}  // namespace
+
 LoadedModel load_model(const std::string& path, const ModelOptions& opts) {
     const double t0 = now_seconds();
     LoadedModel m;
-    m.file = std::make_shared<GgufFile>(resolve_model_path(path));
-    m.model = Model::from_gguf(m.file);
+    m.path = resolve_model_path(path);
+    if (is_hf_model_path(m.path) || std::filesystem::is_directory(m.path)) {
+        const HfFolder hf = resolve_hf_folder(m.path);
+        m.path = hf.dir;
+        m.model = load_hf_model(hf.weights);
+        m.tokenizer = Tokenizer::from_file(hf.dir);
+        auto templates = std::make_shared<std::map<std::string, std::string>>(hf_chat_templates(hf.dir));
+        m.chat_templates = [templates](const std::string& n) {
+            auto it = templates->find(n);
+            return it == templates->end() ? std::string() : it->second;
+        };
+        m.chat_templates_origin = hf.dir + "/tokenizer_config.json chat_template";
+    } else {
+        m.file = std::make_shared<GgufFile>(m.path);
+        m.model = Model::from_gguf(m.file);
+        m.tokenizer = Tokenizer::from_gguf(*m.file);
+        std::shared_ptr<GgufFile> f = m.file;
+        m.chat_templates = [f](const std::string& n) {
+            return f->get_string(n.empty() ? std::string("tokenizer.chat_template") : "tokenizer.chat_template." + n, "");
+        };
+        m.chat_templates_origin = "tokenizer.chat_template";
+    }
     m.model->set_options(opts);
-    m.tokenizer = Tokenizer::from_gguf(*m.file);
     m.load_seconds = now_seconds() - t0;
     return m;
 }
@@ -91,9 +154,20 @@ bool use_cuda(const DeviceOptions& opts) {
 #endif
 }
 
+std::string gpu_unsupported(const ModelConfig& c) {
+    if (c.arch != "llama") return "the " + c.arch + " architecture";
+    if (c.qkv_bias || c.out_bias) return "attention biases";
+    if (c.qk_norm) return "per-head q/k normalisation";
+    return "";
+}
+
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose) {
     if (!use_cuda(opts)) return make_cpu_session(model, n_ctx, pool);
+    if (const std::string why = gpu_unsupported(model.config()); opts.device == "auto" && !why.empty()) {
+        if (verbose) std::fprintf(stderr, "quern: the GPU backend does not compute %s yet; running on the CPU\n", why.c_str());
+        return make_cpu_session(model, n_ctx, pool);
+    }
 #ifdef QUERN_HAVE_CUDA
     cuda::SessionOptions so;
     so.n_ctx = opts.kv_tokens > 0 ? opts.kv_tokens : n_ctx;

@@ -2,6 +2,7 @@
 // with timing, terminal detection.
 #pragma once
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,13 +22,20 @@ std::string default_model_path();
 /// command when the default model is missing, or naming a missing path.
 std::string resolve_model_path(const std::string& path);
 
-/// A model loaded from a GGUF file, with its tokenizer.
+/// A model loaded from a GGUF file or a Hugging Face folder, with its tokenizer.
 struct LoadedModel {
-    std::shared_ptr<GgufFile> file;
+    std::string path;                   ///< the GGUF file or the folder
+    std::shared_ptr<GgufFile> file;     ///< null for a Hugging Face folder
     std::unique_ptr<Model> model;
     std::unique_ptr<Tokenizer> tokenizer;
+    /// The model's chat templates by name ("" for the default), "" when absent.
+    std::function<std::string(const std::string&)> chat_templates;
+    std::string chat_templates_origin;  ///< where they come from, for messages
     double load_seconds = 0;
 };
+/// Loads `path` (resolve_model_path): a GGUF file, or a Hugging Face folder
+/// (or its config.json, model.safetensors or model.safetensors.index.json)
+/// with tokenizer.json, tokenizer_config.json and generation_config.json.
 LoadedModel load_model(const std::string& path, const ModelOptions& opts = {});
 
 /// True when stderr is a terminal (progress output is shown only then).
@@ -62,8 +70,11 @@ struct DeviceOptions {
 void add_device_options(CLI::App* cmd, DeviceOptions& opts);
 /// Whether `opts` selects the GPU (auto: when this build has CUDA and a GPU is present).
 bool use_cuda(const DeviceOptions& opts);
+/// What in `c` the CUDA backend does not compute ("" when it runs the model).
+std::string gpu_unsupported(const ModelConfig& c);
 /// A session for `model` with n_ctx positions on the device `opts` selects
-/// (CPU sessions use `pool`). Throws quern::Error when the GPU is asked for
+/// (CPU sessions use `pool`; --device auto runs on the CPU, with a note, a
+/// model that gpu_unsupported() names a feature of). Throws quern::Error when the GPU is asked for
 /// and this build has no CUDA backend or the machine no GPU.
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose = true);

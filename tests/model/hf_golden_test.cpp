@@ -142,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden,
 // ---------------------------------------------------------------- bad checkpoints
 
 /// A copy of a fixture checkpoint in a fresh temporary folder.
-class BadCheckpoint : public ::testing::Test {
+class HfCheckpointCopy : public ::testing::Test {
 protected:
     void SetUp() override {
         dir_ = fs::temp_directory_path() /
@@ -196,9 +196,9 @@ void write_st(const fs::path& p, const StFile& s) {
     f << h << s.data;
 }
 
-TEST_F(BadCheckpoint, TheFixtureLoads) { EXPECT_EQ(load_error(copy("llama", "fp32")), ""); }
+TEST_F(HfCheckpointCopy, TheFixtureLoads) { EXPECT_EQ(load_error(copy("llama", "fp32")), ""); }
 
-TEST_F(BadCheckpoint, MissingTensorIsNamedWithTheFile) {
+TEST_F(HfCheckpointCopy, MissingTensorIsNamedWithTheFile) {
     const fs::path d = copy("llama", "fp32");
     StFile s = read_st(d / "model.safetensors");
     // Renaming keeps the file valid: the model lacks the tensor, and has one it does not know.
@@ -211,7 +211,7 @@ TEST_F(BadCheckpoint, MissingTensorIsNamedWithTheFile) {
     EXPECT_NE(e.find((d / "model.safetensors").string()), std::string::npos) << e;
 }
 
-TEST_F(BadCheckpoint, WrongShapeIsNamedWithTheFile) {
+TEST_F(HfCheckpointCopy, WrongShapeIsNamedWithTheFile) {
     const fs::path d = copy("qwen3", "fp32");
     StFile s = read_st(d / "model.safetensors");
     const std::string name = "model.layers.0.self_attn.k_proj.weight";
@@ -223,7 +223,7 @@ TEST_F(BadCheckpoint, WrongShapeIsNamedWithTheFile) {
     EXPECT_NE(e.find((d / "model.safetensors").string()), std::string::npos) << e;
 }
 
-TEST_F(BadCheckpoint, UnsupportedDtypeIsNamedWithTheFile) {
+TEST_F(HfCheckpointCopy, UnsupportedDtypeIsNamedWithTheFile) {
     const fs::path d = copy("qwen3", "bf16");
     StFile s = read_st(d / "model.safetensors");
     const std::string name = "model.layers.1.mlp.down_proj.weight";
@@ -242,7 +242,7 @@ TEST_F(BadCheckpoint, UnsupportedDtypeIsNamedWithTheFile) {
     EXPECT_NE(e.find((d / "model.safetensors").string()), std::string::npos) << e;
 }
 
-TEST_F(BadCheckpoint, TruncatedShardIsNamed) {
+TEST_F(HfCheckpointCopy, TruncatedShardIsNamed) {
     const fs::path d = copy("qwen2", "bf16");
     const fs::path shard = d / "model-00003-of-00004.safetensors";
     fs::resize_file(shard, fs::file_size(shard) - 100);
@@ -251,7 +251,7 @@ TEST_F(BadCheckpoint, TruncatedShardIsNamed) {
     EXPECT_NE(e.find("model.layers"), std::string::npos) << e;  // the tensor cut short
 }
 
-TEST_F(BadCheckpoint, UnknownTensorIsRefused) {
+TEST_F(HfCheckpointCopy, UnknownTensorIsRefused) {
     // A Qwen2 checkpoint described as a Llama without attention_bias: its
     // q/k/v biases would be silently dropped.
     const fs::path d = copy("qwen2", "fp32");
@@ -264,7 +264,7 @@ TEST_F(BadCheckpoint, UnknownTensorIsRefused) {
     EXPECT_NE(e.find((d / "model.safetensors").string()), std::string::npos) << e;
 }
 
-TEST_F(BadCheckpoint, ConfigErrorsNameTheKeyAndFile) {
+TEST_F(HfCheckpointCopy, ConfigErrorsNameTheKeyAndFile) {
     const fs::path d = copy("qwen2", "fp32");
     const nlohmann::json good = nlohmann::json::parse(std::ifstream(d / "config.json"));
     auto with = [&](auto edit) {
@@ -375,3 +375,64 @@ TEST(HfFolderPaths, FolderConfigAndWeightFilesAllOpen) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- quern run -m FOLDER
+
+namespace {
+
+/// A byte-level BPE tokenizer.json with one token per byte (GPT-2's byte
+/// characters), no merges: ids 0..255 for the fixtures' 256-token vocabulary.
+std::string byte_tokenizer_json() {
+    nlohmann::json vocab = nlohmann::json::object();
+    int extra = 0;
+    for (int b = 0; b < 256; ++b) {
+        const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+        const int cp = printable ? b : 256 + extra++;
+        std::string s;
+        if (cp < 0x80) s += static_cast<char>(cp);
+        else s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
+        vocab[s] = b;
+    }
+    nlohmann::json j = {{"version", "1.0"},
+                        {"added_tokens", nlohmann::json::array()},
+                        {"normalizer", nullptr},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                                           {"use_regex", true}}},
+                        {"post_processor", nullptr},
+                        {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true},
+                                     {"use_regex", true}}},
+                        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+    return j.dump();
+}
+
+}  // namespace
+
+TEST_F(HfCheckpointCopy, QuernRunTakesAFolderConfigOrWeights) {
+    const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
+    if (!fs::exists(quern)) GTEST_SKIP() << quern << " is not built";
+    const fs::path d = copy("qwen2", "bf16");
+    std::ofstream(d / "tokenizer.json") << byte_tokenizer_json();
+    std::ofstream(d / "tokenizer_config.json") << R"({"add_bos_token": false, "chat_template": "{{ messages[0].content }}"})";
+    const fs::path out = dir_ / "out.txt", err = dir_ / "err.txt";
+    auto run = [&](const std::string& m) {
+        const std::string cmd = "'" + quern + "' run -m '" + m + "' -p 'hello' -n 6 --temp 0 --ignore-eos -t 2 >'" +
+                                out.string() + "' 2>'" + err.string() + "'";
+        const int rc = std::system(cmd.c_str());
+        std::ifstream e(err);
+        std::string text((std::istreambuf_iterator<char>(e)), {});
+        EXPECT_EQ(rc, 0) << cmd << "\n" << text;
+        std::ifstream o(out);
+        return std::string((std::istreambuf_iterator<char>(o)), {});
+    };
+    const std::string a = run(d.string());
+    EXPECT_FALSE(a.empty());
+    EXPECT_EQ(run((d / "config.json").string()), a);
+    EXPECT_EQ(run((d / "model.safetensors.index.json").string()), a);
+    // Without a tokenizer.json the error says so.
+    fs::remove(d / "tokenizer.json");
+    const int rc = std::system(("'" + quern + "' run -m '" + d.string() + "' -p hi -n 1 2>'" + err.string() + "'").c_str());
+    EXPECT_NE(rc, 0);
+    std::ifstream e(err);
+    const std::string text((std::istreambuf_iterator<char>(e)), {});
+    EXPECT_NE(text.find("tokenizer.json"), std::string::npos) << text;
+}

@@ -187,6 +187,8 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     : cfg_(model.config()), opt_(opt), ctx_(opt.device) {
     const auto& c = cfg_;
     if (c.arch != "llama") fail("the CUDA backend runs Llama-family models; this one is '{}' (use --device cpu)", c.arch);
+    if (c.qkv_bias || c.out_bias || c.qk_norm)
+        fail("the CUDA backend does not compute attention biases or q/k norms yet (use --device cpu)");
     if (c.head_dim != 64 && c.head_dim != 128)
         fail("the CUDA decode attention supports head sizes 64 and 128; this model has {} (use --device cpu)",
              c.head_dim);

@@ -134,8 +134,9 @@ int run_chat(const ChatCmdOptions& o) {
         for (int32_t t : ids) sampler.accept(t);
         Detokenizer detok(*m.tokenizer, false);
         std::vector<int32_t> reply;
+        int32_t next = -1;  // picked by eval_sample (on the device where it can)
         for (int i = 0; i < o.n_predict; ++i) {
-            const int32_t tok = sampler.sample(logits.data());
+            const int32_t tok = next >= 0 ? next : sampler.sample(logits.data());
             if (m.tokenizer->is_eog(tok)) break;
             sampler.accept(tok);
             reply.push_back(tok);
@@ -145,7 +146,7 @@ int run_chat(const ChatCmdOptions& o) {
                 break;
             }
             if (i + 1 < o.n_predict) {
-                session->eval(&tok, 1, logits.data());
+                next = session->eval_sample(tok, sampler);
                 cached.push_back(tok);
             }
         }

@@ -76,7 +76,8 @@ int run(const RunOptions& o) {
         session->clear();
     }
     std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
-    // Pure greedy decoding samples on the device (no logits to the host).
+    // Pure greedy decoding takes the device's argmax; other settings go through
+    // Session::eval_sample (the same chain on the device where supported).
     const bool greedy = sp.temperature <= 0 && sp.repeat_penalty == 1.0f && sp.presence_penalty == 0.0f &&
                         sp.frequency_penalty == 0.0f;
 
@@ -87,7 +88,7 @@ int run(const RunOptions& o) {
     Detokenizer detok(*m.tokenizer, false);
     const int64_t limit = o.n_predict < 0 ? INT64_MAX : o.n_predict;
     int64_t generated = 0;
-    int32_t next = -1;  // greedy: the token the device picked
+    int32_t next = -1;  // the token eval_greedy / eval_sample picked
     for (; generated < limit; ++generated) {
         const int32_t tok = next >= 0 ? next : sampler.sample(logits.data());
         if (!o.ignore_eos && m.tokenizer->is_eog(tok)) break;
@@ -103,10 +104,8 @@ int run(const RunOptions& o) {
             break;
         }
         if (generated + 1 < limit) {
-            if (greedy)
-                next = session->eval_greedy(tok);
-            else
-                session->eval(&tok, 1, logits.data());
+            // Both sample on the GPU when there is one: only the id comes back.
+            next = greedy ? session->eval_greedy(tok) : session->eval_sample(tok, sampler);
         }
     }
     const std::string rest = detok.flush();

@@ -21,6 +21,8 @@ void Sampler::reset() {
     rng_.seed(p_.seed);
 }
 
+double Sampler::draw() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
 void Sampler::accept(int32_t token) {
     history_.push_back(token);
     const size_t cap = p_.repeat_last_n < 0 ? SIZE_MAX : static_cast<size_t>(p_.repeat_last_n);
@@ -87,7 +89,7 @@ int32_t Sampler::sample(const float* logits) {
         pr[i] = std::exp((cand_[i].logit - mx) / p_.temperature);
         total += pr[i];
     }
-    const double r = std::uniform_real_distribution<double>(0.0, 1.0)(rng_) * total;
+    const double r = draw() * total;
     double acc = 0.0;
     for (size_t i = 0; i < n; ++i) {
         acc += pr[i];

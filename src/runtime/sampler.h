@@ -31,6 +31,11 @@ public:
 
     /// Picks the next token from n_vocab logits (not modified).
     int32_t sample(const float* logits);
+    /// The uniform draw in [0, 1) the next sample() would make, consumed now:
+    /// for a backend that runs the same chain itself (cuda::sample_token).
+    double draw();
+    /// The penalties' window as accepted so far (oldest first).
+    const std::deque<int32_t>& history() const { return history_; }
     /// Records a token of the sequence (prompt or generated) for the penalties.
     void accept(int32_t token);
     void reset();

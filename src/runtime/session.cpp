@@ -24,6 +24,12 @@ int32_t Session::eval_greedy(int32_t token) {
                                 greedy_logits_.begin());
 }
 
+int32_t Session::eval_sample(int32_t token, Sampler& sampler) {
+    greedy_logits_.resize(static_cast<size_t>(config().n_vocab));
+    eval(&token, 1, greedy_logits_.data());
+    return sampler.sample(greedy_logits_.data());
+}
+
 namespace {
 
 class CpuSession final : public Session {

@@ -11,6 +11,7 @@
 
 #include "core/thread_pool.h"
 #include "model/model.h"
+#include "runtime/sampler.h"
 
 namespace quern {
 
@@ -39,6 +40,15 @@ public:
     /// Evaluates one token and returns the most likely next token (greedy),
     /// without handing logits to the host where the backend can avoid it.
     virtual int32_t eval_greedy(int32_t token);
+
+    /// Evaluates one token and returns the next token chosen by `sampler`
+    /// (its parameters and generator; the caller accept()s tokens as usual,
+    /// the token passed here included). The default evaluates on the
+    /// backend and samples on the host; a GPU session runs the same chain on
+    /// the device where it can (cuda::sample_token) and hands only the id
+    /// over. Its penalties then read the session's own tokens, so the sampler
+    /// must have accepted exactly the sequence's tokens (prompt and output).
+    virtual int32_t eval_sample(int32_t token, Sampler& sampler);
 
     /// As eval(), calling `trace` with the intermediate tensors of the last
     /// token (see TraceFn in model.h). Slow; for verification only.

@@ -22,6 +22,7 @@
 //              bit-exact, and a second identical call bit-identical.
 //   get_row    bit-exact against dequantize_row_ref.
 //   argmax     exact index.
+//   sample     the CPU Sampler's token for the same logits, history and draw.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,6 +44,7 @@
 #include "core/thread_pool.h"
 #include "quant/blocks.h"
 #include "quant/reference.h"
+#include "runtime/sampler.h"
 
 using namespace quern;
 using namespace quern::cuda;
@@ -519,6 +521,69 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
             ASSERT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * 4)) << what << ": second call differs";
         }
     }
+}
+
+// ------------------------------------------------------------------ sampling
+
+// sample_token against the CPU Sampler with the same parameters, history and
+// draw: the same token, for many seeds, with ties at the top-k threshold
+// (logits on a coarse grid), penalties, and every cut of the chain.
+TEST_F(OpsCuda, SampleTokenMatchesSampler) {
+    struct SCase {
+        int n_vocab;
+        SamplingParams sp;
+        bool coarse;  // logits on a 0.25 grid: many equal values
+    };
+    std::vector<SCase> cases;
+    auto sp = [](float t, int k, float p, float minp, float rp, float pres, float freq, int last) {
+        SamplingParams s;
+        s.temperature = t, s.top_k = k, s.top_p = p, s.min_p = minp, s.repeat_penalty = rp;
+        s.presence_penalty = pres, s.frequency_penalty = freq, s.repeat_last_n = last;
+        return s;
+    };
+    cases.push_back({50000, sp(0.8f, 40, 0.95f, 0.05f, 1.0f, 0, 0, 64), false});   // the CLI defaults
+    cases.push_back({50000, sp(1.5f, 1024, 1.0f, 0.0f, 1.0f, 0, 0, 64), false});   // wide: k only
+    cases.push_back({4096, sp(0.7f, 300, 0.9f, 0.0f, 1.0f, 0, 0, 64), true});      // ties at the threshold
+    cases.push_back({4096, sp(1.0f, 50, 1.0f, 0.1f, 1.3f, 0.5f, 0.2f, 64), false}); // penalties
+    cases.push_back({4096, sp(0.0f, 40, 1.0f, 0.0f, 1.2f, 0.3f, 0.1f, 32), true});  // greedy after penalties
+    cases.push_back({128256, sp(0.6f, 1, 1.0f, 0.0f, 1.0f, 0, 0, 64), false});    // k = 1
+    cases.push_back({1000, sp(2.0f, 1000, 0.5f, 0.0f, 1.1f, 0, 0, 0), true});      // k = n_vocab, window 0
+    std::mt19937 rng(99);
+    int checked = 0;
+    for (const auto& c : cases) {
+        for (int trial = 0; trial < 40; ++trial) {
+            std::normal_distribution<float> nd(0.0f, 3.0f);
+            std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+            for (auto& l : logits) l = c.coarse ? std::round(nd(rng) * 4.0f) / 4.0f : nd(rng);
+            // History: 100 tokens, many repeats, some among the likely ones.
+            std::vector<int32_t> hist(100);
+            std::uniform_int_distribution<int> pick(0, c.n_vocab - 1), few(0, 9);
+            for (auto& t : hist) t = few(rng) < 5 ? static_cast<int32_t>(few(rng)) : static_cast<int32_t>(pick(rng));
+            SamplingParams p = c.sp;
+            p.seed = 1000u + static_cast<uint64_t>(trial);
+            Sampler cpu(p, c.n_vocab), draws(p, c.n_vocab);
+            for (int32_t t : hist) cpu.accept(t);
+            const int32_t want = cpu.sample(logits.data());
+            DeviceSampling ds{p.temperature, p.top_k,          p.top_p,
+                              p.min_p,       p.repeat_penalty, p.presence_penalty,
+                              p.frequency_penalty, p.repeat_last_n, p.temperature > 0 ? draws.draw() : 0.0};
+            ASSERT_TRUE(device_sampling_supported(p.top_k, p.repeat_last_n, true));
+            auto dl = up(logits), dt = up(hist), dp = up(std::vector<int32_t>{static_cast<int32_t>(hist.size()) - 1});
+            DeviceBuffer dsp(sizeof(DeviceSampling));
+            dsp.upload(&ds, sizeof ds, st());
+            auto dout = poisoned<int32_t>(1);
+            sample_token(dl.as<float>(), c.n_vocab, dt.as<int32_t>(), dp.as<int32_t>(), static_cast<int>(hist.size()),
+                         dsp.as<DeviceSampling>(), dout.as<int32_t>(), st());
+            const int32_t got = down<int32_t>(dout, 1)[0];
+            ASSERT_EQ(got, want) << "case vocab " << c.n_vocab << " T " << p.temperature << " k " << p.top_k << " p "
+                                 << p.top_p << " min_p " << p.min_p << " trial " << trial;
+            ++checked;
+        }
+    }
+    EXPECT_EQ(checked, 7 * 40);
+    EXPECT_FALSE(device_sampling_supported(0, 64, false));     // top-k off: host
+    EXPECT_FALSE(device_sampling_supported(40, -1, true));     // whole-history penalties: host
+    EXPECT_TRUE(device_sampling_supported(40, -1, false));
 }
 
 // ------------------------------------------------------------------ embedding rows

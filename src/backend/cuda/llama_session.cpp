@@ -16,7 +16,7 @@
 //     [gate | up] = W_gate_up · xq                        one GEMV when the types match
 //     fq = Q8_1(SiLU(gate) · up)                          swiglu_q8_1
 //     h = W_down · fq                                     gemv
-//   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax
+//   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax or sample_token
 //   pos += 1; cur = next prompt token or sampled          advance_decode_position
 //
 // With precise activations (the default, as on the CPU) every quantized
@@ -105,6 +105,7 @@ public:
     void truncate(int64_t n) override { n_past_ = std::clamp<int64_t>(n, 0, n_past_); }
     void eval(const int32_t* tokens, int64_t n, float* logits) override;
     int32_t eval_greedy(int32_t token) override;
+    int32_t eval_sample(int32_t token, Sampler& sampler) override;
     void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) override;
 
 private:
@@ -115,10 +116,13 @@ private:
     /// Queues one decode step on the stream (head: the output projection and
     /// argmax too). With `trace`, synchronizes after each layer and reports
     /// the residual stream (never during capture).
-    void enqueue_step(bool head, const TraceFn* trace);
+    /// What a step does after the layers: nothing (a prompt token whose
+    /// logits nobody reads), greedy argmax, or sample_token.
+    enum Head { kNoHead = 0, kArgmax = 1, kSample = 2 };
+    void enqueue_step(Head head, const TraceFn* trace);
     void mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y);
     /// Replays (capturing on first use) the step graph with or without head.
-    void run_step(bool head);
+    void run_step(Head head);
     /// Uploads tokens[0..n) to positions n_past_.. and sets the control block
     /// so that the next step evaluates position n_past_.
     void begin(const int32_t* tokens, int64_t n);
@@ -147,7 +151,9 @@ private:
     QuantizedActivation xq_embd_, xq_attn_, xq_ff_;
     PinnedBuffer host_ctl_, host_tokens_;
 
-    cudaGraphExec_t graph_[2] = {nullptr, nullptr};  // [head]
+    cudaGraphExec_t graph_[3] = {nullptr, nullptr, nullptr};  // [Head]
+    DeviceBuffer sampling_;    // one DeviceSampling
+    PinnedBuffer host_sampling_;
 
     // QUERN_CUDA_PROFILE=1: steps run uncaptured with CUDA events between the
     // ops; the destructor prints the GPU time per op kind (µs per step).
@@ -254,6 +260,8 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     attn_scratch_ = DeviceBuffer(
         decode_attention_scratch_bytes(static_cast<int>(n_ctx), static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));
     tokens_ = DeviceBuffer(static_cast<size_t>(n_ctx + 1) * sizeof(int32_t));
+    sampling_ = DeviceBuffer(sizeof(DeviceSampling));
+    host_sampling_ = PinnedBuffer(sizeof(DeviceSampling));
     host_tokens_ = PinnedBuffer(static_cast<size_t>(n_ctx + 1) * sizeof(int32_t));
     if (opt.verbose)
         std::fprintf(stderr, "quern: CUDA %s: KV cache %lld tokens (%s, %.2f GiB)\n", ctx_.name().c_str(),
@@ -378,7 +386,7 @@ void LlamaCudaSession::mm(const Piece& p, const float* xf, QuantizedActivation& 
         gemv(ctx_, p.w, xf, y + p.offset);
 }
 
-void LlamaCudaSession::enqueue_step(bool head, const TraceFn* trace) {
+void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
     const auto& c = cfg_;
     const cudaStream_t s = ctx_.stream();
     auto* ctl = ctl_.as<DecodeControl>();
@@ -441,18 +449,24 @@ void LlamaCudaSession::enqueue_step(bool head, const TraceFn* trace) {
         mark("norm");
         mm(output_, xn, xq_embd_, logits_.as<float>());
         mark("gemv_output");
-        argmax(logits_.as<float>(), c.n_vocab, argmax_scratch_.data(), &ctl->sampled, s);
-        mark("argmax");
+        if (head == kSample) {
+            sample_token(logits_.as<float>(), c.n_vocab, tokens_.as<int32_t>(), pos, nctx,
+                         sampling_.as<DeviceSampling>(), &ctl->sampled, s);
+            mark("sample");
+        } else {
+            argmax(logits_.as<float>(), c.n_vocab, argmax_scratch_.data(), &ctl->sampled, s);
+            mark("argmax");
+        }
     }
     advance_decode_position(ctl, tokens_.as<int32_t>(), nctx, s);
     mark("advance");
     collect_profile();
 }
 
-void LlamaCudaSession::run_step(bool head) {
+void LlamaCudaSession::run_step(Head head) {
     const cudaStream_t s = ctx_.stream();
     if (!opt_.cuda_graph || profile_) return enqueue_step(head, nullptr);
-    cudaGraphExec_t& ge = graph_[head ? 1 : 0];
+    cudaGraphExec_t& ge = graph_[head];
     if (!ge) {
         cudaGraph_t g = nullptr;
         QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -487,7 +501,7 @@ void LlamaCudaSession::eval(const int32_t* tokens, int64_t n, float* logits) {
     check_tokens(tokens, n);
     if (n == 0) return;
     begin(tokens, n);
-    for (int64_t i = 0; i < n; ++i) run_step(i == n - 1);
+    for (int64_t i = 0; i < n; ++i) run_step(i == n - 1 ? kArgmax : kNoHead);
     n_past_ += n;
     if (logits) {
         QUERN_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.data(), static_cast<size_t>(cfg_.n_vocab) * sizeof(float),
@@ -499,11 +513,33 @@ void LlamaCudaSession::eval(const int32_t* tokens, int64_t n, float* logits) {
 int32_t LlamaCudaSession::eval_greedy(int32_t token) {
     check_tokens(&token, 1);
     begin(&token, 1);
-    run_step(true);
+    run_step(kArgmax);
     n_past_ += 1;
     auto* hc = host_ctl_.as<DecodeControl>();
     QUERN_CUDA_CHECK(
         cudaMemcpyAsync(hc, ctl_.data(), sizeof(DecodeControl), cudaMemcpyDeviceToHost, ctx_.stream()));
+    ctx_.synchronize();
+    return hc->sampled;
+}
+
+int32_t LlamaCudaSession::eval_sample(int32_t token, Sampler& sampler) {
+    const SamplingParams& sp = sampler.params();
+    const bool pen = sp.repeat_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f;
+    if (!device_sampling_supported(sp.top_k, sp.repeat_last_n, pen) || std::getenv("QUERN_CUDA_HOST_SAMPLING"))
+        return Session::eval_sample(token, sampler);  // top-k off or too large, or a long penalty window
+    check_tokens(&token, 1);
+    auto* hp = host_sampling_.as<DeviceSampling>();
+    *hp = DeviceSampling{sp.temperature,      sp.top_k,          sp.top_p,
+                         sp.min_p,            sp.repeat_penalty, sp.presence_penalty,
+                         sp.frequency_penalty, sp.repeat_last_n, 0.0};
+    if (sp.temperature > 0.0f) hp->u = sampler.draw();  // Sampler::sample draws only then
+    const cudaStream_t s = ctx_.stream();
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(sampling_.data(), hp, sizeof(DeviceSampling), cudaMemcpyHostToDevice, s));
+    begin(&token, 1);
+    run_step(kSample);
+    n_past_ += 1;
+    auto* hc = host_ctl_.as<DecodeControl>();
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(hc, ctl_.data(), sizeof(DecodeControl), cudaMemcpyDeviceToHost, s));
     ctx_.synchronize();
     return hc->sampled;
 }
@@ -513,7 +549,7 @@ void LlamaCudaSession::eval_traced(const int32_t* tokens, int64_t n, float* logi
     if (n == 0) return;
     if (n > 1) eval(tokens, n - 1, nullptr);
     begin(tokens + n - 1, 1);
-    enqueue_step(true, &trace);
+    enqueue_step(kArgmax, &trace);
     n_past_ += 1;
     std::vector<float> host(static_cast<size_t>(cfg_.n_vocab));
     logits_.download(host.data(), host.size() * sizeof(float), ctx_.stream());

@@ -135,6 +135,39 @@ size_t argmax_scratch_bytes(int64_t n);
 /// ties; NaNs are skipped; all-NaN gives 0). n >= 1.
 void argmax(const float* x, int64_t n, void* scratch, int32_t* out_id, cudaStream_t stream);
 
+/// Sampling parameters of sample_token, in device memory (the host updates
+/// them between steps; a captured graph reads the current values). The
+/// meaning of every field is SamplingParams' (runtime/sampler.h); u is the
+/// step's uniform draw in [0, 1), taken by the host from the Sampler's
+/// generator so that a seed gives the same draws on every backend.
+struct DeviceSampling {
+    float temperature;
+    int top_k;             ///< 1 .. kMaxSampleTopK
+    float top_p;
+    float min_p;
+    float repeat_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    int repeat_last_n;     ///< 0 .. kMaxSampleWindow (the window is the last repeat_last_n tokens)
+    double u;
+};
+inline constexpr int kMaxSampleTopK = 1024;
+inline constexpr int kMaxSampleWindow = 1024;
+/// Whether sample_token can run a sampler with these settings (else sample
+/// on the host): top_k in [1, kMaxSampleTopK] and, with penalties, a window
+/// of at most kMaxSampleWindow tokens.
+bool device_sampling_supported(int top_k, int repeat_last_n, bool penalties);
+
+/// Picks the next token as Sampler::sample does (penalties over the last
+/// repeat_last_n tokens of tokens[0 .. *pos], top-k, top-p and min-p on the
+/// untempered distribution, temperature, the draw u; temperature <= 0:
+/// argmax after penalties) and writes it to *out_id. logits: n_vocab floats,
+/// penalized in place. tokens: the sequence's ids by position; *pos clamped
+/// to [0, n_ctx). One thread block; for the same logits and u the result is
+/// Sampler's except where expf's last bit decides a cut or the draw.
+void sample_token(float* logits, int64_t n_vocab, const int32_t* tokens, const int32_t* pos, int n_ctx,
+                  const DeviceSampling* params, int32_t* out_id, cudaStream_t stream);
+
 /// Device-side state of a sequence's decode step: the position being
 /// evaluated, the token id there, the first position whose token is not
 /// given by the host (from there on the sampled token is fed back), and the

@@ -19,8 +19,15 @@ the logits have a spread (N(0, 1/fan_in) matrices, norms around 1, non-zero
 biases) rather than transformers' near-zero initialisation, which would make
 the argmax of every position a coin toss.
 
+The Gemma models are narrower (hidden size 32) so that four layers stay
+small, see more tokens (32) than their sliding window (6 or 5 positions) so
+the window matters, draw norm weights around 0 (Gemma multiplies by 1 + w),
+and switch on what their configs can ask for: soft-capped attention scores
+and logits (gemma2), per-layer-type RoPE with a linear scaling of the global
+layers and a query_pre_attn_scalar unlike head_dim (both).
+
 Needs torch and transformers (not needed to run the tests). Usage:
-  python3 tools/make_hf_golden.py --out tests/data/hf
+  python3 tools/make_hf_golden.py --out tests/data/hf [--only gemma2,gemma3]
 """
 import argparse
 import json
@@ -30,8 +37,8 @@ import shutil
 
 import numpy as np
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 VOCAB = 256
 N_TOKENS = 24
@@ -39,6 +46,9 @@ N_TOKENS = 24
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
               rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
+
+GEMMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, head_dim=8, tie_word_embeddings=True,
+             hidden_activation="gelu_pytorch_tanh", pad_token_id=0)
 
 MODELS = {
     # Untied output projection; Llama 3.1's RoPE scaling with a short original
@@ -51,15 +61,28 @@ MODELS = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True, rope_theta=1000000.0)),
     # Per-head q/k RMSNorm; head_dim (8) smaller than hidden_size / heads (16).
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=True, rope_theta=1000000.0, head_dim=8)),
+    # Local (even) and global (odd) layers, window 6; soft-capping low enough
+    # to bend the scores and logits of a model this small.
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, dict(
+        GEMMA, sliding_window=6, query_pre_attn_scalar=12, attn_logit_softcapping=2.0,
+        final_logit_softcapping=15.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # Layers local, local, global, local (sliding_window_pattern 3), window 5,
+    # local RoPE base 10000, global base 1e6 with linear scaling 4, q/k norms.
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(
+        GEMMA, sliding_window=5, sliding_window_pattern=3, query_pre_attn_scalar=12,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}})),
 }
+N_TOKENS_OF = {"gemma2": 32, "gemma3": 32}
 
 
 def randomise(model, seed):
     g = torch.Generator().manual_seed(seed)
+    gemma = model.config.model_type.startswith("gemma")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+                p.copy_((0.0 if gemma else 1.0) + 0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
             elif name.endswith("embed_tokens.weight"):
@@ -79,13 +102,18 @@ def reference_logits(path, cls, ids):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/data/hf")
+    ap.add_argument("--only", default="", help="comma-separated architectures to (re)make (default: all)")
     args = ap.parse_args()
-    ids = [int(x) for x in np.random.default_rng(8).integers(0, VOCAB, N_TOKENS)]
+    only = set(filter(None, args.only.split(",")))
     for i, (name, (cfg_cls, cls, extra)) in enumerate(MODELS.items()):
+        if only and name not in only:
+            continue
+        n_tokens = N_TOKENS_OF.get(name, N_TOKENS)
+        ids = [int(x) for x in np.random.default_rng(8).integers(0, VOCAB, n_tokens)]
         root = os.path.join(args.out, name)
         shutil.rmtree(root, ignore_errors=True)
         torch.manual_seed(100 + i)
-        model = cls(cfg_cls(**COMMON, **extra)).eval()
+        model = cls(cfg_cls(**{**COMMON, **extra})).eval()
         randomise(model, 100 + i)
         meta = {"architecture": name, "n_vocab": VOCAB, "tokens": ids, "checkpoints": {}}
         for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
@@ -93,7 +121,7 @@ def main():
             shard = "40KB" if (name == "qwen2" and dtype_name == "bf16") else "100MB"
             model.to(dtype).save_pretrained(d, safe_serialization=True, max_shard_size=shard)
             logits = reference_logits(d, cls, ids)
-            assert logits.shape == (N_TOKENS, VOCAB)
+            assert logits.shape == (n_tokens, VOCAB)
             logits.astype("<f4").tofile(os.path.join(root, dtype_name + ".logits"))
             top2 = np.sort(logits, axis=1)[:, -2:]
             meta["checkpoints"][dtype_name] = {

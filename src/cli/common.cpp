@@ -158,6 +158,9 @@ std::string gpu_unsupported(const ModelConfig& c) {
     if (c.arch != "llama") return "the " + c.arch + " architecture";
     if (c.qkv_bias || c.out_bias) return "attention biases";
     if (c.qk_norm) return "per-head q/k normalisation";
+    if (c.post_norms || c.gelu_ffn || c.sliding_window > 0 || c.attn_softcap > 0 || c.final_softcap > 0 ||
+        c.embd_scale > 0 || c.attn_scale > 0)
+        return "Gemma's blocks (post-norms, GELU FFN, sliding windows, soft-capping)";
     return "";
 }
 

@@ -1,15 +1,24 @@
 #include "model/config.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 #include "formats/gguf.h"
 
 namespace quern {
 
+float ModelConfig::qk_scale() const {
+    return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     ModelConfig c;
     c.arch = f.get_string("general.architecture");
-    if (c.arch != "llama")
-        fail("model architecture '{}' is not supported yet (supported: llama — Llama, Mistral, SmolLM)", c.arch);
+    const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
+    if (c.arch != "llama" && !gemma)
+        fail("model architecture '{}' is not supported yet (supported: llama — Llama, Mistral, SmolLM; gemma2, gemma3)",
+             c.arch);
     c.name = f.get_string("general.name", "");
     const std::string a = c.arch + ".";
     c.n_embd = f.get_int(a + "embedding_length");
@@ -28,6 +37,42 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     if (const auto* t = f.find_tensor("token_embd.weight")) c.n_vocab = t->ne[1];
     else fail("tensor 'token_embd.weight' is missing");
     c.rope_neox = false;
+    if (gemma) {
+        // llama.cpp: LLM_ARCH_GEMMA2 / LLM_ARCH_GEMMA3 use NeoX RoPE, scale the
+        // embeddings by sqrt(n_embd), and norm both sides of each sub-block.
+        c.rope_neox = true;
+        c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+        c.post_norms = true;
+        c.gelu_ffn = true;
+        c.qk_norm = c.arch == "gemma3";
+        // The 27B models scale queries by 1/sqrt(n_embd / n_head) (their
+        // query_pre_attn_scalar), the others by 1/sqrt(head_dim).
+        const bool big = (c.arch == "gemma2" && c.n_layer == 46) || (c.arch == "gemma3" && c.n_layer == 62);
+        c.attn_scale = 1.0f / std::sqrt(static_cast<float>(big ? c.n_embd / c.n_head : c.head_dim));
+        c.sliding_window = f.get_int(a + "attention.sliding_window", c.arch == "gemma2" ? 4096 : 0);
+        const int64_t pattern = f.get_int(a + "attention.sliding_window_pattern", c.arch == "gemma2" ? 2 : 6);
+        if (c.sliding_window < 0) fail("gguf key '{}attention.sliding_window' must not be negative", a);
+        if (pattern <= 0) fail("gguf key '{}attention.sliding_window_pattern' must be positive, got {}", a, pattern);
+        if (c.sliding_window > 0) {
+            c.swa_layers.resize(static_cast<size_t>(std::max<int64_t>(c.n_layer, 0)));
+            for (int64_t il = 0; il < c.n_layer; ++il) c.swa_layers[static_cast<size_t>(il)] = il % pattern < pattern - 1;
+        }
+        c.rope_base_local = static_cast<float>(
+            f.get_float(a + "rope.freq_base_swa", c.arch == "gemma3" ? 10000.0 : static_cast<double>(c.rope_base)));
+        if (c.arch == "gemma2") {
+            c.attn_softcap = static_cast<float>(f.get_float(a + "attn_logit_softcapping", 50.0));
+            c.final_softcap = static_cast<float>(f.get_float(a + "final_logit_softcapping", 30.0));
+        }
+        const std::string st = f.get_string(a + "rope.scaling.type", "none");
+        const double factor = f.get_float(a + "rope.scaling.factor", 1.0);
+        if (st == "linear" && factor != 1.0) {
+            if (!(factor > 0)) fail("gguf key '{}rope.scaling.factor' must be positive, got {}", a, factor);
+            c.rope_freq_factors.assign(static_cast<size_t>(std::max<int64_t>(c.rope_dim / 2, 0)), static_cast<float>(factor));
+            c.rope_factors_global_only = c.arch == "gemma3";
+        } else if (st != "none" && st != "linear") {
+            fail("gguf key '{}rope.scaling.type' = '{}' is not supported for {}", a, st, c.arch);
+        }
+    }
     c.validate();
     return c;
 }
@@ -48,6 +93,11 @@ void ModelConfig::validate() const {
     if (rope_dim > head_dim || rope_dim % 2 != 0) fail("rope dimension {} must be even and <= head_dim {}", rope_dim, head_dim);
     if (!(rope_base > 0.0f)) fail("rope freq_base must be positive, got {}", rope_base);
     if (!(rms_eps > 0.0f)) fail("RMSNorm epsilon must be positive, got {}", rms_eps);
+    if (!swa_layers.empty() && static_cast<int64_t>(swa_layers.size()) != n_layer)
+        fail("{} sliding-window layer flags for {} layers", swa_layers.size(), n_layer);
+    if (sliding_window < 0) fail("sliding window {} must not be negative", sliding_window);
+    if (attn_scale < 0.0f || attn_softcap < 0.0f || final_softcap < 0.0f || embd_scale < 0.0f || rope_base_local < 0.0f)
+        fail("attention scale, soft-caps, embedding scale and local RoPE base must not be negative");
 }
 
 }  // namespace quern

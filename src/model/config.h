@@ -35,15 +35,51 @@ struct ModelConfig {
     /// Empty: all 1. Filled from config.json's rope_scaling (llama3, linear).
     std::vector<float> rope_freq_factors;
 
+    // Gemma 2 / Gemma 3 (defaults leave the other architectures unchanged).
+    float embd_scale = 0.0f;      ///< token embeddings are multiplied by this (0: not scaled); Gemma: sqrt(n_embd)
+    float attn_scale = 0.0f;      ///< query·key scale (0: 1/sqrt(head_dim)); Gemma: query_pre_attn_scalar^-1/2
+    float attn_softcap = 0.0f;    ///< > 0: scaled scores s become c·tanh(s/c) before the softmax (Gemma 2)
+    float final_softcap = 0.0f;   ///< > 0: logits l become c·tanh(l/c) (Gemma 2)
+    bool post_norms = false;      ///< RMSNorm of the attention and FFN outputs before their residual adds
+                                  ///< (blk.N.post_attention_norm, blk.N.post_ffw_norm)
+    bool gelu_ffn = false;        ///< FFN gate activation GELU (tanh approximation) instead of SiLU
+    int64_t sliding_window = 0;   ///< keys a local layer's query sees, itself included (0: no local layers)
+    std::vector<uint8_t> swa_layers;  ///< per layer: 1 = local (sliding-window) layer; empty: all global
+    float rope_base_local = 0.0f; ///< RoPE base of local layers (0: rope_base)
+    /// rope_freq_factors apply to global layers only (Gemma 3's linear RoPE
+    /// scaling of its full-attention layers); local layers turn unscaled.
+    bool rope_factors_global_only = false;
+
+    /// The attention window of layer il in positions (0: the whole causal prefix).
+    int64_t window(int64_t il) const {
+        return !swa_layers.empty() && swa_layers[static_cast<size_t>(il)] ? sliding_window : 0;
+    }
+    /// The query·key scale: attn_scale, or 1/sqrt(head_dim) when it is 0.
+    float qk_scale() const;
+
     int64_t q_dim() const { return n_head * head_dim; }
     int64_t kv_dim() const { return n_head_kv * head_dim; }
 
-    /// Reads and validates the hyper-parameters of a Llama-family GGUF file
-    /// (general.architecture "llama"). Throws quern::Error naming the key for
+    /// Reads and validates the hyper-parameters of a GGUF file with
+    /// general.architecture "llama", "gemma2" or "gemma3", with llama.cpp's
+    /// keys and conventions (llama-model.cpp): for Gemma, NeoX RoPE, embeddings
+    /// scaled by sqrt(n_embd), post-norms, GELU-tanh FFN, {arch}.attention.
+    /// sliding_window on the local layers (gemma2: even layers; gemma3: all
+    /// but every 6th, or {arch}.attention.sliding_window_pattern), the local
+    /// RoPE base {arch}.rope.freq_base_swa (gemma3 default 10000), gemma2's
+    /// {arch}.attn_logit_softcapping / final_logit_softcapping, and the query
+    /// scale 1/sqrt(head_dim) (1/sqrt(n_embd/n_head) for the 27B models, as
+    /// llama.cpp). Norm weights are used as stored: llama.cpp's converter has
+    /// already added Gemma's 1. Throws quern::Error naming the key for
     /// missing or inconsistent values, and for unsupported architectures.
     static ModelConfig from_gguf(const GgufFile& f);
     /// Reads a Hugging Face config.json (its text) for model_type llama,
-    /// qwen2 or qwen3 (transformers' LlamaConfig, Qwen2Config, Qwen3Config):
+    /// qwen2, qwen3, gemma2 or gemma3_text (transformers' LlamaConfig,
+    /// Qwen2Config, Qwen3Config, Gemma2Config, Gemma3TextConfig; for Gemma
+    /// also query_pre_attn_scalar, sliding_window, layer_types or
+    /// sliding_window_pattern, rope_local_base_freq or per-layer-type
+    /// rope_parameters, attn_logit_softcapping, final_logit_softcapping,
+    /// hidden_activation gelu_pytorch_tanh):
     /// hidden_size, num_hidden_layers, num_attention_heads,
     /// num_key_value_heads, intermediate_size, head_dim, rope_theta (or
     /// rope_parameters.rope_theta), rms_norm_eps, max_position_embeddings,

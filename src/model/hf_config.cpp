@@ -1,7 +1,8 @@
 // ModelConfig from a Hugging Face config.json: the keys of transformers'
-// LlamaConfig, Qwen2Config and Qwen3Config, with their documented defaults for
-// optional keys, and the llama3 / linear RoPE scalings turned into per-pair
-// frequency divisors (the values llama.cpp stores as rope_freqs.weight).
+// LlamaConfig, Qwen2Config, Qwen3Config, Gemma2Config and Gemma3TextConfig,
+// with their documented defaults for optional keys, and the llama3 / linear
+// RoPE scalings turned into per-pair frequency divisors (the values llama.cpp
+// stores as rope_freqs.weight).
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -102,13 +103,29 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
     ModelConfig c;
     c.arch = k.get_string("model_type", "");
     if (c.arch.empty()) fail("{}: key 'model_type' is missing", where);
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
-        fail("{}: model_type '{}' is not supported for Hugging Face folders yet (supported: llama, qwen2, qwen3)",
+    if (c.arch == "gemma3")
+        fail("{}: model_type 'gemma3' is the multimodal Gemma3ForConditionalGeneration; quern reads text-only "
+             "checkpoints (model_type gemma3_text, Gemma3ForCausalLM)",
+             where);
+    if (c.arch == "gemma3_text") c.arch = "gemma3";  // the GGUF architecture name
+    const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && !gemma)
+        fail("{}: model_type '{}' is not supported for Hugging Face folders yet (supported: llama, qwen2, qwen3, "
+             "gemma2, gemma3_text)",
              where, c.arch);
-    const bool qwen = c.arch != "llama";
+    const bool qwen = c.arch == "qwen2" || c.arch == "qwen3";
 
-    const std::string act = k.get_string("hidden_act", "silu");
-    if (act != "silu") fail("{}: hidden_act '{}' is not supported (quern computes silu)", where, act);
+    if (gemma) {
+        // Gemma2Config / Gemma3TextConfig name it hidden_activation (hidden_act in older configs).
+        const std::string act =
+            k.has("hidden_activation") ? k.get_string("hidden_activation", "") : k.get_string("hidden_act", "gelu_pytorch_tanh");
+        if (act != "gelu_pytorch_tanh" && act != "gelu_new")
+            fail("{}: hidden_activation '{}' is not supported (quern computes gelu_pytorch_tanh)", where, act);
+        c.gelu_ffn = true;
+    } else {
+        const std::string act = k.get_string("hidden_act", "silu");
+        if (act != "silu") fail("{}: hidden_act '{}' is not supported (quern computes silu)", where, act);
+    }
 
     c.n_vocab = k.get_int("vocab_size");
     c.n_embd = k.get_int("hidden_size");
@@ -117,13 +134,14 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
     c.n_ff = k.get_int("intermediate_size");
     if (c.n_head <= 0) fail("{}: key 'num_attention_heads' must be positive, got {}", where, c.n_head);
     c.n_head_kv = k.get_int("num_key_value_heads", c.n_head);
-    // Qwen3Config's head_dim defaults to 128; LlamaConfig and Qwen2Config use hidden_size / heads.
-    c.head_dim = k.get_int("head_dim", c.arch == "qwen3" ? 128 : c.n_embd / c.n_head);
+    // Qwen3Config's head_dim defaults to 128, Gemma's to 256; LlamaConfig and Qwen2Config use hidden_size / heads.
+    c.head_dim = k.get_int("head_dim", c.arch == "qwen3" ? 128 : gemma ? 256 : c.n_embd / c.n_head);
     c.rope_dim = c.head_dim;
-    c.n_ctx_train = k.get_int("max_position_embeddings", qwen ? 32768 : 2048);
+    c.n_ctx_train = k.get_int("max_position_embeddings", qwen ? 32768 : c.arch == "gemma2" ? 8192
+                                                                      : c.arch == "gemma3" ? 131072 : 2048);
     c.rms_eps = static_cast<float>(k.get_float("rms_norm_eps", 1e-6));
     c.rope_neox = true;  // transformers' rotate_half pairs (x[i], x[i + d/2]), and HF weights are not permuted
-    c.tie_embeddings = k.get_bool("tie_word_embeddings", false);
+    c.tie_embeddings = k.get_bool("tie_word_embeddings", gemma);
     c.name = k.get_string("_name_or_path", "");
 
     // Attention and MLP biases.
@@ -135,12 +153,52 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
         c.out_bias = attention_bias;
     }
     if (k.get_bool("mlp_bias", false)) fail("{}: mlp_bias = true is not supported", where);
-    c.qk_norm = c.arch == "qwen3";
+    c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
+
+    if (gemma) {
+        // Gemma2Model / Gemma3TextModel: embeddings × sqrt(hidden_size) (in the
+        // activation dtype: float here), norms after attention and FFN too,
+        // scores scaled by query_pre_attn_scalar^-1/2, optional soft-capping.
+        c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+        c.post_norms = true;
+        const double qpas = k.get_float("query_pre_attn_scalar", 256.0);
+        if (!(qpas > 0)) fail("{}: query_pre_attn_scalar must be positive, got {}", where, qpas);
+        c.attn_scale = static_cast<float>(1.0 / std::sqrt(qpas));
+        const bool g2 = c.arch == "gemma2";
+        c.attn_softcap = static_cast<float>(k.get_float("attn_logit_softcapping", g2 ? 50.0 : 0.0));
+        c.final_softcap = static_cast<float>(k.get_float("final_logit_softcapping", g2 ? 30.0 : 0.0));
+        if (c.attn_softcap < 0 || c.final_softcap < 0) fail("{}: soft-capping values must not be negative", where);
+        if (k.get_bool("use_bidirectional_attention", false))
+            fail("{}: use_bidirectional_attention = true is not supported (quern computes causal attention)", where);
+        // Local layers: layer_types, else every layer but each
+        // sliding_window_pattern-th (gemma2: 2, gemma3: 6).
+        c.sliding_window = k.get_int("sliding_window", 4096);
+        if (c.sliding_window <= 0) fail("{}: sliding_window must be positive, got {}", where, c.sliding_window);
+        if (c.n_layer > 0 && c.n_layer <= (int64_t{1} << 20)) {
+            c.swa_layers.assign(static_cast<size_t>(c.n_layer), 0);
+            if (k.has("layer_types")) {
+                const json& lt = j["layer_types"];
+                if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.n_layer)
+                    fail("{}: key 'layer_types' must be an array of num_hidden_layers ({}) strings", where, c.n_layer);
+                for (size_t il = 0; il < lt.size(); ++il) {
+                    const std::string t = lt[il].is_string() ? lt[il].get<std::string>() : lt[il].dump();
+                    if (t != "sliding_attention" && t != "full_attention")
+                        fail("{}: layer_types entry '{}' is not supported (sliding_attention, full_attention)", where, t);
+                    c.swa_layers[il] = t == "sliding_attention";
+                }
+            } else {
+                const char* pk = k.has("sliding_window_pattern") ? "sliding_window_pattern" : "_sliding_window_pattern";
+                const int64_t pattern = k.get_int(pk, g2 ? 2 : 6);
+                if (pattern <= 0) fail("{}: {} must be positive, got {}", where, pk, pattern);
+                for (int64_t il = 0; il < c.n_layer; ++il) c.swa_layers[static_cast<size_t>(il)] = (il + 1) % pattern != 0;
+            }
+        }
+    }
 
     // Sliding-window attention (Qwen2/Qwen3 have the keys, off by default).
-    if (k.get_bool("use_sliding_window", false))
+    if (!gemma && k.get_bool("use_sliding_window", false))
         fail("{}: use_sliding_window = true is not supported (quern computes full attention)", where);
-    if (k.has("layer_types")) {
+    if (!gemma && k.has("layer_types")) {
         if (!j["layer_types"].is_array()) fail("{}: key 'layer_types' must be an array", where);
         for (const json& t : j["layer_types"])
             if (!t.is_string() || t.get<std::string>() != "full_attention")
@@ -150,10 +208,39 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
 
     // RoPE: rope_theta and rope_scaling (transformers 4.x), or one
     // rope_parameters object holding both (transformers 5).
-    double base = k.get_float("rope_theta", 10000.0);
+    // Gemma 3 gives each layer type its own: rope_parameters.full_attention
+    // and .sliding_attention (transformers 5), or rope_theta + rope_scaling
+    // for the global layers and rope_local_base_freq (4.x); the scaling
+    // applies to the global layers only.
+    double base = k.get_float("rope_theta", c.arch == "gemma3" ? 1000000.0 : 10000.0);
     json rs;
     std::string rs_key = "rope_scaling";
-    if (k.has("rope_parameters")) {
+    if (c.arch == "gemma3") {
+        c.rope_base_local = static_cast<float>(k.get_float("rope_local_base_freq", 10000.0));
+        c.rope_factors_global_only = true;
+    }
+    if (k.has("rope_parameters") && j["rope_parameters"].is_object() &&
+        (j["rope_parameters"].contains("full_attention") || j["rope_parameters"].contains("sliding_attention"))) {
+        if (!gemma) fail("{}: per-layer-type rope_parameters are only read for Gemma", where);
+        const json& rp = j["rope_parameters"];
+        if (rp.contains("sliding_attention")) {
+            const json& sl = rp["sliding_attention"];
+            if (!sl.is_object()) fail("{}: key 'rope_parameters.sliding_attention' must be an object", where);
+            const std::string t = sl.value("rope_type", std::string("default"));
+            if (t != "default")
+                fail("{}: rope_parameters.sliding_attention.rope_type '{}' is not supported (default)", where, t);
+            if (sl.contains("rope_theta"))
+                c.rope_base_local = static_cast<float>(
+                    k.get_float(sl, "rope_theta", "rope_parameters.sliding_attention.rope_theta"));
+        }
+        if (rp.contains("full_attention")) {
+            rs = rp["full_attention"];
+            rs_key = "rope_parameters.full_attention";
+            if (!rs.is_object()) fail("{}: key '{}' must be an object", where, rs_key);
+            if (rs.contains("rope_theta")) base = k.get_float(rs, "rope_theta", rs_key + ".rope_theta");
+        }
+        if (c.arch == "gemma2") c.rope_base_local = 0.0f;  // one base for both layer types
+    } else if (k.has("rope_parameters")) {
         rs = j["rope_parameters"];
         rs_key = "rope_parameters";
         if (!rs.is_object()) fail("{}: key 'rope_parameters' must be an object", where);
@@ -163,6 +250,8 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
         if (!rs.is_object()) fail("{}: key 'rope_scaling' must be an object or null", where);
     }
     if (!(base > 0)) fail("{}: rope_theta must be positive, got {}", where, base);
+    if (c.rope_base_local < 0 || (c.arch == "gemma3" && !(c.rope_base_local > 0)))
+        fail("{}: the local RoPE base must be positive, got {}", where, c.rope_base_local);
     c.rope_base = static_cast<float>(base);
     if (rs.is_object()) {
         std::string type = "default";

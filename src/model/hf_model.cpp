@@ -1,6 +1,7 @@
 // Hugging Face checkpoint → Model (see hf_model.h). Tensor names follow
-// transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM state
-// dicts; they are renamed to the GGUF names the llama forward pass binds.
+// transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
+// Gemma2ForCausalLM / Gemma3ForCausalLM state dicts; they are renamed to the
+// GGUF names the llama forward pass binds.
 #include "model/hf_model.h"
 
 #include <fmt/format.h>
@@ -41,7 +42,11 @@ struct Want {
     std::vector<int64_t> shape; // as stored, outermost first
 };
 
-/// The tensors of a llama / qwen2 / qwen3 checkpoint with config `c`.
+/// True for the Gemma architectures, whose RMSNorms multiply by (1 + w):
+/// their norm weights get the 1 added at load (as llama.cpp's converter does).
+bool gemma_arch(const ModelConfig& c) { return c.arch == "gemma2" || c.arch == "gemma3"; }
+
+/// The tensors of a llama / qwen2 / qwen3 / gemma2 / gemma3 checkpoint with config `c`.
 std::vector<Want> expected_tensors(const ModelConfig& c) {
     const int64_t E = c.n_embd, V = c.n_vocab, F = c.n_ff, Q = c.q_dim(), K = c.kv_dim();
     std::vector<Want> w{{"model.embed_tokens.weight", "token_embd.weight", {V, E}},
@@ -67,7 +72,14 @@ std::vector<Want> expected_tensors(const ModelConfig& c) {
             add("self_attn.q_norm.weight", "attn_q_norm.weight", {c.head_dim});
             add("self_attn.k_norm.weight", "attn_k_norm.weight", {c.head_dim});
         }
-        add("post_attention_layernorm.weight", "ffn_norm.weight", {E});
+        if (gemma_arch(c)) {
+            // Gemma2DecoderLayer / Gemma3DecoderLayer: four norms per block.
+            add("post_attention_layernorm.weight", "post_attention_norm.weight", {E});
+            add("pre_feedforward_layernorm.weight", "ffn_norm.weight", {E});
+            add("post_feedforward_layernorm.weight", "post_ffw_norm.weight", {E});
+        } else {
+            add("post_attention_layernorm.weight", "ffn_norm.weight", {E});
+        }
         add("mlp.gate_proj.weight", "ffn_gate.weight", {F, E});
         add("mlp.up_proj.weight", "ffn_up.weight", {F, E});
         add("mlp.down_proj.weight", "ffn_down.weight", {E, F});
@@ -135,6 +147,7 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
 
     WeightStore w;
     std::set<std::string> used;
+    const bool norm_plus_one = gemma_arch(cfg);
     for (const Want& want : expected_tensors(cfg)) {
         const SafetensorsModel::Entry* e = st->find(want.hf);
         if (!e) fail("tensor '{}' is missing from {} (model_type {})", want.hf, where, cfg.arch);
@@ -156,6 +169,8 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
             const uint8_t* src = e->file->data(info);
             const size_t es = static_cast<size_t>(dtype_info(info.type).type_size);
             for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = to_f32(info.type, src + static_cast<size_t>(i) * es);
+            if (norm_plus_one && ends_with(want.gguf, "norm.weight"))
+                for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] += 1.0f;  // Gemma's (1 + w)
             w.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), want.gguf),
                   std::shared_ptr<const void>(buf, buf.get()));
         } else {

@@ -24,8 +24,11 @@ bool is_hf_model_path(const std::string& path);
 /// it. Throws quern::Error when the folder has no config.json.
 HfFolder resolve_hf_folder(const std::string& path);
 
-/// Loads a Hugging Face checkpoint of model_type llama, qwen2 or qwen3
-/// (ModelConfig::from_hf_config) for the CPU forward pass. Weight matrices
+/// Loads a Hugging Face checkpoint of model_type llama, qwen2, qwen3, gemma2
+/// or gemma3_text (ModelConfig::from_hf_config) for the CPU forward pass.
+/// Gemma's RMSNorm weights w (stored as w, used as 1 + w by transformers'
+/// Gemma2RMSNorm / Gemma3RMSNorm) are loaded as 1 + w, the convention of
+/// llama.cpp's GGUF files, so both sources run the same forward pass. Weight matrices
 /// stay in the memory-mapped safetensors files (F32, F16 or BF16, used as
 /// stored: a PyTorch [out, in] row-major matrix is ne = {in, out}); norm
 /// weights and biases are widened to F32; llama3/linear RoPE scaling becomes

@@ -37,7 +37,9 @@ std::unique_ptr<Model> Model::from_gguf(std::shared_ptr<GgufFile> file) {
 
 std::unique_ptr<Model> Model::from_weights(const ModelConfig& cfg, WeightStore weights) {
     cfg.validate();
-    if (cfg.arch == "llama" || cfg.arch == "qwen2" || cfg.arch == "qwen3") return make_llama(cfg, std::move(weights));
+    if (cfg.arch == "llama" || cfg.arch == "qwen2" || cfg.arch == "qwen3" || cfg.arch == "gemma2" ||
+        cfg.arch == "gemma3")
+        return make_llama(cfg, std::move(weights));
     fail("model architecture '{}' is not supported", cfg.arch);
 }
 

@@ -203,3 +203,85 @@ TEST(Ops, PagedAttentionMatchesContiguous) {
         EXPECT_EQ(0, std::memcmp(e.data(), c.data(), e.size() * sizeof(float)));
     }
 }
+
+TEST(Ops, GegluTanhSoftcapScale) {
+    auto rng = make_rng();
+    auto g = randn(rng, 1000, 4.0f), u = randn(rng, 1000);
+    std::vector<float> o(1000, NAN);
+    cpu::geglu_tanh(g.data(), u.data(), o.data(), 1000);
+    for (int i = 0; i < 1000; ++i) {
+        const double x = g[i];
+        const double ref = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+        EXPECT_NEAR(o[i], ref, 1e-5 * (1 + std::fabs(ref))) << i;
+    }
+    auto y = g;
+    cpu::softcap(y.data(), 1000, 3.0f);
+    for (int i = 0; i < 1000; ++i) EXPECT_NEAR(y[i], 3.0 * std::tanh(g[i] / 3.0), 1e-5) << i;
+    y = g;
+    cpu::scale(y.data(), 1000, 0.5f);
+    for (int i = 0; i < 1000; ++i) EXPECT_EQ(y[i], g[i] * 0.5f);
+}
+
+// Sliding windows (query at p sees p - window + 1 .. p) and soft-capped scores
+// against a double reference, on the row path (vectorized head sizes and
+// not), the GEMM path, and a paged cache whose windows start mid-block.
+TEST(Ops, SlidingWindowAndSoftcapAttention) {
+    auto rng = make_rng();
+    for (int hd : {40, 12}) {
+        const int n_head = 4, n_kv = 2, ctx = 150;
+        const int64_t kvs = n_kv * hd;
+        auto k = randn(rng, size_t(ctx) * kvs), v = randn(rng, size_t(ctx) * kvs);
+        // Paged copy, blocks of 16 in a scrambled order.
+        const int64_t bs = 16, nblk = (ctx + bs - 1) / bs;
+        std::vector<int32_t> table(static_cast<size_t>(nblk));
+        for (int64_t b = 0; b < nblk; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>((b * 7 + 3) % nblk);
+        std::vector<float> pk(static_cast<size_t>(nblk * bs * kvs), NAN), pv(pk.size(), NAN);
+        for (int64_t p = 0; p < ctx; ++p) {
+            const int64_t row = table[static_cast<size_t>(p / bs)] * bs + p % bs;
+            std::copy_n(k.data() + p * kvs, kvs, pk.data() + row * kvs);
+            std::copy_n(v.data() + p * kvs, kvs, pv.data() + row * kvs);
+        }
+        const cpu::PagedKv view{pk.data(), pv.data(), table.data(), bs, kvs};
+        const float scale = 1.0f / std::sqrt(float(hd));
+        for (int n : {3, 20, 100})
+            for (int64_t window : {1, 7, 40})
+                for (float cap : {0.0f, 1.5f}) {
+                    std::vector<int32_t> pos{0, 5, 36};
+                    if (n > 3) {
+                        pos.clear();
+                        for (int t = 0; t < n; ++t) pos.push_back(ctx - n + t);
+                    }
+                    auto q = randn(rng, size_t(n) * n_head * hd);
+                    std::vector<float> out(size_t(n) * n_head * hd, NAN), paged(out.size(), NAN);
+                    ThreadPool pool(2);
+                    cpu::attention(q.data(), k.data(), v.data(), kvs, pos.data(), n, n_head, n_kv, hd, scale,
+                                   out.data(), pool, window, cap);
+                    cpu::attention_paged(q.data(), view, pos.data(), n, n_head, n_kv, hd, scale, paged.data(), pool,
+                                         window, cap);
+                    for (int t = 0; t < n; ++t)
+                        for (int h = 0; h < n_head; ++h) {
+                            const int kh = h / (n_head / n_kv);
+                            const int lo = std::max<int>(0, pos[t] - static_cast<int>(window) + 1);
+                            std::vector<double> s(pos[t] + 1, 0.0);
+                            double mx = -1e300, sum = 0;
+                            for (int p = lo; p <= pos[t]; ++p) {
+                                double d = 0;
+                                for (int i = 0; i < hd; ++i)
+                                    d += double(q[(t * n_head + h) * hd + i]) * k[p * kvs + kh * hd + i];
+                                s[p] = cap > 0 ? cap * std::tanh(d * scale / cap) : d * scale;
+                                mx = std::max(mx, s[p]);
+                            }
+                            for (int p = lo; p <= pos[t]; ++p) sum += (s[p] = std::exp(s[p] - mx));
+                            for (int i = 0; i < hd; ++i) {
+                                double o = 0;
+                                for (int p = lo; p <= pos[t]; ++p) o += s[p] / sum * v[p * kvs + kh * hd + i];
+                                const size_t at = size_t((t * n_head + h) * hd + i);
+                                EXPECT_NEAR(out[at], o, 1e-4) << "hd " << hd << " n " << n << " window " << window
+                                                              << " cap " << cap << " row " << t;
+                                EXPECT_NEAR(paged[at], o, 1e-4) << "paged hd " << hd << " n " << n << " window "
+                                                                << window << " cap " << cap << " row " << t;
+                            }
+                        }
+                }
+    }
+}

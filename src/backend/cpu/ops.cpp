@@ -23,7 +23,8 @@ float dot_f32_avx2(const float* a, const float* b, int n);
 void axpy_f32_avx2(float a, const float* x, float* y, int n);
 void softmax_scaled_avx2(float* x, int64_t n, float scale);
 void attend_heads_avx2(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
-                       int64_t stride, int64_t len, int head_dim, float scale, float* const* scores, float* const* o);
+                       int64_t stride, int64_t len, int64_t skip, int head_dim, float scale, float softcap,
+                       float* const* scores, float* const* o);
 void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n);
 
 namespace {
@@ -55,6 +56,20 @@ void softmax_scaled(float* x, int64_t n, float scale) {
     for (int64_t p = 0; p < n; ++p) sum += (x[p] = std::exp(x[p] - mx));
     const float inv = 1.0f / sum;
     for (int64_t p = 0; p < n; ++p) x[p] *= inv;
+}
+
+// Attention weights of one query row from its raw scores x[0..len): x[p] =
+// softmax over p in [skip, len) of cap(x[p] * scale), cap(s) = softcap *
+// tanh(s / softcap) when softcap > 0; x[0..skip) = 0 (positions outside a
+// sliding window). The plain causal case (skip 0, no cap) is softmax_scaled.
+void attn_softmax(float* x, int64_t len, int64_t skip, float scale, float softcap) {
+    if (softcap > 0.0f) {
+        for (int64_t p = skip; p < len; ++p) x[p] = softcap * std::tanh(x[p] * scale / softcap);
+        softmax_scaled(x + skip, len - skip, 1.0f);
+    } else {
+        softmax_scaled(x + skip, len - skip, scale);
+    }
+    std::fill(x, x + skip, 0.0f);
 }
 }  // namespace
 
@@ -114,6 +129,23 @@ void swiglu(const float* gate, const float* up, float* out, int64_t count) {
     }
 }
 
+void geglu_tanh(const float* gate, const float* up, float* out, int64_t count) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    for (int64_t i = 0; i < count; ++i) {
+        const float x = gate[i];
+        out[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * up[i];
+    }
+}
+
+void softcap(float* x, int64_t count, float cap) {
+    const float inv = 1.0f / cap;
+    for (int64_t i = 0; i < count; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
+
+void scale(float* x, int64_t count, float s) {
+    for (int64_t i = 0; i < count; ++i) x[i] *= s;
+}
+
 void add_inplace(float* y, const float* x, int64_t count) {
     for (int64_t i = 0; i < count; ++i) y[i] += x[i];
 }
@@ -151,7 +183,8 @@ namespace {
 constexpr int64_t kQBlock = 64;
 
 void attention_gemm(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos, int64_t n,
-                    int n_head, int n_head_kv, int head_dim, float scale, float* out, ThreadPool& pool) {
+                    int n_head, int n_head_kv, int head_dim, float scale, float* out, ThreadPool& pool,
+                    int64_t window, float softcap) {
     const int group = n_head / n_head_kv;
     int64_t L = 0;
     for (int64_t t = 0; t < n; ++t) L = std::max<int64_t>(L, pos[t] + 1);
@@ -184,7 +217,7 @@ void attention_gemm(const float* q, const float* k, const float* v, int64_t kv_s
             for (int64_t t = 0; t < nt; ++t) {
                 float* row = s.data() + t * lb;
                 const int64_t len = pos[t0 + t] + 1;
-                softmax_scaled(row, len, scale);
+                attn_softmax(row, len, window > 0 ? std::max<int64_t>(0, len - window) : 0, scale, softcap);
                 std::fill(row + len, row + lb, 0.0f);
             }
             Tensor vtt = Tensor::contiguous(DType::F32, {lb, head_dim, 1, 1}, vt + static_cast<int64_t>(kvh) * head_dim * L);
@@ -203,17 +236,20 @@ namespace {
 // floats each) against cache positions 0..len-1, given in blocks of bs rows:
 // position p is row p % bs (stride floats apart) from kb[p / bs] (keys) and
 // vb[p / bs] (values), pointers already at the KV head's columns. Head i's
-// output goes to o[i]. scores[i]: room for len floats.
+// output goes to o[i]. scores[i]: room for len floats. The first `skip`
+// positions are masked out (a sliding window starting inside the first
+// block); softcap as in attn_softmax.
 void attend_heads(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
-                  int64_t stride, int64_t len, int head_dim, float scale, float* const* scores, float* const* o) {
+                  int64_t stride, int64_t len, int64_t skip, int head_dim, float scale, float softcap,
+                  float* const* scores, float* const* o) {
     if (kHaveAvx2 && head_dim % 8 == 0)
-        return attend_heads_avx2(nh, qh, kb, vb, bs, stride, len, head_dim, scale, scores, o);
+        return attend_heads_avx2(nh, qh, kb, vb, bs, stride, len, skip, head_dim, scale, softcap, scores, o);
     for (int i = 0; i < nh; ++i) {
         float* sc = scores[i];
-        for (int64_t p = 0; p < len; ++p) sc[p] = dot_f32(qh[i], kb[p / bs] + (p % bs) * stride, head_dim);
-        softmax_scaled(sc, len, scale);
+        for (int64_t p = skip; p < len; ++p) sc[p] = dot_f32(qh[i], kb[p / bs] + (p % bs) * stride, head_dim);
+        attn_softmax(sc, len, skip, scale, softcap);
         std::fill(o[i], o[i] + head_dim, 0.0f);
-        for (int64_t p = 0; p < len; ++p) axpy_f32(sc[p], vb[p / bs] + (p % bs) * stride, o[i], head_dim);
+        for (int64_t p = skip; p < len; ++p) axpy_f32(sc[p], vb[p / bs] + (p % bs) * stride, o[i], head_dim);
     }
 }
 
@@ -235,17 +271,23 @@ RowScratch& row_scratch(int64_t scores, int64_t n_blocks) {
 
 // Query row t, KV head g (query heads g*group .. g*group + group - 1) of a
 // paged sequence (block table) or of a contiguous cache (block_table ==
-// nullptr: one block).
+// nullptr: one block). With a sliding window the rows before the window are
+// not read: a contiguous cache starts at the window's first row, a paged one
+// at the block holding it (the rows of that block before it are masked).
 void attend_one(const float* q, const float* k, const float* v, const int32_t* block_table, int64_t block_size,
                 int64_t kv_stride, const int32_t* pos, int64_t t, int g, int n_head, int group, int head_dim,
-                float scale, float* out) {
-    const int64_t len = static_cast<int64_t>(pos[t]) + 1;
+                float scale, int64_t window, float softcap, float* out) {
+    const int64_t end = static_cast<int64_t>(pos[t]) + 1;
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, end - window) : 0;  // first visible position
+    const int64_t first_blk = block_table ? lo / block_size : 0;
+    const int64_t start = block_table ? first_blk * block_size : lo;  // position of the first row read
+    const int64_t len = end - start, skip = lo - start;
     const int64_t bs = block_table ? block_size : len;
     const int64_t nblk = (len + bs - 1) / bs;
     RowScratch& rs = row_scratch(len * group, nblk);
     const int64_t col = static_cast<int64_t>(g) * head_dim;
     for (int64_t b = 0; b < nblk; ++b) {
-        const int64_t row0 = block_table ? static_cast<int64_t>(block_table[b]) * block_size : 0;
+        const int64_t row0 = block_table ? static_cast<int64_t>(block_table[first_blk + b]) * block_size : start;
         rs.kb[static_cast<size_t>(b)] = k + row0 * kv_stride + col;
         rs.vb[static_cast<size_t>(b)] = v + row0 * kv_stride + col;
     }
@@ -261,34 +303,34 @@ void attend_one(const float* q, const float* k, const float* v, const int32_t* b
             sc[i] = rs.scores.data() + (h0 + i) * len;
             o[i] = out + (t * n_head + h) * head_dim;
         }
-        attend_heads(nh, qh, rs.kb.data(), rs.vb.data(), bs, kv_stride, len, head_dim, scale, sc, o);
+        attend_heads(nh, qh, rs.kb.data(), rs.vb.data(), bs, kv_stride, len, skip, head_dim, scale, softcap, sc, o);
     }
 }
 
 // One query row at a time (work items: (row, KV head) pairs).
 void attention_rows(const float* q, const float* k, const float* v, const int32_t* block_table, int64_t block_size,
                     int64_t kv_stride, const int32_t* pos, int64_t n, int n_head, int n_head_kv, int head_dim,
-                    float scale, float* out, ThreadPool& pool) {
+                    float scale, int64_t window, float softcap, float* out, ThreadPool& pool) {
     const int group = n_head / n_head_kv;
     pool.parallel_for(n * n_head_kv, 1, [&](int64_t b, int64_t e, int) {
         for (int64_t w = b; w < e; ++w)
             attend_one(q, k, v, block_table, block_size, kv_stride, pos, w / n_head_kv,
-                       static_cast<int>(w % n_head_kv), n_head, group, head_dim, scale, out);
+                       static_cast<int>(w % n_head_kv), n_head, group, head_dim, scale, window, softcap, out);
     });
 }
 
 }  // namespace
 
 void attention_paged(const float* q, const PagedKv& kv, const int32_t* pos, int64_t n, int n_head, int n_head_kv,
-                     int head_dim, float scale, float* out, ThreadPool& pool) {
+                     int head_dim, float scale, float* out, ThreadPool& pool, int64_t window, float softcap) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
     if (kv.block_size <= 0) fail("attention_paged: block size must be positive");
     attention_rows(q, kv.k, kv.v, kv.block_table, kv.block_size, kv.kv_stride, pos, n, n_head, n_head_kv, head_dim,
-                   scale, out, pool);
+                   scale, window, softcap, out, pool);
 }
 
 void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int n_head_kv, int head_dim, float scale,
-                           ThreadPool& pool) {
+                           ThreadPool& pool, int64_t window, float softcap) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
     thread_local std::vector<int64_t> first;  // first (row, KV head) work item of each sequence
     first.resize(static_cast<size_t>(n_seqs) + 1);
@@ -306,17 +348,20 @@ void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int
             const PagedAttnSeq& sq = seqs[s];
             attend_one(sq.q, sq.kv.k, sq.kv.v, sq.kv.block_table, sq.kv.block_size, sq.kv.kv_stride, sq.pos,
                        (w - fst[s]) / n_head_kv, static_cast<int>((w - fst[s]) % n_head_kv), n_head, group, head_dim,
-                       scale, sq.out);
+                       scale, window, softcap, sq.out);
         }
     });
 }
 
 void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
                int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
-               ThreadPool& pool) {
+               ThreadPool& pool, int64_t window, float softcap) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
-    if (n >= 16) return attention_gemm(q, k, v, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, out, pool);
-    return attention_rows(q, k, v, nullptr, 0, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, out, pool);
+    if (n >= 16)
+        return attention_gemm(q, k, v, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, out, pool, window,
+                              softcap);
+    return attention_rows(q, k, v, nullptr, 0, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, window, softcap,
+                          out, pool);
 }
 
 }  // namespace quern::cpu

@@ -34,6 +34,17 @@ void rope_inv_freq(int rope_dim, float base, const float* freq_factors, float* i
 /// SwiGLU (Shazeer 2020): out = silu(gate) * up elementwise, count elements.
 void swiglu(const float* gate, const float* up, float* out, int64_t count);
 
+/// GeGLU with the tanh approximation of GELU (Shazeer 2020; Gemma's FFN,
+/// transformers' gelu_pytorch_tanh): out = gelu(gate) * up elementwise,
+/// gelu(x) = 0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³))). out may alias gate.
+void geglu_tanh(const float* gate, const float* up, float* out, int64_t count);
+
+/// Soft-capping (Gemma 2): x = cap * tanh(x / cap) elementwise, in place; cap > 0.
+void softcap(float* x, int64_t count, float cap);
+
+/// x *= s elementwise.
+void scale(float* x, int64_t count, float s);
+
 /// y += x elementwise.
 void add_inplace(float* y, const float* x, int64_t count);
 
@@ -48,9 +59,15 @@ void get_rows(const Tensor& table, const int32_t* ids, int64_t n, float* out);
 ///   pos[i]: the position of query token i; it attends to cache positions 0..pos[i].
 ///   out: n tokens × n_head × head_dim.
 /// Query head h reads KV head h / (n_head / n_head_kv). scale is usually 1/sqrt(head_dim).
+///   window > 0: sliding-window attention — query i sees only positions
+///     pos[i] - window + 1 .. pos[i] (window keys, itself included; the mask
+///     of transformers' sliding_attention layers and llama.cpp's
+///     LLAMA_SWA_TYPE_STANDARD); 0: the whole prefix.
+///   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap)
+///     before the softmax (Gemma 2's attn_logit_softcapping); 0: none.
 void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
                int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
-               ThreadPool& pool);
+               ThreadPool& pool, int64_t window = 0, float softcap = 0.0f);
 
 /// Where a sequence's keys and values live in a paged cache: position p is
 /// row (block_table[p / block_size] * block_size + p % block_size) of k and
@@ -67,9 +84,11 @@ struct PagedKv {
 /// is computed by the same arithmetic whatever n, pos or the other rows are
 /// (the property the serving engine's batch invariance rests on), at the
 /// price of no GEMM for long prompts. Same shapes and conventions as
-/// attention(); the block table must cover positions 0..max(pos).
+/// attention() (window and softcap included); the block table must cover
+/// positions 0..max(pos).
 void attention_paged(const float* q, const PagedKv& kv, const int32_t* pos, int64_t n, int n_head, int n_head_kv,
-                     int head_dim, float scale, float* out, ThreadPool& pool);
+                     int head_dim, float scale, float* out, ThreadPool& pool, int64_t window = 0,
+                     float softcap = 0.0f);
 
 /// One sequence's query rows for attention_paged_batch: q, pos, n and out as
 /// in attention_paged, over the cache rows kv.
@@ -83,9 +102,9 @@ struct PagedAttnSeq {
 
 /// attention_paged for several sequences in one parallel region (the work
 /// items are all (query row, KV head) pairs): every row is computed exactly
-/// as attention_paged computes it.
+/// as attention_paged computes it (same window and softcap for all).
 void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int n_head_kv, int head_dim, float scale,
-                           ThreadPool& pool);
+                           ThreadPool& pool, int64_t window = 0, float softcap = 0.0f);
 
 /// Numerically stable in-place softmax of n floats.
 void softmax(float* x, int64_t n);

@@ -154,7 +154,8 @@ void weighted_heads(const float* const* w, const float* const* vb, int64_t bs, i
 }  // namespace
 
 void attend_heads_avx2(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
-                       int64_t stride, int64_t len, int head_dim, float scale, float* const* scores, float* const* o) {
+                       int64_t stride, int64_t len, int64_t skip, int head_dim, float scale, float softcap,
+                       float* const* scores, float* const* o) {
     // Scores: each key row loaded once for the nh heads; per head the same
     // two-accumulator sum as a single-head dot product.
     for (int64_t b0 = 0; b0 < len; b0 += bs) {
@@ -175,7 +176,18 @@ void attend_heads_avx2(int nh, const float* const* qh, const float* const* kb, c
             }
         }
     }
-    for (int h = 0; h < nh; ++h) softmax_scaled_avx2(scores[h], len, scale);
+    // Weights: softmax over the window [skip, len), soft-capped scores when
+    // softcap > 0; the masked rows before the window weigh 0.
+    for (int h = 0; h < nh; ++h) {
+        float* s = scores[h];
+        if (softcap > 0.0f) {
+            for (int64_t p = skip; p < len; ++p) s[p] = softcap * std::tanh(s[p] * scale / softcap);
+            softmax_scaled_avx2(s + skip, len - skip, 1.0f);
+        } else {
+            softmax_scaled_avx2(s + skip, len - skip, scale);
+        }
+        for (int64_t p = 0; p < skip; ++p) s[p] = 0.0f;
+    }
     // Values: up to 4 heads per pass over the rows (at most 13 registers live).
     for (int h0 = 0; h0 < nh; h0 += 4) {
         const float* const* w = scores + h0;

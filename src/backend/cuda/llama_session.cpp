@@ -195,6 +195,10 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     if (c.arch != "llama") fail("the CUDA backend runs Llama-family models; this one is '{}' (use --device cpu)", c.arch);
     if (c.qkv_bias || c.out_bias || c.qk_norm)
         fail("the CUDA backend does not compute attention biases or q/k norms yet (use --device cpu)");
+    if (c.post_norms || c.gelu_ffn || c.sliding_window > 0 || c.attn_softcap > 0 || c.final_softcap > 0 ||
+        c.embd_scale > 0 || c.attn_scale > 0)
+        fail("the CUDA backend does not compute Gemma's post-norms, GELU FFN, sliding windows, soft-capping or "
+             "scaled embeddings yet (use --device cpu)");
     if (c.head_dim != 64 && c.head_dim != 128)
         fail("the CUDA decode attention supports head sizes 64 and 128; this model has {} (use --device cpu)",
              c.head_dim);

@@ -7,6 +7,16 @@
 // blk.N.attn_{q,k,v}.bias) and Qwen3 (RMSNorm of each query and key head
 // before RoPE: blk.N.attn_{q,k}_norm.weight, head_dim floats), and Llama
 // checkpoints with attention_bias (blk.N.attn_output.bias as well).
+// Gemma 2 and Gemma 3 run the same loop with their differences switched on by
+// the config (llama.cpp's build_gemma2 / build_gemma3; transformers'
+// Gemma2DecoderLayer / Gemma3DecoderLayer): embeddings scaled by sqrt(n_embd),
+// RMSNorm of the attention and FFN outputs before each residual add
+// (blk.N.post_attention_norm, blk.N.post_ffw_norm), a GELU-tanh gated FFN,
+// sliding-window attention with its own RoPE base on the local layers, the
+// query scale query_pre_attn_scalar^-1/2, soft-capped attention scores and
+// logits (Gemma 2) and per-head q/k RMSNorm (Gemma 3). Norm weights arrive
+// with Gemma's (1 + w) already folded in (by llama.cpp's converter for GGUF
+// files, by the Hugging Face loader for checkpoints).
 #include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
@@ -39,6 +49,8 @@ struct Layer {
     const Tensor* bo = nullptr;
     const Tensor* q_norm = nullptr;
     const Tensor* k_norm = nullptr;
+    const Tensor* post_attn_norm = nullptr;  // Gemma: RMSNorm of the attention output
+    const Tensor* post_ffn_norm = nullptr;   // Gemma: RMSNorm of the FFN output
 };
 
 /// y[r] += b for n rows of dim floats.
@@ -131,6 +143,10 @@ void LlamaModel::bind() {
             L.q_norm = &weights_.require(n("attn_q_norm"), {c.head_dim}, f32);
             L.k_norm = &weights_.require(n("attn_k_norm"), {c.head_dim}, f32);
         }
+        if (c.post_norms) {
+            L.post_attn_norm = &weights_.require(n("post_attention_norm"), {c.n_embd}, f32);
+            L.post_ffn_norm = &weights_.require(n("post_ffw_norm"), {c.n_embd}, f32);
+        }
     }
 }
 
@@ -193,20 +209,29 @@ void LlamaModel::run_layers(int64_t nb, Mat&& mat, Attend&& attend, After&& afte
             cpu::rms_norm(kb_.data(), static_cast<const float*>(L.k_norm->data), kb_.data(), nb * c.n_head_kv,
                           c.head_dim, c.rms_eps);
         }
+        // Local (sliding-window) layers may turn at their own base, unscaled.
+        const bool local = c.window(il) > 0;
+        const float base = local && c.rope_base_local > 0.0f ? c.rope_base_local : c.rope_base;
+        const float* lff = local && c.rope_factors_global_only ? nullptr : ff;
         cpu::rope(q_.data(), pos_.data(), nb, static_cast<int>(c.n_head), static_cast<int>(c.head_dim),
-                  static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
+                  static_cast<int>(c.rope_dim), base, c.rope_neox, lff);
         cpu::rope(kb_.data(), pos_.data(), nb, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
-                  static_cast<int>(c.rope_dim), c.rope_base, c.rope_neox, ff);
+                  static_cast<int>(c.rope_dim), base, c.rope_neox, lff);
         attend(il);
         mat(*L.wo, attn_.data(), h, c.n_embd, false);
         if (L.bo) add_bias(h, L.bo, nb, c.n_embd);
+        if (L.post_attn_norm)
+            cpu::rms_norm(h, static_cast<const float*>(L.post_attn_norm->data), h, nb, c.n_embd, c.rms_eps);
         cpu::add_inplace(x, h, nb * c.n_embd);
 
         cpu::rms_norm(x, static_cast<const float*>(L.ffn_norm->data), h, nb, c.n_embd, c.rms_eps);
         mat(*L.w_gate, h, gate_.data(), c.n_ff, false);
         mat(*L.w_up, h, up_.data(), c.n_ff, true);
-        cpu::swiglu(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
+        if (c.gelu_ffn) cpu::geglu_tanh(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
+        else cpu::swiglu(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
         mat(*L.w_down, gate_.data(), h, c.n_embd, false);
+        if (L.post_ffn_norm)
+            cpu::rms_norm(h, static_cast<const float*>(L.post_ffn_norm->data), h, nb, c.n_embd, c.rms_eps);
         cpu::add_inplace(x, h, nb * c.n_embd);
         after(il);
     }
@@ -224,7 +249,7 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
         if (tokens[i] < 0 || tokens[i] >= c.n_vocab)
             fail("token id {} is outside the vocabulary [0, {})", tokens[i], c.n_vocab);
 
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float scale = c.qk_scale();
     const int64_t kvd = c.kv_dim();
 
     for (int64_t b0 = 0; b0 < n; b0 += kBatch) {
@@ -235,6 +260,7 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
         float* x = x_.data();
         float* h = h_.data();
         cpu::get_rows(*tok_embd_, tokens + b0, nb, x);
+        if (c.embd_scale > 0.0f) cpu::scale(x, nb * c.n_embd, c.embd_scale);
         run_layers(
             nb,
             [&](const Tensor& W, const float* in, float* out, int64_t ld, bool same) {
@@ -245,7 +271,7 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
                 std::copy_n(vb_.data(), nb * kvd, cache.v(il, p0));
                 cpu::attention(q_.data(), cache.k(il), cache.v(il), kvd, pos_.data(), nb, static_cast<int>(c.n_head),
                                static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), scale, attn_.data(),
-                               pool);
+                               pool, c.window(il), c.attn_softcap);
             },
             [&](int64_t il) {
                 if (trace_ && b0 + nb == n) trace_(fmt::format("blk.{}", il), x + (nb - 1) * c.n_embd, c.n_embd);
@@ -256,9 +282,11 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
         if (all_logits) {
             cpu::rms_norm(x, onw, h, nb, c.n_embd, c.rms_eps);
             mm(*output_, h, nb, logits + b0 * c.n_vocab, c.n_vocab, pool);
+            if (c.final_softcap > 0.0f) cpu::softcap(logits + b0 * c.n_vocab, nb * c.n_vocab, c.final_softcap);
         } else if (b0 + nb == n) {
             cpu::rms_norm(x + (nb - 1) * c.n_embd, onw, h, 1, c.n_embd, c.rms_eps);
             mm(*output_, h, 1, logits, c.n_vocab, pool);
+            if (c.final_softcap > 0.0f) cpu::softcap(logits, c.n_vocab, c.final_softcap);
         }
         if (trace_ && b0 + nb == n)
             trace_("logits", all_logits ? logits + (n - 1) * c.n_vocab : logits, c.n_vocab);
@@ -292,9 +320,10 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
                 pos_[static_cast<size_t>(r)] = static_cast<int32_t>(seqs[s].n_past + i);
             }
     }
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float scale = c.qk_scale();
     float* x = x_.data();
     cpu::get_rows(*tok_embd_, toks_.data(), T, x);
+    if (c.embd_scale > 0.0f) cpu::scale(x, T * c.n_embd, c.embd_scale);
     // Every row, generated token or prompt token, through the GEMM family
     // (cpu::MatmulPath::Gemm), whose kernels compute each row alike whatever
     // the batch: a token's keys, values and logits depend only on its sequence.
@@ -318,7 +347,8 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
             }
             // One parallel region for every sequence's rows.
             cpu::attention_paged_batch(attn_seqs_.data(), n_seqs, static_cast<int>(c.n_head),
-                                       static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), scale, pool);
+                                       static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), scale, pool,
+                                       c.window(il), c.attn_softcap);
         },
         [](int64_t) {});
     // Logits of the last row of every entry that asks for them.
@@ -338,6 +368,7 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
                       lrows_.data() + i * c.n_embd, 1, c.n_embd, c.rms_eps);
     lout_.resize(static_cast<size_t>(m * c.n_vocab));
     mm(*output_, lrows_.data(), m, lout_.data(), c.n_vocab, pool, false, cpu::MatmulPath::Gemm);
+    if (c.final_softcap > 0.0f) cpu::softcap(lout_.data(), m * c.n_vocab, c.final_softcap);
     int64_t i = 0;
     for (int s = 0; s < n_seqs; ++s)
         if (seqs[s].logits) {

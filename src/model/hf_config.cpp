@@ -107,13 +107,19 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
         fail("{}: model_type 'gemma3' is the multimodal Gemma3ForConditionalGeneration; quern reads text-only "
              "checkpoints (model_type gemma3_text, Gemma3ForCausalLM)",
              where);
-    if (c.arch == "gemma3_text") c.arch = "gemma3";  // the GGUF architecture name
+    const std::string model_type = c.arch;
+    // The GGUF architecture names (llama.cpp runs Mixtral as "llama").
+    if (c.arch == "gemma3_text") c.arch = "gemma3";
+    if (c.arch == "mixtral") c.arch = "llama";
+    if (c.arch == "qwen3_moe") c.arch = "qwen3moe";
     const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && !gemma)
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "qwen3moe" && c.arch != "phi3" &&
+        !gemma)
         fail("{}: model_type '{}' is not supported for Hugging Face folders yet (supported: llama, qwen2, qwen3, "
-             "gemma2, gemma3_text)",
+             "qwen3_moe, mixtral, phi3, gemma2, gemma3_text)",
              where, c.arch);
-    const bool qwen = c.arch == "qwen2" || c.arch == "qwen3";
+    const bool qwen = c.arch == "qwen2" || c.arch == "qwen3" || c.arch == "qwen3moe";
+    const bool mixtral = model_type == "mixtral", phi3 = c.arch == "phi3";
 
     if (gemma) {
         // Gemma2Config / Gemma3TextConfig name it hidden_activation (hidden_act in older configs).
@@ -135,7 +141,9 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
     if (c.n_head <= 0) fail("{}: key 'num_attention_heads' must be positive, got {}", where, c.n_head);
     c.n_head_kv = k.get_int("num_key_value_heads", c.n_head);
     // Qwen3Config's head_dim defaults to 128, Gemma's to 256; LlamaConfig and Qwen2Config use hidden_size / heads.
-    c.head_dim = k.get_int("head_dim", c.arch == "qwen3" ? 128 : gemma ? 256 : c.n_embd / c.n_head);
+    c.head_dim = k.get_int("head_dim", c.arch == "qwen3" || c.arch == "qwen3moe" ? 128
+                                       : gemma                                    ? 256
+                                                                                  : c.n_embd / c.n_head);
     c.rope_dim = c.head_dim;
     c.n_ctx_train = k.get_int("max_position_embeddings", qwen ? 32768 : c.arch == "gemma2" ? 8192
                                                                       : c.arch == "gemma3" ? 131072 : 2048);
@@ -153,7 +161,45 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
         c.out_bias = attention_bias;
     }
     if (k.get_bool("mlp_bias", false)) fail("{}: mlp_bias = true is not supported", where);
-    c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
+    c.qk_norm = c.arch == "qwen3" || c.arch == "qwen3moe" || c.arch == "gemma3";
+
+    // Mixture of experts: MixtralSparseMoeBlock (num_local_experts experts of
+    // width intermediate_size, top-k weights renormalised) and
+    // Qwen3MoeSparseMoeBlock (num_experts of width moe_intermediate_size,
+    // renormalised when norm_topk_prob).
+    if (mixtral || c.arch == "qwen3moe") {
+        const char* ek = k.has("num_experts") ? "num_experts" : "num_local_experts";
+        c.n_expert = k.get_int(ek);
+        c.n_expert_used = k.get_int("num_experts_per_tok");
+        if (c.n_expert <= 0 || c.n_expert_used <= 0 || c.n_expert_used > c.n_expert)
+            fail("{}: {} = {} and num_experts_per_tok = {} must satisfy 0 < num_experts_per_tok <= {}", where, ek,
+                 c.n_expert, c.n_expert_used, ek);
+        if (mixtral) {
+            c.n_ff_exp = c.n_ff;
+            c.expert_weights_norm = true;
+        } else {
+            c.n_ff_exp = k.get_int("moe_intermediate_size");
+            c.expert_weights_norm = k.get_bool("norm_topk_prob", false);
+            if (k.get_int("decoder_sparse_step", 1) != 1)
+                fail("{}: decoder_sparse_step != 1 (dense layers between sparse ones) is not supported", where);
+            if (k.has("mlp_only_layers") && !(j["mlp_only_layers"].is_array() && j["mlp_only_layers"].empty()))
+                fail("{}: mlp_only_layers {} (dense layers in a MoE model) are not supported", where,
+                     j["mlp_only_layers"].dump());
+        }
+        if (k.get_int("num_shared_experts", 0) != 0 || k.get_int("shared_expert_intermediate_size", 0) != 0)
+            fail("{}: shared experts are not supported", where);
+    }
+    if (phi3) {
+        // Phi3Attention: qkv_proj holds q, k and v; Phi3MLP: gate_up_proj holds gate and up.
+        c.fused_qkv = true;
+        c.fused_gate_up = true;
+    }
+    if ((mixtral || phi3) && k.has("sliding_window")) {
+        // MistralConfig-style: one window for every layer (null: none).
+        c.sliding_window = k.get_int("sliding_window");
+        if (c.sliding_window <= 0) fail("{}: sliding_window must be positive or null, got {}", where, c.sliding_window);
+        if (c.n_layer > 0 && c.n_layer <= (int64_t{1} << 20)) c.swa_layers.assign(static_cast<size_t>(c.n_layer), 1);
+    }
 
     if (gemma) {
         // Gemma2Model / Gemma3TextModel: embeddings × sqrt(hidden_size) (in the
@@ -165,8 +211,12 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
         if (!(qpas > 0)) fail("{}: query_pre_attn_scalar must be positive, got {}", where, qpas);
         c.attn_scale = static_cast<float>(1.0 / std::sqrt(qpas));
         const bool g2 = c.arch == "gemma2";
-        c.attn_softcap = static_cast<float>(k.get_float("attn_logit_softcapping", g2 ? 50.0 : 0.0));
-        c.final_softcap = static_cast<float>(k.get_float("final_logit_softcapping", g2 ? 30.0 : 0.0));
+        // Absent: the class default (Gemma2Config 50 / 30); null: no capping.
+        auto cap = [&](const char* key, double def) {
+            return static_cast<float>(j.contains(key) && j[key].is_null() ? 0.0 : k.get_float(key, def));
+        };
+        c.attn_softcap = cap("attn_logit_softcapping", g2 ? 50.0 : 0.0);
+        c.final_softcap = cap("final_logit_softcapping", g2 ? 30.0 : 0.0);
         if (c.attn_softcap < 0 || c.final_softcap < 0) fail("{}: soft-capping values must not be negative", where);
         if (k.get_bool("use_bidirectional_attention", false))
             fail("{}: use_bidirectional_attention = true is not supported (quern computes causal attention)", where);
@@ -250,6 +300,15 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
         if (!rs.is_object()) fail("{}: key 'rope_scaling' must be an object or null", where);
     }
     if (!(base > 0)) fail("{}: rope_theta must be positive, got {}", where, base);
+    // partial_rotary_factor (Phi3Config; rope_parameters in transformers 5):
+    // only the first head_dim · factor elements of a head rotate.
+    double partial = k.get_float("partial_rotary_factor", 1.0);
+    if (rs.is_object() && rs.contains("partial_rotary_factor"))
+        partial = k.get_float(rs, "partial_rotary_factor", rs_key + ".partial_rotary_factor");
+    if (partial != 1.0) {
+        if (!(partial > 0 && partial <= 1)) fail("{}: partial_rotary_factor must be in (0, 1], got {}", where, partial);
+        c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+    }
     if (c.rope_base_local < 0 || (c.arch == "gemma3" && !(c.rope_base_local > 0)))
         fail("{}: the local RoPE base must be positive, got {}", where, c.rope_base_local);
     c.rope_base = static_cast<float>(base);
@@ -261,6 +320,10 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
                 break;
             }
         const std::string prefix = rs_key + ".";
+        if (phi3 && type != "default")
+            fail("{}: {}rope_type '{}' is not supported for phi3 (LongRoPE / su scaling of the 128k-context models; "
+                 "quern runs plain RoPE only)",
+                 where, prefix, type);
         if (type == "llama3") {
             if (c.rope_dim <= 0 || c.rope_dim % 2 != 0)
                 fail("{}: head_dim {} must be positive and even", where, c.rope_dim);

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -32,13 +33,22 @@ std::unique_ptr<Model> Model::from_gguf(std::shared_ptr<GgufFile> file) {
     ModelConfig cfg = ModelConfig::from_gguf(*file);
     WeightStore w;
     for (const auto& info : file->tensors()) w.add(file->tensor_view(info), file);
+    if (!cfg.rope_freq_factors.empty() && !w.find("rope_freqs.weight")) {
+        // RoPE scaling given by keys (Gemma 3's rope.scaling.type linear): the
+        // forward pass reads the per-pair divisors as a tensor.
+        const int64_t n = static_cast<int64_t>(cfg.rope_freq_factors.size());
+        auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(n)]);
+        std::copy(cfg.rope_freq_factors.begin(), cfg.rope_freq_factors.end(), buf.get());
+        w.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), "rope_freqs.weight"),
+              std::shared_ptr<const void>(buf, buf.get()));
+    }
     return from_weights(cfg, std::move(w));
 }
 
 std::unique_ptr<Model> Model::from_weights(const ModelConfig& cfg, WeightStore weights) {
     cfg.validate();
-    if (cfg.arch == "llama" || cfg.arch == "qwen2" || cfg.arch == "qwen3" || cfg.arch == "gemma2" ||
-        cfg.arch == "gemma3")
+    if (cfg.arch == "llama" || cfg.arch == "qwen2" || cfg.arch == "qwen3" || cfg.arch == "qwen3moe" ||
+        cfg.arch == "phi3" || cfg.arch == "gemma2" || cfg.arch == "gemma3")
         return make_llama(cfg, std::move(weights));
     fail("model architecture '{}' is not supported", cfg.arch);
 }

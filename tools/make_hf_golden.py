@@ -26,6 +26,13 @@ and switch on what their configs can ask for: soft-capped attention scores
 and logits (gemma2), per-layer-type RoPE with a linear scaling of the global
 layers and a query_pre_attn_scalar unlike head_dim (both).
 
+Mixtral (4 experts) and Qwen3-MoE (8 experts) route each token to 2 experts
+(Mixtral renormalises the two weights, this Qwen3-MoE does not:
+norm_topk_prob false); Phi-3 has fused qkv_proj and gate_up_proj, rotates
+half of each head (partial_rotary_factor 0.5) and has a sliding window of 8
+on every layer. The expert models' references use transformers' eager expert
+loop (its grouped-matmul path has no float64 kernel).
+
 Needs torch and transformers (not needed to run the tests). Usage:
   python3 tools/make_hf_golden.py --out tests/data/hf [--only gemma2,gemma3]
 """
@@ -38,7 +45,9 @@ import shutil
 import numpy as np
 import torch
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
-                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 VOCAB = 256
 N_TOKENS = 24
@@ -72,6 +81,21 @@ MODELS = {
         GEMMA, sliding_window=5, sliding_window_pattern=3, query_pre_attn_scalar=12,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}})),
+    # 4 experts, 2 per token, routing weights renormalised over the chosen two
+    # (Mixtral's router); expert FFN width 16.
+    "mixtral": (MixtralConfig, MixtralForCausalLM, dict(
+        tie_word_embeddings=True, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2,
+        rope_theta=1000000.0, sliding_window=None)),
+    # 8 experts, 2 per token, routing weights left as the softmax over all
+    # experts gave them (norm_topk_prob false); per-head q/k norms.
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+        tie_word_embeddings=True, head_dim=16, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], rope_theta=1000000.0)),
+    # Fused qkv_proj and gate_up_proj, half the head rotated
+    # (partial_rotary_factor 0.5), a sliding window of 8 on every layer.
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict(
+        tie_word_embeddings=True, intermediate_size=32, sliding_window=8, pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
 }
 N_TOKENS_OF = {"gemma2": 32, "gemma3": 32}
 
@@ -87,14 +111,16 @@ def randomise(model, seed):
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
             elif name.endswith("embed_tokens.weight"):
                 p.copy_(torch.randn(p.shape, generator=g))
-            else:  # [out, in] matrices
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            else:  # [out, in] matrices ([expert, out, in] for fused expert banks)
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
         if model.config.tie_word_embeddings:
             model.tie_weights()
 
 
 def reference_logits(path, cls, ids):
-    model = cls.from_pretrained(path, dtype=torch.float32).double().eval()
+    # Eager experts: the grouped-matmul path has no float64 kernel.
+    extra = {"experts_implementation": "eager"} if "moe" in path or "mixtral" in path else {}
+    model = cls.from_pretrained(path, dtype=torch.float32, **extra).double().eval()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float().numpy()
 

@@ -148,7 +148,7 @@ void add_run_command(CLI::App& app) {
     auto o = std::make_shared<RunOptions>();
     CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (text to stdout, timings to stderr)");
     cmd->add_option("-m,--model", o->model,
-                    "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, gemma2, gemma3_text) "
+                    "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, gemma3_text) "
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     auto* p = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
     cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file")->excludes(p);

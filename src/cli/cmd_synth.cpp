@@ -52,7 +52,7 @@ void add_synth_command(CLI::App& app) {
     using namespace quern::cli;
     auto o = std::make_shared<SynthOptions>();
     CLI::App* cmd = app.add_subcommand("synth", "Write a synthetic model (random weights, real shape) as GGUF");
-    cmd->add_option("preset", o->preset, "Shape: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b (none: list them)");
+    cmd->add_option("preset", o->preset, "Shape: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-30b-a3b, mixtral-8x7b (none: list them)");
     cmd->add_option("--quant", o->quant, "Weight type: a block type (Q4_0 ... Q6_K, Q8_0, F16, BF16) or Q4_K_M / Q5_K_M")
         ->capture_default_str();
     cmd->add_option("-o,--output", o->out, "Output GGUF file");

@@ -156,6 +156,8 @@ bool use_cuda(const DeviceOptions& opts) {
 
 std::string gpu_unsupported(const ModelConfig& c) {
     if (c.arch != "llama") return "the " + c.arch + " architecture";
+    if (c.moe()) return "mixture-of-experts layers";
+    if (c.fused_qkv || c.fused_gate_up) return "fused QKV / gate-up projections";
     if (c.qkv_bias || c.out_bias) return "attention biases";
     if (c.qk_norm) return "per-head q/k normalisation";
     if (c.post_norms || c.gelu_ffn || c.sliding_window > 0 || c.attn_softcap > 0 || c.final_softcap > 0 ||

@@ -16,8 +16,9 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     ModelConfig c;
     c.arch = f.get_string("general.architecture");
     const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
-    if (c.arch != "llama" && !gemma)
-        fail("model architecture '{}' is not supported yet (supported: llama — Llama, Mistral, SmolLM; gemma2, gemma3)",
+    if (c.arch != "llama" && c.arch != "phi3" && c.arch != "qwen3moe" && !gemma)
+        fail("model architecture '{}' is not supported yet (supported: llama — Llama, Mistral, SmolLM, Mixtral; "
+             "phi3; qwen3moe; gemma2, gemma3)",
              c.arch);
     c.name = f.get_string("general.name", "");
     const std::string a = c.arch + ".";
@@ -25,7 +26,12 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     c.n_layer = f.get_int(a + "block_count");
     c.n_head = f.get_int(a + "attention.head_count");
     c.n_head_kv = f.get_int(a + "attention.head_count_kv", c.n_head);
-    c.n_ff = f.get_int(a + "feed_forward_length");
+    if (c.arch == "qwen3moe") {
+        c.n_ff_exp = f.get_int(a + "expert_feed_forward_length");
+        c.n_ff = f.get_int(a + "feed_forward_length", c.n_ff_exp);
+    } else {
+        c.n_ff = f.get_int(a + "feed_forward_length");
+    }
     c.n_ctx_train = f.get_int(a + "context_length", 4096);
     if (c.n_head <= 0) fail("gguf key '{}attention.head_count' must be positive, got {}", a, c.n_head);
     c.head_dim = f.get_int(a + "attention.key_length", c.n_embd / c.n_head);
@@ -37,6 +43,38 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     if (const auto* t = f.find_tensor("token_embd.weight")) c.n_vocab = t->ne[1];
     else fail("tensor 'token_embd.weight' is missing");
     c.rope_neox = false;
+    // Mixture of experts (llama.cpp's build_moe_ffn with softmax gating): the
+    // llama architecture's experts have width feed_forward_length.
+    c.n_expert = f.get_int(a + "expert_count", 0);
+    if (c.n_expert > 0) {
+        c.n_expert_used = f.get_int(a + "expert_used_count");
+        if (c.n_ff_exp == 0) c.n_ff_exp = c.n_ff;
+        c.expert_weights_norm = f.get_bool(a + "expert_weights_norm", true);
+        const int64_t shared = f.get_int(a + "expert_shared_count", 0);
+        if (shared != 0) fail("gguf key '{}expert_shared_count' = {}: shared experts are not supported", a, shared);
+    } else if (c.arch == "qwen3moe") {
+        fail("gguf key '{}expert_count' is missing or 0 (a qwen3moe file needs experts)", a);
+    }
+    if (c.arch == "qwen3moe") {
+        // llama.cpp: LLM_ARCH_QWEN3MOE uses NeoX RoPE and per-head q/k RMSNorm.
+        c.rope_neox = true;
+        c.qk_norm = true;
+    }
+    if (c.arch == "phi3") {
+        // llama.cpp: LLM_ARCH_PHI3 uses NeoX RoPE, a fused QKV projection
+        // (attn_qkv) and gate/up in one ffn_up (gate rows first).
+        c.rope_neox = true;
+        c.fused_qkv = true;
+        c.fused_gate_up = true;
+        for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"})
+            if (f.find_tensor(t))
+                fail("tensor '{}': Phi-3 LongRoPE (su) scaling is not supported (only plain RoPE: the 4k-context "
+                     "Phi-3 models)",
+                     t);
+        c.sliding_window = f.get_int(a + "attention.sliding_window", 0);
+        if (c.sliding_window < 0) fail("gguf key '{}attention.sliding_window' must not be negative", a);
+        if (c.sliding_window > 0) c.swa_layers.assign(static_cast<size_t>(std::max<int64_t>(c.n_layer, 0)), 1);
+    }
     if (gemma) {
         // llama.cpp: LLM_ARCH_GEMMA2 / LLM_ARCH_GEMMA3 use NeoX RoPE, scale the
         // embeddings by sqrt(n_embd), and norm both sides of each sub-block.
@@ -96,6 +134,12 @@ void ModelConfig::validate() const {
     if (!swa_layers.empty() && static_cast<int64_t>(swa_layers.size()) != n_layer)
         fail("{} sliding-window layer flags for {} layers", swa_layers.size(), n_layer);
     if (sliding_window < 0) fail("sliding window {} must not be negative", sliding_window);
+    if (n_expert < 0 || n_expert > 4096) fail("expert count {} is out of range", n_expert);
+    if (n_expert > 0) {
+        if (n_expert_used <= 0 || n_expert_used > n_expert)
+            fail("experts used per token {} must be in [1, {}]", n_expert_used, n_expert);
+        pos("n_ff_exp", n_ff_exp);
+    }
     if (attn_scale < 0.0f || attn_softcap < 0.0f || final_softcap < 0.0f || embd_scale < 0.0f || rope_base_local < 0.0f)
         fail("attention scale, soft-caps, embedding scale and local RoPE base must not be negative");
 }

@@ -50,6 +50,24 @@ struct ModelConfig {
     /// scaling of its full-attention layers); local layers turn unscaled.
     bool rope_factors_global_only = false;
 
+    // Mixture of experts (Mixtral, Qwen3-MoE): every layer's FFN is a bank of
+    // n_expert SwiGLU experts of width n_ff_exp, of which a router picks
+    // n_expert_used per token (0 experts: a dense FFN of width n_ff).
+    int64_t n_expert = 0;         ///< {arch}.expert_count; HF num_local_experts / num_experts
+    int64_t n_expert_used = 0;    ///< {arch}.expert_used_count; HF num_experts_per_tok
+    int64_t n_ff_exp = 0;         ///< expert FFN width: {arch}.expert_feed_forward_length (qwen3moe) or
+                                  ///< feed_forward_length (llama); HF moe_intermediate_size / intermediate_size
+    /// The chosen experts' softmax probabilities are divided by their sum
+    /// (Mixtral always; Qwen3-MoE when norm_topk_prob). false: used as they are.
+    bool expert_weights_norm = true;
+    bool moe() const { return n_expert > 0; }
+
+    // Phi-3: one fused projection for q, k and v (blk.N.attn_qkv: q rows, then
+    // k rows, then v rows) and one for gate and up (blk.N.ffn_up: gate rows,
+    // then up rows; no blk.N.ffn_gate).
+    bool fused_qkv = false;
+    bool fused_gate_up = false;
+
     /// The attention window of layer il in positions (0: the whole causal prefix).
     int64_t window(int64_t il) const {
         return !swa_layers.empty() && swa_layers[static_cast<size_t>(il)] ? sliding_window : 0;
@@ -61,7 +79,12 @@ struct ModelConfig {
     int64_t kv_dim() const { return n_head_kv * head_dim; }
 
     /// Reads and validates the hyper-parameters of a GGUF file with
-    /// general.architecture "llama", "gemma2" or "gemma3", with llama.cpp's
+    /// general.architecture "llama" (with {arch}.expert_count /
+    /// expert_used_count: Mixtral), "qwen3moe" (NeoX RoPE, q/k norms,
+    /// {arch}.expert_feed_forward_length, routing weights renormalised as
+    /// llama.cpp does), "phi3" (fused attn_qkv and gate/up in ffn_up, NeoX
+    /// RoPE, {arch}.attention.sliding_window on every layer; files with
+    /// rope_factors_long/short tensors — LongRoPE — are refused), "gemma2" or "gemma3", with llama.cpp's
     /// keys and conventions (llama-model.cpp): for Gemma, NeoX RoPE, embeddings
     /// scaled by sqrt(n_embd), post-norms, GELU-tanh FFN, {arch}.attention.
     /// sliding_window on the local layers (gemma2: even layers; gemma3: all
@@ -74,7 +97,13 @@ struct ModelConfig {
     /// missing or inconsistent values, and for unsupported architectures.
     static ModelConfig from_gguf(const GgufFile& f);
     /// Reads a Hugging Face config.json (its text) for model_type llama,
-    /// qwen2, qwen3, gemma2 or gemma3_text (transformers' LlamaConfig,
+    /// qwen2, qwen3, gemma2, gemma3_text, mixtral (num_local_experts,
+    /// num_experts_per_tok, intermediate_size per expert; arch "llama"),
+    /// qwen3_moe (num_experts, num_experts_per_tok, moe_intermediate_size,
+    /// norm_topk_prob; every layer sparse: decoder_sparse_step 1, no
+    /// mlp_only_layers; arch "qwen3moe") or phi3 (partial_rotary_factor;
+    /// sliding_window on every layer; longrope/su scaling refused)
+    /// (transformers' LlamaConfig,
     /// Qwen2Config, Qwen3Config, Gemma2Config, Gemma3TextConfig; for Gemma
     /// also query_pre_attn_scalar, sliding_window, layer_types or
     /// sliding_window_pattern, rope_local_base_freq or per-layer-type

@@ -1,6 +1,8 @@
 // Hugging Face checkpoint → Model (see hf_model.h). Tensor names follow
 // transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
-// Gemma2ForCausalLM / Gemma3ForCausalLM state dicts; they are renamed to the
+// Gemma2ForCausalLM / Gemma3ForCausalLM / MixtralForCausalLM /
+// Qwen3MoeForCausalLM / Phi3ForCausalLM state dicts (as save_pretrained
+// writes them: one 2-D tensor per expert); they are renamed to the
 // GGUF names the llama forward pass binds.
 #include "model/hf_model.h"
 
@@ -46,7 +48,8 @@ struct Want {
 /// their norm weights get the 1 added at load (as llama.cpp's converter does).
 bool gemma_arch(const ModelConfig& c) { return c.arch == "gemma2" || c.arch == "gemma3"; }
 
-/// The tensors of a llama / qwen2 / qwen3 / gemma2 / gemma3 checkpoint with config `c`.
+/// The tensors of a llama / qwen2 / qwen3 / gemma2 / gemma3 / mixtral /
+/// qwen3_moe / phi3 checkpoint with config `c`.
 std::vector<Want> expected_tensors(const ModelConfig& c) {
     const int64_t E = c.n_embd, V = c.n_vocab, F = c.n_ff, Q = c.q_dim(), K = c.kv_dim();
     std::vector<Want> w{{"model.embed_tokens.weight", "token_embd.weight", {V, E}},
@@ -58,9 +61,13 @@ std::vector<Want> expected_tensors(const ModelConfig& c) {
             w.push_back({p + hf, b + gguf, std::move(shape)});
         };
         add("input_layernorm.weight", "attn_norm.weight", {E});
-        add("self_attn.q_proj.weight", "attn_q.weight", {Q, E});
-        add("self_attn.k_proj.weight", "attn_k.weight", {K, E});
-        add("self_attn.v_proj.weight", "attn_v.weight", {K, E});
+        if (c.fused_qkv) {
+            add("self_attn.qkv_proj.weight", "attn_qkv.weight", {Q + 2 * K, E});  // Phi3Attention
+        } else {
+            add("self_attn.q_proj.weight", "attn_q.weight", {Q, E});
+            add("self_attn.k_proj.weight", "attn_k.weight", {K, E});
+            add("self_attn.v_proj.weight", "attn_v.weight", {K, E});
+        }
         add("self_attn.o_proj.weight", "attn_output.weight", {E, Q});
         if (c.qkv_bias) {
             add("self_attn.q_proj.bias", "attn_q.bias", {Q});
@@ -80,9 +87,28 @@ std::vector<Want> expected_tensors(const ModelConfig& c) {
         } else {
             add("post_attention_layernorm.weight", "ffn_norm.weight", {E});
         }
-        add("mlp.gate_proj.weight", "ffn_gate.weight", {F, E});
-        add("mlp.up_proj.weight", "ffn_up.weight", {F, E});
-        add("mlp.down_proj.weight", "ffn_down.weight", {E, F});
+        if (c.moe()) {
+            // One 2-D tensor per expert, bound under llama.cpp's per-expert names
+            // (blk.N.ffn_gate.E.weight, ...). Mixtral: block_sparse_moe with
+            // w1 (gate), w3 (up), w2 (down); Qwen3-MoE: mlp with *_proj.
+            const int64_t X = c.n_expert, Fe = c.n_ff_exp;
+            const bool mixtral = c.arch == "llama";
+            const std::string m = mixtral ? "block_sparse_moe." : "mlp.";
+            add(m + "gate.weight", "ffn_gate_inp.weight", {X, E});
+            for (int64_t e = 0; e < X; ++e) {
+                const std::string x = fmt::format("{}experts.{}.", m, e);
+                add(x + (mixtral ? "w1.weight" : "gate_proj.weight"), fmt::format("ffn_gate.{}.weight", e), {Fe, E});
+                add(x + (mixtral ? "w3.weight" : "up_proj.weight"), fmt::format("ffn_up.{}.weight", e), {Fe, E});
+                add(x + (mixtral ? "w2.weight" : "down_proj.weight"), fmt::format("ffn_down.{}.weight", e), {E, Fe});
+            }
+        } else if (c.fused_gate_up) {
+            add("mlp.gate_up_proj.weight", "ffn_up.weight", {2 * F, E});  // Phi3MLP: gate rows, then up rows
+            add("mlp.down_proj.weight", "ffn_down.weight", {E, F});
+        } else {
+            add("mlp.gate_proj.weight", "ffn_gate.weight", {F, E});
+            add("mlp.up_proj.weight", "ffn_up.weight", {F, E});
+            add("mlp.down_proj.weight", "ffn_down.weight", {E, F});
+        }
     }
     return w;
 }

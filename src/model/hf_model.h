@@ -24,8 +24,11 @@ bool is_hf_model_path(const std::string& path);
 /// it. Throws quern::Error when the folder has no config.json.
 HfFolder resolve_hf_folder(const std::string& path);
 
-/// Loads a Hugging Face checkpoint of model_type llama, qwen2, qwen3, gemma2
-/// or gemma3_text (ModelConfig::from_hf_config) for the CPU forward pass.
+/// Loads a Hugging Face checkpoint of model_type llama, qwen2, qwen3, gemma2,
+/// gemma3_text, mixtral, qwen3_moe or phi3 (ModelConfig::from_hf_config) for
+/// the CPU forward pass. Experts stay one 2-D tensor each
+/// (blk.N.ffn_{gate,up,down}.E.weight); Phi-3's fused qkv_proj and
+/// gate_up_proj stay fused (blk.N.attn_qkv.weight, blk.N.ffn_up.weight).
 /// Gemma's RMSNorm weights w (stored as w, used as 1 + w by transformers'
 /// Gemma2RMSNorm / Gemma3RMSNorm) are loaded as 1 + w, the convention of
 /// llama.cpp's GGUF files, so both sources run the same forward pass. Weight matrices

@@ -34,6 +34,32 @@ ModelConfig shape(std::string name, int64_t vocab, int64_t embd, int64_t layers,
     return c;
 }
 
+/// Qwen3-MoE shapes (llama.cpp arch "qwen3moe"): head_dim 128 whatever the
+/// width, per-head q/k norms, NeoX RoPE, n_expert experts of width ff_exp.
+ModelConfig qwen3moe_shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads,
+                           int64_t kv_heads, int64_t ff, int64_t ff_exp, int64_t experts, int64_t used, int64_t ctx) {
+    ModelConfig c = shape(std::move(name), vocab, embd, layers, heads, kv_heads, ff, ctx, 1000000.0f, 1e-6f);
+    c.arch = "qwen3moe";
+    c.head_dim = 128;
+    c.rope_dim = 128;
+    c.rope_neox = true;
+    c.qk_norm = true;
+    c.n_expert = experts;
+    c.n_expert_used = used;
+    c.n_ff_exp = ff_exp;
+    return c;
+}
+
+/// Mixtral shapes (llama.cpp arch "llama" with experts of width ff).
+ModelConfig mixtral_shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads,
+                          int64_t kv_heads, int64_t ff, int64_t experts, int64_t used, int64_t ctx) {
+    ModelConfig c = shape(std::move(name), vocab, embd, layers, heads, kv_heads, ff, ctx, 1000000.0f, 1e-5f);
+    c.n_expert = experts;
+    c.n_expert_used = used;
+    c.n_ff_exp = ff;
+    return c;
+}
+
 // llama.cpp's rule for giving some layers more bits in the _M mixes.
 bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
@@ -53,6 +79,11 @@ const std::vector<SynthPreset>& synth_presets() {
          shape("synthetic llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8192, 500000.0f, 1e-5f), false},
         {"qwen2-7b", "Qwen2-7B shape as a Llama-architecture model, no QKV bias (7.6B parameters)",
          shape("synthetic qwen2-7b", 152064, 3584, 28, 28, 4, 18944, 32768, 1000000.0f, 1e-6f), false},
+        {"qwen3-30b-a3b", "Qwen3-30B-A3B shape: 128 experts of width 768, 8 per token, q/k norms (30.5B parameters, "
+                          "3.3B active)",
+         qwen3moe_shape("synthetic qwen3-30b-a3b", 151936, 2048, 48, 32, 4, 6144, 768, 128, 8, 40960), false},
+        {"mixtral-8x7b", "Mixtral-8x7B shape: 8 experts of width 14336, 2 per token (46.7B parameters, 12.9B active)",
+         mixtral_shape("synthetic mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 8, 2, 32768), false},
     };
     return k;
 }
@@ -73,7 +104,8 @@ DType synth_tensor_type(const std::string& scheme, const std::string& name, int6
         const DType base = scheme == "Q4_K_M" ? DType::Q4_K : DType::Q5_K;
         t = base;
         if (name == "output.weight") t = DType::Q6_K;
-        else if ((name.find("attn_v.weight") != std::string::npos || name.find("ffn_down.weight") != std::string::npos) &&
+        else if ((name.find("attn_v.weight") != std::string::npos || name.find("ffn_down.weight") != std::string::npos ||
+                  name.find("ffn_down_exps.weight") != std::string::npos) &&
                  use_more_bits(layer, n_layer))
             t = DType::Q6_K;
     } else {
@@ -128,7 +160,9 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         std::string name;
         int64_t ne0, ne1;
         int64_t layer;
-        bool norm;
+        bool norm;             // F32, around 1
+        int64_t ne2 = 1;       // experts (3-D expert banks)
+        bool f32 = false;      // kept in F32 (the router, as llama.cpp's quantizer keeps it)
     };
     std::vector<Spec> specs;
     specs.push_back({"token_embd.weight", c.n_embd, c.n_vocab, -1, false});
@@ -139,10 +173,21 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         specs.push_back({n("attn_k"), c.n_embd, c.kv_dim(), i, false});
         specs.push_back({n("attn_v"), c.n_embd, c.kv_dim(), i, false});
         specs.push_back({n("attn_output"), c.q_dim(), c.n_embd, i, false});
+        if (c.qk_norm) {
+            specs.push_back({n("attn_q_norm"), c.head_dim, 1, i, true});
+            specs.push_back({n("attn_k_norm"), c.head_dim, 1, i, true});
+        }
         specs.push_back({n("ffn_norm"), c.n_embd, 1, i, true});
-        specs.push_back({n("ffn_gate"), c.n_embd, c.n_ff, i, false});
-        specs.push_back({n("ffn_up"), c.n_embd, c.n_ff, i, false});
-        specs.push_back({n("ffn_down"), c.n_ff, c.n_embd, i, false});
+        if (c.moe()) {
+            specs.push_back({n("ffn_gate_inp"), c.n_embd, c.n_expert, i, false, 1, true});
+            specs.push_back({n("ffn_gate_exps"), c.n_embd, c.n_ff_exp, i, false, c.n_expert});
+            specs.push_back({n("ffn_up_exps"), c.n_embd, c.n_ff_exp, i, false, c.n_expert});
+            specs.push_back({n("ffn_down_exps"), c.n_ff_exp, c.n_embd, i, false, c.n_expert});
+        } else {
+            specs.push_back({n("ffn_gate"), c.n_embd, c.n_ff, i, false});
+            specs.push_back({n("ffn_up"), c.n_embd, c.n_ff, i, false});
+            specs.push_back({n("ffn_down"), c.n_ff, c.n_embd, i, false});
+        }
     }
     specs.push_back({"output_norm.weight", c.n_embd, 1, -1, true});
     if (!p.tied) specs.push_back({"output.weight", c.n_embd, c.n_vocab, -1, false});
@@ -153,25 +198,26 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
     std::vector<float> row;
     int64_t done = 0;
     for (const Spec& s : specs) {
-        const DType t = s.norm ? DType::F32 : synth_tensor_type(scheme, s.name, s.layer, c.n_layer, s.ne0);
+        const DType t = s.norm || s.f32 ? DType::F32 : synth_tensor_type(scheme, s.name, s.layer, c.n_layer, s.ne0);
         const size_t rb = row_size(t, s.ne0);
-        auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[rb * static_cast<size_t>(s.ne1)]);
+        const int64_t rows = s.ne1 * s.ne2;
+        auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[rb * static_cast<size_t>(rows)]);
         if (s.norm) {
             float* f = reinterpret_cast<float*>(buf.get());
             for (int64_t i = 0; i < s.ne0; ++i) f[i] = 1.0f + gauss(rng);
         } else {
-            const int64_t pool = std::min(kPool, s.ne1);
+            const int64_t pool = std::min(kPool, rows);
             row.resize(static_cast<size_t>(s.ne0));
             for (int64_t r = 0; r < pool; ++r) {
                 for (auto& v : row) v = gauss(rng);
                 quantize_row_ref(t, row.data(), buf.get() + static_cast<size_t>(r) * rb, s.ne0);
             }
-            for (int64_t r = pool; r < s.ne1; ++r) {
+            for (int64_t r = pool; r < rows; ++r) {
                 const uint64_t src = (static_cast<uint64_t>(r) * 2654435761u) % static_cast<uint64_t>(pool);
                 std::memcpy(buf.get() + static_cast<size_t>(r) * rb, buf.get() + src * rb, rb);
             }
         }
-        std::array<int64_t, 4> ne{s.ne0, s.ne1, 1, 1};
+        std::array<int64_t, 4> ne{s.ne0, s.ne1, s.ne2, 1};
         m.weights.add(Tensor::contiguous(t, ne, buf.get(), s.name), std::shared_ptr<const void>(buf, buf.get()));
         m.order.push_back(s.name);
         if (progress) progress(++done, static_cast<int64_t>(specs.size()));
@@ -183,20 +229,30 @@ void write_synthetic_gguf(const SynthModel& m, const std::string& path,
                           const std::function<void(uint64_t, uint64_t)>& progress) {
     const auto& c = m.cfg;
     GgufWriter w;
-    w.set_string("general.architecture", "llama");
+    const std::string a = c.arch + ".";  // llama.cpp's key prefix: the architecture
+    w.set_string("general.architecture", c.arch);
     w.set_string("general.name", c.name);
     w.set_u32("general.file_type", synth_file_type(m.scheme));
     w.set_u32("general.quantization_version", 2);
-    w.set_u32("llama.context_length", static_cast<uint32_t>(c.n_ctx_train));
-    w.set_u32("llama.embedding_length", static_cast<uint32_t>(c.n_embd));
-    w.set_u32("llama.block_count", static_cast<uint32_t>(c.n_layer));
-    w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(c.n_ff));
-    w.set_u32("llama.attention.head_count", static_cast<uint32_t>(c.n_head));
-    w.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));
-    w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(c.rope_dim));
-    w.set_f32("llama.rope.freq_base", c.rope_base);
-    w.set_f32("llama.attention.layer_norm_rms_epsilon", c.rms_eps);
-    w.set_u32("llama.vocab_size", static_cast<uint32_t>(c.n_vocab));
+    w.set_u32(a + "context_length", static_cast<uint32_t>(c.n_ctx_train));
+    w.set_u32(a + "embedding_length", static_cast<uint32_t>(c.n_embd));
+    w.set_u32(a + "block_count", static_cast<uint32_t>(c.n_layer));
+    w.set_u32(a + "feed_forward_length", static_cast<uint32_t>(c.n_ff));
+    w.set_u32(a + "attention.head_count", static_cast<uint32_t>(c.n_head));
+    w.set_u32(a + "attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));
+    if (c.head_dim != c.n_embd / c.n_head) {
+        w.set_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
+        w.set_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
+    }
+    w.set_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.rope_dim));
+    w.set_f32(a + "rope.freq_base", c.rope_base);
+    w.set_f32(a + "attention.layer_norm_rms_epsilon", c.rms_eps);
+    w.set_u32(a + "vocab_size", static_cast<uint32_t>(c.n_vocab));
+    if (c.moe()) {
+        w.set_u32(a + "expert_count", static_cast<uint32_t>(c.n_expert));
+        w.set_u32(a + "expert_used_count", static_cast<uint32_t>(c.n_expert_used));
+        if (c.arch != "llama") w.set_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(c.n_ff_exp));
+    }
 
     // Byte-level BPE vocabulary: the 256 byte characters, three specials, then
     // reserved control tokens up to n_vocab. No merges: text encodes to bytes.
@@ -227,7 +283,7 @@ void write_synthetic_gguf(const SynthModel& m, const std::string& path,
 
     for (const auto& name : m.order) {
         const Tensor* t = m.weights.find(name);
-        const int n_dims = t->ne[1] == 1 ? 1 : 2;
+        const int n_dims = t->ne[2] > 1 ? 3 : t->ne[1] == 1 ? 1 : 2;
         w.add_tensor(name, t->type, t->ne, n_dims, t->data);
     }
     w.write(path, progress);

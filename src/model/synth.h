@@ -22,7 +22,8 @@ struct SynthPreset {
     bool tied = false;  // output projection shares token_embd
 };
 
-/// Named shapes: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b.
+/// Named shapes: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-30b-a3b
+/// (arch qwen3moe), mixtral-8x7b (arch llama with experts).
 const std::vector<SynthPreset>& synth_presets();
 /// Throws quern::Error listing the known presets when `name` is not one.
 const SynthPreset& synth_preset(const std::string& name);
@@ -53,7 +54,10 @@ struct SynthModel {
 SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint64_t seed,
                           const std::function<void(int64_t, int64_t)>& progress = {});
 
-/// Writes `m` as a GGUF v3 file with llama.* metadata and a byte-level BPE
+/// Writes `m` as a GGUF v3 file with {arch}.* metadata as llama.cpp reads it
+/// (expert_count, expert_used_count and, for qwen3moe,
+/// expert_feed_forward_length for expert models; key_length/value_length when
+/// head_dim is not n_embd / n_head) and a byte-level BPE
 /// tokenizer (256 byte tokens, specials, reserved tokens up to n_vocab).
 void write_synthetic_gguf(const SynthModel& m, const std::string& path,
                           const std::function<void(uint64_t, uint64_t)>& progress = {});

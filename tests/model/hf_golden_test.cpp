@@ -1,5 +1,5 @@
 // Hugging Face checkpoints against transformers: tiny random Llama, Qwen2,
-// Qwen3, Gemma 2 and Gemma 3 models saved in fp32 and bf16 (tests/data/hf, made by
+// Qwen3, Gemma 2, Gemma 3, Mixtral, Qwen3-MoE and Phi-3 models saved in fp32 and bf16 (tests/data/hf, made by
 // tools/make_hf_golden.py) give logits at every position within cosine 0.9999
 // (fp32) / 0.999 (bf16) of transformers' and the same argmax; the batched
 // forward pass agrees; malformed checkpoints fail with one error naming the
@@ -138,7 +138,10 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden,
                                            Case{"qwen2", "fp32", 0.9999}, Case{"qwen2", "bf16", 0.999},
                                            Case{"qwen3", "fp32", 0.9999}, Case{"qwen3", "bf16", 0.999},
                                            Case{"gemma2", "fp32", 0.9999}, Case{"gemma2", "bf16", 0.999},
-                                           Case{"gemma3", "fp32", 0.9999}, Case{"gemma3", "bf16", 0.999}),
+                                           Case{"gemma3", "fp32", 0.9999}, Case{"gemma3", "bf16", 0.999},
+                                           Case{"mixtral", "fp32", 0.9999}, Case{"mixtral", "bf16", 0.999},
+                                           Case{"qwen3_moe", "fp32", 0.9999}, Case{"qwen3_moe", "bf16", 0.999},
+                                           Case{"phi3", "fp32", 0.9999}, Case{"phi3", "bf16", 0.999}),
                          [](const auto& info) { return info.param.arch + "_" + info.param.dtype; });
 
 // ---------------------------------------------------------------- bad checkpoints

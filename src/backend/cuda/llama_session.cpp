@@ -193,6 +193,9 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     : cfg_(model.config()), opt_(opt), ctx_(opt.device) {
     const auto& c = cfg_;
     if (c.arch != "llama") fail("the CUDA backend runs Llama-family models; this one is '{}' (use --device cpu)", c.arch);
+    if (c.moe()) fail("the CUDA backend does not compute mixture-of-experts layers yet (use --device cpu)");
+    if (c.fused_qkv || c.fused_gate_up)
+        fail("the CUDA backend does not take fused QKV / gate-up projections (Phi-3) yet (use --device cpu)");
     if (c.qkv_bias || c.out_bias || c.qk_norm)
         fail("the CUDA backend does not compute attention biases or q/k norms yet (use --device cpu)");
     if (c.post_norms || c.gelu_ffn || c.sliding_window > 0 || c.attn_softcap > 0 || c.final_softcap > 0 ||

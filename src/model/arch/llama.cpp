@@ -17,14 +17,25 @@
 // logits (Gemma 2) and per-head q/k RMSNorm (Gemma 3). Norm weights arrive
 // with Gemma's (1 + w) already folded in (by llama.cpp's converter for GGUF
 // files, by the Hugging Face loader for checkpoints).
+// Phi-3 runs it too: its fused projections (blk.N.attn_qkv: q, k, v rows;
+// blk.N.ffn_up: gate rows, then up rows) are bound as row-slice views, so the
+// loop sees separate matrices. Mixture-of-experts layers (Mixtral, Qwen3-MoE:
+// llama.cpp's build_moe_ffn with softmax gating; transformers'
+// MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock) replace the FFN by a router
+// (blk.N.ffn_gate_inp) and a bank of SwiGLU experts, stored as 3-D tensors
+// (blk.N.ffn_{gate,up,down}_exps, one 2-D matrix per expert along ne[2]) or as
+// one 2-D tensor per expert (blk.N.ffn_{gate,up,down}.E, older llama.cpp
+// files and Hugging Face checkpoints); each expert is bound as a 2-D view.
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <fmt/format.h>
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "runtime/paged_kv.h"
 #include "quant/traits.h"
 
@@ -51,6 +62,9 @@ struct Layer {
     const Tensor* k_norm = nullptr;
     const Tensor* post_attn_norm = nullptr;  // Gemma: RMSNorm of the attention output
     const Tensor* post_ffn_norm = nullptr;   // Gemma: RMSNorm of the FFN output
+    // Mixture of experts: the router and each expert's matrices (w_gate/w_up/w_down null).
+    const Tensor* gate_inp = nullptr;
+    std::vector<const Tensor*> exp_gate, exp_up, exp_down;
 };
 
 /// y[r] += b for n rows of dim floats.
@@ -91,6 +105,22 @@ private:
     ///   after(il): called with the residual stream after layer il.
     template <class Mat, class Attend, class After>
     void run_layers(int64_t nb, Mat&& mat, Attend&& attend, After&& after);
+    /// The mixture-of-experts FFN of layer L over nb rows of h (normed
+    /// input; overwritten by the output): route every row, then for each
+    /// expert with rows, gather them, run its SwiGLU FFN once for all of them
+    /// and scatter the results; a row's output is the sum over its k slots
+    /// (in slot order) of weight × expert output. Every row's arithmetic is
+    /// independent of the others when `mat` is (MatmulPath::Gemm).
+    template <class Mat>
+    void moe_ffn(const Layer& L, int64_t nb, float* h, Mat& mat);
+    std::vector<float> router_, selw_, xe_, ge_, ue_, ye_, eo_;
+    std::vector<int32_t> sel_;
+    std::vector<int64_t> moe_off_, moe_ent_;
+
+    /// Rows [r0, r0 + rows) of matrix i2 of `t` (ne[2] index) as a 2-D view
+    /// kept alive by the model.
+    const Tensor* rows_view(const Tensor& t, int64_t i2, int64_t r0, int64_t rows, std::string name);
+    std::deque<Tensor> views_;
     std::vector<float> xr_, yr_;
     std::vector<uint8_t> qbuf_;
     DType xr_act_ = DType::F32;
@@ -122,14 +152,47 @@ void LlamaModel::bind() {
         auto n = [&](const char* s) { return fmt::format("blk.{}.{}.weight", i, s); };
         Layer& L = layers_[static_cast<size_t>(i)];
         L.attn_norm = &weights_.require(n("attn_norm"), {c.n_embd}, f32);
-        L.wq = &weights_.require(n("attn_q"), {c.n_embd, c.q_dim()}, mm);
-        L.wk = &weights_.require(n("attn_k"), {c.n_embd, c.kv_dim()}, mm);
-        L.wv = &weights_.require(n("attn_v"), {c.n_embd, c.kv_dim()}, mm);
+        if (c.fused_qkv) {
+            const Tensor& qkv = weights_.require(n("attn_qkv"), {c.n_embd, c.q_dim() + 2 * c.kv_dim()}, mm);
+            L.wq = rows_view(qkv, 0, 0, c.q_dim(), n("attn_qkv") + "[q]");
+            L.wk = rows_view(qkv, 0, c.q_dim(), c.kv_dim(), n("attn_qkv") + "[k]");
+            L.wv = rows_view(qkv, 0, c.q_dim() + c.kv_dim(), c.kv_dim(), n("attn_qkv") + "[v]");
+        } else {
+            L.wq = &weights_.require(n("attn_q"), {c.n_embd, c.q_dim()}, mm);
+            L.wk = &weights_.require(n("attn_k"), {c.n_embd, c.kv_dim()}, mm);
+            L.wv = &weights_.require(n("attn_v"), {c.n_embd, c.kv_dim()}, mm);
+        }
         L.wo = &weights_.require(n("attn_output"), {c.q_dim(), c.n_embd}, mm);
         L.ffn_norm = &weights_.require(n("ffn_norm"), {c.n_embd}, f32);
-        L.w_gate = &weights_.require(n("ffn_gate"), {c.n_embd, c.n_ff}, mm);
-        L.w_up = &weights_.require(n("ffn_up"), {c.n_embd, c.n_ff}, mm);
-        L.w_down = &weights_.require(n("ffn_down"), {c.n_ff, c.n_embd}, mm);
+        if (c.moe()) {
+            const int64_t X = c.n_expert, F = c.n_ff_exp;
+            L.gate_inp = &weights_.require(n("ffn_gate_inp"), {c.n_embd, X}, mm);
+            if (const Tensor* g3 = weights_.optional(n("ffn_gate_exps"), {c.n_embd, F, X}, mm)) {
+                const Tensor& u3 = weights_.require(n("ffn_up_exps"), {c.n_embd, F, X}, mm);
+                const Tensor& d3 = weights_.require(n("ffn_down_exps"), {F, c.n_embd, X}, mm);
+                for (int64_t e = 0; e < X; ++e) {
+                    L.exp_gate.push_back(rows_view(*g3, e, 0, F, fmt::format("{}[{}]", g3->name, e)));
+                    L.exp_up.push_back(rows_view(u3, e, 0, F, fmt::format("{}[{}]", u3.name, e)));
+                    L.exp_down.push_back(rows_view(d3, e, 0, c.n_embd, fmt::format("{}[{}]", d3.name, e)));
+                }
+            } else {
+                auto ex = [&](const char* s, int64_t e) { return fmt::format("blk.{}.{}.{}.weight", i, s, e); };
+                for (int64_t e = 0; e < X; ++e) {
+                    L.exp_gate.push_back(&weights_.require(ex("ffn_gate", e), {c.n_embd, F}, mm));
+                    L.exp_up.push_back(&weights_.require(ex("ffn_up", e), {c.n_embd, F}, mm));
+                    L.exp_down.push_back(&weights_.require(ex("ffn_down", e), {F, c.n_embd}, mm));
+                }
+            }
+        } else if (c.fused_gate_up) {
+            const Tensor& gu = weights_.require(n("ffn_up"), {c.n_embd, 2 * c.n_ff}, mm);
+            L.w_gate = rows_view(gu, 0, 0, c.n_ff, n("ffn_up") + "[gate]");
+            L.w_up = rows_view(gu, 0, c.n_ff, c.n_ff, n("ffn_up") + "[up]");
+            L.w_down = &weights_.require(n("ffn_down"), {c.n_ff, c.n_embd}, mm);
+        } else {
+            L.w_gate = &weights_.require(n("ffn_gate"), {c.n_embd, c.n_ff}, mm);
+            L.w_up = &weights_.require(n("ffn_up"), {c.n_embd, c.n_ff}, mm);
+            L.w_down = &weights_.require(n("ffn_down"), {c.n_ff, c.n_embd}, mm);
+        }
         auto bias = [&](const char* s, int64_t dim) {
             return &weights_.require(fmt::format("blk.{}.{}.bias", i, s), {dim}, f32);
         };
@@ -150,6 +213,59 @@ void LlamaModel::bind() {
     }
 }
 
+const Tensor* LlamaModel::rows_view(const Tensor& t, int64_t i2, int64_t r0, int64_t rows, std::string name) {
+    Tensor v = t;
+    v.name = std::move(name);
+    v.data = static_cast<uint8_t*>(t.data) + static_cast<size_t>(i2) * t.nb[2] + static_cast<size_t>(r0) * t.nb[1];
+    v.ne = {t.ne[0], rows, 1, 1};
+    v.nb[2] = v.nb[1] * static_cast<size_t>(rows);
+    v.nb[3] = v.nb[2];
+    views_.push_back(std::move(v));
+    return &views_.back();
+}
+
+template <class Mat>
+void LlamaModel::moe_ffn(const Layer& L, int64_t nb, float* h, Mat& mat) {
+    const auto& c = cfg_;
+    const int64_t X = c.n_expert, k = c.n_expert_used, E = c.n_embd, F = c.n_ff_exp;
+    const auto sz = [](int64_t v) { return static_cast<size_t>(v); };
+    router_.resize(sz(nb * X));
+    mat(*L.gate_inp, h, nb, router_.data(), X, false);
+    sel_.resize(sz(nb * k));
+    selw_.resize(sz(nb * k));
+    moe_route(router_.data(), nb, X, k, c.expert_weights_norm, sel_.data(), selw_.data());
+    moe_group(sel_.data(), nb, k, X, moe_off_, moe_ent_);
+    eo_.resize(sz(nb * k * E));
+    xe_.resize(sz(nb * E));
+    ye_.resize(sz(nb * E));
+    ge_.resize(sz(nb * F));
+    ue_.resize(sz(nb * F));
+    for (int64_t x = 0; x < X; ++x) {
+        const int64_t b = moe_off_[sz(x)], cnt = moe_off_[sz(x + 1)] - b;
+        if (cnt == 0) continue;
+        for (int64_t j = 0; j < cnt; ++j) {
+            const int64_t row = moe_ent_[sz(b + j)] / k;
+            std::copy_n(h + row * E, E, xe_.data() + j * E);
+        }
+        mat(*L.exp_gate[sz(x)], xe_.data(), cnt, ge_.data(), F, false);
+        mat(*L.exp_up[sz(x)], xe_.data(), cnt, ue_.data(), F, true);
+        cpu::swiglu(ge_.data(), ue_.data(), ge_.data(), cnt * F);
+        mat(*L.exp_down[sz(x)], ge_.data(), cnt, ye_.data(), E, false);
+        for (int64_t j = 0; j < cnt; ++j) std::copy_n(ye_.data() + j * E, E, eo_.data() + moe_ent_[sz(b + j)] * E);
+    }
+    for (int64_t r = 0; r < nb; ++r) {
+        float* out = h + r * E;
+        for (int64_t slot = 0; slot < k; ++slot) {
+            const float w = selw_[sz(r * k + slot)];
+            const float* y = eo_.data() + (r * k + slot) * E;
+            if (slot == 0)
+                for (int64_t i = 0; i < E; ++i) out[i] = w * y[i];
+            else
+                for (int64_t i = 0; i < E; ++i) out[i] += w * y[i];
+        }
+    }
+}
+
 void LlamaModel::ensure_scratch(int64_t nb) {
     if (nb <= scratch_rows_) return;
     const auto& c = cfg_;
@@ -158,8 +274,8 @@ void LlamaModel::ensure_scratch(int64_t nb) {
     h_.resize(sz(c.n_embd));
     q_.resize(sz(c.q_dim()));
     attn_.resize(sz(c.q_dim()));
-    gate_.resize(sz(c.n_ff));
-    up_.resize(sz(c.n_ff));
+    gate_.resize(sz(c.moe() ? 0 : c.n_ff));  // expert layers use their own buffers (moe_ffn)
+    up_.resize(sz(c.moe() ? 0 : c.n_ff));
     pos_.resize(static_cast<size_t>(nb));
     scratch_rows_ = nb;
 }
@@ -195,9 +311,9 @@ void LlamaModel::run_layers(int64_t nb, Mat&& mat, Attend&& attend, After&& afte
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const Layer& L = layers_[static_cast<size_t>(il)];
         cpu::rms_norm(x, static_cast<const float*>(L.attn_norm->data), h, nb, c.n_embd, c.rms_eps);
-        mat(*L.wq, h, q_.data(), c.q_dim(), false);
-        mat(*L.wk, h, kb_.data(), kvd, true);
-        mat(*L.wv, h, vb_.data(), kvd, true);
+        mat(*L.wq, h, nb, q_.data(), c.q_dim(), false);
+        mat(*L.wk, h, nb, kb_.data(), kvd, true);
+        mat(*L.wv, h, nb, vb_.data(), kvd, true);
         if (L.bq) {
             add_bias(q_.data(), L.bq, nb, c.q_dim());
             add_bias(kb_.data(), L.bk, nb, kvd);
@@ -218,18 +334,22 @@ void LlamaModel::run_layers(int64_t nb, Mat&& mat, Attend&& attend, After&& afte
         cpu::rope(kb_.data(), pos_.data(), nb, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
                   static_cast<int>(c.rope_dim), base, c.rope_neox, lff);
         attend(il);
-        mat(*L.wo, attn_.data(), h, c.n_embd, false);
+        mat(*L.wo, attn_.data(), nb, h, c.n_embd, false);
         if (L.bo) add_bias(h, L.bo, nb, c.n_embd);
         if (L.post_attn_norm)
             cpu::rms_norm(h, static_cast<const float*>(L.post_attn_norm->data), h, nb, c.n_embd, c.rms_eps);
         cpu::add_inplace(x, h, nb * c.n_embd);
 
         cpu::rms_norm(x, static_cast<const float*>(L.ffn_norm->data), h, nb, c.n_embd, c.rms_eps);
-        mat(*L.w_gate, h, gate_.data(), c.n_ff, false);
-        mat(*L.w_up, h, up_.data(), c.n_ff, true);
-        if (c.gelu_ffn) cpu::geglu_tanh(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
-        else cpu::swiglu(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
-        mat(*L.w_down, gate_.data(), h, c.n_embd, false);
+        if (L.gate_inp) {
+            moe_ffn(L, nb, h, mat);
+        } else {
+            mat(*L.w_gate, h, nb, gate_.data(), c.n_ff, false);
+            mat(*L.w_up, h, nb, up_.data(), c.n_ff, true);
+            if (c.gelu_ffn) cpu::geglu_tanh(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
+            else cpu::swiglu(gate_.data(), up_.data(), gate_.data(), nb * c.n_ff);
+            mat(*L.w_down, gate_.data(), nb, h, c.n_embd, false);
+        }
         if (L.post_ffn_norm)
             cpu::rms_norm(h, static_cast<const float*>(L.post_ffn_norm->data), h, nb, c.n_embd, c.rms_eps);
         cpu::add_inplace(x, h, nb * c.n_embd);
@@ -263,8 +383,8 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
         if (c.embd_scale > 0.0f) cpu::scale(x, nb * c.n_embd, c.embd_scale);
         run_layers(
             nb,
-            [&](const Tensor& W, const float* in, float* out, int64_t ld, bool same) {
-                mm(W, in, nb, out, ld, pool, same);
+            [&](const Tensor& W, const float* in, int64_t rows, float* out, int64_t ld, bool same) {
+                mm(W, in, rows, out, ld, pool, same);
             },
             [&](int64_t il) {
                 std::copy_n(kb_.data(), nb * kvd, cache.k(il, p0));
@@ -329,8 +449,8 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
     // the batch: a token's keys, values and logits depend only on its sequence.
     run_layers(
         T,
-        [&](const Tensor& W, const float* in, float* out, int64_t ld, bool same) {
-            mm(W, in, T, out, ld, pool, same, cpu::MatmulPath::Gemm);
+        [&](const Tensor& W, const float* in, int64_t rows, float* out, int64_t ld, bool same) {
+            mm(W, in, rows, out, ld, pool, same, cpu::MatmulPath::Gemm);
         },
         [&](int64_t il) {
             attn_seqs_.clear();

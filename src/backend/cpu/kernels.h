@@ -122,13 +122,15 @@ using GemvFn = void (*)(int64_t K, const uint8_t* w, size_t ldw, int nr, const G
 
 /// Decode kernel (batch-invariant decode with the GEMM's arithmetic):
 ///   y[c * ldy + r] = dot(weight row r, activation column c)
-/// for weight rows r < nr <= decode_nr (packed rows of K elements, stride ldw
-/// bytes, unpacked here by `unpack`) and columns c < nc. Column c is column
+/// for weight rows r < nr <= decode_nr (packed rows of K elements of a
+/// quantized type, stride ldw bytes) and columns c < nc. Column c is column
 /// c % decode_ncp of panels[c / decode_ncp], an ActPanel of decode_ncp columns
-/// (pack_panel with ncp = decode_ncp). work: decode_work(K, f.G)
+/// (pack_panel with ncp = decode_ncp). next_rows (<= decode_nr): rows that
+/// follow the panel in memory and may be read ahead (the next panel; they must
+/// exist). work: decode_work(K, f.G)
 /// bytes, 64-byte aligned. Bit-identical to the GEMM tile (QTileFn) of the
 /// same level for every (r, c), whatever nr and nc.
-using QDecodeFn = void (*)(int64_t K, UForm f, UnpackFn unpack, const uint8_t* w, size_t ldw, int nr,
+using QDecodeFn = void (*)(int64_t K, DType type, UForm f, const uint8_t* w, size_t ldw, int nr, int next_rows,
                            const ActPanel* panels, int nc, float* y, size_t ldy, uint8_t* work);
 /// Bytes of work buffer a QDecodeFn needs for rows of K elements in sub-blocks of G.
 using DecodeWorkFn = size_t (*)(int64_t K, int G);
@@ -194,8 +196,8 @@ extern const FKernels fkernels;
 namespace avx512 {
 QUERN_CPU_DECLARE_UNPACKERS(unpack_)
 GemvFn gemv_for(DType t);
-void decode(int64_t K, UForm f, UnpackFn unpack, const uint8_t* w, size_t ldw, int nr, const ActPanel* panels, int nc,
-            float* y, size_t ldy, uint8_t* work);
+void decode(int64_t K, DType type, UForm f, const uint8_t* w, size_t ldw, int nr, int next_rows,
+            const ActPanel* panels, int nc, float* y, size_t ldy, uint8_t* work);
 size_t decode_work_bytes(int64_t K, int G);
 extern const ActQuantizers quantizers;
 extern const QKernels qkernels;

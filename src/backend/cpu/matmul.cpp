@@ -270,7 +270,6 @@ void matmul_q_decode(const Tensor& W, const float* x, int64_t n, float* y, int64
     const DType act = act_type_for(W.type);
     const int G = subblock_for(W.type);
     const UForm form{G, W.type == DType::Q8_0 && qk.q8_0_signed, umax_for(W.type)};
-    const UnpackFn unpack = qk.unpack(W.type);
     const int64_t K = W.ne[0], M = W.ne[1];
     const int64_t nsub = K / G;
     const size_t ldw = W.nb[1];
@@ -307,9 +306,12 @@ void matmul_q_decode(const Tensor& W, const float* x, int64_t n, float* y, int64
     const size_t work = qk.decode_work(K, G);
     split_rows(pool, M, NR, [&](int64_t r0, int64_t r1) {
         uint8_t* wb = tl_work.get(work);
-        for (int64_t r = r0; r < r1; r += NR)
-            qk.decode(K, form, unpack, w + r * ldw, ldw, static_cast<int>(std::min<int64_t>(NR, r1 - r)), panels,
-                      static_cast<int>(n), y + r, static_cast<size_t>(ldy), wb);
+        for (int64_t r = r0; r < r1; r += NR) {
+            const int nr = static_cast<int>(std::min<int64_t>(NR, r1 - r));
+            const int next = static_cast<int>(std::clamp<int64_t>(r1 - r - NR, 0, NR));  // this thread's next panel
+            qk.decode(K, W.type, form, w + r * ldw, ldw, nr, next, panels, static_cast<int>(n), y + r,
+                      static_cast<size_t>(ldy), wb);
+        }
     });
 }
 

@@ -26,7 +26,10 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "backend/cpu/kernels.h"
+#include "quant/blocks.h"
 
 namespace quern::cpu::avx512 {
 
@@ -76,23 +79,28 @@ inline void transpose16(const uint8_t* src, size_t ld, uint8_t* dst) {
 }
 
 // The work buffer: u [16][ldu], D and Mn [16][lds], then their interleaved
-// copies ui [ldu/4][16][4], DT and MT [lds][16].
+// copies ui [ldu/4][16][4], DT and MT [lds][16]. The direct loaders copy the
+// raw blocks of the panel where u is (room for up to 34 bytes per 32 elements)
+// and do not use D and Mn: an L1-sized footprint either way.
 struct Work {
     size_t ldu, lds;
-    uint8_t *u, *ui;
+    uint8_t *u, *ui, *raw;
     float *D, *Mn, *DT, *MT;
+    static size_t u_bytes(int64_t K) {
+        return kRows * std::max(round_up(static_cast<size_t>(K), 64), round_up(static_cast<size_t>(K / 32 * 34), 64));
+    }
     Work(int64_t K, int G, uint8_t* base) {
         ldu = round_up(static_cast<size_t>(K), 64);
         lds = round_up(static_cast<size_t>(K / G), 16);
-        u = base;
-        ui = u + kRows * ldu;
+        u = raw = base;
+        ui = u + u_bytes(K);
         D = reinterpret_cast<float*>(ui + kRows * ldu);
         Mn = D + kRows * lds;
         DT = Mn + kRows * lds;
         MT = DT + kRows * lds;
     }
     static size_t bytes(int64_t K, int G) {
-        return 2 * kRows * round_up(static_cast<size_t>(K), 64) +
+        return u_bytes(K) + kRows * round_up(static_cast<size_t>(K), 64) +
                4 * kRows * round_up(static_cast<size_t>(K / G), 16) * sizeof(float);
     }
 };
@@ -101,7 +109,7 @@ struct Work {
 // interleaved panel of 16 weight rows; rows where `rm` is set are stored to
 // y[(c - c0) * ldy + r].
 template <int G, int C>
-void columns(int64_t nsub, const Work& wk, const ActPanel& act, int c0, float* y, size_t ldy, __mmask16 rm) {
+__attribute__((noinline)) void columns(int64_t nsub, const Work& wk, const ActPanel& act, int c0, float* y, size_t ldy, __mmask16 rm) {
     __m512 f[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) f[c] = _mm512_setzero_ps();
@@ -154,33 +162,203 @@ void all_columns(int64_t nsub, const Work& wk, const ActPanel* panels, int nc, f
     }
 }
 
+// Prefetches `bytes` bytes from `next` (the next panel) in `parts` slices,
+// slice i at call i.
+struct Prefetcher {
+    const uint8_t* next;
+    size_t bytes;
+    void fetch(size_t i, size_t parts) const {
+        if (bytes == 0) return;
+        if (i == 0) {  // a load per page first: prefetches that miss the TLB are dropped
+            uint8_t t = 0;
+            for (size_t p = 0; p < bytes; p += 4096) t |= *reinterpret_cast<const volatile uint8_t*>(next + p);
+            t |= *reinterpret_cast<const volatile uint8_t*>(next + bytes - 1);
+            sink = t;
+        }
+        for (size_t p = bytes * i / parts & ~size_t(63); p < bytes * (i + 1) / parts; p += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(next + p), _MM_HINT_T0);
+    }
+    static inline thread_local uint8_t sink = 0;
+};
+
+// ---------------------------------------------------------------- direct loaders
+// The 32-element block types go from their blocks straight to the interleaved
+// form, 16 rows at a time, with the values the unpackers (unpack_avx512.cpp)
+// give: u = nibble (+ 16 for the fifth bit) or q + 128, D = d * 1, Mn = m * 1
+// or d * -bias (the same float multiplications).
+
+// The fp16 value in the low (Hi = false) or high half of each 32-bit lane, times mul.
+template <bool Hi>
+inline __m512 f16_lanes(__m512i g, float mul) {
+    if constexpr (Hi) g = _mm512_srli_epi32(g, 16);
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)), _mm512_set1_ps(mul));
+}
+
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 (template parameters as unpack_legacy's): per
+// block, the 16 rows' 16 bytes of nibbles become four vectors of one dword per
+// row (a 4 x 4 dword transpose in each 128-bit lane, then of the lanes); low
+// nibbles are elements 0-15, high nibbles 16-31; Q5 adds bit j of qh as 16.
+template <int BS, int DOFF, int MOFF, int QS, int QH, int BIAS>
+__attribute__((noinline)) void load_legacy(const uint8_t* w, size_t ldw, __m512i idx, int64_t K, const Work& wk,
+                                           const Prefetcher& pf) {
+    const int64_t nb = K / 32;
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    // bit i of a 4-bit index -> 16 in byte i
+    const __m512i spread = _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000,
+                                             0x00100010, 0x00101000, 0x00101010, 0x10000000, 0x10000010,
+                                             0x10001000, 0x10001010, 0x10100000, 0x10100010, 0x10101000, 0x10101010);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = w + b * BS + QS;
+        auto ld = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + r * ldw)); };
+        __m512i W[4];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+            __m512i z = _mm512_castsi128_si512(ld(4 * q));
+            z = _mm512_inserti32x4(z, ld(4 * q + 1), 1);
+            z = _mm512_inserti32x4(z, ld(4 * q + 2), 2);
+            z = _mm512_inserti32x4(z, ld(4 * q + 3), 3);
+            W[q] = _mm512_permutexvar_epi32(perm, z);  // lane m: dword m of rows 4q..4q+3
+        }
+        const __m512i c0 = _mm512_shuffle_i32x4(W[0], W[1], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i c1 = _mm512_shuffle_i32x4(W[0], W[1], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i c2 = _mm512_shuffle_i32x4(W[2], W[3], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i c3 = _mm512_shuffle_i32x4(W[2], W[3], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i V[4] = {_mm512_shuffle_i32x4(c0, c2, _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_i32x4(c0, c2, _MM_SHUFFLE(3, 1, 3, 1)),
+                              _mm512_shuffle_i32x4(c1, c3, _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_i32x4(c1, c3, _MM_SHUFFLE(3, 1, 3, 1))};  // dword m of every row
+        __m512i H = _mm512_setzero_si512();
+        if constexpr (QH >= 0) H = _mm512_i32gather_epi32(idx, w + b * BS + QH, 1);
+        uint8_t* dst = wk.ui + b * 8 * 64;
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) {
+            __m512i u = g < 4 ? _mm512_and_si512(V[g], m4) : _mm512_and_si512(_mm512_srli_epi16(V[g - 4], 4), m4);
+            if constexpr (QH >= 0)
+                u = _mm512_or_si512(u, _mm512_permutexvar_epi32(_mm512_and_si512(_mm512_srli_epi32(H, 4 * g),
+                                                                                 _mm512_set1_epi32(15)),
+                                                                spread));
+            _mm512_storeu_si512(dst + 64 * g, u);
+        }
+        // d (and m right after it) of the 16 rows: one gather
+        static_assert(DOFF == 0 && (MOFF < 0 || MOFF == 2));
+        const __m512i dm = _mm512_i32gather_epi32(idx, w + b * BS, 1);
+        _mm512_storeu_ps(wk.DT + 16 * b, f16_lanes<false>(dm, 1.0f));
+        _mm512_storeu_ps(wk.MT + 16 * b, MOFF >= 0 ? f16_lanes<true>(dm, 1.0f)
+                                                   : f16_lanes<false>(dm, -static_cast<float>(BIAS)));
+        pf.fetch(static_cast<size_t>(b), static_cast<size_t>(nb));
+    }
+}
+
+// Q8_0: per block, the 16 rows' 32 bytes become eight vectors of one dword
+// per row (a 16 x 8 dword transpose), u = q ^ 0x80.
+__attribute__((noinline)) void load_q8_0(const uint8_t* w, size_t ldw, __m512i idx, int64_t K, const Work& wk,
+                                         const Prefetcher& pf) {
+    constexpr int BS = 34;
+    const int64_t nb = K / 32;
+    const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i idx_lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i idx_hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = w + b * BS + 2;
+        auto ld = [&](int r) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + r * ldw)); };
+        __m512i R[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) R[c] = _mm512_inserti64x4(_mm512_castsi256_si512(ld(c)), ld(c + 8), 1);
+        __m512i t[8], s8[8];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+            t[2 * i] = _mm512_unpacklo_epi32(R[2 * i], R[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(R[2 * i], R[2 * i + 1]);
+        }
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; ++i) {
+            s8[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            s8[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            s8[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            s8[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        uint8_t* dst = wk.ui + b * 8 * 64;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+            _mm512_storeu_si512(dst + 64 * j, _mm512_xor_si512(_mm512_permutex2var_epi64(s8[j], idx_lo, s8[4 + j]), x80));
+            _mm512_storeu_si512(dst + 64 * (j + 4),
+                                _mm512_xor_si512(_mm512_permutex2var_epi64(s8[j], idx_hi, s8[4 + j]), x80));
+        }
+        const __m512i d = _mm512_i32gather_epi32(idx, w + b * BS, 1);
+        _mm512_storeu_ps(wk.DT + 16 * b, f16_lanes<false>(d, 1.0f));
+        _mm512_storeu_ps(wk.MT + 16 * b, f16_lanes<false>(d, -128.0f));
+        pf.fetch(static_cast<size_t>(b), static_cast<size_t>(nb));
+    }
+}
+
+// n bytes, 64 at a time, then the tail.
+inline void copy_bytes(uint8_t* dst, const uint8_t* src, size_t n) {
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) _mm512_storeu_si512(dst + i, _mm512_loadu_si512(src + i));
+    if (i < n) {
+        const __mmask64 m = _bzhi_u64(~0ull, static_cast<unsigned>(n - i));
+        _mm512_mask_storeu_epi8(dst + i, m, _mm512_maskz_loadu_epi8(m, src + i));
+    }
+}
+
+// Fills ui, DT, MT straight from the blocks where the type has a direct
+// loader (false otherwise). The panel's blocks are first copied to the work
+// buffer: one sequential read, which the hardware prefetchers follow (the
+// loaders read the 16 rows side by side, which they do not), and rows nr..15
+// of a partial panel become copies of row 0.
+bool load_direct(DType type, const uint8_t* w, size_t ldw, int nr, int64_t K, const Work& wk, const Prefetcher& pf) {
+    const int BS = type == DType::Q4_0   ? 18
+                   : type == DType::Q4_1 ? 20
+                   : type == DType::Q5_0 ? 22
+                   : type == DType::Q5_1 ? 24
+                   : type == DType::Q8_0 ? 34
+                                         : 0;
+    if (BS == 0) return false;
+    const size_t rb = static_cast<size_t>(K / 32 * BS);
+    if (ldw == rb && nr == kRows) {
+        copy_bytes(wk.raw, w, kRows * rb);
+    } else {
+        for (int r = 0; r < kRows; ++r) copy_bytes(wk.raw + r * rb, w + (r < nr ? r : 0) * ldw, rb);
+    }
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(static_cast<int32_t>(rb)));
+    switch (type) {
+        case DType::Q4_0: load_legacy<18, 0, -1, 2, -1, 8>(wk.raw, rb, idx, K, wk, pf); break;
+        case DType::Q4_1: load_legacy<20, 0, 2, 4, -1, 0>(wk.raw, rb, idx, K, wk, pf); break;
+        case DType::Q5_0: load_legacy<22, 0, -1, 6, 2, 16>(wk.raw, rb, idx, K, wk, pf); break;
+        case DType::Q5_1: load_legacy<24, 0, 2, 8, 4, 0>(wk.raw, rb, idx, K, wk, pf); break;
+        default: load_q8_0(wk.raw, rb, idx, K, wk, pf); break;
+    }
+    return true;
+}
+
 }  // namespace
 
 size_t decode_work_bytes(int64_t K, int G) { return Work::bytes(K, G); }
 
-void decode(int64_t K, UForm f, UnpackFn unpack, const uint8_t* w, size_t ldw, int nr, const ActPanel* panels, int nc,
-            float* y, size_t ldy, uint8_t* work) {
+void decode(int64_t K, DType type, UForm f, const uint8_t* w, size_t ldw, int nr, int next_rows,
+            const ActPanel* panels, int nc, float* y, size_t ldy, uint8_t* work) {
     const int64_t nsub = K / f.G;
     const Work wk(K, f.G, work);
-    unpack(w, ldw, nr, K, wk.u, wk.ldu, wk.D, wk.Mn, wk.lds);
-    // The next panel's weights (if the caller has one there: prefetches do not
-    // fault) are fetched while this one is transposed and multiplied, so that
-    // the memory stream does not stop for the arithmetic.
-    const uint8_t* next = w + kRows * ldw;
-    const size_t next_bytes = kRows * ldw;
-    const size_t chunks = wk.ldu / 64;
-    size_t pf = 0;
-    // Rows nr..15 of the buffers hold stale data; their lanes are never stored.
-    for (size_t k = 0; k < wk.ldu; k += 64) {
-        transpose16(wk.u + k, wk.ldu, wk.ui + 16 * k);
-        const size_t pf_end = next_bytes * (k / 64 + 1) / chunks;
-        for (; pf < pf_end; pf += 64) _mm_prefetch(reinterpret_cast<const char*>(next + pf), _MM_HINT_T0);
-    }
-    for (size_t s = 0; s < wk.lds; s += 16) {
-        transpose16(reinterpret_cast<const uint8_t*>(wk.D + s), wk.lds * sizeof(float),
-                    reinterpret_cast<uint8_t*>(wk.DT + 16 * s));
-        transpose16(reinterpret_cast<const uint8_t*>(wk.Mn + s), wk.lds * sizeof(float),
-                    reinterpret_cast<uint8_t*>(wk.MT + 16 * s));
+    // The next rows' weights are fetched while this panel is unpacked and
+    // multiplied, so that the memory stream does not stop for the arithmetic.
+    const Prefetcher pf{w + kRows * ldw, static_cast<size_t>(next_rows) * ldw};
+    // Rows nr..15 of the buffers hold stale data or copies of row 0; their
+    // lanes are never stored.
+    if (!load_direct(type, w, ldw, nr, K, wk, pf)) {
+        qkernels.unpack(type)(w, ldw, nr, K, wk.u, wk.ldu, wk.D, wk.Mn, wk.lds);
+        const size_t chunks = wk.ldu / 64;
+        for (size_t k = 0; k < wk.ldu; k += 64) {
+            transpose16(wk.u + k, wk.ldu, wk.ui + 16 * k);
+            pf.fetch(k / 64, chunks);
+        }
+        for (size_t s = 0; s < wk.lds; s += 16) {
+            transpose16(reinterpret_cast<const uint8_t*>(wk.D + s), wk.lds * sizeof(float),
+                        reinterpret_cast<uint8_t*>(wk.DT + 16 * s));
+            transpose16(reinterpret_cast<const uint8_t*>(wk.Mn + s), wk.lds * sizeof(float),
+                        reinterpret_cast<uint8_t*>(wk.MT + 16 * s));
+        }
     }
     const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1);
     if (f.G == 32)

@@ -153,16 +153,45 @@ void weighted_heads(const float* const* w, const float* const* vb, int64_t bs, i
 }
 }  // namespace
 
+namespace {
+constexpr int64_t kAhead = 4;  // cache rows fetched ahead
+// Prefetches n rows of `bytes` bytes, `stride` floats apart, after a load of
+// the first one (a software prefetch that misses the TLB is dropped).
+inline void fetch_rows(const float* p, int64_t stride, int64_t n, int64_t bytes) {
+    if (n <= 0) return;
+    static_cast<void>(*reinterpret_cast<const volatile float*>(p));
+    for (int64_t r = 0; r < n; ++r)
+        for (int64_t b = 0; b < bytes; b += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(p + r * stride) + b, _MM_HINT_T0);
+}
+}  // namespace
+
 void attend_heads_avx2(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
                        int64_t stride, int64_t len, int64_t skip, int head_dim, float scale, float softcap,
                        float* const* scores, float* const* o) {
     // Scores: each key row loaded once for the nh heads; per head the same
-    // two-accumulator sum as a single-head dot product.
+    // two-accumulator sum as a single-head dot product. The cache rows are
+    // fetched a few rows ahead (blocks are scattered in memory, so the
+    // hardware prefetchers lose the stream at every block boundary).
+    const int64_t row_bytes = static_cast<int64_t>(head_dim) * 4;
     for (int64_t b0 = 0; b0 < len; b0 += bs) {
         const float* base = kb[b0 / bs];
         const int64_t nb = len - b0 < bs ? len - b0 : bs;
+        if (b0 + bs < len) {
+            const int64_t nn = len - b0 - bs < kAhead ? len - b0 - bs : kAhead;
+            fetch_rows(kb[b0 / bs + 1], stride, nn, row_bytes);
+            fetch_rows(vb[b0 / bs + 1], stride, nn, row_bytes);
+        }
+        if (b0 == 0) {
+            fetch_rows(base, stride, nb < kAhead ? nb : kAhead, row_bytes);
+            fetch_rows(vb[0], stride, nb < kAhead ? nb : kAhead, row_bytes);
+        }
         for (int64_t i = 0; i < nb; ++i) {
             const float* k = base + i * stride;
+            if (i + kAhead < nb) {
+                fetch_rows(k + kAhead * stride, stride, 1, row_bytes);
+                fetch_rows(vb[b0 / bs] + (i + kAhead) * stride, stride, 1, row_bytes);
+            }
             for (int h = 0; h < nh; ++h) {
                 const float* q = qh[h];
                 __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -409,16 +410,36 @@ private:
             ++stats_.steps;
             stats_.kv_tokens_used = kv_->used_blocks() * bs;
         }
+        // Draw every sequence's token in parallel (each slot has its own
+        // sampler and random stream), then report them in order.
+        std::vector<Slot*> draw_slots;
         for (const Entry& e : used)
-            if (e.logits) sample_and_report(*e.slot);
+            if (e.logits) draw_slots.push_back(e.slot);
+        std::vector<TokenEvent> events(draw_slots.size());
+        std::vector<std::exception_ptr> errors(draw_slots.size());
+        pool_.parallel_for(static_cast<int64_t>(draw_slots.size()), 1, [&](int64_t b, int64_t e, int) {
+            for (int64_t i = b; i < e; ++i) {
+                try {
+                    events[static_cast<size_t>(i)] = draw(*draw_slots[static_cast<size_t>(i)]);
+                } catch (...) {
+                    errors[static_cast<size_t>(i)] = std::current_exception();
+                }
+            }
+        });
+        for (const auto& err : errors)
+            if (err) std::rethrow_exception(err);
+        for (size_t i = 0; i < draw_slots.size(); ++i) report(*draw_slots[i], events[i]);
     }
 
-    void sample_and_report(Slot& s) {
+    /// Samples a slot's next token from its logits (logit bias, sampler chain,
+    /// log-probabilities); touches only the slot's logits and sampler.
+    TokenEvent draw(Slot& s) {
         float* lg = s.logits.data();
         const int64_t nv = model_.config().n_vocab;
         for (const auto& [t, b] : s.req.logit_bias) lg[t] += b;
         const int32_t tok = s.sampler->sample(lg);
         TokenEvent e;
+        e.token = tok;
         e.n_prompt = static_cast<int64_t>(s.req.prompt.size());
         if (s.req.top_logprobs >= 0) {
             double mx = -INFINITY;
@@ -438,6 +459,14 @@ private:
                                                 static_cast<float>(lg[idx[static_cast<size_t>(j)]] - lz));
             }
         }
+        return e;
+    }
+
+    /// Delivers a drawn token: ends the request at an end-of-generation token
+    /// or the length limit, else appends it and calls the callback.
+    void report(Slot& s, TokenEvent e) {
+        const int32_t tok = e.token;
+        e.token = -1;
         if (!s.req.ignore_eos && tok_.is_eog(tok)) {
             finish(s, FinishReason::Stop);
             return;

@@ -122,7 +122,6 @@ private:
     const Tensor* rows_view(const Tensor& t, int64_t i2, int64_t r0, int64_t rows, std::string name);
     std::deque<Tensor> views_;
     std::vector<float> xr_, yr_;
-    std::vector<uint8_t> qbuf_;
     DType xr_act_ = DType::F32;
 
     const Tensor* tok_embd_ = nullptr;
@@ -285,18 +284,32 @@ void LlamaModel::mm(const Tensor& W, const float* x, int64_t n, float* y, int64_
     const DType act = quant_traits(W.type).vec_dot_type;
     if (!opts_.precise_activations || act == DType::F32) return cpu::matmul(W, x, n, y, ldy, pool, path);
     const int64_t K = W.ne[0], M = W.ne[1];
+    // The split and the sum are row by row; over the pool when there is
+    // enough of them to pay for a parallel region.
+    const auto rows = [&](int64_t width, auto&& fn) {
+        const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(width, 1));
+        pool.parallel_for(n, grain, [&](int64_t r0, int64_t r1, int) {
+            for (int64_t i = r0; i < r1; ++i) fn(i);
+        });
+    };
     if (!same_input || xr_act_ != act || xr_.size() != static_cast<size_t>(2 * n * K)) {
         xr_.resize(static_cast<size_t>(2 * n * K));
-        qbuf_.resize(row_size(act, K));
+        const size_t qb = row_size(act, K);
         std::copy(x, x + n * K, xr_.begin());
-        for (int64_t i = 0; i < n; ++i)
-            cpu::quantize_act_with_residual(act, x + i * K, K, qbuf_.data(), xr_.data() + (n + i) * K);
+        rows(K, [&](int64_t i) {
+            thread_local std::vector<uint8_t> q;
+            q.resize(qb);
+            cpu::quantize_act_with_residual(act, x + i * K, K, q.data(), xr_.data() + (n + i) * K);
+        });
         xr_act_ = act;
     }
     yr_.resize(static_cast<size_t>(2 * n * M));
     cpu::matmul(W, xr_.data(), 2 * n, yr_.data(), M, pool, path);
-    for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < M; ++j) y[i * ldy + j] = yr_[static_cast<size_t>(i * M + j)] + yr_[static_cast<size_t>((n + i) * M + j)];
+    rows(M, [&](int64_t i) {
+        const float* a = yr_.data() + i * M;
+        const float* b = yr_.data() + (n + i) * M;
+        for (int64_t j = 0; j < M; ++j) y[i * ldy + j] = a[j] + b[j];
+    });
 }
 
 template <class Mat, class Attend, class After>

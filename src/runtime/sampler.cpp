@@ -30,9 +30,16 @@ void Sampler::accept(int32_t token) {
 }
 
 int32_t Sampler::sample(const float* logits) {
+    const bool penalize = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
+    if (p_.temperature <= 0.0f && !(penalize && !history_.empty())) {
+        // Greedy without penalties: the first maximum, as below, without the copy.
+        int64_t best = 0;
+        for (int64_t i = 1; i < n_vocab_; ++i)
+            if (logits[best] < logits[i]) best = i;
+        return static_cast<int32_t>(best);
+    }
     work_.assign(logits, logits + n_vocab_);
     // Penalties over the recent history.
-    const bool penalize = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
     if (penalize && !history_.empty()) {
         auto& counts = counts_;  // member: keeps its buckets between tokens
         counts.clear();

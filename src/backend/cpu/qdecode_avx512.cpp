@@ -27,6 +27,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cpu/kernels.h"
 #include "quant/blocks.h"
@@ -194,12 +195,66 @@ inline __m512 f16_lanes(__m512i g, float mul) {
     return _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)), _mm512_set1_ps(mul));
 }
 
+// What a direct loader does with each block (32 elements = one sub-block) of
+// the 16 rows: u[g] holds elements 4g..4g+3 of every row, D and Mn the rows'
+// scale and offset.
+//   StoreSink: keeps them in the work buffer for `columns` (any number of
+//     activation rows);
+//   MulSink<C>: multiplies them at once by the first C <= kCols columns of an
+//     activation panel, with `columns`' operations in `columns`' order, so a
+//     call with few activation rows never writes the interleaved panel.
+struct StoreSink {
+    const Work& wk;
+    void block(int64_t b, const __m512i (&u)[8], __m512 D, __m512 Mn) {
+        uint8_t* dst = wk.ui + b * 8 * 64;
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) _mm512_storeu_si512(dst + 64 * g, u[g]);
+        _mm512_storeu_ps(wk.DT + 16 * b, D);
+        _mm512_storeu_ps(wk.MT + 16 * b, Mn);
+    }
+    void finish() {}
+};
+
+template <int C>
+struct MulSink {
+    const ActPanel& act;
+    float* y;
+    size_t ldy;
+    __mmask16 rm;
+    __m512 f[C];
+    MulSink(const ActPanel& a, float* y_, size_t ldy_, __mmask16 rm_) : act(a), y(y_), ldy(ldy_), rm(rm_) {
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) f[c] = _mm512_setzero_ps();
+    }
+    void block(int64_t s, const __m512i (&u)[8], __m512 Dv, __m512 Mv) {
+        const int8_t* ap = act.a + s * 32 * kNCP;
+        __m512i acc[C];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int kk = 0; kk < 8; ++kk)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c)
+                acc[c] = _mm512_dpbusd_epi32(acc[c], u[kk], _mm512_set1_epi32(rd32(ap + (kk * kNCP + c) * 4)));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[c]), _mm512_set1_ps(act.da[s * kNCP + c]));
+            f[c] = _mm512_fmadd_ps(t, Dv, f[c]);
+            f[c] = _mm512_fmadd_ps(_mm512_set1_ps(act.dsa[s * kNCP + c]), Mv, f[c]);
+        }
+    }
+    void finish() {
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) _mm512_mask_storeu_ps(y + c * ldy, rm, f[c]);
+    }
+};
+
 // Q4_0 / Q4_1 / Q5_0 / Q5_1 (template parameters as unpack_legacy's): per
 // block, the 16 rows' 16 bytes of nibbles become four vectors of one dword per
 // row (a 4 x 4 dword transpose in each 128-bit lane, then of the lanes); low
 // nibbles are elements 0-15, high nibbles 16-31; Q5 adds bit j of qh as 16.
-template <int BS, int DOFF, int MOFF, int QS, int QH, int BIAS>
-__attribute__((noinline)) void load_legacy(const uint8_t* w, size_t ldw, __m512i idx, int64_t K, const Work& wk,
+template <int BS, int DOFF, int MOFF, int QS, int QH, int BIAS, class Sink>
+__attribute__((noinline)) void load_legacy(const uint8_t* w, size_t ldw, __m512i idx, int64_t K, Sink& sink,
                                            const Prefetcher& pf) {
     const int64_t nb = K / 32;
     const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -230,29 +285,29 @@ __attribute__((noinline)) void load_legacy(const uint8_t* w, size_t ldw, __m512i
                               _mm512_shuffle_i32x4(c1, c3, _MM_SHUFFLE(3, 1, 3, 1))};  // dword m of every row
         __m512i H = _mm512_setzero_si512();
         if constexpr (QH >= 0) H = _mm512_i32gather_epi32(idx, w + b * BS + QH, 1);
-        uint8_t* dst = wk.ui + b * 8 * 64;
+        __m512i u[8];
 #pragma GCC unroll 8
         for (int g = 0; g < 8; ++g) {
-            __m512i u = g < 4 ? _mm512_and_si512(V[g], m4) : _mm512_and_si512(_mm512_srli_epi16(V[g - 4], 4), m4);
+            u[g] = g < 4 ? _mm512_and_si512(V[g], m4) : _mm512_and_si512(_mm512_srli_epi16(V[g - 4], 4), m4);
             if constexpr (QH >= 0)
-                u = _mm512_or_si512(u, _mm512_permutexvar_epi32(_mm512_and_si512(_mm512_srli_epi32(H, 4 * g),
-                                                                                 _mm512_set1_epi32(15)),
-                                                                spread));
-            _mm512_storeu_si512(dst + 64 * g, u);
+                u[g] = _mm512_or_si512(u[g], _mm512_permutexvar_epi32(_mm512_and_si512(_mm512_srli_epi32(H, 4 * g),
+                                                                                       _mm512_set1_epi32(15)),
+                                                                      spread));
         }
         // d (and m right after it) of the 16 rows: one gather
         static_assert(DOFF == 0 && (MOFF < 0 || MOFF == 2));
         const __m512i dm = _mm512_i32gather_epi32(idx, w + b * BS, 1);
-        _mm512_storeu_ps(wk.DT + 16 * b, f16_lanes<false>(dm, 1.0f));
-        _mm512_storeu_ps(wk.MT + 16 * b, MOFF >= 0 ? f16_lanes<true>(dm, 1.0f)
-                                                   : f16_lanes<false>(dm, -static_cast<float>(BIAS)));
+        sink.block(b, u, f16_lanes<false>(dm, 1.0f),
+                   MOFF >= 0 ? f16_lanes<true>(dm, 1.0f) : f16_lanes<false>(dm, -static_cast<float>(BIAS)));
         pf.fetch(static_cast<size_t>(b), static_cast<size_t>(nb));
     }
+    sink.finish();
 }
 
 // Q8_0: per block, the 16 rows' 32 bytes become eight vectors of one dword
 // per row (a 16 x 8 dword transpose), u = q ^ 0x80.
-__attribute__((noinline)) void load_q8_0(const uint8_t* w, size_t ldw, __m512i idx, int64_t K, const Work& wk,
+template <class Sink>
+__attribute__((noinline)) void load_q8_0(const uint8_t* w, size_t ldw, __m512i idx, int64_t K, Sink& sink,
                                          const Prefetcher& pf) {
     constexpr int BS = 34;
     const int64_t nb = K / 32;
@@ -278,18 +333,17 @@ __attribute__((noinline)) void load_q8_0(const uint8_t* w, size_t ldw, __m512i i
             s8[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
             s8[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
         }
-        uint8_t* dst = wk.ui + b * 8 * 64;
+        __m512i u[8];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
-            _mm512_storeu_si512(dst + 64 * j, _mm512_xor_si512(_mm512_permutex2var_epi64(s8[j], idx_lo, s8[4 + j]), x80));
-            _mm512_storeu_si512(dst + 64 * (j + 4),
-                                _mm512_xor_si512(_mm512_permutex2var_epi64(s8[j], idx_hi, s8[4 + j]), x80));
+            u[j] = _mm512_xor_si512(_mm512_permutex2var_epi64(s8[j], idx_lo, s8[4 + j]), x80);
+            u[j + 4] = _mm512_xor_si512(_mm512_permutex2var_epi64(s8[j], idx_hi, s8[4 + j]), x80);
         }
         const __m512i d = _mm512_i32gather_epi32(idx, w + b * BS, 1);
-        _mm512_storeu_ps(wk.DT + 16 * b, f16_lanes<false>(d, 1.0f));
-        _mm512_storeu_ps(wk.MT + 16 * b, f16_lanes<false>(d, -128.0f));
+        sink.block(b, u, f16_lanes<false>(d, 1.0f), f16_lanes<false>(d, -128.0f));
         pf.fetch(static_cast<size_t>(b), static_cast<size_t>(nb));
     }
+    sink.finish();
 }
 
 // n bytes, 64 at a time, then the tail.
@@ -302,12 +356,25 @@ inline void copy_bytes(uint8_t* dst, const uint8_t* src, size_t n) {
     }
 }
 
-// Fills ui, DT, MT straight from the blocks where the type has a direct
-// loader (false otherwise). The panel's blocks are first copied to the work
-// buffer: one sequential read, which the hardware prefetchers follow (the
-// loaders read the 16 rows side by side, which they do not), and rows nr..15
-// of a partial panel become copies of row 0.
-bool load_direct(DType type, const uint8_t* w, size_t ldw, int nr, int64_t K, const Work& wk, const Prefetcher& pf) {
+template <class Sink>
+void load_type(DType type, const uint8_t* w, size_t ldw, __m512i idx, int64_t K, Sink& sink, const Prefetcher& pf) {
+    switch (type) {
+        case DType::Q4_0: load_legacy<18, 0, -1, 2, -1, 8>(w, ldw, idx, K, sink, pf); break;
+        case DType::Q4_1: load_legacy<20, 0, 2, 4, -1, 0>(w, ldw, idx, K, sink, pf); break;
+        case DType::Q5_0: load_legacy<22, 0, -1, 6, 2, 16>(w, ldw, idx, K, sink, pf); break;
+        case DType::Q5_1: load_legacy<24, 0, 2, 8, 4, 0>(w, ldw, idx, K, sink, pf); break;
+        default: load_q8_0(w, ldw, idx, K, sink, pf); break;
+    }
+}
+
+// The direct path for the 32-element block types (false for the others).
+// The panel's blocks are first copied to the work buffer: one sequential
+// read, which the hardware prefetchers follow (the loaders read the 16 rows
+// side by side, which they do not), and rows nr..15 of a partial panel become
+// copies of row 0. Up to kCols activation rows are multiplied as the blocks
+// are unpacked (MulSink); more go through the work buffer and `columns`.
+bool decode_direct(DType type, const uint8_t* w, size_t ldw, int nr, int64_t K, const Work& wk, const Prefetcher& pf,
+                   const ActPanel* panels, int nc, float* y, size_t ldy, __mmask16 rm) {
     const int BS = type == DType::Q4_0   ? 18
                    : type == DType::Q4_1 ? 20
                    : type == DType::Q5_0 ? 22
@@ -323,12 +390,24 @@ bool load_direct(DType type, const uint8_t* w, size_t ldw, int nr, int64_t K, co
     }
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                            _mm512_set1_epi32(static_cast<int32_t>(rb)));
-    switch (type) {
-        case DType::Q4_0: load_legacy<18, 0, -1, 2, -1, 8>(wk.raw, rb, idx, K, wk, pf); break;
-        case DType::Q4_1: load_legacy<20, 0, 2, 4, -1, 0>(wk.raw, rb, idx, K, wk, pf); break;
-        case DType::Q5_0: load_legacy<22, 0, -1, 6, 2, 16>(wk.raw, rb, idx, K, wk, pf); break;
-        case DType::Q5_1: load_legacy<24, 0, 2, 8, 4, 0>(wk.raw, rb, idx, K, wk, pf); break;
-        default: load_q8_0(wk.raw, rb, idx, K, wk, pf); break;
+    auto mul = [&](auto c) {
+        MulSink<decltype(c)::value> sink(panels[0], y, ldy, rm);
+        load_type(type, wk.raw, rb, idx, K, sink, pf);
+    };
+    switch (nc) {
+        case 1: mul(std::integral_constant<int, 1>{}); break;
+        case 2: mul(std::integral_constant<int, 2>{}); break;
+        case 3: mul(std::integral_constant<int, 3>{}); break;
+        case 4: mul(std::integral_constant<int, 4>{}); break;
+        case 5: mul(std::integral_constant<int, 5>{}); break;
+        case 6: mul(std::integral_constant<int, 6>{}); break;
+        case 7: mul(std::integral_constant<int, 7>{}); break;
+        case 8: mul(std::integral_constant<int, 8>{}); break;
+        default: {
+            StoreSink sink{wk};
+            load_type(type, wk.raw, rb, idx, K, sink, pf);
+            all_columns<32>(K / 32, wk, panels, nc, y, ldy, rm);
+        }
     }
     return true;
 }
@@ -346,7 +425,9 @@ void decode(int64_t K, DType type, UForm f, const uint8_t* w, size_t ldw, int nr
     const Prefetcher pf{w + kRows * ldw, static_cast<size_t>(next_rows) * ldw};
     // Rows nr..15 of the buffers hold stale data or copies of row 0; their
     // lanes are never stored.
-    if (!load_direct(type, w, ldw, nr, K, wk, pf)) {
+    const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1);
+    if (decode_direct(type, w, ldw, nr, K, wk, pf, panels, nc, y, ldy, rm)) return;
+    {
         qkernels.unpack(type)(w, ldw, nr, K, wk.u, wk.ldu, wk.D, wk.Mn, wk.lds);
         const size_t chunks = wk.ldu / 64;
         for (size_t k = 0; k < wk.ldu; k += 64) {
@@ -360,7 +441,6 @@ void decode(int64_t K, DType type, UForm f, const uint8_t* w, size_t ldw, int nr
                         reinterpret_cast<uint8_t*>(wk.MT + 16 * s));
         }
     }
-    const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1);
     if (f.G == 32)
         all_columns<32>(nsub, wk, panels, nc, y, ldy, rm);
     else

@@ -368,11 +368,12 @@ void load_type(DType type, const uint8_t* w, size_t ldw, __m512i idx, int64_t K,
 }
 
 // The direct path for the 32-element block types (false for the others).
-// The panel's blocks are first copied to the work buffer: one sequential
-// read, which the hardware prefetchers follow (the loaders read the 16 rows
-// side by side, which they do not), and rows nr..15 of a partial panel become
-// copies of row 0. Up to kCols activation rows are multiplied as the blocks
-// are unpacked (MulSink); more go through the work buffer and `columns`.
+// A whole panel of contiguous rows is read in place (the read-ahead of the
+// previous panel has brought it in: the loaders read the 16 rows side by side,
+// which the hardware prefetchers do not follow); other panels are first
+// copied to the work buffer with rows nr..15 as copies of row 0. Up to kCols
+// activation rows are multiplied as the blocks are unpacked (MulSink); more go
+// through the work buffer and `columns`.
 bool decode_direct(DType type, const uint8_t* w, size_t ldw, int nr, int64_t K, const Work& wk, const Prefetcher& pf,
                    const ActPanel* panels, int nc, float* y, size_t ldy, __mmask16 rm) {
     const int BS = type == DType::Q4_0   ? 18
@@ -383,8 +384,9 @@ bool decode_direct(DType type, const uint8_t* w, size_t ldw, int nr, int64_t K, 
                                          : 0;
     if (BS == 0) return false;
     const size_t rb = static_cast<size_t>(K / 32 * BS);
+    const uint8_t* src = wk.raw;
     if (ldw == rb && nr == kRows) {
-        copy_bytes(wk.raw, w, kRows * rb);
+        src = w;
     } else {
         for (int r = 0; r < kRows; ++r) copy_bytes(wk.raw + r * rb, w + (r < nr ? r : 0) * ldw, rb);
     }
@@ -392,7 +394,7 @@ bool decode_direct(DType type, const uint8_t* w, size_t ldw, int nr, int64_t K, 
                                            _mm512_set1_epi32(static_cast<int32_t>(rb)));
     auto mul = [&](auto c) {
         MulSink<decltype(c)::value> sink(panels[0], y, ldy, rm);
-        load_type(type, wk.raw, rb, idx, K, sink, pf);
+        load_type(type, src, rb, idx, K, sink, pf);
     };
     switch (nc) {
         case 1: mul(std::integral_constant<int, 1>{}); break;
@@ -405,7 +407,7 @@ bool decode_direct(DType type, const uint8_t* w, size_t ldw, int nr, int64_t K, 
         case 8: mul(std::integral_constant<int, 8>{}); break;
         default: {
             StoreSink sink{wk};
-            load_type(type, wk.raw, rb, idx, K, sink, pf);
+            load_type(type, src, rb, idx, K, sink, pf);
             all_columns<32>(K / 32, wk, panels, nc, y, ldy, rm);
         }
     }

@@ -189,6 +189,9 @@ extern const FKernels fkernels;
 namespace avx2 {
 QUERN_CPU_DECLARE_UNPACKERS(unpack_)
 GemvFn gemv_for(DType t);
+void decode(int64_t K, DType type, UForm f, const uint8_t* w, size_t ldw, int nr, int next_rows,
+            const ActPanel* panels, int nc, float* y, size_t ldy, uint8_t* work);
+size_t decode_work_bytes(int64_t K, int G);
 extern const ActQuantizers quantizers;
 extern const QKernels qkernels;
 extern const FKernels fkernels;

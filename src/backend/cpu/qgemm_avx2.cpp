@@ -1,8 +1,9 @@
 // AVX2 GEMM tile over unpacked weights (form of kernels.h). Integer products
 // with vpmaddubsw (u8 x s8 -> pairs of int16) + vpmaddwd by ones (-> int32 per
-// 4 products); signed weights (Q8_0 here) use |w| and sign(a, w). (Single-
-// sequence decode uses the fused kernels of gemv_avx2.cpp; AVX2 has no decode
-// kernel, so the GEMM family runs every batch size through this tile.)
+// 4 products); signed weights (Q8_0 here) use |w| and sign(a, w).
+// qdecode_avx2.cpp computes the same floats with weight rows across the lanes
+// (few activation rows); single-sequence decode uses the fused GEMV kernels of
+// gemv_avx2.cpp, which round differently.
 // Overflow: pair sums are <= 2 * 63 * 127 for u <= 63 (all unsigned forms
 // here except Q8_0, which is signed: 2 * 127 * 127). In the GEMM tile, pair
 // sums of several k-steps are added in int16 before widening when the type's
@@ -157,10 +158,10 @@ const QKernels qkernels{
     true,
     tile,
     pack_panel_generic,
-    0,
-    0,
-    nullptr,
-    nullptr,
+    8,
+    16,
+    decode,
+    decode_work_bytes,
     gemv_scratch_generic,
     gemv_prep_generic,
     gemv_for,

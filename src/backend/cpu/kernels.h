@@ -26,14 +26,17 @@
 //     activations are packed into column panels [K/4][NCP][4 bytes] so that a
 //     broadcast 4-byte group of one weight row meets 16 activation rows per
 //     vpdpbusd; the unpacked weight panel is reused against every column panel.
-//   * decode kernel (AVX-512; QDecodeFn below): the same arithmetic with the
-//     roles swapped: 16 unpacked weight rows interleaved [K/4][16][4 bytes]
-//     meet one broadcast 4-byte group of an activation row per vpdpbusd, so
-//     one activation row already fills the vector. Per output element the
-//     integer sums are exact and the float steps (convert, * da, fma with D,
-//     fma of dsa with Mn, sub-block by sub-block) are the tile's, in the same
-//     order: the two kernels give bit-identical results, which is what lets
-//     the serving engine mix batch sizes freely (matmul.h, MatmulPath).
+//   * decode kernel (QDecodeFn below; qdecode_avx512.cpp, qdecode_avx2.cpp):
+//     the same arithmetic with the roles swapped: 16 (AVX-512) or 8 (AVX2)
+//     unpacked weight rows interleaved [K/4][rows][4 bytes] meet one
+//     broadcast 4-byte group of an activation row per vpdpbusd (vpmaddubsw +
+//     vpmaddwd), so one activation row already fills the vector. Per output
+//     element the integer sums are exact and the float steps (convert, * da,
+//     fma with D, fma of dsa with Mn, sub-block by sub-block) are the tile's,
+//     in the same order: the two kernels of a level give bit-identical
+//     results, which is what lets the serving engine mix batch sizes freely
+//     (matmul.h, MatmulPath). The AVX-512 kernel also reads the 32-element
+//     block types straight from their blocks, with the unpackers' values.
 // Only the unpackers (and the activation quantizers) are type-specific there.
 // Single-sequence decode uses fused per-type GEMV kernels instead (GemvFn
 // below, gemv_avx512.cpp, gemv_avx2.cpp) that read the packed blocks directly:

@@ -15,15 +15,15 @@
 //     prefetchers follow). The fused kernels (gemv_avx512.cpp, gemv_avx2.cpp)
 //     read the packed blocks directly, several activation rows per pass. Bound
 //     by memory bandwidth: each weight byte is read from memory once.
-//   * GEMM family, n < kDecodeMaxN, where the level has a decode kernel
-//     (AVX-512: qdecode_avx512.cpp): activations are quantized and packed
-//     into panels of decode_ncp columns (in parallel over panels); each thread
-//     gets one contiguous range of weight rows, as the GEMV does, and for each
-//     panel of decode_nr = 16 rows unpacks and interleaves them in L1 and runs
-//     every activation row against them with 16 weight rows across the vector
-//     lanes (up to 8 activation rows per pass). Full vpdpbusd width from one
-//     activation row up; bound by the unpacking below ~8 rows, by arithmetic
-//     above.
+//   * GEMM family, n < kDecodeMaxN (decode kernel: qdecode_avx512.cpp,
+//     qdecode_avx2.cpp): activations are quantized and packed into panels of
+//     decode_ncp columns (in parallel over panels); each thread gets one
+//     contiguous range of weight rows, as the GEMV does, and for each panel of
+//     decode_nr (16 or 8) rows unpacks and interleaves them in L1 and runs
+//     every activation row against them with the weight rows across the
+//     vector lanes (up to 8 or 4 activation rows per pass), reading the next
+//     panel ahead. Full vector width from one activation row up; bound by the
+//     unpacking below ~8 rows, by arithmetic above.
 //   * GEMM family otherwise (GEMM tile): activations are quantized and packed
 //     into column panels of ncp rows, in parallel over panels; then blocks of
 //     8 panels of nr weight rows are handed out dynamically; each thread

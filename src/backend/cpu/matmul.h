@@ -28,11 +28,11 @@ void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, T
 ///   Gemv:   the fused GEMV kernels (consecutive calls of at most 11 rows);
 ///           fastest for one or two rows, memory-bound.
 ///   Gemm:   the GEMM arithmetic, computed by the decode kernel (weight rows
-///           across the vector lanes: full speed from one row up) below 512
-///           rows and by the register-tiled GEMM above, where the CPU has the
-///           decode kernel (AVX-512 VNNI), else by the tiled GEMM alone.
+///           across the vector lanes: full vector width from one row up)
+///           below 512 rows and by the register-tiled GEMM from there (AVX2
+///           and AVX-512; the scalar level has one kernel for everything).
 ///   Decode, Tile: the GEMM family through one kernel only (for tests and
-///           benchmarks; Decode is the tile where there is no decode kernel).
+///           benchmarks).
 ///   Auto:   GEMV below 12 rows, Gemm from there (the fastest choice for one
 ///           sequence; not batch-invariant).
 /// Float weights (F32/F16/BF16) have one family; every path but Auto uses its

@@ -8,6 +8,8 @@
 // Tolerance: 1e-4 * sum |w_k x_k| per output, plus, for Q4_1/Q5_1, the
 // rounding of Q8_1's fp16 s field (the scalar kernel uses it as ggml does).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -440,6 +442,47 @@ TEST_P(DecodeEqualsGemm, Bitwise) {
                         << "path gemm: " << dtype_name(t) << " K=" << K << " M=" << M << " n=" << n;
                 }
             }
+        }
+    }
+}
+
+// Weights that end right before an unreadable page: no kernel (the decode
+// kernel's read-ahead included) reads past the last row's data, for
+// contiguous rows and for a strided view whose gap after the last row is not
+// part of the allocation.
+TEST(MatmulBounds, NothingReadPastTheLastRow) {
+    const long page = sysconf(_SC_PAGESIZE);
+    std::mt19937 rng(7);
+    for (DType t : {DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::F16}) {
+        const int64_t K = 768, M = 45;
+        const size_t rb = row_size(t, K);
+        const std::vector<uint8_t> w = dtype_is_quantized(t) ? random_blocks(t, M, K, rng) : gaussian_weights(t, M, K, rng);
+        for (size_t pad : {size_t(0), size_t(96)}) {
+            const size_t ldw = rb + pad;
+            const size_t bytes = (M - 1) * ldw + rb;
+            const size_t span = (bytes + static_cast<size_t>(page) - 1) / static_cast<size_t>(page) * static_cast<size_t>(page);
+            void* mem = mmap(nullptr, span + static_cast<size_t>(page), PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            ASSERT_NE(mem, MAP_FAILED);
+            auto* base = static_cast<uint8_t*>(mem);
+            ASSERT_EQ(0, mprotect(base + span, static_cast<size_t>(page), PROT_NONE));
+            uint8_t* data = base + span - bytes;  // the last row's data ends at the guard page
+            for (int64_t r = 0; r < M; ++r) std::memcpy(data + r * ldw, w.data() + r * rb, rb);
+            Tensor W = Tensor::contiguous(t, {K, M, 1, 1}, data, "w");
+            W.nb[1] = ldw;
+            W.nb[2] = W.nb[3] = ldw * static_cast<size_t>(M);
+            std::vector<float> x(static_cast<size_t>(40 * K));
+            std::normal_distribution<float> g;
+            for (auto& v : x) v = g(rng);
+            std::vector<float> y(static_cast<size_t>(40 * M));
+            for (int threads : {1, 2, 3})
+                for (auto path : {cpu::MatmulPath::Gemv, cpu::MatmulPath::Gemm, cpu::MatmulPath::Decode,
+                                  cpu::MatmulPath::Tile, cpu::MatmulPath::Auto})
+                    for (int64_t n : {1, 2, 9, 40}) {
+                        ThreadPool pool(threads);
+                        cpu::matmul(W, x.data(), n, y.data(), M, pool, path);
+                    }
+            munmap(mem, span + static_cast<size_t>(page));
         }
     }
 }

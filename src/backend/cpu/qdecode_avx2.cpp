@@ -25,6 +25,7 @@
 #include <immintrin.h>
 
 #include "backend/cpu/kernels.h"
+#include "core/dtype.h"
 
 namespace quern::cpu::avx2 {
 
@@ -194,7 +195,10 @@ void decode(int64_t K, DType type, UForm f, const uint8_t* w, size_t ldw, int nr
             const ActPanel* panels, int nc, float* y, size_t ldy, uint8_t* work) {
     const int64_t nsub = K / f.G;
     const Work wk(K, f.G, work);
-    const Prefetcher pf{w + kRows * ldw, static_cast<size_t>(next_rows) * ldw};
+    // (up to the end of the last row's data: a strided view's gap after its
+    // last row may be outside the allocation)
+    const size_t next_bytes = next_rows > 0 ? (next_rows - 1) * ldw + row_size(type, K) : 0;
+    const Prefetcher pf{w + kRows * ldw, next_bytes};
     // Rows nr..7 of the buffers hold stale data; their lanes are never stored.
     qkernels.unpack(type)(w, ldw, nr, K, wk.u, wk.ldu, wk.D, wk.Mn, wk.lds);
     const size_t chunks = wk.ldu / 32;

@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "backend/cpu/kernels.h"
+#include "core/dtype.h"
 #include "quant/blocks.h"
 
 namespace quern::cpu::avx512 {
@@ -424,7 +425,10 @@ void decode(int64_t K, DType type, UForm f, const uint8_t* w, size_t ldw, int nr
     const Work wk(K, f.G, work);
     // The next rows' weights are fetched while this panel is unpacked and
     // multiplied, so that the memory stream does not stop for the arithmetic.
-    const Prefetcher pf{w + kRows * ldw, static_cast<size_t>(next_rows) * ldw};
+    // (up to the end of the last row's data: a strided view's gap after its
+    // last row may be outside the allocation)
+    const size_t next_bytes = next_rows > 0 ? (next_rows - 1) * ldw + row_size(type, K) : 0;
+    const Prefetcher pf{w + kRows * ldw, next_bytes};
     // Rows nr..15 of the buffers hold stale data or copies of row 0; their
     // lanes are never stored.
     const __mmask16 rm = static_cast<__mmask16>((1u << nr) - 1);

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/hf_model.h"
+#include "runtime/verify.h"
 
 using namespace quern;
 namespace fs = std::filesystem;
@@ -24,16 +25,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kDir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf/";
-
-double cosine(const float* a, const float* b, int64_t n) {
-    double d = 0, na = 0, nb = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        d += static_cast<double>(a[i]) * b[i];
-        na += static_cast<double>(a[i]) * a[i];
-        nb += static_cast<double>(b[i]) * b[i];
-    }
-    return d / std::sqrt(na * nb);
-}
 
 /// Writes `m` (a model loaded from a Hugging Face folder) as a GGUF file with
 /// llama.cpp's Gemma keys; `pattern` is the sliding-window pattern of its layers.
@@ -127,7 +118,7 @@ TEST_P(GemmaGguf, SameConfigAndTransformersLogits) {
     for (int64_t t = 0; t < n; ++t) {
         const float* a = out.data() + t * V;
         const float* b = ref.data() + t * V;
-        EXPECT_GE(cosine(a, b, V), 0.9999) << "position " << t;
+        EXPECT_GE(cosine_similarity(a, b, V), 0.9999) << "position " << t;
         EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << "position " << t;
     }
     fs::remove(path);

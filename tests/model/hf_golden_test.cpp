@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "model/hf_model.h"
+#include "runtime/verify.h"
 #include "runtime/paged_kv.h"
 
 using namespace quern;
@@ -52,16 +53,6 @@ std::vector<float> read_logits(const std::string& path) {
 
 int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
 
-double cosine(const float* a, const float* b, int64_t n) {
-    double d = 0, na = 0, nb = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        d += static_cast<double>(a[i]) * b[i];
-        na += static_cast<double>(a[i]) * a[i];
-        nb += static_cast<double>(b[i]) * b[i];
-    }
-    return d / std::sqrt(na * nb);
-}
-
 struct Case {
     std::string arch, dtype;
     double min_cos;
@@ -93,7 +84,7 @@ TEST_P(HfGolden, LogitsMatchTransformersAtEveryPosition) {
         for (int64_t t = 0; t < n; ++t) {
             const float* a = out.data() + t * V;
             const float* b = ref.data() + t * V;
-            const double cs = cosine(a, b, V);
+            const double cs = cosine_similarity(a, b, V);
             worst = std::min(worst, cs);
             EXPECT_GE(cs, c.min_cos) << "position " << t << (precise ? "" : " (fast activations)");
             EXPECT_EQ(argmax(a, V), argmax(b, V)) << "position " << t << (precise ? "" : " (fast activations)");
@@ -128,7 +119,7 @@ TEST_P(HfGolden, BatchedForwardMatches) {
         model->forward_batch(&b, 1, kv, pool);
         p += len;
         const float* r = ref.data() + (p - 1) * V;
-        EXPECT_GE(cosine(logits.data(), r, V), c.min_cos) << "position " << p - 1;
+        EXPECT_GE(cosine_similarity(logits.data(), r, V), c.min_cos) << "position " << p - 1;
         EXPECT_EQ(argmax(logits.data(), V), argmax(r, V)) << "position " << p - 1;
     }
 }

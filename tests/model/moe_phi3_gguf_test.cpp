@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/hf_model.h"
+#include "runtime/verify.h"
 #include "model/moe.h"
 
 using namespace quern;
@@ -27,16 +28,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kDir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf/";
-
-double cosine(const float* a, const float* b, int64_t n) {
-    double d = 0, na = 0, nb = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        d += static_cast<double>(a[i]) * b[i];
-        na += static_cast<double>(a[i]) * a[i];
-        nb += static_cast<double>(b[i]) * b[i];
-    }
-    return d / std::sqrt(na * nb);
-}
 
 /// Writes `m` (an fp32 model loaded from a Hugging Face folder) as a GGUF
 /// file the way llama.cpp's converter lays it out; keeps the buffers it made
@@ -137,7 +128,7 @@ TEST_P(MoePhi3Gguf, LogitsMatchTransformers) {
     std::vector<float> out(static_cast<size_t>(n * V));
     m->forward(tokens.data(), n, cache, out.data(), true, pool);
     for (int64_t t = 0; t < n; ++t)
-        EXPECT_GE(cosine(out.data() + t * V, ref.data() + t * V, V), 0.9999) << arch << " position " << t;
+        EXPECT_GE(cosine_similarity(out.data() + t * V, ref.data() + t * V, V), 0.9999) << arch << " position " << t;
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, MoePhi3Gguf, ::testing::Values("mixtral", "qwen3_moe", "phi3"));

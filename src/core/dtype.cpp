@@ -9,9 +9,10 @@
 namespace quern {
 
 namespace {
-// Block sizes and byte sizes follow ggml's block definitions (ggml-common.h);
-// src/quant/blocks.h static_asserts the same numbers against the structs.
-constexpr std::array<DTypeInfo, 24> kTypes{{
+// Block sizes and byte sizes follow ggml's block definitions (ggml-common.h),
+// and for quern's own F8_E4M3_B32 / NVFP4 the structs of src/quant/blocks.h,
+// which static_asserts the same numbers against them.
+constexpr std::array<DTypeInfo, 26> kTypes{{
     {DType::F32, "F32", 1, 4},
     {DType::F16, "F16", 1, 2},
     {DType::Q4_0, "Q4_0", 32, 18},
@@ -36,6 +37,8 @@ constexpr std::array<DTypeInfo, 24> kTypes{{
     {DType::BOOL, "BOOL", 1, 1},
     {DType::F8_E4M3, "F8_E4M3", 1, 1},
     {DType::F8_E5M2, "F8_E5M2", 1, 1},
+    {DType::F8_E4M3_B32, "F8_E4M3_B32", 32, 36},  // quern's layouts: quant/blocks.h
+    {DType::NVFP4, "NVFP4", 64, 40},
 }};
 }  // namespace
 

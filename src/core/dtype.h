@@ -2,8 +2,10 @@
 // kDTypeQuernBase are GGML's type ids as stored in GGUF tensor infos (ggml.h
 // `enum ggml_type`), so a GGUF type id can be cast directly once validated
 // with dtype_is_ggml_id(). Types GGML lacks (those of safetensors checkpoints:
-// FP8, U8, BOOL) take ids from kDTypeQuernBase up, far above GGML's range, so
-// GGML can add types without a collision; they never appear in a GGUF file.
+// FP8, U8, BOOL; and quern's own weight layouts F8_E4M3_B32 and NVFP4, into
+// which FP8 and NVFP4 checkpoints are repacked at load) take ids from
+// kDTypeQuernBase up, far above GGML's range, so GGML can add types without a
+// collision; they never appear in a GGUF file.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +40,9 @@ enum class DType : uint32_t {
     BOOL = 1025,     // one byte per element, 0 or 1 (not checked)
     F8_E4M3 = 1026,  // OCP FP8 E4M3FN: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no inf, NaN = S.1111.111
     F8_E5M2 = 1027,  // OCP FP8 E5M2: 1 sign, 5 exponent (bias 15), 2 mantissa bits; IEEE-like inf/NaN
+    // quern's weight-only layouts of FP8 / NVFP4 checkpoints (quant/blocks.h):
+    F8_E4M3_B32 = 1028,  // blocks of 32 E4M3 codes with one f32 scale: w = e4m3(q) * d (block_f8_b32, 36 bytes)
+    NVFP4 = 1029,        // 64 E2M1 codes, 4 E4M3 scales (16 each), one f32 global scale (block_nvfp4, 40 bytes)
 };
 
 /// First id of the types GGML does not define. GGUF files never hold them.

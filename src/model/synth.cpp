@@ -112,7 +112,7 @@ DType synth_tensor_type(const std::string& scheme, const std::string& name, int6
         const auto d = dtype_from_name(scheme);
         if (!d || !quant_ref_supports(*d) || *d == DType::Q8_1 || *d == DType::Q8_K || *d == DType::F32)
             fail("unknown quantization '{}' (use a block type such as Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, "
-                 "F16, BF16, or a mix: Q4_K_M, Q5_K_M)",
+                 "F16, BF16, F8_E4M3_B32, NVFP4, or a mix: Q4_K_M, Q5_K_M)",
                  scheme);
         t = *d;
     }
@@ -228,6 +228,11 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
 void write_synthetic_gguf(const SynthModel& m, const std::string& path,
                           const std::function<void(uint64_t, uint64_t)>& progress) {
     const auto& c = m.cfg;
+    for (const auto& name : m.order)
+        if (const Tensor* t = m.weights.find(name); t && static_cast<uint32_t>(t->type) >= kDTypeQuernBase)
+            fail("a GGUF file cannot hold tensor '{}' of quern's own {} layout (use it in memory: quern bench "
+                 "--synthetic ... --quant {})",
+                 name, dtype_name(t->type), m.scheme);
     GgufWriter w;
     const std::string a = c.arch + ".";  // llama.cpp's key prefix: the architecture
     w.set_string("general.architecture", c.arch);

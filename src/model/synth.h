@@ -54,7 +54,8 @@ struct SynthModel {
 SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint64_t seed,
                           const std::function<void(int64_t, int64_t)>& progress = {});
 
-/// Writes `m` as a GGUF v3 file with {arch}.* metadata as llama.cpp reads it
+/// Writes `m` as a GGUF v3 file (quern::Error for weights of quern's own
+/// F8_E4M3_B32 / NVFP4 layouts, which GGUF cannot hold) with {arch}.* metadata as llama.cpp reads it
 /// (expert_count, expert_used_count and, for qwen3moe,
 /// expert_feed_forward_length for expert models; key_length/value_length when
 /// head_dim is not n_embd / n_head) and a byte-level BPE

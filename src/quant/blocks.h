@@ -11,6 +11,16 @@
 //   Q8_1: q * d                       s = d * sum(q) (activation type)
 //   K-quants: 256-element super-blocks of sub-blocks with 6-bit (Q3_K..Q5_K)
 //   or 4-bit (Q2_K) / 8-bit (Q6_K) sub-block scales; see src/quant/reference.cpp.
+//
+// quern's own weight-only layouts (not GGML's; FP8 and NVFP4 checkpoints are
+// repacked into them at load, src/model/hf_quant.cpp; quant/fp8.h defines the
+// minifloats):
+//   F8_E4M3_B32: e4m3(q) * d                   q = OCP E4M3 code, d = f32 scale
+//   NVFP4:       e2m1(q) * (e4m3(sc[j / 16]) * d)   the product in brackets
+//                rounded to f32 first (as NVIDIA's model optimizer computes the
+//                per-block scale); q = E2M1 nibble, element 2i in the low
+//                nibble of qs[i], 2i + 1 in the high one; d = the tensor's f32
+//                global scale, repeated in every block.
 #pragma once
 #include <cstdint>
 
@@ -119,5 +129,27 @@ struct block_q8_K {
     int16_t bsums[QK_K / 16];  // sum of qs in groups of 16
 };
 static_assert(sizeof(block_q8_K) == 292);
+
+// FP8 weights: 32 OCP E4M3 codes (element order) and their f32 scale. One
+// scale per 32 elements holds any FP8 checkpoint scaling whose blocks are
+// whole multiples of 32 columns: per tensor, per output channel, 128x128 blocks.
+inline constexpr int QK_F8 = 32;
+struct block_f8_b32 {
+    float d;
+    uint8_t qs[QK_F8];
+};
+static_assert(sizeof(block_f8_b32) == 36);
+
+// NVFP4 weights: 64 E2M1 codes in 4 groups of 16, each group with its E4M3
+// scale sc[g], and the tensor's f32 global scale d (the checkpoint's
+// weight_scale_2) copied into every block so that a row is self-contained.
+inline constexpr int QK_NVFP4 = 64;
+inline constexpr int NVFP4_GROUP = 16;
+struct block_nvfp4 {
+    float d;
+    uint8_t sc[QK_NVFP4 / NVFP4_GROUP];
+    uint8_t qs[QK_NVFP4 / 2];
+};
+static_assert(sizeof(block_nvfp4) == 40);
 
 }  // namespace quern

@@ -15,9 +15,31 @@
 // All encoders round to nearest, ties to even, and keep subnormals (no flush
 // to zero).
 #pragma once
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 
 namespace quern {
+
+/// The value of every E4M3 byte (NaN for 0x7F and 0xFF), for decoders that
+/// look codes up: sign, then mant · 2^-9 (exponent field 0, subnormal) or
+/// (8 + mant) · 2^(field - 10). Equal to fp8_e4m3_to_float (fp8_test).
+inline constexpr std::array<float, 256> kFp8E4M3Values = [] {
+    std::array<float, 256> t{};
+    for (int v = 0; v < 256; ++v) {
+        const int mag = v & 0x7F, field = mag >> 3, mant = mag & 7;
+        if (mag == 0x7F) {
+            t[static_cast<size_t>(v)] = std::numeric_limits<float>::quiet_NaN();
+            continue;
+        }
+        float x = static_cast<float>(field == 0 ? mant : 8 + mant);
+        for (int e = field == 0 ? -9 : field - 10; e < 0; ++e) x *= 0.5f;  // exact: powers of two
+        for (int e = field == 0 ? -9 : field - 10; e > 0; --e) x *= 2.0f;
+        t[static_cast<size_t>(v)] = (v & 0x80) ? -x : x;
+    }
+    return t;
+}();
 
 /// E4M3 byte → float (exact). NaN codes (0x7F, 0xFF) give NaN.
 float fp8_e4m3_to_float(uint8_t v);

@@ -14,7 +14,8 @@ namespace quern {
 /// Dequantizes k elements of type t at x into y (float). Supports F32, F16,
 /// BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K.
 /// Results are bit-exact with ggml's dequantize_row_* (and the `gguf` Python
-/// package's gguf.quants.dequantize).
+/// package's gguf.quants.dequantize). Also quern's F8_E4M3_B32 and NVFP4
+/// (quant/blocks.h; exact products, reference_fp.cpp).
 void dequantize_row_ref(DType t, const void* x, float* y, int64_t k);
 
 /// Quantizes k floats into blocks of type t at y. Activation types (Q8_0,

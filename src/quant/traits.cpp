@@ -11,7 +11,8 @@ namespace quern {
 namespace {
 
 // Block sizes (elements, bytes) as ggml defines the formats (ggml-common.h);
-// the structs in blocks.h must agree byte for byte.
+// the structs in blocks.h must agree byte for byte. F8_E4M3_B32 and NVFP4 are
+// quern's (blocks.h) and must agree with core/dtype.cpp.
 static_assert(QK4_0 == 32 && sizeof(block_q4_0) == 18);
 static_assert(QK4_1 == 32 && sizeof(block_q4_1) == 20);
 static_assert(QK5_0 == 32 && sizeof(block_q5_0) == 22);
@@ -25,6 +26,9 @@ static_assert(sizeof(block_q4_K) == 2 * 2 + K_SCALE_SIZE + QK_K / 2);           
 static_assert(sizeof(block_q5_K) == 2 * 2 + K_SCALE_SIZE + QK_K / 2 + QK_K / 8);          // 176
 static_assert(sizeof(block_q6_K) == 2 + QK_K / 16 + 3 * QK_K / 4);                        // 210
 static_assert(sizeof(block_q8_K) == sizeof(float) + QK_K + QK_K / 16 * sizeof(int16_t));  // 292
+// quern's own layouts: an f32 scale, then codes (and NVFP4's E4M3 group scales).
+static_assert(QK_F8 == 32 && sizeof(block_f8_b32) == 4 + QK_F8);                                    // 36
+static_assert(QK_NVFP4 == 64 && sizeof(block_nvfp4) == 4 + QK_NVFP4 / NVFP4_GROUP + QK_NVFP4 / 2);  // 40
 
 template <class Block>
 constexpr int bytes() {
@@ -32,7 +36,7 @@ constexpr int bytes() {
 }
 
 using namespace ref;
-constexpr std::array<QuantTraits, 15> kTraits{{
+constexpr std::array<QuantTraits, 17> kTraits{{
     {DType::F32, 1, 4, to_float_f32, from_float_f32, DType::F32},
     {DType::F16, 1, 2, to_float_f16, from_float_f16, DType::F32},
     {DType::BF16, 1, 2, to_float_bf16, from_float_bf16, DType::F32},
@@ -48,6 +52,9 @@ constexpr std::array<QuantTraits, 15> kTraits{{
     {DType::Q5_K, QK_K, bytes<block_q5_K>(), to_float_q5_K, from_float_q5_K, DType::Q8_K},
     {DType::Q6_K, QK_K, bytes<block_q6_K>(), to_float_q6_K, from_float_q6_K, DType::Q8_K},
     {DType::Q8_K, QK_K, bytes<block_q8_K>(), to_float_q8_K, from_float_q8_K, DType::Q8_K},
+    // weight-only: the matmul dequantizes inside its float kernels, activations stay f32
+    {DType::F8_E4M3_B32, QK_F8, bytes<block_f8_b32>(), to_float_f8_b32, from_float_f8_b32, DType::F32},
+    {DType::NVFP4, QK_NVFP4, bytes<block_nvfp4>(), to_float_nvfp4, from_float_nvfp4, DType::F32},
 }};
 
 }  // namespace

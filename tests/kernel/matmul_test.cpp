@@ -7,6 +7,7 @@
 // and differ only in summation order; the dot products are summed in double.
 // Tolerance: 1e-4 * sum |w_k x_k| per output, plus, for Q4_1/Q5_1, the
 // rounding of Q8_1's fp16 s field (the scalar kernel uses it as ggml does).
+// The weight-only F8_E4M3_B32 / NVFP4 take f32 activations, as F32 weights do.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -79,6 +80,21 @@ std::vector<uint8_t> random_blocks(DType t, int64_t M, int64_t K, std::mt19937& 
                 put_f16(b + 2, d(rng) * 0.1f);
                 break;
             case DType::Q6_K: put_f16(b + offsetof(block_q6_K, d), d(rng) * 0.1f); break;
+            case DType::F8_E4M3_B32: {
+                // random codes but no NaN (0x7F / 0xFF: refused at load), an f32 scale
+                const float s = d(rng) * 0.01f;
+                std::memcpy(b, &s, 4);
+                for (int j = 0; j < QK_F8; ++j)
+                    if ((b[4 + j] & 0x7F) == 0x7F) b[4 + j] ^= 1;
+                break;
+            }
+            case DType::NVFP4: {
+                const float s = d(rng) * 0.01f;
+                std::memcpy(b, &s, 4);
+                for (int j = 0; j < 4; ++j)
+                    if ((b[4 + j] & 0x7F) == 0x7F) b[4 + j] ^= 1;
+                break;
+            }
             default: break;
         }
     }
@@ -141,7 +157,7 @@ void run_case(DType t, Isa isa, const Case& cs, bool gaussian, int threads, uint
     const size_t rb = row_size(t, K);
     for (int64_t r = 0; r < M; ++r) dequantize_row_ref(t, w.data() + r * rb, wd.data() + r * K, K);
     std::vector<uint8_t> xq;
-    if (dtype_is_quantized(t)) {
+    if (dtype_is_quantized(t) && act != DType::F32) {  // weight-only types take f32 activations
         const size_t qb = row_size(act, K);
         xq.resize(qb * static_cast<size_t>(n));
         for (int64_t c = 0; c < n; ++c) {
@@ -218,6 +234,8 @@ std::vector<Case> cases_for(DType t) {
         return {{256, 37, 1}, {768, 67, 3}, {1280, 19, 17}, {512, 45, 64}, {2304, 9, 2}, {256, 130, 5}, {512, 21, 11}};
     if (bs == 32)
         return {{96, 37, 1}, {576, 67, 3}, {1056, 19, 17}, {160, 45, 64}, {32, 9, 2}, {1536, 130, 5}, {224, 21, 11}};
+    if (bs == 64)
+        return {{64, 37, 1}, {576, 67, 3}, {1088, 19, 17}, {192, 45, 64}, {64, 9, 2}, {1536, 130, 5}, {320, 21, 11}};
     return {{100, 37, 1}, {576, 67, 3}, {577, 19, 17}, {33, 45, 64}, {1, 9, 2}, {1040, 130, 5}, {300, 21, 11}};
 }
 
@@ -233,14 +251,14 @@ TEST_P(MatmulTest, MatchesReference) {
 TEST_P(MatmulTest, SingleThreadLargeBatch) {
     const auto [t, isa] = GetParam();
     const int bs = dtype_info(t).block_size;
-    const int64_t K = bs == 256 ? 1024 : bs == 32 ? 608 : 300;
+    const int64_t K = bs == 256 ? 1024 : bs == 64 ? 640 : bs == 32 ? 608 : 300;
     run_case(t, isa, {K, 70, 33}, false, 1, 77);
 }
 
 TEST_P(MatmulTest, StridedRowsAndTinyShapes) {
     const auto [t, isa] = GetParam();
     const int bs = dtype_info(t).block_size;
-    const int64_t K = bs == 256 ? 512 : bs == 32 ? 96 : 40;
+    const int64_t K = bs == 256 ? 512 : bs == 64 ? 128 : bs == 32 ? 96 : 40;
     run_case(t, isa, {K, 13, 1}, false, 2, 91, 52);   // rows not contiguous, decode
     run_case(t, isa, {K, 13, 20}, false, 2, 92, 18);  // rows not contiguous, prefill
     run_case(t, isa, {K, 1, 1}, false, 3, 93);        // more threads than rows
@@ -257,13 +275,14 @@ TEST_P(MatmulTest, DecodePathMatchesReference) {
         run_case(t, isa, cs, /*gaussian=*/true, cs.n == 3 ? 3 : 2, seed++, 0, cpu::MatmulPath::Decode);
     }
     const int bs = dtype_info(t).block_size;
-    const int64_t K = bs == 256 ? 512 : bs == 32 ? 96 : 40;
+    const int64_t K = bs == 256 ? 512 : bs == 64 ? 128 : bs == 32 ? 96 : 40;
     run_case(t, isa, {K, 13, 2}, false, 2, seed++, 52, cpu::MatmulPath::Decode);  // rows not contiguous
     run_case(t, isa, {K, 1, 1}, false, 3, seed++, 0, cpu::MatmulPath::Decode);    // more threads than rows
 }
 
-const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                        DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,        DType::Q4_1, DType::Q5_0,
+                        DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,        DType::Q4_K, DType::Q5_K,
+                        DType::Q6_K, DType::F8_E4M3_B32,       DType::NVFP4};
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, Isa>>& info) {
     return std::string(dtype_name(std::get<0>(info.param))) + "_" + std::string(cpu::isa_name(std::get<1>(info.param)));
@@ -402,6 +421,7 @@ TEST_P(DecodeEqualsGemm, Bitwise) {
     std::mt19937 rng(static_cast<uint32_t>(test_seed() ^ (static_cast<uint64_t>(t) * 7919 + static_cast<uint64_t>(isa))));
     const int bs = dtype_info(t).block_size;
     const std::vector<int64_t> Ks = bs == 256 ? std::vector<int64_t>{256, 768, 1536}
+                                    : bs == 64 ? std::vector<int64_t>{64, 192, 576}
                                     : bs == 32 ? std::vector<int64_t>{32, 96, 576, 1536}
                                                : std::vector<int64_t>{16, 100, 576};
     IsaGuard guard(isa);
@@ -453,7 +473,7 @@ TEST_P(DecodeEqualsGemm, Bitwise) {
 TEST(MatmulBounds, NothingReadPastTheLastRow) {
     const long page = sysconf(_SC_PAGESIZE);
     std::mt19937 rng(7);
-    for (DType t : {DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::F16}) {
+    for (DType t : {DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::F16, DType::F8_E4M3_B32, DType::NVFP4}) {
         const int64_t K = 768, M = 45;
         const size_t rb = row_size(t, K);
         const std::vector<uint8_t> w = dtype_is_quantized(t) ? random_blocks(t, M, K, rng) : gaussian_weights(t, M, K, rng);
@@ -521,6 +541,39 @@ TEST(MatmulBatchInvariance, EachFamilyComputesRowsIndependently) {
                         << dtype_name(t) << " " << name << " n=" << n << " offset " << off;
                 }
             }
+        }
+    }
+}
+
+// The weight-only types' loaders decode every weight to exactly the scalar
+// reference's value: against one-hot activation rows each output is a single
+// weight (w * 1 plus exact zeros), in the row-at-a-time decode kernel (Auto,
+// one row) and in the tiles (Gemm, all rows at once), at every ISA level.
+TEST(MatmulWeightOnly, KernelsDecodeEveryWeightExactly) {
+    std::mt19937 rng(static_cast<uint32_t>(test_seed()));
+    SCOPED_TRACE(seed_note());
+    for (DType t : {DType::F8_E4M3_B32, DType::NVFP4}) {
+        const int64_t K = 192, M = 19;
+        const std::vector<uint8_t> w = random_blocks(t, M, K, rng);
+        const Tensor W = Tensor::contiguous(t, {K, M, 1, 1}, const_cast<uint8_t*>(w.data()), "w");
+        std::vector<float> ref(static_cast<size_t>(M * K));
+        for (int64_t r = 0; r < M; ++r) dequantize_row_ref(t, w.data() + r * row_size(t, K), ref.data() + r * K, K);
+        std::vector<float> x(static_cast<size_t>(K * K), 0.0f);
+        for (int64_t c = 0; c < K; ++c) x[static_cast<size_t>(c * K + c)] = 1.0f;
+        ThreadPool pool(2);
+        for (Isa isa : available_isas()) {
+            IsaGuard guard(isa);
+            std::vector<float> yg(static_cast<size_t>(K * M), std::nanf("")), ya = yg;
+            cpu::matmul(W, x.data(), K, yg.data(), M, pool, cpu::MatmulPath::Gemm);
+            for (int64_t c = 0; c < K; ++c) cpu::matmul(W, x.data() + c * K, 1, ya.data() + c * M, M, pool);
+            for (int64_t c = 0; c < K; ++c)
+                for (int64_t r = 0; r < M; ++r) {
+                    const float want = ref[static_cast<size_t>(r * K + c)];
+                    ASSERT_EQ(yg[static_cast<size_t>(c * M + r)], want)
+                        << dtype_name(t) << " " << cpu::isa_name(isa) << " gemm w[" << r << "][" << c << "]";
+                    ASSERT_EQ(ya[static_cast<size_t>(c * M + r)], want)
+                        << dtype_name(t) << " " << cpu::isa_name(isa) << " decode w[" << r << "][" << c << "]";
+                }
         }
     }
 }

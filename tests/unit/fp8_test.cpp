@@ -1,16 +1,23 @@
 // FP8 (E4M3, E5M2) and FP4 (E2M1) encodings against brute-force nearest-value
 // search over every code, and the scaling recipes: per-row FP8 on activations
-// with massive outliers, NVFP4 round trips.
+// with massive outliers, NVFP4 round trips; quern's weight-only block layouts
+// F8_E4M3_B32 and NVFP4 (exact decoding, reference quantizers).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
+#include "core/error.h"
+#include "quant/blocks.h"
 #include "quant/fp8.h"
+#include "quant/reference.h"
 
 using namespace quern;
 
@@ -215,4 +222,90 @@ TEST(Fp8, Nvfp4RoundTripAndLayout) {
     for (int i = 0; i < 32; ++i) EXPECT_FLOAT_EQ(e2[i], exact[i]) << i;
     EXPECT_EQ(p2[0] & 0xF, float_to_fp4_e2m1(exact[0] / (fp8_e4m3_to_float(b2[0]) * g2)));
     EXPECT_THROW(quantize_nvfp4(w.data(), 1, 24, packed.data(), bs.data(), &g), std::exception);
+}
+
+// ---------------------------------------------------------------- quern's weight-only layouts
+
+// The decode table the kernels and the loader use is fp8_e4m3_to_float.
+TEST(Fp8, E4M3TableMatchesTheDecoder) {
+    for (int v = 0; v < 256; ++v) {
+        const float a = kFp8E4M3Values[static_cast<size_t>(v)], b = fp8_e4m3_to_float(static_cast<uint8_t>(v));
+        if (std::isnan(b)) {
+            EXPECT_TRUE(std::isnan(a)) << v;
+        } else {
+            EXPECT_EQ(std::memcmp(&a, &b, 4), 0) << v << ": " << a << " vs " << b;  // -0 included
+        }
+    }
+}
+
+// F8_E4M3_B32: 36-byte blocks (f32 d, 32 codes); each element decodes to
+// exactly e4m3(q) * d; the reference quantizer takes d = absmax / 448 per block.
+TEST(Fp8, F8E4M3B32BlocksDecodeExactly) {
+    ASSERT_EQ(dtype_info(DType::F8_E4M3_B32).block_size, 32);
+    ASSERT_EQ(dtype_info(DType::F8_E4M3_B32).type_size, 36);
+    ASSERT_EQ(row_size(DType::F8_E4M3_B32, 96), 3u * 36u);
+    std::mt19937 rng(17);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const int64_t k = 96;
+    std::vector<float> x(k), y(k);
+    for (auto& v : x) v = g(rng);
+    for (int64_t i = 32; i < 64; ++i) x[static_cast<size_t>(i)] = 0.0f;  // an all-zero block: d = 1
+    std::vector<uint8_t> q(row_size(DType::F8_E4M3_B32, k));
+    quantize_row_ref(DType::F8_E4M3_B32, x.data(), q.data(), k);
+    dequantize_row_ref(DType::F8_E4M3_B32, q.data(), y.data(), k);
+    for (int64_t b = 0; b < k / 32; ++b) {
+        block_f8_b32 blk;
+        std::memcpy(&blk, q.data() + b * 36, 36);
+        float am = 0.0f;
+        for (int j = 0; j < 32; ++j) am = std::max(am, std::fabs(x[static_cast<size_t>(b * 32 + j)]));
+        EXPECT_EQ(blk.d, am > 0 ? am / 448.0f : 1.0f);
+        for (int j = 0; j < 32; ++j) {
+            const size_t i = static_cast<size_t>(b * 32 + j);
+            EXPECT_EQ(blk.qs[j], float_to_fp8_e4m3(x[i] / blk.d));
+            EXPECT_EQ(y[i], fp8_e4m3_to_float(blk.qs[j]) * blk.d);
+            EXPECT_LE(std::fabs(y[i] - x[i]), std::fabs(x[i]) / 16 + 1e-6f);  // 3 mantissa bits
+        }
+    }
+    EXPECT_THROW(dequantize_row_ref(DType::F8_E4M3_B32, q.data(), y.data(), 40), Error);
+}
+
+// NVFP4 (quern's): 40-byte blocks of 64 elements (f32 global d, 4 E4M3 group
+// scales, 32 bytes of E2M1 pairs, even element in the low nibble); element j
+// decodes to e2m1(q) * f32(e4m3(sc[j / 16]) * d), the same values as the
+// checkpoint layout's dequantize_nvfp4 with the same codes and scales.
+TEST(Fp8, Nvfp4BlocksDecodeAsTheCheckpointLayout) {
+    ASSERT_EQ(dtype_info(DType::NVFP4).block_size, 64);
+    ASSERT_EQ(dtype_info(DType::NVFP4).type_size, 40);
+    std::mt19937 rng(23);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const int64_t k = 128;
+    std::vector<float> x(k), y(k), ref(k);
+    for (auto& v : x) v = g(rng);
+    for (int i = 16; i < 32; ++i) x[static_cast<size_t>(i)] = 0.0f;  // an all-zero group
+    std::vector<uint8_t> q(row_size(DType::NVFP4, k));
+    quantize_row_ref(DType::NVFP4, x.data(), q.data(), k);
+    dequantize_row_ref(DType::NVFP4, q.data(), y.data(), k);
+    // The same codes in the checkpoint layout: [k/2] packed, [k/16] scales, one global.
+    std::vector<uint8_t> packed(k / 2), scales(k / 16);
+    float global = 0.0f;
+    for (int64_t b = 0; b < k / 64; ++b) {
+        block_nvfp4 blk;
+        std::memcpy(&blk, q.data() + b * 40, 40);
+        if (b == 0) global = blk.d;
+        EXPECT_EQ(blk.d, global);
+        std::memcpy(scales.data() + b * 4, blk.sc, 4);
+        std::memcpy(packed.data() + b * 32, blk.qs, 32);
+    }
+    float am = 0.0f;
+    for (float v : x) am = std::max(am, std::fabs(v));
+    EXPECT_EQ(global, am / (6.0f * 448.0f));
+    EXPECT_EQ(scales[1], float_to_fp8_e4m3(1.0f));  // the zero group: scale 1, as ModelOpt writes it
+    dequantize_nvfp4(packed.data(), scales.data(), global, 1, k, ref.data());
+    for (int64_t i = 0; i < k; ++i) {
+        EXPECT_EQ(y[static_cast<size_t>(i)], ref[static_cast<size_t>(i)]) << i;
+        EXPECT_EQ(y[static_cast<size_t>(i)], fp4_e2m1_to_float(i % 2 ? packed[i / 2] >> 4 : packed[i / 2] & 0xF) *
+                                                 (fp8_e4m3_to_float(scales[i / 16]) * global))
+            << i;
+    }
+    EXPECT_THROW(quantize_row_ref(DType::NVFP4, x.data(), q.data(), 96), Error);
 }

@@ -5,15 +5,18 @@
 //
 // Layouts: weight rows are GGUF blocks (src/quant/blocks.h); activation rows
 // are blocks of the partner type (Q8_0 / Q8_1 / Q8_K) for quantized weights,
-// plain floats for F32 / F16 / BF16 weights. K is a multiple of the block size.
+// plain floats for F32 / F16 / BF16 weights and the weight-only F8_E4M3_B32 /
+// NVFP4 (decoded weight by weight). K is a multiple of the block size.
 // Per block: integer sum of products, then one float multiply-add with the
 // block scales. Any alignment (blocks are copied with memcpy).
 // Work mapping and threading live in matmul.cpp; these are compute-bound.
+#include <cstddef>
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
 #include "core/fp16.h"
 #include "quant/blocks.h"
+#include "quant/fp8.h"
 #include "quant/reference.h"
 
 namespace quern::cpu {
@@ -299,6 +302,28 @@ float dot_bf16(int64_t K, const void* w, const void* x) {
     });
 }
 
+// Weight-only FP8 / NVFP4: each weight decoded to the reference's f32 value
+// (quant/reference_fp.cpp), then summed as the float types are.
+float dot_f8_b32(int64_t K, const void* w, const void* x) {
+    return dot_float(K, w, x, [](const void* p, int64_t i) {
+        const uint8_t* b = static_cast<const uint8_t*>(p) + (i / QK_F8) * sizeof(block_f8_b32);
+        float d;
+        std::memcpy(&d, b, 4);
+        return kFp8E4M3Values[b[offsetof(block_f8_b32, qs) + i % QK_F8]] * d;
+    });
+}
+float dot_nvfp4(int64_t K, const void* w, const void* x) {
+    return dot_float(K, w, x, [](const void* p, int64_t i) {
+        const uint8_t* b = static_cast<const uint8_t*>(p) + (i / QK_NVFP4) * sizeof(block_nvfp4);
+        const int64_t j = i % QK_NVFP4;
+        float d;
+        std::memcpy(&d, b, 4);
+        const float s = kFp8E4M3Values[b[offsetof(block_nvfp4, sc) + j / NVFP4_GROUP]] * d;
+        const uint8_t q = b[offsetof(block_nvfp4, qs) + j / 2];
+        return fp4_e2m1_to_float(j % 2 ? q >> 4 : q & 0xF) * s;
+    });
+}
+
 template <ScalarDotFn Dot>
 void fgemm(int64_t K, const void* w, size_t ldw, int nr, const float* x, size_t ldx, int nc, float* y, size_t ldy) {
     for (int r = 0; r < nr; ++r)
@@ -321,13 +346,19 @@ const FKernels fkernels{4,
                         fgemm<dot_bf16>,
                         fgemm<dot_f32>,
                         fgemm<dot_f16>,
-                        fgemm<dot_bf16>};
+                        fgemm<dot_bf16>,
+                        fgemm<dot_f8_b32>,
+                        fgemm<dot_nvfp4>,
+                        fgemm<dot_f8_b32>,
+                        fgemm<dot_nvfp4>};
 
 ScalarDotFn dot_fn(DType t) {
     switch (t) {
         case DType::F32: return dot_f32;
         case DType::F16: return dot_f16;
         case DType::BF16: return dot_bf16;
+        case DType::F8_E4M3_B32: return dot_f8_b32;
+        case DType::NVFP4: return dot_nvfp4;
         case DType::Q4_0: return dot_q4_0;
         case DType::Q4_1: return dot_q4_1;
         case DType::Q5_0: return dot_q5_0;

@@ -1,4 +1,5 @@
-// AVX2 kernels for float weights (F32, F16, BF16) x float activations.
+// AVX2 kernels for float weights (F32, F16, BF16, and the weight-only
+// F8_E4M3_B32 / NVFP4 decoded on load: kernels.h) x float activations.
 // y[c*ldy + r] = sum_k W[r][k] * x[c][k], fp32 accumulation.
 // Register tile: R = 4 weight rows x C <= 2 activation rows (8 ymm
 // accumulators, 8 elements per step, weights converted exactly on load), a
@@ -9,9 +10,12 @@
 // Alignment: none.
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
+#include "quant/blocks.h"
+#include "quant/fp8.h"
 
 namespace quern::cpu::avx2 {
 
@@ -47,6 +51,56 @@ struct LoadBF16 {
         float f;
         std::memcpy(&f, &u, 4);
         return f;
+    }
+};
+
+// Weight-only FP8 (F8_E4M3_B32): the 8 weights at element k (k % 8 == 0),
+// decoded as the AVX-512 loader does (fgemm_avx512.cpp): E4M3 bits moved into
+// an F16 2^-8 times their value, widened exactly, times d * 256.
+struct LoadF8 {
+    static __m256 load(const uint8_t* p, int64_t k) {
+        const uint8_t* b = p + (k / QK_F8) * static_cast<int64_t>(sizeof(block_f8_b32));
+        float d;
+        std::memcpy(&d, b, 4);
+        const __m128i c = _mm_cvtepi8_epi16(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + offsetof(block_f8_b32, qs) + k % QK_F8)));
+        const __m128i h = _mm_and_si128(_mm_slli_epi16(c, 7), _mm_set1_epi16(static_cast<short>(0xBF80)));
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(d * 256.0f));
+    }
+    static float one(const uint8_t* p, int64_t k) {
+        const uint8_t* b = p + (k / QK_F8) * static_cast<int64_t>(sizeof(block_f8_b32));
+        float d;
+        std::memcpy(&d, b, 4);
+        return kFp8E4M3Values[b[offsetof(block_f8_b32, qs) + k % QK_F8]] * d;
+    }
+};
+
+// Weight-only NVFP4: the 8 weights at element k (k % 8 == 0), half of one
+// 16-element group. Code bytes interleaved with themselves shifted right by 4
+// give one byte per element with its E2M1 code in the low nibble; vpermps
+// looks up the magnitude (low 3 bits), bit 3 shifted to bit 31 is the sign.
+struct LoadNvfp4 {
+    static float scale(const uint8_t* b, int64_t k) {
+        float d;
+        std::memcpy(&d, b, 4);
+        return kFp8E4M3Values[b[offsetof(block_nvfp4, sc) + (k % QK_NVFP4) / NVFP4_GROUP]] * d;
+    }
+    static __m256 load(const uint8_t* p, int64_t k) {
+        const uint8_t* b = p + (k / QK_NVFP4) * static_cast<int64_t>(sizeof(block_nvfp4));
+        uint32_t q;
+        std::memcpy(&q, b + offsetof(block_nvfp4, qs) + (k % QK_NVFP4) / 2, 4);
+        const __m128i v = _mm_cvtsi32_si128(static_cast<int>(q));
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(v, _mm_srli_epi16(v, 4)));
+        const __m256 mag =
+            _mm256_permutevar8x32_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), idx);
+        const __m256 sign = _mm256_castsi256_ps(
+            _mm256_and_si256(_mm256_slli_epi32(idx, 28), _mm256_set1_epi32(static_cast<int>(0x80000000u))));
+        return _mm256_mul_ps(_mm256_or_ps(mag, sign), _mm256_set1_ps(scale(b, k)));
+    }
+    static float one(const uint8_t* p, int64_t k) {
+        const uint8_t* b = p + (k / QK_NVFP4) * static_cast<int64_t>(sizeof(block_nvfp4));
+        const uint8_t q = b[offsetof(block_nvfp4, qs) + (k % QK_NVFP4) / 2];
+        return fp4_e2m1_to_float(k % 2 ? q >> 4 : q & 0xF) * scale(b, k);
     }
 };
 
@@ -150,7 +204,17 @@ void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t
 
 }  // namespace
 
-const FKernels fkernels{4, 2, fgemm<LoadF32, true>, fgemm<LoadF16, true>, fgemm<LoadBF16, true>,
-                        fgemm<LoadF32, false>, fgemm<LoadF16, false>, fgemm<LoadBF16, false>};
+const FKernels fkernels{4,
+                        2,
+                        fgemm<LoadF32, true>,
+                        fgemm<LoadF16, true>,
+                        fgemm<LoadBF16, true>,
+                        fgemm<LoadF32, false>,
+                        fgemm<LoadF16, false>,
+                        fgemm<LoadBF16, false>,
+                        fgemm<LoadF8, true>,
+                        fgemm<LoadNvfp4, true>,
+                        fgemm<LoadF8, false>,
+                        fgemm<LoadNvfp4, false>};
 
 }  // namespace quern::cpu::avx2

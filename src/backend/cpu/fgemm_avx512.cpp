@@ -1,4 +1,5 @@
-// AVX-512 kernels for float weights (F32, F16, BF16) x float activations.
+// AVX-512 kernels for float weights (F32, F16, BF16, and the weight-only
+// F8_E4M3_B32 / NVFP4 decoded on load: kernels.h) x float activations.
 // y[c*ldy + r] = sum_k W[r][k] * x[c][k], fp32 accumulation.
 //
 // Register tile: R = 4 weight rows x C <= 4 activation rows, 16 zmm
@@ -16,7 +17,12 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <cstddef>
+#include <cstring>
+
 #include "backend/cpu/kernels.h"
+#include "quant/blocks.h"
+#include "quant/fp8.h"
 
 namespace quern::cpu::avx512 {
 
@@ -42,6 +48,50 @@ struct LoadBF16 {
         return cvt(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * k)));
     }
     static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) { return cvt(_mm256_maskz_loadu_epi16(m, p + 2 * k)); }
+};
+
+// Weight-only FP8 (F8_E4M3_B32): the 16 weights at element k (k % 16 == 0,
+// inside one 32-element block). An E4M3 byte sign-extended to 16 bits and
+// shifted left by 7 holds the sign in bits 15 and 14 and the exponent and
+// mantissa in bits 13..7; clearing bit 14 leaves an F16 whose value is 2^-8
+// times the E4M3 value (normal and subnormal alike), which vcvtph2ps widens
+// exactly; d * 256 (exact) restores the scale, so each weight is the single
+// rounding of e4m3(q) * d, as in the reference. NaN codes (refused at load)
+// would decode as finite values.
+struct LoadF8 {
+    static __m512 load(const uint8_t* p, int64_t k) {
+        const uint8_t* b = p + (k / QK_F8) * static_cast<int64_t>(sizeof(block_f8_b32));
+        float d;
+        std::memcpy(&d, b, 4);
+        const __m256i c = _mm256_cvtepi8_epi16(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + offsetof(block_f8_b32, qs) + k % QK_F8)));
+        const __m256i h = _mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(d * 256.0f));
+    }
+    // K is a multiple of the block size: the masked tail never runs.
+    static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) { return _mm512_maskz_mov_ps(m, load(p, k)); }
+};
+
+// Weight-only NVFP4: the 16 weights of group (k % 64) / 16 of block k / 64
+// (k % 16 == 0). The 8 code bytes and the same bytes shifted right by 4,
+// interleaved, give one byte per element whose low nibble is its E2M1 code
+// (element order: even elements in low nibbles); vpermps reads only the low 4
+// bits of each index, so the high nibbles need no masking. The table holds
+// the 16 E2M1 values; the group scale is f32(e4m3(sc) * d), as in the reference.
+struct LoadNvfp4 {
+    static __m512 load(const uint8_t* p, int64_t k) {
+        const uint8_t* b = p + (k / QK_NVFP4) * static_cast<int64_t>(sizeof(block_nvfp4));
+        const int g = static_cast<int>(k % QK_NVFP4) / NVFP4_GROUP;
+        float d;
+        std::memcpy(&d, b, 4);
+        const float s = kFp8E4M3Values[b[offsetof(block_nvfp4, sc) + g]] * d;
+        const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + offsetof(block_nvfp4, qs) + 8 * g));
+        const __m128i codes = _mm_unpacklo_epi8(v, _mm_srli_epi16(v, 4));
+        const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                          -2.0f, -3.0f, -4.0f, -6.0f);
+        return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(codes), lut), _mm512_set1_ps(s));
+    }
+    static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) { return _mm512_maskz_mov_ps(m, load(p, k)); }
 };
 
 template <class L, int R, int C>
@@ -149,7 +199,17 @@ void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t
 
 }  // namespace
 
-const FKernels fkernels{4, 4, fgemm<LoadF32, true>, fgemm<LoadF16, true>, fgemm<LoadBF16, true>,
-                        fgemm<LoadF32, false>, fgemm<LoadF16, false>, fgemm<LoadBF16, false>};
+const FKernels fkernels{4,
+                        4,
+                        fgemm<LoadF32, true>,
+                        fgemm<LoadF16, true>,
+                        fgemm<LoadBF16, true>,
+                        fgemm<LoadF32, false>,
+                        fgemm<LoadF16, false>,
+                        fgemm<LoadBF16, false>,
+                        fgemm<LoadF8, true>,
+                        fgemm<LoadNvfp4, true>,
+                        fgemm<LoadF8, false>,
+                        fgemm<LoadNvfp4, false>};
 
 }  // namespace quern::cpu::avx512

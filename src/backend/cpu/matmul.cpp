@@ -32,9 +32,10 @@
 //     output rows are written in whole cache lines. Compute-bound: each
 //     unpacked weight is reused n times, each activation byte nr times from
 //     registers.
-//   * float weights (F32/F16/BF16): row chunks per thread; the kernel tiles
-//     rows x activation rows in registers (Auto: one row at a time below 4
-//     activation rows).
+//   * float weights (F32/F16/BF16, and the weight-only F8_E4M3_B32 / NVFP4,
+//     decoded to f32 in registers as they are loaded: kernels.h): row chunks
+//     per thread; the kernel tiles rows x activation rows in registers (Auto:
+//     one row at a time below 4 activation rows).
 // Scratch buffers are thread-local and only grow.
 #include "backend/cpu/matmul.h"
 
@@ -130,9 +131,15 @@ QuantizeRowFn quantizer(const ActQuantizers& q, DType act) {
 void matmul_float(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool, Isa isa,
                   bool tiled) {
     const FKernels& fk = isa == Isa::AVX512 ? avx512::fkernels : isa == Isa::AVX2 ? avx2::fkernels : scalar::fkernels;
-    const FGemmFn fn = W.type == DType::F32 ? (tiled ? fk.f32_tiled : fk.f32)
-                       : W.type == DType::F16 ? (tiled ? fk.f16_tiled : fk.f16)
-                                              : (tiled ? fk.bf16_tiled : fk.bf16);
+    FGemmFn fn = nullptr;
+    switch (W.type) {
+        case DType::F32: fn = tiled ? fk.f32_tiled : fk.f32; break;
+        case DType::F16: fn = tiled ? fk.f16_tiled : fk.f16; break;
+        case DType::BF16: fn = tiled ? fk.bf16_tiled : fk.bf16; break;
+        case DType::F8_E4M3_B32: fn = tiled ? fk.f8_tiled : fk.f8; break;
+        case DType::NVFP4: fn = tiled ? fk.nvfp4_tiled : fk.nvfp4; break;
+        default: fail("matmul: no float kernel for {}", dtype_name(W.type));
+    }
     const int64_t K = W.ne[0], M = W.ne[1];
     const size_t ldw = W.nb[1];
     const auto* w = static_cast<const uint8_t*>(W.data);
@@ -320,6 +327,8 @@ bool has_cpu_kernel(DType t) {
         case DType::F32:
         case DType::F16:
         case DType::BF16:
+        case DType::F8_E4M3_B32:
+        case DType::NVFP4:
         case DType::Q4_0:
         case DType::Q4_1:
         case DType::Q5_0:
@@ -358,7 +367,8 @@ void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, T
     if (!W.data || !x || !y) fail("matmul: null data pointer (weight '{}')", W.name);
 
     const Isa isa = active_isa();
-    if (!dtype_is_quantized(W.type)) return matmul_float(W, x, n, y, ldy, pool, isa, path != MatmulPath::Auto);
+    if (!dtype_is_quantized(W.type) || is_weight_only_type(W.type))
+        return matmul_float(W, x, n, y, ldy, pool, isa, path != MatmulPath::Auto);
     if (isa == Isa::Scalar) return matmul_q_scalar(W, x, n, y, ldy, pool);
     const QKernels& qk = isa == Isa::AVX512 ? avx512::qkernels : avx2::qkernels;
     const ActQuantizers& qz = quantizers_for(isa);

@@ -10,11 +10,14 @@ namespace quern::cpu {
 
 /// y = x · Wᵀ for a batch of n activation rows.
 ///   W: ne[0] = K (row length, contiguous), ne[1] = M rows, any type with a
-///      CPU kernel (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K).
+///      CPU kernel (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K,
+///      and the weight-only F8_E4M3_B32 and NVFP4 of FP8 / NVFP4 checkpoints).
 ///   x: n rows of K floats, row stride K.
 ///   y: n rows of M floats, row stride ldy >= M.
 /// Activations are quantized to the weight type's 8-bit partner (Q8_0, Q8_1
 /// or Q8_K) when that is the fast path, then integer dot products are used.
+/// F8_E4M3_B32 / NVFP4 weights are decoded to f32 inside the float kernels
+/// and meet the f32 activations as F32 weights would (kernels.h).
 /// Work is split over `pool`. Throws quern::Error for unsupported types or
 /// shapes that are not whole blocks.
 void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool);
@@ -35,8 +38,9 @@ void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, T
 ///           benchmarks).
 ///   Auto:   GEMV below 12 rows, Gemm from there (the fastest choice for one
 ///           sequence; not batch-invariant).
-/// Float weights (F32/F16/BF16) have one family; every path but Auto uses its
-/// tiled kernel for every n (Auto takes a row-at-a-time kernel below 4 rows).
+/// Float weights (F32/F16/BF16) and the weight-only F8_E4M3_B32 / NVFP4 have
+/// one family; every path but Auto uses its tiled kernel for every n (Auto
+/// takes a row-at-a-time kernel below 4 rows).
 enum class MatmulPath { Auto, Gemv, Gemm, Decode, Tile };
 void matmul(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool, MatmulPath path);
 

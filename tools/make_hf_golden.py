@@ -33,8 +33,46 @@ half of each head (partial_rotary_factor 0.5) and has a sliding window of 8
 on every layer. The expert models' references use transformers' eager expert
 loop (its grouped-matmul path has no float64 kernel).
 
+Quantized checkpoints (llama and qwen3): the bf16 checkpoint's linear layers
+(q/k/v/o, gate/up/down projections) quantized by the numpy reference
+quantizers below to the published layouts, everything else kept in bf16, and
+written as real checkpoint folders with the configuration their producers
+write:
+
+  OUT/llama/fp8_block     quant_method "fp8" (transformers' fine-grained FP8):
+                          F8_E4M3 weight, F32 weight_scale_inv per 128x128 block
+  OUT/llama/fp8_channel   compressed-tensors float-quantized, strategy channel:
+                          F8_E4M3 weight, BF16 weight_scale [N, 1], FP8 dynamic
+                          per-token activations (ignore: lm_head)
+  OUT/llama/fp8_tensor    ModelOpt FP8 in hf_quant_config.json only (as older
+                          exports have it): F32 scalar weight_scale and
+                          input_scale, FP8 KV cache with k_scale / v_scale
+  OUT/llama/nvfp4         ModelOpt NVFP4 (config.json quantization_config and
+                          hf_quant_config.json): U8 weight [N, K/2] (element
+                          2i in the low nibble), F8_E4M3 weight_scale [N, K/16],
+                          F32 weight_scale_2, input_scale
+  OUT/qwen3/fp8_block     fine-grained FP8 with weight_block_size [32, 32], so
+                          that these narrow matrices have several blocks each way
+  OUT/qwen3/nvfp4         ModelOpt NVFP4 (o_proj has 32 input columns: fewer
+                          than quern's 64-element NVFP4 blocks)
+
+Each one's golden logits come from transformers' float model with the
+dequantized weights loaded into it (float64, as above), not from
+transformers' own quantized loaders; golden.json records per quantized
+weight the FNV-1a 64 hash of its dequantized float32 bytes (row-major
+[N][K]), so a test can check quern decodes every weight exactly as the
+reference does. Recipes (ties to even in every rounding; saturating):
+  FP8 E4M3: scale = amax / 448 over the block, row or tensor (1 if zero),
+            code = E4M3(w / scale); dequantized = code * scale (f32).
+  NVFP4:    global = amax(tensor) / (6 * 448); per 16 elements
+            scale = E4M3(amax / (6 * global)), E4M3(1) for an all-zero group
+            (ModelOpt's rule); code = E2M1(w / f32(scale * global));
+            dequantized = e2m1(code) * f32(e4m3(scale) * global).
+The numpy E4M3 encoder is checked against torch's float8_e4m3fn cast.
+
 Needs torch and transformers (not needed to run the tests). Usage:
   python3 tools/make_hf_golden.py --out tests/data/hf [--only gemma2,gemma3]
+  python3 tools/make_hf_golden.py --quant-only [--only llama]   # remake only the quantized folders
 """
 import argparse
 import json
@@ -44,6 +82,7 @@ import shutil
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
                           LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
@@ -125,12 +164,252 @@ def reference_logits(path, cls, ids):
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
+# ---------------------------------------------------------------- reference quantizers (numpy)
+
+def _e4m3_values():
+    """float32 value of every E4M3 (E4M3FN) byte; NaN for 0x7F and 0xFF."""
+    v = np.zeros(256, np.float64)
+    for c in range(256):
+        mag, field, mant = c & 0x7F, (c >> 3) & 0xF, c & 7
+        x = mant * 2.0 ** -9 if field == 0 else (8 + mant) * 2.0 ** (field - 10)
+        v[c] = np.nan if mag == 0x7F else (-x if c & 0x80 else x)
+    return v.astype(np.float32)
+
+
+E4M3 = _e4m3_values()
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def _nearest_even(a, grid):
+    """Index of the grid value (ascending, codes 0..len-1) nearest to each a >= 0;
+    ties go to the even index; beyond the last value saturates."""
+    hi = np.clip(np.searchsorted(grid, a, side="left"), 1, len(grid) - 1)
+    lo = hi - 1
+    dlo, dhi = a - grid[lo], grid[hi] - a
+    pick_hi = (dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0))
+    return np.where(a >= grid[-1], len(grid) - 1, np.where(pick_hi, hi, lo))
+
+
+def to_e4m3(x):
+    """float32 array -> E4M3 codes (uint8): nearest, ties to even, |x| > 448 saturates."""
+    x = np.asarray(x, np.float32)
+    mag = _nearest_even(np.abs(x).astype(np.float64), E4M3[:127].astype(np.float64)).astype(np.uint8)
+    return mag | np.where(np.signbit(x), 0x80, 0).astype(np.uint8)
+
+
+def to_e2m1(x):
+    """float32 array -> E2M1 codes (0..15): nearest, ties to even, |x| > 6 saturates."""
+    x = np.asarray(x, np.float32)
+    mag = _nearest_even(np.abs(x).astype(np.float64), E2M1[:8].astype(np.float64)).astype(np.uint8)
+    return mag | np.where(np.signbit(x), 8, 0).astype(np.uint8)
+
+
+def check_e4m3_against_torch():
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.normal(0, 50, 100000), rng.normal(0, 1e-2, 100000), E4M3[:127].astype(np.float64),
+                        (E4M3[:126].astype(np.float64) + E4M3[1:127]) / 2]).astype(np.float32)
+    x = np.clip(x, -448, 448)
+    t = torch.from_numpy(x).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    assert np.array_equal(to_e4m3(x), t), "numpy E4M3 encoder disagrees with torch"
+    assert np.array_equal(E4M3[t], torch.from_numpy(t).view(torch.float8_e4m3fn).float().numpy())
+
+
+def fp8_quantize(w, bn, bk):
+    """w [N, K] float32 -> (codes uint8 [N, K], scale float32 [ceil(N/bn), ceil(K/bk)]) with
+    scale = amax / 448 per bn x bk block (1 where a block is all zero); dequantize() inverts."""
+    N, K = w.shape
+    gr, gc = -(-N // bn), -(-K // bk)
+    scale = np.ones((gr, gc), np.float32)
+    for i in range(gr):
+        for j in range(gc):
+            am = np.abs(w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk]).max()
+            if am > 0:
+                scale[i, j] = np.float32(am) / np.float32(448)
+    full = np.repeat(np.repeat(scale, bn, 0), bk, 1)[:N, :K]
+    return to_e4m3(w / full), scale
+
+
+def fp8_dequantize(codes, scale, bn, bk):
+    N, K = codes.shape
+    full = np.repeat(np.repeat(scale.astype(np.float32), bn, 0), bk, 1)[:N, :K]
+    return (E4M3[codes] * full).astype(np.float32)
+
+
+def nvfp4_quantize(w):
+    """w [N, K] float32 -> (packed uint8 [N, K/2], scale E4M3 codes [N, K/16], global float32)."""
+    N, K = w.shape
+    amax = np.float32(np.abs(w).max())
+    g = amax / np.float32(6 * 448) if amax > 0 else np.float32(1)
+    groups = w.reshape(N, K // 16, 16)
+    gmax = np.abs(groups).max(axis=2)
+    sc = np.where(gmax > 0, to_e4m3(gmax / (np.float32(6) * g)), to_e4m3(np.float32(1)))
+    s = (E4M3[sc] * g).astype(np.float32)
+    q = np.where(s[:, :, None] > 0, to_e2m1(groups / np.where(s > 0, s, 1)[:, :, None]), 0).astype(np.uint8)
+    q = q.reshape(N, K)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8), sc.astype(np.uint8), np.float32(g)
+
+
+def nvfp4_dequantize(packed, sc, g):
+    N, half = packed.shape
+    q = np.empty((N, 2 * half), np.uint8)
+    q[:, 0::2], q[:, 1::2] = packed & 0xF, packed >> 4
+    s = (E4M3[sc] * np.float32(g)).astype(np.float32)
+    return (E2M1[q].reshape(N, -1, 16) * s[:, :, None]).reshape(N, 2 * half).astype(np.float32)
+
+
+def fnv1a64(a):
+    h = 0xCBF29CE484222325
+    for b in np.ascontiguousarray(a, "<f4").tobytes():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+FINE_GRAINED = {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head"]}
+CT_FP8_CHANNEL = {
+    "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "dynamic": False,
+                    "group_size": None, "block_structure": None, "actorder": None, "observer": "minmax",
+                    "observer_kwargs": {}},
+        "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True,
+                              "group_size": None, "block_structure": None, "actorder": None, "observer": None,
+                              "observer_kwargs": {}},
+        "output_activations": None}},
+    "ignore": ["lm_head"], "kv_cache_scheme": None, "global_compression_ratio": None, "sparsity_config": {},
+    "transform_config": {}}
+MODELOPT_PRODUCER = {"name": "modelopt", "version": "reference"}
+
+# architecture -> [(folder, config.json quantization_config or None, hf_quant_config.json "quantization" or None)]
+QUANT_FIXTURES = {
+    "llama": [
+        ("fp8_block", dict(FINE_GRAINED, weight_block_size=[128, 128]), None),
+        ("fp8_channel", CT_FP8_CHANNEL, None),
+        ("fp8_tensor", None, {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}),
+        ("nvfp4", {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"],
+                   "kv_cache_scheme": None, "producer": MODELOPT_PRODUCER},
+         {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": ["lm_head"]}),
+    ],
+    "qwen3": [
+        ("fp8_block", dict(FINE_GRAINED, weight_block_size=[32, 32]), None),
+        ("nvfp4", {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"],
+                   "producer": MODELOPT_PRODUCER}, None),
+    ],
+}
+
+
+def quantize_checkpoint(variant, qcfg, sd):
+    """The tensors of a quantized checkpoint and the dequantized float32 weights
+    of its quantized layers, from a float state dict `sd` (numpy float32)."""
+    out, deq = {}, {}
+    for name, w in sd.items():
+        parts = name.split(".")
+        if not (name.endswith(".weight") and len(parts) >= 2 and parts[-2] in LINEAR):
+            out[name] = torch.from_numpy(w).to(torch.bfloat16)  # exact: the weights came from bf16
+            continue
+        module = name[:-len(".weight")]
+        N, K = w.shape
+        if variant == "nvfp4":
+            packed, sc, g = nvfp4_quantize(w)
+            out[name] = torch.from_numpy(packed)
+            out[module + ".weight_scale"] = torch.from_numpy(sc).view(torch.float8_e4m3fn)
+            out[module + ".weight_scale_2"] = torch.tensor(float(g), dtype=torch.float32)
+            out[module + ".input_scale"] = torch.tensor(0.0125, dtype=torch.float32)
+            deq[name] = nvfp4_dequantize(packed, sc, g)
+            continue
+        if variant == "fp8_block":
+            bn, bk = qcfg["weight_block_size"]
+        elif variant == "fp8_channel":
+            bn, bk = 1, K
+        else:
+            bn, bk = N, K
+        codes, scale = fp8_quantize(w, bn, bk)
+        out[name] = torch.from_numpy(codes).view(torch.float8_e4m3fn)
+        if variant == "fp8_block":
+            out[module + ".weight_scale_inv"] = torch.from_numpy(scale)
+            deq[name] = fp8_dequantize(codes, scale, bn, bk)
+        elif variant == "fp8_channel":
+            # compressed-tensors keeps scales in the model's dtype: round to bf16 first
+            scale_bf16 = torch.from_numpy(scale).to(torch.bfloat16)
+            out[module + ".weight_scale"] = scale_bf16
+            scale = scale_bf16.float().numpy()
+            codes = to_e4m3(w / np.repeat(scale, K, 1))
+            out[name] = torch.from_numpy(codes).view(torch.float8_e4m3fn)
+            deq[name] = fp8_dequantize(codes, scale, bn, bk)
+        else:  # ModelOpt FP8: scalar scales, static input scale, KV-cache scales
+            out[module + ".weight_scale"] = torch.tensor(float(scale[0, 0]), dtype=torch.float32)
+            out[module + ".input_scale"] = torch.tensor(0.0234375, dtype=torch.float32)
+            if parts[-2] in ("k_proj", "v_proj"):
+                out[module + "." + parts[-2][0] + "_scale"] = torch.tensor(1.0, dtype=torch.float32)
+            deq[name] = fp8_dequantize(codes, scale, bn, bk)
+    return out, deq
+
+
+def make_quantized(name, cls, root, ids, meta):
+    check_e4m3_against_torch()
+    src = os.path.join(root, "bf16")
+    base = cls.from_pretrained(src, dtype=torch.float32)
+    sd = {k: v.detach().numpy().copy() for k, v in base.state_dict().items()}
+    if base.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    for variant, qcfg, modelopt in QUANT_FIXTURES.get(name, []):
+        d = os.path.join(root, variant)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        tensors, deq = quantize_checkpoint(variant, qcfg, sd)
+        save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(src, "config.json")) as f:
+            config = json.load(f)
+        if qcfg is not None:
+            config["quantization_config"] = qcfg
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+            f.write("\n")
+        shutil.copy(os.path.join(src, "generation_config.json"), d)
+        if modelopt is not None:
+            with open(os.path.join(d, "hf_quant_config.json"), "w") as f:
+                json.dump({"producer": MODELOPT_PRODUCER, "quantization": modelopt}, f, indent=4)
+                f.write("\n")
+        # reference: the float model with the dequantized weights, in float64
+        model = cls.from_pretrained(src, dtype=torch.float32)
+        with torch.no_grad():
+            params = dict(model.named_parameters())
+            for k, v in deq.items():
+                params[k].copy_(torch.from_numpy(v))
+            logits = model.double().eval()(torch.tensor([ids])).logits[0].float().numpy()
+        logits.astype("<f4").tofile(os.path.join(root, variant + ".logits"))
+        top2 = np.sort(logits, axis=1)[:, -2:]
+        meta["checkpoints"][variant] = {
+            "folder": variant, "logits_file": variant + ".logits",
+            "min_top2_gap": float((top2[:, 1] - top2[:, 0]).min()),
+            "files": sorted(os.listdir(d)),
+            "quantized": True,
+            "dequantized_fnv1a64": {k: fnv1a64(v) for k, v in sorted(deq.items())}}
+        print(name, variant, meta["checkpoints"][variant]["min_top2_gap"])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/data/hf")
     ap.add_argument("--only", default="", help="comma-separated architectures to (re)make (default: all)")
+    ap.add_argument("--quant-only", action="store_true",
+                    help="remake only the quantized checkpoints, from the committed bf16 ones")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
+    if args.quant_only:
+        for name in QUANT_FIXTURES:
+            if only and name not in only:
+                continue
+            root = os.path.join(args.out, name)
+            with open(os.path.join(root, "golden.json")) as f:
+                meta = json.load(f)
+            make_quantized(name, MODELS[name][1], root, meta["tokens"], meta)
+            with open(os.path.join(root, "golden.json"), "w") as f:
+                json.dump(meta, f, indent=1)
+                f.write("\n")
+        return
     for i, (name, (cfg_cls, cls, extra)) in enumerate(MODELS.items()):
         if only and name not in only:
             continue
@@ -155,6 +434,7 @@ def main():
                 "min_top2_gap": float((top2[:, 1] - top2[:, 0]).min()),
                 "files": sorted(os.listdir(d))}
             model.float()
+        make_quantized(name, cls, root, ids, meta)
         with open(os.path.join(root, "golden.json"), "w") as f:
             json.dump(meta, f, indent=1)
             f.write("\n")

@@ -148,7 +148,8 @@ void add_run_command(CLI::App& app) {
     auto o = std::make_shared<RunOptions>();
     CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (text to stdout, timings to stderr)");
     cmd->add_option("-m,--model", o->model,
-                    "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, gemma3_text) "
+                    "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, gemma3_text; "
+                    "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only on the CPU) "
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     auto* p = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
     cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file")->excludes(p);
@@ -171,6 +172,7 @@ void add_run_command(CLI::App& app) {
         "  quern run -m model.gguf -p \"Once upon a time\" --temp 0.7 --top-p 0.9 --seed 42\n"
         "  quern run -f prompt.txt -n 256 -c 8192 -t 4\n"
         "  quern run -m ~/models/Qwen2.5-0.5B-Instruct -p \"Hello\" -n 32   # a Hugging Face folder\n"
+        "  quern run -m ~/models/Qwen3-8B-FP8 --device cpu -p \"Hello\" -n 32  # FP8 / NVFP4 checkpoints: CPU\n"
         "  quern run --device cuda --verify -p \"Hello\" -n 16 --temp 0");
     cmd->callback([o] {
         if (o->prompt.empty() && o->prompt_file.empty()) throw CLI::ValidationError("-p", "give a prompt with -p TEXT or -f FILE");

@@ -166,10 +166,26 @@ std::string gpu_unsupported(const ModelConfig& c) {
     return "";
 }
 
+std::string gpu_unsupported(const Model& m) {
+    if (std::string why = gpu_unsupported(m.config()); !why.empty()) return why;
+    for (const auto& [name, t] : m.weights().all())
+        if (t.type == DType::F8_E4M3_B32 || t.type == DType::NVFP4)
+            return fmt::format("{} weights (FP8 / NVFP4 checkpoints, e.g. '{}')", dtype_name(t.type), name);
+    return "";
+}
+
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose) {
+    if (opts.device == "cuda") {
+        // Weights the CUDA backend has no kernels for: refuse before any GPU work.
+        for (const auto& [name, t] : model.weights().all())
+            if (t.type == DType::F8_E4M3_B32 || t.type == DType::NVFP4)
+                fail("the CUDA backend has no kernels for {} weights (tensor '{}', from an FP8 / NVFP4 checkpoint) "
+                     "yet; use --device cpu",
+                     dtype_name(t.type), name);
+    }
     if (!use_cuda(opts)) return make_cpu_session(model, n_ctx, pool);
-    if (const std::string why = gpu_unsupported(model.config()); opts.device == "auto" && !why.empty()) {
+    if (const std::string why = gpu_unsupported(model); opts.device == "auto" && !why.empty()) {
         if (verbose) std::fprintf(stderr, "quern: the GPU backend does not compute %s yet; running on the CPU\n", why.c_str());
         return make_cpu_session(model, n_ctx, pool);
     }

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "formats/safetensors.h"
+#include "model/hf_quant.h"
 
 namespace quern {
 
@@ -168,6 +169,7 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
     const HfFolder folder = resolve_hf_folder(path);
     ModelConfig cfg = ModelConfig::from_hf_config(read_text(folder.config), folder.config);
     if (cfg.name.empty() || fs::path(cfg.name).is_absolute()) cfg.name = fs::path(folder.dir).filename().string();
+    const HfQuantConfig quant = read_hf_quant_config(read_text(folder.config), folder.config, folder.dir);
     auto st = std::make_shared<SafetensorsModel>(SafetensorsModel::open(folder.weights));
     const std::string where = st->index_path().empty() ? st->files().front()->path() : st->index_path();
 
@@ -179,12 +181,20 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
         if (!e) fail("tensor '{}' is missing from {} (model_type {})", want.hf, where, cfg.arch);
         const SafetensorsTensorInfo& info = *e->info;
         const std::string& file = e->file->path();
+        if (want.shape.size() == 2 && hf_is_quantized_weight(quant, *e, folder.config)) {
+            // FP8 / NVFP4: repacked (with its scales) into a weight-only type.
+            HfQuantWeight q = hf_load_quantized_weight(*st, quant, want.hf, want.shape[0], want.shape[1], want.gguf);
+            used.insert(q.consumed.begin(), q.consumed.end());
+            w.add(std::move(q.tensor), std::move(q.owner));
+            continue;
+        }
         if (info.shape != want.shape)
             fail("tensor '{}' in {} has shape [{}], expected [{}] for the config in {}", want.hf, file,
                  fmt::join(info.shape, ", "), fmt::join(want.shape, ", "), folder.config);
         if (info.type != DType::F32 && info.type != DType::F16 && info.type != DType::BF16)
-            fail("tensor '{}' in {} has dtype {}; quern reads F32, F16 and BF16 weights from safetensors", want.hf,
-                 file, info.dtype);
+            fail("tensor '{}' in {} has dtype {}; quern reads F32, F16 and BF16 weights (and the FP8 / NVFP4 "
+                 "matrices of quantized checkpoints) from safetensors",
+                 want.hf, file, info.dtype);
         used.insert(want.hf);
         Tensor t = e->file->tensor_view(info);
         t.name = want.gguf;
@@ -204,7 +214,8 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
         }
     }
     for (const auto& e : st->tensors())
-        if (!used.count(e.info->name) && !ignorable(e.info->name, cfg))
+        if (!used.count(e.info->name) && !ignorable(e.info->name, cfg) &&
+            !(quant.kind != HfQuantKind::None && hf_quant_unused_tensor(e.info->name)))
             fail("tensor '{}' in {} is not part of a {} model with this config ({}); refusing to ignore it",
                  e.info->name, e.file->path(), cfg.arch, folder.config);
     if (!cfg.rope_freq_factors.empty()) {

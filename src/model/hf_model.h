@@ -33,7 +33,11 @@ HfFolder resolve_hf_folder(const std::string& path);
 /// Gemma2RMSNorm / Gemma3RMSNorm) are loaded as 1 + w, the convention of
 /// llama.cpp's GGUF files, so both sources run the same forward pass. Weight matrices
 /// stay in the memory-mapped safetensors files (F32, F16 or BF16, used as
-/// stored: a PyTorch [out, in] row-major matrix is ne = {in, out}); norm
+/// stored: a PyTorch [out, in] row-major matrix is ne = {in, out}); FP8 and
+/// NVFP4 matrices of quantized checkpoints (config.json quantization_config or
+/// hf_quant_config.json: hf_quant.h) are repacked with their scales into the
+/// weight-only F8_E4M3_B32 / NVFP4 types (or F32 where their shape does not
+/// allow it), their activation and KV-cache scales left unused; norm
 /// weights and biases are widened to F32; llama3/linear RoPE scaling becomes
 /// a rope_freqs.weight tensor. Tensors get llama.cpp's GGUF names
 /// (model.layers.N.self_attn.q_proj.weight → blk.N.attn_q.weight, ...). q/k
@@ -41,8 +45,10 @@ HfFolder resolve_hf_folder(const std::string& path);
 /// rotate_half does.
 /// Throws quern::Error naming the tensor and the file for a missing tensor, a
 /// wrong shape (shown outermost first, as stored), a dtype other than F32,
-/// F16 or BF16, a tensor the architecture does not use, and (through the
-/// safetensors reader) malformed or truncated files.
+/// F16 or BF16 (or the quantized ones of the checkpoint's scheme), a missing
+/// or misshapen scale tensor, a tensor the architecture does not use, and
+/// (through the safetensors reader) malformed or truncated files; naming the
+/// key and the file for a quantization scheme quern cannot run.
 std::unique_ptr<Model> load_hf_model(const std::string& path);
 
 }  // namespace quern

@@ -1,7 +1,10 @@
 // Hugging Face checkpoints against transformers: tiny random Llama, Qwen2,
 // Qwen3, Gemma 2, Gemma 3, Mixtral, Qwen3-MoE and Phi-3 models saved in fp32 and bf16 (tests/data/hf, made by
 // tools/make_hf_golden.py) give logits at every position within cosine 0.9999
-// (fp32) / 0.999 (bf16) of transformers' and the same argmax; the batched
+// (fp32) / 0.999 (bf16) of transformers' and the same argmax, and so do the
+// Llama and Qwen3 ones quantized to FP8 and NVFP4 (within 0.9999 of
+// transformers on their dequantized weights; hf_quant_test.cpp has the rest of
+// their tests); the batched
 // forward pass agrees; malformed checkpoints fail with one error naming the
 // tensor and the file.
 #include <gtest/gtest.h>
@@ -16,16 +19,16 @@
 #include <vector>
 
 #include "core/error.h"
+#include "hf_test_util.h"
 #include "model/hf_model.h"
 #include "runtime/verify.h"
 #include "runtime/paged_kv.h"
 
 using namespace quern;
+using namespace quern::hf_test;
 namespace fs = std::filesystem;
 
 namespace {
-
-const std::string kDir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf/";
 
 struct Fixture {
     nlohmann::json meta;
@@ -132,65 +135,14 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden,
                                            Case{"gemma3", "fp32", 0.9999}, Case{"gemma3", "bf16", 0.999},
                                            Case{"mixtral", "fp32", 0.9999}, Case{"mixtral", "bf16", 0.999},
                                            Case{"qwen3_moe", "fp32", 0.9999}, Case{"qwen3_moe", "bf16", 0.999},
-                                           Case{"phi3", "fp32", 0.9999}, Case{"phi3", "bf16", 0.999}),
+                                           Case{"phi3", "fp32", 0.9999}, Case{"phi3", "bf16", 0.999},
+                                           // FP8 / NVFP4 checkpoints against their dequantized weights
+                                           Case{"llama", "fp8_block", 0.9999}, Case{"llama", "fp8_channel", 0.9999},
+                                           Case{"llama", "fp8_tensor", 0.9999}, Case{"llama", "nvfp4", 0.9999},
+                                           Case{"qwen3", "fp8_block", 0.9999}, Case{"qwen3", "nvfp4", 0.9999}),
                          [](const auto& info) { return info.param.arch + "_" + info.param.dtype; });
 
 // ---------------------------------------------------------------- bad checkpoints
-
-/// A copy of a fixture checkpoint in a fresh temporary folder.
-class HfCheckpointCopy : public ::testing::Test {
-protected:
-    void SetUp() override {
-        dir_ = fs::temp_directory_path() /
-               ("quern_hf_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-                ::testing::UnitTest::GetInstance()->current_test_info()->name());
-        fs::remove_all(dir_);
-        fs::create_directories(dir_);
-    }
-    void TearDown() override { fs::remove_all(dir_); }
-    fs::path copy(const std::string& arch, const std::string& dtype) {
-        const fs::path d = dir_ / (arch + "_" + dtype);
-        fs::copy(kDir + arch + "/" + dtype, d, fs::copy_options::recursive);
-        return d;
-    }
-    /// The error load_hf_model throws for `path` ("" when it loads).
-    static std::string load_error(const fs::path& path) {
-        try {
-            load_hf_model(path.string());
-        } catch (const Error& e) {
-            return e.what();
-        }
-        return "";
-    }
-    fs::path dir_;
-};
-
-/// The header of a safetensors file as JSON, and its data.
-struct StFile {
-    nlohmann::ordered_json header;
-    std::string data;
-};
-
-StFile read_st(const fs::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    uint64_t n = 0;
-    f.read(reinterpret_cast<char*>(&n), 8);
-    std::string h(n, '\0');
-    f.read(h.data(), static_cast<std::streamsize>(n));
-    StFile s;
-    s.header = nlohmann::ordered_json::parse(h);
-    s.data.assign(std::istreambuf_iterator<char>(f), {});
-    return s;
-}
-
-void write_st(const fs::path& p, const StFile& s) {
-    std::string h = s.header.dump();
-    while (h.size() % 8) h += ' ';
-    const uint64_t n = h.size();
-    std::ofstream f(p, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f << h << s.data;
-}
 
 TEST_F(HfCheckpointCopy, TheFixtureLoads) { EXPECT_EQ(load_error(copy("llama", "fp32")), ""); }
 
@@ -373,35 +325,6 @@ TEST(HfFolderPaths, FolderConfigAndWeightFilesAllOpen) {
 }  // namespace
 
 // ---------------------------------------------------------------- quern run -m FOLDER
-
-namespace {
-
-/// A byte-level BPE tokenizer.json with one token per byte (GPT-2's byte
-/// characters), no merges: ids 0..255 for the fixtures' 256-token vocabulary.
-std::string byte_tokenizer_json() {
-    nlohmann::json vocab = nlohmann::json::object();
-    int extra = 0;
-    for (int b = 0; b < 256; ++b) {
-        const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-        const int cp = printable ? b : 256 + extra++;
-        std::string s;
-        if (cp < 0x80) s += static_cast<char>(cp);
-        else s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
-        vocab[s] = b;
-    }
-    nlohmann::json j = {{"version", "1.0"},
-                        {"added_tokens", nlohmann::json::array()},
-                        {"normalizer", nullptr},
-                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-                                           {"use_regex", true}}},
-                        {"post_processor", nullptr},
-                        {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true},
-                                     {"use_regex", true}}},
-                        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
-    return j.dump();
-}
-
-}  // namespace
 
 TEST_F(HfCheckpointCopy, QuernRunTakesAFolderConfigOrWeights) {
     const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";

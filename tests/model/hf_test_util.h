@@ -1,0 +1,106 @@
+// Shared helpers of the Hugging Face checkpoint tests (hf_golden_test.cpp,
+// hf_quant_test.cpp): the fixture folder, a fixture's golden facts and
+// logits, a temporary copy of a checkpoint to damage, safetensors headers to
+// edit in place, and a byte-level tokenizer.json for `quern run`.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "model/hf_model.h"
+
+namespace quern::hf_test {
+
+namespace fs = std::filesystem;
+
+inline const std::string kDir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf/";
+
+/// A copy of a fixture checkpoint in a fresh temporary folder.
+class HfCheckpointCopy : public ::testing::Test {
+protected:
+    void SetUp() override {
+        dir_ = fs::temp_directory_path() /
+               ("quern_hf_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::remove_all(dir_);
+        fs::create_directories(dir_);
+    }
+    void TearDown() override { fs::remove_all(dir_); }
+    fs::path copy(const std::string& arch, const std::string& dtype) {
+        const fs::path d = dir_ / (arch + "_" + dtype);
+        fs::copy(kDir + arch + "/" + dtype, d, fs::copy_options::recursive);
+        return d;
+    }
+    /// The error load_hf_model throws for `path` ("" when it loads).
+    static std::string load_error(const fs::path& path) {
+        try {
+            load_hf_model(path.string());
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "";
+    }
+    fs::path dir_;
+};
+
+/// The header of a safetensors file as JSON, and its data.
+struct StFile {
+    nlohmann::ordered_json header;
+    std::string data;
+};
+
+inline StFile read_st(const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string h(n, '\0');
+    f.read(h.data(), static_cast<std::streamsize>(n));
+    StFile s;
+    s.header = nlohmann::ordered_json::parse(h);
+    s.data.assign(std::istreambuf_iterator<char>(f), {});
+    return s;
+}
+
+inline void write_st(const fs::path& p, const StFile& s) {
+    std::string h = s.header.dump();
+    while (h.size() % 8) h += ' ';
+    const uint64_t n = h.size();
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << h << s.data;
+}
+
+/// A byte-level BPE tokenizer.json with one token per byte (GPT-2's byte
+/// characters), no merges: ids 0..255 for the fixtures' 256-token vocabulary.
+inline std::string byte_tokenizer_json() {
+    nlohmann::json vocab = nlohmann::json::object();
+    int extra = 0;
+    for (int b = 0; b < 256; ++b) {
+        const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+        const int cp = printable ? b : 256 + extra++;
+        std::string s;
+        if (cp < 0x80) s += static_cast<char>(cp);
+        else s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
+        vocab[s] = b;
+    }
+    nlohmann::json j = {{"version", "1.0"},
+                        {"added_tokens", nlohmann::json::array()},
+                        {"normalizer", nullptr},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                                           {"use_regex", true}}},
+                        {"post_processor", nullptr},
+                        {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true},
+                                     {"use_regex", true}}},
+                        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+    return j.dump();
+}
+
+
+}  // namespace quern::hf_test

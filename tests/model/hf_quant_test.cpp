@@ -8,6 +8,10 @@
 //   - the serving engine's batched pass gives a sequence the same logits alone
 //     and among others (the weight-only types keep the GEMM family's batch
 //     invariance);
+//   - the other configurations producers write for the same layouts
+//     (ModelOpt FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO with 2-D or 4-D scales,
+//     W4A16_NVFP4 under a nested "quantization" object, compressed-tensors'
+//     block strategy) load to the same model;
 //   - a missing or misshapen scale tensor, an unknown quant_method or
 //     quant_algo, an activation scheme quern cannot run and FP8 weights without
 //     a quantization config fail at load with one error naming the tensor or key
@@ -144,9 +148,9 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfQuant,
                                            QuantCase{"qwen3", "nvfp4", DType::NVFP4}),
                          [](const auto& info) { return info.param.arch + "_" + info.param.variant; });
 
-// ---------------------------------------------------------------- bad checkpoints
+// ---------------------------------------------------------------- edited copies of the fixtures
 
-class HfQuantBad : public HfCheckpointCopy {
+class HfQuantCopy : public HfCheckpointCopy {
 protected:
     /// Rewrites config.json of `d` through `edit`.
     static void edit_config(const fs::path& d, const std::function<void(nlohmann::json&)>& edit,
@@ -157,11 +161,89 @@ protected:
     }
 };
 
-TEST_F(HfQuantBad, TheFixturesLoad) {
+/// Logits of the last of a few fixture tokens.
+std::vector<float> last_logits(const fs::path& folder) {
+    auto model = load_hf_model(folder.string());
+    const std::vector<int32_t> toks = golden("llama")["tokens"].get<std::vector<int32_t>>();
+    ThreadPool pool(2);
+    KvCache cache = model->make_cache(16);
+    std::vector<float> out(static_cast<size_t>(model->config().n_vocab));
+    model->forward(toks.data(), 7, cache, out.data(), false, pool);
+    return out;
+}
+
+/// Renames every tensor of `d`/model.safetensors ending in `from` to end in `to`.
+void rename_suffix(const fs::path& d, const std::string& from, const std::string& to) {
+    StFile s = read_st(d / "model.safetensors");
+    nlohmann::ordered_json h;
+    for (auto& [k, v] : s.header.items()) {
+        const bool m = k.size() > from.size() && k.compare(k.size() - from.size(), from.size(), from) == 0;
+        h[m ? k.substr(0, k.size() - from.size()) + to : k] = v;
+    }
+    s.header = h;
+    write_st(d / "model.safetensors", s);
+}
+
+// The other ways producers describe the same checkpoints load to the same
+// model: ModelOpt's FP8_PER_CHANNEL_PER_TOKEN for a per-channel FP8 one,
+// FP8_PB_WO (weight_scale [N/128, K/128] or [N/128, 1, K/128, 1]) and
+// compressed-tensors' block strategy for fine-grained FP8 ones, W4A16_NVFP4
+// under a nested "quantization" object for NVFP4.
+TEST_F(HfQuantCopy, EquivalentConfigurationsLoadAlike) {
+    {
+        const fs::path d = copy("llama", "fp8_channel");
+        const std::vector<float> want = last_logits(d);
+        edit_config(d, [](nlohmann::json& c) {
+            c["quantization_config"] = {{"quant_method", "modelopt"}, {"quant_algo", "FP8_PER_CHANNEL_PER_TOKEN"}};
+        });
+        EXPECT_EQ(last_logits(d), want) << "FP8_PER_CHANNEL_PER_TOKEN";
+    }
+    {
+        const fs::path d = copy("llama", "fp8_block");  // 128x128 blocks: one per matrix of this model
+        const std::vector<float> want = last_logits(d);
+        rename_suffix(d, ".weight_scale_inv", ".weight_scale");
+        edit_config(d, [](nlohmann::json& c) {
+            c["quantization_config"] = {{"quant_method", "modelopt"}, {"quant_algo", "FP8_PB_WO"}};
+        });
+        EXPECT_EQ(last_logits(d), want) << "FP8_PB_WO";
+        StFile s = read_st(d / "model.safetensors");
+        for (auto& [k, v] : s.header.items())
+            if (k.size() > 13 && k.compare(k.size() - 13, 13, ".weight_scale") == 0) v["shape"] = {1, 1, 1, 1};
+        write_st(d / "model.safetensors", s);
+        EXPECT_EQ(last_logits(d), want) << "FP8_PB_WO, 4-D scales";
+    }
+    {
+        const fs::path d = copy("qwen3", "fp8_block");  // [32, 32] blocks
+        const std::vector<float> want = last_logits(d);
+        rename_suffix(d, ".weight_scale_inv", ".weight_scale");
+        edit_config(d, [](nlohmann::json& c) {
+            c["quantization_config"] = nlohmann::json::parse(R"({"quant_method": "compressed-tensors",
+                "format": "float-quantized", "ignore": ["lm_head"], "config_groups": {"group_0": {"targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "symmetric": true, "strategy": "block",
+                            "block_structure": [32, 32], "dynamic": false},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32,
+                                      "dynamic": true}}}})");
+        });
+        EXPECT_EQ(last_logits(d), want) << "compressed-tensors block";
+    }
+    {
+        const fs::path d = copy("llama", "nvfp4");
+        const std::vector<float> want = last_logits(d);
+        edit_config(d, [](nlohmann::json& c) {
+            c["quantization_config"] = {{"quant_method", "modelopt"},
+                                        {"quantization", {{"quant_algo", "W4A16_NVFP4"}, {"group_size", 16}}}};
+        });
+        EXPECT_EQ(last_logits(d), want) << "W4A16_NVFP4";
+        fs::remove(d / "hf_quant_config.json");  // config.json alone suffices
+        EXPECT_EQ(last_logits(d), want) << "without hf_quant_config.json";
+    }
+}
+
+TEST_F(HfQuantCopy, TheFixturesLoad) {
     for (const char* v : {"fp8_block", "fp8_channel", "fp8_tensor", "nvfp4"}) EXPECT_EQ(load_error(copy("llama", v)), "");
 }
 
-TEST_F(HfQuantBad, MissingScaleTensorIsNamedWithTheFile) {
+TEST_F(HfQuantCopy, MissingScaleTensorIsNamedWithTheFile) {
     const fs::path d = copy("llama", "fp8_block");
     StFile s = read_st(d / "model.safetensors");
     const std::string name = "model.layers.1.mlp.up_proj.weight_scale_inv";
@@ -185,7 +267,7 @@ TEST_F(HfQuantBad, MissingScaleTensorIsNamedWithTheFile) {
     EXPECT_NE(e2.find((n / "model.safetensors").string()), std::string::npos) << e2;
 }
 
-TEST_F(HfQuantBad, WrongScaleShapeIsNamedWithTheFile) {
+TEST_F(HfQuantCopy, WrongScaleShapeIsNamedWithTheFile) {
     const fs::path d = copy("qwen3", "fp8_block");  // [32, 32] blocks: gate_proj [64, 64] has a [2, 2] grid
     StFile s = read_st(d / "model.safetensors");
     const std::string name = "model.layers.0.mlp.gate_proj.weight_scale_inv";
@@ -210,7 +292,7 @@ TEST_F(HfQuantBad, WrongScaleShapeIsNamedWithTheFile) {
     EXPECT_NE(e.find((n / "model.safetensors").string()), std::string::npos) << e;
 }
 
-TEST_F(HfQuantBad, UnknownQuantMethodNamesTheKeyAndFile) {
+TEST_F(HfQuantCopy, UnknownQuantMethodNamesTheKeyAndFile) {
     const fs::path d = copy("llama", "fp8_block");
     edit_config(d, [](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "awq"; });
     std::string e = load_error(d);
@@ -225,7 +307,7 @@ TEST_F(HfQuantBad, UnknownQuantMethodNamesTheKeyAndFile) {
     EXPECT_NE(e.find((m / "hf_quant_config.json").string()), std::string::npos) << e;
 }
 
-TEST_F(HfQuantBad, SchemesQuernCannotRunNameTheKey) {
+TEST_F(HfQuantCopy, SchemesQuernCannotRunNameTheKey) {
     const fs::path d = copy("llama", "fp8_channel");
     const std::string where = (d / "config.json").string();
     auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
@@ -258,7 +340,7 @@ TEST_F(HfQuantBad, SchemesQuernCannotRunNameTheKey) {
 
 // ---------------------------------------------------------------- quern run -m FOLDER
 
-TEST_F(HfQuantBad, QuernRunsAQuantizedFolderOnTheCpuOnly) {
+TEST_F(HfQuantCopy, QuernRunsAQuantizedFolderOnTheCpuOnly) {
     const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
     if (!fs::exists(quern)) GTEST_SKIP() << quern << " is not built";
     const fs::path err = dir_ / "err.txt", out = dir_ / "out.txt";

@@ -270,7 +270,8 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("--synthetic", o->synthetic,
                     "Benchmark a synthetic model of a named shape instead (smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-30b-a3b, mixtral-8x7b)");
-    cmd->add_option("--quant", o->quant, "Weight type of the synthetic model (a block type, Q4_K_M or Q5_K_M)")
+    cmd->add_option("--quant", o->quant, "Weight type of the synthetic model (a block type such as Q4_K or Q8_0, F16, BF16, the weight-only "
+                    "F8_E4M3_B32 / NVFP4 of FP8 and NVFP4 checkpoints, or Q4_K_M / Q5_K_M)")
         ->capture_default_str();
     cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp test (0 = skip)")
         ->capture_default_str()

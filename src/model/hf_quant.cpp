@@ -292,12 +292,15 @@ void need_dtype(const SafetensorsModel::Entry& e, std::initializer_list<DType> o
     if (std::find(ok.begin(), ok.end(), e.info->type) != ok.end()) return;
     std::string names;
     for (DType t : ok) names += (names.empty() ? "" : " or ") + std::string(dtype_name(t));
-    fail("tensor '{}' in {} has dtype {}; {} must be {}", e.info->name, e.file->path(), e.info->dtype, what, names);
+    fail("tensor '{}' in {} has dtype {}; {} must be {} (the checkpoint does not follow its quantization config: "
+         "use the checkpoint's own config files, or download it again)",
+         e.info->name, e.file->path(), e.info->dtype, what, names);
 }
 
 void wrong_shape(const SafetensorsModel::Entry& e, const std::string& expected, const std::string& why) {
-    fail("tensor '{}' in {} has shape {}, expected {} ({})", e.info->name, e.file->path(),
-         shape_str(e.info->shape), expected, why);
+    fail("tensor '{}' in {} has shape {}, expected {} ({}); the weights do not match the quantization config: "
+         "use the checkpoint's own config files, or download it again",
+         e.info->name, e.file->path(), shape_str(e.info->shape), expected, why);
 }
 
 /// One f32 per scale-grid cell of an FP8 weight: gr x gc cells of bn x bk.

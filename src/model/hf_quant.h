@@ -2,6 +2,9 @@
 // types: which scheme a folder uses, and each quantized weight repacked into
 // F8_E4M3_B32 or NVFP4 (quant/blocks.h) for the CPU matmul.
 //
+// Shapes of checkpoint tensors are written as stored, outermost first: [N, K]
+// is a weight of N output rows of K inputs (quern's Tensor::ne = {K, N}).
+//
 // Schemes read (from config.json's "quantization_config", else ModelOpt's
 // hf_quant_config.json {"producer": ..., "quantization": {...}}):
 //   - quant_method "fp8" (transformers' fine-grained FP8, DeepSeek/Qwen-style):

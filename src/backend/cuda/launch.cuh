@@ -8,7 +8,12 @@
 // grid has completed and its memory is visible) before it reads anything the
 // predecessor wrote or writes anything, and then calls pdl_trigger() so that
 // its own successor may be launched early. Only data that no kernel of the
-// step writes (weights) may be read before pdl_wait(). Without the launch
+// step writes (weights) may be read before pdl_wait(), with one exception:
+// since every kernel triggers only after its own wait, a kernel is launched
+// only once its predecessor's predecessor has completed, so the decode
+// position (written by the kernel that ends a step, advance_decode_position)
+// may be read early by kernels that run at least two launches into the next
+// step (the attention kernels do). Without the launch
 // attribute (or on a GPU before sm_90) both instructions are no-ops, so the
 // same kernels run correctly either way. QUERN_CUDA_PDL=0 in the environment
 // turns the attribute off (for measurements).

@@ -41,6 +41,13 @@
 //            whose tiles hold position *pos — rotates k, stores k and v in
 //            cache row *pos and reads that row from shared memory. This
 //            replaces a separate rope_kv_store launch per layer.
+//   One split: when na == 1 (L <= 64·tps, all short contexts) the block
+//            divides by l itself, writes out and quantizes the output
+//            projection's activation; attn_combine_kernel then only waits.
+//   Order:   *pos is read, inactive blocks leave, the RoPE angles are
+//            computed and the first tile's K/V rows before pos are loaded
+//            before pdl_wait() (launch.cuh): *pos is written only by the
+//            kernel that ends the previous step, those rows by earlier steps.
 //   Align:   cache base pointers 16-byte aligned (cudaMalloc gives 256).
 //   Bound:   bandwidth of the K/V reads at long context (2·L·n_head_kv·HD·
 //            sizeof(T) bytes per layer); at short context latency: a chain
@@ -53,6 +60,7 @@
 //            den = Σ_s w_s·l_s; thread (grp, c) sums w_s·o_s[4c..4c+3] over
 //            the splits s ≡ grp (mod 256/(HD/4)) with float4 loads, groups
 //            summed in shared memory; out = Σ / den.
+//            With na == 1 it waits for the split kernel and leaves.
 //   Bound:   latency (reads na·(HD+2) floats per head).
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -94,6 +102,17 @@ __device__ __forceinline__ int clamp_pos(const int32_t* pos_ptr, int n_ctx) {
     const int p = *pos_ptr;
     return p < 0 ? 0 : (p >= n_ctx ? n_ctx - 1 : p);
 }
+
+// Where the attention output goes when one split covers the context (the
+// split kernel then finishes the job itself): out, and the output
+// projection's quantized activation (xq null: none; xq2 null: one level).
+struct AttnOut {
+    float* out;
+    int8_t* xq;
+    ActBlockInfo* xinfo;
+    int8_t* xq2;
+    ActBlockInfo* xinfo2;
+};
 
 struct SplitPlan {
     int nt, tps, na;
@@ -150,10 +169,11 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                                                                   const int32_t* __restrict__ pos_ptr, int n_ctx,
                                                                   int n_head_kv, int g, float scale, int n_splits,
                                                                   float* __restrict__ part_o,
-                                                                  float* __restrict__ part_ml) {
-    pdl_wait();
-    pdl_trigger();
-
+                                                                  float* __restrict__ part_ml,
+                                                                  float* __restrict__ out, int8_t* __restrict__ xq,
+                                                                  ActBlockInfo* __restrict__ xinfo,
+                                                                  int8_t* __restrict__ xq2,
+                                                                  ActBlockInfo* __restrict__ xinfo2) {
     constexpr int EPL = 16 / static_cast<int>(sizeof(T));
     constexpr int LPR = HD / EPL;
     constexpr int RPW = 32 / LPR;
@@ -167,6 +187,11 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     __shared__ float cs[ROPE ? HD / 2 : 1], sn[ROPE ? HD / 2 : 1];
     __shared__ __align__(16) T kn[ROPE ? HD : EPL], vn[ROPE ? HD : EPL];
 
+    // The decode position is written only by the step's last kernel
+    // (advance_decode_position), which has completed before this launch
+    // (launch.cuh: a kernel starts after its predecessor's predecessor has
+    // completed), so it is read before pdl_wait(); blocks of inactive splits
+    // leave without waiting (the active ones keep the launch ordered).
     const int L = clamp_pos(pos_ptr, n_ctx) + 1;
     const SplitPlan plan = split_plan(L, n_splits);
     const int s = blockIdx.x, hk = blockIdx.y;
@@ -180,8 +205,34 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     // the new token's rotated K and its V in row pos, and reads that row from
     // shared memory below.
     const bool owns_new = ROPE && s == plan.na - 1;
+    const int cl = lane % LPR;          // column group of the lane: elements cl·EPL ..
+    const int rsub = lane / LPR;        // row within the warp's RPW rows
+    const int64_t col = static_cast<int64_t>(hk) * HD + cl * EPL;
+    // K and V rows of a tile. Rows before pos were written by earlier steps
+    // and are read-only for the whole step, so the first tile's are loaded
+    // before pdl_wait(), overlapping the QKV projection's tail; row pos (this
+    // launch's store with ROPE, the predecessor's without) after it.
+    uint4 kr[NL], vr[NL];
+    const auto load_rows = [&](int t0, int n) {
+#pragma unroll
+        for (int u = 0; u < NL; ++u) {
+            const int row = (u * kNW + warp) * RPW + rsub;
+            if (row < n && t0 + row < pos) {
+                const int64_t off = static_cast<int64_t>(t0 + row) * rs + col;
+                kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
+                vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+            } else {
+                kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+    };
+    load_rows(tile0 * kTile, min(kTile, L - tile0 * kTile));
     if constexpr (ROPE) {
+        // The angles depend on pos and the constant inv_freq only: computed
+        // while the QKV projection finishes.
         for (int i = tid; i < rope.rope_dim / 2; i += kAttnThreads) rope_angle(pos, rope.inv_freq[i], &cs[i], &sn[i]);
+        pdl_wait();
+        pdl_trigger();
         __syncthreads();
         for (int idx = tid; idx < G * HD; idx += kAttnThreads) {
             const int j = idx / HD, e = idx % HD;
@@ -201,14 +252,14 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
             }
         }
     } else {
+        pdl_wait();
+        pdl_trigger();
         for (int idx = tid; idx < G * HD; idx += kAttnThreads)
             qs[idx / HD][idx % HD] = idx < g * HD ? q[static_cast<int64_t>(h0) * HD + idx] * scale : 0.0f;
     }
     if (tid < G) st_m[tid] = -INFINITY, st_l[tid] = 0.0f;
     __syncthreads();
 
-    const int cl = lane % LPR;          // column group of the lane: elements cl·EPL ..
-    const int rsub = lane / LPR;        // row within the warp's RPW rows
     float qr[G][EPL];
 #pragma unroll
     for (int j = 0; j < G; ++j)
@@ -220,25 +271,22 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[j][e] = 0.0f;
 
-    const int64_t col = static_cast<int64_t>(hk) * HD + cl * EPL;
     for (int tile = tile0; tile < tile1; ++tile) {
         const int t0 = tile * kTile;
         const int n = min(kTile, L - t0);
-        uint4 kr[NL], vr[NL];
+        if (tile != tile0) load_rows(t0, n);
 #pragma unroll
         for (int u = 0; u < NL; ++u) {
             const int row = (u * kNW + warp) * RPW + rsub;
-            if (ROPE && owns_new && t0 + row == pos) {  // written above by this block
-                kr[u] = *reinterpret_cast<const uint4*>(&kn[cl * EPL]);
-                vr[u] = *reinterpret_cast<const uint4*>(&vn[cl * EPL]);
-            } else if (row < n) {
-                // Rows before pos are not written by this launch: the
-                // read-only path is safe for them.
-                const int64_t off = static_cast<int64_t>(t0 + row) * rs + col;
-                kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
-                vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
-            } else {
-                kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (t0 + row == pos) {
+                if constexpr (ROPE) {  // written above by this block (the owner of pos)
+                    kr[u] = *reinterpret_cast<const uint4*>(&kn[cl * EPL]);
+                    vr[u] = *reinterpret_cast<const uint4*>(&vn[cl * EPL]);
+                } else {
+                    const int64_t off = static_cast<int64_t>(pos) * rs + col;
+                    kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
+                    vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+                }
             }
         }
         // ---- scores
@@ -315,18 +363,30 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
         }
         __syncthreads();
         for (int idx = tid; idx < GB * HD; idx += kAttnThreads) {
-            const int jj = idx / HD, d = idx % HD;
+            const int jj = idx / HD, d = idx % HD;  // a warp's 32 idx share jj (HD % 32 == 0)
             if (jb + jj < g) {
                 float o = 0.0f;
 #pragma unroll
                 for (int w = 0; w < kNW; ++w) o += red[w][jj][d];
-                const int64_t slot = static_cast<int64_t>(h0 + jb + jj) * n_splits + s;
-                part_o[slot * HD + d] = o;
+                const int hq = h0 + jb + jj;
+                if (plan.na == 1) {
+                    // One active split: the combine step's arithmetic here
+                    // (its weight is exp(0) = 1), and the output projection's
+                    // activation quantized by this warp's 32 elements.
+                    const float v = o / st_l[jb + jj];
+                    out[static_cast<int64_t>(hq) * HD + d] = v;
+                    if (xq)
+                        detail::quantize_block_q8_1_l2(v, lane, (static_cast<int64_t>(hq) * HD + d) / 32, xq, xinfo,
+                                                       xq2, xinfo2, static_cast<int64_t>(n_head_kv) * g * HD / 2);
+                } else {
+                    const int64_t slot = static_cast<int64_t>(hq) * n_splits + s;
+                    part_o[slot * HD + d] = o;
+                }
             }
         }
         __syncthreads();
     }
-    if (tid < g) {
+    if (tid < g && plan.na > 1) {
         const int64_t slot = static_cast<int64_t>(h0 + tid) * n_splits + s;
         part_ml[2 * slot] = st_m[tid];
         part_ml[2 * slot + 1] = st_l[tid];
@@ -343,17 +403,17 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const flo
                                                                        ActBlockInfo* __restrict__ xinfo,
                                                                        int8_t* __restrict__ xq2,
                                                                        ActBlockInfo* __restrict__ xinfo2) {
-    pdl_wait();
-    pdl_trigger();
-
     constexpr int C4 = HD / 4;                       // float4 columns
     constexpr int NG = kCombineThreads / C4;         // split groups
     __shared__ float wsh[kMaxSplits];
     __shared__ float red[32];
     __shared__ float4 osum[NG][C4];
     const int h = blockIdx.x, tid = threadIdx.x;
-    const int L = clamp_pos(pos_ptr, n_ctx) + 1;
+    const int L = clamp_pos(pos_ptr, n_ctx) + 1;  // before the wait: see attn_split_kernel
     const int na = split_plan(L, n_splits).na;
+    pdl_wait();
+    pdl_trigger();
+    if (na == 1) return;  // the split kernel wrote the output (after the wait: keeps the launches ordered)
     const float* ml = part_ml + static_cast<int64_t>(h) * n_splits * 2;
     const float ms = tid < na ? ml[2 * tid] : -INFINITY;  // na <= kMaxSplits <= kCombineThreads
     const float ls = tid < na ? ml[2 * tid + 1] : 0.0f;
@@ -394,25 +454,26 @@ int n_splits_for(int n_ctx) {
 
 template <int HD, class T, int G, bool ROPE>
 void launch_split(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
-                  int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, cudaStream_t stream) {
+                  int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv));
     launch_pdl(attn_split_kernel<HD, T, G, ROPE>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
-               static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml);
+               static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
+               out.xinfo, out.xq2, out.xinfo2);
 }
 
 template <int HD, class T, bool ROPE>
 void dispatch_g(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
-                int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, cudaStream_t stream) {
+                int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out, cudaStream_t stream) {
     if (g <= 1)
-        launch_split<HD, T, 1, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 1, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
     else if (g <= 2)
-        launch_split<HD, T, 2, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 2, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
     else if (g <= 4)
-        launch_split<HD, T, 4, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 4, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
     else if (g <= 8)
-        launch_split<HD, T, 8, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 8, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
     else
-        launch_split<HD, T, 16, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, stream);
+        launch_split<HD, T, 16, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
 }
 
 template <bool ROPE>
@@ -435,20 +496,21 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     float* po = static_cast<float*>(scratch);
     float* pml = po + static_cast<size_t>(n_head) * static_cast<size_t>(n_splits) * static_cast<size_t>(head_dim);
     const bool f16 = kv_type == KvType::F16;
+    const AttnOut ao{out, xq, xinfo, xq2, xinfo2};
     if (head_dim == 64) {
         if (f16)
             dispatch_g<64, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml,
-                                         stream);
+                                         ao, stream);
         else
             dispatch_g<64, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml,
-                                        stream);
+                                        ao, stream);
     } else {
         if (f16)
             dispatch_g<128, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po,
-                                          pml, stream);
+                                          pml, ao, stream);
         else
             dispatch_g<128, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po,
-                                         pml, stream);
+                                         pml, ao, stream);
     }
     QUERN_CUDA_CHECK_LAUNCH();
     if (head_dim == 64)

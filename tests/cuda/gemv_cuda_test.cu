@@ -24,6 +24,7 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/ops.h"
 #include "backend/cuda/weights.h"
 #include "core/dtype.h"
 #include "core/fp16.h"
@@ -326,6 +327,116 @@ TEST_F(CudaTest, QuantizedGemvGaussianWeights) {
     uint32_t seed = 100;
     for (DType t : kQuantTypes)
         for (const Case& c : {Case{67, 4096 + 256}, Case{33, 14336}}) gemv_case(*ctx_, t, false, c, true, -1, seed++);
+}
+
+// gemv_residual_norm + a GEMV with the DeferredNormScale against the unfused
+// sequence (gemv, rms_norm_q8_1 with the residual, gemv) on the same device:
+// the residual stream must agree to float rounding, the partial sums must be
+// Σx² of the new x, and the consumer's output must agree up to the few
+// activation codes the two roundings may put on different sides of .5
+// (without the scale it would be off by the whole RMSNorm factor).
+TEST_F(CudaTest, ResidualNormFoldedIntoGemvs) {
+    uint32_t seed = 300;
+    for (DType t : kQuantTypes)
+        for (int levels : {1, 2})
+            for (const Case& c : {Case{768, 1536}, Case{4096, 14336}}) {  // N: the next GEMV's K (K-quants: % 256)
+                SCOPED_TRACE(::testing::Message() << dtype_name(t) << " levels " << levels << " N=" << c.N << " K=" << c.K);
+                std::mt19937 rng(seed++);
+                const int64_t N = c.N, K = c.K, N2 = 200;
+                const float eps = 1e-5f;
+                std::vector<uint8_t> w1 = gaussian_weights(t, N, K, rng), w2 = gaussian_weights(t, N2, N, rng);
+                DeviceWeight W1 = upload_weight(*ctx_, Tensor::contiguous(t, {K, N, 1, 1}, w1.data(), "w1"));
+                DeviceWeight W2 = upload_weight(*ctx_, Tensor::contiguous(t, {N, N2, 1, 1}, w2.data(), "w2"));
+                const std::vector<float> a = random_activation(K, rng);
+                std::vector<float> x = random_activation(N, rng), nw(static_cast<size_t>(N));
+                std::uniform_real_distribution<float> u(0.5f, 1.5f);
+                for (auto& v : nw) v = u(rng);
+                DeviceBuffer ad = to_device(a, *ctx_), nwd = to_device(nw, *ctx_);
+                DeviceBuffer xf = to_device(x, *ctx_), xu = to_device(x, *ctx_);
+                QuantizedActivation aq(K, levels), nf(N, levels), nu(N, levels);
+                quantize_activation(*ctx_, ad.as<float>(), aq);
+                DeviceBuffer parts(static_cast<size_t>(N / 32 + kGuard) * 4), h(static_cast<size_t>(N) * 4),
+                    xn(static_cast<size_t>(N) * 4), yf(static_cast<size_t>(N2) * 4), yu(static_cast<size_t>(N2) * 4);
+                parts.fill_bytes(0xFF, ctx_->stream());
+                yf.fill_bytes(0xFF, ctx_->stream());
+                // fused
+                gemv_residual_norm(*ctx_, W1, aq, xf.as<float>(), nwd.as<float>(), nf, parts.as<float>());
+                gemv(*ctx_, W2, nf, yf.as<float>(),
+                     DeferredNormScale{parts.as<float>(), static_cast<int>(N / 32), N, eps});
+                // unfused
+                gemv(*ctx_, W1, aq, h.as<float>());
+                rms_norm_q8_1(xu.as<float>(), h.as<float>(), nwd.as<float>(), xn.as<float>(), nu.q(), nu.info(), 1, N,
+                              eps, ctx_->stream(), nu.q2(), nu.info2());
+                gemv(*ctx_, W2, nu, yu.as<float>());
+                ctx_->synchronize();
+                std::vector<float> hxf(static_cast<size_t>(N)), hxu(hxf.size()), hp(static_cast<size_t>(N / 32 + kGuard)),
+                    hyf(static_cast<size_t>(N2)), hyu(hyf.size()), hh(hxf.size()), hxn(hxf.size());
+                xf.download(hxf.data(), hxf.size() * 4, ctx_->stream());
+                xu.download(hxu.data(), hxu.size() * 4, ctx_->stream());
+                h.download(hh.data(), hh.size() * 4, ctx_->stream());
+                xn.download(hxn.data(), hxn.size() * 4, ctx_->stream());
+                parts.download(hp.data(), hp.size() * 4, ctx_->stream());
+                yf.download(hyf.data(), hyf.size() * 4, ctx_->stream());
+                yu.download(hyu.data(), hyu.size() * 4, ctx_->stream());
+                int bad = 0;
+                // x: the two paths' dot products differ in summation order only
+                // (tolerance as check_against_reference: 2e-5 of Σ|w·a|).
+                const size_t rb1 = row_size(t, K);
+                std::vector<float> w1r(static_cast<size_t>(K));
+                for (int64_t i = 0; i < N; ++i) {
+                    dequantize_row_ref(t, w1.data() + static_cast<size_t>(i) * rb1, w1r.data(), K);
+                    double mag = 0;
+                    for (int64_t k = 0; k < K; ++k) mag += std::fabs(static_cast<double>(w1r[static_cast<size_t>(k)]) * a[static_cast<size_t>(k)]);
+                    const double tol = 2e-5 * mag + 1e-6 * std::fabs(x[static_cast<size_t>(i)]) + 1e-30;
+                    if (!(std::fabs(hxf[static_cast<size_t>(i)] - hxu[static_cast<size_t>(i)]) <= tol) && bad++ < 5)
+                        ADD_FAILURE() << "x[" << i << "] fused " << hxf[static_cast<size_t>(i)] << " unfused " << hxu[static_cast<size_t>(i)];
+                }
+                for (int64_t b = 0; b < N / 32; ++b) {
+                    double ss = 0;
+                    for (int j = 0; j < 32; ++j) ss += static_cast<double>(hxf[static_cast<size_t>(32 * b + j)]) * hxf[static_cast<size_t>(32 * b + j)];
+                    if (!(std::fabs(hp[static_cast<size_t>(b)] - ss) <= 1e-5 * ss + 1e-12) && bad++ < 5)
+                        ADD_FAILURE() << "ss_parts[" << b << "] = " << hp[static_cast<size_t>(b)] << ", want " << ss;
+                }
+                for (int64_t i = N / 32; i < N / 32 + kGuard; ++i) {
+                    uint32_t bits;
+                    std::memcpy(&bits, &hp[static_cast<size_t>(i)], 4);
+                    EXPECT_EQ(bits, kPoison) << "ss_parts[" << i << "] past N/32 was written";
+                }
+                // Consumer: both against the float product W2 · xn (xn from the unfused norm).
+                const size_t rb = row_size(t, N);
+                std::vector<float> wr(static_cast<size_t>(N));
+                double e_f = 0, e_u = 0, mag_all = 0;
+                for (int64_t r = 0; r < N2; ++r) {
+                    dequantize_row_ref(t, w2.data() + static_cast<size_t>(r) * rb, wr.data(), N);
+                    double ref = 0, mag = 0;
+                    for (int64_t k = 0; k < N; ++k) {
+                        const double p = static_cast<double>(wr[static_cast<size_t>(k)]) * hxn[static_cast<size_t>(k)];
+                        ref += p;
+                        mag += std::fabs(p);
+                    }
+                    e_f = std::max(e_f, std::fabs(hyf[static_cast<size_t>(r)] - ref) / mag);
+                    e_u = std::max(e_u, std::fabs(hyu[static_cast<size_t>(r)] - ref) / mag);
+                    mag_all += mag;
+                }
+                // Worst error relative to Σ|w·x|: the activation's quantization error
+                // (~1/254 of a block's maximum per element with one level) for both.
+                EXPECT_LE(e_f, levels == 1 ? 4e-3 : 1e-4) << "unfused " << e_u;
+                EXPECT_LE(e_f, 2.0 * e_u + 2e-6) << "the fused path is less accurate than the unfused one";
+                EXPECT_GT(mag_all, 0.0);
+                EXPECT_EQ(bad, 0);
+            }
+    // Refused: float weights, N not a multiple of 32.
+    std::vector<float> fw(32 * 64, 0.5f);
+    DeviceWeight F = upload_weight(*ctx_, Tensor::contiguous(DType::F32, {32, 64, 1, 1}, fw.data(), "f"));
+    std::mt19937 rng(7);
+    std::vector<uint8_t> q40 = gaussian_weights(DType::Q8_0, 40, 32, rng);
+    DeviceWeight Q = upload_weight(*ctx_, Tensor::contiguous(DType::Q8_0, {32, 40, 1, 1}, q40.data(), "q"));
+    QuantizedActivation a32(32), n64(64);
+    DeviceBuffer xb(64 * 4), pb(64 * 4);
+    EXPECT_THROW(gemv_residual_norm(*ctx_, F, a32, xb.as<float>(), xb.as<float>(), n64, pb.as<float>()),
+                 std::runtime_error);
+    EXPECT_THROW(gemv_residual_norm(*ctx_, Q, a32, xb.as<float>(), xb.as<float>(), n64, pb.as<float>()),
+                 std::runtime_error);
 }
 
 TEST_F(CudaTest, FloatGemvAllConfigs) {

@@ -70,6 +70,22 @@ private:
     int levels_ = 1;
 };
 
+/// The RMSNorm of a residual stream folded into the GEMVs around it
+/// (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"):
+/// RMSNorm(x)·w = scale · (x ⊙ w) with the scalar scale = 1/sqrt(Σx²/dim + eps),
+/// and a Q8_1 quantization of scale·v has the codes of v and scale times its
+/// d and s. So the GEMV that ends a residual branch (gemv_residual_norm)
+/// adds its output to x, quantizes x ⊙ w without the scale and leaves the
+/// sum of squares in dim/32 partial sums; the next GEMVs (gemv with a
+/// DeferredNormScale) sum the partials in a fixed order and multiply their
+/// outputs by the scale. No separate normalization launch.
+struct DeferredNormScale {
+    const float* parts = nullptr;  ///< n_parts partial sums of x² (device)
+    int n_parts = 0;               ///< dim / 32
+    int64_t dim = 0;               ///< elements of x
+    float eps = 0.0f;              ///< RMSNorm epsilon
+};
+
 /// Launch choice for benchmarks and tests: -1 picks the tuned default for the
 /// shape; 0 .. gemv_config_count()-1 forces one entry of the kernels'
 /// configuration table (rows per block, threads, unroll; see kernels.h).
@@ -94,6 +110,26 @@ void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& 
 /// unknown options.config. Asynchronous on ctx's stream.
 void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq, float* y,
           const GemvOptions& opt = {});
+
+/// As gemv above, with xq quantized without its RMSNorm scale (by
+/// gemv_residual_norm): y = scale · W·xq, scale from `norm` (its parts
+/// written before this launch on the stream). Throws quern::Error as gemv,
+/// or when norm.parts is null or norm.n_parts * 32 != norm.dim.
+void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq, float* y,
+          const DeferredNormScale& norm, const GemvOptions& opt = {});
+
+/// The GEMV that ends a residual branch, with the next RMSNorm folded in:
+///   x[i] += (W·a)[i]                       for i < N (x: N floats, in place)
+///   xq_next = Q8_1(x ⊙ norm_w)             (without the RMSNorm scale; as
+///                                           many levels as xq_next has)
+///   ss_parts[b] = Σ_{i in 32b..32b+31} x[i]²  for b < N/32
+/// a: W's quantized input; norm_w: N floats (the next RMSNorm's weight);
+/// ss_parts: N/32 floats; xq_next.K() == N. The consumers read xq_next with
+/// DeferredNormScale{ss_parts, N/32, N, eps}. One thread block per 32 rows.
+/// Throws quern::Error for a float W, N % 32 != 0, or mismatched sizes.
+/// Asynchronous on ctx's stream.
+void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& a, float* x,
+                        const float* norm_w, QuantizedActivation& xq_next, float* ss_parts);
 
 /// y[N] = W[N][K] · x[K] for F32, F16 or BF16 weights, x as K floats (device
 /// pointer). Throws quern::Error for quantized W (use the QuantizedActivation

@@ -36,6 +36,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/ops_common.cuh"
 
 namespace quern::cuda::kern {
 
@@ -114,9 +115,20 @@ __device__ __forceinline__ ActQ8 load_act_q8(const ActQ8Ptrs& a, int u) {
 // weight unpacking is shared by the compiler), so the weight traffic is
 // unchanged and the activation error drops from ~1/127 to ~1/127² of the
 // block maximum.
+// The deferred RMSNorm scale (ActScale, gemv.h's DeferredNormScale): warp
+// 0 sums the partials in a fixed order (lane-strided, then a butterfly), so
+// every block of every consumer computes the same float.
+__device__ __forceinline__ float deferred_scale(const ActScale& sc, int lane) {
+    float v = 0.0f;
+    for (int i = lane; i < sc.n; i += 32) v += sc.parts[i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+    return 1.0f / sqrtf(v * sc.inv_dim + sc.eps);
+}
+
 template <class Op, int R, int NT, int UNR, int L>
 __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, const ActQ8Ptrs a2,
-                                                  float* __restrict__ y, int N, int U) {
+                                                  float* __restrict__ y, int N, int U, const ActScale sc) {
     static_assert(NT % 32 == 0 && R >= 1 && UNR >= 1 && (L == 1 || L == 2));
     typename Op::Args args2 = args;
     if constexpr (L == 2) args2.a = a2;
@@ -153,6 +165,10 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
     if (t < U) load_weights(t);
     pdl_wait();
     pdl_trigger();
+    // The scale's partials are read by warp 0 (the writer of y) while the
+    // first weights are in flight.
+    float scale = 1.0f;
+    if (sc.parts && t < 32) scale = deferred_scale(sc, t);
 #pragma unroll 1
     for (int u0 = t; u0 < U; u0 += UNR * NT) {
         if (u0 != t) load_weights(u0);
@@ -188,7 +204,7 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
 #pragma unroll
             for (int r = 1; r < R; ++r)
                 if (t == r) v = acc[r];
-            if (row0 + t < N) y[row0 + t] = v;
+            if (row0 + t < N) y[row0 + t] = v * scale;
         }
     } else {
         __shared__ float part[NW][R];
@@ -202,8 +218,96 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
             float v = 0.0f;
 #pragma unroll
             for (int wi = 0; wi < NW; ++wi) v += part[wi][t];
-            if (row0 + t < N) y[row0 + t] = v;
+            if (row0 + t < N) y[row0 + t] = v * scale;
         }
+    }
+}
+
+// ---------------------------------------------------------------- residual + RMSNorm epilogue
+// gemv_norm_kernel<Op, RW, UNR, L> — gemv_residual_norm (gemv.h)
+//   Grid:    one block of 32/RW warps per 32 consecutive rows (N % 32 == 0);
+//            warp w computes rows 32·b + RW·w .. + RW − 1, its lanes striding
+//            over the units (UNR × RW loads in flight per lane, the first
+//            set before pdl_wait as in gemv_kernel); butterfly reduction.
+//   Epilogue: warp 0, lane i, row 32b + i: x += y (x is read and written by
+//            this block only), the block's Σx² to ss_parts[b], and
+//            x·w quantized as Q8_1 block b of the next activation (one or two
+//            levels; the RMSNorm scale is left to its consumers).
+//   Bound:   as gemv_kernel; one wave of N/32 blocks for N = 4096 on 132 SMs.
+template <class Op, int RW, int UNR, int L>
+__global__ void __launch_bounds__(32 * (32 / RW)) gemv_norm_kernel(const typename Op::Args args,
+                                                                 const ActQ8Ptrs a2, const NormEpilogue epi,
+                                                                 int N, int U) {
+    static_assert(32 % RW == 0 && (L == 1 || L == 2));
+    typename Op::Args args2 = args;
+    if constexpr (L == 2) args2.a = a2;
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+    const int rb = static_cast<int>(blockIdx.x) * 32;
+    int rows[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) rows[r] = rb + warp * RW + r;
+    float acc[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) acc[r] = 0.0f;
+    typename Op::W w[UNR][RW];
+    const auto load_weights = [&](int u0) {
+#pragma unroll
+        for (int i = 0; i < UNR; ++i) {
+            const int u = u0 + i * 32;
+            if (UNR == 1 || u < U) {
+#pragma unroll
+                for (int r = 0; r < RW; ++r) w[i][r] = Op::load_w(args, rows[r], u);
+            } else {
+#pragma unroll
+                for (int r = 0; r < RW; ++r) w[i][r] = typename Op::W{};
+            }
+        }
+    };
+    if (lane < U) load_weights(lane);
+    const float nw = warp == 0 ? __ldg(epi.w + rb + lane) : 0.0f;  // a weight: before the wait
+    pdl_wait();
+    pdl_trigger();
+    const float x_old = warp == 0 ? epi.x[rb + lane] : 0.0f;
+#pragma unroll 1
+    for (int u0 = lane; u0 < U; u0 += UNR * 32) {
+        if (u0 != lane) load_weights(u0);
+        typename Op::A x[UNR][L];
+#pragma unroll
+        for (int i = 0; i < UNR; ++i) {
+            const int u = u0 + i * 32;
+            if (UNR == 1 || u < U) {
+                x[i][0] = Op::load_a(args, u);
+                if constexpr (L == 2) x[i][L - 1] = Op::load_a(args2, u);
+            } else {
+#pragma unroll
+                for (int l = 0; l < L; ++l) x[i][l] = typename Op::A{};
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < UNR; ++i)
+#pragma unroll
+            for (int r = 0; r < RW; ++r) {
+                acc[r] += Op::dot(w[i][r], x[i][0]);
+                if constexpr (L == 2) acc[r] += Op::dot(w[i][r], x[i][L - 1]);
+            }
+    }
+    __shared__ float ys[32];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
+        if (lane == r) ys[warp * RW + r] = acc[r];
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int i = rb + lane;
+        const float v = x_old + ys[lane];
+        epi.x[i] = v;
+        float ss = v * v;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, off);
+        if (lane == 0) epi.ss_parts[blockIdx.x] = ss;
+        detail::quantize_block_q8_1_l2(v * nw, lane, blockIdx.x, epi.xq, epi.xinfo, epi.xq2, epi.xinfo2, N / 2);
     }
 }
 
@@ -213,23 +317,38 @@ inline ActQ8Ptrs residual_act(const GemvLaunch& l) { return ActQ8Ptrs{l.xq2, l.x
 /// Launches gemv_kernel<Op, ...> with kGemvConfigs[config] (the list is
 /// QUERN_GEMV_CONFIGS in kernels.h); two-level when a2.q is not null (Ops
 /// with a quantized activation `a` only). Returns false for an unknown index.
+/// With `l` (quantized Ops only): its deferred RMSNorm scale, and with l->epi
+/// gemv_norm_kernel instead (config ignored).
 template <class Op>
 bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64_t K, int config,
-                       cudaStream_t stream, const ActQ8Ptrs a2 = ActQ8Ptrs{nullptr, nullptr, 0}) {
+                       cudaStream_t stream, const ActQ8Ptrs a2 = ActQ8Ptrs{nullptr, nullptr, 0},
+                       const GemvLaunch* l = nullptr) {
     const int U = static_cast<int>(K / Op::kUnitElems);
     const int n = static_cast<int>(N);
     constexpr bool kQ8 = requires(typename Op::Args g) { g.a; };
+    const ActScale sc = l ? l->scale : ActScale{};
+    if constexpr (kQ8) {
+        if (l && l->epi) {
+            constexpr int RW = 2, UNR = 2;
+            const dim3 grid(static_cast<unsigned>(N / 32)), block(32 * (32 / RW));
+            if (a2.q)
+                launch_pdl(gemv_norm_kernel<Op, RW, UNR, 2>, grid, block, 0, stream, args, a2, *l->epi, n, U);
+            else
+                launch_pdl(gemv_norm_kernel<Op, RW, UNR, 1>, grid, block, 0, stream, args, a2, *l->epi, n, U);
+            return true;
+        }
+    }
 #define QUERN_GEMV_CASE(idx, R, NT, UNR)                                                                     \
     case idx:                                                                                                \
         if constexpr (kQ8) {                                                                                 \
             if (a2.q) {                                                                                      \
                 launch_pdl(gemv_kernel<Op, R, NT, UNR, 2>, dim3(static_cast<unsigned>((N + R - 1) / R)),     \
-                           dim3(NT), 0, stream, args, a2, y, n, U);                                          \
+                           dim3(NT), 0, stream, args, a2, y, n, U, sc);                                      \
                 return true;                                                                                 \
             }                                                                                                \
         }                                                                                                    \
         launch_pdl(gemv_kernel<Op, R, NT, UNR, 1>, dim3(static_cast<unsigned>((N + R - 1) / R)), dim3(NT), 0, \
-                   stream, args, a2, y, n, U);                                                               \
+                   stream, args, a2, y, n, U, sc);                                                           \
         return true;
     switch (config) {
         QUERN_GEMV_CONFIGS(QUERN_GEMV_CASE)

@@ -69,7 +69,7 @@ bool launch_gemv_q2_k(const GemvLaunch& l, int config, cudaStream_t stream) {
     if (l.act != ActKind::Q8) return false;
     const OpQ2_K::Args g{static_cast<const uint2*>(l.w.q), static_cast<const uint16_t*>(l.w.s),
                          static_cast<const uint32_t*>(l.w.s2), l.K / 32, l.K / 256, ActQ8Ptrs{l.xq, l.xinfo, l.K / 2}};
-    return launch_configured<OpQ2_K>(g, l.y, l.N, l.K, config, stream, residual_act(l));
+    return launch_configured<OpQ2_K>(g, l.y, l.N, l.K, config, stream, residual_act(l), &l);
 }
 
 }  // namespace quern::cuda

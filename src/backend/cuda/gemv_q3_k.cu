@@ -82,7 +82,7 @@ bool launch_gemv_q3_k(const GemvLaunch& l, int config, cudaStream_t stream) {
                          l.K / 32,
                          l.K / 256,
                          ActQ8Ptrs{l.xq, l.xinfo, l.K / 2}};
-    return launch_configured<OpQ3_K>(g, l.y, l.N, l.K, config, stream, residual_act(l));
+    return launch_configured<OpQ3_K>(g, l.y, l.N, l.K, config, stream, residual_act(l), &l);
 }
 
 }  // namespace quern::cuda

@@ -60,7 +60,7 @@ bool launch_gemv_q5_0(const GemvLaunch& l, int config, cudaStream_t stream) {
     if (l.act != ActKind::Q8) return false;
     const OpQ5_0::Args g{static_cast<const uint8_t*>(l.w.q), static_cast<const uint32_t*>(l.w.q2),
                          static_cast<const uint16_t*>(l.w.s), l.K / 32, ActQ8Ptrs{l.xq, l.xinfo, l.K / 2}};
-    return launch_configured<OpQ5_0>(g, l.y, l.N, l.K, config, stream, residual_act(l));
+    return launch_configured<OpQ5_0>(g, l.y, l.N, l.K, config, stream, residual_act(l), &l);
 }
 
 }  // namespace quern::cuda

@@ -56,7 +56,7 @@ bool launch_gemv_q5_1(const GemvLaunch& l, int config, cudaStream_t stream) {
     if (l.act != ActKind::Q8) return false;
     const OpQ5_1::Args g{static_cast<const uint8_t*>(l.w.q), static_cast<const uint2*>(l.w.s), l.K / 32,
                          ActQ8Ptrs{l.xq, l.xinfo, l.K / 2}};
-    return launch_configured<OpQ5_1>(g, l.y, l.N, l.K, config, stream, residual_act(l));
+    return launch_configured<OpQ5_1>(g, l.y, l.N, l.K, config, stream, residual_act(l), &l);
 }
 
 }  // namespace quern::cuda

@@ -51,6 +51,25 @@ enum class ActKind {
     F32,  ///< float vector — F32 / F16 / BF16 weights
 };
 
+/// DeferredNormScale for the kernels (gemv.h): y *= 1/sqrt(Σ parts·inv_dim + eps).
+struct ActScale {
+    const float* parts = nullptr;  ///< null: no scale
+    int n = 0;
+    float inv_dim = 0.0f;
+    float eps = 0.0f;
+};
+
+/// gemv_residual_norm's epilogue (gemv.h): x += y, next activation, partial sums.
+struct NormEpilogue {
+    float* x;              ///< N floats, updated in place
+    const float* w;        ///< N floats: the next RMSNorm's weight
+    int8_t* xq;            ///< next activation, level 1 (K = N)
+    ActBlockInfo* xinfo;
+    int8_t* xq2;           ///< level 2, or nullptr
+    ActBlockInfo* xinfo2;
+    float* ss_parts;       ///< N/32 floats
+};
+
 /// Arguments of one GEMV: y[N] = W[N][K] · x[K].
 struct GemvLaunch {
     DType type;
@@ -62,7 +81,9 @@ struct GemvLaunch {
     const int8_t* xq2;  ///< ActKind::Q8, two-level: the residual's planes (else nullptr)
     const ActBlockInfo* xinfo2;  ///< ActKind::Q8, two-level: the residual's records
     const float* x;     ///< ActKind::F32: K floats
-    float* y;           ///< N floats
+    float* y;           ///< N floats (unused with epi)
+    ActScale scale{};   ///< ActKind::Q8: the activation's deferred RMSNorm scale
+    const NormEpilogue* epi = nullptr;  ///< ActKind::Q8: gemv_residual_norm (N % 32 == 0)
 };
 
 /// Launches the GEMV kernel for l.type / l.act with configuration kGemvConfigs[config].

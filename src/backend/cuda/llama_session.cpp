@@ -10,7 +10,8 @@
 //     xn, xq = RMSNorm(x (+= h), attn_norm)               rms_norm_q8_1 (residual folded in)
 //     [q | k | v] = W_qkv · xq                            one GEMV per run of equal weight types
 //     rotate q, k; store k, v at pos;                     decode_attention_rope (split-K with RoPE and
-//     a, aq = attention(q, cache[0..pos]), Q8_1(a)          the KV write fused; quantizes in its combine)
+//     a, aq = attention(q, cache[0..pos]), Q8_1(a)          the KV write fused; quantizes in its combine,
+//                                                           or in the split kernel when one split covers pos)
 //     h = W_o · aq                                        gemv
 //     xn, xq = RMSNorm(x += h, ffn_norm)                  rms_norm_q8_1
 //     [gate | up] = W_gate_up · xq                        one GEMV when the types match
@@ -18,6 +19,12 @@
 //     h = W_down · fq                                     gemv
 //   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax or sample_token
 //   pos += 1; cur = next prompt token or sampled          advance_decode_position
+//
+// When every matrix is quantized (fuse_norm_), the RMSNorms after the first
+// have no launch of their own: the output and down projections run as
+// gemv_residual_norm (x += W·a in their epilogue, the next norm's activation
+// quantized without its scale, Σx² in partial sums) and the GEMVs that read
+// that activation apply the scale (DeferredNormScale, gemv.h); h is unused.
 //
 // With precise activations (the default, as on the CPU) every quantized
 // activation has two levels (gemv.h), keeping the logits within cosine
@@ -34,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -135,6 +143,12 @@ private:
     int64_t n_past_ = 0;
     KvType kv_type_ = KvType::F16;
 
+    // RMSNorms folded into the GEMVs around them (gemv_residual_norm and
+    // DeferredNormScale, gemv.h) when every matrix is quantized; else one
+    // rms_norm_q8_1 launch per norm. QUERN_CUDA_FUSE_NORM=0 turns it off.
+    bool fuse_norm_ = false;
+    DeviceBuffer ss_parts_;  // n_embd/32 partial sums of x²
+
     std::vector<DeviceBuffer> owned_;  // norm weights, embedding table
     std::vector<LayerWeights> layers_;
     DType embd_type_ = DType::F32;
@@ -231,6 +245,17 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     xq_embd_ = QuantizedActivation(c.n_embd, levels_);
     xq_attn_ = QuantizedActivation(c.q_dim(), levels_);
     xq_ff_ = QuantizedActivation(c.n_ff, levels_);
+    {
+        bool all_q = dtype_is_quantized(output_.w.type);
+        for (const auto& L : layers_) {
+            for (const auto* ps : {&L.qkv, &L.gate_up})
+                for (const Piece& p : *ps) all_q = all_q && dtype_is_quantized(p.w.type);
+            all_q = all_q && dtype_is_quantized(L.wo.w.type) && dtype_is_quantized(L.down.w.type);
+        }
+        const char* e = std::getenv("QUERN_CUDA_FUSE_NORM");
+        fuse_norm_ = all_q && !(e && std::string(e) == "0");
+        ss_parts_ = fbuf(c.n_embd / 32);
+    }
     ctl_ = DeviceBuffer(sizeof(DecodeControl));
     host_ctl_ = PinnedBuffer(sizeof(DecodeControl));
 
@@ -412,7 +437,23 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         rms_norm_q8_1(x, residual ? h : nullptr, w, xn, xq_embd_.q(), xq_embd_.info(), 1, c.n_embd, c.rms_eps, s,
                       xq_embd_.q2(), xq_embd_.info2());
     };
+    // A GEMV reading the normalized residual stream: xn / xq_embd_ as the
+    // norm kernel left them, or (deferred) xq_embd_ without its scale.
+    const bool fuse = fuse_norm_;
+    const DeferredNormScale dn{ss_parts_.as<float>(), static_cast<int>(c.n_embd / 32), c.n_embd, c.rms_eps};
+    const auto mm_normed = [&](const Piece& p, float* y, bool deferred) {
+        if (deferred) gemv(ctx_, p.w, xq_embd_, y + p.offset, dn);
+        else mm(p, xn, xq_embd_, y);
+    };
 
+    // QUERN_CUDA_SKIP=norm,attn,swiglu,qkv,wo,gateup,down leaves those ops out
+    // of the step: the output is wrong, the step time tells what each op
+    // costs inside the replayed graph (bench/decode-cuda-h200.md).
+    static const std::string skip = [] {
+        const char* e = std::getenv("QUERN_CUDA_SKIP");
+        return std::string(e ? e : "");
+    }();
+    const auto sk = [&](const char* what) { return skip.find(what) != std::string::npos; };
     mark("start");
     get_row(embd_type_, embd_, c.n_vocab, c.n_embd, &ctl->cur, x, s);
     mark("embed");
@@ -420,41 +461,54 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         const LayerWeights& L = layers_[static_cast<size_t>(il)];
         auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
         auto* vc = kc + kv_layer_bytes_;
-        norm(L.attn_norm, il > 0);
+        const bool deferred = fuse && il > 0;  // layer 0's input comes from get_row
+        if (!deferred && !sk("norm")) norm(L.attn_norm, il > 0);
         mark("norm");
-        for (const Piece& p : L.qkv) mm(p, xn, xq_embd_, q);
+        if (!sk("qkv"))
+            for (const Piece& p : L.qkv) mm_normed(p, q, deferred);
         mark("gemv_qkv");
         // RoPE, the KV-cache write and attention in one launch; it also
         // quantizes the output projection's activation.
         const bool qo = dtype_is_quantized(L.wo.w.type);
-        decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
+        if (!sk("attn")) decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
                               static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq_,
                               static_cast<int>(c.rope_dim), c.rope_neox, scale, attn_scratch_.data(),
                               attn_.as<float>(), s, qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr,
                               qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr);
         mark("attention");
-        mm(L.wo, attn_.as<float>(), xq_attn_, h);
-        mark("gemv_o");
-        norm(L.ffn_norm, true);
-        mark("norm");
-        for (const Piece& p : L.gate_up) mm(p, xn, xq_embd_, gate);
+        if (fuse) {  // x += W_o·a; the FFN norm's activation without its scale
+            gemv_residual_norm(ctx_, L.wo.w, xq_attn_, x, L.ffn_norm, xq_embd_, ss_parts_.as<float>());
+            mark("gemv_o");
+        } else {
+            if (!sk("wo")) mm(L.wo, attn_.as<float>(), xq_attn_, h);
+            mark("gemv_o");
+            if (!sk("norm")) norm(L.ffn_norm, true);
+            mark("norm");
+        }
+        if (!sk("gateup"))
+            for (const Piece& p : L.gate_up) mm_normed(p, gate, fuse);
         mark("gemv_gate_up");
-        swiglu_q8_1(gate, up, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), c.n_ff, s, xq_ff_.q2(), xq_ff_.info2());
+        if (!sk("swiglu")) swiglu_q8_1(gate, up, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), c.n_ff, s, xq_ff_.q2(), xq_ff_.info2());
         mark("swiglu");
-        mm(L.down, ffh_.as<float>(), xq_ff_, h);
+        if (fuse) {  // x += W_down·f; the next norm's (next layer's or the output's) activation
+            const float* next_norm = il + 1 < c.n_layer ? layers_[static_cast<size_t>(il + 1)].attn_norm : out_norm_;
+            gemv_residual_norm(ctx_, L.down.w, xq_ff_, x, next_norm, xq_embd_, ss_parts_.as<float>());
+        } else if (!sk("down")) {
+            mm(L.down, ffh_.as<float>(), xq_ff_, h);
+        }
         mark("gemv_down");
-        if (trace) {  // residual stream after the layer: x + h (the add is folded into the next norm)
+        if (trace) {  // residual stream after the layer: x (+ h when the add is folded into the next norm)
             std::vector<float> hx(static_cast<size_t>(c.n_embd)), hh(hx.size());
             x_.download(hx.data(), hx.size() * 4, s);
-            h_.download(hh.data(), hh.size() * 4, s);
+            if (!fuse) h_.download(hh.data(), hh.size() * 4, s);
             for (size_t i = 0; i < hx.size(); ++i) hx[i] += hh[i];
             (*trace)(fmt::format("blk.{}", il), hx.data(), c.n_embd);
         }
     }
     if (head) {
-        norm(out_norm_, true);
+        if (!fuse) norm(out_norm_, true);
         mark("norm");
-        mm(output_, xn, xq_embd_, logits_.as<float>());
+        mm_normed(output_, logits_.as<float>(), fuse);
         mark("gemv_output");
         if (head == kSample) {
             sample_token(logits_.as<float>(), c.n_vocab, tokens_.as<int32_t>(), pos, nctx,

@@ -16,9 +16,10 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     ModelConfig c;
     c.arch = f.get_string("general.architecture");
     const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
-    if (c.arch != "llama" && c.arch != "phi3" && c.arch != "qwen3moe" && !gemma)
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3" && c.arch != "qwen3moe" &&
+        !gemma)
         fail("model architecture '{}' is not supported yet (supported: llama — Llama, Mistral, SmolLM, Mixtral; "
-             "phi3; qwen3moe; gemma2, gemma3)",
+             "qwen2; qwen3; phi3; qwen3moe; gemma2, gemma3)",
              c.arch);
     c.name = f.get_string("general.name", "");
     const std::string a = c.arch + ".";
@@ -55,10 +56,15 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     } else if (c.arch == "qwen3moe") {
         fail("gguf key '{}expert_count' is missing or 0 (a qwen3moe file needs experts)", a);
     }
-    if (c.arch == "qwen3moe") {
-        // llama.cpp: LLM_ARCH_QWEN3MOE uses NeoX RoPE and per-head q/k RMSNorm.
+    if (c.arch == "qwen3moe" || c.arch == "qwen3") {
+        // llama.cpp: LLM_ARCH_QWEN3 / QWEN3MOE use NeoX RoPE and per-head q/k RMSNorm.
         c.rope_neox = true;
         c.qk_norm = true;
+    }
+    if (c.arch == "qwen2") {
+        // llama.cpp: LLM_ARCH_QWEN2 uses NeoX RoPE and biases on q, k and v.
+        c.rope_neox = true;
+        c.qkv_bias = true;
     }
     if (c.arch == "phi3") {
         // llama.cpp: LLM_ARCH_PHI3 uses NeoX RoPE, a fused QKV projection

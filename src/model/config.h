@@ -80,7 +80,8 @@ struct ModelConfig {
 
     /// Reads and validates the hyper-parameters of a GGUF file with
     /// general.architecture "llama" (with {arch}.expert_count /
-    /// expert_used_count: Mixtral), "qwen3moe" (NeoX RoPE, q/k norms,
+    /// expert_used_count: Mixtral), "qwen2" (NeoX RoPE, q/k/v biases),
+    /// "qwen3" (NeoX RoPE, q/k norms), "qwen3moe" (NeoX RoPE, q/k norms,
     /// {arch}.expert_feed_forward_length, routing weights renormalised as
     /// llama.cpp does), "phi3" (fused attn_qkv and gate/up in ffn_up, NeoX
     /// RoPE, {arch}.attention.sliding_window on every layer; files with

@@ -4,7 +4,8 @@
 // expert_used_count, q/k rows permuted for llama's interleaved RoPE, experts
 // stacked into 3-D blk.N.ffn_{gate,up,down}_exps (ne = {in, out, expert});
 // Qwen3-MoE as "qwen3moe" with expert_feed_forward_length; Phi-3 as "phi3"
-// with fused attn_qkv and gate/up in ffn_up — give transformers' logits at
+// with fused attn_qkv and gate/up in ffn_up; dense Qwen2 (q/k/v biases) and
+// Qwen3 (q/k norms) as "qwen2" / "qwen3" — give transformers' logits at
 // every position. Also: routing itself (softmax, top-k, renormalisation,
 // grouping by expert) and the refusals of what quern does not compute.
 #include <gtest/gtest.h>
@@ -120,6 +121,7 @@ TEST_P(MoePhi3Gguf, LogitsMatchTransformers) {
     EXPECT_EQ(a.rope_dim, b.rope_dim);
     EXPECT_EQ(a.qk_norm, b.qk_norm);
     EXPECT_EQ(a.fused_qkv, b.fused_qkv);
+    EXPECT_EQ(a.qkv_bias, b.qkv_bias);
     EXPECT_EQ(a.window(0), b.window(0));
     EXPECT_EQ(a.rope_neox, arch != "mixtral");
 
@@ -131,7 +133,7 @@ TEST_P(MoePhi3Gguf, LogitsMatchTransformers) {
         EXPECT_GE(cosine_similarity(out.data() + t * V, ref.data() + t * V, V), 0.9999) << arch << " position " << t;
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, MoePhi3Gguf, ::testing::Values("mixtral", "qwen3_moe", "phi3"));
+INSTANTIATE_TEST_SUITE_P(Archs, MoePhi3Gguf, ::testing::Values("mixtral", "qwen3_moe", "phi3", "qwen2", "qwen3"));
 
 TEST(MoeRouting, SoftmaxTopKAndRenormalisation) {
     // Logits of 2 rows over 4 experts.

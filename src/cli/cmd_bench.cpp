@@ -269,7 +269,7 @@ void add_bench_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("bench", "Measure prefill (pp) and decode (tg) tokens/s, like llama-bench");
     cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("--synthetic", o->synthetic,
-                    "Benchmark a synthetic model of a named shape instead (smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-30b-a3b, mixtral-8x7b)");
+                    "Benchmark a synthetic model of a named shape instead (smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, gemma2-2b, gemma3-270m, gemma3-4b, phi3-mini; quern synth --list)");
     cmd->add_option("--quant", o->quant, "Weight type of the synthetic model (a block type such as Q4_K or Q8_0, F16, BF16, the weight-only "
                     "F8_E4M3_B32 / NVFP4 of FP8 and NVFP4 checkpoints, or Q4_K_M / Q5_K_M)")
         ->capture_default_str();

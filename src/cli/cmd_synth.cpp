@@ -17,15 +17,17 @@ struct SynthOptions {
     std::string out;
     uint64_t seed = 1234;
     bool list = false;
+    bool tiny = false;
 };
 
 void synth(const SynthOptions& o) {
     if (o.list || o.preset.empty()) {
-        for (const auto& p : synth_presets()) std::printf("%-14s %s\n", p.name.c_str(), p.description.c_str());
+        for (const auto& p : synth_presets())
+            std::printf("%-14s %-10s %s\n", p.name.c_str(), p.cfg.arch.c_str(), p.description.c_str());
         return;
     }
     if (o.out.empty()) fail("give the output file with -o FILE.gguf");
-    const SynthPreset& p = synth_preset(o.preset);
+    const SynthPreset p = o.tiny ? synth_tiny(synth_preset(o.preset)) : synth_preset(o.preset);
     const bool tty = stderr_is_tty();
     SynthModel m = make_synthetic(p, o.quant, o.seed, [&](int64_t d, int64_t t) {
         if (tty) std::fprintf(stderr, "\rquern: building weights %lld/%lld", static_cast<long long>(d), static_cast<long long>(t));
@@ -52,16 +54,23 @@ void add_synth_command(CLI::App& app) {
     using namespace quern::cli;
     auto o = std::make_shared<SynthOptions>();
     CLI::App* cmd = app.add_subcommand("synth", "Write a synthetic model (random weights, real shape) as GGUF");
-    cmd->add_option("preset", o->preset, "Shape: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-30b-a3b, mixtral-8x7b (none: list them)");
+    cmd->add_option("preset", o->preset,
+                    "Shape: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, "
+                    "gemma2-2b, gemma3-270m, gemma3-4b, phi3-mini (none: list them)");
     cmd->add_option("--quant", o->quant, "Weight type: a block type (Q4_0 ... Q6_K, Q8_0, F16, BF16) or Q4_K_M / Q5_K_M")
         ->capture_default_str();
     cmd->add_option("-o,--output", o->out, "Output GGUF file");
     cmd->add_option("--seed", o->seed, "Random seed for the weights")->capture_default_str();
-    cmd->add_flag("--list", o->list, "List the presets");
+    cmd->add_flag("--list", o->list, "List the presets (name, GGUF architecture, shape)");
+    cmd->add_flag("--tiny", o->tiny,
+                  "Test-sized copy of the preset: same architecture and tensor layout, vocabulary 512, width 256, "
+                  "at most 6 layers");
     cmd->footer(
         "Examples:\n"
         "  quern synth --list\n"
         "  quern synth smollm2-135m --quant Q4_K_M -o smollm2-q4km.gguf\n"
+        "  quern synth gemma3-270m --tiny --quant Q8_0 -o g3-tiny.gguf && quern run -m g3-tiny.gguf --device cpu -p hi\n"
+        "On CUDA only the dense llama-architecture presets run; the others (experts, qwen3, gemma2, gemma3, phi3) run on the CPU.\n"
         "  quern synth llama3-8b --quant Q8_0 -o llama3-8b-q8_0.gguf && quern bench -m llama3-8b-q8_0.gguf");
     cmd->callback([o] { synth(*o); });
 }

@@ -60,6 +60,70 @@ ModelConfig mixtral_shape(std::string name, int64_t vocab, int64_t embd, int64_t
     return c;
 }
 
+/// Dense Qwen3 shapes (llama.cpp arch "qwen3"): per-head q/k RMSNorm, NeoX
+/// RoPE, head_dim 128 whatever the width (Qwen3Config).
+ModelConfig qwen3_shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads, int64_t kv_heads,
+                        int64_t ff, int64_t ctx) {
+    ModelConfig c = shape(std::move(name), vocab, embd, layers, heads, kv_heads, ff, ctx, 1000000.0f, 1e-6f);
+    c.arch = "qwen3";
+    c.head_dim = 128;
+    c.rope_dim = 128;
+    c.rope_neox = true;
+    c.qk_norm = true;
+    return c;
+}
+
+/// Gemma 2 / Gemma 3 shapes as ModelConfig::from_gguf reads them back:
+/// NeoX RoPE, embeddings scaled by sqrt(n_embd), post-norms, GELU-tanh FFN,
+/// query scale 1/sqrt(head_dim), local layers every layer but each
+/// `pattern`-th (gemma2: pattern 2, even layers local; gemma3: pattern 6) with
+/// a window of `window` keys; gemma2 soft-caps scores at 50 and logits at 30,
+/// gemma3 has q/k norms and a local RoPE base of 10000. `linear` > 1: Gemma 3's
+/// linear RoPE scaling of the global layers.
+ModelConfig gemma_shape(std::string arch, std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads,
+                        int64_t kv_heads, int64_t head_dim, int64_t ff, int64_t ctx, float rope_base, int64_t window,
+                        float linear = 1.0f) {
+    ModelConfig c = shape(std::move(name), vocab, embd, layers, heads, kv_heads, ff, ctx, rope_base, 1e-6f);
+    c.arch = std::move(arch);
+    const bool g3 = c.arch == "gemma3";
+    c.head_dim = head_dim;
+    c.rope_dim = head_dim;
+    c.rope_neox = true;
+    c.embd_scale = std::sqrt(static_cast<float>(embd));
+    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    c.post_norms = true;
+    c.gelu_ffn = true;
+    c.qk_norm = g3;
+    c.sliding_window = window;
+    const int64_t pattern = g3 ? 6 : 2;
+    c.swa_layers.resize(static_cast<size_t>(layers));
+    for (int64_t il = 0; il < layers; ++il) c.swa_layers[static_cast<size_t>(il)] = il % pattern < pattern - 1;
+    c.rope_base_local = g3 ? 10000.0f : rope_base;
+    if (!g3) {
+        c.attn_softcap = 50.0f;
+        c.final_softcap = 30.0f;
+    }
+    if (linear != 1.0f) {
+        c.rope_freq_factors.assign(static_cast<size_t>(head_dim / 2), linear);
+        c.rope_factors_global_only = true;
+    }
+    return c;
+}
+
+/// Phi-3 shapes (llama.cpp arch "phi3"): fused attn_qkv and gate/up, NeoX
+/// RoPE, a sliding window on every layer.
+ModelConfig phi3_shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads, int64_t kv_heads,
+                       int64_t ff, int64_t ctx, int64_t window) {
+    ModelConfig c = shape(std::move(name), vocab, embd, layers, heads, kv_heads, ff, ctx, 10000.0f, 1e-5f);
+    c.arch = "phi3";
+    c.rope_neox = true;
+    c.fused_qkv = true;
+    c.fused_gate_up = true;
+    c.sliding_window = window;
+    c.swa_layers.assign(static_cast<size_t>(layers), 1);
+    return c;
+}
+
 // llama.cpp's rule for giving some layers more bits in the _M mixes.
 bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
@@ -84,6 +148,21 @@ const std::vector<SynthPreset>& synth_presets() {
          qwen3moe_shape("synthetic qwen3-30b-a3b", 151936, 2048, 48, 32, 4, 6144, 768, 128, 8, 40960), false},
         {"mixtral-8x7b", "Mixtral-8x7B shape: 8 experts of width 14336, 2 per token (46.7B parameters, 12.9B active)",
          mixtral_shape("synthetic mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 8, 2, 32768), false},
+        {"qwen3-8b", "Qwen3-8B shape: q/k norms, head_dim 128 (8.19B parameters)",
+         qwen3_shape("synthetic qwen3-8b", 151936, 4096, 36, 32, 8, 12288, 40960), false},
+        {"gemma2-2b", "Gemma-2-2B shape: local/global layers (window 4096), soft-capping, tied output (2.61B "
+                      "parameters)",
+         gemma_shape("gemma2", "synthetic gemma2-2b", 256000, 2304, 26, 8, 4, 256, 9216, 8192, 10000.0f, 4096), true},
+        {"gemma3-270m", "Gemma-3-270M shape: 5 local layers (window 512) per global one, q/k norms, tied output "
+                        "(268M parameters)",
+         gemma_shape("gemma3", "synthetic gemma3-270m", 262144, 640, 18, 4, 1, 256, 2048, 32768, 1000000.0f, 512),
+         true},
+        {"gemma3-4b", "Gemma-3-4B text shape: window 1024, linear RoPE scaling 8 on global layers, tied output (3.88B "
+                      "parameters)",
+         gemma_shape("gemma3", "synthetic gemma3-4b", 262208, 2560, 34, 8, 4, 256, 10240, 131072, 1000000.0f, 1024, 8.0f),
+         true},
+        {"phi3-mini", "Phi-3-mini-4k shape: fused attn_qkv and gate/up, window 2047 (3.82B parameters)",
+         phi3_shape("synthetic phi3-mini", 32064, 3072, 32, 32, 32, 8192, 4096, 2047), false},
     };
     return k;
 }
@@ -97,6 +176,37 @@ const SynthPreset& synth_preset(const std::string& name) {
     fail("unknown synthetic preset '{}' (known: {})", name, names);
 }
 
+SynthPreset synth_tiny(const SynthPreset& p) {
+    SynthPreset t = p;
+    t.name = p.name + "-tiny";
+    t.description = "test-sized " + p.name + " (its architecture and layout, small dimensions)";
+    ModelConfig& c = t.cfg;
+    const ModelConfig& o = p.cfg;
+    c.name = o.name + " (tiny)";
+    c.n_vocab = 512;
+    c.n_embd = 256;
+    c.n_layer = std::min<int64_t>(o.n_layer, 6);
+    c.n_head = std::min<int64_t>(o.n_head, 4);
+    c.n_head_kv = std::max<int64_t>(1, c.n_head / std::min(c.n_head, o.n_head / o.n_head_kv));
+    c.head_dim = 64;
+    c.rope_dim = c.head_dim * o.rope_dim / o.head_dim / 2 * 2;
+    c.n_ff = 512;
+    c.n_ctx_train = std::min<int64_t>(o.n_ctx_train, 4096);
+    if (o.embd_scale > 0.0f) c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    if (o.attn_scale > 0.0f) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    if (o.sliding_window > 0) c.sliding_window = std::min<int64_t>(o.sliding_window, 4);
+    if (!o.swa_layers.empty()) c.swa_layers.resize(static_cast<size_t>(c.n_layer));  // the pattern starts at layer 0
+    if (!o.rope_freq_factors.empty()) c.rope_freq_factors.assign(static_cast<size_t>(c.rope_dim / 2), o.rope_freq_factors[0]);
+    if (o.moe()) {
+        c.n_expert = std::min<int64_t>(o.n_expert, 8);
+        c.n_expert_used = std::min<int64_t>(o.n_expert_used, 2);
+        // llama-architecture experts have the FFN width (feed_forward_length).
+        c.n_ff_exp = o.arch == "llama" ? c.n_ff : 256;
+    }
+    c.validate();
+    return t;
+}
+
 DType synth_tensor_type(const std::string& scheme, const std::string& name, int64_t layer, int64_t n_layer,
                         int64_t ne0) {
     DType t;
@@ -104,6 +214,8 @@ DType synth_tensor_type(const std::string& scheme, const std::string& name, int6
         const DType base = scheme == "Q4_K_M" ? DType::Q4_K : DType::Q5_K;
         t = base;
         if (name == "output.weight") t = DType::Q6_K;
+        else if (name.find("attn_qkv.weight") != std::string::npos)
+            t = scheme == "Q4_K_M" ? DType::Q5_K : DType::Q6_K;  // fused QKV: one step up, every layer
         else if ((name.find("attn_v.weight") != std::string::npos || name.find("ffn_down.weight") != std::string::npos ||
                   name.find("ffn_down_exps.weight") != std::string::npos) &&
                  use_more_bits(layer, n_layer))
@@ -169,25 +281,34 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
     for (int64_t i = 0; i < c.n_layer; ++i) {
         auto n = [&](const char* s) { return fmt::format("blk.{}.{}.weight", i, s); };
         specs.push_back({n("attn_norm"), c.n_embd, 1, i, true});
-        specs.push_back({n("attn_q"), c.n_embd, c.q_dim(), i, false});
-        specs.push_back({n("attn_k"), c.n_embd, c.kv_dim(), i, false});
-        specs.push_back({n("attn_v"), c.n_embd, c.kv_dim(), i, false});
+        if (c.fused_qkv) {
+            specs.push_back({n("attn_qkv"), c.n_embd, c.q_dim() + 2 * c.kv_dim(), i, false});
+        } else {
+            specs.push_back({n("attn_q"), c.n_embd, c.q_dim(), i, false});
+            specs.push_back({n("attn_k"), c.n_embd, c.kv_dim(), i, false});
+            specs.push_back({n("attn_v"), c.n_embd, c.kv_dim(), i, false});
+        }
         specs.push_back({n("attn_output"), c.q_dim(), c.n_embd, i, false});
         if (c.qk_norm) {
             specs.push_back({n("attn_q_norm"), c.head_dim, 1, i, true});
             specs.push_back({n("attn_k_norm"), c.head_dim, 1, i, true});
         }
+        if (c.post_norms) specs.push_back({n("post_attention_norm"), c.n_embd, 1, i, true});
         specs.push_back({n("ffn_norm"), c.n_embd, 1, i, true});
         if (c.moe()) {
             specs.push_back({n("ffn_gate_inp"), c.n_embd, c.n_expert, i, false, 1, true});
             specs.push_back({n("ffn_gate_exps"), c.n_embd, c.n_ff_exp, i, false, c.n_expert});
             specs.push_back({n("ffn_up_exps"), c.n_embd, c.n_ff_exp, i, false, c.n_expert});
             specs.push_back({n("ffn_down_exps"), c.n_ff_exp, c.n_embd, i, false, c.n_expert});
+        } else if (c.fused_gate_up) {
+            specs.push_back({n("ffn_up"), c.n_embd, 2 * c.n_ff, i, false});  // gate rows, then up rows
+            specs.push_back({n("ffn_down"), c.n_ff, c.n_embd, i, false});
         } else {
             specs.push_back({n("ffn_gate"), c.n_embd, c.n_ff, i, false});
             specs.push_back({n("ffn_up"), c.n_embd, c.n_ff, i, false});
             specs.push_back({n("ffn_down"), c.n_ff, c.n_embd, i, false});
         }
+        if (c.post_norms) specs.push_back({n("post_ffw_norm"), c.n_embd, 1, i, true});
     }
     specs.push_back({"output_norm.weight", c.n_embd, 1, -1, true});
     if (!p.tied) specs.push_back({"output.weight", c.n_embd, c.n_vocab, -1, false});
@@ -198,7 +319,10 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
     std::vector<float> row;
     int64_t done = 0;
     for (const Spec& s : specs) {
-        const DType t = s.norm || s.f32 ? DType::F32 : synth_tensor_type(scheme, s.name, s.layer, c.n_layer, s.ne0);
+        // A tied token embedding is also the output projection: llama.cpp's
+        // mixes give it the output's type.
+        const std::string as = p.tied && s.name == "token_embd.weight" ? "output.weight" : s.name;
+        const DType t = s.norm || s.f32 ? DType::F32 : synth_tensor_type(scheme, as, s.layer, c.n_layer, s.ne0);
         const size_t rb = row_size(t, s.ne0);
         const int64_t rows = s.ne1 * s.ne2;
         auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[rb * static_cast<size_t>(rows)]);
@@ -221,6 +345,15 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         m.weights.add(Tensor::contiguous(t, ne, buf.get(), s.name), std::shared_ptr<const void>(buf, buf.get()));
         m.order.push_back(s.name);
         if (progress) progress(++done, static_cast<int64_t>(specs.size()));
+    }
+    if (!c.rope_freq_factors.empty()) {
+        // RoPE scaling given by keys (Gemma 3's linear scaling), as
+        // Model::from_gguf supplies it: in memory only, not in m.order.
+        const int64_t n = static_cast<int64_t>(c.rope_freq_factors.size());
+        auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(n)]);
+        std::copy(c.rope_freq_factors.begin(), c.rope_freq_factors.end(), buf.get());
+        m.weights.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), "rope_freqs.weight"),
+                      std::shared_ptr<const void>(buf, buf.get()));
     }
     return m;
 }
@@ -245,13 +378,26 @@ void write_synthetic_gguf(const SynthModel& m, const std::string& path,
     w.set_u32(a + "feed_forward_length", static_cast<uint32_t>(c.n_ff));
     w.set_u32(a + "attention.head_count", static_cast<uint32_t>(c.n_head));
     w.set_u32(a + "attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));
-    if (c.head_dim != c.n_embd / c.n_head) {
+    const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
+    // llama.cpp's converter writes the head size for Gemma and Qwen3 always
+    // (their configs give head_dim), for the others when it is not n_embd / n_head.
+    if (gemma || c.arch == "qwen3" || c.head_dim != c.n_embd / c.n_head) {
         w.set_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
         w.set_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
     }
-    w.set_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.rope_dim));
+    if (!gemma) w.set_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.rope_dim));
     w.set_f32(a + "rope.freq_base", c.rope_base);
     w.set_f32(a + "attention.layer_norm_rms_epsilon", c.rms_eps);
+    if (c.sliding_window > 0) w.set_u32(a + "attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
+    if (c.arch == "gemma2") {
+        w.set_f32(a + "attn_logit_softcapping", c.attn_softcap);
+        w.set_f32(a + "final_logit_softcapping", c.final_softcap);
+    }
+    if (c.arch == "gemma3" && !c.rope_freq_factors.empty()) {
+        w.set_string(a + "rope.scaling.type", "linear");
+        w.set_f32(a + "rope.scaling.factor", c.rope_freq_factors[0]);
+    }
+    if (c.arch == "phi3") w.set_u32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(c.n_ctx_train));
     w.set_u32(a + "vocab_size", static_cast<uint32_t>(c.n_vocab));
     if (c.moe()) {
         w.set_u32(a + "expert_count", static_cast<uint32_t>(c.n_expert));

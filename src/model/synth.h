@@ -22,16 +22,32 @@ struct SynthPreset {
     bool tied = false;  // output projection shares token_embd
 };
 
-/// Named shapes: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-30b-a3b
-/// (arch qwen3moe), mixtral-8x7b (arch llama with experts).
+/// Named shapes from the published configs: smollm2-135m, llama3-1b,
+/// llama3-8b, qwen2-7b (arch llama), qwen3-30b-a3b (arch qwen3moe),
+/// mixtral-8x7b (arch llama with experts), qwen3-8b (arch qwen3),
+/// gemma2-2b (gemma2), gemma3-270m and gemma3-4b (gemma3), phi3-mini (phi3,
+/// fused attn_qkv and gate/up). Each config is the one ModelConfig::from_gguf
+/// reads back from the file write_synthetic_gguf writes for it.
 const std::vector<SynthPreset>& synth_presets();
 /// Throws quern::Error listing the known presets when `name` is not one.
 const SynthPreset& synth_preset(const std::string& name);
+/// A test-sized copy of a preset: the same architecture, flags and tensor
+/// layout (fused projections, norms, experts, tied output, local/global layer
+/// pattern from layer 0, RoPE scaling) with small dimensions: vocabulary 512,
+/// width 256, at most 6 layers, at most 4 query heads (grouped-query presets keep
+/// their group size where 4 heads allow it), head_dim 64 (rope_dim scaled alike), FFN width
+/// 512, experts at most 8 (width 256, or the FFN width for the llama
+/// architecture, whose experts have it) with at most 2 used, sliding window at
+/// most 4 positions (so short sequences cross it), context at most 4096.
+/// Named "<preset>-tiny". Width 256 keeps K-quants unfallen.
+SynthPreset synth_tiny(const SynthPreset& p);
 
 /// The block type a weight gets under a quantization scheme: a plain type
 /// name ("Q8_0", "Q4_K", "F16", ...) applies to every 2-D weight; "Q4_K_M" and
 /// "Q5_K_M" follow llama.cpp's per-tensor choices (attn_v and ffn_down of
-/// some layers and the output in Q6_K, the rest in Q4_K / Q5_K). A K-quant that
+/// some layers and the output in Q6_K, a fused attn_qkv in Q5_K / Q6_K, the
+/// rest in Q4_K / Q5_K; make_synthetic gives a tied token_embd the output's
+/// type). A K-quant that
 /// does not divide the row length ne0 falls back as llama.cpp does (Q4_K→Q5_0,
 /// Q5_K→Q5_1, Q6_K→Q8_0, Q2_K/Q3_K→Q4_0). Throws for unknown schemes.
 DType synth_tensor_type(const std::string& scheme, const std::string& tensor_name, int64_t layer, int64_t n_layer,
@@ -58,7 +74,14 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
 /// F8_E4M3_B32 / NVFP4 layouts, which GGUF cannot hold) with {arch}.* metadata as llama.cpp reads it
 /// (expert_count, expert_used_count and, for qwen3moe,
 /// expert_feed_forward_length for expert models; key_length/value_length when
-/// head_dim is not n_embd / n_head) and a byte-level BPE
+/// head_dim is not n_embd / n_head and always for qwen3 and Gemma;
+/// attention.sliding_window for Gemma and Phi-3; gemma2's
+/// attn_logit_softcapping / final_logit_softcapping; gemma3's
+/// rope.scaling.type linear and rope.scaling.factor; phi3's
+/// rope.scaling.original_context_length; no rope.dimension_count for Gemma,
+/// as llama.cpp's converter), the tensors in m.order (llama.cpp's names:
+/// blk.N.attn_qkv for fused QKV, gate and up rows in blk.N.ffn_up for Phi-3,
+/// blk.N.post_attention_norm / post_ffw_norm for Gemma), and a byte-level BPE
 /// tokenizer (256 byte tokens, specials, reserved tokens up to n_vocab).
 void write_synthetic_gguf(const SynthModel& m, const std::string& path,
                           const std::function<void(uint64_t, uint64_t)>& progress = {});

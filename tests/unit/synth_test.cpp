@@ -1,9 +1,17 @@
 // Synthetic models: llama.cpp's Q4_K_M tensor choices, a GGUF file that the
-// `gguf` Python package reads back identically, and a model that runs.
+// `gguf` Python package reads back identically, and a model that runs; for
+// every preset a test-sized copy whose file has the preset's config, only
+// keys and tensor names llama.cpp's tables know, computes what the in-memory
+// model computes, and fails to load, naming it, without its architecture's
+// telltale tensor.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <unistd.h>
@@ -81,4 +89,184 @@ TEST(Synth, FileReadsBackInGgufPythonAndRuns) {
     model->forward(ids.data(), 4, cache, logits.data(), false, pool);
     for (float v : logits) ASSERT_TRUE(std::isfinite(v));
     std::filesystem::remove_all(dir);
+}
+
+// ---------------------------------------------------------------- every preset, test-sized
+
+namespace {
+
+std::string tmp_path(const std::string& name) {
+    return (std::filesystem::temp_directory_path() / ("quern-synth-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+/// Logits of the last of `ids` (finite checked by the caller).
+std::vector<float> last_logits(Model& m, const std::vector<int32_t>& ids) {
+    ThreadPool pool(0);
+    KvCache cache = m.make_cache(64);
+    std::vector<float> out(static_cast<size_t>(m.config().n_vocab));
+    m.forward(ids.data(), static_cast<int64_t>(ids.size()), cache, out.data(), false, pool);
+    return out;
+}
+
+/// A tensor each architecture cannot do without and that the others lack or
+/// name alike: removing it must make loading fail naming it.
+std::string arch_tensor(const ModelConfig& c) {
+    if (c.fused_qkv) return "blk.1.attn_qkv.weight";
+    if (c.post_norms) return "blk.1.post_ffw_norm.weight";
+    if (c.qk_norm) return "blk.1.attn_k_norm.weight";
+    if (c.moe()) return "blk.1.ffn_down_exps.weight";
+    return "blk.1.ffn_gate.weight";
+}
+
+}  // namespace
+
+class SynthPresets : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SynthPresets, TinyCopyWritesLoadsAndRuns) {
+    const SynthPreset& full = synth_preset(GetParam());
+    const SynthPreset p = synth_tiny(full);
+    const ModelConfig& want = p.cfg;
+    EXPECT_EQ(want.arch, full.cfg.arch);
+    EXPECT_EQ(want.fused_qkv, full.cfg.fused_qkv);
+    EXPECT_EQ(want.n_head / want.n_head_kv > 1, full.cfg.n_head / full.cfg.n_head_kv > 1);
+    const std::string path = tmp_path(p.name + ".gguf");
+    SynthModel m = make_synthetic(p, "Q4_K_M", 5);
+    write_synthetic_gguf(m, path);
+
+    // The file's config is the preset's.
+    auto f = std::make_shared<GgufFile>(path);
+    const ModelConfig got = ModelConfig::from_gguf(*f);
+    EXPECT_EQ(got.arch, want.arch);
+    EXPECT_EQ(got.n_vocab, want.n_vocab);
+    EXPECT_EQ(got.n_embd, want.n_embd);
+    EXPECT_EQ(got.n_layer, want.n_layer);
+    EXPECT_EQ(got.n_head, want.n_head);
+    EXPECT_EQ(got.n_head_kv, want.n_head_kv);
+    EXPECT_EQ(got.n_ff, want.n_ff);
+    EXPECT_EQ(got.head_dim, want.head_dim);
+    EXPECT_EQ(got.rope_dim, want.rope_dim);
+    EXPECT_EQ(got.n_ctx_train, want.n_ctx_train);
+    EXPECT_EQ(got.rope_base, want.rope_base);
+    EXPECT_EQ(got.rms_eps, want.rms_eps);
+    EXPECT_EQ(got.rope_neox, want.rope_neox);
+    EXPECT_EQ(got.qk_norm, want.qk_norm);
+    EXPECT_EQ(got.qkv_bias, want.qkv_bias);
+    EXPECT_EQ(got.fused_qkv, want.fused_qkv);
+    EXPECT_EQ(got.fused_gate_up, want.fused_gate_up);
+    EXPECT_EQ(got.post_norms, want.post_norms);
+    EXPECT_EQ(got.gelu_ffn, want.gelu_ffn);
+    EXPECT_FLOAT_EQ(got.embd_scale, want.embd_scale);
+    EXPECT_FLOAT_EQ(got.qk_scale(), want.qk_scale());
+    EXPECT_EQ(got.attn_softcap, want.attn_softcap);
+    EXPECT_EQ(got.final_softcap, want.final_softcap);
+    EXPECT_EQ(got.sliding_window, want.sliding_window);
+    EXPECT_EQ(got.swa_layers, want.swa_layers);
+    EXPECT_EQ(got.rope_base_local == 0 ? got.rope_base : got.rope_base_local,
+              want.rope_base_local == 0 ? want.rope_base : want.rope_base_local);
+    EXPECT_EQ(got.rope_freq_factors, want.rope_freq_factors);
+    EXPECT_EQ(got.rope_factors_global_only, want.rope_factors_global_only);
+    EXPECT_EQ(got.n_expert, want.n_expert);
+    EXPECT_EQ(got.n_expert_used, want.n_expert_used);
+    EXPECT_EQ(got.n_ff_exp, want.n_ff_exp);
+    EXPECT_EQ(f->tensors().size(), m.order.size());
+    EXPECT_EQ(f->find_tensor("output.weight") == nullptr, p.tied);
+
+    // llama.cpp's tables (the gguf package) know every key and tensor name.
+    if (std::system("python3 -c 'import gguf, numpy' 2>/dev/null") == 0) {
+        const std::string out = tmp_path(p.name + ".json");
+        const std::string cmd =
+            std::string("python3 ") + QUERN_SOURCE_DIR + "/tests/python/synth_check.py " + path + " > " + out;
+        ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+        const auto j = nlohmann::json::parse(std::ifstream(out));
+        std::filesystem::remove(out);
+        EXPECT_EQ(j["arch"], want.arch);
+        EXPECT_EQ(j["block_count"], want.n_layer);
+        EXPECT_TRUE(j["unknown_keys"].empty()) << j["unknown_keys"].dump();
+        EXPECT_TRUE(j["unknown_tensors"].empty()) << j["unknown_tensors"].dump();
+        for (const auto& info : f->tensors())
+            EXPECT_EQ(j["tensors"][info.name]["type"].get<int>(), static_cast<int>(info.type)) << info.name;
+    } else if (std::getenv("CI")) {
+        ADD_FAILURE() << "python3 with gguf and numpy is needed in CI";
+    }
+
+    // It runs, past the sliding window, and the file computes what the
+    // in-memory model computes.
+    const std::vector<int32_t> ids{1, 40, 300, 7, 99, 258, 12, 500, 3, 64, 128, 200};
+    auto from_file = Model::from_gguf(f);
+    const auto a = last_logits(*from_file, ids);
+    for (float v : a) ASSERT_TRUE(std::isfinite(v));
+    auto in_memory = Model::from_weights(p.cfg, std::move(m.weights));
+    const auto b = last_logits(*in_memory, ids);
+    EXPECT_EQ(a, b);
+    float lo = a[0], hi = a[0];
+    for (float v : a) lo = std::min(lo, v), hi = std::max(hi, v);
+    EXPECT_GT(hi - lo, 1e-3f) << "logits do not depend on the token";
+    std::filesystem::remove(path);
+}
+
+TEST_P(SynthPresets, MissingTensorFailsNamingIt) {
+    const SynthPreset p = synth_tiny(synth_preset(GetParam()));
+    SynthModel m = make_synthetic(p, "Q8_0", 6);
+    const std::string gone = arch_tensor(p.cfg);
+    const auto it = std::find(m.order.begin(), m.order.end(), gone);
+    ASSERT_NE(it, m.order.end()) << gone << " is not in the " << p.name << " layout";
+    m.order.erase(it);
+    const std::string path = tmp_path(p.name + "-missing.gguf");
+    write_synthetic_gguf(m, path);
+    try {
+        Model::from_gguf(std::make_shared<GgufFile>(path));
+        ADD_FAILURE() << p.name << " loaded without " << gone;
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("'" + gone + "' is missing"), std::string::npos) << e.what();
+    }
+    std::filesystem::remove(path);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, SynthPresets,
+                         ::testing::Values("smollm2-135m", "llama3-1b", "llama3-8b", "qwen2-7b", "qwen3-30b-a3b",
+                                           "mixtral-8x7b", "qwen3-8b", "gemma2-2b", "gemma3-270m", "gemma3-4b",
+                                           "phi3-mini"),
+                         [](const auto& info) {
+                             std::string s = info.param;
+                             for (char& ch : s)
+                                 if (ch == '-') ch = '_';
+                             return s;
+                         });
+
+TEST(Synth, EveryPresetIsTested) {
+    EXPECT_EQ(synth_presets().size(), 11u) << "add the new preset to SynthPresets' list";
+}
+
+TEST(Synth, Gemma3_270mQ4KMTypesAreLlamaCpps) {
+    // The tensor types of llama.cpp's own Q4_K_M file of Gemma 3 270M: the
+    // tied embedding takes the output's Q6_K (Q8_0: 640 is no multiple of
+    // 256), rows of 640 fall back from Q4_K to Q5_0, attn_v and ffn_down of
+    // 9 of the 18 layers get Q6_K (attn_v: Q8_0 by the same fallback).
+    const SynthPreset& p = synth_preset("gemma3-270m");
+    const auto& c = p.cfg;
+    std::map<std::string, std::map<std::string, int>> count;  // tensor kind -> type -> count
+    for (int64_t il = 0; il < c.n_layer; ++il)
+        for (auto [kind, ne0] : std::vector<std::pair<std::string, int64_t>>{
+                 {"attn_q", c.n_embd}, {"attn_k", c.n_embd}, {"attn_v", c.n_embd}, {"attn_output", c.q_dim()},
+                 {"ffn_gate", c.n_embd}, {"ffn_up", c.n_embd}, {"ffn_down", c.n_ff}})
+            ++count[kind][std::string(dtype_name(synth_tensor_type("Q4_K_M", fmt::format("blk.{}.{}.weight", il, kind), il,
+                                                       c.n_layer, ne0)))];
+    using M = std::map<std::string, int>;
+    EXPECT_EQ(count["attn_q"], (M{{"Q5_0", 18}}));
+    EXPECT_EQ(count["attn_k"], (M{{"Q5_0", 18}}));
+    EXPECT_EQ(count["attn_v"], (M{{"Q5_0", 9}, {"Q8_0", 9}}));
+    EXPECT_EQ(count["attn_output"], (M{{"Q4_K", 18}}));
+    EXPECT_EQ(count["ffn_gate"], (M{{"Q5_0", 18}}));
+    EXPECT_EQ(count["ffn_down"], (M{{"Q4_K", 9}, {"Q6_K", 9}}));
+    // The tied embedding, as make_synthetic types it, on a tiny copy of the
+    // same width (the full table would take 170 MB).
+    SynthPreset tiny = synth_tiny(p);
+    tiny.cfg.n_embd = 640;
+    tiny.cfg.embd_scale = std::sqrt(640.0f);
+    const SynthModel m = make_synthetic(tiny, "Q4_K_M", 1);
+    EXPECT_EQ(m.weights.find("token_embd.weight")->type, DType::Q8_0);
+    EXPECT_EQ(m.weights.find("output.weight"), nullptr);
+    // Phi-3's fused QKV goes one step up, in every layer.
+    EXPECT_EQ(synth_tensor_type("Q4_K_M", "blk.7.attn_qkv.weight", 7, 32, 3072), DType::Q5_K);
+    EXPECT_EQ(synth_tensor_type("Q5_K_M", "blk.7.attn_qkv.weight", 7, 32, 3072), DType::Q6_K);
 }

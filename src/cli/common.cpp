@@ -154,15 +154,18 @@ bool use_cuda(const DeviceOptions& opts) {
 #endif
 }
 
+// Keep in step with the checks of LlamaCudaSession's constructor
+// (src/backend/cuda/llama_session.cpp).
 std::string gpu_unsupported(const ModelConfig& c) {
-    if (c.arch != "llama") return "the " + c.arch + " architecture";
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3")
+        return "the " + c.arch + " architecture";
     if (c.moe()) return "mixture-of-experts layers";
-    if (c.fused_qkv || c.fused_gate_up) return "fused QKV / gate-up projections";
-    if (c.qkv_bias || c.out_bias) return "attention biases";
-    if (c.qk_norm) return "per-head q/k normalisation";
-    if (c.post_norms || c.gelu_ffn || c.sliding_window > 0 || c.attn_softcap > 0 || c.final_softcap > 0 ||
-        c.embd_scale > 0 || c.attn_scale > 0)
-        return "Gemma's blocks (post-norms, GELU FFN, sliding windows, soft-capping)";
+    if (c.out_bias) return "an attention output bias";
+    if (c.post_norms || c.gelu_ffn || c.attn_softcap > 0 || c.final_softcap > 0 || c.embd_scale > 0 ||
+        c.attn_scale > 0 || c.rope_base_local > 0 || c.rope_factors_global_only)
+        return "Gemma's blocks (post-norms, GELU FFN, soft-capping, local RoPE bases)";
+    if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+        return fmt::format("attention heads of {} elements", c.head_dim);
     return "";
 }
 

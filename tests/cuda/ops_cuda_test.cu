@@ -402,6 +402,9 @@ struct AttnRopeCase {
     bool neox, freq;
     KvType kv;
     std::vector<int> positions;
+    bool bias = false;  // AttentionExtras: q/k/v biases
+    bool norm = false;  // per-head q/k RMSNorm
+    int window = 0;     // sliding window
 };
 
 TEST_F(OpsCuda, DecodeAttentionRope) {
@@ -412,6 +415,13 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
         {14, 2, 64, 64, true, false, KvType::F16, {0, 127, 2047}},  // g = 7, NeoX
         {16, 4, 64, 32, true, true, KvType::F32, {5, 300}},         // partial rotation
         {8, 8, 128, 96, false, false, KvType::F16, {64, 777}},      // g = 1
+        // Architectures beyond Llama (AttentionExtras) and the other head sizes.
+        {32, 8, 128, 128, true, false, KvType::F16, {0, 70, 1000}, true, true, 0},    // Qwen2 biases + Qwen3 norms
+        {8, 2, 128, 64, true, false, KvType::F32, {100, 500}, true, false, 100},     // biases, window
+        {8, 4, 64, 64, true, false, KvType::F16, {3, 63, 64, 200, 1000}, false, false, 7},  // window 7
+        {16, 4, 32, 32, true, false, KvType::F16, {0, 5, 300}, false, true, 0},      // head_dim 32
+        {16, 4, 32, 32, false, false, KvType::F32, {0, 64, 129}},                    // head_dim 32, f32
+        {4, 1, 256, 256, true, false, KvType::F16, {0, 99, 700}, false, true, 0},    // head_dim 256 (Gemma 3)
     };
     for (const auto& c : cases) {
         const int n_ctx = c.positions.back() + 1 + 100;
@@ -446,7 +456,8 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
             const std::string what = "heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) +
                                      " hd " + std::to_string(c.head_dim) + " rope " + std::to_string(c.rope_dim) +
                                      (c.neox ? " neox" : " normal") + (c.freq ? " ff" : "") + (f16 ? " f16" : " f32") +
-                                     " pos " + std::to_string(pos);
+                                     (c.bias ? " bias" : "") + (c.norm ? " qk-norm" : "") +
+                                     (c.window ? " window " + std::to_string(c.window) : "") + " pos " + std::to_string(pos);
             // Rows 0..pos-1 live, row pos and after poisoned (pos must be written, later rows never read).
             kc.fill_bytes(0xFF, st());
             vc.fill_bytes(0xFF, st());
@@ -456,6 +467,24 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
             }
             auto q = randv(qn, rng_, -3.0f, 3.0f), k = randv(kn, rng_, -2.0f, 2.0f), v = randv(kn, rng_);
             auto dq = up(q), dk = up(k), dv = up(v);
+            // Extras: biases, norm weights; qb, kb, vb are what RoPE / the cache see.
+            auto bq = randv(qn, rng_, -1.0f, 1.0f), bk = randv(kn, rng_, -1.0f, 1.0f), bv = randv(kn, rng_, -1.0f, 1.0f);
+            auto wq = randv(c.head_dim, rng_, 0.5f, 1.5f), wk = randv(c.head_dim, rng_, 0.5f, 1.5f);
+            auto dbq = up(bq), dbk = up(bk), dbv = up(bv), dwq = up(wq), dwk = up(wk);
+            AttentionExtras ex;
+            if (c.bias) ex.q_bias = dbq.as<float>(), ex.k_bias = dbk.as<float>(), ex.v_bias = dbv.as<float>();
+            if (c.norm) ex.q_norm = dwq.as<float>(), ex.k_norm = dwk.as<float>();
+            ex.norm_eps = 1e-6f;
+            ex.window = c.window;
+            auto qb = q, kb = k, vb = v;
+            if (c.bias) {
+                for (int i = 0; i < qn; ++i) qb[static_cast<size_t>(i)] += bq[static_cast<size_t>(i)];
+                for (int i = 0; i < kn; ++i) kb[static_cast<size_t>(i)] += bk[static_cast<size_t>(i)], vb[static_cast<size_t>(i)] += bv[static_cast<size_t>(i)];
+            }
+            if (c.norm) {
+                cpu::rms_norm(qb.data(), wq.data(), qb.data(), c.n_head, c.head_dim, 1e-6f);
+                cpu::rms_norm(kb.data(), wk.data(), kb.data(), c.n_head_kv, c.head_dim, 1e-6f);
+            }
             auto dpos = up(std::vector<int32_t>{pos});
             auto dout = poisoned<float>(qn);
             auto dxq = poisoned<int8_t>(qn), dxq2 = poisoned<int8_t>(qn);
@@ -465,7 +494,7 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
                                       dpos.as<int32_t>(), n_ctx, c.n_head, c.n_head_kv, c.head_dim, dinv.as<float>(),
                                       c.rope_dim, c.neox, scale, scratch.data(), dout.as<float>(), st(),
                                       dxq.as<int8_t>(), dinfo.as<ActBlockInfo>(), dxq2.as<int8_t>(),
-                                      dinfo2.as<ActBlockInfo>());
+                                      dinfo2.as<ActBlockInfo>(), ex);
             };
             call();
             auto got = down<float>(dout, qn);
@@ -473,7 +502,7 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
             ASSERT_EQ(0, std::memcmp(down<float>(dq, qn).data(), q.data(), q.size() * 4)) << what << ": q modified";
             ASSERT_EQ(0, std::memcmp(down<float>(dk, kn).data(), k.data(), k.size() * 4)) << what << ": k modified";
             // Row pos: rotated k and v, as rope_kv_store writes them; row pos+1 untouched.
-            auto rq = q, rk = k;
+            auto rq = qb, rk = kb;
             const int32_t p = pos;
             cpu::rope(rq.data(), &p, 1, c.n_head, c.head_dim, c.rope_dim, 10000.0f, c.neox, c.freq ? ff.data() : nullptr);
             cpu::rope(rk.data(), &p, 1, c.n_head_kv, c.head_dim, c.rope_dim, 10000.0f, c.neox,
@@ -494,21 +523,22 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
                     std::memcpy(&hk, kr.data() + 2 * i, 2);
                     std::memcpy(&hv, vr.data() + 2 * i, 2);
                     gk = fp16_to_fp32(hk), gv = fp16_to_fp32(hv);
-                    ASSERT_EQ(hv, fp32_to_fp16(v[i])) << what << " v " << i;
+                    ASSERT_EQ(hv, fp32_to_fp16(vb[i])) << what << " v " << i;
                     ASSERT_LE(std::fabs(gk - rk[i]), std::fabs(rk[i]) * (1.0f / 2048.0f) + 1e-5f)
                         << what << " k " << i << " " << gk << " vs " << rk[i];
                 } else {
                     std::memcpy(&gk, kr.data() + 4 * i, 4);
                     std::memcpy(&gv, vr.data() + 4 * i, 4);
-                    ASSERT_EQ(gv, v[i]) << what << " v " << i;
-                    ASSERT_LE(std::fabs(gk - rk[i]), 1e-5f) << what << " k " << i << " " << gk << " vs " << rk[i];
+                    ASSERT_EQ(gv, vb[i]) << what << " v " << i;
+                    ASSERT_LE(std::fabs(gk - rk[i]), 1e-5f * (1.0f + std::fabs(rk[i])))
+                        << what << " k " << i << " " << gk << " vs " << rk[i];
                 }
                 kref[static_cast<size_t>(pos) * kn + i] = gk;  // the attention reference reads what the device stored
                 vref[static_cast<size_t>(pos) * kn + i] = gv;
             }
             std::vector<float> ref(static_cast<size_t>(qn));
             cpu::attention(rq.data(), kref.data(), vref.data(), kn, &p, 1, c.n_head, c.n_head_kv, c.head_dim, scale,
-                           ref.data(), pool);
+                           ref.data(), pool, c.window);
             for (int i = 0; i < qn; ++i)
                 ASSERT_LE(std::fabs(got[i] - ref[i]), 5e-5f) << what << " out " << i << " " << got[i] << " vs " << ref[i];
             expect_guard(dout, qn);

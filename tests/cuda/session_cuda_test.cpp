@@ -428,4 +428,117 @@ TEST(CudaSession, SyntheticLlama1bVerifyEveryWeightType) {
     }
 }
 
+// Architectures beyond Llama, and every supported head size, on the GPU:
+// small synthetic models (random weights) checked against the CPU with
+// verify_sessions. Qwen2: q/k/v biases (large enough to matter); Qwen3:
+// per-head q/k RMSNorm; Phi-3: fused attn_qkv and gate|up in ffn_up, and a
+// sliding window shorter than the prompt on every layer.
+struct ArchModel {
+    SynthModel sm;  // owns the bytes the model's views point into
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> extra;
+    std::unique_ptr<Model> model;
+};
+
+ArchModel small_arch_model(const std::string& arch, const std::string& scheme, int64_t head_dim, int64_t n_head,
+                           int64_t n_head_kv) {
+    SynthPreset p = synth_preset("llama3-1b");
+    ModelConfig& c = p.cfg;
+    c.arch = arch;
+    c.n_layer = 3;
+    c.n_embd = 512;
+    c.n_head = n_head;
+    c.n_head_kv = n_head_kv;
+    c.head_dim = head_dim;
+    c.rope_dim = head_dim;
+    c.n_ff = 1024;
+    c.n_vocab = 4096;
+    c.rope_freq_factors.clear();
+    c.rope_neox = arch != "llama";
+    c.qkv_bias = arch == "qwen2";
+    c.qk_norm = arch == "qwen3";
+    ArchModel am;
+    am.sm = make_synthetic(p, scheme, 17);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> gauss(0.0f, 0.5f);
+    const auto owned_f32 = [&](const std::string& name, int64_t n) {
+        auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(n) * 4);
+        auto* f = reinterpret_cast<float*>(buf->data());
+        for (int64_t i = 0; i < n; ++i) f[i] = gauss(rng);
+        am.extra.push_back(buf);
+        return std::make_pair(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf->data(), name), buf);
+    };
+    WeightStore ws;
+    const bool phi3 = arch == "phi3";
+    for (const auto& [name, t] : am.sm.weights.all()) {
+        const bool fused_away = phi3 && (name.find(".attn_q.") != std::string::npos || name.find(".attn_k.") != std::string::npos ||
+                                         name.find(".attn_v.") != std::string::npos || name.find(".ffn_gate.") != std::string::npos ||
+                                         name.find(".ffn_up.") != std::string::npos);
+        if (!fused_away) ws.add(t);
+    }
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        if (c.qkv_bias)
+            for (const auto& [nm, n] : {std::pair<const char*, int64_t>{"attn_q", c.q_dim()}, {"attn_k", c.kv_dim()}, {"attn_v", c.kv_dim()}}) {
+                auto [t, buf] = owned_f32(fmt::format("blk.{}.{}.bias", il, nm), n);
+                ws.add(t, buf);
+            }
+        if (phi3) {  // fused projections: the rows of q, k, v (gate, up) back to back
+            const auto fuse = [&](std::vector<std::string> parts, const std::string& name) {
+                std::vector<const Tensor*> ts;
+                int64_t rows = 0;
+                for (const auto& pn : parts) {
+                    ts.push_back(am.sm.weights.find(fmt::format("blk.{}.{}.weight", il, pn)));
+                    rows += ts.back()->nrows();
+                }
+                auto buf = std::make_shared<std::vector<uint8_t>>();
+                for (const Tensor* t : ts)
+                    for (int64_t r = 0; r < t->nrows(); ++r) {
+                        const auto* b = static_cast<const uint8_t*>(t->row(r));
+                        buf->insert(buf->end(), b, b + t->row_bytes());
+                    }
+                am.extra.push_back(buf);
+                ws.add(Tensor::contiguous(ts[0]->type, {ts[0]->ne[0], rows, 1, 1}, buf->data(),
+                                          fmt::format("blk.{}.{}.weight", il, name)),
+                       buf);
+            };
+            fuse({"attn_q", "attn_k", "attn_v"}, "attn_qkv");
+            fuse({"ffn_gate", "ffn_up"}, "ffn_up");
+        }
+    }
+    if (phi3) {
+        c.fused_qkv = c.fused_gate_up = true;
+        c.sliding_window = 6;  // shorter than the 10-token prompt below
+        c.swa_layers.assign(static_cast<size_t>(c.n_layer), 1);
+    }
+    am.model = Model::from_weights(c, std::move(ws));
+    return am;
+}
+
+TEST(CudaSession, OtherArchitecturesAndHeadSizesVerify) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const std::vector<int32_t> ids = {1, 15, 300, 4000, 77, 1234, 9, 600, 128, 5};
+    struct Case {
+        const char* arch;
+        int64_t head_dim, n_head, n_head_kv;
+    };
+    for (const Case& k : {Case{"qwen2", 128, 4, 2}, Case{"qwen3", 128, 4, 1}, Case{"qwen3", 64, 8, 8},
+                          Case{"phi3", 64, 8, 4}, Case{"llama", 32, 16, 4}, Case{"llama", 256, 2, 1},
+                          Case{"qwen3", 256, 2, 1}}) {
+        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16"}) {
+            // Q4_K_M mixes types within q|k|v, which a fused projection cannot hold.
+            if (std::string(k.arch) == "phi3" && std::string(scheme) == "Q4_K_M") continue;
+            ArchModel am = small_arch_model(k.arch, scheme, k.head_dim, k.n_head, k.n_head_kv);
+            auto cpu = make_cpu_session(*am.model, 64, pool);
+            auto gpu = gpu_session(*am.model, 64);
+            const VerifyResult v = verify_sessions(*cpu, *gpu, ids);
+            double worst = 1;
+            for (const auto& [n, c] : v.cosines) worst = std::min(worst, c);
+            std::printf("%-6s head_dim %3lld %-7s verify: logits cosine %.7f, worst traced %.7f, argmax %d/%d\n", k.arch,
+                        static_cast<long long>(k.head_dim), scheme, v.logits_cosine, worst, v.argmax_ref, v.argmax_test);
+            EXPECT_TRUE(v.ok) << k.arch << " head_dim " << k.head_dim << " " << scheme << " first diverging: "
+                              << v.first_diverging;
+        }
+    }
+}
+
 }  // namespace

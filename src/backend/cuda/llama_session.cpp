@@ -1,5 +1,9 @@
 // The Llama-family forward pass for one decode token on the GPU, and the
-// Session that drives it (see session.h).
+// Session that drives it (see session.h). Llama, Qwen2 (q/k/v biases), Qwen3
+// (per-head q/k RMSNorm) and Phi-3 (fused projections, sliding window) share
+// it: the biases, norms and window are applied inside the attention kernel
+// (AttentionExtras, ops.h); fused weights already hold q|k|v and gate|up rows
+// in the order the concatenated uploads use.
 //
 // One decode step, for the token in DecodeControl::cur at DecodeControl::pos
 // (all kernels read both from device memory, so the step is captured once as
@@ -71,6 +75,9 @@ struct Piece {
 struct LayerWeights {
     const float* attn_norm = nullptr;
     const float* ffn_norm = nullptr;
+    const float* qkv_bias = nullptr;  // [q | k | v] biases (Qwen2), or null
+    const float* q_norm = nullptr;    // head_dim weights (Qwen3), or null
+    const float* k_norm = nullptr;
     std::vector<Piece> qkv;      // outputs into [q | k | v]
     Piece wo;
     std::vector<Piece> gate_up;  // outputs into [gate | up]
@@ -206,18 +213,17 @@ void LlamaCudaSession::collect_profile() {
 LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt)
     : cfg_(model.config()), opt_(opt), ctx_(opt.device) {
     const auto& c = cfg_;
-    if (c.arch != "llama") fail("the CUDA backend runs Llama-family models; this one is '{}' (use --device cpu)", c.arch);
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3")
+        fail("the CUDA backend runs Llama, Qwen2, Qwen3 and Phi-3 models; this one is '{}' (use --device cpu)", c.arch);
     if (c.moe()) fail("the CUDA backend does not compute mixture-of-experts layers yet (use --device cpu)");
-    if (c.fused_qkv || c.fused_gate_up)
-        fail("the CUDA backend does not take fused QKV / gate-up projections (Phi-3) yet (use --device cpu)");
-    if (c.qkv_bias || c.out_bias || c.qk_norm)
-        fail("the CUDA backend does not compute attention biases or q/k norms yet (use --device cpu)");
-    if (c.post_norms || c.gelu_ffn || c.sliding_window > 0 || c.attn_softcap > 0 || c.final_softcap > 0 ||
-        c.embd_scale > 0 || c.attn_scale > 0)
-        fail("the CUDA backend does not compute Gemma's post-norms, GELU FFN, sliding windows, soft-capping or "
-             "scaled embeddings yet (use --device cpu)");
-    if (c.head_dim != 64 && c.head_dim != 128)
-        fail("the CUDA decode attention supports head sizes 64 and 128; this model has {} (use --device cpu)",
+    if (c.out_bias) fail("the CUDA backend does not add an attention output bias yet (use --device cpu)");
+    if (c.post_norms || c.gelu_ffn || c.attn_softcap > 0 || c.final_softcap > 0 || c.embd_scale > 0 ||
+        c.attn_scale > 0 || c.rope_base_local > 0 || c.rope_factors_global_only)
+        fail("the CUDA backend does not compute Gemma's post-norms, GELU FFN, soft-capping, scaled embeddings or "
+             "local RoPE bases yet (use --device cpu)");
+    if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && !(c.head_dim == 256 && opt.f16_kv))
+        fail("the CUDA decode attention supports head sizes 32, 64, 128 and 256 (f16 KV cache); this model has {} "
+             "(use --device cpu)",
              c.head_dim);
     if (c.n_head % c.n_head_kv != 0 || c.n_head / c.n_head_kv > 16)
         fail("the CUDA decode attention needs n_head / n_head_kv <= 16 (model: {} / {}; use --device cpu)", c.n_head,
@@ -404,9 +410,32 @@ void LlamaCudaSession::upload_weights(const Model& model) {
         LayerWeights& L = layers_[static_cast<size_t>(il)];
         L.attn_norm = upload_f32(get(n("attn_norm")));
         L.ffn_norm = upload_f32(get(n("ffn_norm")));
-        L.qkv = upload_group({&get(n("attn_q")), &get(n("attn_k")), &get(n("attn_v"))});
+        // Phi-3's fused projections hold q|k|v and gate|up rows already in
+        // the order the concatenated uploads use.
+        L.qkv = c.fused_qkv ? upload_group({&get(n("attn_qkv"))})
+                            : upload_group({&get(n("attn_q")), &get(n("attn_k")), &get(n("attn_v"))});
         L.wo.w = upload_weight(ctx_, get(n("attn_output")));
-        L.gate_up = upload_group({&get(n("ffn_gate")), &get(n("ffn_up"))});
+        L.gate_up = c.fused_gate_up ? upload_group({&get(n("ffn_up"))})
+                                    : upload_group({&get(n("ffn_gate")), &get(n("ffn_up"))});
+        if (c.qkv_bias) {
+            std::vector<float> b;
+            for (const char* t : {"attn_q", "attn_k", "attn_v"}) {
+                const Tensor& bt = get(fmt::format("blk.{}.{}.bias", il, t));
+                if (bt.type != DType::F32) fail("{} must be F32", bt.name);
+                const auto* p = static_cast<const float*>(bt.data);
+                b.insert(b.end(), p, p + bt.nelements());
+            }
+            if (static_cast<int64_t>(b.size()) != c.q_dim() + 2 * c.kv_dim())
+                fail("layer {}: the q/k/v biases have {} elements, expected {}", il, b.size(), c.q_dim() + 2 * c.kv_dim());
+            DeviceBuffer db(b.size() * sizeof(float));
+            db.upload(b.data(), b.size() * sizeof(float), ctx_.stream());
+            owned_.push_back(std::move(db));
+            L.qkv_bias = owned_.back().as<float>();
+        }
+        if (c.qk_norm) {
+            L.q_norm = upload_f32(get(n("attn_q_norm")));
+            L.k_norm = upload_f32(get(n("attn_k_norm")));
+        }
         L.down.w = upload_weight(ctx_, get(n("ffn_down")));
     }
 }
@@ -470,11 +499,21 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         // RoPE, the KV-cache write and attention in one launch; it also
         // quantizes the output projection's activation.
         const bool qo = dtype_is_quantized(L.wo.w.type);
+        AttentionExtras ex;
+        if (L.qkv_bias) {
+            ex.q_bias = L.qkv_bias;
+            ex.k_bias = L.qkv_bias + c.q_dim();
+            ex.v_bias = L.qkv_bias + c.q_dim() + c.kv_dim();
+        }
+        ex.q_norm = L.q_norm;
+        ex.k_norm = L.k_norm;
+        ex.norm_eps = c.rms_eps;
+        ex.window = static_cast<int>(std::min<int64_t>(c.window(il), nctx));
         if (!sk("attn")) decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
                               static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq_,
                               static_cast<int>(c.rope_dim), c.rope_neox, scale, attn_scratch_.data(),
                               attn_.as<float>(), s, qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr,
-                              qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr);
+                              qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr, ex);
         mark("attention");
         if (fuse) {  // x += W_o·a; the FFN norm's activation without its scale
             gemv_residual_norm(ctx_, L.wo.w, xq_attn_, x, L.ffn_norm, xq_embd_, ss_parts_.as<float>());

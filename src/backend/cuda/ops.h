@@ -74,6 +74,25 @@ void rope_kv_store(float* q, const float* k, const float* v, void* k_cache, void
                    const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, int rope_dim, float base,
                    bool neox, const float* freq_factors, cudaStream_t stream);
 
+/// What decode_attention_rope adds for architectures beyond Llama (all
+/// optional; device pointers of floats):
+///   q_bias, k_bias, v_bias: n_head·head_dim / n_head_kv·head_dim / same,
+///     added to q, k, v as the QKV projection left them (Qwen2; all three or none)
+///   q_norm, k_norm: head_dim weights of a per-head RMSNorm of q and k after
+///     the bias and before RoPE, epsilon norm_eps (Qwen3; both or neither)
+///   window > 0: the query sees keys pos − window + 1 .. pos only (sliding-
+///     window layers: Phi-3, Mistral-style; cpu::attention's window)
+/// The order follows the CPU forward pass (src/model/arch/llama.cpp).
+struct AttentionExtras {
+    const float* q_bias = nullptr;
+    const float* k_bias = nullptr;
+    const float* v_bias = nullptr;
+    const float* q_norm = nullptr;
+    const float* k_norm = nullptr;
+    float norm_eps = 1e-6f;
+    int window = 0;
+};
+
 /// Scratch of decode_attention and decode_attention_rope: partial results
 /// of every (split, head). Size in bytes for a cache of n_ctx positions and
 /// n_head query heads.
@@ -85,7 +104,7 @@ size_t decode_attention_scratch_bytes(int n_ctx, int n_head, int head_dim);
 ///   k_cache, v_cache: n_ctx rows of n_head_kv × head_dim kv_type elements
 ///   out: n_head × head_dim floats; query head h reads KV head h / (n_head / n_head_kv)
 ///   scratch: decode_attention_scratch_bytes(n_ctx, n_head, head_dim) bytes
-/// head_dim in {64, 128}; n_head a multiple of n_head_kv with
+/// head_dim in {32, 64, 128, 256} (256 with an f16 cache only); n_head a multiple of n_head_kv with
 /// n_head / n_head_kv <= 16; *pos clamped to [0, n_ctx).
 /// Split-K: the grid has min(128, ceil(n_ctx/64)) splits per KV head; the
 /// positions 0..*pos are cut into 64-position tiles and each split takes
@@ -118,7 +137,7 @@ void decode_attention_rope(const float* q, const float* k, const float* v, void*
                            KvType kv_type, const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim,
                            const float* inv_freq, int rope_dim, bool neox, float scale, void* scratch, float* out,
                            cudaStream_t stream, int8_t* xq = nullptr, ActBlockInfo* xinfo = nullptr,
-                           int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr);
+                           int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, const AttentionExtras& ex = {});
 
 /// Embedding lookup: out[dim] = row *id of `table`, rows of dim elements in
 /// GGUF block layout stored back to back (row stride row_size(type, dim);

@@ -132,7 +132,44 @@ struct RopeStore {
     const float* inv_freq;  // rope_dim/2 floats (cpu::rope_inv_freq)
     int rope_dim;
     int neox;
+    AttentionExtras ex;     // biases, q/k norms, window (ops.h)
 };
+
+// Rotates the g heads of xs (rows of HD floats in shared memory) in place by
+// the angle table and multiplies every element by `mul`; each pair belongs to
+// one thread. Same arithmetic as rotated().
+template <int HD, int NT>
+__device__ __forceinline__ void rotate_rows(float* xs, int rows, int rope_dim, int neox, const float* cs,
+                                            const float* sn, float mul) {
+    const int half = rope_dim / 2;
+    for (int idx = static_cast<int>(threadIdx.x); idx < rows * HD; idx += NT) {
+        const int j = idx / HD, e = idx % HD;
+        float* x = xs + j * HD;
+        if (e >= rope_dim) {
+            x[e] *= mul;
+        } else if (e < half) {
+            const int i0 = neox ? e : 2 * e, i1 = neox ? e + half : 2 * e + 1;
+            const float a = x[i0], b = x[i1], c = cs[e], sv = sn[e];
+            x[i0] = (a * c - b * sv) * mul;
+            x[i1] = (a * sv + b * c) * mul;
+        }
+    }
+}
+
+// Per-head RMSNorm in place: rows of HD floats, weight w (HD floats), as
+// cpu::rms_norm (mean of squares, eps, then x·scale·w); one warp per row.
+template <int HD, int NW>
+__device__ __forceinline__ void rms_norm_rows(float* xs, int rows, const float* w, float eps) {
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+    for (int j = warp; j < rows; j += NW) {
+        float* x = xs + j * HD;
+        float ss = 0.0f;
+        for (int e = lane; e < HD; e += 32) ss += x[e] * x[e];
+        ss = detail::warp_sum(ss);
+        const float sc = 1.0f / sqrtf(ss / static_cast<float>(HD) + eps);
+        for (int e = lane; e < HD; e += 32) x[e] = x[e] * sc * w[e];
+    }
+}
 
 // Element e of a head after rotation by the angle table (cs, sn); x: the
 // head's HD unrotated floats. As cpu::rope: pairs (2i, 2i+1) or, neox,
@@ -178,7 +215,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     constexpr int LPR = HD / EPL;
     constexpr int RPW = 32 / LPR;
     constexpr int NL = kTile / (kNW * RPW);
-    constexpr int GB = G < 4 ? G : 4;  // heads per pass of the final reduction
+    constexpr int GB = G < 4 ? G : (HD >= 256 ? 2 : 4);  // heads per pass of the final reduction
     static_assert(NL >= 1 && kTile % (kNW * RPW) == 0);
     __shared__ float qs[G][HD];
     __shared__ float sc[G][kTile];
@@ -186,6 +223,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     __shared__ float red[kNW][GB][HD];
     __shared__ float cs[ROPE ? HD / 2 : 1], sn[ROPE ? HD / 2 : 1];
     __shared__ __align__(16) T kn[ROPE ? HD : EPL], vn[ROPE ? HD : EPL];
+    __shared__ float kraw[ROPE ? HD : 1];
 
     // The decode position is written only by the step's last kernel
     // (advance_decode_position), which has completed before this launch
@@ -196,7 +234,12 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     const SplitPlan plan = split_plan(L, n_splits);
     const int s = blockIdx.x, hk = blockIdx.y;
     if (s >= plan.na) return;
-    const int tile0 = s * plan.tps, tile1 = min(plan.nt, tile0 + plan.tps);
+    // Sliding window: keys lo..pos only; tiles wholly before lo are skipped
+    // (the first tile processed holds lo, so every processed tile has a key).
+    const int window = ROPE ? rope.ex.window : 0;
+    const int lo = window > 0 ? max(0, L - window) : 0;
+    const int tile1 = min(plan.nt, s * plan.tps + plan.tps);
+    const int tile0 = max(s * plan.tps, lo / kTile);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h0 = hk * g;
     const int pos = L - 1;
@@ -217,7 +260,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
 #pragma unroll
         for (int u = 0; u < NL; ++u) {
             const int row = (u * kNW + warp) * RPW + rsub;
-            if (row < n && t0 + row < pos) {
+            if (row < n && t0 + row < pos && t0 + row >= lo) {
                 const int64_t off = static_cast<int64_t>(t0 + row) * rs + col;
                 kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
                 vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
@@ -226,7 +269,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
             }
         }
     };
-    load_rows(tile0 * kTile, min(kTile, L - tile0 * kTile));
+    if (tile0 < tile1) load_rows(tile0 * kTile, min(kTile, L - tile0 * kTile));
     if constexpr (ROPE) {
         // The angles depend on pos and the constant inv_freq only: computed
         // while the QKV projection finishes.
@@ -234,16 +277,51 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
         pdl_wait();
         pdl_trigger();
         __syncthreads();
-        for (int idx = tid; idx < G * HD; idx += kAttnThreads) {
-            const int j = idx / HD, e = idx % HD;
-            qs[j][e] = j < g ? rotated(q + static_cast<int64_t>(h0 + j) * HD, e, rope.rope_dim, rope.neox, cs, sn) * scale
-                             : 0.0f;
+        const AttentionExtras& ex = rope.ex;
+        if (ex.q_bias || ex.q_norm) {
+            // Staged: q (+ bias) and the new k (+ bias) into shared memory,
+            // per-head RMSNorm, then rotation in place (cpu order: bias, norm, RoPE).
+            for (int idx = tid; idx < G * HD; idx += kAttnThreads) {
+                const int j = idx / HD;
+                const int64_t gi = static_cast<int64_t>(h0) * HD + idx;
+                qs[j][idx % HD] = j < g ? q[gi] + (ex.q_bias ? ex.q_bias[gi] : 0.0f) : 0.0f;
+            }
+            if (owns_new)
+                for (int e = tid; e < HD; e += kAttnThreads) {
+                    const int64_t gi = static_cast<int64_t>(hk) * HD + e;
+                    kraw[e] = rope.k[gi] + (ex.k_bias ? ex.k_bias[gi] : 0.0f);
+                }
+            __syncthreads();
+            if (ex.q_norm) {
+                rms_norm_rows<HD, kNW>(&qs[0][0], g, ex.q_norm, ex.norm_eps);
+                if (owns_new && warp == kNW - 1) {  // a warp the q rows leave idle when g < kNW
+                    float ss = 0.0f;
+                    for (int e = lane; e < HD; e += 32) ss += kraw[e] * kraw[e];
+                    ss = detail::warp_sum(ss);
+                    const float sck = 1.0f / sqrtf(ss / static_cast<float>(HD) + ex.norm_eps);
+                    for (int e = lane; e < HD; e += 32) kraw[e] = kraw[e] * sck * ex.k_norm[e];
+                }
+                __syncthreads();
+            }
+            rotate_rows<HD, kAttnThreads>(&qs[0][0], g, rope.rope_dim, rope.neox, cs, sn, scale);
+            if (owns_new) rotate_rows<HD, kAttnThreads>(kraw, 1, rope.rope_dim, rope.neox, cs, sn, 1.0f);
+            __syncthreads();
+        } else {
+            for (int idx = tid; idx < G * HD; idx += kAttnThreads) {
+                const int j = idx / HD, e = idx % HD;
+                qs[j][e] = j < g ? rotated(q + static_cast<int64_t>(h0 + j) * HD, e, rope.rope_dim, rope.neox, cs, sn) *
+                                       scale
+                                 : 0.0f;
+            }
+            if (owns_new)
+                for (int e = tid; e < HD; e += kAttnThreads)
+                    kraw[e] = rotated(rope.k + static_cast<int64_t>(hk) * HD, e, rope.rope_dim, rope.neox, cs, sn);
         }
         if (owns_new) {
             for (int e = tid; e < HD; e += kAttnThreads) {
-                const T kt = detail::from_f32<T>(
-                    rotated(rope.k + static_cast<int64_t>(hk) * HD, e, rope.rope_dim, rope.neox, cs, sn));
-                const T vt = detail::from_f32<T>(rope.v[static_cast<int64_t>(hk) * HD + e]);
+                const int64_t gi = static_cast<int64_t>(hk) * HD + e;
+                const T kt = detail::from_f32<T>(kraw[e]);
+                const T vt = detail::from_f32<T>(rope.v[gi] + (rope.ex.v_bias ? rope.ex.v_bias[gi] : 0.0f));
                 const int64_t off = static_cast<int64_t>(pos) * rs + static_cast<int64_t>(hk) * HD + e;
                 kc[off] = kt;
                 vc[off] = vt;
@@ -302,7 +380,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                 for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
 #pragma unroll
                 for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
-                if (cl == 0) sc[j][row] = row < n ? d : -INFINITY;
+                if (cl == 0) sc[j][row] = row < n && t0 + row >= lo ? d : -INFINITY;
             }
         }
         __syncthreads();
@@ -484,7 +562,13 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     const std::string f(fn);
     if ((xq == nullptr) != (xinfo == nullptr) || (xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
         throw_error(f + ": give xq with xinfo (and xq2 with xinfo2, only with xq)");
-    if (head_dim != 64 && head_dim != 128) throw_error(f + ": head_dim must be 64 or 128");
+    if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256)
+        throw_error(f + ": head_dim must be 32, 64, 128 or 256");
+    if (head_dim == 256 && kv_type != KvType::F16) throw_error(f + ": head_dim 256 needs an f16 KV cache");
+    if ((rope.ex.q_bias == nullptr) != (rope.ex.k_bias == nullptr) ||
+        (rope.ex.q_bias == nullptr) != (rope.ex.v_bias == nullptr) ||
+        (rope.ex.q_norm == nullptr) != (rope.ex.k_norm == nullptr) || rope.ex.window < 0)
+        throw_error(f + ": give all three biases or none, both norms or neither, and a window >= 0");
     if (n_ctx < 1 || n_head_kv < 1 || n_head < n_head_kv || n_head % n_head_kv != 0 || n_head / n_head_kv > 16)
         throw_error(f + ": need n_ctx >= 1 and n_head a multiple of n_head_kv, at most 16 times it");
     if (!q || !k_cache || !v_cache || !pos || !scratch || !out) throw_error(f + ": null pointer");
@@ -497,28 +581,31 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     float* pml = po + static_cast<size_t>(n_head) * static_cast<size_t>(n_splits) * static_cast<size_t>(head_dim);
     const bool f16 = kv_type == KvType::F16;
     const AttnOut ao{out, xq, xinfo, xq2, xinfo2};
-    if (head_dim == 64) {
-        if (f16)
-            dispatch_g<64, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml,
-                                         ao, stream);
-        else
-            dispatch_g<64, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml,
-                                        ao, stream);
-    } else {
-        if (f16)
-            dispatch_g<128, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po,
-                                          pml, ao, stream);
-        else
-            dispatch_g<128, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po,
-                                         pml, ao, stream);
+    switch (head_dim) {
+        case 32:
+            if (f16) dispatch_g<32, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<32, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            break;
+        case 64:
+            if (f16) dispatch_g<64, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<64, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            break;
+        case 128:
+            if (f16) dispatch_g<128, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<128, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            break;
+        default:  // 256, f16 (checked above)
+            dispatch_g<256, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
-    if (head_dim == 64)
-        launch_pdl(attn_combine_kernel<64>, dim3(static_cast<unsigned>(n_head)), dim3(kCombineThreads), 0, stream, po,
-                   pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2);
-    else
-        launch_pdl(attn_combine_kernel<128>, dim3(static_cast<unsigned>(n_head)), dim3(kCombineThreads), 0, stream, po,
-                   pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2);
+    const dim3 cgrid(static_cast<unsigned>(n_head)), cblock(kCombineThreads);
+    switch (head_dim) {
+        case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+        case 64: launch_pdl(attn_combine_kernel<64>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+        case 128: launch_pdl(attn_combine_kernel<128>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+        default: launch_pdl(attn_combine_kernel<256>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+    }
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
@@ -540,11 +627,12 @@ void decode_attention(const float* q, const void* k_cache, const void* v_cache, 
 void decode_attention_rope(const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
                            KvType kv_type, const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim,
                            const float* inv_freq, int rope_dim, bool neox, float scale, void* scratch, float* out,
-                           cudaStream_t stream, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2, ActBlockInfo* xinfo2) {
+                           cudaStream_t stream, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2, ActBlockInfo* xinfo2,
+                           const AttentionExtras& ex) {
     if (!k || !v || (rope_dim > 0 && !inv_freq)) throw_error("decode_attention_rope: null pointer");
     if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > head_dim)
         throw_error("decode_attention_rope: rope_dim must be even and at most head_dim");
-    attention_impl<true>(q, k_cache, v_cache, RopeStore{k, v, inv_freq, rope_dim, neox ? 1 : 0}, kv_type, pos, n_ctx,
+    attention_impl<true>(q, k_cache, v_cache, RopeStore{k, v, inv_freq, rope_dim, neox ? 1 : 0, ex}, kv_type, pos, n_ctx,
                          n_head, n_head_kv, head_dim, scale, scratch, out, stream, xq, xinfo, xq2, xinfo2,
                          "decode_attention_rope");
 }

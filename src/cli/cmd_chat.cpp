@@ -36,6 +36,7 @@ struct ChatCmdOptions {
     int64_t n_ctx = 4096;
     int threads = 0;
     SamplingParams sp;
+    SamplingGiven sp_given;  ///< sampling flags given on the command line
     int64_t seed = -1;
     bool verbose = false;
 };
@@ -63,6 +64,8 @@ int run_chat(const ChatCmdOptions& o) {
     std::fprintf(stderr, "quern: %s (%s, %.1fM params) loaded in %.2f s; chat template: %s\n", m.path.c_str(),
                  cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6, m.load_seconds,
                  tmpl.origin().c_str());
+    SamplingParams base_sp = o.sp;
+    apply_generation_defaults(m, base_sp, o.sp_given);
     if (tty) std::fprintf(stderr, "quern: type a message; /clear starts over, /exit quits\n");
 
     chat::ChatOptions copts;
@@ -85,7 +88,7 @@ int run_chat(const ChatCmdOptions& o) {
     std::vector<int32_t> cached;  // the tokens whose keys/values are in the session's cache
     std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
     const uint64_t seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
-    if (o.seed < 0 && o.sp.temperature > 0 && o.verbose) std::fprintf(stderr, "quern: seed %llu\n", static_cast<unsigned long long>(seed));
+    if (o.seed < 0 && base_sp.temperature > 0 && o.verbose) std::fprintf(stderr, "quern: seed %llu\n", static_cast<unsigned long long>(seed));
 
     std::string line;
     for (int turn = 0;; ++turn) {
@@ -128,7 +131,7 @@ int run_chat(const ChatCmdOptions& o) {
         session->eval(ids.data() + common, static_cast<int64_t>(ids.size() - common), logits.data());
         const double t1 = now_seconds();
 
-        SamplingParams sp = o.sp;
+        SamplingParams sp = base_sp;
         sp.seed = seed + static_cast<uint64_t>(turn);
         Sampler sampler(sp, cfg.n_vocab);
         for (int32_t t : ids) sampler.accept(t);
@@ -194,6 +197,11 @@ void add_chat_command(CLI::App& app) {
         "  quern chat\n"
         "  printf 'Hi!\\nWhat is the capital of France?\\n' | quern chat --temp 0\n"
         "  quern chat -m model.gguf --chat-template llama3 -s 'Answer briefly.'\n"
-        "In the conversation: /clear starts over, /exit or /quit (or end of input) leaves.");
-    cmd->callback([o] { run_chat(*o); });
+        "In the conversation: /clear starts over, /exit or /quit (or end of input) leaves.\n"
+        "A Hugging Face folder's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty;\n"
+        "do_sample false: greedy) replaces the defaults shown here; a flag given on the command line wins over it.");
+    cmd->callback([o, cmd] {
+        o->sp_given = sampling_given(*cmd);
+        run_chat(*o);
+    });
 }

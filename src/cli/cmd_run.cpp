@@ -29,6 +29,7 @@ struct RunOptions {
     bool no_special = false;
     bool ignore_eos = false;
     SamplingParams sp;
+    SamplingGiven sp_given;  ///< sampling flags given on the command line
     int64_t seed = -1;
 };
 
@@ -57,6 +58,7 @@ int run(const RunOptions& o) {
     if (ids.empty()) fail("the prompt is empty; pass text with -p");
 
     SamplingParams sp = o.sp;
+    apply_generation_defaults(m, sp, o.sp_given);
     sp.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
     Sampler sampler(sp, cfg.n_vocab);
     for (int32_t t : ids) sampler.accept(t);
@@ -173,9 +175,12 @@ void add_run_command(CLI::App& app) {
         "  quern run -f prompt.txt -n 256 -c 8192 -t 4\n"
         "  quern run -m ~/models/Qwen2.5-0.5B-Instruct -p \"Hello\" -n 32   # a Hugging Face folder\n"
         "  quern run -m ~/models/Qwen3-8B-FP8 --device cpu -p \"Hello\" -n 32  # FP8 / NVFP4 checkpoints: CPU\n"
-        "  quern run --device cuda --verify -p \"Hello\" -n 16 --temp 0");
-    cmd->callback([o] {
+        "  quern run --device cuda --verify -p \"Hello\" -n 16 --temp 0\n"
+        "A Hugging Face folder's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty;\n"
+        "do_sample false: greedy) replaces the defaults shown here; a flag given on the command line wins over it.");
+    cmd->callback([o, cmd] {
         if (o->prompt.empty() && o->prompt_file.empty()) throw CLI::ValidationError("-p", "give a prompt with -p TEXT or -f FILE");
+        o->sp_given = sampling_given(*cmd);
         run(*o);
     });
 }

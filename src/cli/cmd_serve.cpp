@@ -67,6 +67,8 @@ int serve(ServeOptions& o) {
                  tmpl->origin().c_str());
 
     std::unique_ptr<Engine> engine = make_engine(*m.model, *m.tokenizer, o.engine);
+    o.server.sampling_defaults = server::api_default_sampling();
+    apply_generation_defaults(m, o.server.sampling_defaults, {});  // requests' own fields win over these
     o.server.model_id = model_id;
     o.server.log_requests = !o.quiet;
     server::HttpServer http(*engine, *m.tokenizer, &*tmpl, o.server);
@@ -161,6 +163,8 @@ void add_serve_command(CLI::App& app) {
     cmd->footer(
         "Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.\n"
         "Bodies over 8 MiB get 413. SIGINT/SIGTERM: new requests get 503, running ones get 10 s to finish.\n"
+        "Sampling fields a request leaves out take OpenAI's defaults (temperature 1, top_p 1, no top_k / min_p),\n"
+        "or those of a Hugging Face folder's generation_config.json (do_sample false: temperature 0).\n"
         "Examples:\n"
         "  quern serve\n"
         "  quern serve -m model.gguf --port 8000 -c 8192 --parallel 8 --api-key secret\n"

@@ -8,6 +8,7 @@
 
 #include "formats/gguf.h"
 #include "model/model.h"
+#include "runtime/generation_defaults.h"
 #include "runtime/session.h"
 #include "runtime/verify.h"
 #include "tokenizer/tokenizer.h"
@@ -87,4 +88,13 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
 void print_verify(const VerifyResult& v, const std::string& backend);
 /// Adds --temp/--top-k/--top-p/--min-p/penalties/--seed options to a command.
 void add_sampling_options(CLI::App* cmd, SamplingParams& sp, int64_t& seed);
+/// Which of add_sampling_options' --temp, --top-k, --top-p, --min-p and
+/// --repeat-penalty were given on `cmd`'s command line.
+SamplingGiven sampling_given(const CLI::App& cmd);
+/// Applies the sampling defaults of a Hugging Face folder's
+/// generation_config.json (load_generation_defaults; none for GGUF files) to
+/// `sp` for the fields not in `given`, and says on stderr which values came
+/// from the file. Returns them. Throws quern::Error naming the file and key
+/// for a malformed file.
+GenerationDefaults apply_generation_defaults(const LoadedModel& m, SamplingParams& sp, const SamplingGiven& given);
 }  // namespace quern::cli

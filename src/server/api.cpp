@@ -95,22 +95,23 @@ std::string get_string(const Json& body, const char* name) {
 }
 
 /// The fields both endpoints share.
-void parse_common(const Json& body, ApiRequest& r, int32_t n_vocab) {
+void parse_common(const Json& body, ApiRequest& r, int32_t n_vocab, const SamplingParams& def) {
     r.model = get_string(body, "model");
     r.n = static_cast<int>(get_int(body, "n", 1, kMaxChoices, 1));
 
     SamplingParams& sp = r.sampling;
-    // OpenAI's defaults, not quern run's: no top-k / min-p, full nucleus.
-    sp.temperature = static_cast<float>(get_number(body, "temperature", 0.0, 2.0, 1.0));
-    sp.top_p = static_cast<float>(get_number(body, "top_p", 0.0, 1.0, 1.0));
+    // Absent fields take the server's defaults (api_default_sampling, or the
+    // model's generation_config.json over it).
+    sp.temperature = static_cast<float>(get_number(body, "temperature", 0.0, 2.0, def.temperature));
+    sp.top_p = static_cast<float>(get_number(body, "top_p", 0.0, 1.0, def.top_p));
     // OpenAI accepts top_p = 0: only the most likely token survives the cut.
     if (sp.top_p == 0.0f) sp.top_p = std::numeric_limits<float>::min();
-    const int64_t top_k = get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max(), 0);
+    const int64_t top_k = get_int(body, "top_k", -1, std::numeric_limits<int32_t>::max(), def.top_k);
     sp.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
-    sp.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 1.0, 0.0));
-    sp.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", -2.0, 2.0, 0.0));
-    sp.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", -2.0, 2.0, 0.0));
-    const double rp = get_number(body, "repetition_penalty", 0.0, 100.0, 1.0);
+    sp.min_p = static_cast<float>(get_number(body, "min_p", 0.0, 1.0, def.min_p));
+    sp.presence_penalty = static_cast<float>(get_number(body, "presence_penalty", -2.0, 2.0, def.presence_penalty));
+    sp.frequency_penalty = static_cast<float>(get_number(body, "frequency_penalty", -2.0, 2.0, def.frequency_penalty));
+    const double rp = get_number(body, "repetition_penalty", 0.0, 100.0, def.repeat_penalty);
     if (rp <= 0) bad("repetition_penalty", fmt::format("'repetition_penalty' must be greater than 0, got {}", rp));
     sp.repeat_penalty = static_cast<float>(rp);
     sp.repeat_last_n = -1;  // penalties see the whole sequence, as OpenAI's do
@@ -247,7 +248,20 @@ Json parse_body(std::string_view body) {
     return j;
 }
 
-ApiRequest parse_chat_request(const Json& body, int32_t n_vocab) {
+SamplingParams api_default_sampling() {
+    // OpenAI's defaults, not quern run's: no top-k / min-p, full nucleus.
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.top_p = 1.0f;
+    sp.top_k = 0;
+    sp.min_p = 0.0f;
+    sp.presence_penalty = 0.0f;
+    sp.frequency_penalty = 0.0f;
+    sp.repeat_penalty = 1.0f;
+    return sp;
+}
+
+ApiRequest parse_chat_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults) {
     ApiRequest r;
     r.endpoint = Endpoint::Chat;
     const Json* msgs = field(body, "messages");
@@ -294,7 +308,7 @@ ApiRequest parse_chat_request(const Json& body, int32_t n_vocab) {
         if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
         r.template_kwargs = *k;
     }
-    parse_common(body, r, n_vocab);
+    parse_common(body, r, n_vocab, defaults);
     // max_completion_tokens supersedes the older max_tokens
     const int64_t kMax = int64_t{1} << 53;
     r.max_tokens = get_int(body, "max_tokens", 1, kMax, -1);
@@ -306,7 +320,7 @@ ApiRequest parse_chat_request(const Json& body, int32_t n_vocab) {
     return r;
 }
 
-ApiRequest parse_completion_request(const Json& body, int32_t n_vocab) {
+ApiRequest parse_completion_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults) {
     ApiRequest r;
     r.endpoint = Endpoint::Completions;
     const Json* p = field(body, "prompt");
@@ -333,7 +347,7 @@ ApiRequest parse_completion_request(const Json& body, int32_t n_vocab) {
     } else {
         bad("prompt", fmt::format("'prompt' must be a non-empty string list or token-id list, got {}", show(*p)));
     }
-    parse_common(body, r, n_vocab);
+    parse_common(body, r, n_vocab, defaults);
     // OpenAI's completions default: 16 tokens
     r.max_tokens = get_int(body, "max_tokens", 1, int64_t{1} << 53, 16);
     if (const Json* lp = field(body, "logprobs")) {

@@ -76,12 +76,19 @@ struct ApiRequest {
     }
 };
 
+/// OpenAI's sampling defaults: temperature 1, top_p 1, no top-k, min-p or
+/// penalties (repeat_last_n and seed are set by the parser).
+SamplingParams api_default_sampling();
 /// Validates a /v1/chat/completions body; throws ApiError 400 naming the
-/// field. `n_vocab` bounds token ids (logit_bias).
-ApiRequest parse_chat_request(const Json& body, int32_t n_vocab);
+/// field. `n_vocab` bounds token ids (logit_bias). Sampling fields the body
+/// leaves out (or sends as null) take their values from `defaults`
+/// (temperature, top_p, top_k, min_p, presence/frequency/repetition penalty).
+ApiRequest parse_chat_request(const Json& body, int32_t n_vocab,
+                              const SamplingParams& defaults = api_default_sampling());
 /// Validates a /v1/completions body (prompt: string, list of strings, token
-/// ids or list of token-id lists).
-ApiRequest parse_completion_request(const Json& body, int32_t n_vocab);
+/// ids or list of token-id lists); `defaults` as for parse_chat_request.
+ApiRequest parse_completion_request(const Json& body, int32_t n_vocab,
+                                    const SamplingParams& defaults = api_default_sampling());
 
 /// Log-probability of one generated token as the API reports it.
 struct TokenLogprob {

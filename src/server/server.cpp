@@ -214,8 +214,8 @@ struct HttpServer::Impl {
                 throw ApiError(503, "the server is shutting down; retry in a moment or against another server");
             check_auth(hreq);
             const Json body = parse_body(hreq.body);
-            ApiRequest r = ep == Endpoint::Chat ? parse_chat_request(body, tok.n_vocab())
-                                                : parse_completion_request(body, tok.n_vocab());
+            ApiRequest r = ep == Endpoint::Chat ? parse_chat_request(body, tok.n_vocab(), o.sampling_defaults)
+                                                : parse_completion_request(body, tok.n_vocab(), o.sampling_defaults);
             check_model(r.model);
             std::vector<std::vector<int32_t>> prompts = prompts_of(r);
 

@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "server/api.h"
+
 namespace quern {
 class Engine;
 class Tokenizer;
@@ -28,6 +30,9 @@ struct ServerOptions {
     size_t max_body_bytes = size_t{8} << 20;  ///< larger bodies get 413
     int http_threads = 0;                  ///< 0: enough for every running and waiting request
     bool log_requests = true;              ///< one line per request on stderr
+    /// What a request's absent sampling fields become: OpenAI's defaults, or
+    /// the model's generation_config.json over them (quern serve).
+    SamplingParams sampling_defaults = api_default_sampling();
 };
 
 class HttpServer {

@@ -66,6 +66,7 @@ int serve(ServeOptions& o) {
                  cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6, m.load_seconds,
                  tmpl->origin().c_str());
 
+    warn_past_trained_context(cfg, o.engine.n_ctx);
     std::unique_ptr<Engine> engine = make_engine(*m.model, *m.tokenizer, o.engine);
     o.server.sampling_defaults = server::api_default_sampling();
     apply_generation_defaults(m, o.server.sampling_defaults, {});  // requests' own fields win over these

@@ -177,8 +177,17 @@ std::string gpu_unsupported(const Model& m) {
     return "";
 }
 
+void warn_past_trained_context(const ModelConfig& c, int64_t n_ctx) {
+    if (c.n_ctx_train > 0 && n_ctx > c.n_ctx_train)
+        std::fprintf(stderr,
+                     "quern: warning: a context of %lld tokens is longer than the %lld this model was trained on; "
+                     "expect worse output past that point\n",
+                     static_cast<long long>(n_ctx), static_cast<long long>(c.n_ctx_train));
+}
+
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose) {
+    warn_past_trained_context(model.config(), n_ctx);
     if (opts.device == "cuda") {
         // Weights the CUDA backend has no kernels for: refuse before any GPU work.
         for (const auto& [name, t] : model.weights().all())

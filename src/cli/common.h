@@ -71,6 +71,9 @@ struct DeviceOptions {
 void add_device_options(CLI::App* cmd, DeviceOptions& opts);
 /// Whether `opts` selects the GPU (auto: when this build has CUDA and a GPU is present).
 bool use_cuda(const DeviceOptions& opts);
+/// Prints a warning on stderr when n_ctx exceeds the model's trained context
+/// (ModelConfig::n_ctx_train, when known).
+void warn_past_trained_context(const ModelConfig& c, int64_t n_ctx);
 /// What in `c` the CUDA backend does not compute ("" when it runs the model).
 std::string gpu_unsupported(const ModelConfig& c);
 /// The same for a loaded model: its config, then its weight types (the

@@ -32,7 +32,12 @@ int main(int argc, char** argv) {
             app.parse(argc, argv);
         } catch (const CLI::RequiredError& e) {
             // "quern frobnicate": say which command is unknown rather than that one is required.
-            if (argc > 1 && argv[1][0] != '-') {
+            // (A known command missing one of its own arguments gets CLI11's message.)
+            bool known = false;
+            if (argc > 1)
+                for (const CLI::App* sc : app.get_subcommands([](CLI::App*) { return true; }))
+                    known = known || sc->get_name() == argv[1];
+            if (argc > 1 && argv[1][0] != '-' && !known) {
                 std::fprintf(stderr, "quern: error: unknown command '%s' (see quern --help)\n", argv[1]);
                 return 2;
             }

@@ -21,6 +21,7 @@
 // repeats a conversation (prompt + reply) reuses them, and a preempted
 // sequence finds its own blocks again if they have not been evicted.
 #include "runtime/engine.h"
+#include "runtime/memory.h"
 
 #include <algorithm>
 #include <atomic>
@@ -81,6 +82,8 @@ public:
         const int64_t bs = 16;
         int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
         if (kv_tokens < o.n_ctx) fail("the KV cache ({} tokens) must hold at least one full context ({})", kv_tokens, o.n_ctx);
+        check_kv_cache_fits(kv_tokens, c.n_layer, c.kv_dim(), sizeof(float),
+                            o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel");
         kv_ = std::make_unique<PagedKvPool>(c.n_layer, c.kv_dim(), (kv_tokens + bs - 1) / bs, bs);
         slots_.resize(static_cast<size_t>(o.n_parallel));
         worker_ = std::thread([this] { loop(); });

@@ -1,4 +1,5 @@
 #include "runtime/session.h"
+#include "runtime/memory.h"
 
 #include <algorithm>
 #include <vector>
@@ -73,6 +74,7 @@ private:
 
 std::unique_ptr<Session> make_cpu_session(Model& model, int64_t n_ctx, ThreadPool& pool) {
     if (n_ctx < 1) fail("context size must be at least 1 (got {})", n_ctx);
+    check_kv_cache_fits(n_ctx, model.config().n_layer, model.config().kv_dim(), sizeof(float), "-c");
     return std::make_unique<CpuSession>(model, n_ctx, pool);
 }
 

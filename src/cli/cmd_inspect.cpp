@@ -62,7 +62,7 @@ void add_inspect_command(CLI::App& app) {
     cmd->add_flag("--full", opts->full, "Do not abbreviate arrays (GGUF)");
     cmd->add_option("--items", opts->items, "Array items shown before abbreviating (GGUF)")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::Range(1, 1 << 30, "1 or more"));
     cmd->footer(
         "Examples:\n"
         "  quern inspect ~/.cache/quern/models/SmolLM2-135M-Instruct.Q4_1.gguf\n"

@@ -68,7 +68,8 @@ int run(const RunOptions& o) {
     ThreadPool pool(o.threads);
     std::unique_ptr<Session> session = make_session(*m.model, o.n_ctx, o.dev, pool);
     if (static_cast<int64_t>(ids.size()) >= session->n_ctx())
-        fail("the prompt has {} tokens, more than the context size {} allows (raise -c)", ids.size(), session->n_ctx());
+        fail("the prompt has {} token{} and the context holds {}, which leaves no room for a reply (raise -c)",
+             ids.size(), ids.size() == 1 ? "" : "s", session->n_ctx());
     if (o.verify) {
         if (session->backend_name() == "CPU") fail("--verify compares the GPU with the CPU; it needs --device cuda");
         std::unique_ptr<Session> cpu = make_cpu_session(*m.model, o.n_ctx, pool);
@@ -129,7 +130,7 @@ int run(const RunOptions& o) {
 
 void add_sampling_options(CLI::App* cmd, SamplingParams& sp, int64_t& seed) {
     cmd->add_option("--temp", sp.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
-    cmd->add_option("--top-k", sp.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::NonNegativeNumber);
+    cmd->add_option("--top-k", sp.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 30, "0 or more"));
     cmd->add_option("--top-p", sp.top_p, "Nucleus sampling threshold (1 = off)")->capture_default_str();
     cmd->add_option("--min-p", sp.min_p, "Drop tokens below min-p × the top probability (0 = off)")->capture_default_str();
     cmd->add_option("--repeat-penalty", sp.repeat_penalty, "Penalty for repeated tokens (1 = off)")->capture_default_str();

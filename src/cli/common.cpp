@@ -123,7 +123,7 @@ void add_threads_option(CLI::App* cmd, int& threads) {
            },
            "CPU threads (0 = all cores)")
         ->default_str("0")
-        ->check(CLI::NonNegativeNumber);
+        ->check(CLI::Range(0, 1 << 16, "0 or more"));
 }
 
 void add_model_options(CLI::App* cmd, ModelOptions& opts) {
@@ -149,7 +149,7 @@ bool use_cuda(const DeviceOptions& opts) {
     if (opts.device == "cuda") return true;
     return cuda::device_count() > 0;
 #else
-    if (opts.device == "cuda") fail("this quern was built without the CUDA backend (nvcc was not found); use --device cpu");
+    if (opts.device == "cuda") fail("this quern was built without the CUDA backend (configured with -DQUERN_CUDA=OFF or without a CUDA toolkit); use --device cpu, or rebuild with the toolkit installed");
     return false;
 #endif
 }

@@ -111,6 +111,23 @@ GemvLaunch base_launch(const DeviceWeight& W, float* y) {
     return l;
 }
 
+/// A launch of quantized W on the quantized activation xq (one or two levels),
+/// after the checks every such entry point makes (`fn` names it in errors).
+GemvLaunch q8_launch(const char* fn, const DeviceWeight& W, const QuantizedActivation& xq, float* y) {
+    if (!dtype_is_quantized(W.type))
+        fail("{}: {} weights take float activations (use the float-x gemv)", fn, dtype_name(W.type));
+    if (xq.K() != W.K) fail("{}: activation has {} elements, weight rows have {}", fn, xq.K(), W.K);
+    GemvLaunch l = base_launch(W, y);
+    l.act = ActKind::Q8;
+    l.xq = xq.q();
+    l.xinfo = xq.info();
+    if (xq.levels() == 2) {
+        l.xq2 = xq.q(1);
+        l.xinfo2 = xq.info(1);
+    }
+    return l;
+}
+
 }  // namespace
 
 bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream) {
@@ -133,55 +150,24 @@ bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream) {
 }
 
 void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq, float* y, const GemvOptions& opt) {
-    if (!dtype_is_quantized(W.type))
-        fail("gemv: {} weights take float activations (use the float-x overload)", dtype_name(W.type));
-    if (xq.K() != W.K) fail("gemv: activation has {} elements, weight rows have {}", xq.K(), W.K);
-    GemvLaunch l = base_launch(W, y);
-    l.act = ActKind::Q8;
-    l.xq = xq.q();
-    l.xinfo = xq.info();
-    if (xq.levels() == 2) {
-        l.xq2 = xq.q(1);
-        l.xinfo2 = xq.info(1);
-    }
-    run(ctx, l, opt);
+    run(ctx, q8_launch("gemv", W, xq, y), opt);
 }
 
 void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq, float* y,
           const DeferredNormScale& norm, const GemvOptions& opt) {
-    if (!dtype_is_quantized(W.type))
-        fail("gemv: {} weights take float activations (use the float-x overload)", dtype_name(W.type));
-    if (xq.K() != W.K) fail("gemv: activation has {} elements, weight rows have {}", xq.K(), W.K);
     if (!norm.parts || norm.dim <= 0 || static_cast<int64_t>(norm.n_parts) * 32 != norm.dim)
         fail("gemv: DeferredNormScale needs dim/32 partial sums (dim {}, {} parts)", norm.dim, norm.n_parts);
-    GemvLaunch l = base_launch(W, y);
-    l.act = ActKind::Q8;
-    l.xq = xq.q();
-    l.xinfo = xq.info();
-    if (xq.levels() == 2) {
-        l.xq2 = xq.q(1);
-        l.xinfo2 = xq.info(1);
-    }
+    GemvLaunch l = q8_launch("gemv", W, xq, y);
     l.scale = ActScale{norm.parts, norm.n_parts, 1.0f / static_cast<float>(norm.dim), norm.eps};
     run(ctx, l, opt);
 }
 
 void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& a, float* x,
                         const float* norm_w, QuantizedActivation& xq_next, float* ss_parts) {
-    if (!dtype_is_quantized(W.type))
-        fail("gemv_residual_norm: {} weights are not quantized (use gemv and rms_norm_q8_1)", dtype_name(W.type));
-    if (a.K() != W.K) fail("gemv_residual_norm: activation has {} elements, weight rows have {}", a.K(), W.K);
+    if (!x || !norm_w || !ss_parts) fail("gemv_residual_norm: null pointer");
+    GemvLaunch l = q8_launch("gemv_residual_norm", W, a, x);
     if (W.N % 32 != 0) fail("gemv_residual_norm: N = {} is not a multiple of 32", W.N);
     if (xq_next.K() != W.N) fail("gemv_residual_norm: next activation has {} elements, N = {}", xq_next.K(), W.N);
-    if (!x || !norm_w || !ss_parts) fail("gemv_residual_norm: null pointer");
-    GemvLaunch l = base_launch(W, x);
-    l.act = ActKind::Q8;
-    l.xq = a.q();
-    l.xinfo = a.info();
-    if (a.levels() == 2) {
-        l.xq2 = a.q(1);
-        l.xinfo2 = a.info(1);
-    }
     const NormEpilogue epi{x, norm_w, xq_next.q(), xq_next.info(), xq_next.q2(), xq_next.info2(), ss_parts};
     l.epi = &epi;
     if (!launch_gemv(l, 0, ctx.stream())) fail("gemv_residual_norm: no CUDA kernel for {} weights", dtype_name(W.type));

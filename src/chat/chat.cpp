@@ -11,9 +11,22 @@
 
 namespace quern::chat {
 
+namespace {
+/// Parses a template; a syntax error names `origin` (its file, ...) unless
+/// that is the constructor's placeholder.
+jinja::Template parse_template(const std::string& source, const std::string& origin) {
+    try {
+        return jinja::Template(source);
+    } catch (const jinja::TemplateError& e) {
+        if (origin.empty() || origin == "template") throw;
+        throw e.in(origin);
+    }
+}
+}  // namespace
+
 ChatTemplate::ChatTemplate(std::string source, std::string bos_token, std::string eos_token, std::string origin)
     : source_(std::move(source)), bos_(std::move(bos_token)), eos_(std::move(eos_token)), origin_(std::move(origin)),
-      tmpl_(source_) {}
+      tmpl_(parse_template(source_, origin_)) {}
 
 std::string bos_text(const Tokenizer& tok) { return tok.bos() >= 0 ? tok.token_to_piece(tok.bos(), true) : ""; }
 std::string eos_text(const Tokenizer& tok) { return tok.eos() >= 0 ? tok.token_to_piece(tok.eos(), true) : ""; }

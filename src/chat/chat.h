@@ -54,7 +54,8 @@ std::string guess_builtin_template(const Tokenizer& tok);
 class ChatTemplate {
 public:
     /// Parses `source` (throws jinja::TemplateError with line/column on
-    /// syntax errors). `origin` names where the template came from.
+    /// syntax errors, naming `origin` first unless it is the default).
+    /// `origin` names where the template came from (a file name, ...).
     ChatTemplate(std::string source, std::string bos_token, std::string eos_token, std::string origin = "template");
 
     /// The template for a model: `file_path` (a Jinja file) when given, else

@@ -11,8 +11,9 @@
 namespace quern::jinja {
 
 namespace {
-std::string describe(const std::string& type, const std::string& message, int line, int col) {
-    std::string s = type + ": " + message;
+std::string describe(const std::string& type, const std::string& message, int line, int col,
+                     const std::string& where) {
+    std::string s = (where.empty() ? "" : where + ": ") + type + ": " + message;
     if (line > 0) s += " (template line " + std::to_string(line) + ", column " + std::to_string(col) + ")";
     return s;
 }
@@ -22,14 +23,16 @@ void check_depth(int depth) {
 }
 }  // namespace
 
-TemplateError::TemplateError(std::string type, std::string message, int line, int col)
-    : Error(describe(type, message, line, col)), type_(std::move(type)), message_(std::move(message)), line_(line),
-      col_(col) {}
+TemplateError::TemplateError(std::string type, std::string message, int line, int col, std::string where)
+    : Error(describe(type, message, line, col, where)), type_(std::move(type)), message_(std::move(message)),
+      where_(std::move(where)), line_(line), col_(col) {}
 
 TemplateError TemplateError::located(int line, int col) const {
     if (line_ > 0 || line <= 0) return *this;
-    return TemplateError(type_, message_, line, col);
+    return TemplateError(type_, message_, line, col, where_);
 }
+
+TemplateError TemplateError::in(std::string where) const { return TemplateError(type_, message_, line_, col_, std::move(where)); }
 
 void raise(std::string_view type, std::string message) { throw TemplateError(std::string(type), std::move(message)); }
 void type_error(std::string message) { raise("TypeError", std::move(message)); }

@@ -32,16 +32,20 @@ namespace quern::jinja {
 /// unknown) locate the template construct that failed.
 class TemplateError : public Error {
 public:
-    TemplateError(std::string type, std::string message, int line = 0, int col = 0);
+    TemplateError(std::string type, std::string message, int line = 0, int col = 0, std::string where = "");
     const std::string& type() const { return type_; }
     const std::string& message() const { return message_; }
     int line() const { return line_; }
     int col() const { return col_; }
+    /// Where the template came from ("" when not said), e.g. its file.
+    const std::string& where() const { return where_; }
     /// Same error located at line:col (kept when already located).
     TemplateError located(int line, int col) const;
+    /// Same error naming the template's origin (a file name, ...) first in what().
+    TemplateError in(std::string where) const;
 
 private:
-    std::string type_, message_;
+    std::string type_, message_, where_;
     int line_, col_;
 };
 

@@ -90,6 +90,10 @@ int run_chat(const ChatCmdOptions& o) {
     const uint64_t seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
     if (o.seed < 0 && base_sp.temperature > 0 && o.verbose) std::fprintf(stderr, "quern: seed %llu\n", static_cast<unsigned long long>(seed));
 
+    // A chat in which no message got a reply (the template failed on each,
+    // say) ends with an error status, so a script sees that it failed.
+    int asked = 0, replied = 0;
+    std::string last_failure;
     std::string line;
     for (int turn = 0;; ++turn) {
         if (tty) out("> ");
@@ -106,21 +110,25 @@ int run_chat(const ChatCmdOptions& o) {
             continue;
         }
         messages.push_back({{"role", "user"}, {"content", text}});
+        ++asked;
         std::string prompt;
         try {
             prompt = tmpl.apply(messages, copts);
         } catch (const jinja::TemplateError& e) {
-            std::fprintf(stderr, "quern: the chat template failed: %s\n", e.what());
+            last_failure = fmt::format("the chat template ({}) failed: {}", tmpl.origin(), e.what());
+            std::fprintf(stderr, "quern: %s\n", last_failure.c_str());
             messages.erase(messages.end() - 1);
             continue;
         }
         const std::vector<int32_t> ids = chat::tokenize_prompt(*m.tokenizer, prompt);
         if (static_cast<int64_t>(ids.size()) >= session->n_ctx()) {
-            std::fprintf(stderr, "quern: the conversation has %zu tokens, more than the context (%lld); /clear to start over or raise -c\n",
-                         ids.size(), static_cast<long long>(session->n_ctx()));
+            last_failure = fmt::format("the conversation has {} tokens, more than the context ({})", ids.size(),
+                                       session->n_ctx());
+            std::fprintf(stderr, "quern: %s; /clear to start over or raise -c\n", last_failure.c_str());
             messages.erase(messages.end() - 1);
             continue;
         }
+        ++replied;
         // reuse the cached prefix; at least one token must run to give logits
         size_t common = 0;
         while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;
@@ -161,6 +169,7 @@ int run_chat(const ChatCmdOptions& o) {
         messages.push_back({{"role", "assistant"}, {"content", trim(m.tokenizer->decode(reply, false))}});
     }
     if (tty) out("\n");
+    if (asked > 0 && replied == 0) fail("no message got a reply; {}", last_failure);
     return 0;
 }
 
@@ -177,10 +186,10 @@ void add_chat_command(CLI::App& app) {
                     "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, gemma3_text; "
                     "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only on the CPU) "
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
-    cmd->add_option("--chat-template", o->template_name,
-                    "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "
-                    "tokenizer.chat_template.NAME; default: the model's own");
-    cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file");
+    auto* tn = cmd->add_option("--chat-template", o->template_name,
+                               "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "
+                               "tokenizer.chat_template.NAME; default: the model's own");
+    cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file")->excludes(tn);
     cmd->add_option("-s,--system", o->system, "System message");
     cmd->add_option("--var", o->vars, "Extra template variable KEY=JSON (e.g. enable_thinking=false); repeatable");
     cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")
@@ -198,6 +207,7 @@ void add_chat_command(CLI::App& app) {
         "  printf 'Hi!\\nWhat is the capital of France?\\n' | quern chat --temp 0\n"
         "  quern chat -m model.gguf --chat-template llama3 -s 'Answer briefly.'\n"
         "In the conversation: /clear starts over, /exit or /quit (or end of input) leaves.\n"
+        "A message the template cannot render is skipped with an error; when no message got a reply the exit status is 1.\n"
         "A Hugging Face folder's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty;\n"
         "do_sample false: greedy) replaces the defaults shown here; a flag given on the command line wins over it.");
     cmd->callback([o, cmd] {

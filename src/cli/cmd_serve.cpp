@@ -154,10 +154,10 @@ void add_serve_command(CLI::App& app) {
                     "Require 'Authorization: Bearer KEY' on /v1 routes (or set QUERN_API_KEY)")
         ->envname("QUERN_API_KEY");
     cmd->add_option("--alias", o->alias, "Model id that /v1/models lists and requests name (default: the file name)");
-    cmd->add_option("--chat-template", o->template_name,
-                    "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "
-                    "tokenizer.chat_template.NAME; default: the model's own");
-    cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file");
+    auto* tn = cmd->add_option("--chat-template", o->template_name,
+                               "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "
+                               "tokenizer.chat_template.NAME; default: the model's own");
+    cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file")->excludes(tn);
     add_model_options(cmd, o->mopts);
     add_threads_option(cmd, o->engine.n_threads);
     cmd->add_flag("-q,--quiet", o->quiet, "Do not log one line per request");

@@ -158,9 +158,10 @@ void add_template_command(CLI::App& app) {
     auto o = std::make_shared<TemplateCmdOptions>();
     CLI::App* cmd = app.add_subcommand("template", "Render a chat template over a conversation (the prompt, exactly, to stdout)");
     cmd->add_option("-m,--model", o->model, "GGUF model whose tokenizer.chat_template to use (default: SmolLM2-135M-Instruct)");
-    cmd->add_option("--template,--chat-template-file", o->template_file, "Jinja template file instead of a model's");
+    auto* tf = cmd->add_option("--template,--chat-template-file", o->template_file, "Jinja template file instead of a model's");
     cmd->add_option("--chat-template", o->builtin,
-                    "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or a GGUF's named template");
+                    "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or a GGUF's named template")
+        ->excludes(tf);
     cmd->add_option("--messages", o->messages_file,
                     "JSON file ('-' = stdin): an array of messages, or an object with \"messages\" and more variables");
     cmd->add_option("--tools", o->tools_file, "JSON file with an array of tool schemas");

@@ -1,6 +1,8 @@
 // The quern binary's answers to command lines a user gets wrong: a known
 // command missing its argument is not reported as an unknown command; a
-// context whose KV cache cannot fit in memory is refused, naming the flag.
+// context whose KV cache cannot fit in memory is refused, naming the flag;
+// chat templates that do not parse or render, conflicting options. Models are
+// test-sized synthetic ones that quern synth writes.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -22,15 +24,53 @@ struct Result {
     std::string err;
 };
 
-Result run(const std::string& args) {
+/// Runs quern with `args` (shell words), `input` on its stdin; returns the
+/// exit status and stderr.
+Result run(const std::string& args, const std::string& input = "") {
     const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
-    const fs::path err = fs::temp_directory_path() / ("quern_cli_err_" + std::to_string(::getpid()) + ".txt");
-    const int rc = std::system(("'" + quern + "' " + args + " >/dev/null 2>'" + err.string() + "'").c_str());
+    const std::string tag = std::to_string(::getpid());
+    const fs::path err = fs::temp_directory_path() / ("quern_cli_err_" + tag + ".txt");
+    const fs::path in = fs::temp_directory_path() / ("quern_cli_in_" + tag + ".txt");
+    std::ofstream(in, std::ios::binary) << input;
+    const int rc = std::system(
+        ("'" + quern + "' " + args + " <'" + in.string() + "' >/dev/null 2>'" + err.string() + "'").c_str());
     std::ifstream f(err);
     std::stringstream ss;
     ss << f.rdbuf();
     fs::remove(err);
+    fs::remove(in);
     return {rc, ss.str()};
+}
+
+/// A scratch folder for this test process, removed at exit.
+const fs::path& scratch() {
+    static const struct Dir {
+        fs::path p = fs::temp_directory_path() / ("quern_cli_" + std::to_string(::getpid()));
+        Dir() { fs::create_directories(p); }
+        ~Dir() {
+            std::error_code ec;
+            fs::remove_all(p, ec);
+        }
+    } d;
+    return d.p;
+}
+
+fs::path write_file(const std::string& name, const std::string& text) {
+    const fs::path p = scratch() / name;
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+}
+
+/// A test-sized synthetic model (quern synth --tiny; byte-level tokenizer, no
+/// chat template), written once per test process.
+const std::string& tiny_model() {
+    static const std::string path = [] {
+        const fs::path p = scratch() / "tiny.gguf";
+        const Result r = run("synth smollm2-135m --tiny --quant Q8_0 -o '" + p.string() + "'");
+        EXPECT_EQ(r.rc, 0) << r.err;
+        return p.string();
+    }();
+    return path;
 }
 
 bool have_quern() { return fs::exists(std::string(QUERN_BINARY_DIR) + "/quern"); }
@@ -61,6 +101,46 @@ TEST(CliErrors, KvCacheLargerThanMemoryIsRefused) {
         EXPECT_NE(m.find("lower -c"), std::string::npos) << m;
     }
     EXPECT_NO_THROW(quern::check_kv_cache_fits(1024, 32, 1024, 4, "-c"));  // 256 MiB
+}
+
+TEST(CliErrors, ChatTemplateSyntaxErrorNamesTheFile) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const fs::path bad = write_file("bad.jinja", "{% for m in messages %}\n{{ m.content }\n{% endfor %}\n");
+    const Result r = run("chat -m '" + tiny_model() + "' --chat-template-file '" + bad.string() + "'", "hi\n");
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.err.find(bad.string() + ": TemplateSyntaxError"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("line 2"), std::string::npos) << r.err;
+}
+
+TEST(CliErrors, ChatTemplateAndChatTemplateFileExcludeEachOther) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const fs::path t = write_file("ok.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
+    for (const char* cmd : {"chat", "serve"}) {
+        const Result r = run(std::string(cmd) + " -m '" + tiny_model() + "' --chat-template chatml --chat-template-file '" +
+                             t.string() + "'");
+        EXPECT_NE(r.rc, 0) << cmd;
+        EXPECT_NE(r.err.find("excludes"), std::string::npos) << cmd << ": " << r.err;
+    }
+    const Result r = run("template --chat-template chatml --chat-template-file '" + t.string() + "' --messages -", "[]");
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.err.find("excludes"), std::string::npos) << r.err;
+}
+
+// A template that fails on every message: each failure is reported, the chat
+// goes on, and the exit status says that no message got a reply.
+TEST(CliErrors, ChatFailsWhenTheTemplateFailsOnEveryMessage) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const fs::path t = write_file("raise.jinja", "{{ raise_exception('no way') }}");
+    const std::string args = "chat -m '" + tiny_model() + "' --device cpu --temp 0 -n 2 --chat-template-file '" + t.string() + "'";
+    const Result r = run(args, "hi\nthere\n");
+    EXPECT_NE(r.rc, 0) << r.err;
+    size_t n = 0;
+    for (size_t at = r.err.find("no way"); at != std::string::npos; at = r.err.find("no way", at + 1)) ++n;
+    EXPECT_EQ(n, 3u) << r.err;  // once per message, once in the final error
+    EXPECT_NE(r.err.find("no message got a reply"), std::string::npos) << r.err;
+    // Without a failing template the same chat succeeds.
+    const Result ok = run("chat -m '" + tiny_model() + "' --device cpu --temp 0 -n 2", "hi\nthere\n");
+    EXPECT_EQ(ok.rc, 0) << ok.err;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -67,6 +68,11 @@ std::string jsonl_text(const nlohmann::json& in, size_t n) {
 }
 
 std::unique_ptr<quern::Tokenizer> load_tokenizer(const TokenizeOptions& o) {
+    if (!o.pre.empty() && quern::PreTokenizer::family_steps(o.pre).empty()) {
+        std::string names;
+        for (const std::string& n : quern::PreTokenizer::known_names()) names += (names.empty() ? "" : ", ") + n;
+        quern::fail("unknown pre-tokenizer '{}' for --pre; known: {}", o.pre, names);
+    }
     const std::string path = quern::cli::resolve_model_path(o.model);
     if (o.pre.empty()) return quern::Tokenizer::from_file(path);
     if (std::filesystem::is_directory(path) || std::filesystem::path(path).extension() == ".json")
@@ -176,7 +182,7 @@ void add_tokenize_command(CLI::App& app) {
                   "Turn control-token text such as <|im_start|> into those tokens");
     cmd->add_option("--pre", opts->pre,
                     "Use this tokenizer.ggml.pre pre-tokenizer instead of the GGUF's own (testing a family's "
-                    "regexes with another vocabulary)");
+                    "regexes with another vocabulary); an unknown name is refused with the list of known ones");
     auto* b = cmd->add_option("--bench", opts->bench_file,
                               "Measure encoding throughput on this text file (one thread) instead of printing ids");
     b->excludes(p);

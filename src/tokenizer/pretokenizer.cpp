@@ -23,40 +23,61 @@ struct Family {
     std::vector<PreStep> steps;
 };
 
+// The `tokenizer.ggml.pre` names of each family (as in llama.cpp).
+struct FamilyNames {
+    std::string_view family;
+    std::vector<std::string_view> names;
+};
+const std::vector<FamilyNames>& pre_names() {
+    static const std::vector<FamilyNames> t = {
+        {"gpt2", {"default", "gpt2", "gpt-2", "phi-2", "gpt-neox", "mpt", "olmo", "jais", "roberta-bpe", "gigachat",
+                  "poro-chat", "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code", "jina-es", "jina-de"}},
+        {"starcoder", {"starcoder", "refact", "smollm", "command-r", "codeshell", "exaone", "minerva-7b"}},
+        {"llama3", {"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"}},
+        {"qwen2", {"qwen2", "stablelm2", "hunyuan", "megrez", "deepseek-r1-qwen"}},
+        {"deepseek-llm", {"deepseek-llm"}},
+        {"deepseek-coder", {"deepseek-coder"}},
+        {"deepseek-v3", {"deepseek-v3"}},
+        {"falcon", {"falcon"}},
+    };
+    return t;
+}
+
 // The pipelines of the `tokenizer.ggml.pre` names (as in each family's
-// tokenizer.json). An empty name list entry means "not found".
+// tokenizer.json); an unknown name gets GPT-2's with known = false.
 Family family_for(std::string_view pre, bool& known) {
     known = true;
-    auto is = [&](std::initializer_list<std::string_view> names) {
-        for (auto n : names)
-            if (pre == n) return true;
+    auto is = [&](std::string_view family) {
+        for (const FamilyNames& f : pre_names())
+            if (f.family == family)
+                for (auto n : f.names)
+                    if (pre == n) return true;
         return false;
     };
     const PreStep bl = PreStep::byte_level(false, true);
     const PreStep bl_noregex = PreStep::byte_level(false, false);
-    if (is({"default", "gpt2", "gpt-2", "phi-2", "gpt-neox", "mpt", "olmo", "jais", "roberta-bpe", "gigachat",
-            "poro-chat", "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code", "jina-es", "jina-de"}))
+    if (is("gpt2"))
         return {"gpt2", {bl}};
-    if (is({"starcoder", "refact", "smollm", "command-r", "codeshell", "exaone", "minerva-7b"}))
+    if (is("starcoder"))
         return {"starcoder", {split_step(kDigit), bl}};
-    if (is({"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"}))
+    if (is("llama3"))
         return {"llama3", {split_step(kLlama3), bl_noregex}};
-    if (is({"qwen2", "stablelm2", "hunyuan", "megrez", "deepseek-r1-qwen"}))
+    if (is("qwen2"))
         return {"qwen2", {split_step(kQwen2), bl_noregex}};
-    if (is({"deepseek-llm"}))
+    if (is("deepseek-llm"))
         return {"deepseek-llm",
                 {split_step(kCrLf), split_step(kDeepseekLlmLetters), split_step(kDeepseekLlmPunct),
                  split_step(kTrailingSpace), split_step(kDeepseekCjk), split_step(kDigit), bl_noregex}};
-    if (is({"deepseek-coder"}))
+    if (is("deepseek-coder"))
         return {"deepseek-coder",
                 {split_step(kCrLf), split_step(kSpaceLetters), split_step(kSpacePunct), split_step(kDeepseekCjk),
                  split_step(kDigit), bl_noregex}};
-    if (is({"deepseek-v3"}))
+    if (is("deepseek-v3"))
         return {"deepseek-v3",
                 {split_step(kDigits1to3), split_step(kDeepseek3Cjk), split_step(kDeepseek3Main), bl_noregex}};
     // Falcon: Punctuation(Contiguous) (Unicode P plus ASCII punctuation), then
     // ByteLevel; after the byte mapping, Digits(contiguous) and 3-digit groups.
-    if (is({"falcon"}))
+    if (is("falcon"))
         return {"falcon", {split_step(kFalconPunct), bl, split_step(kDigitRun), split_step(kThreeAsciiDigits)}};
     known = false;
     return {"gpt2", {bl}};
@@ -180,6 +201,13 @@ PreTokenizer::PreTokenizer(const std::vector<PreStep>& steps, std::string family
 }
 
 PreTokenizer::~PreTokenizer() = default;
+
+std::vector<std::string> PreTokenizer::known_names() {
+    std::vector<std::string> out;
+    for (const FamilyNames& f : pre_names())
+        for (auto n : f.names) out.emplace_back(n);
+    return out;
+}
 
 std::vector<PreStep> PreTokenizer::family_steps(std::string_view pre_name, std::string* family) {
     bool known = false;

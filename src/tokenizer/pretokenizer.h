@@ -151,6 +151,8 @@ public:
     bool byte_level() const { return byte_level_; }
     /// The steps of a family, for tools and tests (empty for unknown names).
     static std::vector<PreStep> family_steps(std::string_view pre_name, std::string* family = nullptr);
+    /// Every `tokenizer.ggml.pre` name with a pipeline of its own (by family).
+    static std::vector<std::string> known_names();
 
 private:
     struct Compiled;

@@ -143,4 +143,13 @@ TEST(CliErrors, ChatFailsWhenTheTemplateFailsOnEveryMessage) {
     EXPECT_EQ(ok.rc, 0) << ok.err;
 }
 
+TEST(CliErrors, TokenizeRefusesAnUnknownPreTokenizer) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const Result r = run("tokenize -m '" + tiny_model() + "' --pre no-such-pre -p hi");
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.err.find("unknown pre-tokenizer 'no-such-pre'"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("llama3"), std::string::npos) << r.err;  // the known names
+    EXPECT_EQ(run("tokenize -m '" + tiny_model() + "' --pre llama3 -p hi").rc, 0);
+}
+
 }  // namespace

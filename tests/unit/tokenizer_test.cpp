@@ -3,6 +3,8 @@
 // trips, the streaming detokenizer and hostile input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -198,8 +200,12 @@ TEST(PreTokenizer, StarcoderSplitsDigits) {
 
 TEST(PreTokenizer, EveryFamilyCompilesAndCoversTheText) {
     const std::string text = "Hello 12345 world's\n\n  \xE4\xBD\xA0\xE5\xA5\xBD, \xF0\x9F\xA6\x99!\xFF ok";
+    const std::vector<std::string> names = PreTokenizer::known_names();  // what quern tokenize --pre accepts
     for (const char* pre : {"default", "gpt2", "smollm", "starcoder", "llama3", "llama-bpe", "qwen2", "deepseek-llm",
-                            "deepseek-coder", "deepseek-v3", "falcon", "gpt-neox", "phi-2", "command-r"}) {
+                            "deepseek-coder", "deepseek-v3", "falcon", "gpt-neox", "phi-2", "command-r"})
+        EXPECT_NE(std::find(names.begin(), names.end(), pre), names.end()) << pre;
+    EXPECT_EQ(std::find(names.begin(), names.end(), "no-such-pre"), names.end());
+    for (const std::string& pre : names) {
         PreTokenizer p(pre);
         EXPECT_TRUE(p.known()) << pre;
         std::string joined;

@@ -57,6 +57,7 @@ Stats stats(const std::vector<double>& v) {
 // (continuous batching, paged KV cache) in-process; aggregate tok/s.
 void bench_batched(const BenchOptions& o) {
     if (use_cuda(o.dev)) fail("--batch runs the CPU serving engine; add --device cpu");
+    warn_gpu_options_ignored(o.dev);
     if (!o.synthetic.empty()) fail("--batch needs a GGUF file (write one with quern synth) for its tokenizer");
     if (o.n_gen <= 0 || o.n_prompt <= 0) fail("--batch needs -p and -n greater than 0");
     auto file = std::make_shared<GgufFile>(resolve_model_path(o.model));

@@ -185,6 +185,18 @@ void warn_past_trained_context(const ModelConfig& c, int64_t n_ctx) {
                      static_cast<long long>(n_ctx), static_cast<long long>(c.n_ctx_train));
 }
 
+void warn_gpu_options_ignored(const DeviceOptions& opts) {
+    static bool warned = false;  // once per process (bench makes several sessions)
+    std::string given;
+    if (opts.kv_tokens > 0) given += ", --kv-tokens";
+    if (opts.gpu_mem > 0) given += ", --gpu-mem";
+    if (opts.no_graph) given += ", --no-cuda-graph";
+    if (given.empty() || warned) return;
+    warned = true;
+    std::fprintf(stderr, "quern: warning: running on the CPU, which ignores the GPU-only option%s %s\n",
+                 given.find(',', 1) == std::string::npos ? "" : "s", given.c_str() + 2);
+}
+
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose) {
     warn_past_trained_context(model.config(), n_ctx);
@@ -196,9 +208,13 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
                      "yet; use --device cpu",
                      dtype_name(t.type), name);
     }
-    if (!use_cuda(opts)) return make_cpu_session(model, n_ctx, pool);
+    if (!use_cuda(opts)) {
+        warn_gpu_options_ignored(opts);
+        return make_cpu_session(model, n_ctx, pool);
+    }
     if (const std::string why = gpu_unsupported(model); opts.device == "auto" && !why.empty()) {
         if (verbose) std::fprintf(stderr, "quern: the GPU backend does not compute %s yet; running on the CPU\n", why.c_str());
+        warn_gpu_options_ignored(opts);
         return make_cpu_session(model, n_ctx, pool);
     }
 #ifdef QUERN_HAVE_CUDA

@@ -71,6 +71,10 @@ struct DeviceOptions {
 void add_device_options(CLI::App* cmd, DeviceOptions& opts);
 /// Whether `opts` selects the GPU (auto: when this build has CUDA and a GPU is present).
 bool use_cuda(const DeviceOptions& opts);
+/// Prints one warning on stderr (once per process) naming the GPU-only
+/// options of `opts` that were given (--kv-tokens, --gpu-mem,
+/// --no-cuda-graph), for a run that ends up on the CPU.
+void warn_gpu_options_ignored(const DeviceOptions& opts);
 /// Prints a warning on stderr when n_ctx exceeds the model's trained context
 /// (ModelConfig::n_ctx_train, when known).
 void warn_past_trained_context(const ModelConfig& c, int64_t n_ctx);
@@ -81,7 +85,8 @@ std::string gpu_unsupported(const ModelConfig& c);
 std::string gpu_unsupported(const Model& m);
 /// A session for `model` with n_ctx positions on the device `opts` selects
 /// (CPU sessions use `pool`; --device auto runs on the CPU, with a note, a
-/// model that gpu_unsupported() names a feature of). Throws quern::Error when the GPU is asked for
+/// model that gpu_unsupported() names a feature of; a CPU session warns of
+/// GPU-only options given, warn_gpu_options_ignored). Throws quern::Error when the GPU is asked for
 /// and this build has no CUDA backend or the machine no GPU, and (saying to use
 /// --device cpu) when --device cuda is asked for a model with FP8 / NVFP4 weights.
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,

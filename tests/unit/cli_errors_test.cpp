@@ -61,6 +61,13 @@ fs::path write_file(const std::string& name, const std::string& text) {
     return p;
 }
 
+/// How often `what` occurs in `s`.
+size_t count(const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+}
+
 /// A test-sized synthetic model (quern synth --tiny; byte-level tokenizer, no
 /// chat template), written once per test process.
 const std::string& tiny_model() {
@@ -134,9 +141,7 @@ TEST(CliErrors, ChatFailsWhenTheTemplateFailsOnEveryMessage) {
     const std::string args = "chat -m '" + tiny_model() + "' --device cpu --temp 0 -n 2 --chat-template-file '" + t.string() + "'";
     const Result r = run(args, "hi\nthere\n");
     EXPECT_NE(r.rc, 0) << r.err;
-    size_t n = 0;
-    for (size_t at = r.err.find("no way"); at != std::string::npos; at = r.err.find("no way", at + 1)) ++n;
-    EXPECT_EQ(n, 3u) << r.err;  // once per message, once in the final error
+    EXPECT_EQ(count(r.err, "no way"), 3u) << r.err;  // once per message, once in the final error
     EXPECT_NE(r.err.find("no message got a reply"), std::string::npos) << r.err;
     // Without a failing template the same chat succeeds.
     const Result ok = run("chat -m '" + tiny_model() + "' --device cpu --temp 0 -n 2", "hi\nthere\n");
@@ -150,6 +155,27 @@ TEST(CliErrors, TokenizeRefusesAnUnknownPreTokenizer) {
     EXPECT_NE(r.err.find("unknown pre-tokenizer 'no-such-pre'"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("llama3"), std::string::npos) << r.err;  // the known names
     EXPECT_EQ(run("tokenize -m '" + tiny_model() + "' --pre llama3 -p hi").rc, 0);
+}
+
+// --device auto may pick either device, so GPU-only options on a CPU run are a
+// warning (once), not an error.
+TEST(CliErrors, GpuOnlyOptionsOnTheCpuWarnOnce) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const std::string m = " -m '" + tiny_model() + "' --device cpu";
+    const std::string warning = "ignores the GPU-only option";
+    Result r = run("run" + m + " -p hi -n 2 --temp 0 --kv-tokens 64 --gpu-mem 0.5 --no-cuda-graph");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(count(r.err, warning), 1u) << r.err;
+    EXPECT_NE(r.err.find("--kv-tokens, --gpu-mem, --no-cuda-graph"), std::string::npos) << r.err;
+    r = run("chat" + m + " -n 2 --temp 0 --no-cuda-graph", "hi\n");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(count(r.err, warning + " --no-cuda-graph"), 1u) << r.err;
+    r = run("bench" + m + " -p 4 -n 4 -r 3 --kv-tokens 64");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(count(r.err, warning + " --kv-tokens"), 1u) << r.err;
+    r = run("run" + m + " -p hi -n 2 --temp 0");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(count(r.err, warning), 0u) << r.err;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // tokenizer_config.json (add_bos_token / add_eos_token, bos/eos/unk/pad
 // token names) and generation_config.json (eos_token_id) when present.
 #include <algorithm>
+#include <climits>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -198,6 +199,28 @@ json parse_json(std::string_view text, const std::string& where) {
     }
 }
 
+/// A file beside tokenizer.json (tokenizer_config.json, generation_config.json):
+/// errors name the file alone, as other parts of quern read it too.
+json parse_side_json(std::string_view text, const std::string& where) {
+    try {
+        return json::parse(text);
+    } catch (const json::exception& e) {
+        fail("{}: not valid JSON ({})", where, e.what());
+    }
+}
+
+/// generation_config.json's eos_token_id: an id or a list of ids.
+void parse_eos_ids(const json& e, const std::string& where, std::vector<int32_t>& out) {
+    auto id = [&](const json& x) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+            fail("{}: key 'eos_token_id' must be a token id or a list of token ids, got {}", where, e.dump());
+        out.push_back(static_cast<int32_t>(x.get<int64_t>()));
+    };
+    if (e.is_null()) return;
+    if (!e.is_array()) return id(e);
+    for (const json& x : e) id(x);
+}
+
 std::string read_text(const std::filesystem::path& p) {
     std::ifstream f(p, std::ios::binary);
     if (!f) fail("tokenizer: cannot read {}", p.string());
@@ -209,7 +232,8 @@ std::string read_text(const std::filesystem::path& p) {
 }  // namespace
 
 VocabData Tokenizer::vocab_from_hf_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json,
-                                        std::string_view generation_config_json, const std::string& where) {
+                                        std::string_view generation_config_json, const std::string& where,
+                                        const std::string& config_where, const std::string& generation_where) {
     const json j = parse_json(tokenizer_json, where);
     if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
         fail("tokenizer: {}: no \"model\" object (is this a tokenizer.json?)", where);
@@ -298,7 +322,7 @@ VocabData Tokenizer::vocab_from_hf_json(std::string_view tokenizer_json, std::st
     // BOS/EOS: the post-processor template, then tokenizer_config.json.
     parse_post(j.value("post_processor", json()), id_of, d);
     if (!tokenizer_config_json.empty()) {
-        const json c = parse_json(tokenizer_config_json, "tokenizer_config.json");
+        const json c = parse_side_json(tokenizer_config_json, config_where);
         if (c.is_object()) {
             if (c.contains("add_bos_token") && c["add_bos_token"].is_boolean()) d.add_bos = c["add_bos_token"].get<bool>();
             if (c.contains("add_eos_token") && c["add_eos_token"].is_boolean()) d.add_eos = c["add_eos_token"].get<bool>();
@@ -308,12 +332,9 @@ VocabData Tokenizer::vocab_from_hf_json(std::string_view tokenizer_json, std::st
         }
     }
     if (!generation_config_json.empty()) {
-        const json g = parse_json(generation_config_json, "generation_config.json");
-        const json e = g.is_object() ? g.value("eos_token_id", json()) : json();
-        if (e.is_number_integer()) d.extra_eog.push_back(e.get<int32_t>());
-        if (e.is_array())
-            for (const json& x : e)
-                if (x.is_number_integer()) d.extra_eog.push_back(x.get<int32_t>());
+        const json g = parse_side_json(generation_config_json, generation_where);
+        if (!g.is_object()) fail("{}: the top level must be a JSON object", generation_where);
+        parse_eos_ids(g.value("eos_token_id", json()), generation_where, d.extra_eog);
     }
     return d;
 }
@@ -340,7 +361,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_file(const std::string& path) {
         return siblings && fs::exists(q, ec) ? read_text(q) : std::string();
     };
     return std::make_unique<Tokenizer>(vocab_from_hf_json(read_text(json_path), optional("tokenizer_config.json"),
-                                                          optional("generation_config.json"), json_path.string()));
+                                                          optional("generation_config.json"), json_path.string(),
+                                                          (dir / "tokenizer_config.json").string(),
+                                                          (dir / "generation_config.json").string()));
 }
 
 }  // namespace quern

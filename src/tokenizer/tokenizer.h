@@ -129,9 +129,14 @@ public:
     /// Reads a Hugging Face tokenizer.json (text), with the optional
     /// tokenizer_config.json / generation_config.json texts ("" when absent)
     /// for add_bos/add_eos, the special tokens and end-of-generation ids.
-    /// `where` names the source in error messages.
+    /// `where` names the source in error messages, `config_where` and
+    /// `generation_where` the other two files (their paths, from from_file).
+    /// Throws quern::Error for malformed JSON, and for an eos_token_id that is
+    /// not a token id or a list of them.
     static VocabData vocab_from_hf_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json,
-                                        std::string_view generation_config_json, const std::string& where);
+                                        std::string_view generation_config_json, const std::string& where,
+                                        const std::string& config_where = "tokenizer_config.json",
+                                        const std::string& generation_where = "generation_config.json");
     /// Loads a tokenizer from a GGUF file, a tokenizer.json file, or a folder
     /// holding tokenizer.json (and tokenizer_config.json etc.).
     static std::unique_ptr<Tokenizer> from_file(const std::string& path);

@@ -260,6 +260,37 @@ TEST(HfJson, LoadsFromFolderAndFile) {
     EXPECT_THROW(Tokenizer::from_file((dir / "nothing").string()), Error);
 }
 
+// generation_config.json is not the tokenizer's own file (quern also reads its
+// sampling defaults): its errors name its path, and the key at fault.
+TEST(HfJson, GenerationConfigErrorsNameTheFileAndKey) {
+    const fs::path dir = fs::temp_directory_path() / ("quern-tok-gen-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    std::ofstream(dir / "tokenizer.json") << make_case("spm_legacy").dump();
+    const std::string gen = (dir / "generation_config.json").string();
+    auto error = [&](const std::string& text) -> std::string {
+        std::ofstream(gen, std::ios::trunc) << text;
+        try {
+            Tokenizer::from_file(dir.string());
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "no error";
+    };
+    std::string e = error("{ nope");
+    EXPECT_EQ(e.rfind(gen + ": not valid JSON", 0), 0u) << e;
+    EXPECT_EQ(e.find("tokenizer:"), std::string::npos) << e;
+    for (const char* bad : {R"({"eos_token_id": "x"})", R"({"eos_token_id": [2, "x"]})", R"({"eos_token_id": -1})",
+                            R"({"eos_token_id": 2.5})"}) {
+        e = error(bad);
+        EXPECT_EQ(e.rfind(gen + ": key 'eos_token_id' must be a token id", 0), 0u) << bad << ": " << e;
+    }
+    e = error(R"({"eos_token_id": [2, 0], "temperature": 0.6})");
+    EXPECT_EQ(e, "no error");
+    std::ofstream(gen, std::ios::trunc) << R"({"eos_token_id": null})";
+    EXPECT_NO_THROW(Tokenizer::from_file(dir.string()));
+    fs::remove_all(dir);
+}
+
 TEST(HfJson, MalformedFilesGiveClearErrors) {
     auto load = [](const std::string& text) { Tokenizer::vocab_from_hf_json(text, "", "", "t.json"); };
     EXPECT_THROW(load(""), Error);

@@ -30,12 +30,8 @@ struct PplOptions {
 };
 
 void perplexity(const PplOptions& o) {
-    if (std::filesystem::is_directory(o.file)) fail("text file '{}' is a directory", o.file);
-    std::ifstream in(o.file, std::ios::binary);
-    if (!in) fail("cannot open text file '{}'", o.file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
+    const std::string text = read_input_file(o.file, "text file");
+    const std::string name = o.file == "-" ? "stdin" : o.file;  // for messages
 
     LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
@@ -47,9 +43,9 @@ void perplexity(const PplOptions& o) {
     if (n_ctx < 4) fail("context size must be at least 4, got {}", n_ctx);
     int64_t n_chunk = static_cast<int64_t>(ids.size()) / n_ctx;
     if (n_chunk == 0)
-        fail("'{}' has {} tokens, fewer than one chunk of {} (use a longer text or a smaller -c)", o.file, ids.size(), n_ctx);
+        fail("'{}' has {} tokens, fewer than one chunk of {} (use a longer text or a smaller -c)", name, ids.size(), n_ctx);
     if (o.max_chunks > 0) n_chunk = std::min(n_chunk, o.max_chunks);
-    std::fprintf(stderr, "quern: %s: %zu tokens (tokenized in %.2f s), %lld chunks of %lld\n", o.file.c_str(),
+    std::fprintf(stderr, "quern: %s: %zu tokens (tokenized in %.2f s), %lld chunks of %lld\n", name.c_str(),
                  ids.size(), tok_s, static_cast<long long>(n_chunk), static_cast<long long>(n_ctx));
 
     ThreadPool pool(o.threads);
@@ -112,7 +108,7 @@ void add_perplexity_command(CLI::App& app) {
                     "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, gemma3_text; "
                     "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only on the CPU) "
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
-    cmd->add_option("-f,--file", o->file, "Text file to score")->required();
+    cmd->add_option("-f,--file", o->file, "Text file to score ('-' = stdin)")->required();
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Tokens per chunk")->capture_default_str()->check(CLI::Range(4, 1 << 20));
     cmd->add_option("--chunks", o->max_chunks, "Score at most this many chunks (-1 = all)")
         ->capture_default_str()
@@ -135,6 +131,7 @@ void add_perplexity_command(CLI::App& app) {
     cmd->footer(
         "Examples:\n"
         "  quern perplexity -f tests/data/genesis-kjv.txt\n"
-        "  quern perplexity -m model.gguf -f wiki.test.raw -c 2048 --chunks 20 --json");
+        "  quern perplexity -m model.gguf -f wiki.test.raw -c 2048 --chunks 20 --json\n"
+        "  cat book.txt | quern perplexity -f - -c 256");
     cmd->callback([o] { perplexity(*o); });
 }

@@ -34,16 +34,7 @@ struct RunOptions {
 };
 
 int run(const RunOptions& o) {
-    std::string prompt = o.prompt;
-    if (!o.prompt_file.empty()) {
-        if (std::filesystem::is_directory(o.prompt_file)) fail("prompt file '{}' is a directory", o.prompt_file);
-        std::FILE* f = std::fopen(o.prompt_file.c_str(), "rb");
-        if (!f) fail("cannot open prompt file '{}': {}", o.prompt_file, std::strerror(errno));
-        char buf[65536];
-        size_t n;
-        while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) prompt.append(buf, n);
-        std::fclose(f);
-    }
+    const std::string prompt = o.prompt_file.empty() ? o.prompt : read_input_file(o.prompt_file, "prompt file");
     // Check the options before spending time on loading the model.
     Sampler(o.sp, 1);  // throws quern::Error for out-of-range sampling values
     if (o.verify && !use_cuda(o.dev))
@@ -155,7 +146,7 @@ void add_run_command(CLI::App& app) {
                     "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only on the CPU) "
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     auto* p = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
-    cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file")->excludes(p);
+    cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file ('-' = stdin)")->excludes(p);
     cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (-1 = until end of generation or a full context)")
         ->capture_default_str()
         ->check(CLI::Range(-1, 1 << 30));
@@ -174,6 +165,7 @@ void add_run_command(CLI::App& app) {
         "  quern run -p \"The capital of France is\" -n 32 --temp 0\n"
         "  quern run -m model.gguf -p \"Once upon a time\" --temp 0.7 --top-p 0.9 --seed 42\n"
         "  quern run -f prompt.txt -n 256 -c 8192 -t 4\n"
+        "  echo 'Once upon a time' | quern run -f - -n 32\n"
         "  quern run -m ~/models/Qwen2.5-0.5B-Instruct -p \"Hello\" -n 32   # a Hugging Face folder\n"
         "  quern run -m ~/models/Qwen3-8B-FP8 --device cpu -p \"Hello\" -n 32  # FP8 / NVFP4 checkpoints: CPU\n"
         "  quern run --device cuda --verify -p \"Hello\" -n 16 --temp 0\n"

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -245,6 +247,23 @@ void print_verify(const VerifyResult& v, const std::string& backend) {
     for (const auto& [name, c] : v.cosines) std::fprintf(stderr, "  %-10s cosine %.7f\n", name.c_str(), c);
     if (!v.first_diverging.empty())
         std::fprintf(stderr, "quern: first diverging tensor: %s\n", v.first_diverging.c_str());
+}
+
+std::string read_input_file(const std::string& path, const char* what) {
+    std::string text;
+    std::FILE* f = stdin;
+    if (path != "-") {
+        if (std::filesystem::is_directory(path)) fail("{} '{}' is a directory", what, path);
+        f = std::fopen(path.c_str(), "rb");
+        if (!f) fail("cannot open {} '{}': {}", what, path, std::strerror(errno));
+    }
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    const bool bad = std::ferror(f) != 0;
+    if (f != stdin) std::fclose(f);
+    if (bad) fail("cannot read {} '{}'", what, path == "-" ? std::string("(stdin)") : path);
+    return text;
 }
 
 bool stderr_is_tty() { return ::isatty(STDERR_FILENO) != 0; }

@@ -39,6 +39,10 @@ struct LoadedModel {
 /// with tokenizer.json, tokenizer_config.json and generation_config.json.
 LoadedModel load_model(const std::string& path, const ModelOptions& opts = {});
 
+/// The bytes of the file `path`, or of stdin when `path` is "-". `what` names
+/// the file in errors ("prompt file": "cannot open prompt file 'x': ...").
+std::string read_input_file(const std::string& path, const char* what);
+
 /// True when stderr is a terminal (progress output is shown only then).
 bool stderr_is_tty();
 /// Seconds on a monotonic clock.

@@ -178,4 +178,20 @@ TEST(CliErrors, GpuOnlyOptionsOnTheCpuWarnOnce) {
     EXPECT_EQ(count(r.err, warning), 0u) << r.err;
 }
 
+TEST(CliErrors, DashReadsThePromptOrTextFromStdin) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const std::string m = " -m '" + tiny_model() + "'";
+    Result r = run("run" + m + " --device cpu -n 2 --temp 0 -f -", "hello");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.err.find("prompt 5 tokens"), std::string::npos) << r.err;  // byte-level vocabulary, no BOS
+    std::string text;
+    for (int i = 0; i < 8; ++i) text += "The quick brown fox jumps over the lazy dog. ";
+    r = run("perplexity" + m + " -c 32 -f -", text);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.err.find("stdin: 360 tokens"), std::string::npos) << r.err;
+    r = run("perplexity" + m + " -c 32 -f -", "");
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.err.find("fewer than one chunk"), std::string::npos) << r.err;
+}
+
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <ctime>
 #include <mutex>
+#include <regex>
 #include <random>
 
 #include "chat/chat.h"
@@ -24,8 +25,39 @@ namespace {
 
 const char* kChatPath = "/v1/chat/completions";
 const char* kCompletionsPath = "/v1/completions";
+const char* kModelsPath = "/v1/models";
+const char* kModelPath = R"(/v1/models/(.+))";
+const char* kHealthPath = "/health";
+const char* kMetricsPath = "/metrics";
 const char* kRoutes =
     "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics";
+
+/// Every route setup() registers: its method and its path pattern (matched
+/// against the whole path, as httplib does). A request whose path matches a
+/// route but whose method does not is answered 405 with an Allow header.
+struct Route {
+    const char* method;
+    const char* pattern;
+};
+const Route kRouteTable[] = {{"POST", kChatPath},   {"POST", kCompletionsPath}, {"GET", kModelsPath},
+                             {"GET", kModelPath},   {"GET", kHealthPath},       {"GET", kMetricsPath}};
+
+/// The methods the routes of `path` answer ("GET, HEAD" for a GET route, as
+/// httplib answers HEAD with the GET handler); "" when no route has the path.
+std::string allowed_methods(const std::string& path) {
+    static const std::vector<std::pair<std::string, std::regex>> table = [] {
+        std::vector<std::pair<std::string, std::regex>> t;
+        for (const Route& r : kRouteTable) t.emplace_back(r.method, std::regex(r.pattern));
+        return t;
+    }();
+    std::string allow;
+    for (const auto& [method, re] : table) {
+        if (!std::regex_match(path, re)) continue;
+        const std::string m = method == "GET" ? "GET, HEAD" : method;
+        if (allow.find(m) == std::string::npos) allow += (allow.empty() ? "" : ", ") + m;
+    }
+    return allow;
+}
 
 std::string random_hex(size_t n) {
     static std::mutex mu;
@@ -326,7 +358,7 @@ struct HttpServer::Impl {
         svr.Post(kCompletionsPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Completions);
         });
-        svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+        svr.Get(kModelsPath, [this](const httplib::Request& req, httplib::Response& res) {
             try {
                 check_auth(req);
                 send_json(res, 200, Json{{"object", "list"}, {"data", Json::array({model_json()})}});
@@ -334,7 +366,7 @@ struct HttpServer::Impl {
                 send_error(res, e);
             }
         });
-        svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+        svr.Get(kModelPath, [this](const httplib::Request& req, httplib::Response& res) {
             try {
                 check_auth(req);
                 const std::string name = req.matches[1];
@@ -344,11 +376,11 @@ struct HttpServer::Impl {
                 send_error(res, e);
             }
         });
-        svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+        svr.Get(kHealthPath, [this](const httplib::Request&, httplib::Response& res) {
             if (draining.load()) send_json(res, 503, Json{{"status", "shutting down"}});
             else send_json(res, 200, Json{{"status", "ok"}});
         });
-        svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        svr.Get(kMetricsPath, [this](const httplib::Request&, httplib::Response& res) {
             res.set_content(metrics.render(engine.stats(), engine.options(), in_flight.load()),
                             "text/plain; version=0.0.4; charset=utf-8");
         });
@@ -358,12 +390,19 @@ struct HttpServer::Impl {
             [this](const httplib::Request& req, httplib::Response& res) -> httplib::Server::HandlerResponse {
                 if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
                 std::string msg;
-                if (res.status == 404)
-                    msg = "no route " + req.method + " " + req.path + "; this server answers " + kRoutes;
-                else if (res.status == 413)
+                if (res.status == 404) {
+                    if (const std::string allow = allowed_methods(req.path); !allow.empty()) {
+                        res.status = 405;
+                        res.set_header("Allow", allow);
+                        msg = req.method + " is not allowed on " + req.path + "; it answers " + allow;
+                    } else {
+                        msg = "no route " + req.method + " " + req.path + "; this server answers " + kRoutes;
+                    }
+                }
+                if (res.status == 413)
                     msg = "the request body is larger than " + std::to_string(o.max_body_bytes >> 20) +
                           " MiB; send a shorter prompt";
-                else
+                else if (msg.empty())
                     msg = "the request could not be read (HTTP status " + std::to_string(res.status) + ")";
                 send_json(res, res.status, error_json(res.status, msg));
                 const bool gen = req.path == kChatPath || req.path == kCompletionsPath;

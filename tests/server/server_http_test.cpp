@@ -1,5 +1,5 @@
 // The HTTP layer over a scripted engine (no model needed): routes, the
-// OpenAI error shape and status of every refusal (400/401/404/413/429/503),
+// OpenAI error shape and status of every refusal (400/401/404/405/413/429/503),
 // SSE framing (role chunk, [DONE], the usage-chunk rules), stream == non-stream,
 // and a client that disconnects mid-stream freeing its sequence at once.
 #include <gtest/gtest.h>
@@ -196,6 +196,20 @@ TEST_F(HttpTest, Refusals) {
     // 404: unknown route, unknown model
     e = error_of(post("/v1/nothing", "{}"), 404);
     error_of(client_->Get("/v2/models"), 404);
+    // 405: a route's path with another method, saying which methods it answers
+    auto not_allowed = [&](const httplib::Result& r, const std::string& allow) {
+        const Json err = error_of(r, 405);
+        if (!r) return;
+        EXPECT_EQ(r->get_header_value("Allow"), allow) << r->body;
+        EXPECT_EQ(err["type"], "invalid_request_error");
+        EXPECT_NE(err["message"].get<std::string>().find(allow), std::string::npos) << r->body;
+    };
+    not_allowed(client_->Get("/v1/chat/completions"), "POST");
+    not_allowed(client_->Put("/v1/completions", "{}", "application/json"), "POST");
+    not_allowed(post("/v1/models", "{}"), "GET, HEAD");
+    not_allowed(client_->Delete("/v1/models/test-model"), "GET, HEAD");
+    not_allowed(post("/health", "{}"), "GET, HEAD");
+    EXPECT_EQ(client_->Head("/v1/models")->status, 200);  // HEAD is answered where GET is
     e = error_of(post("/v1/chat/completions", R"({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]})"), 404);
     EXPECT_EQ(e["code"], "model_not_found");
     // 413: over the body limit (64 KiB in this test); the connection still works afterwards

@@ -144,14 +144,15 @@ void bench(const BenchOptions& o) {
     const bool tty = stderr_is_tty() && !o.json;
     if (!o.synthetic.empty()) {
         const SynthPreset& p = synth_preset(o.synthetic);
+        const std::string quant = synth_scheme(o.quant, false);
         auto progress = [&](int64_t d, int64_t t) {
-            if (tty) std::fprintf(stderr, "\rquern: building %s %s weights %lld/%lld", p.name.c_str(), o.quant.c_str(),
+            if (tty) std::fprintf(stderr, "\rquern: building %s %s weights %lld/%lld", p.name.c_str(), quant.c_str(),
                                   static_cast<long long>(d), static_cast<long long>(t));
         };
-        SynthModel sm = make_synthetic(p, o.quant, 1234, progress);
+        SynthModel sm = make_synthetic(p, quant, 1234, progress);
         if (tty) std::fputc('\n', stderr);
         model = Model::from_weights(sm.cfg, std::move(sm.weights));
-        label = p.name + " " + o.quant + " (synthetic)";
+        label = p.name + " " + quant + " (synthetic)";
     } else {
         file = std::make_shared<GgufFile>(resolve_model_path(o.model));
         model = Model::from_gguf(file);
@@ -271,7 +272,7 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("--synthetic", o->synthetic,
                     "Benchmark a synthetic model of a named shape instead (smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, gemma2-2b, gemma3-270m, gemma3-4b, phi3-mini; quern synth --list)");
-    cmd->add_option("--quant", o->quant, "Weight type of the synthetic model (a block type such as Q4_K or Q8_0, F16, BF16, the weight-only "
+    cmd->add_option("--quant", o->quant, "Weight type of the synthetic model, in any case (a block type such as Q4_K or Q8_0, F16, BF16, F32, the weight-only "
                     "F8_E4M3_B32 / NVFP4 of FP8 and NVFP4 checkpoints, or Q4_K_M / Q5_K_M)")
         ->capture_default_str();
     cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp test (0 = skip)")

@@ -27,9 +27,10 @@ void synth(const SynthOptions& o) {
         return;
     }
     if (o.out.empty()) fail("give the output file with -o FILE.gguf");
+    const std::string quant = synth_scheme(o.quant, true);  // before any work: GGUF cannot hold quern's own types
     const SynthPreset p = o.tiny ? synth_tiny(synth_preset(o.preset)) : synth_preset(o.preset);
     const bool tty = stderr_is_tty();
-    SynthModel m = make_synthetic(p, o.quant, o.seed, [&](int64_t d, int64_t t) {
+    SynthModel m = make_synthetic(p, quant, o.seed, [&](int64_t d, int64_t t) {
         if (tty) std::fprintf(stderr, "\rquern: building weights %lld/%lld", static_cast<long long>(d), static_cast<long long>(t));
     });
     if (tty) std::fputc('\n', stderr);
@@ -44,7 +45,7 @@ void synth(const SynthOptions& o) {
         params += t.nelements();
     }
     std::fprintf(stderr, "quern: wrote %s: %s %s, %.2f M params, %.2f MiB of weights\n", o.out.c_str(), p.name.c_str(),
-                 o.quant.c_str(), params / 1e6, bytes / 1048576.0);
+                 quant.c_str(), params / 1e6, bytes / 1048576.0);
 }
 
 }  // namespace
@@ -57,7 +58,9 @@ void add_synth_command(CLI::App& app) {
     cmd->add_option("preset", o->preset,
                     "Shape: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, "
                     "gemma2-2b, gemma3-270m, gemma3-4b, phi3-mini (none: list them)");
-    cmd->add_option("--quant", o->quant, "Weight type: a block type (Q4_0 ... Q6_K, Q8_0, F16, BF16) or Q4_K_M / Q5_K_M")
+    cmd->add_option("--quant", o->quant,
+                    "Weight type, in any case: a block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K ... Q6_K, F16, BF16, F32) "
+                    "or a mix, Q4_K_M / Q5_K_M")
         ->capture_default_str();
     cmd->add_option("-o,--output", o->out, "Output GGUF file");
     cmd->add_option("--seed", o->seed, "Random seed for the weights")->capture_default_str();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -207,8 +208,33 @@ SynthPreset synth_tiny(const SynthPreset& p) {
     return t;
 }
 
-DType synth_tensor_type(const std::string& scheme, const std::string& name, int64_t layer, int64_t n_layer,
+namespace {
+// The schemes, as listed to users; the quern-only layouts live in memory only.
+constexpr const char* kGgufSchemes = "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32, "
+                                     "or a mix: Q4_K_M, Q5_K_M";
+constexpr const char* kMemorySchemes = "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32, "
+                                       "F8_E4M3_B32, NVFP4, or a mix: Q4_K_M, Q5_K_M";
+}  // namespace
+
+std::string synth_scheme(const std::string& name, bool gguf) {
+    std::string up = name;
+    for (char& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (up == "Q4_K_M" || up == "Q5_K_M") return up;
+    const auto d = dtype_from_name(up);
+    const bool quern_only = d && (*d == DType::F8_E4M3_B32 || *d == DType::NVFP4);
+    if (!d || !quant_ref_supports(*d) || *d == DType::Q8_1 || *d == DType::Q8_K || (gguf && quern_only)) {
+        if (gguf && quern_only)
+            fail("quantization '{}' is quern's own layout, which a GGUF file cannot hold (quern bench --synthetic "
+                 "PRESET --quant {} builds it in memory); write one of {}",
+                 name, up, kGgufSchemes);
+        fail("unknown quantization '{}' (use {})", name, gguf ? kGgufSchemes : kMemorySchemes);
+    }
+    return std::string(dtype_name(*d));
+}
+
+DType synth_tensor_type(const std::string& scheme_name, const std::string& name, int64_t layer, int64_t n_layer,
                         int64_t ne0) {
+    const std::string scheme = synth_scheme(scheme_name, false);
     DType t;
     if (scheme == "Q4_K_M" || scheme == "Q5_K_M") {
         const DType base = scheme == "Q4_K_M" ? DType::Q4_K : DType::Q5_K;
@@ -221,12 +247,7 @@ DType synth_tensor_type(const std::string& scheme, const std::string& name, int6
                  use_more_bits(layer, n_layer))
             t = DType::Q6_K;
     } else {
-        const auto d = dtype_from_name(scheme);
-        if (!d || !quant_ref_supports(*d) || *d == DType::Q8_1 || *d == DType::Q8_K || *d == DType::F32)
-            fail("unknown quantization '{}' (use a block type such as Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, "
-                 "F16, BF16, F8_E4M3_B32, NVFP4, or a mix: Q4_K_M, Q5_K_M)",
-                 scheme);
-        t = *d;
+        t = *dtype_from_name(scheme);
     }
     if (is_k_quant(t) && ne0 % 256 != 0) {
         switch (t) {
@@ -239,7 +260,8 @@ DType synth_tensor_type(const std::string& scheme, const std::string& name, int6
     return t;
 }
 
-uint32_t synth_file_type(const std::string& scheme) {
+uint32_t synth_file_type(const std::string& scheme_name) {
+    const std::string scheme = synth_scheme(scheme_name, false);
     if (scheme == "Q4_K_M") return 15;
     if (scheme == "Q5_K_M") return 17;
     const auto d = dtype_from_name(scheme);
@@ -265,7 +287,7 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
                           const std::function<void(int64_t, int64_t)>& progress) {
     SynthModel m;
     m.cfg = p.cfg;
-    m.scheme = scheme;
+    m.scheme = synth_scheme(scheme, false);
     m.tied = p.tied;
     const auto& c = m.cfg;
     struct Spec {

@@ -42,7 +42,13 @@ const SynthPreset& synth_preset(const std::string& name);
 /// Named "<preset>-tiny". Width 256 keeps K-quants unfallen.
 SynthPreset synth_tiny(const SynthPreset& p);
 
-/// The block type a weight gets under a quantization scheme: a plain type
+/// The canonical name of a quantization scheme given in any case ("q4_k_m" ->
+/// "Q4_K_M", "f32" -> "F32"). Throws quern::Error listing the valid schemes
+/// for an unknown one; with `gguf`, also for quern's own F8_E4M3_B32 / NVFP4
+/// layouts (which only a model in memory can hold), listing what a GGUF file can.
+std::string synth_scheme(const std::string& name, bool gguf);
+
+/// The block type a weight gets under a quantization scheme (any case): a plain type
 /// name ("Q8_0", "Q4_K", "F16", ...) applies to every 2-D weight; "Q4_K_M" and
 /// "Q5_K_M" follow llama.cpp's per-tensor choices (attn_v and ffn_down of
 /// some layers and the output in Q6_K, a fused attn_qkv in Q5_K / Q6_K, the

@@ -41,6 +41,36 @@ TEST(Synth, Q4KMTypesFollowLlamaCpp) {
     EXPECT_THROW(synth_preset("nope"), Error);
 }
 
+// Scheme names in any case; a GGUF file is offered only what it can hold.
+TEST(Synth, SchemeNames) {
+    EXPECT_EQ(synth_scheme("q4_k_m", true), "Q4_K_M");
+    EXPECT_EQ(synth_scheme("f32", true), "F32");
+    EXPECT_EQ(synth_scheme("Bf16", true), "BF16");
+    EXPECT_EQ(synth_scheme("nvfp4", false), "NVFP4");
+    EXPECT_EQ(synth_tensor_type("q4_k_m", "output.weight", -1, 30, 4096), DType::Q6_K);
+    EXPECT_EQ(synth_tensor_type("f32", "blk.1.ffn_up.weight", 1, 30, 576), DType::F32);
+    EXPECT_EQ(synth_file_type("q5_k_m"), 17u);
+    auto message = [](const std::string& scheme, bool gguf) -> std::string {
+        try {
+            synth_scheme(scheme, gguf);
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    for (const char* bad : {"Q9_Z", "Q8_K", "Q8_1", "F8_E4M3_B32", "nvfp4"}) {
+        const std::string m = message(bad, true);
+        ASSERT_FALSE(m.empty()) << bad;
+        EXPECT_NE(m.find("Q4_K_M"), std::string::npos) << m;
+        EXPECT_NE(m.find("F32"), std::string::npos) << m;
+        EXPECT_EQ(m.find("NVFP4,"), std::string::npos) << m;  // not offered (named only when asked for)
+        EXPECT_EQ(m.find("F8_E4M3_B32,"), std::string::npos) << m;
+    }
+    EXPECT_NE(message("nvfp4", true).find("a GGUF file cannot hold"), std::string::npos);
+    const std::string mem = message("Q9_Z", false);
+    EXPECT_NE(mem.find("F8_E4M3_B32, NVFP4"), std::string::npos) << mem;
+}
+
 TEST(Synth, FileReadsBackInGgufPythonAndRuns) {
     const auto dir = std::filesystem::temp_directory_path() / ("quern-synth-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);

@@ -6,12 +6,14 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "model/hf_model.h"
 #include "model/synth.h"
 #include "runtime/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -60,7 +62,10 @@ void bench_batched(const BenchOptions& o) {
     warn_gpu_options_ignored(o.dev);
     if (!o.synthetic.empty()) fail("--batch needs a GGUF file (write one with quern synth) for its tokenizer");
     if (o.n_gen <= 0 || o.n_prompt <= 0) fail("--batch needs -p and -n greater than 0");
-    auto file = std::make_shared<GgufFile>(resolve_model_path(o.model));
+    const std::string path = resolve_model_path(o.model);
+    if (is_hf_model_path(path) || std::filesystem::is_directory(path))
+        fail("--batch needs a GGUF file (its tokenizer feeds the serving engine); '{}' is a Hugging Face folder", path);
+    auto file = std::make_shared<GgufFile>(path);
     auto model = Model::from_gguf(file);
     model->set_options(o.mopts);
     auto tok = Tokenizer::from_gguf(*file);
@@ -154,10 +159,17 @@ void bench(const BenchOptions& o) {
         model = Model::from_weights(sm.cfg, std::move(sm.weights));
         label = p.name + " " + quant + " (synthetic)";
     } else {
-        file = std::make_shared<GgufFile>(resolve_model_path(o.model));
-        model = Model::from_gguf(file);
-        std::string base = file->path().substr(file->path().find_last_of('/') + 1);
-        label = base;
+        const std::string path = resolve_model_path(o.model);
+        if (is_hf_model_path(path) || std::filesystem::is_directory(path)) {
+            // A Hugging Face folder: the weights only (the tokens are random, so no tokenizer).
+            const HfFolder hf = resolve_hf_folder(path);
+            model = load_hf_model(hf.weights);
+            label = std::filesystem::path(hf.dir).filename().string();
+        } else {
+            file = std::make_shared<GgufFile>(path);
+            model = Model::from_gguf(file);
+            label = file->path().substr(file->path().find_last_of('/') + 1);
+        }
     }
     model->set_options(o.mopts);
     const auto& cfg = model->config();
@@ -269,7 +281,9 @@ void add_bench_command(CLI::App& app) {
     using namespace quern::cli;
     auto o = std::make_shared<BenchOptions>();
     CLI::App* cmd = app.add_subcommand("bench", "Measure prefill (pp) and decode (tg) tokens/s, like llama-bench");
-    cmd->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct in $QUERN_HOME)");
+    cmd->add_option("-m,--model", o->model,
+                    "GGUF model file, or a Hugging Face folder (safetensors; not with --batch) "
+                    "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("--synthetic", o->synthetic,
                     "Benchmark a synthetic model of a named shape instead (smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, gemma2-2b, gemma3-270m, gemma3-4b, phi3-mini; quern synth --list)");
     cmd->add_option("--quant", o->quant, "Weight type of the synthetic model, in any case (a block type such as Q4_K or Q8_0, F16, BF16, F32, the weight-only "

@@ -194,4 +194,16 @@ TEST(CliErrors, DashReadsThePromptOrTextFromStdin) {
     EXPECT_NE(r.err.find("fewer than one chunk"), std::string::npos) << r.err;
 }
 
+TEST(CliErrors, BenchTakesAHuggingFaceFolder) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const std::string dir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf/llama/fp32";
+    Result r = run("bench -m '" + dir + "' --device cpu -p 4 -n 2 -r 1");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    r = run("bench -m '" + dir + "/config.json' --device cpu -p 0 -n 2 -r 1");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    r = run("bench -m '" + dir + "' --device cpu --batch 2 -p 4 -n 2");
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.err.find("--batch needs a GGUF file"), std::string::npos) << r.err;
+}
+
 }  // namespace

@@ -174,6 +174,6 @@ void add_run_command(CLI::App& app) {
     cmd->callback([o, cmd] {
         if (o->prompt.empty() && o->prompt_file.empty()) throw CLI::ValidationError("-p", "give a prompt with -p TEXT or -f FILE");
         o->sp_given = sampling_given(*cmd);
-        run(*o);
+        if (run(*o) != 0) throw CLI::RuntimeError(1);  // --verify failed (its report is on stderr)
     });
 }

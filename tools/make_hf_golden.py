@@ -98,6 +98,13 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden
 GEMMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, head_dim=8, tie_word_embeddings=True,
              hidden_activation="gelu_pytorch_tanh", pad_token_id=0)
 
+LONGROPE = dict(
+    tie_word_embeddings=True, intermediate_size=32, pad_token_id=0, max_position_embeddings=64,
+    original_max_position_embeddings=16,
+    rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16,
+                     "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                     "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 18.0]})
+
 MODELS = {
     # Untied output projection; Llama 3.1's RoPE scaling with a short original
     # context so that the 8 RoPE pairs fall in all three of its bands.
@@ -135,8 +142,14 @@ MODELS = {
     "phi3": (Phi3Config, Phi3ForCausalLM, dict(
         tie_word_embeddings=True, intermediate_size=32, sliding_window=8, pad_token_id=0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    # LongRoPE (Phi-3 128k / Phi-3.5): original context 16 of 64 (factor 4,
+    # attention factor sqrt(1 + ln 4 / ln 16)); 24 tokens run past the original
+    # context (the long factors at every position, as transformers picks them
+    # for one pass), 12 stay within it (the short factors).
+    "phi3_longrope": (Phi3Config, Phi3ForCausalLM, dict(LONGROPE)),
+    "phi3_longrope_short": (Phi3Config, Phi3ForCausalLM, dict(LONGROPE)),
 }
-N_TOKENS_OF = {"gemma2": 32, "gemma3": 32}
+N_TOKENS_OF = {"gemma2": 32, "gemma3": 32, "phi3_longrope": 24, "phi3_longrope_short": 12}
 
 
 def randomise(model, seed):

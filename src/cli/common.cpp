@@ -163,6 +163,7 @@ std::string gpu_unsupported(const ModelConfig& c) {
         return "the " + c.arch + " architecture";
     if (c.moe()) return "mixture-of-experts layers";
     if (c.out_bias) return "an attention output bias";
+    if (c.longrope()) return "LongRoPE (Phi-3 long-context scaling)";
     if (c.post_norms || c.gelu_ffn || c.attn_softcap > 0 || c.final_softcap > 0 || c.embd_scale > 0 ||
         c.attn_scale > 0 || c.rope_base_local > 0 || c.rope_factors_global_only)
         return "Gemma's blocks (post-norms, GELU FFN, soft-capping, local RoPE bases)";

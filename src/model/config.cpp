@@ -9,7 +9,8 @@
 namespace quern {
 
 float ModelConfig::qk_scale() const {
-    return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const float s = attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+    return s * rope_attn_factor * rope_attn_factor;
 }
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
@@ -148,6 +149,19 @@ void ModelConfig::validate() const {
     }
     if (attn_scale < 0.0f || attn_softcap < 0.0f || final_softcap < 0.0f || embd_scale < 0.0f || rope_base_local < 0.0f)
         fail("attention scale, soft-caps, embedding scale and local RoPE base must not be negative");
+    if (longrope() || !rope_factors_short.empty()) {
+        const auto half = static_cast<size_t>(rope_dim / 2);
+        if (rope_factors_short.size() != half || rope_factors_long.size() != half)
+            fail("LongRoPE needs {} short and {} long factors (rope_dim / 2), got {} and {}", half, half,
+                 rope_factors_short.size(), rope_factors_long.size());
+        for (const auto* v : {&rope_factors_short, &rope_factors_long})
+            for (float f : *v)
+                if (!(f > 0.0f)) fail("LongRoPE factors must be positive, got {}", f);
+        if (rope_dim != head_dim) fail("LongRoPE with a partial rotation (rope_dim {} < head_dim {}) is not supported", rope_dim, head_dim);
+        if (rope_orig_ctx <= 0) fail("LongRoPE needs the original context length, got {}", rope_orig_ctx);
+        if (!rope_freq_factors.empty()) fail("LongRoPE cannot be combined with other RoPE frequency factors");
+    }
+    if (!(rope_attn_factor > 0.0f)) fail("the RoPE attention factor must be positive, got {}", rope_attn_factor);
 }
 
 }  // namespace quern

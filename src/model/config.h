@@ -35,6 +35,18 @@ struct ModelConfig {
     /// Empty: all 1. Filled from config.json's rope_scaling (llama3, linear).
     std::vector<float> rope_freq_factors;
 
+    // LongRoPE (Phi-3 128k-context models, Phi-3.5; transformers' "longrope",
+    // formerly "su"): pair i turns at p · base^(-2i/rope_dim) / f[i] with f the
+    // short factors, or the long ones for a forward pass whose last position
+    // reaches rope_orig_ctx (transformers' rule: its sequence is longer than
+    // original_max_position_embeddings); cos and sin are multiplied by
+    // rope_attn_factor, which for a full rotation is the q·k scale times its
+    // square (qk_scale()). Empty factors: no LongRoPE.
+    std::vector<float> rope_factors_short, rope_factors_long;
+    int64_t rope_orig_ctx = 0;
+    float rope_attn_factor = 1.0f;
+    bool longrope() const { return !rope_factors_long.empty(); }
+
     // Gemma 2 / Gemma 3 (defaults leave the other architectures unchanged).
     float embd_scale = 0.0f;      ///< token embeddings are multiplied by this (0: not scaled); Gemma: sqrt(n_embd)
     float attn_scale = 0.0f;      ///< query·key scale (0: 1/sqrt(head_dim)); Gemma: query_pre_attn_scalar^-1/2
@@ -72,7 +84,8 @@ struct ModelConfig {
     int64_t window(int64_t il) const {
         return !swa_layers.empty() && swa_layers[static_cast<size_t>(il)] ? sliding_window : 0;
     }
-    /// The query·key scale: attn_scale, or 1/sqrt(head_dim) when it is 0.
+    /// The query·key scale: attn_scale, or 1/sqrt(head_dim) when it is 0;
+    /// times rope_attn_factor² (LongRoPE scales the rotated q and k).
     float qk_scale() const;
 
     int64_t q_dim() const { return n_head * head_dim; }

@@ -320,11 +320,42 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
                 break;
             }
         const std::string prefix = rs_key + ".";
-        if (phi3 && type != "default")
-            fail("{}: {}rope_type '{}' is not supported for phi3 (LongRoPE / su scaling of the 128k-context models; "
-                 "quern runs plain RoPE only)",
-                 where, prefix, type);
-        if (type == "llama3") {
+        if (phi3 && type != "default" && type != "longrope" && type != "su")
+            fail("{}: {}rope_type '{}' is not supported for phi3 (default, longrope)", where, prefix, type);
+        if (type == "longrope" || type == "su") {
+            // As transformers' _compute_longrope_parameters: the original
+            // context original_max_position_embeddings (in the RoPE object or
+            // at the top level; else max_position_embeddings), factor as given
+            // or max_position_embeddings / original, attention factor
+            // sqrt(1 + ln(factor) / ln(original)) unless given (1 for factor <= 1).
+            const auto factors = [&](const char* key) {
+                const std::string kk = prefix + key;
+                if (!rs.contains(key) || !rs[key].is_array()) fail("{}: key '{}' must be a list of numbers", where, kk);
+                std::vector<float> v;
+                for (const json& x : rs[key]) {
+                    if (!x.is_number()) fail("{}: key '{}' must be a list of numbers", where, kk);
+                    v.push_back(x.get<float>());
+                }
+                return v;
+            };
+            c.rope_factors_short = factors("short_factor");
+            c.rope_factors_long = factors("long_factor");
+            const double max_pos = k.get_float("max_position_embeddings", 0.0);
+            double orig = max_pos;
+            if (rs.contains("original_max_position_embeddings"))
+                orig = k.get_float(rs, "original_max_position_embeddings", prefix + "original_max_position_embeddings");
+            else if (k.has("original_max_position_embeddings"))
+                orig = k.get_float("original_max_position_embeddings", 0.0);
+            if (!(orig > 0)) fail("{}: LongRoPE needs original_max_position_embeddings (or max_position_embeddings)", where);
+            const double factor = rs.contains("factor") && !rs["factor"].is_null()
+                                      ? k.get_float(rs, "factor", prefix + "factor")
+                                      : max_pos / orig;
+            c.rope_orig_ctx = static_cast<int64_t>(orig);
+            double af = factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(orig));
+            if (rs.contains("attention_factor") && !rs["attention_factor"].is_null())
+                af = k.get_float(rs, "attention_factor", prefix + "attention_factor");
+            c.rope_attn_factor = static_cast<float>(af);
+        } else if (type == "llama3") {
             if (c.rope_dim <= 0 || c.rope_dim % 2 != 0)
                 fail("{}: head_dim {} must be positive and even", where, c.rope_dim);
             c.rope_freq_factors = llama3_freq_factors(k, rs, prefix, base, c.rope_dim);

@@ -101,6 +101,11 @@ TEST_P(HfGolden, LogitsMatchTransformersAtEveryPosition) {
 // chunks, last-row logits per chunk).
 TEST_P(HfGolden, BatchedForwardMatches) {
     const Case& c = GetParam();
+    // LongRoPE picks its factors per call from the call's last position, as
+    // transformers does: a prompt fed in chunks rotates the keys of the chunks
+    // before the original context with the short factors, where one pass over
+    // the whole prompt (the reference) uses the long ones everywhere.
+    if (c.arch == "phi3_longrope") GTEST_SKIP() << "chunks cross the original context (see comment)";
     const Fixture fx = load_fixture(c.arch);
     const auto& ck = fx.meta["checkpoints"][c.dtype];
     const std::vector<float> ref = read_logits(kDir + c.arch + "/" + ck["logits_file"].get<std::string>());
@@ -136,6 +141,10 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden,
                                            Case{"mixtral", "fp32", 0.9999}, Case{"mixtral", "bf16", 0.999},
                                            Case{"qwen3_moe", "fp32", 0.9999}, Case{"qwen3_moe", "bf16", 0.999},
                                            Case{"phi3", "fp32", 0.9999}, Case{"phi3", "bf16", 0.999},
+                                           // LongRoPE: past the original context (long factors) and within it
+                                           Case{"phi3_longrope", "fp32", 0.9999}, Case{"phi3_longrope", "bf16", 0.999},
+                                           Case{"phi3_longrope_short", "fp32", 0.9999},
+                                           Case{"phi3_longrope_short", "bf16", 0.999},
                                            // FP8 / NVFP4 checkpoints against their dequantized weights
                                            Case{"llama", "fp8_block", 0.9999}, Case{"llama", "fp8_channel", 0.9999},
                                            Case{"llama", "fp8_tensor", 0.9999}, Case{"llama", "nvfp4", 0.9999},

@@ -217,6 +217,7 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
         fail("the CUDA backend runs Llama, Qwen2, Qwen3 and Phi-3 models; this one is '{}' (use --device cpu)", c.arch);
     if (c.moe()) fail("the CUDA backend does not compute mixture-of-experts layers yet (use --device cpu)");
     if (c.out_bias) fail("the CUDA backend does not add an attention output bias yet (use --device cpu)");
+    if (c.longrope()) fail("the CUDA backend does not compute LongRoPE yet (use --device cpu)");
     if (c.post_norms || c.gelu_ffn || c.attn_softcap > 0 || c.final_softcap > 0 || c.embd_scale > 0 ||
         c.attn_scale > 0 || c.rope_base_local > 0 || c.rope_factors_global_only)
         fail("the CUDA backend does not compute Gemma's post-norms, GELU FFN, soft-capping, scaled embeddings or "

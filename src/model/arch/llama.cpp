@@ -133,6 +133,9 @@ private:
     int64_t scratch_rows_ = 0;
     std::vector<float> x_, h_, q_, attn_, gate_, up_;
     std::vector<int32_t> pos_;
+    // LongRoPE: per row of the current call, 1 = the long factors (the row's
+    // sequence reaches rope_orig_ctx within this call), 0 = the short ones.
+    std::vector<uint8_t> rope_long_;
 
     static constexpr int64_t kBatch = 512;  // tokens per forward chunk
 };
@@ -342,10 +345,23 @@ void LlamaModel::run_layers(int64_t nb, Mat&& mat, Attend&& attend, After&& afte
         const bool local = c.window(il) > 0;
         const float base = local && c.rope_base_local > 0.0f ? c.rope_base_local : c.rope_base;
         const float* lff = local && c.rope_factors_global_only ? nullptr : ff;
-        cpu::rope(q_.data(), pos_.data(), nb, static_cast<int>(c.n_head), static_cast<int>(c.head_dim),
-                  static_cast<int>(c.rope_dim), base, c.rope_neox, lff);
-        cpu::rope(kb_.data(), pos_.data(), nb, static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
-                  static_cast<int>(c.rope_dim), base, c.rope_neox, lff);
+        // Rows in runs of one factor set (LongRoPE picks short or long per sequence).
+        for (int64_t r0 = 0; r0 < nb;) {
+            int64_t r1 = r0 + 1;
+            const float* rff = lff;
+            if (c.longrope()) {
+                const uint8_t lg = rope_long_[static_cast<size_t>(r0)];
+                while (r1 < nb && rope_long_[static_cast<size_t>(r1)] == lg) ++r1;
+                rff = (lg ? c.rope_factors_long : c.rope_factors_short).data();
+            } else {
+                r1 = nb;
+            }
+            cpu::rope(q_.data() + r0 * c.q_dim(), pos_.data() + r0, r1 - r0, static_cast<int>(c.n_head),
+                      static_cast<int>(c.head_dim), static_cast<int>(c.rope_dim), base, c.rope_neox, rff);
+            cpu::rope(kb_.data() + r0 * kvd, pos_.data() + r0, r1 - r0, static_cast<int>(c.n_head_kv),
+                      static_cast<int>(c.head_dim), static_cast<int>(c.rope_dim), base, c.rope_neox, rff);
+            r0 = r1;
+        }
         attend(il);
         mat(*L.wo, attn_.data(), nb, h, c.n_embd, false);
         if (L.bo) add_bias(h, L.bo, nb, c.n_embd);
@@ -384,12 +400,15 @@ void LlamaModel::forward(const int32_t* tokens, int64_t n, KvCache& cache, float
 
     const float scale = c.qk_scale();
     const int64_t kvd = c.kv_dim();
+    const int64_t last_pos = cache.size() + n - 1;
 
     for (int64_t b0 = 0; b0 < n; b0 += kBatch) {
         const int64_t nb = std::min(kBatch, n - b0);
         ensure_scratch(nb);
         const int64_t p0 = cache.size();
         for (int64_t i = 0; i < nb; ++i) pos_[static_cast<size_t>(i)] = static_cast<int32_t>(p0 + i);
+        // LongRoPE decides once per call, from the call's last position.
+        rope_long_.assign(static_cast<size_t>(nb), c.longrope() && last_pos >= c.rope_orig_ctx ? 1 : 0);
         float* x = x_.data();
         float* h = h_.data();
         cpu::get_rows(*tok_embd_, tokens + b0, nb, x);
@@ -452,6 +471,13 @@ void LlamaModel::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv
                 toks_[static_cast<size_t>(r)] = seqs[s].tokens[i];
                 pos_[static_cast<size_t>(r)] = static_cast<int32_t>(seqs[s].n_past + i);
             }
+        // LongRoPE: per sequence, from its last position in this call.
+        rope_long_.resize(static_cast<size_t>(T));
+        r = 0;
+        for (int s = 0; s < n_seqs; ++s) {
+            const bool lg = c.longrope() && seqs[s].n_past + seqs[s].n - 1 >= c.rope_orig_ctx;
+            for (int64_t i = 0; i < seqs[s].n; ++i, ++r) rope_long_[static_cast<size_t>(r)] = lg ? 1 : 0;
+        }
     }
     const float scale = c.qk_scale();
     float* x = x_.data();

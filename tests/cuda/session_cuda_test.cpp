@@ -5,6 +5,7 @@
 // use the default model (tools/fetch-model.sh) and synthetic llama3-1b models
 // in every weight type; each is checked with verify_sessions, the check
 // behind `quern run --verify` (logits cosine >= 0.999).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -273,6 +274,19 @@ TEST(CudaSession, DefaultModelMatchesGoldenLogits) {
     EXPECT_GE(agree * 100, positions * 98);
 }
 
+// verify_sessions(cpu, gpu, ids) with one report line, "<label> verify:
+// logits cosine …, worst traced …, argmax …", and its verdict as a failure
+// naming the label and the first diverging layer. Returns the result.
+VerifyResult expect_verify(Session& cpu, Session& gpu, const std::vector<int32_t>& ids, const std::string& label) {
+    const VerifyResult v = verify_sessions(cpu, gpu, ids);
+    double worst = 1;
+    for (const auto& [n, c] : v.cosines) worst = std::min(worst, c);
+    std::printf("%s verify: logits cosine %.7f, worst traced %.7f, argmax %d/%d\n", label.c_str(), v.logits_cosine,
+                worst, v.argmax_ref, v.argmax_test);
+    EXPECT_TRUE(v.ok) << label << " first diverging: " << v.first_diverging;
+    return v;
+}
+
 TEST(CudaSession, DefaultModelVerifyPasses) {
     REQUIRE_GPU();
     REQUIRE_MODEL();
@@ -283,12 +297,7 @@ TEST(CudaSession, DefaultModelVerifyPasses) {
     auto gpu = gpu_session(*model);
     for (const auto& p : g.meta["prompts"]) {
         const auto ids = p["tokens"].get<std::vector<int32_t>>();
-        const VerifyResult v = verify_sessions(*cpu, *gpu, ids);
-        double worst = 1;
-        for (const auto& [n, c] : v.cosines) worst = std::min(worst, c);
-        std::printf("verify '%s': logits cosine %.7f, worst traced %.7f, argmax %d/%d\n",
-                    p["prompt"].get<std::string>().c_str(), v.logits_cosine, worst, v.argmax_ref, v.argmax_test);
-        EXPECT_TRUE(v.ok) << "first diverging: " << v.first_diverging;
+        const VerifyResult v = expect_verify(*cpu, *gpu, ids, "'" + p["prompt"].get<std::string>() + "'");
         EXPECT_TRUE(v.first_diverging.empty()) << v.first_diverging;
     }
 }
@@ -419,12 +428,7 @@ TEST(CudaSession, SyntheticLlama1bVerifyEveryWeightType) {
         auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
         auto cpu = make_cpu_session(*model, 64, pool);
         auto gpu = gpu_session(*model, 64);
-        const VerifyResult v = verify_sessions(*cpu, *gpu, ids);
-        double worst = 1;
-        for (const auto& [n, c] : v.cosines) worst = std::min(worst, c);
-        std::printf("llama3-1b %-7s verify: logits cosine %.7f, worst traced %.7f, argmax %d/%d\n", scheme,
-                    v.logits_cosine, worst, v.argmax_ref, v.argmax_test);
-        EXPECT_TRUE(v.ok) << scheme << " first diverging: " << v.first_diverging;
+        expect_verify(*cpu, *gpu, ids, fmt::format("llama3-1b {:<7}", scheme));
     }
 }
 
@@ -530,13 +534,7 @@ TEST(CudaSession, OtherArchitecturesAndHeadSizesVerify) {
             ArchModel am = small_arch_model(k.arch, scheme, k.head_dim, k.n_head, k.n_head_kv);
             auto cpu = make_cpu_session(*am.model, 64, pool);
             auto gpu = gpu_session(*am.model, 64);
-            const VerifyResult v = verify_sessions(*cpu, *gpu, ids);
-            double worst = 1;
-            for (const auto& [n, c] : v.cosines) worst = std::min(worst, c);
-            std::printf("%-6s head_dim %3lld %-7s verify: logits cosine %.7f, worst traced %.7f, argmax %d/%d\n", k.arch,
-                        static_cast<long long>(k.head_dim), scheme, v.logits_cosine, worst, v.argmax_ref, v.argmax_test);
-            EXPECT_TRUE(v.ok) << k.arch << " head_dim " << k.head_dim << " " << scheme << " first diverging: "
-                              << v.first_diverging;
+            expect_verify(*cpu, *gpu, ids, fmt::format("{:<6} head_dim {:3} {:<7}", k.arch, k.head_dim, scheme));
         }
     }
 }

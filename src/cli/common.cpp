@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include "backend/gpu_support.h"
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -156,21 +158,7 @@ bool use_cuda(const DeviceOptions& opts) {
 #endif
 }
 
-// Keep in step with the checks of LlamaCudaSession's constructor
-// (src/backend/cuda/llama_session.cpp).
-std::string gpu_unsupported(const ModelConfig& c) {
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3")
-        return "the " + c.arch + " architecture";
-    if (c.moe()) return "mixture-of-experts layers";
-    if (c.out_bias) return "an attention output bias";
-    if (c.longrope()) return "LongRoPE (Phi-3 long-context scaling)";
-    if (c.post_norms || c.gelu_ffn || c.attn_softcap > 0 || c.final_softcap > 0 || c.embd_scale > 0 ||
-        c.attn_scale > 0 || c.rope_base_local > 0 || c.rope_factors_global_only)
-        return "Gemma's blocks (post-norms, GELU FFN, soft-capping, local RoPE bases)";
-    if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
-        return fmt::format("attention heads of {} elements", c.head_dim);
-    return "";
-}
+std::string gpu_unsupported(const ModelConfig& c) { return cuda_unsupported_feature(c); }
 
 std::string gpu_unsupported(const Model& m) {
     if (std::string why = gpu_unsupported(m.config()); !why.empty()) return why;

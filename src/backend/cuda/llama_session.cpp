@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/gpu_support.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemv.h"
@@ -213,24 +214,9 @@ void LlamaCudaSession::collect_profile() {
 LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt)
     : cfg_(model.config()), opt_(opt), ctx_(opt.device) {
     const auto& c = cfg_;
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3")
-        fail("the CUDA backend runs Llama, Qwen2, Qwen3 and Phi-3 models; this one is '{}' (use --device cpu)", c.arch);
-    if (c.moe()) fail("the CUDA backend does not compute mixture-of-experts layers yet (use --device cpu)");
-    if (c.out_bias) fail("the CUDA backend does not add an attention output bias yet (use --device cpu)");
-    if (c.longrope()) fail("the CUDA backend does not compute LongRoPE yet (use --device cpu)");
-    if (c.post_norms || c.gelu_ffn || c.attn_softcap > 0 || c.final_softcap > 0 || c.embd_scale > 0 ||
-        c.attn_scale > 0 || c.rope_base_local > 0 || c.rope_factors_global_only)
-        fail("the CUDA backend does not compute Gemma's post-norms, GELU FFN, soft-capping, scaled embeddings or "
-             "local RoPE bases yet (use --device cpu)");
-    if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && !(c.head_dim == 256 && opt.f16_kv))
-        fail("the CUDA decode attention supports head sizes 32, 64, 128 and 256 (f16 KV cache); this model has {} "
-             "(use --device cpu)",
-             c.head_dim);
-    if (c.n_head % c.n_head_kv != 0 || c.n_head / c.n_head_kv > 16)
-        fail("the CUDA decode attention needs n_head / n_head_kv <= 16 (model: {} / {}; use --device cpu)", c.n_head,
-             c.n_head_kv);
-    for (int64_t d : {c.n_embd, c.q_dim(), c.n_ff})
-        if (d % 32 != 0) fail("the CUDA backend needs dimensions divisible by 32 (model has {}; use --device cpu)", d);
+    if (const std::string why = cuda_unsupported_feature(c); !why.empty())
+        fail("the CUDA backend does not compute {} yet (use --device cpu)", why);
+    if (c.head_dim == 256 && !opt.f16_kv) fail("the CUDA decode attention needs an f16 KV cache for heads of 256");
     levels_ = model.options().precise_activations ? 2 : 1;
     if (const char* p = std::getenv("QUERN_CUDA_PROFILE"); p && *p && *p != '0') profile_ = true;
     kv_type_ = opt.f16_kv ? KvType::F16 : KvType::F32;

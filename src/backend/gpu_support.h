@@ -1,0 +1,18 @@
+// What the CUDA backend computes, as a property of the model's configuration:
+// one answer for the CLI (--device auto falls back to the CPU) and for the
+// CUDA session's constructor (which refuses). Compiled in every build.
+#pragma once
+#include <string>
+
+#include "model/config.h"
+
+namespace quern {
+
+/// The first feature of `c` the CUDA decode path does not compute, in words
+/// ("mixture-of-experts layers", "attention heads of 96 elements", ...), or ""
+/// when it runs the model. Covers the architecture and its blocks, the head
+/// size (32, 64, 128, 256), the GQA ratio (<= 16) and dimensions divisible by
+/// 32; not the weight types (see gpu_unsupported in src/cli/common.h).
+std::string cuda_unsupported_feature(const ModelConfig& c);
+
+}  // namespace quern

@@ -5,14 +5,12 @@
 namespace quern {
 
 std::string cuda_unsupported_feature(const ModelConfig& c) {
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3")
+    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3" && c.arch != "gemma2" &&
+        c.arch != "gemma3")
         return "the " + c.arch + " architecture";
     if (c.moe()) return "mixture-of-experts layers";
     if (c.out_bias) return "an attention output bias";
     if (c.longrope()) return "LongRoPE (Phi-3 long-context scaling)";
-    if (c.post_norms || c.gelu_ffn || c.attn_softcap > 0 || c.final_softcap > 0 || c.embd_scale > 0 ||
-        c.attn_scale > 0 || c.rope_base_local > 0 || c.rope_factors_global_only)
-        return "Gemma's blocks (post-norms, GELU FFN, soft-capping, local RoPE bases)";
     if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
         return fmt::format("attention heads of {} elements", c.head_dim);
     if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0 || c.n_head / c.n_head_kv > 16)

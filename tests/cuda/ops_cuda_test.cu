@@ -197,6 +197,7 @@ TEST_F(OpsCuda, RmsNormMatchesQuantizeActivation) {
 // ------------------------------------------------------------------ SwiGLU, add
 
 TEST_F(OpsCuda, SwigluQ8_1) {
+    for (bool gelu : {false, true})
     for (int64_t count : {96, 14336}) {
         auto g = randv(count, rng_, -6.0f, 6.0f);
         auto u = randv(count, rng_, -2.0f, 2.0f);
@@ -205,9 +206,10 @@ TEST_F(OpsCuda, SwigluQ8_1) {
         auto dq = poisoned<int8_t>(count);
         auto di = poisoned<ActBlockInfo>(count / 32);
         swiglu_q8_1(dg.as<float>(), du.as<float>(), dh.as<float>(), dq.as<int8_t>(), di.as<ActBlockInfo>(), count,
-                    st());
+                    st(), nullptr, nullptr, gelu);
         std::vector<float> ref(static_cast<size_t>(count));
-        cpu::swiglu(g.data(), u.data(), ref.data(), count);
+        if (gelu) cpu::geglu_tanh(g.data(), u.data(), ref.data(), count);
+        else cpu::swiglu(g.data(), u.data(), ref.data(), count);
         auto gh = down<float>(dh, count);
         for (size_t i = 0; i < ref.size(); ++i)
             ASSERT_LE(std::fabs(gh[i] - ref[i]), 1e-5f * std::fabs(ref[i]) + 1e-6f)
@@ -217,6 +219,27 @@ TEST_F(OpsCuda, SwigluQ8_1) {
         expect_quantized(gh, gq.data(), gi.data(), count, "swiglu " + std::to_string(count));
         expect_guard(dh, count);
     }
+}
+
+// scale_softcap against cpu::scale and cpu::softcap.
+TEST_F(OpsCuda, ScaleSoftcap) {
+    for (float cap : {0.0f, 30.0f, 5.0f})
+        for (int64_t count : {1, 4096, 128257}) {
+            auto x = randv(count, rng_, -200.0f, 200.0f);
+            auto dx = poisoned<float>(count);
+            dx.upload(x.data(), x.size() * 4, st());
+            const float sc = cap > 0.0f ? 1.0f : 45.25f;
+            scale_softcap(dx.as<float>(), count, sc, cap, st());
+            auto ref = x;
+            cpu::scale(ref.data(), count, sc);
+            if (cap > 0.0f) cpu::softcap(ref.data(), count, cap);
+            auto got = down<float>(dx, count);
+            for (size_t i = 0; i < ref.size(); ++i)
+                ASSERT_LE(std::fabs(got[i] - ref[i]), 2e-6f * std::fabs(ref[i]) + 1e-6f)
+                    << "cap " << cap << " count " << count << " i " << i << " got " << got[i] << " want " << ref[i];
+            expect_guard(dx, count);
+        }
+    EXPECT_THROW(scale_softcap(nullptr, 4, 1.0f, 0.0f, st()), std::runtime_error);
 }
 
 TEST_F(OpsCuda, AddInplace) {
@@ -405,6 +428,7 @@ struct AttnRopeCase {
     bool bias = false;  // AttentionExtras: q/k/v biases
     bool norm = false;  // per-head q/k RMSNorm
     int window = 0;     // sliding window
+    float softcap = 0;  // score soft-capping
 };
 
 TEST_F(OpsCuda, DecodeAttentionRope) {
@@ -422,6 +446,8 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
         {16, 4, 32, 32, true, false, KvType::F16, {0, 5, 300}, false, true, 0},      // head_dim 32
         {16, 4, 32, 32, false, false, KvType::F32, {0, 64, 129}},                    // head_dim 32, f32
         {4, 1, 256, 256, true, false, KvType::F16, {0, 99, 700}, false, true, 0},    // head_dim 256 (Gemma 3)
+        {8, 4, 256, 256, true, false, KvType::F16, {5, 300}, false, false, 4, 50.0f}, // Gemma 2: window, softcap
+        {16, 8, 128, 128, true, false, KvType::F32, {70, 1000}, false, false, 0, 2.0f},  // a cap that bites
     };
     for (const auto& c : cases) {
         const int n_ctx = c.positions.back() + 1 + 100;
@@ -457,7 +483,8 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
                                      " hd " + std::to_string(c.head_dim) + " rope " + std::to_string(c.rope_dim) +
                                      (c.neox ? " neox" : " normal") + (c.freq ? " ff" : "") + (f16 ? " f16" : " f32") +
                                      (c.bias ? " bias" : "") + (c.norm ? " qk-norm" : "") +
-                                     (c.window ? " window " + std::to_string(c.window) : "") + " pos " + std::to_string(pos);
+                                     (c.window ? " window " + std::to_string(c.window) : "") +
+                                     (c.softcap > 0 ? " softcap" : "") + " pos " + std::to_string(pos);
             // Rows 0..pos-1 live, row pos and after poisoned (pos must be written, later rows never read).
             kc.fill_bytes(0xFF, st());
             vc.fill_bytes(0xFF, st());
@@ -476,6 +503,7 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
             if (c.norm) ex.q_norm = dwq.as<float>(), ex.k_norm = dwk.as<float>();
             ex.norm_eps = 1e-6f;
             ex.window = c.window;
+            ex.softcap = c.softcap;
             auto qb = q, kb = k, vb = v;
             if (c.bias) {
                 for (int i = 0; i < qn; ++i) qb[static_cast<size_t>(i)] += bq[static_cast<size_t>(i)];
@@ -538,7 +566,7 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
             }
             std::vector<float> ref(static_cast<size_t>(qn));
             cpu::attention(rq.data(), kref.data(), vref.data(), kn, &p, 1, c.n_head, c.n_head_kv, c.head_dim, scale,
-                           ref.data(), pool, c.window);
+                           ref.data(), pool, c.window, c.softcap);
             for (int i = 0; i < qn; ++i)
                 ASSERT_LE(std::fabs(got[i] - ref[i]), 5e-5f) << what << " out " << i << " " << got[i] << " vs " << ref[i];
             expect_guard(dout, qn);

@@ -539,4 +539,22 @@ TEST(CudaSession, OtherArchitecturesAndHeadSizesVerify) {
     }
 }
 
+// Gemma 2 and Gemma 3 on the GPU: test-sized copies of the synth presets
+// (their tensors and hyper-parameters: embedding scale, post-norms, GELU
+// FFN, sliding windows of 4 on the local layers with their own RoPE base,
+// Gemma 2's soft-capping, head size 64) against the CPU.
+TEST(CudaSession, GemmaVerify) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const std::vector<int32_t> ids = {1, 15, 300, 400, 77, 123, 9, 60, 128, 5};
+    for (const char* preset : {"gemma2-2b", "gemma3-270m", "gemma3-4b"})
+        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16"}) {
+            SynthModel sm = make_synthetic(synth_tiny(synth_preset(preset)), scheme, 23);
+            auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
+            auto cpu = make_cpu_session(*model, 64, pool);
+            auto gpu = gpu_session(*model, 64);
+            expect_verify(*cpu, *gpu, ids, fmt::format("{:<12} {:<7}", preset, scheme));
+        }
+}
+
 }  // namespace

@@ -79,6 +79,8 @@ struct LayerWeights {
     const float* qkv_bias = nullptr;  // [q | k | v] biases (Qwen2), or null
     const float* q_norm = nullptr;    // head_dim weights (Qwen3), or null
     const float* k_norm = nullptr;
+    const float* post_attn_norm = nullptr;  // Gemma: RMSNorm of the attention / FFN output
+    const float* post_ffn_norm = nullptr;   //   before its residual add, or null
     std::vector<Piece> qkv;      // outputs into [q | k | v]
     Piece wo;
     std::vector<Piece> gate_up;  // outputs into [gate | up]
@@ -163,13 +165,14 @@ private:
     const void* embd_ = nullptr;
     const float* out_norm_ = nullptr;
     const float* inv_freq_ = nullptr;    // rope_dim/2 floats: cpu::rope_inv_freq
+    const float* inv_freq_local_ = nullptr;  // sliding-window layers' table (Gemma: own base, maybe unscaled)
     Piece output_;
 
     DeviceBuffer kv_;  // per layer: K then V, n_ctx rows of kv_dim elements
     size_t kv_layer_bytes_ = 0;
 
     // Per-step activations.
-    DeviceBuffer x_, h_, xn_, qkv_, attn_, gu_, ffh_, logits_, attn_scratch_, argmax_scratch_, tokens_, ctl_;
+    DeviceBuffer x_, h_, hpost_, xn_, qkv_, attn_, gu_, ffh_, logits_, attn_scratch_, argmax_scratch_, tokens_, ctl_;
     QuantizedActivation xq_embd_, xq_attn_, xq_ff_;
     PinnedBuffer host_ctl_, host_tokens_;
 
@@ -228,6 +231,7 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     const auto fbuf = [](int64_t n) { return DeviceBuffer(static_cast<size_t>(n) * sizeof(float)); };
     x_ = fbuf(c.n_embd);
     h_ = fbuf(c.n_embd);
+    if (c.post_norms) hpost_ = fbuf(c.n_embd);
     xn_ = fbuf(c.n_embd);
     qkv_ = fbuf(c.q_dim() + 2 * c.kv_dim());
     attn_ = fbuf(c.q_dim());
@@ -246,7 +250,9 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
             all_q = all_q && dtype_is_quantized(L.wo.w.type) && dtype_is_quantized(L.down.w.type);
         }
         const char* e = std::getenv("QUERN_CUDA_FUSE_NORM");
-        fuse_norm_ = all_q && !(e && std::string(e) == "0");
+        // Post-norms (Gemma) normalize a branch's output before its residual
+        // add, which the GEMV epilogue cannot do: those models keep the launches.
+        fuse_norm_ = all_q && !c.post_norms && !(e && std::string(e) == "0");
         ss_parts_ = fbuf(c.n_embd / 32);
     }
     ctl_ = DeviceBuffer(sizeof(DecodeControl));
@@ -380,13 +386,20 @@ void LlamaCudaSession::upload_weights(const Model& model) {
         const Tensor* rf = ws.find("rope_freqs.weight");
         if (rf && (rf->type != DType::F32 || rf->nelements() < c.rope_dim / 2))
             fail("rope_freqs.weight must be F32 with at least {} elements", c.rope_dim / 2);
-        std::vector<float> inv(static_cast<size_t>(std::max<int64_t>(1, c.rope_dim / 2)), 0.0f);
-        cpu::rope_inv_freq(static_cast<int>(c.rope_dim), c.rope_base,
-                           rf ? static_cast<const float*>(rf->data) : nullptr, inv.data());
-        DeviceBuffer b(inv.size() * sizeof(float));
-        b.upload(inv.data(), inv.size() * sizeof(float), ctx_.stream());
-        owned_.push_back(std::move(b));
-        inv_freq_ = owned_.back().as<float>();
+        const float* ff = rf ? static_cast<const float*>(rf->data) : nullptr;
+        const auto table = [&](float base, const float* factors) {
+            std::vector<float> inv(static_cast<size_t>(std::max<int64_t>(1, c.rope_dim / 2)), 0.0f);
+            cpu::rope_inv_freq(static_cast<int>(c.rope_dim), base, factors, inv.data());
+            DeviceBuffer b(inv.size() * sizeof(float));
+            b.upload(inv.data(), inv.size() * sizeof(float), ctx_.stream());
+            owned_.push_back(std::move(b));
+            return owned_.back().as<float>();
+        };
+        inv_freq_ = table(c.rope_base, ff);
+        // As the CPU forward pass: local layers turn at their own base, and
+        // without the factors when they apply to global layers only.
+        inv_freq_local_ = table(c.rope_base_local > 0.0f ? c.rope_base_local : c.rope_base,
+                                c.rope_factors_global_only ? nullptr : ff);
     }
     const Tensor* out = ws.find("output.weight");
     output_.w = upload_weight(ctx_, out ? *out : emb);
@@ -423,6 +436,10 @@ void LlamaCudaSession::upload_weights(const Model& model) {
             L.q_norm = upload_f32(get(n("attn_q_norm")));
             L.k_norm = upload_f32(get(n("attn_k_norm")));
         }
+        if (c.post_norms) {
+            L.post_attn_norm = upload_f32(get(n("post_attention_norm")));
+            L.post_ffn_norm = upload_f32(get(n("post_ffw_norm")));
+        }
         L.down.w = upload_weight(ctx_, get(n("ffn_down")));
     }
 }
@@ -448,9 +465,12 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
     float* gate = gu_.as<float>();
     float* up = gate + c.n_ff;
     const int nctx = static_cast<int>(n_ctx_);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float scale = c.qk_scale();
+    // The vector added to the residual stream: h, or (post-norms) its
+    // normalized copy.
+    float* hres = c.post_norms ? hpost_.as<float>() : h;
     const auto norm = [&](const float* w, bool residual) {
-        rms_norm_q8_1(x, residual ? h : nullptr, w, xn, xq_embd_.q(), xq_embd_.info(), 1, c.n_embd, c.rms_eps, s,
+        rms_norm_q8_1(x, residual ? hres : nullptr, w, xn, xq_embd_.q(), xq_embd_.info(), 1, c.n_embd, c.rms_eps, s,
                       xq_embd_.q2(), xq_embd_.info2());
     };
     // A GEMV reading the normalized residual stream: xn / xq_embd_ as the
@@ -472,6 +492,7 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
     const auto sk = [&](const char* what) { return skip.find(what) != std::string::npos; };
     mark("start");
     get_row(embd_type_, embd_, c.n_vocab, c.n_embd, &ctl->cur, x, s);
+    if (c.embd_scale > 0.0f) scale_softcap(x, c.n_embd, c.embd_scale, 0.0f, s);
     mark("embed");
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const LayerWeights& L = layers_[static_cast<size_t>(il)];
@@ -496,8 +517,10 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         ex.k_norm = L.k_norm;
         ex.norm_eps = c.rms_eps;
         ex.window = static_cast<int>(std::min<int64_t>(c.window(il), nctx));
+        ex.softcap = c.attn_softcap;
+        const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
         if (!sk("attn")) decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
-                              static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq_,
+                              static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
                               static_cast<int>(c.rope_dim), c.rope_neox, scale, attn_scratch_.data(),
                               attn_.as<float>(), s, qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr,
                               qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr, ex);
@@ -507,6 +530,8 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
             mark("gemv_o");
         } else {
             if (!sk("wo")) mm(L.wo, attn_.as<float>(), xq_attn_, h);
+            if (L.post_attn_norm)
+                rms_norm_q8_1(h, nullptr, L.post_attn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
             mark("gemv_o");
             if (!sk("norm")) norm(L.ffn_norm, true);
             mark("norm");
@@ -514,19 +539,26 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         if (!sk("gateup"))
             for (const Piece& p : L.gate_up) mm_normed(p, gate, fuse);
         mark("gemv_gate_up");
-        if (!sk("swiglu")) swiglu_q8_1(gate, up, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), c.n_ff, s, xq_ff_.q2(), xq_ff_.info2());
+        if (!sk("swiglu"))
+            swiglu_q8_1(gate, up, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), c.n_ff, s, xq_ff_.q2(), xq_ff_.info2(),
+                        c.gelu_ffn);
         mark("swiglu");
         if (fuse) {  // x += W_down·f; the next norm's (next layer's or the output's) activation
             const float* next_norm = il + 1 < c.n_layer ? layers_[static_cast<size_t>(il + 1)].attn_norm : out_norm_;
             gemv_residual_norm(ctx_, L.down.w, xq_ff_, x, next_norm, xq_embd_, ss_parts_.as<float>());
         } else if (!sk("down")) {
             mm(L.down, ffh_.as<float>(), xq_ff_, h);
+            if (L.post_ffn_norm)
+                rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
         }
         mark("gemv_down");
         if (trace) {  // residual stream after the layer: x (+ h when the add is folded into the next norm)
             std::vector<float> hx(static_cast<size_t>(c.n_embd)), hh(hx.size());
             x_.download(hx.data(), hx.size() * 4, s);
-            if (!fuse) h_.download(hh.data(), hh.size() * 4, s);
+            if (!fuse) {
+                QUERN_CUDA_CHECK(cudaMemcpyAsync(hh.data(), hres, hh.size() * 4, cudaMemcpyDeviceToHost, s));
+                QUERN_CUDA_CHECK(cudaStreamSynchronize(s));
+            }
             for (size_t i = 0; i < hx.size(); ++i) hx[i] += hh[i];
             (*trace)(fmt::format("blk.{}", il), hx.data(), c.n_embd);
         }
@@ -535,6 +567,7 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         if (!fuse) norm(out_norm_, true);
         mark("norm");
         mm_normed(output_, logits_.as<float>(), fuse);
+        if (c.final_softcap > 0.0f) scale_softcap(logits_.as<float>(), c.n_vocab, 1.0f, c.final_softcap, s);
         mark("gemv_output");
         if (head == kSample) {
             sample_token(logits_.as<float>(), c.n_vocab, tokens_.as<int32_t>(), pos, nctx,

@@ -51,8 +51,15 @@ void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out
 ///   h = gate / (1 + exp(-gate)) * up; h_out = h (if not null); h quantized
 ///   into (xq, xinfo) as one row of `count` elements (if not null); the
 ///   residual into (xq2, xinfo2) when given (two-level, as rms_norm_q8_1).
+/// gelu = true: GELU (tanh approximation) gating instead of SiLU, as
+/// cpu::geglu_tanh (Gemma's FFN).
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr);
+                 cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, bool gelu = false);
+
+/// x[i] = s·x[i], then, when cap > 0, cap·tanh(x[i]/cap) (cpu::softcap), for
+/// `count` floats: Gemma's embedding scale (cap 0) and final logit
+/// soft-capping (s 1). Throws for a null x, count < 0 or cap < 0.
+void scale_softcap(float* x, int64_t count, float scale, float cap, cudaStream_t stream);
 
 /// y[i] += x[i] for `count` floats (any count; 16-byte alignment of both
 /// pointers gives vector loads, else scalar).
@@ -81,7 +88,9 @@ void rope_kv_store(float* q, const float* k, const float* v, void* k_cache, void
 ///   q_norm, k_norm: head_dim weights of a per-head RMSNorm of q and k after
 ///     the bias and before RoPE, epsilon norm_eps (Qwen3; both or neither)
 ///   window > 0: the query sees keys pos − window + 1 .. pos only (sliding-
-///     window layers: Phi-3, Mistral-style; cpu::attention's window)
+///     window layers: Phi-3, Gemma; cpu::attention's window)
+///   softcap > 0: scores (already scaled) s → softcap·tanh(s/softcap) before
+///     the softmax (Gemma 2; cpu::attention's softcap)
 /// The order follows the CPU forward pass (src/model/arch/llama.cpp).
 struct AttentionExtras {
     const float* q_bias = nullptr;
@@ -91,6 +100,7 @@ struct AttentionExtras {
     const float* k_norm = nullptr;
     float norm_eps = 1e-6f;
     int window = 0;
+    float softcap = 0.0f;  ///< > 0: scaled scores s become softcap·tanh(s/softcap) (Gemma 2)
 };
 
 /// Scratch of decode_attention and decode_attention_rope: partial results

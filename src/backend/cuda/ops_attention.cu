@@ -380,6 +380,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                 for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
 #pragma unroll
                 for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
+                if (ROPE && rope.ex.softcap > 0.0f) d = rope.ex.softcap * tanhf(d / rope.ex.softcap);
                 if (cl == 0) sc[j][row] = row < n && t0 + row >= lo ? d : -INFINITY;
             }
         }
@@ -567,7 +568,7 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     if (head_dim == 256 && kv_type != KvType::F16) throw_error(f + ": head_dim 256 needs an f16 KV cache");
     if ((rope.ex.q_bias == nullptr) != (rope.ex.k_bias == nullptr) ||
         (rope.ex.q_bias == nullptr) != (rope.ex.v_bias == nullptr) ||
-        (rope.ex.q_norm == nullptr) != (rope.ex.k_norm == nullptr) || rope.ex.window < 0)
+        (rope.ex.q_norm == nullptr) != (rope.ex.k_norm == nullptr) || rope.ex.window < 0 || rope.ex.softcap < 0.0f)
         throw_error(f + ": give all three biases or none, both norms or neither, and a window >= 0");
     if (n_ctx < 1 || n_head_kv < 1 || n_head < n_head_kv || n_head % n_head_kv != 0 || n_head / n_head_kv > 16)
         throw_error(f + ": need n_ctx >= 1 and n_head a multiple of n_head_kv, at most 16 times it");

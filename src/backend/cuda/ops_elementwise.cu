@@ -180,6 +180,9 @@ __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residua
 //   Grid:    one warp per 32-element block (lane i: element 32b+i), 256
 //            threads per block, ceil(count/256) blocks.
 //   Bound:   latency (count ≤ ~50k: 8 bytes in, ~5.3 out per element).
+// GELU = true: GELU (tanh approximation) gating instead of SiLU (Gemma), as
+// cpu::geglu_tanh: 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))·up.
+template <bool GELU>
 __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                                    float* __restrict__ h, int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
                                    int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2, int64_t n_blocks,
@@ -191,7 +194,13 @@ __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* 
     if (b >= n_blocks) return;  // whole warps leave together
     const int64_t i = 32 * b + lane;
     const float g = gate[i];
-    const float v = g / (1.0f + expf(-g)) * up[i];
+    float v;
+    if constexpr (GELU) {
+        constexpr float kSqrt2OverPi = 0.7978845608028654f;
+        v = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+    } else {
+        v = g / (1.0f + expf(-g)) * up[i];
+    }
     if (h) h[i] = v;
     if (xq) quantize_block_q8_1_l2(v, lane, b, xq, xinfo, xq2, xinfo2, half_k);
 }
@@ -261,7 +270,7 @@ void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out
 }
 
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2) {
+                 cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2, bool gelu) {
     if (count < 32 || count % 32 != 0) throw_error("swiglu_q8_1: count must be a positive multiple of 32");
     if (!gate || !up) throw_error("swiglu_q8_1: gate and up are required");
     if ((xq == nullptr) != (xinfo == nullptr)) throw_error("swiglu_q8_1: give both xq and xinfo, or neither");
@@ -269,8 +278,31 @@ void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, A
         throw_error("swiglu_q8_1: a residual level (xq2, xinfo2) needs both pointers and a first level");
     const int64_t n_blocks = count / 32;
     const unsigned grid = static_cast<unsigned>((n_blocks * 32 + 255) / 256);
-    launch_pdl(swiglu_q8_1_kernel, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2, n_blocks,
-               count / 2);
+    if (gelu)
+        launch_pdl(swiglu_q8_1_kernel<true>, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2,
+                   n_blocks, count / 2);
+    else
+        launch_pdl(swiglu_q8_1_kernel<false>, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2,
+                   n_blocks, count / 2);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+// scale_softcap_kernel: x = cap > 0 ? cap·tanh(s·x / cap) : s·x, grid-stride.
+__global__ void scale_softcap_kernel(float* __restrict__ x, int64_t count, float s, float cap) {
+    pdl_wait();
+    pdl_trigger();
+    const float inv = cap > 0.0f ? 1.0f / cap : 0.0f;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const float v = x[i] * s;
+        x[i] = cap > 0.0f ? cap * tanhf(v * inv) : v;
+    }
+}
+
+void scale_softcap(float* x, int64_t count, float scale, float cap, cudaStream_t stream) {
+    if (count < 0 || !x || cap < 0.0f) throw_error("scale_softcap: need x, count >= 0 and cap >= 0");
+    if (count == 0) return;
+    launch_pdl(scale_softcap_kernel, dim3(grid_for(count, 256)), dim3(256), 0, stream, x, count, scale, cap);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

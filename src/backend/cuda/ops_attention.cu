@@ -380,14 +380,18 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                 for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
 #pragma unroll
                 for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
-                if (ROPE && rope.ex.softcap > 0.0f) d = rope.ex.softcap * tanhf(d / rope.ex.softcap);
                 if (cl == 0) sc[j][row] = row < n && t0 + row >= lo ? d : -INFINITY;
             }
         }
         __syncthreads();
         // ---- online softmax statistics, one warp per head
         for (int j = warp; j < g; j += kNW) {
-            const float s0 = sc[j][lane], s1 = sc[j][lane + 32];
+            float s0 = sc[j][lane], s1 = sc[j][lane + 32];
+            if (ROPE && rope.ex.softcap > 0.0f) {  // Gemma 2: s -> cap·tanh(s/cap); masked scores stay −inf
+                const float cap = rope.ex.softcap;
+                if (s0 > -INFINITY) s0 = cap * tanhf(s0 / cap);
+                if (s1 > -INFINITY) s1 = cap * tanhf(s1 / cap);
+            }
             const float mt = warp_max(fmaxf(s0, s1));
             const float mo = st_m[j];
             const float mn = fmaxf(mo, mt);

@@ -1,6 +1,9 @@
 #include "backend/cuda/gemv.h"
 
+#include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
@@ -21,7 +24,8 @@ const char* gemv_config_name(int config) {
     static const std::string* names = [] {
         auto* v = new std::string[kNumGemvConfigs];
         for (int i = 0; i < kNumGemvConfigs; ++i)
-            v[i] = fmt::format("R{} T{} U{}", kGemvConfigs[i].rows, kGemvConfigs[i].threads, kGemvConfigs[i].unroll);
+            v[i] = fmt::format("R{} T{} U{}{}", kGemvConfigs[i].rows, kGemvConfigs[i].threads,
+                               kGemvConfigs[i].unroll, kGemvConfigs[i].persistent ? " P" : "");
         return v;
     }();
     return config >= 0 && config < kNumGemvConfigs ? names[config].c_str() : "?";
@@ -37,18 +41,20 @@ int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation,
     if (levels == 2 && dtype_is_quantized(type)) {
         // Two-level activations double the activation loads per weight load,
         // so more rows per block (sharing them) pay off. From the --levels 2
-        // sweep of bench_gemv_cuda on the H200 (2026-11-30, 8B shapes).
+        // sweep of bench_gemv_cuda on the H200 with the persistent
+        // configurations, checked by whole decode steps (2026-11-30, 8B
+        // shapes; bench/gemv-cuda-h200.md): where the two disagreed, the
+        // decode step won (Q8_0: R2 T64 U2 P is not the best alone on any
+        // shape but gives the fastest step, 426.8 vs 417.8 tok/s).
         switch (type) {
             case DType::Q4_K:
-                if (long_rows) return 3;        // R2 T64 U2
-                return N >= 8192 ? 4 : 2;       // R4 T64 U2 : R4 T128 U1
+                return long_rows ? 14 : 10;     // R4 T128 U1 P : R4 T64 U2 P
             case DType::Q6_K:
                 if (long_rows) return 2;        // R4 T128 U1
+                if (N >= 65536) return 10;      // R4 T64 U2 P (output)
                 return N > 2048 && N < 8192 ? 7 : 4;  // R4 T32 U4 (q/o) : R4 T64 U2
             case DType::Q8_0:
-                if (long_rows) return 1;        // R2 T128 U2
-                if (N >= 65536) return 3;       // R2 T64 U2 (output)
-                return N >= 8192 ? 2 : 4;       // R4 T128 U1 : R4 T64 U2
+                return long_rows ? 1 : 11;      // R2 T128 U2 : R2 T64 U2 P
             default: return long_rows ? 3 : 4;  // R2 T64 U2 : R4 T64 U2 (not swept)
         }
     }
@@ -88,10 +94,35 @@ void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& 
 
 namespace {
 
+// QUERN_GEMV_CONFIG="Q4_K=11,Q6_K=12": a configuration index per weight type
+// in place of the tuned defaults (for measuring a configuration inside a
+// whole decode step; indices as bench_gemv_cuda lists them).
+int config_override(DType type) {
+    static const std::vector<std::pair<std::string, int>> table = [] {
+        std::vector<std::pair<std::string, int>> v;
+        const char* e = std::getenv("QUERN_GEMV_CONFIG");
+        std::string s = e ? e : "";
+        size_t i = 0;
+        while (i < s.size()) {
+            size_t j = s.find(',', i);
+            if (j == std::string::npos) j = s.size();
+            const std::string item = s.substr(i, j - i);
+            if (const size_t eq = item.find('='); eq != std::string::npos)
+                v.emplace_back(item.substr(0, eq), std::atoi(item.c_str() + eq + 1));
+            i = j + 1;
+        }
+        return v;
+    }();
+    for (const auto& [name, idx] : table)
+        if (name == dtype_name(type)) return idx;
+    return -1;
+}
+
 void run(CudaContext& ctx, const GemvLaunch& l, const GemvOptions& opt) {
     const bool float_act = l.act == ActKind::F32;
-    const int config =
-        opt.config < 0 ? gemv_default_config(l.type, l.N, l.K, float_act, l.xq2 ? 2 : 1) : opt.config;
+    int config = opt.config;
+    if (config < 0) config = config_override(l.type);
+    if (config < 0) config = gemv_default_config(l.type, l.N, l.K, float_act, l.xq2 ? 2 : 1);
     if (config >= kNumGemvConfigs) fail("gemv: unknown configuration {} (0..{})", config, kNumGemvConfigs - 1);
     if (!launch_gemv(l, config, ctx.stream()))
         fail("gemv: no CUDA kernel for {} weights with {} activations", dtype_name(l.type),

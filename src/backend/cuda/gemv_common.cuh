@@ -32,6 +32,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
@@ -108,6 +109,64 @@ __device__ __forceinline__ ActQ8 load_act_q8(const ActQ8Ptrs& a, int u) {
     return r;
 }
 
+// ---------------------------------------------------------------- the main loop
+// RowDot<Op, R, STRIDE, UNR, L>: the main loop both kernels below share.
+// A thread's units are u = t, t + STRIDE, ... < U of each of its R rows;
+// acc[r] += Σ_u Op::dot(W[rows[r]] unit u, x unit u), with one or two
+// activation levels (L). One trip = UNR × R weight loads in flight, then the
+// trip's arithmetic; the trip loop is not unrolled, so registers (and
+// occupancy) follow the configuration. The caller requests the first trip
+// (load_first) before its PDL wait: weights are never written during a step,
+// so their DRAM latency overlaps the previous kernel's tail; activations are
+// read only in run(), after the wait.
+template <class Op, int R, int STRIDE, int UNR, int L>
+struct RowDot {
+    typename Op::W w[UNR][R];
+
+    __device__ __forceinline__ void load(const typename Op::Args& args, const int (&rows)[R], int u0, int U) {
+#pragma unroll
+        for (int i = 0; i < UNR; ++i) {
+            const int u = u0 + i * STRIDE;
+            if (UNR == 1 || u < U) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) w[i][r] = Op::load_w(args, rows[r], u);
+            } else {  // zero weights contribute exactly 0 in every Op
+#pragma unroll
+                for (int r = 0; r < R; ++r) w[i][r] = typename Op::W{};
+            }
+        }
+    }
+    __device__ __forceinline__ void load_first(const typename Op::Args& args, const int (&rows)[R], int t, int U) {
+        if (t < U) load(args, rows, t, U);
+    }
+    // Runs every trip; the first one's weights come from load_first.
+    __device__ __forceinline__ void run(const typename Op::Args& args, const typename Op::Args& args2,
+                                        const int (&rows)[R], int t, int U, float (&acc)[R]) {
+#pragma unroll 1
+        for (int u0 = t; u0 < U; u0 += UNR * STRIDE) {
+            if (u0 != t) load(args, rows, u0, U);
+            typename Op::A x[UNR][L];
+#pragma unroll
+            for (int i = 0; i < UNR; ++i) {
+                const int u = u0 + i * STRIDE;
+                if (UNR == 1 || u < U) {
+                    x[i][0] = Op::load_a(args, u);
+                    if constexpr (L == 2) x[i][L - 1] = Op::load_a(args2, u);
+                } else {
+#pragma unroll
+                    for (int l = 0; l < L; ++l) x[i][l] = typename Op::A{};
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < UNR; ++i)
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int l = 0; l < L; ++l) acc[r] += Op::dot(w[i][r], x[i][l]);
+        }
+    }
+};
+
 // ---------------------------------------------------------------- the kernel
 // L = 2: two-level activations. x = x8 + r8 where x8 is x quantized and r8
 // the residual x - x8 quantized in turn (args.a and a2); each weight vector
@@ -126,100 +185,77 @@ __device__ __forceinline__ float deferred_scale(const ActScale& sc, int lane) {
     return 1.0f / sqrtf(v * sc.inv_dim + sc.eps);
 }
 
-template <class Op, int R, int NT, int UNR, int L>
+// P = 1 (persistent): the grid is one wave of resident blocks (launch_configured
+// sizes it from the occupancy); block b computes row groups b, b + gridDim.x,
+// ... and requests the next group's first trip before reducing the current
+// one, so no block starts or retires mid-kernel and the next loads are in
+// flight through the reduction. The RMSNorm scale is computed once per block.
+template <class Op, int R, int NT, int UNR, int P, int L>
 __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, const ActQ8Ptrs a2,
                                                   float* __restrict__ y, int N, int U, const ActScale sc) {
-    static_assert(NT % 32 == 0 && R >= 1 && UNR >= 1 && (L == 1 || L == 2));
+    static_assert(NT % 32 == 0 && R >= 1 && UNR >= 1 && (P == 0 || P == 1) && (L == 1 || L == 2));
     typename Op::Args args2 = args;
     if constexpr (L == 2) args2.a = a2;
     constexpr int NW = NT / 32;
     const int t = static_cast<int>(threadIdx.x);
-    const int row0 = static_cast<int>(blockIdx.x) * R;
+    const int groups = (N + R - 1) / R;
+    int g = static_cast<int>(blockIdx.x);
     int rows[R];
+    const auto set_rows = [&](int grp) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) rows[r] = min(row0 + r, N - 1);
-
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-
-    // One trip = UNR × R loads in flight; the trip loop itself is not
-    // unrolled, so registers (and occupancy) follow the configuration.
-    // The first trip's weights are loaded before pdl_wait() (launch.cuh):
-    // weights are never written during a step, so their DRAM latency overlaps
-    // the previous kernel's tail; activations are read only after the wait.
-    typename Op::W w[UNR][R];
-    const auto load_weights = [&](int u0) {
-#pragma unroll
-        for (int i = 0; i < UNR; ++i) {
-            const int u = u0 + i * NT;
-            if (UNR == 1 || u < U) {
-#pragma unroll
-                for (int r = 0; r < R; ++r) w[i][r] = Op::load_w(args, rows[r], u);
-            } else {  // zero weights contribute exactly 0 in every Op
-#pragma unroll
-                for (int r = 0; r < R; ++r) w[i][r] = typename Op::W{};
-            }
-        }
+        for (int r = 0; r < R; ++r) rows[r] = min(grp * R + r, N - 1);
     };
-    if (t < U) load_weights(t);
+    set_rows(g);
+    RowDot<Op, R, NT, UNR, L> rd;
+    rd.load_first(args, rows, t, U);
     pdl_wait();
     pdl_trigger();
     // The scale's partials are read by warp 0 (the writer of y) while the
     // first weights are in flight.
     float scale = 1.0f;
     if (sc.parts && t < 32) scale = deferred_scale(sc, t);
-#pragma unroll 1
-    for (int u0 = t; u0 < U; u0 += UNR * NT) {
-        if (u0 != t) load_weights(u0);
-        typename Op::A x[UNR][L];
+
+    __shared__ float part[2][NW][R];  // two buffers: a group's writes never meet the previous group's reads
+    for (int it = 0;; ++it) {
+        float acc[R];
 #pragma unroll
-        for (int i = 0; i < UNR; ++i) {
-            const int u = u0 + i * NT;
-            if (UNR == 1 || u < U) {
-                x[i][0] = Op::load_a(args, u);
-                if constexpr (L == 2) x[i][L - 1] = Op::load_a(args2, u);
-            } else {
-#pragma unroll
-                for (int l = 0; l < L; ++l) x[i][l] = typename Op::A{};
+        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        rd.run(args, args2, rows, t, U, acc);
+        const int row0 = g * R;
+        if constexpr (P == 1) {
+            g += static_cast<int>(gridDim.x);
+            if (g < groups) {
+                set_rows(g);
+                rd.load_first(args, rows, t, U);
             }
         }
 #pragma unroll
-        for (int i = 0; i < UNR; ++i)
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                acc[r] += Op::dot(w[i][r], x[i][0]);
-                if constexpr (L == 2) acc[r] += Op::dot(w[i][r], x[i][L - 1]);
+            for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
+        if constexpr (NW == 1) {
+            if (t < R) {
+                float v = acc[0];
+#pragma unroll
+                for (int r = 1; r < R; ++r)
+                    if (t == r) v = acc[r];
+                if (row0 + t < N) y[row0 + t] = v * scale;
             }
-    }
-
+        } else {
+            const int warp = t >> 5, lane = t & 31, b = it & 1;
+            if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+                for (int r = 0; r < R; ++r) part[b][warp][r] = acc[r];
+            }
+            __syncthreads();
+            if (t < R) {
+                float v = 0.0f;
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
-
-    if constexpr (NW == 1) {
-        if (t < R) {
-            float v = acc[0];
-#pragma unroll
-            for (int r = 1; r < R; ++r)
-                if (t == r) v = acc[r];
-            if (row0 + t < N) y[row0 + t] = v * scale;
+                for (int wi = 0; wi < NW; ++wi) v += part[b][wi][t];
+                if (row0 + t < N) y[row0 + t] = v * scale;
+            }
         }
-    } else {
-        __shared__ float part[NW][R];
-        const int warp = t >> 5, lane = t & 31;
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
-        }
-        __syncthreads();
-        if (t < R) {
-            float v = 0.0f;
-#pragma unroll
-            for (int wi = 0; wi < NW; ++wi) v += part[wi][t];
-            if (row0 + t < N) y[row0 + t] = v * scale;
-        }
+        if (P == 0 || g >= groups) break;
     }
 }
 
@@ -227,8 +263,8 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
 // gemv_norm_kernel<Op, RW, UNR, L> — gemv_residual_norm (gemv.h)
 //   Grid:    one block of 32/RW warps per 32 consecutive rows (N % 32 == 0);
 //            warp w computes rows 32·b + RW·w .. + RW − 1, its lanes striding
-//            over the units (UNR × RW loads in flight per lane, the first
-//            set before pdl_wait as in gemv_kernel); butterfly reduction.
+//            over the units (RowDot: UNR × RW loads in flight per lane, the
+//            first set before pdl_wait as in gemv_kernel); butterfly reduction.
 //   Epilogue: warp 0, lane i, row 32b + i: x += y (x is read and written by
 //            this block only), the block's Σx² to ss_parts[b], and
 //            x·w quantized as Q8_1 block b of the next activation (one or two
@@ -249,48 +285,13 @@ __global__ void __launch_bounds__(32 * (32 / RW)) gemv_norm_kernel(const typenam
     float acc[RW];
 #pragma unroll
     for (int r = 0; r < RW; ++r) acc[r] = 0.0f;
-    typename Op::W w[UNR][RW];
-    const auto load_weights = [&](int u0) {
-#pragma unroll
-        for (int i = 0; i < UNR; ++i) {
-            const int u = u0 + i * 32;
-            if (UNR == 1 || u < U) {
-#pragma unroll
-                for (int r = 0; r < RW; ++r) w[i][r] = Op::load_w(args, rows[r], u);
-            } else {
-#pragma unroll
-                for (int r = 0; r < RW; ++r) w[i][r] = typename Op::W{};
-            }
-        }
-    };
-    if (lane < U) load_weights(lane);
+    RowDot<Op, RW, 32, UNR, L> rd;
+    rd.load_first(args, rows, lane, U);
     const float nw = warp == 0 ? __ldg(epi.w + rb + lane) : 0.0f;  // a weight: before the wait
     pdl_wait();
     pdl_trigger();
     const float x_old = warp == 0 ? epi.x[rb + lane] : 0.0f;
-#pragma unroll 1
-    for (int u0 = lane; u0 < U; u0 += UNR * 32) {
-        if (u0 != lane) load_weights(u0);
-        typename Op::A x[UNR][L];
-#pragma unroll
-        for (int i = 0; i < UNR; ++i) {
-            const int u = u0 + i * 32;
-            if (UNR == 1 || u < U) {
-                x[i][0] = Op::load_a(args, u);
-                if constexpr (L == 2) x[i][L - 1] = Op::load_a(args2, u);
-            } else {
-#pragma unroll
-                for (int l = 0; l < L; ++l) x[i][l] = typename Op::A{};
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < UNR; ++i)
-#pragma unroll
-            for (int r = 0; r < RW; ++r) {
-                acc[r] += Op::dot(w[i][r], x[i][0]);
-                if constexpr (L == 2) acc[r] += Op::dot(w[i][r], x[i][L - 1]);
-            }
-    }
+    rd.run(args, args2, rows, lane, U, acc);
     __shared__ float ys[32];
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
@@ -313,6 +314,23 @@ __global__ void __launch_bounds__(32 * (32 / RW)) gemv_norm_kernel(const typenam
 
 /// The residual level of a launch's quantized activation (q == nullptr: one level).
 inline ActQ8Ptrs residual_act(const GemvLaunch& l) { return ActQ8Ptrs{l.xq2, l.xinfo2, l.K / 2}; }
+
+/// Grid of a gemv_kernel launch: one block per row group, or for a
+/// persistent configuration as many as are resident at once (the occupancy
+/// of `kernel` times the SM count, both cached per instantiation), at most
+/// one per group.
+template <auto Kernel>
+unsigned gemv_grid(int nt, int groups, bool persistent) {
+    if (!persistent) return static_cast<unsigned>(groups);
+    static const int resident = [nt] {
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, nt, 0);
+        return std::max(1, sms * per_sm);
+    }();
+    return static_cast<unsigned>(std::min(groups, resident));
+}
 
 /// Launches gemv_kernel<Op, ...> with kGemvConfigs[config] (the list is
 /// QUERN_GEMV_CONFIGS in kernels.h); two-level when a2.q is not null (Ops
@@ -338,18 +356,22 @@ bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64
             return true;
         }
     }
-#define QUERN_GEMV_CASE(idx, R, NT, UNR)                                                                     \
-    case idx:                                                                                                \
-        if constexpr (kQ8) {                                                                                 \
-            if (a2.q) {                                                                                      \
-                launch_pdl(gemv_kernel<Op, R, NT, UNR, 2>, dim3(static_cast<unsigned>((N + R - 1) / R)),     \
-                           dim3(NT), 0, stream, args, a2, y, n, U, sc);                                      \
-                return true;                                                                                 \
-            }                                                                                                \
-        }                                                                                                    \
-        launch_pdl(gemv_kernel<Op, R, NT, UNR, 1>, dim3(static_cast<unsigned>((N + R - 1) / R)), dim3(NT), 0, \
-                   stream, args, a2, y, n, U, sc);                                                           \
-        return true;
+#define QUERN_GEMV_CASE(idx, R, NT, UNR, P)                                                              \
+    case idx: {                                                                                          \
+        const int groups = static_cast<int>((N + R - 1) / R);                                            \
+        if constexpr (kQ8) {                                                                             \
+            if (a2.q) {                                                                                  \
+                constexpr auto kern = gemv_kernel<Op, R, NT, UNR, P, 2>;                                 \
+                launch_pdl(kern, dim3(gemv_grid<kern>(NT, groups, P)), dim3(NT), 0, stream, args, a2, y, \
+                           n, U, sc);                                                                    \
+                return true;                                                                             \
+            }                                                                                            \
+        }                                                                                                \
+        constexpr auto kern = gemv_kernel<Op, R, NT, UNR, P, 1>;                                         \
+        launch_pdl(kern, dim3(gemv_grid<kern>(NT, groups, P)), dim3(NT), 0, stream, args, a2, y, n, U,   \
+                   sc);                                                                                  \
+        return true;                                                                                     \
+    }
     switch (config) {
         QUERN_GEMV_CONFIGS(QUERN_GEMV_CASE)
         default: return false;

@@ -17,22 +17,29 @@ namespace quern::cuda {
 /// row loaded before any is used. Every kernel is instantiated
 /// for each entry; gemv.cpp picks one per (type, N, K).
 struct GemvConfig {
-    int rows, threads, unroll;
+    int rows, threads, unroll, persistent;
 };
-// X(index, rows, threads, unroll): the one list both this table and the
-// kernel instantiations (gemv_common.cuh) are generated from.
+// X(index, rows, threads, unroll, persistent): the one list both this table
+// and the kernel instantiations (gemv_common.cuh) are generated from.
+// persistent: one wave of resident blocks loops over the row groups,
+// requesting the next group's weights before reducing the current one.
 #define QUERN_GEMV_CONFIGS(X) \
-    X(0, 1, 128, 4)           \
-    X(1, 2, 128, 2)           \
-    X(2, 4, 128, 1)           \
-    X(3, 2, 64, 2)            \
-    X(4, 4, 64, 2)            \
-    X(5, 1, 256, 2)           \
-    X(6, 1, 64, 2)            \
-    X(7, 4, 32, 4)            \
-    X(8, 2, 32, 4)            \
-    X(9, 1, 32, 4)
-#define QUERN_GEMV_CONFIG_ENTRY(idx, R, NT, UNR) GemvConfig{R, NT, UNR},
+    X(0, 1, 128, 4, 0)        \
+    X(1, 2, 128, 2, 0)        \
+    X(2, 4, 128, 1, 0)        \
+    X(3, 2, 64, 2, 0)         \
+    X(4, 4, 64, 2, 0)         \
+    X(5, 1, 256, 2, 0)        \
+    X(6, 1, 64, 2, 0)         \
+    X(7, 4, 32, 4, 0)         \
+    X(8, 2, 32, 4, 0)         \
+    X(9, 1, 32, 4, 0)         \
+    X(10, 4, 64, 2, 1)        \
+    X(11, 2, 64, 2, 1)        \
+    X(12, 4, 32, 4, 1)        \
+    X(13, 2, 32, 4, 1)        \
+    X(14, 4, 128, 1, 1)
+#define QUERN_GEMV_CONFIG_ENTRY(idx, R, NT, UNR, P) GemvConfig{R, NT, UNR, P},
 inline constexpr GemvConfig kGemvConfigs[] = {QUERN_GEMV_CONFIGS(QUERN_GEMV_CONFIG_ENTRY)};
 #undef QUERN_GEMV_CONFIG_ENTRY
 inline constexpr int kNumGemvConfigs = static_cast<int>(sizeof(kGemvConfigs) / sizeof(kGemvConfigs[0]));
@@ -86,7 +93,8 @@ struct GemvLaunch {
     const NormEpilogue* epi = nullptr;  ///< ActKind::Q8: gemv_residual_norm (N % 32 == 0)
 };
 
-/// Launches the GEMV kernel for l.type / l.act with configuration kGemvConfigs[config].
+/// Launches the GEMV kernel for l.type / l.act with configuration kGemvConfigs[config]
+/// (with l.epi: `config` is the residual-norm kernel's pipeline depth, 0 / 2 / 3).
 /// Returns false (and launches nothing) if that kernel does not exist.
 bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream);
 

@@ -54,8 +54,8 @@ struct WeightPtrs {
 
 /// How a kernel reads the activation vector.
 enum class ActKind {
-    Q8,   ///< quantized (int8 planes + ActBlockInfo per 32) — quantized weights
-    F32,  ///< float vector — F32 / F16 / BF16 weights
+    Q8,   ///< quantized (int8 planes + ActBlockInfo per 32) — Q4_0 .. Q6_K, NVFP4
+    F32,  ///< float vector — F32 / F16 / BF16 and the weight-only F8_E4M3_B32
 };
 
 /// DeferredNormScale for the kernels (gemv.h): y *= 1/sqrt(Σ parts·inv_dim + eps).
@@ -110,6 +110,13 @@ bool launch_gemv_q5_k(const GemvLaunch& l, int config, cudaStream_t stream);
 bool launch_gemv_q2_k(const GemvLaunch& l, int config, cudaStream_t stream);
 bool launch_gemv_q3_k(const GemvLaunch& l, int config, cudaStream_t stream);
 bool launch_gemv_float(const GemvLaunch& l, int config, cudaStream_t stream);
+/// F8_E4M3_B32 weights (gemv_f8_e4m3.cu) against float x (ActKind::F32);
+/// false for any other activation kind.
+bool launch_gemv_f8_e4m3(const GemvLaunch& l, int config, cudaStream_t stream);
+/// NVFP4 weights (gemv_nvfp4.cu) against the quantized x (ActKind::Q8, one or
+/// two levels, deferred norm scale and the residual-norm epilogue as the
+/// other quantized types); false for any other activation kind.
+bool launch_gemv_nvfp4(const GemvLaunch& l, int config, cudaStream_t stream);
 
 /// x[K] floats -> xq (two planes of int8, see GemvLaunch) and xinfo[K/32].
 /// Rounds exactly as quantize_row_ref(Q8_1): d = amax/127, q = round(x/d)
@@ -121,8 +128,8 @@ void launch_quantize_q8_1(const float* x, int8_t* xq, ActBlockInfo* xinfo, int64
 
 /// Repacks n_blocks GGUF blocks of type t (src, back to back; rows of K
 /// elements) into the device layout streams q, q2, s, s2 of weights.h
-/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; other types:
-/// nothing is launched).
+/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and quern's
+/// F8_E4M3_B32 / NVFP4 blocks; other types: nothing is launched).
 void launch_repack(DType t, const uint8_t* src, int64_t n_blocks, int64_t K, void* q, void* q2, void* s, void* s2,
                    cudaStream_t stream);
 

@@ -7,7 +7,11 @@
 //   Align:   none on src (blocks are read byte by byte: GGUF blocks of 34,
 //            20 and 210 bytes sit at any even address); dst streams are
 //            16-byte aligned.
+//   Types:   the GGUF quants (Q4_0 .. Q6_K) and quern's F8_E4M3_B32 / NVFP4
+//            (block_f8_b32, block_nvfp4 of quant/blocks.h).
 //   Bound:   runs once per tensor at load; simple rather than fast.
+#include <cstddef>
+
 #include "backend/cuda/kernels.h"
 #include "quant/blocks.h"
 
@@ -252,6 +256,32 @@ __global__ void repack_q3_k_kernel(const uint8_t* __restrict__ src, int64_t n_bl
     d[i] = rd16(s + 108);
 }
 
+// ---- F8_E4M3_B32, NVFP4 (quern's blocks of FP8 / NVFP4 checkpoints)
+
+// block_f8_b32 {f32 d; 32 E4M3 codes}: the codes go to the code stream in
+// element order (block i at byte 32i: rows of K/32 blocks are contiguous),
+// d to the scale stream.
+__global__ void repack_f8_b32_kernel(const uint8_t* __restrict__ src, int64_t n_blocks, uint8_t* __restrict__ q,
+                                     uint32_t* __restrict__ d) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    const uint8_t* s = src + i * static_cast<int64_t>(sizeof(block_f8_b32));
+    d[i] = rd32(s + offsetof(block_f8_b32, d));
+    for (int j = 0; j < QK_F8; ++j) q[QK_F8 * i + j] = s[offsetof(block_f8_b32, qs) + j];
+}
+
+// block_nvfp4 {f32 d; 4 E4M3 sc; 32 bytes of E2M1 pairs}: the head (d, sc)
+// unchanged as one 8-byte record, the code bytes unchanged in the code stream.
+__global__ void repack_nvfp4_kernel(const uint8_t* __restrict__ src, int64_t n_blocks, uint8_t* __restrict__ q,
+                                    uint8_t* __restrict__ head) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    const uint8_t* s = src + i * static_cast<int64_t>(sizeof(block_nvfp4));
+    static_assert(offsetof(block_nvfp4, d) == 0 && offsetof(block_nvfp4, sc) == 4 && offsetof(block_nvfp4, qs) == 8);
+    for (int j = 0; j < 8; ++j) head[8 * i + j] = s[j];
+    for (int j = 0; j < QK_NVFP4 / 2; ++j) q[(QK_NVFP4 / 2) * i + j] = s[8 + j];
+}
+
 unsigned grid_for(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 
 }  // namespace
@@ -301,6 +331,12 @@ void launch_repack(DType t, const uint8_t* src, int64_t n_blocks, int64_t K, voi
         case DType::Q3_K:
             repack_q3_k_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(
                 src, n_blocks, q, static_cast<uint32_t*>(q2), static_cast<uint32_t*>(s), static_cast<uint16_t*>(s2));
+            break;
+        case DType::F8_E4M3_B32:
+            repack_f8_b32_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(src, n_blocks, q, static_cast<uint32_t*>(s));
+            break;
+        case DType::NVFP4:
+            repack_nvfp4_kernel<<<grid_for(n_blocks), 256, 0, stream>>>(src, n_blocks, q, static_cast<uint8_t*>(s));
             break;
         default: break;
     }

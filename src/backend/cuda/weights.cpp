@@ -28,6 +28,8 @@ std::array<size_t, 4> stream_row_bytes(DType t, int64_t K) {
         case DType::Q5_K: return {k / 2, 4 * (k / 32), 16 * (k / 256), 0};
         case DType::Q2_K: return {k / 4, 0, k / 16, 4 * (k / 256)};
         case DType::Q3_K: return {k / 4, k / 8, 12 * (k / 256), 2 * (k / 256)};
+        case DType::F8_E4M3_B32: return {k, 0, 4 * (k / 32), 0};
+        case DType::NVFP4: return {k / 2, 0, 8 * (k / 64), 0};
         default: return {0, 0, 0, 0};
     }
 }
@@ -62,7 +64,9 @@ bool cuda_weight_type_supported(DType t) {
         case DType::Q5_1:
         case DType::Q5_K:
         case DType::Q2_K:
-        case DType::Q3_K: return true;
+        case DType::Q3_K:
+        case DType::F8_E4M3_B32:
+        case DType::NVFP4: return true;
         default: return false;
     }
 }
@@ -71,7 +75,7 @@ DeviceWeight upload_weight(CudaContext& ctx, const Tensor& w) {
     const std::string name = w.name.empty() ? std::string("(unnamed)") : w.name;
     if (!cuda_weight_type_supported(w.type))
         fail("tensor '{}': weight type {} has no CUDA kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
-             "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+             "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F8_E4M3_B32, NVFP4)",
              name, dtype_name(w.type));
     if (w.device != Device::CPU || w.data == nullptr)
         fail("tensor '{}': upload_weight needs host data", name);

@@ -1,11 +1,12 @@
 // Weight matrices resident on the GPU, in a per-type device layout.
 //
 // Upload reads a host tensor in GGUF block layout (src/quant/blocks.h, the
-// layout the CPU backend uses) and repacks it on the device into separate
-// streams, so that every GEMV lane reads whole 16-byte vectors at 16-byte
-// aligned addresses and a warp reads contiguous 512-byte spans (GGUF's 34-,
-// 20- and 210-byte blocks allow neither). The byte count is unchanged: a
-// GEMV still reads exactly the tensor's GGUF size.
+// layout the CPU backend uses; quern's own F8_E4M3_B32 / NVFP4 blocks
+// likewise) and repacks it on the device into separate streams, so that
+// every GEMV lane reads whole 16-byte vectors at 16-byte aligned addresses
+// and a warp reads contiguous 512-byte spans (GGUF's 34-, 20- and 210-byte
+// blocks allow neither, nor do the 36- and 40-byte FP8 / NVFP4 blocks). The
+// byte count is unchanged: a GEMV still reads exactly the tensor's size.
 //
 // Device layouts, per row of K elements (each stream is N rows back to back;
 // each stream starts 256-byte aligned in one allocation):
@@ -51,6 +52,18 @@
 //             sub-blocks n: uint32 word n/8, nibble n%8 = s_n & 15; word 2,
 //             bits 2n..2n+1 = s_n >> 4.
 //         s2: [K/256] fp16 d.
+//   F8_E4M3_B32 (weight-only FP8, OCP E4M3; GEMVs read float x)
+//         q:  [K/16][16] the E4M3 codes in element order (every block's 32
+//             codes unchanged, blocks back to back: K bytes per row).
+//         s:  [K/32] f32 block scale d.
+//   NVFP4 (NVIDIA ModelOpt NVFP4; GEMVs read the quantized x)
+//         q:  [K/32][16] the blocks' qs unchanged, back to back: byte i of
+//             chunk c low nibble = E2M1 code of element 32c+2i, high nibble
+//             = element 32c+2i+1 (so each 16-bit half-word holds four
+//             consecutive elements, nibble j = element j).
+//         s:  [K/64] 8-byte records, the block head unchanged: f32 global
+//             scale d (lowest address), then the four E4M3 group scales
+//             sc[g] of elements 64b+16g .. 64b+16g+15.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -72,7 +85,7 @@ struct DeviceWeight {
     DeviceBuffer buf;
     void* q = nullptr;   ///< quants / values
     void* q2 = nullptr;  ///< Q6_K / Q5_0 / Q5_K / Q3_K high bits (else nullptr)
-    void* s = nullptr;   ///< scales (quantized types only)
+    void* s = nullptr;   ///< scales (quantized and FP8 / NVFP4 types only)
     void* s2 = nullptr;  ///< Q6_K / Q3_K d, Q2_K {d, dmin} per super-block (else nullptr)
 
     /// Bytes one pass over the matrix reads (the tensor's GGUF size).
@@ -80,7 +93,8 @@ struct DeviceWeight {
 };
 
 /// Whether the CUDA backend holds weights of type t (F32, F16, BF16, Q4_0,
-/// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K).
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and the weight-only
+/// F8_E4M3_B32 and NVFP4 of FP8 / NVFP4 checkpoints).
 bool cuda_weight_type_supported(DType t);
 
 /// Uploads host tensor `w` (ne[0] = K elements per row, ne[1..3] flattened
@@ -88,10 +102,11 @@ bool cuda_weight_type_supported(DType t);
 /// layout) to the device and repacks it into the layout above, on ctx's
 /// stream; returns when the upload is complete.
 /// Preconditions (else quern::Error naming the tensor): w.device == CPU,
-/// type supported, K a multiple of the type's block size and, for F32, of 4,
-/// for F16/BF16, of 8 (16-byte rows); N >= 1; K <= 2^30.
-/// Needs transient device memory of one extra copy of the tensor for
-/// quantized types (GGUF bytes are staged, then repacked).
+/// type supported, K a multiple of the type's block size (32; 256 for the
+/// K-quants; 64 for NVFP4) and, for F32, of 4, for F16/BF16, of 8 (16-byte
+/// rows); N >= 1; K <= 2^30.
+/// Needs transient device memory of one extra copy of the tensor for block
+/// types (the host bytes are staged, then repacked).
 DeviceWeight upload_weight(CudaContext& ctx, const Tensor& w);
 
 }  // namespace quern::cuda

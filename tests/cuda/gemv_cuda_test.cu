@@ -12,6 +12,9 @@
 // the tolerance is 2e-5 · Σ|w_k x_k| per output (a single wrong element of
 // typical size is several times larger for the K used here). Outputs are
 // poisoned (NaN bits) first, with a guard zone past N that must stay intact.
+// Which activation a type takes (gemv_takes_quantized_activation): the
+// quantized one for Q4_0 .. Q6_K and NVFP4, float x for F32, F16, BF16 and
+// the weight-only F8_E4M3_B32 (reference: x itself).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,7 +32,9 @@
 #include "core/dtype.h"
 #include "core/fp16.h"
 #include "core/tensor.h"
+#include "backend/cuda/minifloat.cuh"
 #include "quant/blocks.h"
+#include "quant/fp8.h"
 #include "quant/reference.h"
 
 using namespace quern;
@@ -45,8 +50,13 @@ void put_f16(uint8_t* p, float v) {
     std::memcpy(p, &h, 2);
 }
 
+void put_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
+
 // Random bits everywhere, then sensible fp16 scales (so every code, every
-// 6-bit scale and every sign pattern occurs).
+// 6-bit scale and every sign pattern occurs). FP8 / NVFP4: f32 scales in
+// the same range; E4M3 weight codes random but never NaN (0x7F, 0xFF become
+// ±448); NVFP4's E4M3 group scales random over 2^-3 .. 15 (positive, as
+// ModelOpt writes them; every E2M1 code occurs).
 std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, std::mt19937& rng) {
     const size_t rb = row_size(t, K);
     std::vector<uint8_t> w(rb * static_cast<size_t>(N));
@@ -83,6 +93,20 @@ std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, std::mt19937& 
                 put_f16(b + offsetof(block_q2_K, dmin), d(rng));
                 break;
             case DType::Q3_K: put_f16(b + offsetof(block_q3_K, d), d(rng) * 0.1f); break;
+            case DType::F8_E4M3_B32:
+                put_f32(b + offsetof(block_f8_b32, d), d(rng));
+                for (int j = 0; j < QK_F8; ++j) {
+                    uint8_t& c = b[offsetof(block_f8_b32, qs) + j];
+                    if ((c & 0x7F) == 0x7F) c ^= 1;  // NaN -> ±448
+                }
+                break;
+            case DType::NVFP4: {
+                std::uniform_int_distribution<int> sc(0x20, 0x57);  // E4M3 2^-3 .. 15
+                put_f32(b + offsetof(block_nvfp4, d), d(rng));
+                for (int g4 = 0; g4 < QK_NVFP4 / NVFP4_GROUP; ++g4)
+                    b[offsetof(block_nvfp4, sc) + g4] = static_cast<uint8_t>(sc(rng));
+                break;
+            }
             case DType::F16: put_f16(b, g(rng)); break;
             case DType::BF16: {
                 const uint16_t h = fp32_to_bf16(g(rng));
@@ -237,15 +261,18 @@ void gemv_case(CudaContext& ctx, DType t, bool float_act, const Case& c, bool ga
     EXPECT_EQ(check_against_reference(t, w, c.N, c.K, xr, y), 0);
 }
 
+// Types whose GEMVs read the quantized activation, and those reading float x.
 const DType kQuantTypes[] = {DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K, DType::Q4_0,
-                             DType::Q5_0, DType::Q5_1, DType::Q5_K, DType::Q2_K, DType::Q3_K};
-const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
+                             DType::Q5_0, DType::Q5_1, DType::Q5_K, DType::Q2_K, DType::Q3_K, DType::NVFP4};
+const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16, DType::F8_E4M3_B32};
 
 std::vector<Case> cases_for(DType t) {
     const int64_t bs = dtype_info(t).block_size > 1 ? dtype_info(t).block_size : 8;
     // N not a multiple of any rows-per-block; K from one block to more
     // units than one trip of the widest configuration covers (and not a
-    // multiple of it: 33024 = 1032 units of 32, 516 of 64 (Q2_K, Q3_K)).
+    // multiple of it: 33024 = 1032 units of 32, 516 of 64 (Q2_K, Q3_K),
+    // 2064 of 16 (F8_E4M3_B32)). Every K is a multiple of 64 (NVFP4's block)
+    // except the second for 32-element blocks (bs + 256: an odd block count).
     return {{1, 256},   {7, bs * 3 > 256 ? bs * 3 : 256 + bs}, {67, 4096 + 256}, {130, 14336}, {5, 2048 * 3 + 256},
             {3, 33024}};
 }
@@ -259,6 +286,45 @@ TEST(CudaContextNoGpu, BadDeviceIndexThrows) {
     EXPECT_GE(n, 0);
     EXPECT_THROW(CudaContext ctx(n), std::runtime_error);  // quern::Error
     EXPECT_THROW(CudaContext ctx(-1), std::runtime_error);
+}
+
+TEST(CudaContextNoGpu, ActivationKindPerType) {
+    for (DType t : kQuantTypes) EXPECT_TRUE(gemv_takes_quantized_activation(t)) << dtype_name(t);
+    for (DType t : kFloatTypes) EXPECT_FALSE(gemv_takes_quantized_activation(t)) << dtype_name(t);
+    EXPECT_FALSE(gemv_takes_quantized_activation(DType::Q8_K));  // no kernel
+    for (DType t : kQuantTypes) EXPECT_TRUE(cuda_weight_type_supported(t)) << dtype_name(t);
+    for (DType t : kFloatTypes) EXPECT_TRUE(cuda_weight_type_supported(t)) << dtype_name(t);
+    for (DType t : {DType::F8_E4M3_B32, DType::NVFP4}) {
+        EXPECT_GE(gemv_default_config(t, 4096, 4096, !gemv_takes_quantized_activation(t)), 0);
+        EXPECT_LT(gemv_default_config(t, 4096, 4096, !gemv_takes_quantized_activation(t)), gemv_config_count());
+    }
+}
+
+// The register-level minifloat decoders (minifloat.cuh; host build of the
+// same functions, __byte_perm emulated) against quant/fp8.h, every code.
+TEST(CudaContextNoGpu, MinifloatDecodersMatchReference) {
+    // E2M1: every 16-bit half-word of four codes -> four int8 = 2·e2m1.
+    for (uint32_t v = 0; v < 0x10000u; ++v) {
+        const uint32_t r = mf::e2m1x4_to_s8x4(v | 0xABCD0000u);  // the upper half is ignored
+        for (int j = 0; j < 4; ++j) {
+            const uint8_t code = static_cast<uint8_t>((v >> (4 * j)) & 0xFu);
+            const auto got = static_cast<int8_t>(static_cast<uint8_t>(r >> (8 * j)));
+            ASSERT_EQ(static_cast<float>(got), 2.0f * fp4_e2m1_to_float(code)) << "half-word " << v << " element " << j;
+        }
+    }
+    for (uint32_t c = 0; c < 16; ++c) EXPECT_EQ(mf::e2m1_to_float(c), fp4_e2m1_to_float(static_cast<uint8_t>(c))) << c;
+    // E4M3: every pair position, every code (NaN codes give NaN).
+    for (uint32_t c = 0; c < 256; ++c) {
+        const float ref = fp8_e4m3_to_float(static_cast<uint8_t>(c));
+        const float2 lo = mf::e4m3x2_to_float2(c | 0x3800u), hi = mf::e4m3x2_to_float2((c << 8) | 0x38u);
+        const float one = mf::e4m3_to_float(c);
+        for (float got : {lo.x, hi.y, one}) {
+            if (std::isnan(ref)) EXPECT_TRUE(std::isnan(got)) << "code " << c;
+            else EXPECT_EQ(got, ref) << "code " << c;
+        }
+        EXPECT_EQ(lo.y, 1.0f);  // 0x38 = 1.0
+        EXPECT_EQ(hi.x, 1.0f);
+    }
 }
 
 TEST(CudaContextNoGpu, ConfigTable) {
@@ -327,6 +393,16 @@ TEST_F(CudaTest, QuantizedGemvGaussianWeights) {
     uint32_t seed = 100;
     for (DType t : kQuantTypes)
         for (const Case& c : {Case{67, 4096 + 256}, Case{33, 14336}}) gemv_case(*ctx_, t, false, c, true, -1, seed++);
+}
+
+// Float-x block types (F8_E4M3_B32) with weights from the reference
+// quantizer, as FP8 checkpoints hold them (the float types need no such case).
+TEST_F(CudaTest, FloatActivationGemvGaussianWeights) {
+    uint32_t seed = 150;
+    for (DType t : kFloatTypes) {
+        if (!dtype_is_quantized(t)) continue;
+        for (const Case& c : {Case{67, 4096 + 256}, Case{33, 14336}}) gemv_case(*ctx_, t, true, c, true, -1, seed++);
+    }
 }
 
 // gemv_residual_norm + a GEMV with the DeferredNormScale against the unfused
@@ -452,9 +528,10 @@ TEST_F(CudaTest, LayoutProbeOneHot) {
     std::mt19937 rng(77);
     const int64_t N = 40, K = 512;
     for (DType t : {DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q5_0, DType::Q5_1,
-                    DType::Q5_K, DType::Q2_K, DType::Q3_K, DType::F16, DType::BF16, DType::F32}) {
+                    DType::Q5_K, DType::Q2_K, DType::Q3_K, DType::F16, DType::BF16, DType::F32, DType::F8_E4M3_B32,
+                    DType::NVFP4}) {
         SCOPED_TRACE(::testing::Message() << dtype_name(t));
-        const bool float_act = !dtype_is_quantized(t);
+        const bool float_act = !gemv_takes_quantized_activation(t);
         std::vector<uint8_t> w = random_blocks(t, N, K, rng);
         DeviceWeight W = upload_weight(*ctx_, Tensor::contiguous(t, {K, N, 1, 1}, w.data(), "probe"));
         std::vector<float> wd(static_cast<size_t>(N * K));
@@ -484,7 +561,7 @@ TEST_F(CudaTest, LayoutProbeOneHot) {
 
 TEST_F(CudaTest, UploadStridedRowsAnd3D) {
     std::mt19937 rng(5);
-    for (DType t : {DType::Q8_0, DType::Q6_K, DType::F16, DType::Q5_0, DType::Q3_K}) {
+    for (DType t : {DType::Q8_0, DType::Q6_K, DType::F16, DType::Q5_0, DType::Q3_K, DType::F8_E4M3_B32, DType::NVFP4}) {
         SCOPED_TRACE(::testing::Message() << dtype_name(t));
         const int64_t K = 512, N1 = 6, N2 = 3, N = N1 * N2;
         const size_t rb = row_size(t, K), pad = 38;
@@ -497,7 +574,7 @@ TEST_F(CudaTest, UploadStridedRowsAnd3D) {
         T.nb[3] = T.nb[2] * static_cast<size_t>(N2);
         DeviceWeight W = upload_weight(*ctx_, T);
         ASSERT_EQ(W.N, N);
-        const bool float_act = !dtype_is_quantized(t);
+        const bool float_act = !gemv_takes_quantized_activation(t);
         const std::vector<float> x = random_activation(K, rng);
         const std::vector<float> y = run_gemv(*ctx_, W, x, float_act, -1);
         EXPECT_EQ(check_against_reference(t, w, N, K, float_act ? x : dequantized_activation(x), y), 0);
@@ -532,5 +609,19 @@ TEST_F(CudaTest, BadArgumentsThrow) {
     std::vector<uint8_t> f16 = random_blocks(DType::F16, 2, 256, rng);
     DeviceWeight WF = upload_weight(*ctx_, Tensor::contiguous(DType::F16, {256, 2, 1, 1}, f16.data(), "f16"));
     EXPECT_THROW(gemv(*ctx_, WF, xq, y.as<float>()), std::runtime_error);
+    // F8_E4M3_B32 takes float x only, NVFP4 the quantized x only; NVFP4 rows
+    // are whole 64-element blocks.
+    std::vector<uint8_t> f8 = random_blocks(DType::F8_E4M3_B32, 2, 256, rng);
+    DeviceWeight W8 = upload_weight(*ctx_, Tensor::contiguous(DType::F8_E4M3_B32, {256, 2, 1, 1}, f8.data(), "f8"));
+    EXPECT_THROW(gemv(*ctx_, W8, xq, y.as<float>()), std::runtime_error);
+    std::vector<uint8_t> f4 = random_blocks(DType::NVFP4, 2, 256, rng);
+    DeviceWeight W4 = upload_weight(*ctx_, Tensor::contiguous(DType::NVFP4, {256, 2, 1, 1}, f4.data(), "nvfp4"));
+    EXPECT_THROW(gemv(*ctx_, W4, x.as<float>(), y.as<float>()), std::runtime_error);
+    QuantizedActivation a256(256), n64(64);
+    EXPECT_THROW(gemv_residual_norm(*ctx_, W8, a256, y.as<float>(), y.as<float>(), n64, y.as<float>()),
+                 std::runtime_error);
+    Tensor odd = Tensor::contiguous(DType::NVFP4, {64, 2, 1, 1}, f4.data(), "nvfp4-odd");
+    odd.ne[0] = 96;  // not a whole number of blocks (row_size would refuse it; upload must too)
+    EXPECT_THROW(upload_weight(*ctx_, odd), std::runtime_error);
     ctx_->synchronize();
 }

@@ -18,6 +18,10 @@ QuantizedActivation::QuantizedActivation(int64_t K, int levels) : K_(K), levels_
     buf_ = DeviceBuffer(level_bytes() * static_cast<size_t>(levels));
 }
 
+bool gemv_takes_quantized_activation(DType t) {
+    return cuda_weight_type_supported(t) && dtype_is_quantized(t) && t != DType::F8_E4M3_B32;
+}
+
 int gemv_config_count() { return kNumGemvConfigs; }
 
 const char* gemv_config_name(int config) {
@@ -38,7 +42,7 @@ const char* gemv_config_name(int config) {
 int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation, int levels) {
     (void)float_activation;
     const bool long_rows = K > 8192;  // e.g. the FFN down projection (K = 14336)
-    if (levels == 2 && dtype_is_quantized(type)) {
+    if (levels == 2 && gemv_takes_quantized_activation(type)) {
         // Two-level activations double the activation loads per weight load,
         // so more rows per block (sharing them) pay off. From the --levels 2
         // sweep of bench_gemv_cuda on the H200 with the persistent
@@ -82,6 +86,13 @@ int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation,
             if (N >= 8192 && !long_rows) return 7;   // R4 T32 U4
             return 0;                                // R1 T128 U4
         case DType::F32: return 5;                   // R1 T256 U2
+        // NVFP4, F8_E4M3_B32: not swept yet (no H200 run). NVFP4 reads 18
+        // bytes per 32-element unit like Q4_0; F8_E4M3_B32 one 16-byte load
+        // per unit like F16, with twice its elements (activation registers).
+        case DType::NVFP4: return 2;                 // R4 T128 U1 (as Q4_0)
+        case DType::F8_E4M3_B32:
+            if (N <= 2048) return 5;                 // R1 T256 U2
+            return long_rows ? 0 : 1;                // R1 T128 U4 : R2 T128 U2
         default: return 3;
     }
 }
@@ -145,7 +156,7 @@ GemvLaunch base_launch(const DeviceWeight& W, float* y) {
 /// A launch of quantized W on the quantized activation xq (one or two levels),
 /// after the checks every such entry point makes (`fn` names it in errors).
 GemvLaunch q8_launch(const char* fn, const DeviceWeight& W, const QuantizedActivation& xq, float* y) {
-    if (!dtype_is_quantized(W.type))
+    if (!gemv_takes_quantized_activation(W.type))
         fail("{}: {} weights take float activations (use the float-x gemv)", fn, dtype_name(W.type));
     if (xq.K() != W.K) fail("{}: activation has {} elements, weight rows have {}", fn, xq.K(), W.K);
     GemvLaunch l = base_launch(W, y);
@@ -176,6 +187,8 @@ bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream) {
         case DType::F32:
         case DType::F16:
         case DType::BF16: return launch_gemv_float(l, config, stream);
+        case DType::F8_E4M3_B32: return launch_gemv_f8_e4m3(l, config, stream);
+        case DType::NVFP4: return launch_gemv_nvfp4(l, config, stream);
         default: return false;
     }
 }
@@ -207,7 +220,7 @@ void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const Quantized
 
 void gemv(CudaContext& ctx, const DeviceWeight& W, const float* x, float* y, const GemvOptions& opt) {
     if (x == nullptr) fail("gemv: null activation");
-    if (dtype_is_quantized(W.type))
+    if (gemv_takes_quantized_activation(W.type))
         fail("gemv: {} weights take a QuantizedActivation (quantize_activation), not float x", dtype_name(W.type));
     GemvLaunch l = base_launch(W, y);
     l.act = ActKind::F32;

@@ -1,10 +1,12 @@
 // Decode matrix-vector products on the GPU: y = W · x for one token.
 //
-// Quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K) use integer
-// dot products: x is quantized once per step with quantize_activation() (8-bit
-// blocks of 32, Q8_1's numbers) and the result is shared by every matrix that
-// reads the same x (Q, K, V; gate, up). Float weights (F32, F16, BF16) read x
-// as floats.
+// Quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, NVFP4) use
+// integer dot products: x is quantized once per step with
+// quantize_activation() (8-bit blocks of 32, Q8_1's numbers) and the result
+// is shared by every matrix that reads the same x (Q, K, V; gate, up). Float
+// weights (F32, F16, BF16) and the weight-only FP8 blocks (F8_E4M3_B32,
+// decoded to floats in registers) read x as floats;
+// gemv_takes_quantized_activation() says which a type takes.
 // All calls are asynchronous on the context's stream.
 #pragma once
 #include <cuda_runtime.h>
@@ -86,6 +88,12 @@ struct DeferredNormScale {
     float eps = 0.0f;              ///< RMSNorm epsilon
 };
 
+/// Whether GEMVs with weights of type t read the activation quantized (a
+/// QuantizedActivation: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, NVFP4)
+/// rather than as K floats (F32, F16, BF16, F8_E4M3_B32). False for types
+/// without a CUDA kernel (see cuda_weight_type_supported).
+bool gemv_takes_quantized_activation(DType t);
+
 /// Launch choice for benchmarks and tests: -1 picks the tuned default for the
 /// shape; 0 .. gemv_config_count()-1 forces one entry of the kernels'
 /// configuration table (rows per block, threads, unroll; see kernels.h).
@@ -103,11 +111,12 @@ int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation,
 /// quern::Error), both levels when xq has two. Asynchronous on ctx's stream.
 void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& xq);
 
-/// y[N] = W[N][K] · x[K] for a quantized W (Q8_0, Q4_1, Q4_K, Q6_K), with x
-/// quantized by quantize_activation (one or two levels: the sum of W times
-/// each level). y: device pointer to N floats, every
-/// element written. Throws quern::Error for a float W, xq.K() != W.K, or an
-/// unknown options.config. Asynchronous on ctx's stream.
+/// y[N] = W[N][K] · x[K] for a W that takes a quantized activation
+/// (gemv_takes_quantized_activation), with x quantized by
+/// quantize_activation (one or two levels: the sum of W times each level).
+/// y: device pointer to N floats, every element written. Throws quern::Error
+/// for a W that takes float x, xq.K() != W.K, or an unknown options.config.
+/// Asynchronous on ctx's stream.
 void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq, float* y,
           const GemvOptions& opt = {});
 
@@ -126,14 +135,16 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 /// a: W's quantized input; norm_w: N floats (the next RMSNorm's weight);
 /// ss_parts: N/32 floats; xq_next.K() == N. The consumers read xq_next with
 /// DeferredNormScale{ss_parts, N/32, N, eps}. One thread block per 32 rows.
-/// Throws quern::Error for a float W, N % 32 != 0, or mismatched sizes.
+/// Throws quern::Error for a W that takes float x, N % 32 != 0, or
+/// mismatched sizes.
 /// Asynchronous on ctx's stream.
 void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& a, float* x,
                         const float* norm_w, QuantizedActivation& xq_next, float* ss_parts);
 
-/// y[N] = W[N][K] · x[K] for F32, F16 or BF16 weights, x as K floats (device
-/// pointer). Throws quern::Error for quantized W (use the QuantizedActivation
-/// overload) or an unknown options.config. Asynchronous on ctx's stream.
+/// y[N] = W[N][K] · x[K] for F32, F16, BF16 or F8_E4M3_B32 weights, x as K
+/// floats (device pointer). Throws quern::Error for a W that takes a
+/// quantized activation (use the QuantizedActivation overload) or an unknown
+/// options.config. Asynchronous on ctx's stream.
 void gemv(CudaContext& ctx, const DeviceWeight& W, const float* x, float* y, const GemvOptions& opt = {});
 
 }  // namespace quern::cuda

@@ -6,7 +6,8 @@
 //            A row is U = K / Op::kUnitElems "units"; one unit is the
 //            elements covered by one 16-byte weight vector (32 for the
 //            quantized types except Q8_0, whose unit is one 32-element block =
-//            two 16-byte vectors; 8 for F16/BF16; 4 for F32).
+//            two 16-byte vectors; 16 for F8_E4M3_B32; 8 for F16/BF16; 4 for
+//            F32).
 //   Grid:    one thread block of NT threads per R consecutive rows
 //            (ceil(N / R) blocks). Thread t handles units t, t+NT, ... of each
 //            of its R rows; per trip it issues UNR × R weight loads (and UNR

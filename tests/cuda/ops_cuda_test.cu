@@ -667,6 +667,14 @@ std::vector<uint8_t> random_table(DType t, int64_t rows, int64_t dim, std::mt199
                 put_f16(b + 2, d(rng) * 0.1f);
                 break;
             case DType::Q6_K: put_f16(b + offsetof(block_q6_K, d), d(rng) * 0.1f); break;
+            // FP8 / NVFP4: a sane f32 d; every code random, E4M3 NaN codes
+            // (in weights and NVFP4 group scales) included: NaN on both sides.
+            case DType::F8_E4M3_B32:
+            case DType::NVFP4: {
+                const float v = d(rng);
+                std::memcpy(b, &v, 4);  // d at offset 0 in both blocks
+                break;
+            }
             case DType::F16: put_f16(b, g(rng)); break;
             case DType::BF16: {
                 const uint16_t h = fp32_to_bf16(g(rng));
@@ -685,7 +693,8 @@ std::vector<uint8_t> random_table(DType t, int64_t rows, int64_t dim, std::mt199
 }
 
 TEST_F(OpsCuda, GetRow) {
-    for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+    for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32, DType::F8_E4M3_B32,
+                    DType::NVFP4}) {
         for (int64_t dim : {256, 4096}) {
             const int64_t rows = 50;
             auto table = random_table(t, rows, dim, rng_);

@@ -152,8 +152,10 @@ void decode_attention_rope(const float* q, const float* k, const float* v, void*
 /// Embedding lookup: out[dim] = row *id of `table`, rows of dim elements in
 /// GGUF block layout stored back to back (row stride row_size(type, dim);
 /// upload the tensor bytes as they are, NOT with upload_weight's repacked
-/// layout). Types: F32, F16, BF16, Q8_0, Q4_K, Q6_K; dim a multiple of the
-/// type's block size. *id is clamped to [0, n_rows).
+/// layout). Types: F32, F16, BF16, Q8_0, Q4_K, Q6_K, F8_E4M3_B32, NVFP4 (the
+/// last two: quern's blocks of FP8 / NVFP4 checkpoints, quant/blocks.h); dim
+/// a multiple of the type's block size. Values equal dequantize_row_ref's bit
+/// for bit. *id is clamped to [0, n_rows).
 void get_row(DType type, const void* table, int64_t n_rows, int64_t dim, const int32_t* id, float* out,
              cudaStream_t stream);
 bool cuda_get_row_type_supported(DType t);

@@ -8,9 +8,12 @@
 //            blocks. Each thread reads its element's quant and its block's
 //            scales (the scale bytes are shared through L1).
 //   Math:    as dequantize_row_ref: Q8_0 d·q; Q4_K (d·sc)·q − dmin·m;
-//            Q6_K (d·sc)·(q − 32); F16/BF16 widened; F32 copied.
+//            Q6_K (d·sc)·(q − 32); F16/BF16 widened; F32 copied;
+//            F8_E4M3_B32 e4m3(q)·d; NVFP4 e2m1(q)·f32(e4m3(sc)·d) (OCP E4M3,
+//            E2M1 decoded exactly; E4M3 NaN codes give NaN as on the CPU).
 //   Align:   table 4-byte aligned (fp16 fields sit at even offsets of
-//            even-sized blocks).
+//            even-sized blocks; the f32 d of the 36- and 40-byte FP8 /
+//            NVFP4 blocks at multiples of 4).
 //   Bound:   latency (one row: ≤ tens of KB).
 //
 // argmax_partial_kernel / argmax_final_kernel
@@ -21,6 +24,7 @@
 //   Bound:   bandwidth at vocab sizes (512 KB for 128k logits), mostly latency.
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/minifloat.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 #include "core/dtype.h"
@@ -75,6 +79,19 @@ __device__ __forceinline__ float dequant_one(DType type, const uint8_t* row, int
             const int qv = (lo | (((qh[ll] >> (2 * r)) & 3) << 4)) - 32;
             const float dl = f16_at(b + 208) * static_cast<float>(sc[2 * r + ll / 16]);
             return dl * static_cast<float>(qv);
+        }
+        case DType::F8_E4M3_B32: {
+            // 36-byte block: f32 d, 32 E4M3 codes.
+            const uint8_t* b = row + (e / 32) * 36;
+            return __fmul_rn(mf::e4m3_to_float(b[4 + e % 32]), *reinterpret_cast<const float*>(b));
+        }
+        case DType::NVFP4: {
+            // 40-byte block: f32 d, 4 E4M3 group scales, 32 bytes of E2M1 pairs (element 2i low nibble).
+            const uint8_t* b = row + (e / 64) * 40;
+            const int l = static_cast<int>(e % 64);
+            const float s = __fmul_rn(mf::e4m3_to_float(b[4 + l / 16]), *reinterpret_cast<const float*>(b));
+            const uint32_t qb = b[8 + l / 2];
+            return __fmul_rn(mf::e2m1_to_float(l % 2 ? qb >> 4 : qb & 0xFu), s);
         }
         default: return 0.0f;
     }
@@ -153,7 +170,7 @@ __global__ void argmax_final_kernel(const Best* __restrict__ partial, int n_part
 
 bool cuda_get_row_type_supported(DType t) {
     return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0 || t == DType::Q4_K ||
-           t == DType::Q6_K;
+           t == DType::Q6_K || t == DType::F8_E4M3_B32 || t == DType::NVFP4;
 }
 
 void get_row(DType type, const void* table, int64_t n_rows, int64_t dim, const int32_t* id, float* out,

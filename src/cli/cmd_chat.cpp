@@ -184,7 +184,7 @@ void add_chat_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("chat", "Chat with a model in the terminal (uses the model's chat template)");
     cmd->add_option("-m,--model", o->model,
                     "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, gemma3_text; "
-                    "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only on the CPU) "
+                    "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only) "
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     auto* tn = cmd->add_option("--chat-template", o->template_name,
                                "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "

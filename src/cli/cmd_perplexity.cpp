@@ -106,7 +106,7 @@ void add_perplexity_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("perplexity", "Perplexity of a text file (llama.cpp's method)");
     cmd->add_option("-m,--model", o->model,
                     "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, gemma3_text; "
-                    "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only on the CPU) "
+                    "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only) "
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("-f,--file", o->file, "Text file to score ('-' = stdin)")->required();
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Tokens per chunk")->capture_default_str()->check(CLI::Range(4, 1 << 20));

@@ -143,7 +143,7 @@ void add_run_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (text to stdout, timings to stderr)");
     cmd->add_option("-m,--model", o->model,
                     "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, gemma3_text; "
-                    "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only on the CPU) "
+                    "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only) "
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     auto* p = cmd->add_option("-p,--prompt", o->prompt, "Prompt text");
     cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from a file ('-' = stdin)")->excludes(p);
@@ -167,7 +167,7 @@ void add_run_command(CLI::App& app) {
         "  quern run -f prompt.txt -n 256 -c 8192 -t 4\n"
         "  echo 'Once upon a time' | quern run -f - -n 32\n"
         "  quern run -m ~/models/Qwen2.5-0.5B-Instruct -p \"Hello\" -n 32   # a Hugging Face folder\n"
-        "  quern run -m ~/models/Qwen3-8B-FP8 --device cpu -p \"Hello\" -n 32  # FP8 / NVFP4 checkpoints: CPU\n"
+        "  quern run -m ~/models/Qwen3-8B-FP8 -p \"Hello\" -n 32      # FP8 / NVFP4 checkpoints (weight-only)\n"
         "  quern run --device cuda --verify -p \"Hello\" -n 16 --temp 0\n"
         "A Hugging Face folder's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty;\n"
         "do_sample false: greedy) replaces the defaults shown here; a flag given on the command line wins over it.");

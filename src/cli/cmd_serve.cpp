@@ -125,7 +125,7 @@ void add_serve_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
     cmd->add_option("-m,--model", o->model,
                     "GGUF model file, or a Hugging Face folder (safetensors; llama, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma2, gemma3_text; "
-                    "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only on the CPU) "
+                    "bf16/fp16/fp32, or FP8 / NVFP4 checkpoints, run weight-only) "
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("--host", o->server.host, "Address to listen on (0.0.0.0: every interface)")->capture_default_str();
     cmd->add_option("--port", o->server.port, "Port to listen on (0: any free port, printed at start)")

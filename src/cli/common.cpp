@@ -22,6 +22,7 @@
 #include "model/hf_model.h"
 #ifdef QUERN_HAVE_CUDA
 #include "backend/cuda/session.h"
+#include "backend/cuda/weights.h"
 #endif
 
 namespace quern::cli {
@@ -162,9 +163,13 @@ std::string gpu_unsupported(const ModelConfig& c) { return cuda_unsupported_feat
 
 std::string gpu_unsupported(const Model& m) {
     if (std::string why = gpu_unsupported(m.config()); !why.empty()) return why;
+#ifdef QUERN_HAVE_CUDA
+    // Every weight type the CPU runs has a CUDA kernel (FP8 / NVFP4
+    // checkpoints' F8_E4M3_B32 and NVFP4 included); this names any that ever lacks one.
     for (const auto& [name, t] : m.weights().all())
-        if (t.type == DType::F8_E4M3_B32 || t.type == DType::NVFP4)
-            return fmt::format("{} weights (FP8 / NVFP4 checkpoints, e.g. '{}')", dtype_name(t.type), name);
+        if (!cuda::cuda_weight_type_supported(t.type))
+            return fmt::format("{} weights (e.g. '{}')", dtype_name(t.type), name);
+#endif
     return "";
 }
 
@@ -191,14 +196,6 @@ void warn_gpu_options_ignored(const DeviceOptions& opts) {
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose) {
     warn_past_trained_context(model.config(), n_ctx);
-    if (opts.device == "cuda") {
-        // Weights the CUDA backend has no kernels for: refuse before any GPU work.
-        for (const auto& [name, t] : model.weights().all())
-            if (t.type == DType::F8_E4M3_B32 || t.type == DType::NVFP4)
-                fail("the CUDA backend has no kernels for {} weights (tensor '{}', from an FP8 / NVFP4 checkpoint) "
-                     "yet; use --device cpu",
-                     dtype_name(t.type), name);
-    }
     if (!use_cuda(opts)) {
         warn_gpu_options_ignored(opts);
         return make_cpu_session(model, n_ctx, pool);

@@ -84,15 +84,17 @@ void warn_gpu_options_ignored(const DeviceOptions& opts);
 void warn_past_trained_context(const ModelConfig& c, int64_t n_ctx);
 /// What in `c` the CUDA backend does not compute ("" when it runs the model).
 std::string gpu_unsupported(const ModelConfig& c);
-/// The same for a loaded model: its config, then its weight types (the
-/// CPU-only F8_E4M3_B32 / NVFP4 of FP8 and NVFP4 checkpoints).
+/// The same for a loaded model: its config, then (in CUDA builds) any weight
+/// type without a CUDA kernel (none of the types the CPU runs, F8_E4M3_B32
+/// and NVFP4 of FP8 / NVFP4 checkpoints included).
 std::string gpu_unsupported(const Model& m);
 /// A session for `model` with n_ctx positions on the device `opts` selects
 /// (CPU sessions use `pool`; --device auto runs on the CPU, with a note, a
 /// model that gpu_unsupported() names a feature of; a CPU session warns of
 /// GPU-only options given, warn_gpu_options_ignored). Throws quern::Error when the GPU is asked for
-/// and this build has no CUDA backend or the machine no GPU, and (saying to use
-/// --device cpu) when --device cuda is asked for a model with FP8 / NVFP4 weights.
+/// and this build has no CUDA backend or the machine no GPU, and (from the
+/// CUDA session, saying to use --device cpu) when --device cuda is asked for
+/// a model whose features the GPU does not compute.
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose = true);
 /// Prints a verify result to stderr: one line when it passes; the per-layer

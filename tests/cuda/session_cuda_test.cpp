@@ -190,7 +190,7 @@ TEST(CudaTwoLevel, GemvErrorDropsBelowOneLevel) {
     cuda::DeviceBuffer dx(x.size() * 4), dy(static_cast<size_t>(N) * 4);
     dx.upload(x.data(), x.size() * 4, ctx.stream());
     for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                    DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+                    DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::NVFP4}) {
         if (!cuda::cuda_weight_type_supported(t)) continue;
         std::vector<float> wf(static_cast<size_t>(N * K));
         for (auto& v : wf) v = nd(rng);
@@ -417,13 +417,15 @@ TEST(CudaSession, ChunkingGreedyTruncateAndErrors) {
     EXPECT_EQ(a, d);
 }
 
-// `quern run --verify` on synthetic llama3-1b in every weight type.
+// `quern run --verify` on synthetic llama3-1b in every weight type (the
+// weight-only F8_E4M3_B32 / NVFP4 of FP8 / NVFP4 checkpoints included: every
+// matrix, token_embd and output too).
 TEST(CudaSession, SyntheticLlama1bVerifyEveryWeightType) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     const std::vector<int32_t> ids = {1, 15, 300, 4000, 77, 1234, 9, 60000, 128000, 5};
     for (const char* scheme : {"F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
-                               "Q5_K", "Q6_K", "Q4_K_M", "Q5_K_M"}) {
+                               "Q5_K", "Q6_K", "Q4_K_M", "Q5_K_M", "F8_E4M3_B32", "NVFP4"}) {
         SynthModel sm = make_synthetic(synth_preset("llama3-1b"), scheme, 99);
         auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
         auto cpu = make_cpu_session(*model, 64, pool);
@@ -539,6 +541,70 @@ TEST(CudaSession, OtherArchitecturesAndHeadSizesVerify) {
     }
 }
 
+// FP8 / NVFP4 checkpoints as they are published: quantized projections, the
+// embedding and lm_head left in BF16 (ModelOpt's and compressed-tensors'
+// ignore lists). Tiny llama3-1b shapes (width 256, head_dim 64, vocab 512;
+// tied: token_embd is also the output), assembled tensor by tensor from
+// synthetic models of each type:
+//   fp8      every projection F8_E4M3_B32 (float activations throughout:
+//            no norm fusion, attention output read as floats);
+//   nvfp4    every projection NVFP4 (quantized activations; the BF16 output
+//            keeps the norm launches);
+//   nvfp4-all  NVFP4 everywhere, token_embd and output too (norm fusion on:
+//            gemv_residual_norm with NVFP4; the embedding through get_row);
+//   mixed    q, k F8 and v NVFP4 in one Q|K|V group, attn_output NVFP4,
+//            gate NVFP4 and up F8, ffn_down F8: both activation kinds
+//            within one step and one projection group.
+// Then the same checks on qwen3 (head_dim 128, q/k norms) and phi3 (fused
+// attn_qkv and gate|up) in both types, as the F16 / Q8_0 cases above.
+TEST(CudaSession, Fp8AndNvfp4CheckpointsVerify) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const std::vector<int32_t> ids = {1, 15, 300, 400, 77, 123, 9, 60, 128, 5};
+    const SynthPreset tiny = synth_tiny(synth_preset("llama3-1b"));
+    SynthModel f8 = make_synthetic(tiny, "F8_E4M3_B32", 31), f4 = make_synthetic(tiny, "NVFP4", 31),
+               bf = make_synthetic(tiny, "BF16", 31);
+    const auto pick = [&](const std::string& variant, const std::string& name) -> const SynthModel& {
+        const auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+        const bool io = name == "token_embd.weight" || name == "output.weight";
+        if (variant == "fp8") return io ? bf : f8;
+        if (variant == "nvfp4") return io ? bf : f4;
+        if (variant == "nvfp4-all") return f4;
+        // mixed
+        if (io) return bf;
+        if (has(".attn_q.") || has(".attn_k.") || has(".ffn_up.") || has(".ffn_down.")) return f8;
+        return f4;  // attn_v, attn_output, ffn_gate
+    };
+    for (const char* variant : {"fp8", "nvfp4", "nvfp4-all", "mixed"}) {
+        WeightStore ws;
+        int n_f8 = 0, n_f4 = 0;
+        for (const auto& [name, t] : f8.weights.all()) {
+            const Tensor* src = pick(variant, name).weights.find(name);
+            ASSERT_NE(src, nullptr) << name;
+            n_f8 += src->type == DType::F8_E4M3_B32;
+            n_f4 += src->type == DType::NVFP4;
+            ws.add(*src);  // the SynthModels own the bytes
+        }
+        EXPECT_GT(n_f8 + n_f4, 0) << variant;
+        auto model = Model::from_weights(f8.cfg, std::move(ws));
+        auto cpu = make_cpu_session(*model, 64, pool);
+        auto gpu = gpu_session(*model, 64);
+        expect_verify(*cpu, *gpu, ids, fmt::format("llama3-1b-tiny {:<9} ({} F8_E4M3_B32, {} NVFP4 matrices)", variant,
+                                                   n_f8, n_f4));
+    }
+    struct Case {
+        const char* arch;
+        int64_t head_dim, n_head, n_head_kv;
+    };
+    for (const Case& k : {Case{"qwen3", 128, 4, 1}, Case{"phi3", 64, 8, 4}, Case{"llama", 32, 16, 4}})
+        for (const char* scheme : {"F8_E4M3_B32", "NVFP4"}) {
+            ArchModel am = small_arch_model(k.arch, scheme, k.head_dim, k.n_head, k.n_head_kv);
+            auto cpu = make_cpu_session(*am.model, 64, pool);
+            auto gpu = gpu_session(*am.model, 64);
+            expect_verify(*cpu, *gpu, ids, fmt::format("{:<6} head_dim {:3} {:<11}", k.arch, k.head_dim, scheme));
+        }
+}
+
 // Gemma 2 and Gemma 3 on the GPU: test-sized copies of the synth presets
 // (their tensors and hyper-parameters: embedding scale, post-norms, GELU
 // FFN, sliding windows of 4 on the local layers with their own RoPE base,
@@ -548,7 +614,7 @@ TEST(CudaSession, GemmaVerify) {
     ThreadPool pool(0);
     const std::vector<int32_t> ids = {1, 15, 300, 400, 77, 123, 9, 60, 128, 5};
     for (const char* preset : {"gemma2-2b", "gemma3-270m", "gemma3-4b"})
-        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16"}) {
+        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16", "F8_E4M3_B32", "NVFP4"}) {
             SynthModel sm = make_synthetic(synth_tiny(synth_preset(preset)), scheme, 23);
             auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
             auto cpu = make_cpu_session(*model, 64, pool);

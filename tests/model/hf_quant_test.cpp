@@ -16,8 +16,11 @@
 //     quant_algo, an activation scheme quern cannot run and FP8 weights without
 //     a quantization config fail at load with one error naming the tensor or key
 //     and the file;
-//   - `quern run -m FOLDER` runs a quantized folder on the CPU, and
-//     `--device cuda` refuses it, saying to use --device cpu.
+//   - `quern run -m FOLDER` runs a quantized folder on the CPU; `--device
+//     cuda` refuses these fixtures for their head size (16: the GPU attention
+//     takes 32, 64, 128, 256) or for want of a GPU / CUDA build, saying to
+//     use --device cpu — not for their weight types, which the CUDA backend
+//     runs (tests/cuda/session_cuda_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -340,7 +343,7 @@ TEST_F(HfQuantCopy, SchemesQuernCannotRunNameTheKey) {
 
 // ---------------------------------------------------------------- quern run -m FOLDER
 
-TEST_F(HfQuantCopy, QuernRunsAQuantizedFolderOnTheCpuOnly) {
+TEST_F(HfQuantCopy, QuernRunsAQuantizedFolder) {
     const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
     if (!fs::exists(quern)) GTEST_SKIP() << quern << " is not built";
     const fs::path err = dir_ / "err.txt", out = dir_ / "out.txt";
@@ -356,7 +359,7 @@ TEST_F(HfQuantCopy, QuernRunsAQuantizedFolderOnTheCpuOnly) {
         EXPECT_NE(rc, 0) << v;
         const std::string text = slurp(err);
         EXPECT_NE(text.find("use --device cpu"), std::string::npos) << text;
-        EXPECT_NE(text.find(v[0] == 'f' ? "F8_E4M3_B32" : "NVFP4"), std::string::npos) << text;
+        EXPECT_EQ(text.find("no kernels for"), std::string::npos) << text;  // FP8 / NVFP4 weights run on the GPU
     }
 }
 

@@ -24,7 +24,8 @@
 //   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax or sample_token
 //   pos += 1; cur = next prompt token or sampled          advance_decode_position
 //
-// When every matrix is quantized (fuse_norm_), the RMSNorms after the first
+// When every matrix reads the quantized activation (fuse_norm_; not F32 /
+// F16 / BF16 / F8_E4M3_B32 matrices), the RMSNorms after the first
 // have no launch of their own: the output and down projections run as
 // gemv_residual_norm (x += W·a in their epilogue, the next norm's activation
 // quantized without its scale, Σx² in partial sums) and the GEMVs that read
@@ -35,8 +36,10 @@
 // ~0.9999 of a float reference; --fast-act uses one.
 // Weight matrices that share an input and a type are concatenated at upload
 // (Q|K|V, gate|up) so that one launch reads them all. Every weight type the
-// CPU runs has a GEMV; an embedding table of a type get_row lacks is
-// dequantized to F16 at upload.
+// CPU runs has a GEMV (FP8 / NVFP4 checkpoints' F8_E4M3_B32 and NVFP4
+// included: the first reads the float activation, the second the quantized
+// one, gemv_takes_quantized_activation); an embedding table of a type get_row
+// lacks is dequantized to F16 at upload.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -154,8 +157,9 @@ private:
     KvType kv_type_ = KvType::F16;
 
     // RMSNorms folded into the GEMVs around them (gemv_residual_norm and
-    // DeferredNormScale, gemv.h) when every matrix is quantized; else one
-    // rms_norm_q8_1 launch per norm. QUERN_CUDA_FUSE_NORM=0 turns it off.
+    // DeferredNormScale, gemv.h) when every matrix reads the quantized
+    // activation; else one rms_norm_q8_1 launch per norm.
+    // QUERN_CUDA_FUSE_NORM=0 turns it off.
     bool fuse_norm_ = false;
     DeviceBuffer ss_parts_;  // n_embd/32 partial sums of x²
 
@@ -243,11 +247,14 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     xq_attn_ = QuantizedActivation(c.q_dim(), levels_);
     xq_ff_ = QuantizedActivation(c.n_ff, levels_);
     {
-        bool all_q = dtype_is_quantized(output_.w.type);
+        // Every GEMV must read the quantized activation (F8_E4M3_B32, like
+        // the float types, reads floats: FP8 models keep the norm launches).
+        const auto q8 = [](const Piece& p) { return gemv_takes_quantized_activation(p.w.type); };
+        bool all_q = q8(output_);
         for (const auto& L : layers_) {
             for (const auto* ps : {&L.qkv, &L.gate_up})
-                for (const Piece& p : *ps) all_q = all_q && dtype_is_quantized(p.w.type);
-            all_q = all_q && dtype_is_quantized(L.wo.w.type) && dtype_is_quantized(L.down.w.type);
+                for (const Piece& p : *ps) all_q = all_q && q8(p);
+            all_q = all_q && q8(L.wo) && q8(L.down);
         }
         const char* e = std::getenv("QUERN_CUDA_FUSE_NORM");
         // Post-norms (Gemma) normalize a branch's output before its residual
@@ -445,7 +452,7 @@ void LlamaCudaSession::upload_weights(const Model& model) {
 }
 
 void LlamaCudaSession::mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y) {
-    if (dtype_is_quantized(p.w.type))
+    if (gemv_takes_quantized_activation(p.w.type))
         gemv(ctx_, p.w, xq, y + p.offset);
     else
         gemv(ctx_, p.w, xf, y + p.offset);
@@ -506,7 +513,7 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         mark("gemv_qkv");
         // RoPE, the KV-cache write and attention in one launch; it also
         // quantizes the output projection's activation.
-        const bool qo = dtype_is_quantized(L.wo.w.type);
+        const bool qo = gemv_takes_quantized_activation(L.wo.w.type);
         AttentionExtras ex;
         if (L.qkv_bias) {
             ex.q_bias = L.qkv_bias;

@@ -62,7 +62,7 @@ const Kernel kKernels[] = {
     {DType::Q6_K, false, "Q6_K dp4a"}, {DType::F16, true, "F16"},        {DType::BF16, true, "BF16"},
     {DType::F32, true, "F32"},         {DType::Q4_0, false, "Q4_0 dp4a"}, {DType::Q5_0, false, "Q5_0 dp4a"},
     {DType::Q5_1, false, "Q5_1 dp4a"}, {DType::Q5_K, false, "Q5_K dp4a"}, {DType::Q2_K, false, "Q2_K dp4a"},
-    {DType::Q3_K, false, "Q3_K dp4a"},
+    {DType::Q3_K, false, "Q3_K dp4a"}, {DType::NVFP4, false, "NVFP4 dp4a"}, {DType::F8_E4M3_B32, true, "F8_E4M3_B32"},
 };
 
 uint64_t splitmix(uint64_t& s) {
@@ -140,6 +140,20 @@ std::vector<uint8_t> make_weights(DType t, int64_t N, int64_t K, uint64_t seed) 
                     put16(p + offsetof(block_q2_K, dmin), fp32_to_fp16(uni(0.002f, 0.02f)));
                     break;
                 case DType::Q3_K: put16(p + offsetof(block_q3_K, d), fp32_to_fp16(uni(0.0002f, 0.002f))); break;
+                case DType::F8_E4M3_B32: {  // f32 d; E4M3 codes random but never NaN (0x7F, 0xFF)
+                    const float d = uni(0.002f, 0.02f);
+                    std::memcpy(p + offsetof(block_f8_b32, d), &d, 4);
+                    for (int j = 0; j < QK_F8; ++j)
+                        if ((p[offsetof(block_f8_b32, qs) + j] & 0x7F) == 0x7F) p[offsetof(block_f8_b32, qs) + j] ^= 1;
+                    break;
+                }
+                case DType::NVFP4: {  // f32 global scale; E4M3 group scales in 2^-3 .. 15
+                    const float d = uni(0.002f, 0.02f);
+                    std::memcpy(p + offsetof(block_nvfp4, d), &d, 4);
+                    for (int g = 0; g < QK_NVFP4 / NVFP4_GROUP; ++g)
+                        p[offsetof(block_nvfp4, sc) + g] = static_cast<uint8_t>(0x20 + splitmix(s) % 0x38);
+                    break;
+                }
                 default: break;
             }
         }

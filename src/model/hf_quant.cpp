@@ -32,7 +32,7 @@ using json = nlohmann::json;
 
 constexpr const char* kWhatToDo =
     "quern runs FP8 checkpoints (quant_method fp8, compressed-tensors float-quantized, ModelOpt FP8) and ModelOpt "
-    "NVFP4 weight-only on the CPU; use the unquantized (bf16) checkpoint or a GGUF file of the model instead";
+    "NVFP4 weight-only (on the CPU and the GPU); use the unquantized (bf16) checkpoint or a GGUF file of the model instead";
 
 std::string upper(std::string s) {
     for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));

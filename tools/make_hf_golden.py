@@ -56,6 +56,11 @@ write:
   OUT/qwen3/nvfp4         ModelOpt NVFP4 (o_proj has 32 input columns: fewer
                           than quern's 64-element NVFP4 blocks)
 
+GPU shapes (--gpu-shapes, default OUT tests/data/hf_gpu): the same
+architectures (LongRoPE excepted) with every head of 32 elements and every
+width a multiple of 32 (and of 64 where NVFP4 blocks meet it), the sizes the
+CUDA decode path takes; tests/cuda/hf_golden_cuda_test.cpp reads them.
+
 Each one's golden logits come from transformers' float model with the
 dequantized weights loaded into it (float64, as above), not from
 transformers' own quantized loaders; golden.json records per quantized
@@ -150,6 +155,19 @@ MODELS = {
     "phi3_longrope_short": (Phi3Config, Phi3ForCausalLM, dict(LONGROPE)),
 }
 N_TOKENS_OF = {"gemma2": 32, "gemma3": 32, "phi3_longrope": 24, "phi3_longrope_short": 12}
+
+# --gpu-shapes: overrides per architecture giving heads of 32 elements and
+# widths that are multiples of 64.
+GPU_COMMON = dict(hidden_size=128, intermediate_size=128)
+GPU_SHAPES = {
+    "llama": {}, "qwen2": {},
+    "qwen3": dict(head_dim=32),
+    "gemma2": dict(hidden_size=64, head_dim=32, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128),
+    "gemma3": dict(hidden_size=64, head_dim=32, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128),
+    "mixtral": dict(intermediate_size=64),
+    "qwen3_moe": dict(head_dim=32, moe_intermediate_size=64),
+    "phi3": dict(intermediate_size=128),
+}
 
 
 def randomise(model, seed):
@@ -407,9 +425,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/data/hf")
     ap.add_argument("--only", default="", help="comma-separated architectures to (re)make (default: all)")
+    ap.add_argument("--gpu-shapes", action="store_true",
+                    help="heads of 32 and widths of multiples of 64 for the CUDA tests (default --out tests/data/hf_gpu)")
     ap.add_argument("--quant-only", action="store_true",
                     help="remake only the quantized checkpoints, from the committed bf16 ones")
     args = ap.parse_args()
+    if args.gpu_shapes and args.out == "tests/data/hf":
+        args.out = "tests/data/hf_gpu"
     only = set(filter(None, args.only.split(",")))
     if args.quant_only:
         for name in QUANT_FIXTURES:
@@ -426,12 +448,20 @@ def main():
     for i, (name, (cfg_cls, cls, extra)) in enumerate(MODELS.items()):
         if only and name not in only:
             continue
+        if args.gpu_shapes:
+            if name not in GPU_SHAPES:
+                continue
+            extra = {**extra, **GPU_COMMON, **GPU_SHAPES[name]}
         n_tokens = N_TOKENS_OF.get(name, N_TOKENS)
         ids = [int(x) for x in np.random.default_rng(8).integers(0, VOCAB, n_tokens)]
         root = os.path.join(args.out, name)
         shutil.rmtree(root, ignore_errors=True)
         torch.manual_seed(100 + i)
         model = cls(cfg_cls(**{**COMMON, **extra})).eval()
+        if args.gpu_shapes:
+            cfg = model.config
+            hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            assert hd == 32 and cfg.hidden_size % 64 == 0, (name, hd, cfg.hidden_size)
         randomise(model, 100 + i)
         meta = {"architecture": name, "n_vocab": VOCAB, "tokens": ids, "checkpoints": {}}
         for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

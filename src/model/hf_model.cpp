@@ -177,7 +177,7 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
     std::set<std::string> used;
     const bool norm_plus_one = gemma_arch(cfg);
     for (const Want& want : expected_tensors(cfg)) {
-        const SafetensorsModel::Entry* e = st->find(want.hf);
+        const SafetensorsModel::Entry* e = st->find(hf_quant_stored_name(quant, *st, want.hf));
         if (!e) fail("tensor '{}' is missing from {} (model_type {})", want.hf, where, cfg.arch);
         const SafetensorsTensorInfo& info = *e->info;
         const std::string& file = e->file->path();

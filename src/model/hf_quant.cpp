@@ -32,7 +32,7 @@ using json = nlohmann::json;
 
 constexpr const char* kWhatToDo =
     "quern runs FP8 checkpoints (quant_method fp8, compressed-tensors float-quantized, ModelOpt FP8) and ModelOpt "
-    "NVFP4 weight-only (on the CPU and the GPU); use the unquantized (bf16) checkpoint or a GGUF file of the model instead";
+    "and compressed-tensors NVFP4 weight-only (on the CPU and the GPU); use the unquantized (bf16) checkpoint or a GGUF file of the model instead";
 
 std::string upper(std::string s) {
     for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -109,15 +109,20 @@ HfQuantConfig parse_fine_grained_fp8(const Obj& q) {
              kWhatToDo);
     if (const std::string f = lower(q.str("fmt", "e4m3")); f != "e4m3")
         fail("{}: {} '{}': quern reads E4M3 FP8 weights only; {}", q.file, q.key("fmt"), f, kWhatToDo);
-    if (const std::string f = lower(q.str("scale_fmt", "float")); f != "float")
-        fail("{}: {} '{}': quern reads float (F32) block scales only; {}", q.file, q.key("scale_fmt"), f, kWhatToDo);
+    // ue8m0 (DeepSeek-V3.1 and later): the block scales are powers of two,
+    // still stored as F32 tensors, so they read as any float scale.
+    const std::string scale_fmt = lower(q.str("scale_fmt", "float"));
+    if (scale_fmt != "float" && scale_fmt != "ue8m0")
+        fail("{}: {} '{}': quern reads float and ue8m0 block scales stored as F32; {}", q.file, q.key("scale_fmt"),
+             scale_fmt, kWhatToDo);
     if (const std::string e = lower(q.str("expert_dtype", "fp8")); e != "fp8")
         fail("{}: {} '{}': quern reads FP8 experts only; {}", q.file, q.key("expert_dtype"), e, kWhatToDo);
     c.scale_suffix = "weight_scale_inv";
     if (q.has("weight_block_size")) {
         std::tie(c.block_n, c.block_k) = q.pair("weight_block_size");
         c.kind = HfQuantKind::Fp8Block;
-        c.description = fmt::format("fine-grained FP8 (weight_block_size [{}, {}])", c.block_n, c.block_k);
+        c.description = fmt::format("fine-grained FP8 (weight_block_size [{}, {}]{})", c.block_n, c.block_k,
+                                    scale_fmt == "ue8m0" ? ", ue8m0 scales" : "");
     } else {
         c.kind = HfQuantKind::Fp8Tensor;
         c.description = "fine-grained FP8 (one scale per tensor)";
@@ -126,10 +131,15 @@ HfQuantConfig parse_fine_grained_fp8(const Obj& q) {
 }
 
 // ---------------------------------------------------------------- compressed-tensors (FP8 float-quantized)
+bool ct_format_ok(const std::string& f) {
+    return f == "float-quantized" || f == "naive-quantized" || f == "nvfp4-pack-quantized";
+}
+
 HfQuantConfig parse_compressed_tensors(const Obj& q) {
     const std::string format = q.str("format", "float-quantized");
-    if (format != "float-quantized" && format != "naive-quantized")
-        fail("{}: {} '{}' is not supported: quern reads compressed-tensors FP8 checkpoints (float-quantized); {}",
+    if (!ct_format_ok(format))
+        fail("{}: {} '{}' is not supported: quern reads compressed-tensors FP8 (float-quantized) and NVFP4 "
+             "(nvfp4-pack-quantized) checkpoints; {}",
              q.file, q.key("format"), format, kWhatToDo);
     if (const json* sp = q.object("sparsity_config"); sp && !sp->empty()) {
         const Obj s = q.sub(*sp, "sparsity_config");
@@ -150,16 +160,22 @@ HfQuantConfig parse_compressed_tensors(const Obj& q) {
     for (const auto& [gname, gv] : groups->items()) {
         if (!gv.is_object()) fail("{}: {} must be an object", q.file, q.key("config_groups.") + gname);
         const Obj g = q.sub(gv, "config_groups." + gname);
-        if (const std::string f = g.str("format", format); f != "float-quantized" && f != "naive-quantized")
-            fail("{}: {} '{}' is not supported; {}", q.file, g.key("format"), f, kWhatToDo);
+        const std::string gformat = g.str("format", format);
+        if (!ct_format_ok(gformat)) fail("{}: {} '{}' is not supported; {}", q.file, g.key("format"), gformat, kWhatToDo);
         const json* wv = g.object("weights");
         if (!wv) fail("{}: {} is missing", q.file, g.key("weights"));
         const Obj w = g.sub(*wv, "weights");
         const std::string type = w.str("type", "int");
         const int64_t bits = w.integer("num_bits", 8);
-        if (type != "float" || bits != 8)
-            fail("{}: {} {} with {} {}: quern reads FP8 (type float, 8 bits) compressed-tensors weights only; {}",
+        const bool fp4 = type == "float" && bits == 4;
+        if (type != "float" || (bits != 8 && bits != 4))
+            fail("{}: {} {} with {} {}: quern reads FP8 (type float, 8 bits) and NVFP4 (type float, 4 bits) "
+                 "compressed-tensors weights only; {}",
                  q.file, w.key("type"), type, w.key("num_bits"), bits, kWhatToDo);
+        if (fp4 != (gformat == "nvfp4-pack-quantized"))
+            fail("{}: {} {} with format '{}': 4-bit float weights are read from nvfp4-pack-quantized checkpoints "
+                 "and 8-bit ones from float-quantized ones; {}",
+                 q.file, w.key("num_bits"), bits, gformat, kWhatToDo);
         if (!w.boolean("symmetric", true))
             fail("{}: {} is false: asymmetric FP8 weights are not supported; {}", q.file, w.key("symmetric"),
                  kWhatToDo);
@@ -167,7 +183,17 @@ HfQuantConfig parse_compressed_tensors(const Obj& q) {
             fail("{}: {} is true: the checkpoint holds no weight scales; {}", q.file, w.key("dynamic"), kWhatToDo);
         const std::string strategy = w.str("strategy", "tensor");
         HfQuantConfig gc;
-        if (strategy == "tensor") {
+        if (fp4) {
+            // NVFP4 (llm-compressor): E2M1 codes, one E4M3 scale per 16, one
+            // F32 global scale that divides.
+            if (strategy != "tensor_group")
+                fail("{}: {} '{}': compressed-tensors NVFP4 weights use strategy tensor_group; {}", q.file,
+                     w.key("strategy"), strategy, kWhatToDo);
+            if (const int64_t gs = w.integer("group_size", 16); gs != 16)
+                fail("{}: {} {}: NVFP4 has one scale per 16 elements; {}", q.file, w.key("group_size"), gs,
+                     kWhatToDo);
+            gc.kind = HfQuantKind::Nvfp4;
+        } else if (strategy == "tensor") {
             gc.kind = HfQuantKind::Fp8Tensor;
         } else if (strategy == "channel") {
             gc.kind = HfQuantKind::Fp8Channel;
@@ -183,8 +209,8 @@ HfQuantConfig parse_compressed_tensors(const Obj& q) {
             const Obj a = g.sub(*av, "input_activations");
             const std::string at = a.str("type", "int");
             const int64_t ab = a.integer("num_bits", 8);
-            if (at != "float" || ab != 8)
-                fail("{}: {} {} with {} {}: quern runs these checkpoints with float activations and accepts FP8 "
+            if (at != "float" || (ab != 8 && ab != 4))
+                fail("{}: {} {} with {} {}: quern runs these checkpoints weight-only and accepts FP8 and FP4 "
                      "activation schemes only; {}",
                      q.file, a.key("type"), at, a.key("num_bits"), ab, kWhatToDo);
         }
@@ -197,9 +223,15 @@ HfQuantConfig parse_compressed_tensors(const Obj& q) {
             c.kind = gc.kind;
             c.block_n = gc.block_n;
             c.block_k = gc.block_k;
-            c.description = gc.kind == HfQuantKind::Fp8Block
+            c.description = gc.kind == HfQuantKind::Nvfp4 ? std::string("compressed-tensors NVFP4")
+                            : gc.kind == HfQuantKind::Fp8Block
                                 ? fmt::format("compressed-tensors FP8 (block [{}, {}])", gc.block_n, gc.block_k)
                                 : fmt::format("compressed-tensors FP8 ({})", strategy);
+            if (gc.kind == HfQuantKind::Nvfp4) {
+                c.packed_suffix = "weight_packed";
+                c.global_suffix = "weight_global_scale";
+                c.global_divides = true;
+            }
         } else if (scheme != first) {
             fail("{}: {} uses weight strategy '{}' unlike the first group; quern reads one FP8 scheme per "
                  "checkpoint; {}",
@@ -406,12 +438,15 @@ HfQuantWeight load_nvfp4(const SafetensorsModel& st, const HfQuantConfig& q, con
         wrong_shape(sc, shape_str({N, K / NVFP4_GROUP}),
                     fmt::format("one E4M3 scale per 16 elements of the [{}, {}] weight '{}', {}", N, K, weight,
                                 q.description));
-    const SafetensorsModel::Entry& gs = need(st, module + ".weight_scale_2", weight, w, q);
+    const SafetensorsModel::Entry& gs = need(st, module + "." + q.global_suffix, weight, w, q);
     need_dtype(gs, {DType::F32, DType::BF16, DType::F16}, "an NVFP4 global scale");
     if (gs.info->numel != 1) wrong_shape(gs, "[] or [1]", "one global scale for the tensor, " + q.description);
-    const float global = scalar_at(gs, 0);
-    if (!std::isfinite(global))
-        fail("tensor '{}' in {} is not finite ({}); the checkpoint is damaged", gs.info->name, gs.file->path(), global);
+    const float stored = scalar_at(gs, 0);
+    if (!std::isfinite(stored) || (q.global_divides && stored == 0.0f))
+        fail("tensor '{}' in {} is {} ({}); the checkpoint is damaged", gs.info->name, gs.file->path(),
+             q.global_divides ? "not finite or zero" : "not finite", stored);
+    // quern's NVFP4 blocks multiply by their global scale: a divisor becomes its reciprocal.
+    const float global = q.global_divides ? 1.0f / stored : stored;
     const uint8_t* codes = w.file->data(*w.info);
     const uint8_t* scales = sc.file->data(*sc.info);
     const int64_t G = K / NVFP4_GROUP;
@@ -420,7 +455,7 @@ HfQuantWeight load_nvfp4(const SafetensorsModel& st, const HfQuantConfig& q, con
             if ((scales[r * G + j] & 0x7F) == 0x7F) nan_code(sc.info->name, sc.file->path(), r, j);
 
     HfQuantWeight out;
-    out.consumed = {weight, sc.info->name, gs.info->name};
+    out.consumed = {w.info->name, sc.info->name, gs.info->name};
     const bool blocks = K % QK_NVFP4 == 0;
     const DType type = blocks ? DType::NVFP4 : DType::F32;
     const size_t rb = row_size(type, K);
@@ -493,7 +528,7 @@ HfQuantConfig read_hf_quant_config(const std::string& config_text, const std::st
 
 bool hf_quant_unused_tensor(const std::string& name) {
     return ends_with(name, ".input_scale") || ends_with(name, ".activation_scale") || ends_with(name, ".k_scale") ||
-           ends_with(name, ".v_scale");
+           ends_with(name, ".v_scale") || ends_with(name, ".input_global_scale");
 }
 
 bool hf_is_quantized_weight(const HfQuantConfig& q, const SafetensorsModel::Entry& e, const std::string& config_path) {
@@ -511,9 +546,15 @@ bool hf_is_quantized_weight(const HfQuantConfig& q, const SafetensorsModel::Entr
     return true;
 }
 
+std::string hf_quant_stored_name(const HfQuantConfig& q, const SafetensorsModel& st, const std::string& hf_name) {
+    if (q.packed_suffix.empty() || !ends_with(hf_name, ".weight") || st.find(hf_name)) return hf_name;
+    const std::string packed = hf_name.substr(0, hf_name.size() - std::string("weight").size()) + q.packed_suffix;
+    return st.find(packed) ? packed : hf_name;
+}
+
 HfQuantWeight hf_load_quantized_weight(const SafetensorsModel& st, const HfQuantConfig& q,
                                        const std::string& hf_name, int64_t N, int64_t K, const std::string& name) {
-    const SafetensorsModel::Entry* w = st.find(hf_name);
+    const SafetensorsModel::Entry* w = st.find(hf_quant_stored_name(q, st, hf_name));
     if (!w) fail("internal: hf_load_quantized_weight: no tensor '{}'", hf_name);
     if (!ends_with(hf_name, ".weight"))
         fail("tensor '{}' in {} is stored quantized, which quern supports for the .weight of linear layers only",

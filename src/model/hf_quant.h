@@ -60,6 +60,14 @@ struct HfQuantConfig {
     std::string description;   ///< e.g. "fine-grained FP8 (weight_block_size [128, 128])"
     std::string scale_suffix;  ///< the scale beside "NAME.weight": "weight_scale_inv" or "weight_scale"
     int64_t block_n = 0, block_k = 0;  ///< Fp8Block: rows and columns per scale
+    /// Nvfp4: where the codes are: "" = NAME.weight (ModelOpt), or the suffix
+    /// replacing "weight" ("weight_packed": compressed-tensors).
+    std::string packed_suffix;
+    /// Nvfp4: the per-tensor global scale beside the weight, and whether it
+    /// multiplies (ModelOpt weight_scale_2: w = code · scale · g) or divides
+    /// (compressed-tensors weight_global_scale: w = code · scale / g).
+    std::string global_suffix = "weight_scale_2";
+    bool global_divides = false;
 };
 
 /// Reads the scheme of the folder `dir`: config.json's quantization_config
@@ -72,7 +80,8 @@ HfQuantConfig read_hf_quant_config(const std::string& config_text, const std::st
                                    const std::string& dir);
 
 /// True for a tensor a weight-only path leaves unused (activation and KV-cache
-/// scales: names ending in .input_scale, .activation_scale, .k_scale, .v_scale).
+/// scales: names ending in .input_scale, .activation_scale, .k_scale, .v_scale,
+/// .input_global_scale).
 bool hf_quant_unused_tensor(const std::string& name);
 
 /// One quantized weight as a quern tensor.
@@ -87,6 +96,11 @@ struct HfQuantWeight {
 /// naming the tensor and file for an F8_E4M3 / U8 tensor that the scheme does
 /// not explain (no quantization config, or the other format).
 bool hf_is_quantized_weight(const HfQuantConfig& q, const SafetensorsModel::Entry& entry, const std::string& config_path);
+
+/// The name under which the checkpoint stores the weight `hf_name`
+/// ("....weight"): hf_name itself, or for compressed-tensors NVFP4
+/// "....weight_packed" when only that exists.
+std::string hf_quant_stored_name(const HfQuantConfig& q, const SafetensorsModel& st, const std::string& hf_name);
 
 /// Builds the weight `hf_name` ("....weight", logical shape [N, K] outermost
 /// first, as the architecture expects it) of a quantized checkpoint, with its

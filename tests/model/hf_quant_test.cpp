@@ -147,6 +147,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfQuant,
                                            QuantCase{"llama", "fp8_channel", DType::F8_E4M3_B32},
                                            QuantCase{"llama", "fp8_tensor", DType::F8_E4M3_B32},
                                            QuantCase{"llama", "nvfp4", DType::NVFP4},
+                                           QuantCase{"llama", "nvfp4_ct", DType::NVFP4},
                                            QuantCase{"qwen3", "fp8_block", DType::F8_E4M3_B32},
                                            QuantCase{"qwen3", "nvfp4", DType::NVFP4}),
                          [](const auto& info) { return info.param.arch + "_" + info.param.variant; });
@@ -239,11 +240,22 @@ TEST_F(HfQuantCopy, EquivalentConfigurationsLoadAlike) {
         EXPECT_EQ(last_logits(d), want) << "W4A16_NVFP4";
         fs::remove(d / "hf_quant_config.json");  // config.json alone suffices
         EXPECT_EQ(last_logits(d), want) << "without hf_quant_config.json";
+        // compressed-tensors NVFP4 (weight_packed, a dividing weight_global_scale;
+        // tools/nvfp4_modelopt_to_ct.py): the same weights, bit for bit
+        EXPECT_EQ(last_logits(copy("llama", "nvfp4_ct")), want) << "compressed-tensors NVFP4";
+    }
+    {
+        // ue8m0 block scales (DeepSeek-V3.1 style) are stored as F32 like float ones
+        const fs::path d = copy("llama", "fp8_block", "_ue8m0");
+        const std::vector<float> want = last_logits(d);
+        edit_config(d, [](nlohmann::json& c) { c["quantization_config"]["scale_fmt"] = "ue8m0"; });
+        EXPECT_EQ(last_logits(d), want) << "scale_fmt ue8m0";
     }
 }
 
 TEST_F(HfQuantCopy, TheFixturesLoad) {
-    for (const char* v : {"fp8_block", "fp8_channel", "fp8_tensor", "nvfp4"}) EXPECT_EQ(load_error(copy("llama", v)), "");
+    for (const char* v : {"fp8_block", "fp8_channel", "fp8_tensor", "nvfp4", "nvfp4_ct"})
+        EXPECT_EQ(load_error(copy("llama", v)), "");
 }
 
 TEST_F(HfQuantCopy, MissingScaleTensorIsNamedWithTheFile) {
@@ -268,6 +280,17 @@ TEST_F(HfQuantCopy, MissingScaleTensorIsNamedWithTheFile) {
     const std::string e2 = load_error(n);
     EXPECT_NE(e2.find("'" + g + "' is missing"), std::string::npos) << e2;
     EXPECT_NE(e2.find((n / "model.safetensors").string()), std::string::npos) << e2;
+
+    // compressed-tensors NVFP4: the dividing global scale, and a zero one
+    const fs::path c = copy("llama", "nvfp4_ct");
+    StFile u = read_st(c / "model.safetensors");
+    const std::string cg = "model.layers.1.mlp.gate_proj.weight_global_scale";
+    u.header["model.layers.1.mlp.gate_proj.weight_global_scalx"] = u.header[cg];
+    u.header.erase(cg);
+    write_st(c / "model.safetensors", u);
+    const std::string e3 = load_error(c);
+    EXPECT_NE(e3.find("'" + cg + "' is missing"), std::string::npos) << e3;
+    EXPECT_NE(e3.find("'model.layers.1.mlp.gate_proj.weight'"), std::string::npos) << e3;
 }
 
 TEST_F(HfQuantCopy, WrongScaleShapeIsNamedWithTheFile) {
@@ -339,6 +362,19 @@ TEST_F(HfQuantCopy, SchemesQuernCannotRunNameTheKey) {
     e = load_error(f);
     EXPECT_NE(e.find("quantization_config.activation_scheme 'per-tensor-int8'"), std::string::npos) << e;
     EXPECT_NE(e.find((f / "config.json").string()), std::string::npos) << e;
+    const fs::path g = copy("llama", "fp8_block", "_e5m2");
+    edit_config(g, [](nlohmann::json& c) { c["quantization_config"]["scale_fmt"] = "e5m2"; });
+    e = load_error(g);
+    EXPECT_NE(e.find("quantization_config.scale_fmt 'e5m2'"), std::string::npos) << e;
+    // compressed-tensors: NVFP4 weights under the FP8 format name, and a group strategy for NVFP4
+    const fs::path n = copy("llama", "nvfp4_ct");
+    edit_config(n, [](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["format"] = "float-quantized"; });
+    e = load_error(n);
+    EXPECT_NE(e.find("weights.num_bits 4 with format 'float-quantized'"), std::string::npos) << e;
+    const fs::path n2 = copy("llama", "nvfp4_ct", "_group");
+    edit_config(n2, [](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "group"; });
+    e = load_error(n2);
+    EXPECT_NE(e.find("weights.strategy 'group'"), std::string::npos) << e;
 }
 
 // ---------------------------------------------------------------- quern run -m FOLDER

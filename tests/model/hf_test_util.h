@@ -33,8 +33,9 @@ protected:
         fs::create_directories(dir_);
     }
     void TearDown() override { fs::remove_all(dir_); }
-    fs::path copy(const std::string& arch, const std::string& dtype) {
-        const fs::path d = dir_ / (arch + "_" + dtype);
+    /// `tag` tells apart several copies of one checkpoint in a test.
+    fs::path copy(const std::string& arch, const std::string& dtype, const std::string& tag = "") {
+        const fs::path d = dir_ / (arch + "_" + dtype + tag);
         fs::copy(kDir + arch + "/" + dtype, d, fs::copy_options::recursive);
         return d;
     }

@@ -22,24 +22,16 @@
 #include "backend/gpu_support.h"
 #include "model/hf_model.h"
 #include "runtime/verify.h"
+#include "../model/hf_test_util.h"
 
 using namespace quern;
+using quern::hf_test::argmax;
+using quern::hf_test::read_logits;
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kGpuDir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf_gpu/";
-
-std::vector<float> read_logits(const std::string& path) {
-    std::ifstream f(path, std::ios::binary | std::ios::ate);
-    EXPECT_TRUE(f) << path;
-    std::vector<float> v(static_cast<size_t>(f.tellg()) / 4);
-    f.seekg(0);
-    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-    return v;
-}
-
-int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
 
 struct Case {
     std::string arch, checkpoint;
@@ -97,6 +89,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"phi3", "fp32", 0.9999}, Case{"phi3", "bf16", 0.999},
                       Case{"llama", "fp8_block", 0.9999}, Case{"llama", "fp8_channel", 0.9999},
                       Case{"llama", "fp8_tensor", 0.9999}, Case{"llama", "nvfp4", 0.9999},
-                      Case{"qwen3", "fp8_block", 0.9999}, Case{"qwen3", "nvfp4", 0.9999}));
+                      Case{"qwen3", "fp8_block", 0.9999}, Case{"qwen3", "nvfp4", 0.9999}),
+    [](const auto& info) { return info.param.arch + "_" + info.param.checkpoint; });
 
 }  // namespace

@@ -45,17 +45,6 @@ Fixture load_fixture(const std::string& arch) {
     return f;
 }
 
-std::vector<float> read_logits(const std::string& path) {
-    std::ifstream f(path, std::ios::binary | std::ios::ate);
-    EXPECT_TRUE(f) << path;
-    std::vector<float> v(static_cast<size_t>(f.tellg()) / 4);
-    f.seekg(0);
-    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-    return v;
-}
-
-int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
-
 struct Case {
     std::string arch, dtype;
     double min_cos;

@@ -22,6 +22,18 @@ namespace fs = std::filesystem;
 
 inline const std::string kDir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf/";
 
+/// A fixture's reference logits: float32 little-endian, [position][vocab].
+inline std::vector<float> read_logits(const std::string& path) {
+    std::ifstream f(path, std::ios::binary | std::ios::ate);
+    EXPECT_TRUE(f) << path;
+    std::vector<float> v(static_cast<size_t>(f.tellg()) / 4);
+    f.seekg(0);
+    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    return v;
+}
+
+inline int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
+
 /// A copy of a fixture checkpoint in a fresh temporary folder.
 class HfCheckpointCopy : public ::testing::Test {
 protected:

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -519,26 +520,32 @@ ArchModel small_arch_model(const std::string& arch, const std::string& scheme, i
     return am;
 }
 
-TEST(CudaSession, OtherArchitecturesAndHeadSizesVerify) {
-    REQUIRE_GPU();
-    ThreadPool pool(0);
-    const std::vector<int32_t> ids = {1, 15, 300, 4000, 77, 1234, 9, 600, 128, 5};
-    struct Case {
-        const char* arch;
-        int64_t head_dim, n_head, n_head_kv;
-    };
-    for (const Case& k : {Case{"qwen2", 128, 4, 2}, Case{"qwen3", 128, 4, 1}, Case{"qwen3", 64, 8, 8},
-                          Case{"phi3", 64, 8, 4}, Case{"llama", 32, 16, 4}, Case{"llama", 256, 2, 1},
-                          Case{"qwen3", 256, 2, 1}}) {
-        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16"}) {
+/// An architecture and head shape for small_arch_model.
+struct ArchCase {
+    const char* arch;
+    int64_t head_dim, n_head, n_head_kv;
+};
+
+/// small_arch_model of every case in every scheme, CPU against GPU on `ids`.
+void verify_small_archs(std::initializer_list<ArchCase> cases, std::initializer_list<const char*> schemes,
+                        const std::vector<int32_t>& ids, ThreadPool& pool) {
+    for (const ArchCase& k : cases)
+        for (const char* scheme : schemes) {
             // Q4_K_M mixes types within q|k|v, which a fused projection cannot hold.
             if (std::string(k.arch) == "phi3" && std::string(scheme) == "Q4_K_M") continue;
             ArchModel am = small_arch_model(k.arch, scheme, k.head_dim, k.n_head, k.n_head_kv);
             auto cpu = make_cpu_session(*am.model, 64, pool);
             auto gpu = gpu_session(*am.model, 64);
-            expect_verify(*cpu, *gpu, ids, fmt::format("{:<6} head_dim {:3} {:<7}", k.arch, k.head_dim, scheme));
+            expect_verify(*cpu, *gpu, ids, fmt::format("{:<6} head_dim {:3} {:<11}", k.arch, k.head_dim, scheme));
         }
-    }
+}
+
+TEST(CudaSession, OtherArchitecturesAndHeadSizesVerify) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    verify_small_archs({{"qwen2", 128, 4, 2}, {"qwen3", 128, 4, 1}, {"qwen3", 64, 8, 8}, {"phi3", 64, 8, 4},
+                        {"llama", 32, 16, 4}, {"llama", 256, 2, 1}, {"qwen3", 256, 2, 1}},
+                       {"Q8_0", "Q4_K_M", "F16"}, {1, 15, 300, 4000, 77, 1234, 9, 600, 128, 5}, pool);
 }
 
 // FP8 / NVFP4 checkpoints as they are published: quantized projections, the
@@ -592,17 +599,8 @@ TEST(CudaSession, Fp8AndNvfp4CheckpointsVerify) {
         expect_verify(*cpu, *gpu, ids, fmt::format("llama3-1b-tiny {:<9} ({} F8_E4M3_B32, {} NVFP4 matrices)", variant,
                                                    n_f8, n_f4));
     }
-    struct Case {
-        const char* arch;
-        int64_t head_dim, n_head, n_head_kv;
-    };
-    for (const Case& k : {Case{"qwen3", 128, 4, 1}, Case{"phi3", 64, 8, 4}, Case{"llama", 32, 16, 4}})
-        for (const char* scheme : {"F8_E4M3_B32", "NVFP4"}) {
-            ArchModel am = small_arch_model(k.arch, scheme, k.head_dim, k.n_head, k.n_head_kv);
-            auto cpu = make_cpu_session(*am.model, 64, pool);
-            auto gpu = gpu_session(*am.model, 64);
-            expect_verify(*cpu, *gpu, ids, fmt::format("{:<6} head_dim {:3} {:<11}", k.arch, k.head_dim, scheme));
-        }
+    verify_small_archs({{"qwen3", 128, 4, 1}, {"phi3", 64, 8, 4}, {"llama", 32, 16, 4}}, {"F8_E4M3_B32", "NVFP4"},
+                       ids, pool);
 }
 
 // Gemma 2 and Gemma 3 on the GPU: test-sized copies of the synth presets

@@ -218,6 +218,67 @@ void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const Quantized
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+/// The launch of gemv_indexed over `l` (W's launch with its activation set):
+/// N becomes the rows of one matrix, the index describes the slots.
+void run_indexed(CudaContext& ctx, GemvLaunch l, int64_t rows, const int32_t* ids, int slots, int64_t act_stride,
+                 int64_t act_half_k, const GemvOptions& opt) {
+    if (rows <= 0 || l.N % rows != 0) fail("gemv_indexed: {} rows per matrix do not divide the bank's {}", rows, l.N);
+    if (slots < 1 || slots > 65535) fail("gemv_indexed: {} slots (1..65535)", slots);
+    if (!ids) fail("gemv_indexed: null ids");
+    if (l.N / rows > (int64_t{1} << 30)) fail("gemv_indexed: {} matrices", l.N / rows);
+    GemvIndex ix;
+    ix.ids = ids;
+    ix.n_ids = static_cast<int>(l.N / rows);
+    ix.slots = slots;
+    ix.act_stride = act_stride;
+    ix.act_half_k = act_half_k;
+    l.N = rows;
+    l.index = &ix;
+    int config = opt.config;
+    if (config < 0) config = config_override(l.type);
+    if (config < 0) config = gemv_default_config(l.type, l.N, l.K, l.act == ActKind::F32, l.xq2 ? 2 : 1);
+    if (config >= kNumGemvConfigs) fail("gemv_indexed: unknown configuration {} (0..{})", config, kNumGemvConfigs - 1);
+    if (!launch_gemv(l, config, ctx.stream()))
+        fail("gemv_indexed: no CUDA kernel for {} weights with {} activations", dtype_name(l.type),
+             l.act == ActKind::F32 ? "float" : "quantized");
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const QuantizedActivation& xq, bool per_slot,
+                  const int32_t* ids, int slots, float* y, const GemvOptions& opt) {
+    if (!dtype_is_quantized(W.type))
+        fail("gemv_indexed: {} weights take float activations (use the float-x gemv_indexed)", dtype_name(W.type));
+    const int64_t want = per_slot ? static_cast<int64_t>(slots) * W.K : W.K;
+    if (xq.K() != want)
+        fail("gemv_indexed: activation has {} elements, expected {} ({} slots of {}{})", xq.K(), want, slots, W.K,
+             per_slot ? ", one row per slot" : ", shared");
+    // q8_launch checks xq.K() against W.K; build the launch by hand.
+    GemvLaunch l = base_launch(W, y);
+    l.act = ActKind::Q8;
+    l.xq = xq.q();
+    l.xinfo = xq.info();
+    if (xq.levels() == 2) {
+        l.xq2 = xq.q(1);
+        l.xinfo2 = xq.info(1);
+    }
+    run_indexed(ctx, l, rows, ids, slots, per_slot ? W.K : 0, xq.K() / 2, opt);
+}
+
+void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const float* x, bool per_slot,
+                  const int32_t* ids, int slots, float* y, const GemvOptions& opt) {
+    if (x == nullptr) fail("gemv_indexed: null activation");
+    if (dtype_is_quantized(W.type))
+        fail("gemv_indexed: {} weights take a QuantizedActivation, not float x", dtype_name(W.type));
+    GemvLaunch l = base_launch(W, y);
+    l.act = ActKind::F32;
+    l.x = x;
+    run_indexed(ctx, l, rows, ids, slots, per_slot ? W.K : 0, 0, opt);
+}
+
 void gemv(CudaContext& ctx, const DeviceWeight& W, const float* x, float* y, const GemvOptions& opt) {
     if (x == nullptr) fail("gemv: null activation");
     if (gemv_takes_quantized_activation(W.type))

@@ -141,6 +141,31 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& a, float* x,
                         const float* norm_w, QuantizedActivation& xq_next, float* ss_parts);
 
+/// The selected matrices of a bank, for mixture-of-experts decode (the
+/// "indexed" GEMV). W holds n = W.N / rows matrices of `rows` rows × W.K,
+/// matrix e at rows e·rows .. (e+1)·rows − 1 — exactly a GGUF 3-D expert
+/// tensor (llama.cpp's ffn_{gate,up,down}_exps, ne = [K, rows, n]) uploaded
+/// as one DeviceWeight. For the slots s = 0 .. slots−1:
+///   y[s·rows + r] = W[ids[s]·rows + r] · x_s            (r < rows)
+/// ids: `slots` int32 in device memory, read by the kernel (so a captured
+/// graph routes every replay anew; out-of-range ids are clamped to
+/// [0, n)); y: slots × rows floats, every one written.
+/// x_s: with per_slot false, every slot reads x (xq.K() == W.K, or K floats);
+/// with per_slot true, slot s reads its own K elements: floats x + s·K, or
+/// elements s·K .. s·K + K − 1 of ONE quantized row of slots·K elements
+/// (xq.K() == slots·W.K; the layout swiglu_q8_1 writes for count = slots·K:
+/// block s·K/32 + b of planes [2][slots·K/32][16] and of the records).
+/// Configuration as gemv (GemvOptions; default for N = rows). No deferred
+/// RMSNorm scale. Throws quern::Error for rows <= 0 or not dividing W.N,
+/// slots outside [1, 65535], a null ids or y, the wrong activation kind for
+/// W's type, or mismatched sizes. Asynchronous on ctx's stream.
+void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const QuantizedActivation& xq, bool per_slot,
+                  const int32_t* ids, int slots, float* y, const GemvOptions& opt = {});
+/// gemv_indexed for banks that take float activations (F32, F16, BF16, F8_E4M3_B32) (x: K
+/// floats, or slots × K with per_slot).
+void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const float* x, bool per_slot,
+                  const int32_t* ids, int slots, float* y, const GemvOptions& opt = {});
+
 /// y[N] = W[N][K] · x[K] for F32, F16, BF16 or F8_E4M3_B32 weights, x as K
 /// floats (device pointer). Throws quern::Error for a W that takes a
 /// quantized activation (use the QuantizedActivation overload) or an unknown

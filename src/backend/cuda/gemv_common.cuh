@@ -260,6 +260,85 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
     }
 }
 
+// ---------------------------------------------------------------- indexed (expert) mode
+// gemv_indexed_kernel<Op, R, NT, UNR, L> — gemv_indexed (gemv.h), GemvIndex (kernels.h)
+//   Shapes:  W is a bank of ix.n_ids matrices of N rows × K (row e·N + r is
+//            row r of matrix e; one DeviceWeight, e.g. a GGUF 3-D expert
+//            tensor, ne = [K, N, n_ids]); y is ix.slots × N floats (slot s
+//            at y + s·N). The activation is the launch's (ix.act_stride 0)
+//            or, per slot, the elements s·act_stride .. s·act_stride + K − 1
+//            of one longer row: floats, or Q8 blocks of a QuantizedActivation
+//            row whose two planes are ix.act_half_k bytes apart.
+//   Grid:    (ceil(N / R), ix.slots) blocks of NT threads; blockIdx.y = slot.
+//            The block reads ids[slot] (clamped to [0, n_ids)) after its PDL
+//            wait (the routing kernel writes it in the same step), so unlike
+//            gemv_kernel no weight is requested before the wait. Row group,
+//            unit striding, RowDot main loop and reduction as gemv_kernel
+//            with P = 0; rows past N re-read row N−1 and write nothing.
+//   Align:   as gemv_kernel; act_stride a multiple of 32 (quantized) or of the
+//            Op's unit (floats).
+//   Bound:   memory bandwidth: slots × N × K weights are read (only the
+//            selected matrices), activations from L1.
+// A separate kernel (not a flag of gemv_kernel) so that the dense hot loop is
+// untouched; every Op works unchanged because only its rows and activation
+// pointers move.
+template <class Args>
+__device__ __forceinline__ void offset_slot_activation(Args& g, const GemvIndex& ix, int slot) {
+    if constexpr (requires(Args v) { v.a; }) {
+        g.a.q += static_cast<int64_t>(slot) * (ix.act_stride / 2);  // 16 bytes per 32-element block
+        g.a.info += static_cast<int64_t>(slot) * (ix.act_stride / 32);
+        g.a.half_k = ix.act_half_k;
+    } else {
+        g.x += static_cast<int64_t>(slot) * ix.act_stride;
+    }
+}
+
+template <class Op, int R, int NT, int UNR, int L>
+__global__ void __launch_bounds__(NT) gemv_indexed_kernel(typename Op::Args args, const ActQ8Ptrs a2,
+                                                          float* __restrict__ y, int N, int U, const GemvIndex ix) {
+    static_assert(NT % 32 == 0 && R >= 1 && UNR >= 1 && (L == 1 || L == 2));
+    const int slot = static_cast<int>(blockIdx.y);
+    typename Op::Args args2 = args;
+    if constexpr (L == 2) args2.a = a2;
+    if (ix.act_stride != 0) {
+        offset_slot_activation(args, ix, slot);
+        if constexpr (L == 2) offset_slot_activation(args2, ix, slot);
+    }
+    constexpr int NW = NT / 32;
+    const int t = static_cast<int>(threadIdx.x);
+    const int row0 = static_cast<int>(blockIdx.x) * R;
+    pdl_wait();
+    const int id = min(max(ix.ids[slot], 0), ix.n_ids - 1);
+    pdl_trigger();
+    int rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = id * N + min(row0 + r, N - 1);
+    RowDot<Op, R, NT, UNR, L> rd;
+    rd.load_first(args, rows, t, U);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    rd.run(args, args2, rows, t, U, acc);
+    float* ys = y + static_cast<int64_t>(slot) * N;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
+    __shared__ float part[NW][R];
+    const int warp = t >> 5, lane = t & 31;
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (t < R) {
+        float v = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < NW; ++wi) v += part[wi][t];
+        if (row0 + t < N) ys[row0 + t] = v;
+    }
+}
+
 // ---------------------------------------------------------------- residual + RMSNorm epilogue
 // gemv_norm_kernel<Op, RW, UNR, L> — gemv_residual_norm (gemv.h)
 //   Grid:    one block of 32/RW warps per 32 consecutive rows (N % 32 == 0);
@@ -337,7 +416,10 @@ unsigned gemv_grid(int nt, int groups, bool persistent) {
 /// QUERN_GEMV_CONFIGS in kernels.h); two-level when a2.q is not null (Ops
 /// with a quantized activation `a` only). Returns false for an unknown index.
 /// With `l` (quantized Ops only): its deferred RMSNorm scale, and with l->epi
-/// gemv_norm_kernel instead (config ignored).
+/// gemv_norm_kernel instead (config ignored). With l->index (any Op):
+/// gemv_indexed_kernel with the configuration's R, NT and UNR (a persistent
+/// configuration shares its non-persistent twin's instantiation); N is then
+/// the rows of one matrix of the bank.
 template <class Op>
 bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64_t K, int config,
                        cudaStream_t stream, const ActQ8Ptrs a2 = ActQ8Ptrs{nullptr, nullptr, 0},
@@ -346,6 +428,27 @@ bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64
     const int n = static_cast<int>(N);
     constexpr bool kQ8 = requires(typename Op::Args g) { g.a; };
     const ActScale sc = l ? l->scale : ActScale{};
+    if (l && l->index) {  // indexed mode: the configuration's shape, never persistent
+        const GemvIndex ix = *l->index;
+        switch (config) {
+#define QUERN_GEMV_INDEXED_CASE(idx, R, NT, UNR, P)                                                       \
+    case idx: {                                                                                           \
+        const dim3 grid(static_cast<unsigned>((N + R - 1) / R), static_cast<unsigned>(ix.slots));         \
+        if constexpr (kQ8) {                                                                              \
+            if (a2.q) {                                                                                   \
+                launch_pdl(gemv_indexed_kernel<Op, R, NT, UNR, 2>, grid, dim3(NT), 0, stream, args, a2, y, \
+                           n, U, ix);                                                                     \
+                return true;                                                                              \
+            }                                                                                             \
+        }                                                                                                 \
+        launch_pdl(gemv_indexed_kernel<Op, R, NT, UNR, 1>, grid, dim3(NT), 0, stream, args, a2, y, n, U, ix); \
+        return true;                                                                                      \
+    }
+            QUERN_GEMV_CONFIGS(QUERN_GEMV_INDEXED_CASE)
+#undef QUERN_GEMV_INDEXED_CASE
+            default: return false;
+        }
+    }
     if constexpr (kQ8) {
         if (l && l->epi) {
             constexpr int RW = 2, UNR = 2;

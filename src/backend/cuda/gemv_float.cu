@@ -82,12 +82,16 @@ struct OpHalf {
 bool launch_gemv_float(const GemvLaunch& l, int config, cudaStream_t stream) {
     if (l.act != ActKind::F32) return false;
     const auto* w = static_cast<const uint8_t*>(l.w.q);
+    const ActQ8Ptrs none{nullptr, nullptr, 0};  // float Ops have one activation level
     switch (l.type) {
-        case DType::F32: return launch_configured<OpF32>(FloatArgs{w, 4 * l.K, l.x}, l.y, l.N, l.K, config, stream);
+        case DType::F32:
+            return launch_configured<OpF32>(FloatArgs{w, 4 * l.K, l.x}, l.y, l.N, l.K, config, stream, none, &l);
         case DType::F16:
-            return launch_configured<OpHalf<false>>(FloatArgs{w, 2 * l.K, l.x}, l.y, l.N, l.K, config, stream);
+            return launch_configured<OpHalf<false>>(FloatArgs{w, 2 * l.K, l.x}, l.y, l.N, l.K, config, stream, none,
+                                                    &l);
         case DType::BF16:
-            return launch_configured<OpHalf<true>>(FloatArgs{w, 2 * l.K, l.x}, l.y, l.N, l.K, config, stream);
+            return launch_configured<OpHalf<true>>(FloatArgs{w, 2 * l.K, l.x}, l.y, l.N, l.K, config, stream, none,
+                                                   &l);
         default: return false;
     }
 }

@@ -77,6 +77,24 @@ struct NormEpilogue {
     float* ss_parts;       ///< N/32 floats
 };
 
+/// The indexed ("expert") mode of a GEMV (gemv.h's gemv_indexed): W is a
+/// bank of n_ids matrices of `rows` rows each (matrix e = rows e·rows ..
+/// (e+1)·rows − 1), and slot s = 0 .. slots−1 computes
+///   y[s·rows + r] = W[ids[s]·rows + r] · x_s      for r < rows
+/// with ids read from device memory (clamped to [0, n_ids)) after the
+/// kernel's PDL wait. act_stride = 0: every slot reads the launch's
+/// activation; else slot s reads the elements s·act_stride .. of a longer
+/// activation row: floats at x + s·act_stride, or, quantized, blocks
+/// s·act_stride/32 .. of one QuantizedActivation row whose planes are
+/// act_half_k bytes apart (the row's K/2).
+struct GemvIndex {
+    const int32_t* ids = nullptr;
+    int n_ids = 0;
+    int slots = 0;
+    int64_t act_stride = 0;
+    int64_t act_half_k = 0;
+};
+
 /// Arguments of one GEMV: y[N] = W[N][K] · x[K].
 struct GemvLaunch {
     DType type;
@@ -91,6 +109,8 @@ struct GemvLaunch {
     float* y;           ///< N floats (unused with epi)
     ActScale scale{};   ///< ActKind::Q8: the activation's deferred RMSNorm scale
     const NormEpilogue* epi = nullptr;  ///< ActKind::Q8: gemv_residual_norm (N % 32 == 0)
+    /// Indexed mode (N = rows per matrix, y = slots × N floats; no scale, no epi).
+    const GemvIndex* index = nullptr;
 };
 
 /// Launches the GEMV kernel for l.type / l.act with configuration kGemvConfigs[config]

@@ -2,8 +2,8 @@
 // with the Q8_1 activation quantizer, RoPE fused with the KV-cache write,
 // split-K ("flash-decoding") GQA attention over a device KV cache (also with
 // the RoPE and the KV-cache write fused in), SwiGLU
-// fused with the quantizer, residual add, embedding row lookup and greedy
-// argmax.
+// fused with the quantizer, residual add, embedding row lookup, greedy
+// argmax, and the routing and output mixture of mixture-of-experts layers.
 //
 // Conventions (shapes innermost first, as everywhere in quern):
 //   - All pointers are device pointers; every call is asynchronous on
@@ -198,6 +198,34 @@ bool device_sampling_supported(int top_k, int repeat_last_n, bool penalties);
 /// Sampler's except where expf's last bit decides a cut or the draw.
 void sample_token(float* logits, int64_t n_vocab, const int32_t* tokens, const int32_t* pos, int n_ctx,
                   const DeviceSampling* params, int32_t* out_id, cudaStream_t stream);
+
+/// Limits of moe_route: experts in the bank, experts chosen per token.
+inline constexpr int kMaxExperts = 1024;
+inline constexpr int kMaxExpertsUsed = 16;
+
+/// Mixture-of-experts routing of one token, on the device, as moe_route
+/// (src/model/moe.h) computes it (softmax gating of Shazeer et al. 2017,
+/// "Outrageously Large Neural Networks", top-k as in Mixtral, Jiang et al.
+/// 2024; renormalised weights are Mixtral's softmax over the top-k logits and
+/// Qwen3-MoE's norm_topk_prob):
+///   p = softmax(logits) over all n_expert experts (in double, max subtracted);
+///   ids[0..k) = the k experts of largest p in descending order, ties to the
+///   lower index; weights[j] = p[ids[j]] / Σ_j p[ids[j]] when renormalise,
+///   else p[ids[j]] (converted to float).
+/// logits: n_expert floats (the router GEMV's output); ids: k int32;
+/// weights: k floats (all device pointers). One thread block, no host
+/// synchronization (graph-capturable). Throws quern::Error for null pointers,
+/// n_expert outside [1, kMaxExperts] or k outside [1, min(n_expert,
+/// kMaxExpertsUsed)]. NaN logits give in-range ids (which ones is unspecified).
+void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32_t* ids, float* weights,
+               cudaStream_t stream);
+
+/// out[i] = Σ_j weights[j] · y[j·n + i] for i < n, summed in slot order
+/// j = 0 .. k−1 (the CPU's moe_ffn order; fp32 multiply then add): the
+/// mixture of the k experts' outputs (y: k rows of n floats; weights: k
+/// floats; out: n floats; device pointers). Throws for null pointers, k < 1
+/// or n < 1.
+void moe_weighted_sum(const float* y, const float* weights, int k, int64_t n, float* out, cudaStream_t stream);
 
 /// Device-side state of a sequence's decode step: the position being
 /// evaluated, the token id there, the first position whose token is not

@@ -1,0 +1,124 @@
+// Mixture-of-experts decode on the device: the routing of one token and the
+// weighted sum of its experts' outputs (ops.h). Between them the expert
+// GEMVs read the chosen ids from device memory (gemv_indexed, gemv.h), so a
+// captured decode step routes every replay without the host.
+//
+// moe_route_kernel
+//   Shapes:  logits: n_expert floats; ids: k int32; weights: k floats.
+//   Grid:    one block of 256 threads; thread t handles experts t, t + 256, ...
+//   Math:    as moe_route (src/model/moe.cpp) step by step: the max (thread 0,
+//            in order), p_x = exp(double(l_x − max)) (the float difference
+//            widened, as the CPU), Σp in double by thread 0 in expert order,
+//            p_x /= Σ; the rank of x = #{y : p_y > p_x or (p_y == p_x and
+//            y < x)}, so the expert of rank j < k takes slot j (descending p,
+//            ties to the lower index, as the CPU's partial_sort comparator);
+//            the chosen sum in slot order; w_j = float(p / chosen or p).
+//            Only exp's last bit may differ from the CPU (CUDA's double exp is
+//            within 1 ulp), which can move a weight by one float ulp and
+//            never changes the order of distinct logits.
+//   Bound:   latency (a few hundred bytes; n_expert² / 256 comparisons per thread).
+//
+// moe_weighted_sum_kernel
+//   Shapes:  y: k rows of n floats (slot j at y + j·n); weights: k floats;
+//            out: n floats.
+//   Grid:    ceil(n / 256) blocks of 256 threads, one element per thread.
+//   Math:    out[i] = w_0·y_0[i] + w_1·y_1[i] + ... in slot order (the CPU's
+//            order; fp32, separate multiply and add as the CPU loop).
+//   Bound:   latency (k·n·4 bytes, a few tens of KB).
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/ops.h"
+
+namespace quern::cuda {
+namespace {
+
+constexpr int kRouteThreads = 256;
+
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_kernel(const float* __restrict__ logits, int n_expert, int k, bool renormalise,
+                     int32_t* __restrict__ ids, float* __restrict__ weights) {
+    __shared__ float l[kMaxExperts];
+    __shared__ double p[kMaxExperts];
+    __shared__ int slot_of[kMaxExpertsUsed];
+    __shared__ double total;
+    __shared__ float max_logit;
+    const int t = static_cast<int>(threadIdx.x);
+    pdl_wait();
+    pdl_trigger();
+    for (int x = t; x < n_expert; x += kRouteThreads) l[x] = logits[x];
+    if (t < kMaxExpertsUsed) slot_of[t] = t < n_expert ? t : 0;  // stays in range even for NaN logits
+    __syncthreads();
+    if (t == 0) {
+        float mx = l[0];
+        for (int x = 1; x < n_expert; ++x) mx = l[x] > mx ? l[x] : mx;  // std::max_element's first maximum
+        max_logit = mx;
+    }
+    __syncthreads();
+    const float mx = max_logit;
+    for (int x = t; x < n_expert; x += kRouteThreads) p[x] = exp(static_cast<double>(l[x] - mx));
+    __syncthreads();
+    if (t == 0) {
+        double sum = 0;
+        for (int x = 0; x < n_expert; ++x) sum += p[x];
+        total = sum;
+    }
+    __syncthreads();
+    const double sum = total;
+    for (int x = t; x < n_expert; x += kRouteThreads) p[x] /= sum;
+    __syncthreads();
+    for (int x = t; x < n_expert; x += kRouteThreads) {
+        const double px = p[x];
+        int rank = 0;
+        for (int y = 0; y < n_expert && rank < k; ++y) {
+            const double py = p[y];
+            rank += (py > px || (py == px && y < x)) ? 1 : 0;
+        }
+        if (rank < k) slot_of[rank] = x;
+    }
+    __syncthreads();
+    if (t == 0) {
+        double chosen = 0;
+        for (int j = 0; j < k; ++j) chosen += p[slot_of[j]];
+        for (int j = 0; j < k; ++j) {
+            const int x = slot_of[j];
+            ids[j] = x;
+            weights[j] = static_cast<float>(renormalise ? p[x] / chosen : p[x]);
+        }
+    }
+}
+
+__global__ void moe_weighted_sum_kernel(const float* __restrict__ y, const float* __restrict__ w, int k, int64_t n,
+                                        float* __restrict__ out) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    pdl_wait();
+    pdl_trigger();
+    if (i >= n) return;
+    float acc = w[0] * y[i];
+    for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(w[j], y[static_cast<int64_t>(j) * n + i]));
+    out[i] = acc;
+}
+
+}  // namespace
+
+void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32_t* ids, float* weights,
+               cudaStream_t stream) {
+    if (!logits || !ids || !weights) throw_error("moe_route: null pointer");
+    if (n_expert < 1 || n_expert > kMaxExperts)
+        throw_error("moe_route: " + std::to_string(n_expert) + " experts (1.." + std::to_string(kMaxExperts) + ")");
+    if (k < 1 || k > n_expert || k > kMaxExpertsUsed)
+        throw_error("moe_route: " + std::to_string(k) + " experts used of " + std::to_string(n_expert) + " (1.." +
+                    std::to_string(kMaxExpertsUsed) + ")");
+    launch_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, logits, n_expert, k, renormalise, ids,
+               weights);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void moe_weighted_sum(const float* y, const float* weights, int k, int64_t n, float* out, cudaStream_t stream) {
+    if (!y || !weights || !out) throw_error("moe_weighted_sum: null pointer");
+    if (k < 1 || n < 1) throw_error("moe_weighted_sum: empty input");
+    const auto blocks = static_cast<unsigned>((n + 255) / 256);
+    launch_pdl(moe_weighted_sum_kernel, dim3(blocks), dim3(256), 0, stream, y, weights, k, n, out);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace quern::cuda

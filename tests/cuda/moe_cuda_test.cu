@@ -1,0 +1,407 @@
+// Mixture-of-experts decode kernels vs CPU references: the routing kernel
+// (cuda::moe_route) against the CPU's moe_route (src/model/moe.h), the
+// weighted sum of the experts' outputs, and the indexed ("expert") GEMV
+// against dequantize_row_ref rows of the selected experts.
+//
+// Needs a GPU at run time: every test skips cleanly (GTEST_SKIP) where
+// CudaContext::device_count() is 0.
+//
+// Routing: ids must equal the CPU's exactly (ties included: equal logits give
+// equal probabilities on both sides and go to the lower index); weights
+// within 3e-7 relative (CUDA's double exp may differ from the host's in the
+// last bit, which can move a weight by one float ulp).
+// Indexed GEMV: as gemv_cuda_test — one activation level is compared with
+// the device's view of the quantized activation (reference int8 times fp32
+// d), tolerance 2e-5 · Σ|w_k x_k|; two levels with the float activation,
+// plus the bound of the second level's rounding, Σ|w_k| · amax_b / (2·127·254).
+// Every output is poisoned first (NaN bits) with a guard zone after it that
+// must stay intact.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/weights.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "model/moe.h"
+#include "quant/blocks.h"
+#include "quant/reference.h"
+
+using namespace quern;
+using namespace quern::cuda;
+
+namespace {
+
+constexpr uint32_t kPoison = 0xFFFFFFFFu;  // NaN as a float, -1 as an int32
+constexpr int64_t kGuard = 16;             // elements past the output that must keep the poison
+
+class MoeCudaTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (CudaContext::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+        ctx_ = std::make_unique<CudaContext>(0);
+    }
+    std::unique_ptr<CudaContext> ctx_;
+};
+
+template <class T>
+DeviceBuffer to_device(const std::vector<T>& v, CudaContext& ctx) {
+    DeviceBuffer b(v.size() * sizeof(T));
+    b.upload(v.data(), v.size() * sizeof(T), ctx.stream());
+    return b;
+}
+
+template <class T>
+std::vector<T> from_device(const DeviceBuffer& b, size_t n, CudaContext& ctx) {
+    std::vector<T> v(n);
+    b.download(v.data(), n * sizeof(T), ctx.stream());
+    ctx.synchronize();
+    return v;
+}
+
+template <class T>
+void expect_guard(const std::vector<T>& v, size_t from, const char* what) {
+    static_assert(sizeof(T) == 4);
+    for (size_t i = from; i < v.size(); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &v[i], 4);
+        EXPECT_EQ(bits, kPoison) << what << "[" << i << "] past the output was written";
+    }
+}
+
+// ---------------------------------------------------------------- routing
+
+// Router logits of a few shapes: 0 Gaussian; 1 Gaussian with ties copied
+// onto the largest values (a tie across the top-k boundary, a tie for first
+// place); 2 all equal; 3 values on a coarse grid (many ties everywhere);
+// 4 a wide range (exp of the smallest underflows to 0 in double).
+std::vector<float> route_logits(int n, int pattern, std::mt19937& rng) {
+    std::normal_distribution<float> g(0.0f, 2.0f);
+    std::vector<float> l(static_cast<size_t>(n));
+    for (auto& v : l) v = g(rng);
+    switch (pattern) {
+        case 1: {
+            std::vector<int> order(static_cast<size_t>(n));
+            for (int i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+            std::sort(order.begin(), order.end(), [&](int a, int b) { return l[size_t(a)] > l[size_t(b)]; });
+            // Copy the largest onto a random other expert, and the 2nd, 3rd
+            // and 8th largest onto later-ranked ones (ties at k = 2 and 8).
+            std::uniform_int_distribution<int> any(0, n - 1);
+            l[static_cast<size_t>(any(rng))] = l[static_cast<size_t>(order[0])];
+            const auto at = [&](int rank) -> float& {
+                return l[static_cast<size_t>(order[static_cast<size_t>(rank)])];
+            };
+            for (int r : {1, 2, 7})
+                if (r + 3 < n) at(r + 3) = at(r);
+            break;
+        }
+        case 2:
+            for (auto& v : l) v = 0.75f;
+            break;
+        case 3:
+            for (auto& v : l) v = std::round(v) * 0.5f;
+            break;
+        case 4:
+            for (size_t i = 0; i < l.size(); ++i) l[i] = i % 3 == 0 ? -900.0f + l[i] : l[i] * 20.0f;
+            break;
+        default: break;
+    }
+    return l;
+}
+
+void check_route(CudaContext& ctx, const std::vector<float>& logits, int k, bool renormalise,
+                 const std::string& label) {
+    const int n = static_cast<int>(logits.size());
+    std::vector<int32_t> want_ids(static_cast<size_t>(k));
+    std::vector<float> want_w(static_cast<size_t>(k));
+    quern::moe_route(logits.data(), 1, n, k, renormalise, want_ids.data(), want_w.data());
+
+    DeviceBuffer ld = to_device(logits, ctx);
+    DeviceBuffer idd(static_cast<size_t>(k + kGuard) * 4), wd(static_cast<size_t>(k + kGuard) * 4);
+    idd.fill_bytes(0xFF, ctx.stream());
+    wd.fill_bytes(0xFF, ctx.stream());
+    cuda::moe_route(ld.as<float>(), n, k, renormalise, idd.as<int32_t>(), wd.as<float>(), ctx.stream());
+    const auto ids = from_device<int32_t>(idd, static_cast<size_t>(k + kGuard), ctx);
+    const auto w = from_device<float>(wd, static_cast<size_t>(k + kGuard), ctx);
+    for (int j = 0; j < k; ++j) {
+        EXPECT_EQ(ids[size_t(j)], want_ids[size_t(j)]) << label << " slot " << j;
+        const float ref = want_w[size_t(j)];
+        EXPECT_NEAR(w[size_t(j)], ref, 3e-7 * std::fabs(ref)) << label << " slot " << j;
+    }
+    expect_guard(ids, static_cast<size_t>(k), "ids");
+    expect_guard(w, static_cast<size_t>(k), "weights");
+}
+
+TEST_F(MoeCudaTest, RouteMatchesCpuIncludingTies) {
+    std::mt19937 rng(7);
+    for (int n : {8, 60, 128, 256, 1024})
+        for (int k : {1, 2, 8, 16}) {
+            if (k > n) continue;
+            for (bool renorm : {true, false})
+                for (int pattern = 0; pattern < 5; ++pattern)
+                    for (int rep = 0; rep < 3; ++rep) {
+                        const auto l = route_logits(n, pattern, rng);
+                        check_route(*ctx_, l, k, renorm,
+                                    "n_expert " + std::to_string(n) + " k " + std::to_string(k) +
+                                        (renorm ? " renormalised" : " plain") + " pattern " + std::to_string(pattern));
+                    }
+        }
+    // Every expert chosen (k = n_expert) and the smallest bank.
+    std::mt19937 rng2(11);
+    check_route(*ctx_, route_logits(8, 1, rng2), 8, true, "k = n = 8");
+    check_route(*ctx_, route_logits(1, 0, rng2), 1, true, "n = 1");
+}
+
+// Captured once in a CUDA graph and replayed on new logits, the kernel routes
+// every replay anew (no host value is baked into the graph).
+TEST_F(MoeCudaTest, RouteReplaysInAGraph) {
+    const int n = 128, k = 8;
+    DeviceBuffer ld(n * sizeof(float)), idd(k * sizeof(int32_t)), wd(k * sizeof(float));
+    const cudaStream_t s = ctx_->stream();
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cuda::moe_route(ld.as<float>(), n, k, true, idd.as<int32_t>(), wd.as<float>(), s);
+    QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    QUERN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    std::mt19937 rng(3);
+    for (int rep = 0; rep < 4; ++rep) {
+        const auto l = route_logits(n, rep % 2, rng);
+        ld.upload(l.data(), l.size() * sizeof(float), s);
+        QUERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+        const auto ids = from_device<int32_t>(idd, k, *ctx_);
+        const auto w = from_device<float>(wd, k, *ctx_);
+        std::vector<int32_t> want_ids(k);
+        std::vector<float> want_w(k);
+        quern::moe_route(l.data(), 1, n, k, true, want_ids.data(), want_w.data());
+        for (int j = 0; j < k; ++j) {
+            EXPECT_EQ(ids[size_t(j)], want_ids[size_t(j)]) << "replay " << rep << " slot " << j;
+            EXPECT_NEAR(w[size_t(j)], want_w[size_t(j)], 3e-7 * std::fabs(want_w[size_t(j)])) << "replay " << rep;
+        }
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+}
+
+TEST_F(MoeCudaTest, RouteRejectsBadSizes) {
+    DeviceBuffer ld(8 * sizeof(float)), idd(32 * sizeof(int32_t)), wd(32 * sizeof(float));
+    const cudaStream_t s = ctx_->stream();
+    EXPECT_ANY_THROW(cuda::moe_route(ld.as<float>(), 8, 9, true, idd.as<int32_t>(), wd.as<float>(), s));
+    EXPECT_ANY_THROW(cuda::moe_route(ld.as<float>(), 64, 17, true, idd.as<int32_t>(), wd.as<float>(), s));
+    EXPECT_ANY_THROW(cuda::moe_route(ld.as<float>(), 2048, 2, true, idd.as<int32_t>(), wd.as<float>(), s));
+    EXPECT_ANY_THROW(cuda::moe_route(ld.as<float>(), 8, 0, true, idd.as<int32_t>(), wd.as<float>(), s));
+    EXPECT_ANY_THROW(cuda::moe_route(nullptr, 8, 2, true, idd.as<int32_t>(), wd.as<float>(), s));
+}
+
+// ---------------------------------------------------------------- weighted sum
+
+TEST_F(MoeCudaTest, WeightedSumMatchesCpu) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (int k : {1, 2, 8})
+        for (int64_t n : {int64_t{256}, int64_t{1000}, int64_t{4096}}) {
+            std::vector<float> y(static_cast<size_t>(k * n)), w(static_cast<size_t>(k));
+            for (auto& v : y) v = g(rng);
+            for (auto& v : w) v = std::fabs(g(rng));
+            DeviceBuffer yd = to_device(y, *ctx_), wd = to_device(w, *ctx_);
+            DeviceBuffer od(static_cast<size_t>(n + kGuard) * sizeof(float));
+            od.fill_bytes(0xFF, ctx_->stream());
+            moe_weighted_sum(yd.as<float>(), wd.as<float>(), k, n, od.as<float>(), ctx_->stream());
+            const auto out = from_device<float>(od, static_cast<size_t>(n + kGuard), *ctx_);
+            for (int64_t i = 0; i < n; ++i) {
+                double ref = 0, mag = 0;
+                for (int j = 0; j < k; ++j) {
+                    const double p = double(w[size_t(j)]) * y[size_t(j * n + i)];
+                    ref += p;
+                    mag += std::fabs(p);
+                }
+                ASSERT_NEAR(out[size_t(i)], ref, 1e-6 * mag + 1e-30) << "k " << k << " n " << n << " i " << i;
+            }
+            expect_guard(out, static_cast<size_t>(n), "out");
+        }
+}
+
+// ---------------------------------------------------------------- indexed GEMV
+
+// Gaussian rows through the reference quantizer (exact for float types).
+std::vector<uint8_t> gaussian_weights(DType t, int64_t rows, int64_t K, std::mt19937& rng) {
+    const size_t rb = row_size(t, K);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = 0; r < rows; ++r) {
+        for (auto& v : row) v = g(rng);
+        quantize_row_ref(t, row.data(), w.data() + static_cast<size_t>(r) * rb, K);
+    }
+    return w;
+}
+
+// Gaussian with a per-32 scale spread and one all-zero block.
+std::vector<float> random_activation(int64_t n, std::mt19937& rng) {
+    std::vector<float> x(static_cast<size_t>(n));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::uniform_real_distribution<float> sc(0.05f, 4.0f);
+    for (int64_t i = 0; i < n; i += 32) {
+        const float s = sc(rng);
+        for (int64_t j = i; j < i + 32; ++j) x[static_cast<size_t>(j)] = s * g(rng);
+    }
+    for (int j = 32; j < 64 && j < n; ++j) x[static_cast<size_t>(j)] = 0.0f;
+    return x;
+}
+
+// The device's view of one quantized level: reference int8 times fp32 d = amax/127.
+std::vector<float> dequantized_activation(const std::vector<float>& x) {
+    const int64_t K = static_cast<int64_t>(x.size());
+    std::vector<uint8_t> q(row_size(DType::Q8_1, K));
+    quantize_row_ref(DType::Q8_1, x.data(), q.data(), K);
+    std::vector<float> out(x.size());
+    for (int64_t b = 0; b < K / 32; ++b) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[static_cast<size_t>(32 * b + j)]));
+        const float d = amax / 127;
+        block_q8_1 blk;
+        std::memcpy(&blk, q.data() + b * sizeof(block_q8_1), sizeof blk);
+        for (int j = 0; j < 32; ++j) out[static_cast<size_t>(32 * b + j)] = static_cast<float>(blk.qs[j]) * d;
+    }
+    return out;
+}
+
+struct IndexedCase {
+    int64_t experts, rows, K;
+    std::vector<int32_t> ids;  // one per slot; out-of-range ids are clamped
+    bool per_slot;
+};
+
+// Runs gemv_indexed on a bank uploaded as one 3-D tensor and compares every
+// output with the reference; returns the number of failures.
+int run_indexed(CudaContext& ctx, DType t, const IndexedCase& c, int levels, int config, std::mt19937& rng) {
+    const int slots = static_cast<int>(c.ids.size());
+    const std::vector<uint8_t> w = gaussian_weights(t, c.experts * c.rows, c.K, rng);
+    const Tensor bank = Tensor::contiguous(t, {c.K, c.rows, c.experts, 1}, const_cast<uint8_t*>(w.data()), "bank");
+    const DeviceWeight W = upload_weight(ctx, bank);
+    const int64_t xlen = c.per_slot ? slots * c.K : c.K;
+    const std::vector<float> x = random_activation(xlen, rng);
+    DeviceBuffer xd = to_device(x, ctx), idd = to_device(c.ids, ctx);
+    const int64_t ny = slots * c.rows;
+    DeviceBuffer yd(static_cast<size_t>(ny + kGuard) * sizeof(float));
+    yd.fill_bytes(0xFF, ctx.stream());
+    GemvOptions opt;
+    opt.config = config;
+    const bool quantized = dtype_is_quantized(t);
+    QuantizedActivation xq;
+    if (quantized) {
+        xq = QuantizedActivation(xlen, levels);
+        quantize_activation(ctx, xd.as<float>(), xq);
+        gemv_indexed(ctx, W, c.rows, xq, c.per_slot, idd.as<int32_t>(), slots, yd.as<float>(), opt);
+    } else {
+        gemv_indexed(ctx, W, c.rows, xd.as<float>(), c.per_slot, idd.as<int32_t>(), slots, yd.as<float>(), opt);
+    }
+    const auto y = from_device<float>(yd, static_cast<size_t>(ny + kGuard), ctx);
+    expect_guard(y, static_cast<size_t>(ny), "y");
+
+    const size_t rb = row_size(t, c.K);
+    std::vector<float> wr(static_cast<size_t>(c.K));
+    int bad = 0;
+    for (int s = 0; s < slots; ++s) {
+        const int64_t e = std::clamp<int64_t>(c.ids[size_t(s)], 0, c.experts - 1);
+        const std::vector<float> xs(x.begin() + (c.per_slot ? s * c.K : 0),
+                                    x.begin() + (c.per_slot ? s * c.K : 0) + c.K);
+        const std::vector<float> xr = quantized && levels == 1 ? dequantized_activation(xs) : xs;
+        for (int64_t r = 0; r < c.rows; ++r) {
+            dequantize_row_ref(t, w.data() + static_cast<size_t>(e * c.rows + r) * rb, wr.data(), c.K);
+            double ref = 0, mag = 0, second = 0;
+            for (int64_t i = 0; i < c.K; ++i) {
+                const double p = double(wr[size_t(i)]) * xr[size_t(i)];
+                ref += p;
+                mag += std::fabs(p);
+                if (quantized && levels == 2) {
+                    float amax = 0;
+                    for (int64_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j)
+                        amax = std::max(amax, std::fabs(xs[size_t(j)]));
+                    second += std::fabs(wr[size_t(i)]) * amax / (2.0 * 127.0 * 254.0);
+                }
+            }
+            const double tol = 2e-5 * mag + 1.01 * second + 1e-30;
+            const float got = y[static_cast<size_t>(s * c.rows + r)];
+            if (!(std::fabs(got - ref) <= tol)) {
+                if (bad < 5)
+                    ADD_FAILURE() << dtype_name(t) << " slot " << s << " (expert " << e << ") row " << r << ": " << got
+                                  << ", reference " << ref << " (tol " << tol << ")";
+                ++bad;
+            }
+        }
+    }
+    return bad;
+}
+
+TEST_F(MoeCudaTest, IndexedGemvMatchesReference) {
+    std::mt19937 rng(17);
+    // Gate/up shape: every slot reads one activation; rows not a multiple of
+    // any block's row group. Down shape: per-slot activations (one long
+    // quantized row, slot s at s·K). Ids repeat an expert and, in the last
+    // case, leave the range (clamped to the first / last expert).
+    const std::vector<IndexedCase> cases = {
+        {6, 70, 512, {4, 0, 5}, false},
+        {6, 96, 256, {2, 5, 0, 3}, true},
+        {8, 64, 256, {7, 7}, true},
+        {5, 40, 256, {9, -3}, false},
+    };
+    for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q5_1, DType::Q5_K, DType::Q3_K,
+                    DType::Q2_K, DType::F16, DType::BF16, DType::F32}) {
+        for (const IndexedCase& c : cases)
+            for (int levels : {1, 2}) {
+                if (!dtype_is_quantized(t) && levels == 2) continue;
+                SCOPED_TRACE(::testing::Message() << dtype_name(t) << " levels " << levels << " rows " << c.rows
+                                                  << " K " << c.K << (c.per_slot ? " per-slot" : " shared"));
+                EXPECT_EQ(run_indexed(*ctx_, t, c, levels, -1, rng), 0);
+            }
+    }
+}
+
+// Every launch configuration of the table (persistent ones run as their
+// non-persistent twin) for one quantized and one float type.
+TEST_F(MoeCudaTest, IndexedGemvEveryConfiguration) {
+    std::mt19937 rng(19);
+    const IndexedCase shared{6, 70, 512, {1, 4}, false}, per_slot{6, 96, 256, {3, 0, 5}, true};
+    for (int config = 0; config < gemv_config_count(); ++config)
+        for (DType t : {DType::Q4_K, DType::Q8_0, DType::F16})
+            for (const IndexedCase* c : {&shared, &per_slot}) {
+                SCOPED_TRACE(::testing::Message() << dtype_name(t) << " config " << gemv_config_name(config)
+                                                  << (c->per_slot ? " per-slot" : " shared"));
+                EXPECT_EQ(run_indexed(*ctx_, t, *c, dtype_is_quantized(t) ? 2 : 1, config, rng), 0);
+            }
+}
+
+TEST_F(MoeCudaTest, IndexedGemvRejectsBadArguments) {
+    std::mt19937 rng(23);
+    const std::vector<uint8_t> w = gaussian_weights(DType::Q8_0, 4 * 64, 256, rng);
+    const DeviceWeight W =
+        upload_weight(*ctx_, Tensor::contiguous(DType::Q8_0, {256, 64, 4, 1}, const_cast<uint8_t*>(w.data()), "b"));
+    DeviceBuffer idd(8 * sizeof(int32_t)), yd(8 * 64 * sizeof(float));
+    QuantizedActivation shared(256), two(512);
+    idd.fill_bytes(0, ctx_->stream());
+    int32_t* ids = idd.as<int32_t>();
+    float* y = yd.as<float>();
+    EXPECT_ANY_THROW(gemv_indexed(*ctx_, W, 48, shared, false, ids, 2, y));   // 48 does not divide 256 rows
+    EXPECT_ANY_THROW(gemv_indexed(*ctx_, W, 64, shared, true, ids, 2, y));    // per-slot needs 2 × 256
+    EXPECT_ANY_THROW(gemv_indexed(*ctx_, W, 64, two, false, ids, 2, y));      // shared needs 256
+    EXPECT_ANY_THROW(gemv_indexed(*ctx_, W, 64, two, true, nullptr, 2, y));   // null ids
+    EXPECT_ANY_THROW(gemv_indexed(*ctx_, W, 64, two, true, ids, 0, y));       // no slot
+    DeviceBuffer xf(512 * sizeof(float));
+    EXPECT_ANY_THROW(gemv_indexed(*ctx_, W, 64, xf.as<float>(), false, ids, 2, y));  // Q8_0 takes Q8 activations
+    EXPECT_NO_THROW(gemv_indexed(*ctx_, W, 64, two, true, ids, 2, y));
+    ctx_->synchronize();
+}
+
+}  // namespace

@@ -359,7 +359,19 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
                 quantize_row_ref(t, row.data(), buf.get() + static_cast<size_t>(r) * rb, s.ne0);
             }
             for (int64_t r = pool; r < rows; ++r) {
-                const uint64_t src = (static_cast<uint64_t>(r) * 2654435761u) % static_cast<uint64_t>(pool);
+                // Multiplicative hashing mod 64 sees only r mod 64, so every
+                // expert of a 3-D bank (rows a multiple of 64 apart) would get
+                // the same matrix; banks mix all bits of r (splitmix64's
+                // finaliser) so that experts differ and routing matters.
+                uint64_t h = static_cast<uint64_t>(r);
+                if (s.ne2 > 1) {
+                    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+                    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+                    h ^= h >> 31;
+                } else {
+                    h *= 2654435761u;
+                }
+                const uint64_t src = h % static_cast<uint64_t>(pool);
                 std::memcpy(buf.get() + static_cast<size_t>(r) * rb, buf.get() + src * rb, rb);
             }
         }

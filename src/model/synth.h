@@ -72,7 +72,8 @@ struct SynthModel {
 
 /// Builds random weights (Gaussian, std 0.02, quantized with the reference
 /// quantizers; a pool of distinct rows is reused across each tensor to keep
-/// building fast). `progress(done, total)` is called per tensor.
+/// building fast; in 3-D expert banks the reused rows are picked by a hash of
+/// the whole row index, so that no two experts are the same matrix). `progress(done, total)` is called per tensor.
 SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint64_t seed,
                           const std::function<void(int64_t, int64_t)>& progress = {});
 

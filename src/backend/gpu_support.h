@@ -9,10 +9,12 @@
 namespace quern {
 
 /// The first feature of `c` the CUDA decode path does not compute, in words
-/// ("mixture-of-experts layers", "attention heads of 96 elements", ...), or ""
-/// when it runs the model. Covers the architecture and its blocks, the head
-/// size (32, 64, 128, 256), the GQA ratio (<= 16) and dimensions divisible by
-/// 32; not the weight types (see gpu_unsupported in src/cli/common.h).
+/// ("LongRoPE (Phi-3 long-context scaling)", "attention heads of 96
+/// elements", ...), or "" when it runs the model. Covers the architecture and
+/// its blocks, the head size (32, 64, 128, 256), the GQA ratio (<= 16),
+/// dimensions divisible by 32 and, for mixture-of-experts layers, at most
+/// 1024 experts with 1 to 16 used per token; not the weight types (see
+/// gpu_unsupported in src/cli/common.h).
 std::string cuda_unsupported_feature(const ModelConfig& c);
 
 }  // namespace quern

@@ -73,7 +73,7 @@ void add_synth_command(CLI::App& app) {
         "  quern synth --list\n"
         "  quern synth smollm2-135m --quant Q4_K_M -o smollm2-q4km.gguf\n"
         "  quern synth gemma3-270m --tiny --quant Q8_0 -o g3-tiny.gguf && quern run -m g3-tiny.gguf --device cpu -p hi\n"
-        "On CUDA every dense preset runs but phi3-mini (heads of 96); the expert presets run on the CPU.\n"
+        "On CUDA every preset but phi3-mini (heads of 96) runs; phi3-mini runs on the CPU.\n"
         "  quern synth llama3-8b --quant Q8_0 -o llama3-8b-q8_0.gguf && quern bench -m llama3-8b-q8_0.gguf");
     cmd->callback([o] { synth(*o); });
 }

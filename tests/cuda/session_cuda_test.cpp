@@ -2,8 +2,9 @@
 // against the CPU Session (verify), the golden fixtures and greedy text.
 //
 // Needs a GPU at run time (every test skips cleanly without one). Model tests
-// use the default model (tools/fetch-model.sh) and synthetic llama3-1b models
-// in every weight type; each is checked with verify_sessions, the check
+// use the default model (tools/fetch-model.sh), synthetic llama3-1b models
+// in every weight type and test-sized copies of other presets (Gemma,
+// mixture-of-experts); each is checked with verify_sessions, the check
 // behind `quern run --verify` (logits cosine >= 0.999).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -15,11 +16,13 @@
 #include <cstring>
 #include <filesystem>
 #include <initializer_list>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/gpu_support.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
@@ -622,3 +625,84 @@ TEST(CudaSession, GemmaVerify) {
 }
 
 }  // namespace
+
+namespace {
+
+// The same weights with every router (blk.N.ffn_gate_inp, F32 in synthetic
+// models as llama.cpp's quantizer leaves it) quantized to Q8_0, so that the
+// quantized router path (gemv on the Q8_1 activation) runs too. The other
+// tensors stay views of `src`, kept alive by a copy of it.
+WeightStore with_q8_0_routers(const WeightStore& src) {
+    auto hold = std::make_shared<WeightStore>(src);
+    WeightStore out;
+    for (const auto& [name, t] : src.all()) {
+        if (name.find("ffn_gate_inp") == std::string::npos) {
+            out.add(t, hold);
+            continue;
+        }
+        const int64_t K = t.ne[0], rows = t.nrows();
+        auto buf = std::make_shared<std::vector<uint8_t>>(row_size(DType::Q8_0, K) * static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r)
+            quantize_row_ref(DType::Q8_0, static_cast<const float*>(t.row(r)),
+                             buf->data() + static_cast<size_t>(r) * row_size(DType::Q8_0, K), K);
+        out.add(Tensor::contiguous(DType::Q8_0, {K, rows, 1, 1}, buf->data(), name), buf);
+    }
+    return out;
+}
+
+}  // namespace
+
+// Mixture-of-experts layers on the GPU (router GEMV, moe_route, indexed
+// expert GEMVs, moe_weighted_sum inside the captured step) against the CPU's
+// moe_ffn: test-sized Qwen3-MoE (q/k norms, renormalised top-k) and Mixtral
+// (llama with experts of the FFN width) in Q8_0, Q4_K_M and F16, plus
+// variants with more experts and slots (16 experts, 4 used; 32 experts, 8
+// used, weights not renormalised) and with Q8_0 routers. make_synthetic
+// gives every expert its own matrix, so routing to a wrong expert shows up
+// as a diverging layer.
+TEST(CudaSession, MoeVerify) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const std::vector<int32_t> ids = {1, 15, 300, 400, 77, 123, 9, 60, 128, 5};
+    struct Case {
+        const char* preset;
+        int64_t n_expert, n_used;  // 0: synth_tiny's (8 experts, 2 used)
+        bool renormalise;
+        bool q8_router;
+    };
+    for (const Case& k : {Case{"qwen3-30b-a3b", 0, 0, true, false}, Case{"mixtral-8x7b", 0, 0, true, false},
+                          Case{"qwen3-30b-a3b", 16, 4, true, false}, Case{"qwen3-30b-a3b", 32, 8, false, false},
+                          Case{"mixtral-8x7b", 0, 0, true, true}}) {
+        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16"}) {
+            SynthPreset p = synth_tiny(synth_preset(k.preset));
+            if (k.n_expert) {
+                p.cfg.n_expert = k.n_expert;
+                p.cfg.n_expert_used = k.n_used;
+            }
+            p.cfg.expert_weights_norm = k.renormalise;
+            ASSERT_EQ(p.cfg.n_ff_exp % 32, 0);
+            SynthModel sm = make_synthetic(p, scheme, 29);
+            WeightStore ws = k.q8_router ? with_q8_0_routers(sm.weights) : std::move(sm.weights);
+            auto model = Model::from_weights(sm.cfg, std::move(ws));
+            auto cpu = make_cpu_session(*model, 64, pool);
+            auto gpu = gpu_session(*model, 64);
+            const VerifyResult v =
+                expect_verify(*cpu, *gpu, ids,
+                              fmt::format("{:<13} experts {:2}/{:<2}{} {:<7}", k.preset, p.cfg.n_expert_used,
+                                          p.cfg.n_expert, k.q8_router ? " q8 router" : "", scheme));
+            EXPECT_TRUE(v.first_diverging.empty()) << v.first_diverging;
+        }
+    }
+}
+
+// The refusals that remain for expert models name the limit.
+TEST(CudaSession, MoeLimitsAreRefusedByName) {
+    ModelConfig c = synth_tiny(synth_preset("qwen3-30b-a3b")).cfg;
+    EXPECT_EQ(cuda_unsupported_feature(c), "");
+    c.n_expert = 64;
+    c.n_expert_used = 17;
+    EXPECT_NE(cuda_unsupported_feature(c).find("17 experts per token"), std::string::npos);
+    c.n_expert_used = 8;
+    c.n_ff_exp = 48;
+    EXPECT_NE(cuda_unsupported_feature(c).find("expert FFN width of 48"), std::string::npos);
+}

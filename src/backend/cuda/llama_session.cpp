@@ -1,9 +1,10 @@
 // The Llama-family forward pass for one decode token on the GPU, and the
 // Session that drives it (see session.h). Llama, Qwen2 (q/k/v biases), Qwen3
-// (per-head q/k RMSNorm) and Phi-3 (fused projections, sliding window) share
-// it: the biases, norms and window are applied inside the attention kernel
-// (AttentionExtras, ops.h); fused weights already hold q|k|v and gate|up rows
-// in the order the concatenated uploads use.
+// (per-head q/k RMSNorm), Phi-3 (fused projections, sliding window), Gemma 2/3
+// and the expert models Mixtral and Qwen3-MoE share it: the biases, norms
+// and window are applied inside the attention kernel (AttentionExtras,
+// ops.h); fused weights already hold q|k|v and gate|up rows in the order the
+// concatenated uploads use.
 //
 // One decode step, for the token in DecodeControl::cur at DecodeControl::pos
 // (all kernels read both from device memory, so the step is captured once as
@@ -21,15 +22,24 @@
 //     [gate | up] = W_gate_up · xq                        one GEMV when the types match
 //     fq = Q8_1(SiLU(gate) · up)                          swiglu_q8_1
 //     h = W_down · fq                                     gemv
+//   (mixture-of-experts layers, Mixtral / Qwen3-MoE: in place of the FFN
+//    above, with every expert id on the device)
+//     r = W_router · xq                                   gemv (float or quantized router)
+//     ids[k], w[k] = top-k of softmax(r), renormalised    moe_route (one block, as the CPU's moe_route)
+//     g_s, u_s = W_gate/up[ids[s]] · xq for slots s < k   gemv_indexed: one launch per bank, grid.y = slot
+//     fq = Q8_1(SiLU(g) · u) over the k·n_ff_exp values   swiglu_q8_1 (one row; slot s at s·n_ff_exp)
+//     y_s = W_down[ids[s]] · fq_s                         gemv_indexed with per-slot activations
+//     h = Σ_s w_s · y_s                                   moe_weighted_sum (h added by the next norm)
 //   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax or sample_token
 //   pos += 1; cur = next prompt token or sampled          advance_decode_position
 //
 // When every matrix reads the quantized activation (fuse_norm_; not F32 /
-// F16 / BF16 / F8_E4M3_B32 matrices), the RMSNorms after the first
-// have no launch of their own: the output and down projections run as
-// gemv_residual_norm (x += W·a in their epilogue, the next norm's activation
-// quantized without its scale, Σx² in partial sums) and the GEMVs that read
-// that activation apply the scale (DeferredNormScale, gemv.h); h is unused.
+// F16 / BF16 / F8_E4M3_B32 matrices; never with expert layers), the RMSNorms
+// after the first have no launch of their own: the output and down
+// projections run as gemv_residual_norm (x += W·a in their epilogue, the next
+// norm's activation quantized without its scale, Σx² in partial sums) and the
+// GEMVs that read that activation apply the scale (DeferredNormScale,
+// gemv.h); h is unused.
 //
 // With precise activations (the default, as on the CPU) every quantized
 // activation has two levels (gemv.h), keeping the logits within cosine
@@ -88,6 +98,12 @@ struct LayerWeights {
     Piece wo;
     std::vector<Piece> gate_up;  // outputs into [gate | up]
     Piece down;
+    // Mixture of experts (gate_up and down empty): the router (n_expert
+    // rows) and the three expert banks, each one matrix of n_expert × rows
+    // (expert e's rows first at e · rows; gemv_indexed).
+    bool moe = false;
+    Piece router;
+    DeviceWeight exp_gate, exp_up, exp_down;
 };
 
 /// Host memory pinned for asynchronous copies (freed with cudaFreeHost).
@@ -132,6 +148,9 @@ public:
 private:
     void upload_weights(const Model& model);
     std::vector<Piece> upload_group(const std::vector<const Tensor*>& ts);
+    /// An expert bank of layer il: the 3-D tensor blk.il.<bank>_exps, or the
+    /// per-expert 2-D tensors blk.il.<bank>.E concatenated (one type).
+    DeviceWeight upload_bank(const WeightStore& ws, int64_t il, const char* bank);
     const float* upload_f32(const Tensor& t);
 
     /// Queues one decode step on the stream (head: the output projection and
@@ -178,6 +197,13 @@ private:
     // Per-step activations.
     DeviceBuffer x_, h_, hpost_, xn_, qkv_, attn_, gu_, ffh_, logits_, attn_scratch_, argmax_scratch_, tokens_, ctl_;
     QuantizedActivation xq_embd_, xq_attn_, xq_ff_;
+    // Mixture of experts: router logits (n_expert), the chosen ids and
+    // weights (n_expert_used each, written by moe_route on the device), the
+    // experts' outputs (n_expert_used rows of n_embd) and the SwiGLU
+    // activation of all chosen experts as ONE quantized row of
+    // n_expert_used × n_ff_exp elements (slot s's elements at s·n_ff_exp).
+    DeviceBuffer moe_logits_, moe_ids_, moe_w_, moe_y_;
+    QuantizedActivation xq_moe_;
     PinnedBuffer host_ctl_, host_tokens_;
 
     cudaGraphExec_t graph_[3] = {nullptr, nullptr, nullptr};  // [Head]
@@ -239,13 +265,21 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     xn_ = fbuf(c.n_embd);
     qkv_ = fbuf(c.q_dim() + 2 * c.kv_dim());
     attn_ = fbuf(c.q_dim());
-    gu_ = fbuf(2 * c.n_ff);
-    ffh_ = fbuf(c.n_ff);
+    const int64_t moe_ff = c.moe() ? c.n_expert_used * c.n_ff_exp : 0;  // gate (or up) of all chosen experts
+    gu_ = fbuf(2 * (c.moe() ? moe_ff : c.n_ff));
+    ffh_ = fbuf(c.moe() ? moe_ff : c.n_ff);
+    if (c.moe()) {
+        moe_logits_ = fbuf(c.n_expert);
+        moe_ids_ = DeviceBuffer(static_cast<size_t>(c.n_expert_used) * sizeof(int32_t));
+        moe_w_ = fbuf(c.n_expert_used);
+        moe_y_ = fbuf(c.n_expert_used * c.n_embd);
+        xq_moe_ = QuantizedActivation(moe_ff, levels_);
+    }
     logits_ = fbuf(c.n_vocab);
     argmax_scratch_ = DeviceBuffer(argmax_scratch_bytes(c.n_vocab));
     xq_embd_ = QuantizedActivation(c.n_embd, levels_);
     xq_attn_ = QuantizedActivation(c.q_dim(), levels_);
-    xq_ff_ = QuantizedActivation(c.n_ff, levels_);
+    if (!c.moe()) xq_ff_ = QuantizedActivation(c.n_ff, levels_);
     {
         // Every GEMV must read the quantized activation (F8_E4M3_B32, like
         // the float types, reads floats: FP8 models keep the norm launches).
@@ -258,8 +292,10 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
         }
         const char* e = std::getenv("QUERN_CUDA_FUSE_NORM");
         // Post-norms (Gemma) normalize a branch's output before its residual
-        // add, which the GEMV epilogue cannot do: those models keep the launches.
-        fuse_norm_ = all_q && !c.post_norms && !(e && std::string(e) == "0");
+        // add, which the GEMV epilogue cannot do: those models keep the
+        // launches. So do expert layers, whose output is a weighted sum of
+        // several GEMVs (moe_weighted_sum) rather than one GEMV's epilogue.
+        fuse_norm_ = all_q && !c.post_norms && !c.moe() && !(e && std::string(e) == "0");
         ss_parts_ = fbuf(c.n_embd / 32);
     }
     ctl_ = DeviceBuffer(sizeof(DecodeControl));
@@ -353,6 +389,33 @@ std::vector<Piece> LlamaCudaSession::upload_group(const std::vector<const Tensor
     return out;
 }
 
+DeviceWeight LlamaCudaSession::upload_bank(const WeightStore& ws, int64_t il, const char* bank) {
+    const auto& c = cfg_;
+    const bool down = std::strcmp(bank, "ffn_down") == 0;
+    const int64_t K = down ? c.n_ff_exp : c.n_embd, rows = down ? c.n_embd : c.n_ff_exp;
+    const std::string name3 = fmt::format("blk.{}.{}_exps.weight", il, bank);
+    if (const Tensor* t = ws.find(name3)) {
+        if (t->ne[0] != K || t->ne[1] != rows || t->ne[2] != c.n_expert || t->ne[3] != 1)
+            fail("tensor '{}' has shape [{}, {}, {}, {}], expected [{}, {}, {}]", name3, t->ne[0], t->ne[1], t->ne[2],
+                 t->ne[3], K, rows, c.n_expert);
+        return upload_weight(ctx_, *t);  // ne[2] flattened into N: expert e's rows at e·rows
+    }
+    std::vector<const Tensor*> ts;
+    for (int64_t e = 0; e < c.n_expert; ++e) {
+        const std::string n = fmt::format("blk.{}.{}.{}.weight", il, bank, e);
+        const Tensor* t = ws.find(n);
+        if (!t) fail("tensor '{}' (or '{}') is missing", name3, n);
+        if (t->ne[0] != K || t->nrows() != rows)
+            fail("tensor '{}' has {} × {} elements, expected {} × {}", n, t->ne[0], t->nrows(), K, rows);
+        ts.push_back(t);
+    }
+    std::vector<Piece> ps = upload_group(ts);
+    if (ps.size() != 1)
+        fail("layer {}: the {} experts' matrices have different types; the CUDA backend needs one type per bank", il,
+             bank);
+    return std::move(ps[0].w);
+}
+
 const float* LlamaCudaSession::upload_f32(const Tensor& t) {
     DeviceBuffer b(t.nbytes());
     b.upload(t.data, t.nbytes(), ctx_.stream());
@@ -422,8 +485,19 @@ void LlamaCudaSession::upload_weights(const Model& model) {
         L.qkv = c.fused_qkv ? upload_group({&get(n("attn_qkv"))})
                             : upload_group({&get(n("attn_q")), &get(n("attn_k")), &get(n("attn_v"))});
         L.wo.w = upload_weight(ctx_, get(n("attn_output")));
-        L.gate_up = c.fused_gate_up ? upload_group({&get(n("ffn_up"))})
-                                    : upload_group({&get(n("ffn_gate")), &get(n("ffn_up"))});
+        if (c.moe()) {
+            L.moe = true;
+            L.router.w = upload_weight(ctx_, get(n("ffn_gate_inp")));
+            if (L.router.w.K != c.n_embd || L.router.w.N != c.n_expert)
+                fail("{}: {} × {}, expected {} × {}", n("ffn_gate_inp"), L.router.w.K, L.router.w.N, c.n_embd,
+                     c.n_expert);
+            L.exp_gate = upload_bank(ws, il, "ffn_gate");
+            L.exp_up = upload_bank(ws, il, "ffn_up");
+            L.exp_down = upload_bank(ws, il, "ffn_down");
+        } else {
+            L.gate_up = c.fused_gate_up ? upload_group({&get(n("ffn_up"))})
+                                        : upload_group({&get(n("ffn_gate")), &get(n("ffn_up"))});
+        }
         if (c.qkv_bias) {
             std::vector<float> b;
             for (const char* t : {"attn_q", "attn_k", "attn_v"}) {
@@ -447,7 +521,7 @@ void LlamaCudaSession::upload_weights(const Model& model) {
             L.post_attn_norm = upload_f32(get(n("post_attention_norm")));
             L.post_ffn_norm = upload_f32(get(n("post_ffw_norm")));
         }
-        L.down.w = upload_weight(ctx_, get(n("ffn_down")));
+        if (!c.moe()) L.down.w = upload_weight(ctx_, get(n("ffn_down")));
     }
 }
 
@@ -543,20 +617,59 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
             if (!sk("norm")) norm(L.ffn_norm, true);
             mark("norm");
         }
-        if (!sk("gateup"))
-            for (const Piece& p : L.gate_up) mm_normed(p, gate, fuse);
-        mark("gemv_gate_up");
-        if (!sk("swiglu"))
-            swiglu_q8_1(gate, up, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), c.n_ff, s, xq_ff_.q2(), xq_ff_.info2(),
-                        c.gelu_ffn);
-        mark("swiglu");
-        if (fuse) {  // x += W_down·f; the next norm's (next layer's or the output's) activation
-            const float* next_norm = il + 1 < c.n_layer ? layers_[static_cast<size_t>(il + 1)].attn_norm : out_norm_;
-            gemv_residual_norm(ctx_, L.down.w, xq_ff_, x, next_norm, xq_embd_, ss_parts_.as<float>());
-        } else if (!sk("down")) {
-            mm(L.down, ffh_.as<float>(), xq_ff_, h);
+        if (L.moe) {
+            // Mixture of experts, all on the device (the CPU's moe_ffn for one
+            // row): router logits, moe_route writes the k ids and weights,
+            // the indexed GEMVs read the ids, h = Σ_j w_j · expert_j.
+            const int k = static_cast<int>(c.n_expert_used);
+            const int64_t F = c.n_ff_exp;
+            auto* ids = moe_ids_.as<int32_t>();
+            float* eg = gu_.as<float>();  // k rows of F: the chosen experts' gate outputs
+            float* eu = eg + k * F;       // and their up outputs
+            float* ef = ffh_.as<float>();
+            if (!sk("router")) mm(L.router, xn, xq_embd_, moe_logits_.as<float>());
+            moe_route(moe_logits_.as<float>(), static_cast<int>(c.n_expert), k, c.expert_weights_norm, ids,
+                      moe_w_.as<float>(), s);
+            mark("moe_route");
+            if (!sk("gateup")) {
+                for (const auto& [bank, out] : {std::pair{&L.exp_gate, eg}, std::pair{&L.exp_up, eu}}) {
+                    if (dtype_is_quantized(bank->type)) gemv_indexed(ctx_, *bank, F, xq_embd_, false, ids, k, out);
+                    else gemv_indexed(ctx_, *bank, F, xn, false, ids, k, out);
+                }
+            }
+            mark("gemv_gate_up");
+            // One SwiGLU over the k·F elements; quantized as one row whose
+            // slot s is elements s·F .. (gemv_indexed's per-slot layout).
+            const bool qd = dtype_is_quantized(L.exp_down.type);
+            if (!sk("swiglu"))
+                swiglu_q8_1(eg, eu, ef, qd ? xq_moe_.q() : nullptr, qd ? xq_moe_.info() : nullptr, k * F, s,
+                            qd ? xq_moe_.q2() : nullptr, qd ? xq_moe_.info2() : nullptr);
+            mark("swiglu");
+            float* ey = moe_y_.as<float>();
+            if (!sk("down")) {
+                if (qd) gemv_indexed(ctx_, L.exp_down, c.n_embd, xq_moe_, true, ids, k, ey);
+                else gemv_indexed(ctx_, L.exp_down, c.n_embd, ef, true, ids, k, ey);
+            }
+            moe_weighted_sum(ey, moe_w_.as<float>(), k, c.n_embd, h, s);
             if (L.post_ffn_norm)
                 rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
+        } else {
+            if (!sk("gateup"))
+                for (const Piece& p : L.gate_up) mm_normed(p, gate, fuse);
+            mark("gemv_gate_up");
+            if (!sk("swiglu"))
+                swiglu_q8_1(gate, up, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), c.n_ff, s, xq_ff_.q2(),
+                            xq_ff_.info2(), c.gelu_ffn);
+            mark("swiglu");
+            if (fuse) {  // x += W_down·f; the next norm's (next layer's or the output's) activation
+                const float* next_norm =
+                    il + 1 < c.n_layer ? layers_[static_cast<size_t>(il + 1)].attn_norm : out_norm_;
+                gemv_residual_norm(ctx_, L.down.w, xq_ff_, x, next_norm, xq_embd_, ss_parts_.as<float>());
+            } else if (!sk("down")) {
+                mm(L.down, ffh_.as<float>(), xq_ff_, h);
+                if (L.post_ffn_norm)
+                    rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
+            }
         }
         mark("gemv_down");
         if (trace) {  // residual stream after the layer: x (+ h when the add is folded into the next norm)

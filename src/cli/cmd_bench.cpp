@@ -193,9 +193,24 @@ void bench(const BenchOptions& o) {
     // of which one row is read (unless it is also the output projection).
     const Tensor* emb = model->weights().find("token_embd.weight");
     const bool tied = model->weights().find("output.weight") == nullptr;
-    const double step_bytes = static_cast<double>(model->n_bytes()) - (emb && !tied ? emb->nbytes() : 0);
-    const double matmul_params =
+    double step_bytes = static_cast<double>(model->n_bytes()) - (emb && !tied ? emb->nbytes() : 0);
+    double matmul_params =
         static_cast<double>(model->n_params()) - (emb && !tied ? static_cast<double>(emb->nelements()) : 0.0);
+    if (cfg.moe()) {
+        // Of each expert bank (blk.N.ffn_*_exps, or per-expert blk.N.ffn_*.E)
+        // a token reads and multiplies its n_expert_used chosen experts only.
+        double bank_bytes = 0, bank_params = 0;
+        for (const auto& [name, t] : model->weights().all()) {
+            const bool per_expert = name.find(".ffn_") != std::string::npos &&
+                                    std::count(name.begin(), name.end(), '.') == 4;  // blk.N.ffn_up.E.weight
+            if (name.find("_exps.") == std::string::npos && !per_expert) continue;
+            bank_bytes += static_cast<double>(t.nbytes());
+            bank_params += static_cast<double>(t.nelements());
+        }
+        const double unused = 1.0 - static_cast<double>(cfg.n_expert_used) / static_cast<double>(cfg.n_expert);
+        step_bytes -= unused * bank_bytes;
+        matmul_params -= unused * bank_params;
+    }
     // KV-cache bytes a decode step reads per position of context (K and V of
     // every layer; fp16 on the GPU, fp32 on the CPU).
     const double kv_bytes_per_pos = 2.0 * static_cast<double>(cfg.n_layer * cfg.kv_dim()) * (gpu ? 2.0 : 4.0);

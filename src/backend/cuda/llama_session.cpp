@@ -563,9 +563,11 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         else mm(p, xn, xq_embd_, y);
     };
 
-    // QUERN_CUDA_SKIP=norm,attn,swiglu,qkv,wo,gateup,down leaves those ops out
-    // of the step: the output is wrong, the step time tells what each op
-    // costs inside the replayed graph (bench/decode-cuda-h200.md).
+    // QUERN_CUDA_SKIP=norm,attn,swiglu,qkv,wo,gateup,down,router leaves those
+    // ops out of the step (gateup, swiglu and down cover the experts too;
+    // router the expert layers' router GEMV): the output is wrong, the step
+    // time tells what each op costs inside the replayed graph
+    // (bench/decode-cuda-h200.md).
     static const std::string skip = [] {
         const char* e = std::getenv("QUERN_CUDA_SKIP");
         return std::string(e ? e : "");

@@ -404,4 +404,101 @@ TEST_F(MoeCudaTest, IndexedGemvRejectsBadArguments) {
     ctx_->synchronize();
 }
 
+
+// ---------------------------------------------------------------- the whole expert FFN
+
+// The session's sequence for one token — router GEMV (F32), moe_route,
+// gemv_indexed gate and up (Q4_K, shared two-level activation), one
+// swiglu_q8_1 over k·F, gemv_indexed down with per-slot activations (Q8_0),
+// moe_weighted_sum — captured once in a CUDA graph and replayed on new
+// inputs, against the CPU's order of operations in double (dequantized
+// weights, float x): the ids must be the CPU's, h within 2e-3 of its largest
+// element (two-level activations: ~1/127² of each block's maximum).
+TEST_F(MoeCudaTest, ExpertFfnInAGraphMatchesCpu) {
+    constexpr int64_t E = 256, F = 256, X = 16;
+    constexpr int k = 4;
+    std::mt19937 rng(31);
+    const auto router = gaussian_weights(DType::F32, X, E, rng);
+    const auto wg = gaussian_weights(DType::Q4_K, X * F, E, rng);
+    const auto wu = gaussian_weights(DType::Q4_K, X * F, E, rng);
+    const auto wd = gaussian_weights(DType::Q8_0, X * E, F, rng);
+    CudaContext& ctx = *ctx_;
+    const auto bank = [&](DType t, int64_t K, int64_t rows, int64_t n, const std::vector<uint8_t>& data) {
+        return upload_weight(ctx, Tensor::contiguous(t, {K, rows, n, 1}, const_cast<uint8_t*>(data.data()), "bank"));
+    };
+    const DeviceWeight R = bank(DType::F32, E, X, 1, router);
+    const DeviceWeight G = bank(DType::Q4_K, E, F, X, wg);
+    const DeviceWeight U = bank(DType::Q4_K, E, F, X, wu);
+    const DeviceWeight D = bank(DType::Q8_0, F, E, X, wd);
+
+    DeviceBuffer xd(E * sizeof(float)), logits(X * sizeof(float)), ids(k * sizeof(int32_t)), w(k * sizeof(float));
+    DeviceBuffer gu(2 * k * F * sizeof(float)), f(k * F * sizeof(float)), y(k * E * sizeof(float));
+    DeviceBuffer h((E + kGuard) * sizeof(float));
+    QuantizedActivation xq(E, 2), fq(k * F, 2);
+    const cudaStream_t s = ctx.stream();
+    h.fill_bytes(0xFF, s);
+    ctx.synchronize();
+
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    quantize_activation(ctx, xd.as<float>(), xq);
+    gemv(ctx, R, xd.as<float>(), logits.as<float>());
+    cuda::moe_route(logits.as<float>(), X, k, true, ids.as<int32_t>(), w.as<float>(), s);
+    gemv_indexed(ctx, G, F, xq, false, ids.as<int32_t>(), k, gu.as<float>());
+    gemv_indexed(ctx, U, F, xq, false, ids.as<int32_t>(), k, gu.as<float>() + k * F);
+    swiglu_q8_1(gu.as<float>(), gu.as<float>() + k * F, f.as<float>(), fq.q(), fq.info(), k * F, s, fq.q2(),
+                fq.info2());
+    gemv_indexed(ctx, D, E, fq, true, ids.as<int32_t>(), k, y.as<float>());
+    moe_weighted_sum(y.as<float>(), w.as<float>(), k, E, h.as<float>(), s);
+    QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    QUERN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+    const auto rows = [](const std::vector<uint8_t>& bank, DType t, int64_t K, int64_t r) {
+        std::vector<float> v(static_cast<size_t>(K));
+        dequantize_row_ref(t, bank.data() + static_cast<size_t>(r) * row_size(t, K), v.data(), K);
+        return v;
+    };
+    const auto dot = [](const std::vector<float>& a, const std::vector<float>& b) {
+        double acc = 0;
+        for (size_t i = 0; i < a.size(); ++i) acc += double(a[i]) * b[i];
+        return acc;
+    };
+    std::normal_distribution<float> g01(0.0f, 1.0f);
+    for (int rep = 0; rep < 3; ++rep) {
+        std::vector<float> x(E);
+        for (auto& v : x) v = g01(rng) * 0.1f;
+        xd.upload(x.data(), x.size() * sizeof(float), s);
+        QUERN_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        const auto got_ids = from_device<int32_t>(ids, k, ctx);
+        const auto got_h = from_device<float>(h, E + kGuard, ctx);
+        expect_guard(got_h, E, "h");
+
+        std::vector<float> l(X);
+        for (int64_t e = 0; e < X; ++e) l[size_t(e)] = static_cast<float>(dot(rows(router, DType::F32, E, e), x));
+        std::vector<int32_t> want_ids(k);
+        std::vector<float> want_w(k);
+        quern::moe_route(l.data(), 1, X, k, true, want_ids.data(), want_w.data());
+        std::vector<double> ref(E, 0.0);
+        for (int j = 0; j < k; ++j) {
+            ASSERT_EQ(got_ids[size_t(j)], want_ids[size_t(j)]) << "replay " << rep << " slot " << j;
+            const int64_t e = want_ids[size_t(j)];
+            std::vector<float> a(F);
+            for (int64_t i = 0; i < F; ++i) {
+                const float gv = static_cast<float>(dot(rows(wg, DType::Q4_K, E, e * F + i), x));
+                const float uv = static_cast<float>(dot(rows(wu, DType::Q4_K, E, e * F + i), x));
+                a[size_t(i)] = gv / (1.0f + std::exp(-gv)) * uv;
+            }
+            for (int64_t o = 0; o < E; ++o)
+                ref[size_t(o)] += double(want_w[size_t(j)]) * dot(rows(wd, DType::Q8_0, F, e * E + o), a);
+        }
+        double mx = 0;
+        for (double v : ref) mx = std::max(mx, std::fabs(v));
+        for (int64_t o = 0; o < E; ++o)
+            EXPECT_NEAR(got_h[size_t(o)], ref[size_t(o)], 2e-3 * mx) << "replay " << rep << " h[" << o << "]";
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+}
+
 }  // namespace

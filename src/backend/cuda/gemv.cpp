@@ -250,7 +250,7 @@ void run_indexed(CudaContext& ctx, GemvLaunch l, int64_t rows, const int32_t* id
 
 void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const QuantizedActivation& xq, bool per_slot,
                   const int32_t* ids, int slots, float* y, const GemvOptions& opt) {
-    if (!dtype_is_quantized(W.type))
+    if (!gemv_takes_quantized_activation(W.type))
         fail("gemv_indexed: {} weights take float activations (use the float-x gemv_indexed)", dtype_name(W.type));
     const int64_t want = per_slot ? static_cast<int64_t>(slots) * W.K : W.K;
     if (xq.K() != want)
@@ -271,7 +271,7 @@ void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const Q
 void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const float* x, bool per_slot,
                   const int32_t* ids, int slots, float* y, const GemvOptions& opt) {
     if (x == nullptr) fail("gemv_indexed: null activation");
-    if (dtype_is_quantized(W.type))
+    if (gemv_takes_quantized_activation(W.type))
         fail("gemv_indexed: {} weights take a QuantizedActivation, not float x", dtype_name(W.type));
     GemvLaunch l = base_launch(W, y);
     l.act = ActKind::F32;

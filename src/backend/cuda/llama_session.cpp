@@ -635,14 +635,14 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
             mark("moe_route");
             if (!sk("gateup")) {
                 for (const auto& [bank, out] : {std::pair{&L.exp_gate, eg}, std::pair{&L.exp_up, eu}}) {
-                    if (dtype_is_quantized(bank->type)) gemv_indexed(ctx_, *bank, F, xq_embd_, false, ids, k, out);
+                    if (gemv_takes_quantized_activation(bank->type)) gemv_indexed(ctx_, *bank, F, xq_embd_, false, ids, k, out);
                     else gemv_indexed(ctx_, *bank, F, xn, false, ids, k, out);
                 }
             }
             mark("gemv_gate_up");
             // One SwiGLU over the k·F elements; quantized as one row whose
             // slot s is elements s·F .. (gemv_indexed's per-slot layout).
-            const bool qd = dtype_is_quantized(L.exp_down.type);
+            const bool qd = gemv_takes_quantized_activation(L.exp_down.type);
             if (!sk("swiglu"))
                 swiglu_q8_1(eg, eu, ef, qd ? xq_moe_.q() : nullptr, qd ? xq_moe_.info() : nullptr, k * F, s,
                             qd ? xq_moe_.q2() : nullptr, qd ? xq_moe_.info2() : nullptr);

@@ -59,7 +59,11 @@ write:
 GPU shapes (--gpu-shapes, default OUT tests/data/hf_gpu): the same
 architectures (LongRoPE excepted) with every head of 32 elements and every
 width a multiple of 32 (and of 64 where NVFP4 blocks meet it), the sizes the
-CUDA decode path takes; tests/cuda/hf_golden_cuda_test.cpp reads them.
+CUDA decode path takes; tests/cuda/hf_golden_cuda_test.cpp reads them on
+the GPU, and tests/model/hf_golden_test.cpp (HfGoldenGpuShapes) on the CPU.
+The committed fixtures come from transformers 5.24.0 and torch 2.15.0 (CPU);
+transformers 5.17.0 computed Gemma 2's logits differently from the second
+position on (same weights), so make all of them with one version.
 
 Each one's golden logits come from transformers' float model with the
 dequantized weights loaded into it (float64, as above), not from

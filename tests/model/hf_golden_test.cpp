@@ -141,6 +141,43 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden,
                                            Case{"qwen3", "fp8_block", 0.9999}, Case{"qwen3", "nvfp4", 0.9999}),
                          [](const auto& info) { return info.param.arch + "_" + info.param.dtype; });
 
+// The GPU suite's fixtures (tests/data/hf_gpu: the same architectures with
+// heads of 32, made by make_hf_golden.py --gpu-shapes) through the CPU
+// forward pass: the fixtures themselves are checked in CI, so a failure of
+// the GPU test points at the GPU path. Every checkpoint each golden.json
+// lists; fp32 0.9999, bf16 0.999, FP8 / NVFP4 0.9999 (their dequantized
+// weights are the reference's).
+TEST(HfGoldenGpuShapes, CpuMatchesTransformersOnEveryCheckpoint) {
+    const std::string dir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf_gpu/";
+    ASSERT_TRUE(fs::exists(dir)) << dir;
+    ThreadPool pool(2);
+    int checked = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+        std::ifstream jf(e.path() / "golden.json");
+        ASSERT_TRUE(jf) << e.path();
+        const nlohmann::json meta = nlohmann::json::parse(jf);
+        const auto tokens = meta["tokens"].get<std::vector<int32_t>>();
+        const int64_t n = static_cast<int64_t>(tokens.size()), V = meta["n_vocab"].get<int64_t>();
+        for (const auto& [name, ck] : meta["checkpoints"].items()) {
+            const std::string what = e.path().filename().string() + " " + name;
+            const std::vector<float> ref = read_logits((e.path() / ck["logits_file"].get<std::string>()).string());
+            ASSERT_EQ(ref.size(), static_cast<size_t>(n * V)) << what;
+            auto model = load_hf_model((e.path() / ck["folder"].get<std::string>()).string());
+            KvCache cache = model->make_cache(64);
+            std::vector<float> out(static_cast<size_t>(n * V));
+            model->forward(tokens.data(), n, cache, out.data(), true, pool);
+            const double min_cos = name == "bf16" ? 0.999 : 0.9999;
+            for (int64_t t = 0; t < n; ++t) {
+                EXPECT_GE(cosine_similarity(out.data() + t * V, ref.data() + t * V, V), min_cos)
+                    << what << " position " << t;
+                EXPECT_EQ(argmax(out.data() + t * V, V), argmax(ref.data() + t * V, V)) << what << " position " << t;
+            }
+            ++checked;
+        }
+    }
+    EXPECT_GE(checked, 16);
+}
+
 // ---------------------------------------------------------------- bad checkpoints
 
 TEST_F(HfCheckpointCopy, TheFixtureLoads) { EXPECT_EQ(load_error(copy("llama", "fp32")), ""); }

@@ -1,0 +1,354 @@
+// Prefill GEMM: weight dequantization to BF16, activation rounding to BF16,
+// and the cuBLASLt product (API and numerics: gemm.h).
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
+
+namespace quern::cuda {
+namespace {
+
+__device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float half_at(const void* p, int64_t i) {
+    return __half2float(static_cast<const __half*>(p)[i]);
+}
+
+// Fifth bit of element e (0..31) of a 32-element group in the "Q5 order" of
+// weights.h: byte k, bit i = element 4i+k, bit 4+i = element 16+4i+k.
+__device__ __forceinline__ uint32_t q5_bit(uint32_t bits, int e) {
+    const int h = e >> 4, i = (e & 15) >> 2, k = e & 3;
+    return (bits >> (8 * k + 4 * h + i)) & 1u;
+}
+
+// Low nibble of byte e (element e < 16) or high nibble of byte e − 16 of a
+// 16-byte chunk holding 32 four-bit values ("as Q4_1" in weights.h).
+__device__ __forceinline__ uint32_t nib(const uint8_t* chunk, int e) {
+    return e < 16 ? (chunk[e] & 0xFu) : (chunk[e - 16] >> 4);
+}
+
+struct DeqArgs {
+    const uint8_t* q;
+    const uint8_t* q2;
+    const uint8_t* s;
+    const uint8_t* s2;
+    int64_t K;
+};
+
+// Decodes 32-element unit u (elements 32u .. 32u+31) of row `row` into v,
+// computing each value in fp32 as dequantize_row_ref does.
+template <DType T>
+__device__ __forceinline__ void decode_unit(const DeqArgs& a, int64_t row, int64_t u, float (&v)[32]) {
+    const int64_t units = a.K / 32;
+    const int64_t gu = row * units + u;  // global unit index
+    if constexpr (T == DType::Q8_0) {
+        const auto* q = reinterpret_cast<const int8_t*>(a.q) + row * a.K + 16 * u;
+        const float d = half_at(a.s, gu);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = d * static_cast<float>(q[(e >> 4) * (a.K / 2) + (e & 15)]);
+    } else if constexpr (T == DType::Q4_0) {
+        const uint8_t* c = a.q + 16 * gu;
+        const float d = half_at(a.s, gu);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = (static_cast<float>(nib(c, e)) - 8.0f) * d;
+    } else if constexpr (T == DType::Q4_1) {
+        const uint8_t* c = a.q + 16 * gu;
+        const float d = half_at(a.s, 2 * gu), m = half_at(a.s, 2 * gu + 1);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = static_cast<float>(nib(c, e)) * d + m;
+    } else if constexpr (T == DType::Q5_0) {
+        const uint8_t* c = a.q + 16 * gu;
+        const float d = half_at(a.s, gu);
+        const uint32_t hb = reinterpret_cast<const uint32_t*>(a.q2)[gu];
+#pragma unroll
+        for (int e = 0; e < 32; ++e)
+            v[e] = (static_cast<float>(nib(c, e) | (q5_bit(hb, e) << 4)) - 16.0f) * d;
+    } else if constexpr (T == DType::Q5_1) {
+        const uint8_t* c = a.q + 16 * gu;
+        const uint8_t* rec = a.s + 8 * gu;  // {fp16 d, fp16 m, uint32 fifth bits}
+        const float d = half_at(rec, 0), m = half_at(rec, 1);
+        const uint32_t hb = *reinterpret_cast<const uint32_t*>(rec + 4);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = static_cast<float>(nib(c, e) | (q5_bit(hb, e) << 4)) * d + m;
+    } else if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+        const uint8_t* c = a.q + 16 * gu;
+        const uint8_t* head = a.s + 16 * (row * (a.K / 256) + (u >> 3));
+        const int j = static_cast<int>(u & 7);
+        const float d = half_at(head, 0), dmin = half_at(head, 1);
+        const uint32_t b = head[4 + j];
+        const uint32_t m_hi = (head[12 + j / 2] >> (4 * (j & 1))) & 0xFu;
+        const float d1 = d * static_cast<float>(b & 63u);
+        const float m1 = dmin * static_cast<float>(((b >> 6) & 3u) | (m_hi << 2));
+        uint32_t hb = 0;
+        if constexpr (T == DType::Q5_K) hb = reinterpret_cast<const uint32_t*>(a.q2)[gu];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+            uint32_t qv = nib(c, e);
+            if constexpr (T == DType::Q5_K) qv |= q5_bit(hb, e) << 4;
+            v[e] = d1 * static_cast<float>(qv) - m1;
+        }
+    } else if constexpr (T == DType::Q6_K) {
+        const uint8_t* c = a.q + 16 * gu;
+        const auto* qh = reinterpret_cast<const uint32_t*>(a.q2) + 2 * gu;
+        const auto* sc = reinterpret_cast<const int8_t*>(a.s) + 2 * gu;
+        const float d = half_at(a.s2, row * (a.K / 256) + (u >> 3));
+        const uint32_t w0 = qh[0], w1 = qh[1];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+            // high 2 bits of element 16h+4i+k: word h, byte k, bits 2i..2i+1
+            const int h = e >> 4, i = (e & 15) >> 2, k = e & 3;
+            const uint32_t hi = ((h ? w1 : w0) >> (8 * k + 2 * i)) & 3u;
+            const int q6 = static_cast<int>(nib(c, e) | (hi << 4)) - 32;
+            v[e] = d * static_cast<float>(sc[h]) * static_cast<float>(q6);
+        }
+    }
+}
+
+// dequant_block_kernel<T>
+//   Shapes:  W rows row0 .. row0+rows−1, K elements each (K % 32 == 0; the
+//            K-quants K % 256 == 0), device layout of weights.h; out: rows ×
+//            K BF16 bit patterns, row-major (row stride K).
+//   Grid:    one thread per 32-element unit (rows·K/32 threads, 256 per
+//            block, grid-stride); the thread decodes its unit in registers
+//            and writes 64 contiguous bytes (four 16-byte stores).
+//   Align:   out 16-byte aligned (K % 32 == 0 keeps every unit aligned).
+//   Bound:   memory (reads ≤ 1 byte, writes 2 bytes per element); run once
+//            per matrix per prefill chunk.
+template <DType T>
+__global__ void __launch_bounds__(256) dequant_block_kernel(DeqArgs a, int64_t row0, int64_t rows,
+                                                            uint16_t* __restrict__ out) {
+    const int64_t units = a.K / 32;
+    const int64_t total = rows * units;
+    for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+         t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = t / units, u = t % units;
+        float v[32];
+        decode_unit<T>(a, row0 + r, u, v);
+        uint32_t packed[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            packed[i] = static_cast<uint32_t>(bf16_bits(v[2 * i])) | (static_cast<uint32_t>(bf16_bits(v[2 * i + 1])) << 16);
+        auto* dst = reinterpret_cast<uint4*>(out + t * 32);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            dst[i] = make_uint4(packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]);
+    }
+}
+
+// dequant_float_kernel<T>  (F32, F16, BF16 weights)
+//   Shapes:  as dequant_block_kernel, any K (the values are stored as they
+//            are, row stride K elements of T).
+//   Grid:    one thread per element, grid-stride, 256 per block.
+//   Bound:   memory.
+template <DType T>
+__global__ void __launch_bounds__(256) dequant_float_kernel(const void* __restrict__ q, int64_t K, int64_t row0,
+                                                            int64_t rows, uint16_t* __restrict__ out) {
+    const int64_t total = rows * K;
+    const int64_t base = row0 * K;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        if constexpr (T == DType::F32) out[i] = bf16_bits(static_cast<const float*>(q)[base + i]);
+        else if constexpr (T == DType::F16) out[i] = bf16_bits(__half2float(static_cast<const __half*>(q)[base + i]));
+        else out[i] = static_cast<const uint16_t*>(q)[base + i];  // BF16: unchanged
+    }
+}
+
+// f32_to_bf16_kernel
+//   Shapes:  x: n rows of K floats at row stride ldx; out: n × K BF16, row
+//            stride K.
+//   Grid:    one thread per element, grid-stride, 256 per block.
+//   Bound:   memory.
+__global__ void __launch_bounds__(256) f32_to_bf16_kernel(const float* __restrict__ x, int64_t ldx, int64_t n,
+                                                          int64_t K, uint16_t* __restrict__ out) {
+    const int64_t total = n * K;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = i / K, k = i % K;
+        out[i] = bf16_bits(x[r * ldx + k]);
+    }
+}
+
+unsigned grid_for(int64_t threads) {
+    return static_cast<unsigned>(std::clamp<int64_t>((threads + 255) / 256, 1, 65535));
+}
+
+void check_lt(cublasStatus_t st, const char* what) {
+    if (st != CUBLAS_STATUS_SUCCESS) throw_error(std::string("cuBLASLt: ") + what + " failed (status " + std::to_string(static_cast<int>(st)) + ")");
+}
+
+}  // namespace
+
+bool gemm_weight_type_supported(DType t) {
+    switch (t) {
+        case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q4_1:
+        case DType::Q5_0: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
+void dequantize_weight_bf16(const DeviceWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t stream) {
+    if (!gemm_weight_type_supported(w.type))
+        throw_error(std::string("dequantize_weight_bf16: no BF16 dequantization for weight type ") + std::string(dtype_name(w.type)));
+    if (!out || !w.q) throw_error("dequantize_weight_bf16: null pointer");
+    if (row0 < 0 || rows < 1 || row0 + rows > w.N) throw_error("dequantize_weight_bf16: rows out of range");
+    if (rows == 0) return;
+    const DeqArgs a{static_cast<const uint8_t*>(w.q), static_cast<const uint8_t*>(w.q2),
+                    static_cast<const uint8_t*>(w.s), static_cast<const uint8_t*>(w.s2), w.K};
+    const unsigned gb = grid_for(rows * (w.K / 32)), gf = grid_for(rows * w.K);
+    switch (w.type) {
+        case DType::F32: dequant_float_kernel<DType::F32><<<gf, 256, 0, stream>>>(w.q, w.K, row0, rows, out); break;
+        case DType::F16: dequant_float_kernel<DType::F16><<<gf, 256, 0, stream>>>(w.q, w.K, row0, rows, out); break;
+        case DType::BF16: dequant_float_kernel<DType::BF16><<<gf, 256, 0, stream>>>(w.q, w.K, row0, rows, out); break;
+        case DType::Q8_0: dequant_block_kernel<DType::Q8_0><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::Q4_0: dequant_block_kernel<DType::Q4_0><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::Q4_1: dequant_block_kernel<DType::Q4_1><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::Q5_0: dequant_block_kernel<DType::Q5_0><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::Q5_1: dequant_block_kernel<DType::Q5_1><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::Q4_K: dequant_block_kernel<DType::Q4_K><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::Q5_K: dequant_block_kernel<DType::Q5_K><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::Q6_K: dequant_block_kernel<DType::Q6_K><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        default: break;
+    }
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void f32_to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* out, cudaStream_t stream) {
+    if (!x || !out) throw_error("f32_to_bf16: null pointer");
+    if (K < 1 || n < 0 || ldx < K) throw_error("f32_to_bf16: bad shape");
+    if (n == 0) return;
+    f32_to_bf16_kernel<<<grid_for(n * K), 256, 0, stream>>>(x, ldx, n, K, out);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- cuBLASLt
+
+struct PrefillGemm::Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    ~Plan() {
+        if (a) cublasLtMatrixLayoutDestroy(a);
+        if (b) cublasLtMatrixLayoutDestroy(b);
+        if (c) cublasLtMatrixLayoutDestroy(c);
+        if (desc) cublasLtMatmulDescDestroy(desc);
+    }
+};
+
+namespace {
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+}
+
+PrefillGemm::PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems)
+    : max_n_(max_n), max_k_(max_k), max_tile_(max_tile_elems) {
+    if (max_n < 1 || max_k < 1 || max_tile_elems < max_k) throw_error("PrefillGemm: bad scratch sizes");
+    cublasLtHandle_t h = nullptr;
+    check_lt(cublasLtCreate(&h), "cublasLtCreate");
+    handle_ = h;
+    try {
+        workspace_ = DeviceBuffer(kWorkspaceBytes);
+        wtile_ = DeviceBuffer(static_cast<size_t>(max_tile_elems) * 2);
+        xact_ = DeviceBuffer(static_cast<size_t>(max_n * max_k) * 2);
+    } catch (...) {
+        cublasLtDestroy(h);
+        throw;
+    }
+}
+
+PrefillGemm::~PrefillGemm() {
+    for (auto& [k, p] : plans_) delete p;
+    if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+// Column-major view (cuBLASLt's): D (m × n, ld ldc) = op(A) · B with
+// A = the BF16 weight tile stored as k × m (ld k), op = transpose;
+// B = the BF16 activations, k × n (ld k); D in FP32. Row-major, that is
+// Y[n][m] = X[n][k] · W[m][k]ᵀ.
+// The alignment cuBLASLt may assume for a matrix at p with columns every
+// ld_bytes bytes: the largest power of two (at most 256) dividing both.
+uint32_t PrefillGemm::alignment(const void* p, int64_t ld_bytes) {
+    const auto a = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)) | static_cast<uint64_t>(ld_bytes) | 256u;
+    return static_cast<uint32_t>(a & (~a + 1));  // lowest set bit
+}
+
+PrefillGemm::Plan& PrefillGemm::plan(int64_t m, int64_t n, int64_t k, int64_t ldc, uint32_t align_a,
+                                     uint32_t align_b, uint32_t align_c) {
+    const auto key = std::make_tuple(m, n, k, ldc, align_a, align_b, align_c);
+    if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
+    auto* p = new Plan;
+    try {
+        check_lt(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+        const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+        check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)), "TRANSA");
+        check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)), "TRANSB");
+        check_lt(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
+                 "layout A");
+        check_lt(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
+                 "layout B");
+        check_lt(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<uint64_t>(m), static_cast<uint64_t>(n), ldc),
+                 "layout C");
+        cublasLtMatmulPreference_t pref = nullptr;
+        check_lt(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+        const uint64_t ws = kWorkspaceBytes;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+        // Only algorithms that work at the buffers' actual alignment (the
+        // default assumes 256 bytes; the output may start mid-row of Q|K|V).
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
+        cublasLtMatmulHeuristicResult_t res{};
+        int found = 0;
+        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->a,
+                                                                 p->b, p->c, p->c, pref, 1, &res, &found);
+        cublasLtMatmulPreferenceDestroy(pref);
+        check_lt(st, "AlgoGetHeuristic");
+        if (found < 1) throw_error("cuBLASLt: no algorithm for the prefill GEMM shape");
+        p->algo = res.algo;
+    } catch (...) {
+        delete p;
+        throw;
+    }
+    plans_.emplace(key, p);
+    return *p;
+}
+
+void PrefillGemm::matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int64_t n, int64_t k, float* y,
+                         int64_t ldy, cudaStream_t stream) {
+    Plan& p = plan(m, n, k, ldy, alignment(wb, k * 2), alignment(xb, k * 2), alignment(y, ldy * 4));
+    const float alpha = 1.0f, beta = 0.0f;
+    check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, wb, p.a, xb, p.b, &beta, y, p.c, y,
+                            p.c, &p.algo, workspace_.data(), kWorkspaceBytes, stream),
+             "Matmul");
+}
+
+void PrefillGemm::run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
+                           cudaStream_t stream) {
+    if (!gemm_weight_type_supported(w.type))
+        throw_error(std::string("PrefillGemm: no prefill GEMM for weight type ") + std::string(dtype_name(w.type)));
+    if (!xb || !y) throw_error("PrefillGemm: null pointer");
+    if (n < 1 || n > max_n_ || w.K > max_k_ || ldy < w.N) throw_error("PrefillGemm: shape out of range");
+    const int64_t tile = std::min<int64_t>(w.N, max_tile_ / w.K);
+    auto* wb = wtile_.as<uint16_t>();
+    for (int64_t r0 = 0; r0 < w.N; r0 += tile) {
+        const int64_t rows = std::min(tile, w.N - r0);
+        dequantize_weight_bf16(w, r0, rows, wb, stream);
+        matmul(wb, rows, xb, n, w.K, y + r0, ldy, stream);
+    }
+}
+
+void PrefillGemm::run(const DeviceWeight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
+                      cudaStream_t stream) {
+    if (!x) throw_error("PrefillGemm: null pointer");
+    if (n < 1 || n > max_n_ || w.K > max_k_ || ldx < w.K) throw_error("PrefillGemm: shape out of range");
+    f32_to_bf16(x, ldx, n, w.K, xact_.as<uint16_t>(), stream);
+    run_bf16(w, xact_.as<uint16_t>(), n, y, ldy, stream);
+}
+
+}  // namespace quern::cuda

@@ -1,0 +1,99 @@
+// Prefill GEMM of the CUDA backend: Y = X · Wᵀ for n activation rows at once
+// (prompt processing), on the tensor cores.
+//
+// Path ("dequantize to BF16 + cuBLASLt"): the weight matrix, in its device
+// layout (weights.h), is dequantized tile by tile into a BF16 scratch buffer
+// (dequantize_weight_bf16), the float activation rows are rounded to BF16
+// (f32_to_bf16), and cuBLASLt multiplies them with FP32 accumulation and FP32
+// output. A quantized (MMQ) path may replace this later behind the same
+// PrefillGemm::run.
+//
+// Shapes innermost first, as everywhere in quern:
+//   W: N rows × K elements (DeviceWeight), X: n rows × K floats, Y: n rows ×
+//   N floats, row r of X at x + r·ldx, row r of Y at y + r·ldy.
+// Numerics: every weight and activation element is rounded once to BF16
+// (8 significant bits: relative error ≤ 2^-9 each), products are exact in
+// FP32 and summed in FP32, so |Y − Y_ref| ≲ 2·2^-9 · Σ_k |x_k·w_k| per
+// element (plus FP32 summation error) against the double product of the
+// unrounded values.
+// All pointers are device pointers; calls are asynchronous on `stream`.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/weights.h"
+#include "core/dtype.h"
+
+namespace quern::cuda {
+
+/// Whether dequantize_weight_bf16 (and so PrefillGemm) handles weights of
+/// type t: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+/// Others (Q2_K, Q3_K, F8_E4M3_B32, NVFP4) are not covered yet: the session
+/// evaluates prompts of such models token by token.
+bool gemm_weight_type_supported(DType t);
+
+/// Dequantizes rows row0 .. row0+rows−1 of `w` (device layout, weights.h)
+/// into `out`: rows × w.K BF16 values (uint16 bit patterns), row r at
+/// out + r·w.K, each the float value dequantize_row_ref gives for that
+/// element (computed in fp32 as the CPU reference does) rounded to nearest
+/// even BF16. Throws quern::Error for an unsupported type, a null pointer or
+/// a row range outside [0, w.N).
+void dequantize_weight_bf16(const DeviceWeight& w, int64_t row0, int64_t rows, uint16_t* out, cudaStream_t stream);
+
+/// out[r·K + k] = bf16(x[r·ldx + k]) for n rows of K floats (round to
+/// nearest even; NaN stays NaN). K >= 1, ldx >= K.
+void f32_to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* out, cudaStream_t stream);
+
+/// The prefill GEMM with its scratch: a cuBLASLt handle and workspace, the
+/// BF16 weight tile and the BF16 activation rows. One per session (not
+/// thread-safe); reused for every matrix.
+class PrefillGemm {
+public:
+    /// Scratch for up to max_n activation rows of up to max_k elements, and
+    /// weight tiles of up to max_tile_elems BF16 elements (a matrix larger
+    /// than that is processed in tiles of whole rows; a single row must fit:
+    /// max_tile_elems >= max_k). Throws quern::Error when the memory or the
+    /// cuBLASLt handle cannot be had.
+    /// The default tile (16M elements, 32 MB) is meant to stay in the H200's
+    /// 50 MB L2 between the dequantization writing it and the GEMM reading
+    /// it (not yet measured). Descriptors and the algorithm choice are cached
+    /// per (shape, alignment): at most a few per matrix and chunk length.
+    PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems = int64_t{16} << 20);
+    ~PrefillGemm();
+    PrefillGemm(const PrefillGemm&) = delete;
+    PrefillGemm& operator=(const PrefillGemm&) = delete;
+
+    /// y[r·ldy + j] = Σ_k x[r·ldx + k] · W[j][k] for r < n, j < w.N
+    /// (overwrites y; the rest of each y row is untouched), with the BF16
+    /// rounding described at the top. Preconditions (else quern::Error):
+    /// gemm_weight_type_supported(w.type), 1 <= n <= max_n, w.K <= max_k,
+    /// ldx >= w.K, ldy >= w.N.
+    void run(const DeviceWeight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
+             cudaStream_t stream);
+
+    /// As run() with X already in BF16: xb holds n rows of w.K values back
+    /// to back (row stride w.K). The activation scratch is not used.
+    void run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+
+    int64_t max_n() const { return max_n_; }
+    int64_t max_k() const { return max_k_; }
+
+private:
+    struct Plan;  // cuBLASLt descriptors and the chosen algorithm of one shape
+    Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldc, uint32_t align_a, uint32_t align_b, uint32_t align_c);
+    static uint32_t alignment(const void* p, int64_t ld_bytes);
+    void matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int64_t n, int64_t k, float* y, int64_t ldy,
+                cudaStream_t stream);
+
+    int64_t max_n_, max_k_, max_tile_;
+    void* handle_ = nullptr;  // cublasLtHandle_t
+    DeviceBuffer workspace_, wtile_, xact_;
+    std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>, Plan*> plans_;
+};
+
+}  // namespace quern::cuda

@@ -149,6 +149,52 @@ void decode_attention_rope(const float* q, const float* k, const float* v, void*
                            cudaStream_t stream, int8_t* xq = nullptr, ActBlockInfo* xinfo = nullptr,
                            int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, const AttentionExtras& ex = {});
 
+// ---------------------------------------------------------------- prefill
+// Row-batched ops of the prompt-processing path (ops_prefill.cu): n
+// consecutive positions pos0 .. pos0+n−1 of one sequence at once, rows at a
+// given stride (floats). Ordinary stream order; no device-side positions
+// (the prefill is not captured in a graph).
+
+/// For each row r < n of qkv (row stride ld >= (n_head + 2·n_head_kv)·head_dim
+/// floats, laid out [q | k | v] as the QKV projection writes them), as
+/// decode_attention_rope does for one token at position pos0 + r: adds the
+/// biases of `ex`, applies the per-head q/k RMSNorm of `ex`, rotates q and k
+/// (angles double(pos)·inv_freq[i], pairs (2i, 2i+1) or, neox, (i, i +
+/// rope_dim/2)); q is rotated in place (unscaled), the rotated k and the
+/// biased v are stored (as kv_type) in cache row pos0 + r. k and v in qkv are
+/// left unchanged. ex.window / ex.softcap are ignored here.
+/// Preconditions (else quern::Error): 1 <= n, 0 <= pos0, pos0 + n <= n_ctx;
+/// head_dim even and <= 256; rope_dim even and <= head_dim; n_head a
+/// multiple of n_head_kv; biases all or none, norms both or neither.
+void prefill_rope_kv_store(float* qkv, int64_t ld, int n, int pos0, void* k_cache, void* v_cache, KvType kv_type,
+                           int n_ctx, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
+                           bool neox, const AttentionExtras& ex, cudaStream_t stream);
+
+/// Whether prefill_attention takes heads of head_dim elements (32, 64, 128, 256).
+bool prefill_attention_head_dim_supported(int head_dim);
+
+/// Causal GQA attention of n query rows at positions pos0 .. pos0+n−1 over
+/// the cache (as cpu::attention with pos[r] = pos0 + r):
+///   q:   n rows at stride ldq floats of n_head × head_dim (rotated, unscaled)
+///   k_cache, v_cache: rows of n_head_kv × head_dim kv_type elements, the
+///        row of position p at p; rows 0 .. pos0+n−1 must be written
+///   out: n rows at stride ldo floats of n_head × head_dim
+/// Query head h reads KV head h / (n_head / n_head_kv); scores are
+/// scale·q·k, then softcap·tanh(s/softcap) when softcap > 0; window > 0:
+/// row r sees positions pos0+r−window+1 .. pos0+r only. fp32 online
+/// softmax. O(n·(pos0+n)·n_head·head_dim) work, one warp per (row, head).
+/// Preconditions (else quern::Error): head_dim supported, n_head a multiple
+/// of n_head_kv, 1 <= n, pos0 >= 0, pos0 + n <= n_ctx, strides >= n_head·head_dim.
+void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, KvType kv_type, int n,
+                       int pos0, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale, int window,
+                       float softcap, float* out, int64_t ldo, cudaStream_t stream);
+
+/// FFN gating on rows: out[r·ldo + i] = act(gu[r·ld + i]) · gu[r·ld + n_ff + i]
+/// for r < n, i < n_ff, act = SiLU, or GELU (tanh) with gelu — the
+/// arithmetic of swiglu_q8_1. ld >= 2·n_ff, ldo >= n_ff.
+void glu_rows(const float* gu, int64_t ld, int64_t n, int64_t n_ff, float* out, int64_t ldo, bool gelu,
+              cudaStream_t stream);
+
 /// Embedding lookup: out[dim] = row *id of `table`, rows of dim elements in
 /// GGUF block layout stored back to back (row stride row_size(type, dim);
 /// upload the tensor bytes as they are, NOT with upload_weight's repacked

@@ -190,14 +190,8 @@ __device__ __forceinline__ float rotated(const float* x, int e, int rope_dim, in
     return e == i0 ? a * c - b * s : a * s + b * c;
 }
 
-// cos and sin of the angle double(pos) · inv_freq, as cpu::rope computes
-// them up to float rounding: the product and its reduction to [−π, π] in
-// double, then sincosf of the reduced angle (no slow path).
-__device__ __forceinline__ void rope_angle(int pos, float inv_freq, float* c, float* s) {
-    const double a = static_cast<double>(pos) * static_cast<double>(inv_freq);
-    const double r = fma(-6.283185307179586, rint(a * 0.15915494309189535), a);
-    sincosf(static_cast<float>(r), s, c);
-}
+// rope_angle: ops_common.cuh (shared with the prefill kernels).
+using detail::rope_angle;
 
 template <int HD, class T, int G, bool ROPE>
 __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* __restrict__ q,

@@ -74,6 +74,16 @@ __device__ __forceinline__ float block_max(float v, float* red) {
     return warp_max(v);
 }
 
+/// cos and sin of the angle double(pos) · inv_freq, as cpu::rope computes
+/// them up to float rounding: the product and its reduction to [−π, π] in
+/// double, then sincosf of the reduced angle (no slow path). Used by the
+/// decode attention and the prefill RoPE so that both rotate identically.
+__device__ __forceinline__ void rope_angle(int pos, float inv_freq, float* c, float* s) {
+    const double a = static_cast<double>(pos) * static_cast<double>(inv_freq);
+    const double r = fma(-6.283185307179586, rint(a * 0.15915494309189535), a);
+    sincosf(static_cast<float>(r), s, c);
+}
+
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 template <class T>

@@ -1,0 +1,270 @@
+// Row-batched kernels of the prefill path (API: ops.h, "Prefill"): RoPE and
+// the KV-cache write for n consecutive positions, causal GQA attention of n
+// query rows against the cache, and the FFN gating on rows. Launched with
+// plain stream order (no PDL): the prefill is not captured in a graph and is
+// dominated by its GEMMs.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/ops_common.cuh"
+
+namespace quern::cuda {
+namespace {
+
+using detail::from_f32;
+using detail::rope_angle;
+using detail::to_f32;
+using detail::warp_sum;
+
+constexpr int kMaxHeadDim = 256;
+
+// prefill_rope_kv_kernel<T>
+//   Shapes:  qkv: n rows at stride ld floats, each [q (n_head·HD) | k
+//            (n_head_kv·HD) | v (n_head_kv·HD)] as the QKV projection left
+//            them; k_cache / v_cache: n_ctx rows of n_head_kv·HD T.
+//   Grid:    (n_head + n_head_kv, n) blocks of one warp: block (h, r) takes
+//            head h of row r (h < n_head: a query head, else KV head
+//            h − n_head with its value). The warp stages the head in shared
+//            memory (HD ≤ 256 floats), adds the bias, applies the per-head
+//            RMSNorm (one warp sum), rotates pair by pair (lane i: pairs i,
+//            i+32, ...; angles by rope_angle as the decode kernel), then
+//            writes q back in place or k and v to cache row pos0 + r.
+//   Bound:   latency / memory (a few loads and stores per element).
+template <class T>
+__global__ void __launch_bounds__(32) prefill_rope_kv_kernel(float* __restrict__ qkv, int64_t ld, int pos0,
+                                                            T* __restrict__ kc, T* __restrict__ vc, int n_head,
+                                                            int n_head_kv, int hd, const float* __restrict__ inv_freq,
+                                                            int rope_dim, int neox, AttentionExtras ex) {
+    __shared__ float xs[kMaxHeadDim];
+    const int lane = static_cast<int>(threadIdx.x);
+    const int h = static_cast<int>(blockIdx.x);
+    const int r = static_cast<int>(blockIdx.y);
+    const int pos = pos0 + r;
+    const bool is_q = h < n_head;
+    const int hk = h - n_head;
+    float* row = qkv + static_cast<int64_t>(r) * ld;
+    const int64_t q_dim = static_cast<int64_t>(n_head) * hd, kv_dim = static_cast<int64_t>(n_head_kv) * hd;
+    const int64_t off = is_q ? static_cast<int64_t>(h) * hd : q_dim + static_cast<int64_t>(hk) * hd;
+    const float* bias = is_q ? ex.q_bias : ex.k_bias;
+    const float* nw = is_q ? ex.q_norm : ex.k_norm;
+    const int64_t boff = is_q ? static_cast<int64_t>(h) * hd : static_cast<int64_t>(hk) * hd;
+    for (int e = lane; e < hd; e += 32) xs[e] = row[off + e] + (bias ? bias[boff + e] : 0.0f);
+    __syncwarp();
+    if (nw) {
+        float ss = 0.0f;
+        for (int e = lane; e < hd; e += 32) ss += xs[e] * xs[e];
+        ss = warp_sum(ss);
+        const float sc = 1.0f / sqrtf(ss / static_cast<float>(hd) + ex.norm_eps);
+        for (int e = lane; e < hd; e += 32) xs[e] = xs[e] * sc * nw[e];
+        __syncwarp();
+    }
+    const int half = rope_dim / 2;
+    for (int i = lane; i < half; i += 32) {
+        float c, s;
+        rope_angle(pos, inv_freq[i], &c, &s);
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float a = xs[i0], b = xs[i1];
+        xs[i0] = a * c - b * s;
+        xs[i1] = a * s + b * c;
+    }
+    __syncwarp();
+    if (is_q) {
+        for (int e = lane; e < hd; e += 32) row[off + e] = xs[e];
+        return;
+    }
+    const int64_t crow = static_cast<int64_t>(pos) * kv_dim + static_cast<int64_t>(hk) * hd;
+    const int64_t voff = q_dim + kv_dim + static_cast<int64_t>(hk) * hd;
+    for (int e = lane; e < hd; e += 32) {
+        kc[crow + e] = from_f32<T>(xs[e]);
+        vc[crow + e] = from_f32<T>(row[voff + e] + (ex.v_bias ? ex.v_bias[boff + e] : 0.0f));
+    }
+}
+
+constexpr int kPrefillAttnWarps = 4;
+
+// prefill_attention_kernel<HD, T, SOFTCAP>
+//   Shapes:  q: n rows at stride ldq floats, n_head·HD each (rotated);
+//            k_cache / v_cache: rows of n_head_kv·HD T, position p at row p;
+//            out: n rows at stride ldo floats, n_head·HD each.
+//   Grid:    (n_head, ceil(n / 4)) blocks of 4 warps; warp w of block (h, b)
+//            computes query row r = 4b + w (position pos0 + r) of head h
+//            against KV head h / (n_head / n_head_kv). Lane l holds elements
+//            l·E .. l·E+E−1 (E = HD/32) of q (pre-scaled) and of the output
+//            accumulator; keys lo .. pos0+r one at a time (lo = 0, or
+//            pos0+r−window+1 with a window): one warp sum per score, online
+//            softmax (running max, rescaled sum and accumulator) in fp32.
+//   Cost:    O(n · (pos0 + n) · n_head · HD) FMAs and as many K/V element
+//            reads (from L2 mostly: a KV head's rows are shared by its query
+//            heads and rows); simple rather than fast — a tiled tensor-core
+//            kernel is the next step for long prompts.
+//   Bound:   latency of the per-key warp reduction.
+template <int HD, class T, bool SOFTCAP>
+__global__ void __launch_bounds__(32 * kPrefillAttnWarps)
+    prefill_attention_kernel(const float* __restrict__ q, int64_t ldq, const T* __restrict__ kc,
+                             const T* __restrict__ vc, int n, int pos0, int n_head, int n_head_kv, float scale,
+                             int window, float softcap, float* __restrict__ out, int64_t ldo) {
+    constexpr int E = HD / 32;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int r = static_cast<int>(blockIdx.y) * kPrefillAttnWarps + (static_cast<int>(threadIdx.x) >> 5);
+    if (r >= n) return;  // whole warps leave
+    const int h = static_cast<int>(blockIdx.x);
+    const int hk = h / (n_head / n_head_kv);
+    const int pos = pos0 + r;
+    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    const float* qr = q + static_cast<int64_t>(r) * ldq + static_cast<int64_t>(h) * HD + lane * E;
+    float qv[E], acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        qv[e] = qr[e] * scale;
+        acc[e] = 0.0f;
+    }
+    const int64_t kv_stride = static_cast<int64_t>(n_head_kv) * HD;
+    const int64_t head_off = static_cast<int64_t>(hk) * HD + lane * E;
+    float m = -INFINITY, l = 0.0f;
+    for (int j = lo; j <= pos; ++j) {
+        const T* kr = kc + static_cast<int64_t>(j) * kv_stride + head_off;
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) s = fmaf(qv[e], to_f32(kr[e]), s);
+        s = warp_sum(s);
+        if constexpr (SOFTCAP) s = softcap * tanhf(s / softcap);
+        const float m_new = fmaxf(m, s);
+        const float corr = expf(m - m_new);  // 0 on the first key (m = −inf)
+        const float p = expf(s - m_new);
+        l = l * corr + p;
+        const T* vr = vc + static_cast<int64_t>(j) * kv_stride + head_off;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(p, to_f32(vr[e]), acc[e] * corr);
+        m = m_new;
+    }
+    const float inv = 1.0f / l;  // l >= 1: the key at `pos` is always seen
+    float* o = out + static_cast<int64_t>(r) * ldo + static_cast<int64_t>(h) * HD + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = acc[e] * inv;
+}
+
+// glu_rows_kernel<GELU>
+//   Shapes:  gu: n rows at stride ld floats, [gate (n_ff) | up (n_ff)];
+//            out: n rows at stride ldo floats, n_ff each.
+//   Grid:    one thread per output element, grid-stride, 256 per block.
+//   Math:    as swiglu_q8_1: SiLU(g)·up, or GELU-tanh(g)·up (Gemma).
+//   Bound:   memory.
+template <bool GELU>
+__global__ void __launch_bounds__(256) glu_rows_kernel(const float* __restrict__ gu, int64_t ld, int64_t n,
+                                                       int64_t n_ff, float* __restrict__ out, int64_t ldo) {
+    const int64_t total = n * n_ff;
+    for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+         t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = t / n_ff, i = t % n_ff;
+        const float g = gu[r * ld + i], u = gu[r * ld + n_ff + i];
+        float v;
+        if constexpr (GELU) {
+            constexpr float kSqrt2OverPi = 0.7978845608028654f;
+            v = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
+        } else {
+            v = g / (1.0f + expf(-g)) * u;
+        }
+        out[r * ldo + i] = v;
+    }
+}
+
+template <int HD, class T>
+void launch_attn(const float* q, int64_t ldq, const void* kc, const void* vc, int n, int pos0, int n_head,
+                 int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo, cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>((n + kPrefillAttnWarps - 1) / kPrefillAttnWarps));
+    const dim3 block(32 * kPrefillAttnWarps);
+    if (softcap > 0.0f)
+        prefill_attention_kernel<HD, T, true><<<grid, block, 0, stream>>>(
+            q, ldq, static_cast<const T*>(kc), static_cast<const T*>(vc), n, pos0, n_head, n_head_kv, scale, window,
+            softcap, out, ldo);
+    else
+        prefill_attention_kernel<HD, T, false><<<grid, block, 0, stream>>>(
+            q, ldq, static_cast<const T*>(kc), static_cast<const T*>(vc), n, pos0, n_head, n_head_kv, scale, window,
+            softcap, out, ldo);
+}
+
+template <class T>
+void dispatch_attn(int hd, const float* q, int64_t ldq, const void* kc, const void* vc, int n, int pos0, int n_head,
+                   int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo,
+                   cudaStream_t stream) {
+    switch (hd) {
+        case 32: launch_attn<32, T>(q, ldq, kc, vc, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        case 64: launch_attn<64, T>(q, ldq, kc, vc, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        case 128: launch_attn<128, T>(q, ldq, kc, vc, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        case 256: launch_attn<256, T>(q, ldq, kc, vc, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        default: throw_error("prefill_attention: head_dim must be 32, 64, 128 or 256");
+    }
+}
+
+unsigned grid_for(int64_t threads) {
+    return static_cast<unsigned>(std::clamp<int64_t>((threads + 255) / 256, 1, 65535));
+}
+
+}  // namespace
+
+bool prefill_attention_head_dim_supported(int head_dim) {
+    return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+void prefill_rope_kv_store(float* qkv, int64_t ld, int n, int pos0, void* k_cache, void* v_cache, KvType kv_type,
+                           int n_ctx, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
+                           bool neox, const AttentionExtras& ex, cudaStream_t stream) {
+    if (!qkv || !k_cache || !v_cache || (rope_dim > 0 && !inv_freq)) throw_error("prefill_rope_kv_store: null pointer");
+    if (n < 1 || n > 65535 || pos0 < 0 || pos0 + n > n_ctx) throw_error("prefill_rope_kv_store: rows out of range");
+    if (head_dim < 2 || head_dim > kMaxHeadDim || head_dim % 2 || rope_dim < 0 || rope_dim % 2 || rope_dim > head_dim)
+        throw_error("prefill_rope_kv_store: bad head_dim / rope_dim");
+    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv)
+        throw_error("prefill_rope_kv_store: n_head must be a multiple of n_head_kv");
+    if (ld < static_cast<int64_t>(n_head + 2 * n_head_kv) * head_dim) throw_error("prefill_rope_kv_store: ld too small");
+    if ((ex.q_bias == nullptr) != (ex.k_bias == nullptr) || (ex.q_bias == nullptr) != (ex.v_bias == nullptr) ||
+        (ex.q_norm == nullptr) != (ex.k_norm == nullptr))
+        throw_error("prefill_rope_kv_store: give all three biases or none, both norms or neither");
+    const dim3 grid(static_cast<unsigned>(n_head + n_head_kv), static_cast<unsigned>(n));
+    if (kv_type == KvType::F16)
+        prefill_rope_kv_kernel<__half><<<grid, 32, 0, stream>>>(qkv, ld, pos0, static_cast<__half*>(k_cache),
+                                                                static_cast<__half*>(v_cache), n_head, n_head_kv,
+                                                                head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
+    else
+        prefill_rope_kv_kernel<float><<<grid, 32, 0, stream>>>(qkv, ld, pos0, static_cast<float*>(k_cache),
+                                                               static_cast<float*>(v_cache), n_head, n_head_kv,
+                                                               head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, KvType kv_type, int n,
+                       int pos0, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale, int window,
+                       float softcap, float* out, int64_t ldo, cudaStream_t stream) {
+    if (!q || !k_cache || !v_cache || !out) throw_error("prefill_attention: null pointer");
+    if (n < 1 || n > 65535 * kPrefillAttnWarps || pos0 < 0 || pos0 + n > n_ctx)
+        throw_error("prefill_attention: rows out of range");
+    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv)
+        throw_error("prefill_attention: n_head must be a multiple of n_head_kv");
+    if (!prefill_attention_head_dim_supported(head_dim))
+        throw_error("prefill_attention: head_dim must be 32, 64, 128 or 256");
+    if (ldq < static_cast<int64_t>(n_head) * head_dim || ldo < static_cast<int64_t>(n_head) * head_dim)
+        throw_error("prefill_attention: row stride too small");
+    if (window < 0 || softcap < 0.0f) throw_error("prefill_attention: negative window or softcap");
+    if (kv_type == KvType::F16)
+        dispatch_attn<__half>(head_dim, q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap,
+                              out, ldo, stream);
+    else
+        dispatch_attn<float>(head_dim, q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap,
+                             out, ldo, stream);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void glu_rows(const float* gu, int64_t ld, int64_t n, int64_t n_ff, float* out, int64_t ldo, bool gelu,
+              cudaStream_t stream) {
+    if (!gu || !out) throw_error("glu_rows: null pointer");
+    if (n < 1 || n_ff < 1 || ld < 2 * n_ff || ldo < n_ff) throw_error("glu_rows: bad shape");
+    if (gelu) glu_rows_kernel<true><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out, ldo);
+    else glu_rows_kernel<false><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out, ldo);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace quern::cuda

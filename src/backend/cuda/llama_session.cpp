@@ -50,6 +50,29 @@
 // included: the first reads the float activation, the second the quantized
 // one, gemv_takes_quantized_activation); an embedding table of a type get_row
 // lacks is dequantized to F16 at upload.
+//
+// Prompts (eval with n >= kPrefillMinTokens, session.h) take the batched
+// prefill path instead where the model allows it (prefill_supported_): the
+// positions are processed prefill_chunk at a time, each chunk through every
+// layer at once with matrix-matrix products (PrefillGemm, gemm.h: weights
+// dequantized to BF16, cuBLASLt on the tensor cores) and the row-batched
+// kernels of ops.h ("prefill"):
+//
+//   X[r] = token_embd[tokens[pos0 + r]] (· embd_scale)   get_row per row
+//   per layer:
+//     XN = RMSNorm(X (+= HRES), attn_norm)                rms_norm_q8_1, n rows
+//     QKV = XN · W_qkvᵀ                                   PrefillGemm per piece
+//     bias, q/k norm, RoPE; K, V -> cache rows pos0..     prefill_rope_kv_store
+//     A = causal attention(Q, cache[0 .. pos0 + r])       prefill_attention
+//     H = A · W_oᵀ (HRES = RMSNorm(H, post_attn_norm))    PrefillGemm (+ rms_norm_q8_1)
+//     XN = RMSNorm(X += HRES, ffn_norm)
+//     GU = XN · W_gate_upᵀ; F = SiLU|GELU(G) · U          PrefillGemm, glu_rows
+//     H = F · W_downᵀ (HRES = RMSNorm(H, post_ffn_norm))
+//   last chunk, last row only: RMSNorm(x += h, output_norm), logits = W_out · xq
+//   with the decode step's GEMV (and soft-capping).
+// The KV cache then holds what the token-by-token path would have written
+// (up to rounding: BF16 GEMM inputs instead of the Q8_1 activations of the
+// GEMVs), so decoding continues from it with the captured step.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -58,6 +81,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -65,6 +89,7 @@
 #include "backend/gpu_support.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/session.h"
@@ -167,6 +192,16 @@ private:
     /// so that the next step evaluates position n_past_.
     void begin(const int32_t* tokens, int64_t n);
 
+    /// Batched prefill (see the top of the file): whether eval of n tokens
+    /// takes it, the whole eval, and one chunk of n rows at positions pos0..
+    /// (tokens already on the device; head: logits of the last row into logits_).
+    bool use_prefill(int64_t n) const;
+    void prefill(const int32_t* tokens, int64_t n, float* logits);
+    void prefill_chunk(int64_t pos0, int64_t n, bool head);
+    /// Allocates the prefill scratch on first use; false (and the batched
+    /// path off for this session) when the GPU has no room for it.
+    bool ensure_prefill_scratch();
+
     ModelConfig cfg_;
     SessionOptions opt_;
     CudaContext ctx_;
@@ -190,6 +225,14 @@ private:
     const float* inv_freq_ = nullptr;    // rope_dim/2 floats: cpu::rope_inv_freq
     const float* inv_freq_local_ = nullptr;  // sliding-window layers' table (Gemma: own base, maybe unscaled)
     Piece output_;
+
+    // Batched prefill: whether the model allows it (weight types with a
+    // prefill GEMM, a supported head size), rows per chunk, and its scratch
+    // (allocated on first use: decode-only sessions never pay for it).
+    bool prefill_supported_ = false;
+    int64_t prefill_rows_ = 0;
+    std::unique_ptr<PrefillGemm> gemm_;
+    DeviceBuffer px_, ph_, phpost_, pxn_, pqkv_, pattn_, pgu_, pff_;
 
     DeviceBuffer kv_;  // per layer: K then V, n_ctx rows of kv_dim elements
     size_t kv_layer_bytes_ = 0;
@@ -300,6 +343,21 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     }
     ctl_ = DeviceBuffer(sizeof(DecodeControl));
     host_ctl_ = PinnedBuffer(sizeof(DecodeControl));
+    {
+        // Batched prefill needs a prefill GEMM for every layer matrix (the
+        // output head stays a GEMV: one row) and a head size the prefill
+        // attention takes; other models evaluate prompts token by token.
+        const auto g = [](const Piece& p) { return gemm_weight_type_supported(p.w.type); };
+        bool ok = opt.batched_prefill && prefill_attention_head_dim_supported(static_cast<int>(c.head_dim)) &&
+                  opt.prefill_chunk >= 1;
+        for (const auto& L : layers_) {
+            for (const auto* ps : {&L.qkv, &L.gate_up})
+                for (const Piece& p : *ps) ok = ok && g(p);
+            ok = ok && g(L.wo) && g(L.down);
+        }
+        const char* e = std::getenv("QUERN_CUDA_PREFILL");
+        prefill_supported_ = ok && !(e && std::string(e) == "0");
+    }
 
     // KV cache: as requested, capped by --gpu-mem.
     const size_t elem = kv_type_ == KvType::F16 ? 2 : 4;
@@ -742,6 +800,7 @@ void LlamaCudaSession::begin(const int32_t* tokens, int64_t n) {
 void LlamaCudaSession::eval(const int32_t* tokens, int64_t n, float* logits) {
     check_tokens(tokens, n);
     if (n == 0) return;
+    if (use_prefill(n) && ensure_prefill_scratch()) return prefill(tokens, n, logits);
     begin(tokens, n);
     for (int64_t i = 0; i < n; ++i) run_step(i == n - 1 ? kArgmax : kNoHead);
     n_past_ += n;
@@ -797,6 +856,113 @@ void LlamaCudaSession::eval_traced(const int32_t* tokens, int64_t n, float* logi
     logits_.download(host.data(), host.size() * sizeof(float), ctx_.stream());
     trace("logits", host.data(), cfg_.n_vocab);
     if (logits) std::copy(host.begin(), host.end(), logits);
+}
+
+bool LlamaCudaSession::use_prefill(int64_t n) const { return prefill_supported_ && n >= kPrefillMinTokens; }
+
+bool LlamaCudaSession::ensure_prefill_scratch() {
+    if (gemm_) return true;
+    try {
+        const auto& c = cfg_;
+        const int64_t R = std::min<int64_t>(opt_.prefill_chunk, n_ctx_);
+        const auto fb = [&](int64_t cols) { return DeviceBuffer(static_cast<size_t>(R * cols) * sizeof(float)); };
+        px_ = fb(c.n_embd);
+        ph_ = fb(c.n_embd);
+        if (c.post_norms) phpost_ = fb(c.n_embd);
+        pxn_ = fb(c.n_embd);
+        pqkv_ = fb(c.q_dim() + 2 * c.kv_dim());
+        pattn_ = fb(c.q_dim());
+        pgu_ = fb(2 * c.n_ff);
+        pff_ = fb(c.n_ff);
+        gemm_ = std::make_unique<PrefillGemm>(R, std::max({c.n_embd, c.q_dim(), c.n_ff}));
+        prefill_rows_ = R;
+    } catch (const Error& e) {
+        // Out of device memory (e.g. --gpu-mem gave it all to the KV cache):
+        // prompts go token by token, as before.
+        cudaGetLastError();
+        gemm_.reset();
+        px_ = DeviceBuffer(), ph_ = DeviceBuffer(), phpost_ = DeviceBuffer(), pxn_ = DeviceBuffer();
+        pqkv_ = DeviceBuffer(), pattn_ = DeviceBuffer(), pgu_ = DeviceBuffer(), pff_ = DeviceBuffer();
+        prefill_supported_ = false;
+        if (opt_.verbose)
+            std::fprintf(stderr, "quern: no GPU memory for the batched prefill (%s); prompts run token by token\n",
+                         e.what());
+        return false;
+    }
+    return true;
+}
+
+void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
+    const auto& c = cfg_;
+    const cudaStream_t s = ctx_.stream();
+    const int64_t E = c.n_embd, QD = c.q_dim(), FF = c.n_ff, LQ = c.q_dim() + 2 * c.kv_dim();
+    float* X = px_.as<float>();
+    float* H = ph_.as<float>();
+    float* HRES = c.post_norms ? phpost_.as<float>() : H;  // what is added to the residual stream
+    float* XN = pxn_.as<float>();
+    float* QKV = pqkv_.as<float>();
+    float* ATT = pattn_.as<float>();
+    float* GU = pgu_.as<float>();
+    float* FFH = pff_.as<float>();
+    const int nctx = static_cast<int>(n_ctx_);
+    const int rows = static_cast<int>(n);
+
+    for (int64_t r = 0; r < n; ++r)
+        get_row(embd_type_, embd_, c.n_vocab, E, tokens_.as<int32_t>() + pos0 + r, X + r * E, s);
+    if (c.embd_scale > 0.0f) scale_softcap(X, n * E, c.embd_scale, 0.0f, s);
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        const LayerWeights& L = layers_[static_cast<size_t>(il)];
+        auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
+        auto* vc = kc + kv_layer_bytes_;
+        // Layer 0 reads the embeddings; later layers add the previous FFN output first.
+        rms_norm_q8_1(X, il > 0 ? HRES : nullptr, L.attn_norm, XN, nullptr, nullptr, n, E, c.rms_eps, s);
+        for (const Piece& p : L.qkv) gemm_->run(p.w, XN, E, n, QKV + p.offset, LQ, s);
+        AttentionExtras ex;
+        if (L.qkv_bias) {
+            ex.q_bias = L.qkv_bias;
+            ex.k_bias = L.qkv_bias + c.q_dim();
+            ex.v_bias = L.qkv_bias + c.q_dim() + c.kv_dim();
+        }
+        ex.q_norm = L.q_norm;
+        ex.k_norm = L.k_norm;
+        ex.norm_eps = c.rms_eps;
+        const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
+        prefill_rope_kv_store(QKV, LQ, rows, static_cast<int>(pos0), kc, vc, kv_type_, nctx, static_cast<int>(c.n_head),
+                              static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
+                              static_cast<int>(c.rope_dim), c.rope_neox, ex, s);
+        prefill_attention(QKV, LQ, kc, vc, kv_type_, rows, static_cast<int>(pos0), nctx, static_cast<int>(c.n_head),
+                          static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), c.qk_scale(),
+                          static_cast<int>(std::min<int64_t>(c.window(il), nctx)), c.attn_softcap, ATT, QD, s);
+        gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
+        if (L.post_attn_norm) rms_norm_q8_1(H, nullptr, L.post_attn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
+        rms_norm_q8_1(X, HRES, L.ffn_norm, XN, nullptr, nullptr, n, E, c.rms_eps, s);
+        for (const Piece& p : L.gate_up) gemm_->run(p.w, XN, E, n, GU + p.offset, 2 * FF, s);
+        glu_rows(GU, 2 * FF, n, FF, FFH, FF, c.gelu_ffn, s);
+        gemm_->run(L.down.w, FFH, FF, n, H, E, s);
+        if (L.post_ffn_norm) rms_norm_q8_1(H, nullptr, L.post_ffn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
+    }
+    if (head) {  // the last row only, through the decode step's output GEMV
+        float* xl = X + (n - 1) * E;
+        const float* hl = HRES + (n - 1) * E;
+        rms_norm_q8_1(xl, hl, out_norm_, xn_.as<float>(), xq_embd_.q(), xq_embd_.info(), 1, E, c.rms_eps, s,
+                      xq_embd_.q2(), xq_embd_.info2());
+        mm(output_, xn_.as<float>(), xq_embd_, logits_.as<float>());
+        if (c.final_softcap > 0.0f) scale_softcap(logits_.as<float>(), c.n_vocab, 1.0f, c.final_softcap, s);
+    }
+}
+
+void LlamaCudaSession::prefill(const int32_t* tokens, int64_t n, float* logits) {
+    begin(tokens, n);  // the ids on the device (get_row reads them; the sampler's penalties later)
+    for (int64_t c0 = 0; c0 < n; c0 += prefill_rows_) {
+        const int64_t m = std::min(prefill_rows_, n - c0);
+        prefill_chunk(n_past_ + c0, m, logits != nullptr && c0 + m == n);
+    }
+    n_past_ += n;
+    if (logits) {
+        QUERN_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.data(), static_cast<size_t>(cfg_.n_vocab) * sizeof(float),
+                                         cudaMemcpyDeviceToHost, ctx_.stream()));
+    }
+    ctx_.synchronize();
 }
 
 }  // namespace

@@ -20,9 +20,20 @@ struct SessionOptions {
     bool f16_kv = true;
     /// Replay the decode step as a CUDA graph (off: launch kernel by kernel).
     bool cuda_graph = true;
+    /// Evaluate prompts of at least kPrefillMinTokens tokens in one batched
+    /// pass (GEMMs on the tensor cores, prefill_chunk positions at a time)
+    /// instead of one decode step per token, where the model allows it
+    /// (weight types with a prefill GEMM, gemm.h). QUERN_CUDA_PREFILL=0 in the
+    /// environment turns it off too.
+    bool batched_prefill = true;
+    /// Positions per batched-prefill pass (its scratch grows with it).
+    int64_t prefill_chunk = 512;
     /// Notes on stderr (the KV-cache size).
     bool verbose = true;
 };
+
+/// Prompts shorter than this go through the decode step token by token.
+inline constexpr int64_t kPrefillMinTokens = 8;
 
 /// Number of usable CUDA devices (0 without a driver or GPU; never throws).
 int device_count();

@@ -1,0 +1,445 @@
+// The prefill kernels of the CUDA backend (gemm.h, ops.h "prefill") against
+// CPU references on fresh random data.
+//
+// Needs a GPU at run time: every test skips cleanly (GTEST_SKIP) without one.
+// Outputs are poisoned (NaN bits) before each call; every element the call
+// must write is checked finite and within tolerance, and the elements it must
+// not write (row padding past N, past the strides) must keep the poison.
+// Tolerances:
+//   dequantize_weight_bf16  |w − ref| <= 2^-8·|ref| per element, ref =
+//       dequantize_row_ref (one BF16 rounding: 8 significant bits).
+//   PrefillGemm  |y − ref| <= 2^-7·Σ_k|x_k·w_k| + 1e-6, ref = the double
+//       product of the float activations and dequantize_row_ref's weights:
+//       BF16 rounds each factor once (relative 2^-8 each, 2^-7 for the
+//       product), fp32 accumulation adds ~K·2^-24 relative, far below.
+//   prefill_rope_kv_store  q and the f32 cache's k within 1e-5 (relative to
+//       the row's largest element, + 1e-6) of cpu::rope; the f16 cache within
+//       one fp16 ulp; v bit-exact (f32) / the fp16 rounding of v (f16).
+//   prefill_attention  |o − ref| <= 2e-5 against cpu::attention on the same
+//       (fp16-rounded) cache values; outputs are convex combinations of V in
+//       [-1, 1], so the bound is absolute.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/context.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/weights.h"
+#include "core/dtype.h"
+#include "core/fp16.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "quant/reference.h"
+
+using namespace quern;
+
+namespace {
+
+bool have_gpu() { return cuda::CudaContext::device_count() > 0; }
+#define REQUIRE_GPU() \
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU"
+
+float bf16_to_float(uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+/// A random N × K matrix of type t on the host (quantized by
+/// quantize_row_ref) with its dequantized values.
+struct HostMatrix {
+    DType type;
+    int64_t N, K;
+    std::vector<uint8_t> bytes;
+    std::vector<float> deq;  // N × K
+};
+
+HostMatrix random_matrix(DType t, int64_t N, int64_t K, std::mt19937& rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    HostMatrix m{t, N, K, std::vector<uint8_t>(row_size(t, K) * static_cast<size_t>(N)),
+                 std::vector<float>(static_cast<size_t>(N * K))};
+    std::vector<float> row(static_cast<size_t>(K));
+    const size_t rb = row_size(t, K);
+    for (int64_t r = 0; r < N; ++r) {
+        for (auto& v : row) v = nd(rng) * 0.05f;
+        row[static_cast<size_t>(rng() % K)] *= 20.0f;  // an outlier per row
+        quantize_row_ref(t, row.data(), m.bytes.data() + static_cast<size_t>(r) * rb, K);
+        dequantize_row_ref(t, m.bytes.data() + static_cast<size_t>(r) * rb, m.deq.data() + r * K, K);
+    }
+    return m;
+}
+
+cuda::DeviceWeight upload(cuda::CudaContext& ctx, HostMatrix& m) {
+    return cuda::upload_weight(ctx, Tensor::contiguous(m.type, {m.K, m.N, 1, 1}, m.bytes.data(), "w"));
+}
+
+const DType kGemmTypes[] = {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32,
+                            DType::Q4_0, DType::Q4_1, DType::Q5_0,  DType::Q5_1, DType::Q5_K};
+
+TEST(CudaPrefill, DequantizeBf16MatchesReference) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(101);
+    for (DType t : kGemmTypes) {
+        ASSERT_TRUE(cuda::gemm_weight_type_supported(t)) << dtype_name(t);
+        const int64_t N = 37, K = 512;
+        HostMatrix m = random_matrix(t, N, K, rng);
+        cuda::DeviceWeight w = upload(ctx, m);
+        // rows 5 .. 5+29 (a range not starting at 0), poisoned output with a guard row
+        const int64_t row0 = 5, rows = 29;
+        cuda::DeviceBuffer out(static_cast<size_t>((rows + 1) * K) * 2);
+        out.fill_bytes(0xFF, ctx.stream());
+        cuda::dequantize_weight_bf16(w, row0, rows, out.as<uint16_t>(), ctx.stream());
+        std::vector<uint16_t> got(static_cast<size_t>((rows + 1) * K));
+        out.download(got.data(), got.size() * 2, ctx.stream());
+        int bad = 0;
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < K; ++k) {
+                const float g = bf16_to_float(got[static_cast<size_t>(r * K + k)]);
+                const float ref = m.deq[static_cast<size_t>((row0 + r) * K + k)];
+                if (!(std::fabs(g - ref) <= std::ldexp(std::fabs(ref), -8)) && bad++ < 5)
+                    ADD_FAILURE() << dtype_name(t) << " row " << row0 + r << " element " << k << ": " << g
+                                  << " vs " << ref;
+            }
+        for (int64_t k = 0; k < K; ++k) EXPECT_EQ(got[static_cast<size_t>(rows * K + k)], 0xFFFF) << "guard row written";
+        EXPECT_EQ(bad, 0) << dtype_name(t);
+    }
+}
+
+TEST(CudaPrefill, DequantizeRejectsBadArguments) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(5);
+    HostMatrix m = random_matrix(DType::Q8_0, 4, 64, rng);
+    cuda::DeviceWeight w = upload(ctx, m);
+    cuda::DeviceBuffer out(4 * 64 * 2);
+    EXPECT_THROW(cuda::dequantize_weight_bf16(w, 2, 3, out.as<uint16_t>(), ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::dequantize_weight_bf16(w, 0, 1, nullptr, ctx.stream()), std::runtime_error);
+    EXPECT_FALSE(cuda::gemm_weight_type_supported(DType::Q2_K));
+}
+
+// Y = X · Wᵀ for the 8B projection shapes scaled down (q|k|v 6144 × 4096,
+// gate|up 28672 × 4096, down 4096 × 14336 → /8 .. /16), an odd N, and odd
+// numbers of rows; the last case forces weight tiles of a few rows.
+TEST(CudaPrefill, GemmMatchesDoubleReference) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(202);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    struct Shape {
+        int64_t N, K;
+        int64_t tile;  // max_tile_elems of the PrefillGemm (0: default)
+    };
+    const Shape shapes[] = {{768, 256, 0}, {1792, 256, 0}, {256, 1024, 0}, {300, 512, 0}, {300, 512, 512 * 7}};
+    for (DType t : kGemmTypes) {
+        for (const Shape& sh : shapes) {
+            HostMatrix m = random_matrix(t, sh.N, sh.K, rng);
+            cuda::DeviceWeight w = upload(ctx, m);
+            cuda::PrefillGemm gemm(33, sh.K, sh.tile > 0 ? sh.tile : int64_t{64} << 20);
+            for (int64_t n : {1, 7, 33}) {
+                const int64_t ldx = sh.K + 3, ldy = sh.N + 5;  // strides wider than the rows
+                std::vector<float> x(static_cast<size_t>(n * ldx));
+                for (auto& v : x) v = nd(rng);
+                cuda::DeviceBuffer dx(x.size() * 4), dy(static_cast<size_t>(n * ldy) * 4);
+                dx.upload(x.data(), x.size() * 4, ctx.stream());
+                dy.fill_bytes(0xFF, ctx.stream());
+                gemm.run(w, dx.as<float>(), ldx, n, dy.as<float>(), ldy, ctx.stream());
+                std::vector<float> y(static_cast<size_t>(n * ldy));
+                dy.download(y.data(), y.size() * 4, ctx.stream());
+                int bad = 0;
+                for (int64_t r = 0; r < n; ++r) {
+                    for (int64_t j = 0; j < sh.N; ++j) {
+                        double ref = 0, mag = 0;
+                        for (int64_t k = 0; k < sh.K; ++k) {
+                            const double p = static_cast<double>(x[static_cast<size_t>(r * ldx + k)]) *
+                                             m.deq[static_cast<size_t>(j * sh.K + k)];
+                            ref += p;
+                            mag += std::fabs(p);
+                        }
+                        const float g = y[static_cast<size_t>(r * ldy + j)];
+                        const double tol = std::ldexp(mag, -7) + 1e-6;
+                        if (!(std::fabs(g - ref) <= tol) && bad++ < 5)
+                            ADD_FAILURE() << dtype_name(t) << " N " << sh.N << " K " << sh.K << " n " << n << " row "
+                                          << r << " col " << j << ": " << g << " vs " << ref << " (tol " << tol << ")";
+                    }
+                    for (int64_t j = sh.N; j < ldy; ++j) {
+                        uint32_t bits;
+                        std::memcpy(&bits, &y[static_cast<size_t>(r * ldy + j)], 4);
+                        if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "padding written at row " << r;
+                    }
+                }
+                EXPECT_EQ(bad, 0) << dtype_name(t) << " N " << sh.N << " K " << sh.K << " n " << n;
+            }
+        }
+    }
+}
+
+TEST(CudaPrefill, GemmRejectsBadShapes) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(9);
+    HostMatrix m = random_matrix(DType::Q8_0, 8, 64, rng);
+    cuda::DeviceWeight w = upload(ctx, m);
+    cuda::PrefillGemm gemm(4, 64);
+    cuda::DeviceBuffer dx(4 * 64 * 4), dy(4 * 8 * 4);
+    EXPECT_THROW(gemm.run(w, dx.as<float>(), 64, 5, dy.as<float>(), 8, ctx.stream()), std::runtime_error);   // n > max_n
+    EXPECT_THROW(gemm.run(w, dx.as<float>(), 63, 4, dy.as<float>(), 8, ctx.stream()), std::runtime_error);   // ldx < K
+    EXPECT_THROW(gemm.run(w, dx.as<float>(), 64, 4, dy.as<float>(), 7, ctx.stream()), std::runtime_error);   // ldy < N
+    EXPECT_THROW(cuda::PrefillGemm(4, 64, 32), std::runtime_error);                                           // tile < one row
+}
+
+// prefill_rope_kv_store against cpu::rope, for both cache types, neox and
+// not, with Qwen2's biases and Qwen3's q/k norms.
+TEST(CudaPrefill, RopeKvStoreMatchesCpu) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(303);
+    std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+    struct Case {
+        int hd, rope_dim, n_head, n_head_kv;
+        bool neox, bias, norm;
+    };
+    for (const Case& c : {Case{128, 128, 8, 2, false, false, false}, Case{64, 64, 4, 1, true, true, false},
+                          Case{128, 64, 4, 4, true, false, true}, Case{256, 256, 2, 1, false, true, true}}) {
+        for (cuda::KvType kvt : {cuda::KvType::F32, cuda::KvType::F16}) {
+            const int n = 13, pos0 = 29, n_ctx = 64;
+            const int qd = c.n_head * c.hd, kvd = c.n_head_kv * c.hd, ld = qd + 2 * kvd + 4;
+            std::vector<float> qkv(static_cast<size_t>(n * ld)), bias(static_cast<size_t>(qd + 2 * kvd)),
+                qn(static_cast<size_t>(c.hd)), kn(static_cast<size_t>(c.hd));
+            for (auto& v : qkv) v = ud(rng);
+            for (auto& v : bias) v = ud(rng);
+            for (auto& v : qn) v = 0.5f + ud(rng) * 0.4f;
+            for (auto& v : kn) v = 0.5f + ud(rng) * 0.4f;
+            std::vector<float> inv(static_cast<size_t>(c.rope_dim / 2));
+            cpu::rope_inv_freq(c.rope_dim, 10000.0f, nullptr, inv.data());
+            const size_t es = kvt == cuda::KvType::F16 ? 2 : 4;
+            cuda::DeviceBuffer dqkv(qkv.size() * 4), dbias(bias.size() * 4), dqn(qn.size() * 4), dkn(kn.size() * 4),
+                dinv(inv.size() * 4), kc(static_cast<size_t>(n_ctx * kvd) * es), vc(static_cast<size_t>(n_ctx * kvd) * es);
+            dqkv.upload(qkv.data(), qkv.size() * 4, ctx.stream());
+            dbias.upload(bias.data(), bias.size() * 4, ctx.stream());
+            dqn.upload(qn.data(), qn.size() * 4, ctx.stream());
+            dkn.upload(kn.data(), kn.size() * 4, ctx.stream());
+            dinv.upload(inv.data(), inv.size() * 4, ctx.stream());
+            kc.fill_bytes(0xFF, ctx.stream());
+            vc.fill_bytes(0xFF, ctx.stream());
+            cuda::AttentionExtras ex;
+            if (c.bias) {
+                ex.q_bias = dbias.as<float>();
+                ex.k_bias = ex.q_bias + qd;
+                ex.v_bias = ex.q_bias + qd + kvd;
+            }
+            if (c.norm) {
+                ex.q_norm = dqn.as<float>();
+                ex.k_norm = dkn.as<float>();
+            }
+            ex.norm_eps = 1e-6f;
+            cuda::prefill_rope_kv_store(dqkv.as<float>(), ld, n, pos0, kc.data(), vc.data(), kvt, n_ctx, c.n_head,
+                                        c.n_head_kv, c.hd, dinv.as<float>(), c.rope_dim, c.neox, ex, ctx.stream());
+            std::vector<float> gq(qkv.size());
+            dqkv.download(gq.data(), gq.size() * 4, ctx.stream());
+            std::vector<uint8_t> gk(kc.size()), gv(vc.size());
+            kc.download(gk.data(), gk.size(), ctx.stream());
+            vc.download(gv.data(), gv.size(), ctx.stream());
+            const auto cache_at = [&](const std::vector<uint8_t>& b, size_t i) {
+                if (es == 4) {
+                    float f;
+                    std::memcpy(&f, b.data() + 4 * i, 4);
+                    return f;
+                }
+                uint16_t h;
+                std::memcpy(&h, b.data() + 2 * i, 2);
+                return fp16_to_fp32(h);
+            };
+            int bad = 0;
+            for (int r = 0; r < n; ++r) {
+                // Reference: bias, per-head norm (as cpu::rms_norm), cpu::rope at pos0 + r.
+                std::vector<float> q(qkv.begin() + r * ld, qkv.begin() + r * ld + qd),
+                    k(qkv.begin() + r * ld + qd, qkv.begin() + r * ld + qd + kvd),
+                    v(qkv.begin() + r * ld + qd + kvd, qkv.begin() + r * ld + qd + 2 * kvd);
+                if (c.bias) {
+                    for (int i = 0; i < qd; ++i) q[static_cast<size_t>(i)] += bias[static_cast<size_t>(i)];
+                    for (int i = 0; i < kvd; ++i) k[static_cast<size_t>(i)] += bias[static_cast<size_t>(qd + i)];
+                    for (int i = 0; i < kvd; ++i) v[static_cast<size_t>(i)] += bias[static_cast<size_t>(qd + kvd + i)];
+                }
+                if (c.norm) {
+                    const auto norm = [&](std::vector<float>& x, int heads, const std::vector<float>& w) {
+                        for (int h = 0; h < heads; ++h) {
+                            double ss = 0;
+                            for (int e = 0; e < c.hd; ++e) ss += double(x[static_cast<size_t>(h * c.hd + e)]) * x[static_cast<size_t>(h * c.hd + e)];
+                            const float sc = static_cast<float>(1.0 / std::sqrt(ss / c.hd + 1e-6));
+                            for (int e = 0; e < c.hd; ++e)
+                                x[static_cast<size_t>(h * c.hd + e)] = x[static_cast<size_t>(h * c.hd + e)] * sc * w[static_cast<size_t>(e)];
+                        }
+                    };
+                    norm(q, c.n_head, qn);
+                    norm(k, c.n_head_kv, kn);
+                }
+                const int32_t p = pos0 + r;
+                cpu::rope(q.data(), &p, 1, c.n_head, c.hd, c.rope_dim, 10000.0f, c.neox, nullptr);
+                cpu::rope(k.data(), &p, 1, c.n_head_kv, c.hd, c.rope_dim, 10000.0f, c.neox, nullptr);
+                float amax = 0;
+                for (float f : q) amax = std::max(amax, std::fabs(f));
+                for (float f : k) amax = std::max(amax, std::fabs(f));
+                const float tol = 1e-5f * amax + 1e-6f;
+                for (int i = 0; i < qd; ++i) {
+                    const float g = gq[static_cast<size_t>(r * ld + i)];
+                    if (!(std::fabs(g - q[static_cast<size_t>(i)]) <= tol) && bad++ < 5)
+                        ADD_FAILURE() << "q row " << r << " [" << i << "] " << g << " vs " << q[static_cast<size_t>(i)];
+                }
+                for (int i = 0; i < kvd; ++i) {
+                    const size_t ci = static_cast<size_t>(p) * kvd + i;
+                    const float gk_ = cache_at(gk, ci), gv_ = cache_at(gv, ci);
+                    const float rk = k[static_cast<size_t>(i)], rv = v[static_cast<size_t>(i)];
+                    const float ktol = es == 4 ? tol : tol + std::ldexp(std::fabs(rk), -10);
+                    if (!(std::fabs(gk_ - rk) <= ktol) && bad++ < 5)
+                        ADD_FAILURE() << "k row " << r << " [" << i << "] " << gk_ << " vs " << rk;
+                    const float rv_ = es == 4 ? rv : fp16_to_fp32(fp32_to_fp16(rv));
+                    if (gv_ != rv_ && bad++ < 5) ADD_FAILURE() << "v row " << r << " [" << i << "] " << gv_ << " vs " << rv_;
+                }
+            }
+            // Cache rows outside pos0 .. pos0+n−1 keep their poison.
+            for (int p : {pos0 - 1, pos0 + n}) {
+                const float g = cache_at(gk, static_cast<size_t>(p) * kvd);
+                EXPECT_TRUE(std::isnan(g)) << "cache row " << p << " written";
+            }
+            // The padding past q|k|v in each row is untouched.
+            for (int r = 0; r < n; ++r)
+                for (int i = qd + 2 * kvd; i < ld; ++i)
+                    EXPECT_EQ(gq[static_cast<size_t>(r * ld + i)], qkv[static_cast<size_t>(r * ld + i)]);
+            // k and v in qkv are left unchanged.
+            for (int r = 0; r < n; ++r)
+                for (int i = qd; i < qd + 2 * kvd; ++i)
+                    if (gq[static_cast<size_t>(r * ld + i)] != qkv[static_cast<size_t>(r * ld + i)] && bad++ < 5)
+                        ADD_FAILURE() << "k/v in qkv modified at row " << r;
+            EXPECT_EQ(bad, 0) << "hd " << c.hd << (kvt == cuda::KvType::F16 ? " f16" : " f32");
+        }
+    }
+}
+
+// prefill_attention against cpu::attention: head sizes 64 and 128 (and 32,
+// 256), GQA 4:1, at the start of the cache and after 45 positions, a sliding
+// window and soft-capping, both cache types.
+TEST(CudaPrefill, AttentionMatchesCpu) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    ThreadPool pool(0);
+    std::mt19937 rng(404);
+    std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+    struct Case {
+        int hd, n_head, n_head_kv, n, pos0, window;
+        float softcap;
+    };
+    for (const Case& c : {Case{64, 8, 2, 33, 0, 0, 0.0f}, Case{128, 8, 2, 33, 0, 0, 0.0f}, Case{64, 8, 2, 33, 45, 0, 0.0f},
+                          Case{128, 8, 2, 17, 45, 0, 0.0f}, Case{128, 8, 2, 33, 45, 16, 0.0f},
+                          Case{64, 8, 2, 7, 45, 5, 0.0f}, Case{64, 4, 1, 33, 20, 0, 30.0f}, Case{32, 16, 4, 9, 3, 0, 0.0f},
+                          Case{256, 4, 1, 33, 45, 8, 0.0f}, Case{128, 8, 8, 1, 45, 0, 0.0f}}) {
+        for (cuda::KvType kvt : {cuda::KvType::F16, cuda::KvType::F32}) {
+            const int n_ctx = c.pos0 + c.n + 3;
+            const int qd = c.n_head * c.hd, kvd = c.n_head_kv * c.hd;
+            const int64_t ldq = qd + 8, ldo = qd + 16;
+            std::vector<float> q(static_cast<size_t>(c.n * ldq)), k(static_cast<size_t>(n_ctx * kvd)),
+                v(static_cast<size_t>(n_ctx * kvd));
+            for (auto& x : q) x = ud(rng) * 2.0f;
+            for (auto& x : k) x = ud(rng);
+            for (auto& x : v) x = ud(rng);
+            const size_t es = kvt == cuda::KvType::F16 ? 2 : 4;
+            std::vector<uint8_t> kb(k.size() * es), vb(v.size() * es);
+            for (size_t i = 0; i < k.size(); ++i) {
+                if (es == 2) {  // the reference reads the rounded values
+                    const uint16_t hk = fp32_to_fp16(k[i]), hv = fp32_to_fp16(v[i]);
+                    k[i] = fp16_to_fp32(hk);
+                    v[i] = fp16_to_fp32(hv);
+                    std::memcpy(kb.data() + 2 * i, &hk, 2);
+                    std::memcpy(vb.data() + 2 * i, &hv, 2);
+                } else {
+                    std::memcpy(kb.data() + 4 * i, &k[i], 4);
+                    std::memcpy(vb.data() + 4 * i, &v[i], 4);
+                }
+            }
+            // Rows past pos0+n−1 must not be read: NaN there.
+            for (int p = c.pos0 + c.n; p < n_ctx; ++p)
+                for (int i = 0; i < kvd; ++i) {
+                    const size_t at = static_cast<size_t>(p) * kvd + i;
+                    std::memset(kb.data() + at * es, 0xFF, es);
+                    std::memset(vb.data() + at * es, 0xFF, es);
+                }
+            cuda::DeviceBuffer dq(q.size() * 4), dk(kb.size()), dv(vb.size()), dout(static_cast<size_t>(c.n * ldo) * 4);
+            dq.upload(q.data(), q.size() * 4, ctx.stream());
+            dk.upload(kb.data(), kb.size(), ctx.stream());
+            dv.upload(vb.data(), vb.size(), ctx.stream());
+            dout.fill_bytes(0xFF, ctx.stream());
+            const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+            cuda::prefill_attention(dq.as<float>(), ldq, dk.data(), dv.data(), kvt, c.n, c.pos0, n_ctx, c.n_head,
+                                    c.n_head_kv, c.hd, scale, c.window, c.softcap, dout.as<float>(), ldo, ctx.stream());
+            std::vector<float> got(static_cast<size_t>(c.n * ldo));
+            dout.download(got.data(), got.size() * 4, ctx.stream());
+            // Reference: contiguous q rows, positions pos0 + r.
+            std::vector<float> qc(static_cast<size_t>(c.n * qd)), ref(static_cast<size_t>(c.n * qd));
+            std::vector<int32_t> pos(static_cast<size_t>(c.n));
+            for (int r = 0; r < c.n; ++r) {
+                std::copy(q.begin() + r * ldq, q.begin() + r * ldq + qd, qc.begin() + r * qd);
+                pos[static_cast<size_t>(r)] = c.pos0 + r;
+            }
+            cpu::attention(qc.data(), k.data(), v.data(), kvd, pos.data(), c.n, c.n_head, c.n_head_kv, c.hd, scale,
+                           ref.data(), pool, c.window, c.softcap);
+            int bad = 0;
+            for (int r = 0; r < c.n; ++r) {
+                for (int i = 0; i < qd; ++i) {
+                    const float g = got[static_cast<size_t>(r * ldo + i)], e = ref[static_cast<size_t>(r * qd + i)];
+                    if (!(std::fabs(g - e) <= 2e-5f) && bad++ < 5)
+                        ADD_FAILURE() << "hd " << c.hd << " row " << r << " [" << i << "] " << g << " vs " << e;
+                }
+                for (int64_t i = qd; i < ldo; ++i) {
+                    uint32_t bits;
+                    std::memcpy(&bits, &got[static_cast<size_t>(r * ldo + i)], 4);
+                    if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "padding written at row " << r;
+                }
+            }
+            EXPECT_EQ(bad, 0) << "hd " << c.hd << " heads " << c.n_head << "/" << c.n_head_kv << " n " << c.n
+                              << " pos0 " << c.pos0 << " window " << c.window << " softcap " << c.softcap
+                              << (kvt == cuda::KvType::F16 ? " f16" : " f32");
+        }
+    }
+}
+
+TEST(CudaPrefill, GluRowsMatchesCpu) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(505);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    const int64_t n = 7, ff = 96, ld = 2 * ff + 4, ldo = ff + 2;
+    std::vector<float> gu(static_cast<size_t>(n * ld));
+    for (auto& v : gu) v = nd(rng);
+    for (bool gelu : {false, true}) {
+        cuda::DeviceBuffer dgu(gu.size() * 4), dout(static_cast<size_t>(n * ldo) * 4);
+        dgu.upload(gu.data(), gu.size() * 4, ctx.stream());
+        dout.fill_bytes(0xFF, ctx.stream());
+        cuda::glu_rows(dgu.as<float>(), ld, n, ff, dout.as<float>(), ldo, gelu, ctx.stream());
+        std::vector<float> got(static_cast<size_t>(n * ldo)), ref(static_cast<size_t>(ff));
+        dout.download(got.data(), got.size() * 4, ctx.stream());
+        for (int64_t r = 0; r < n; ++r) {
+            const float* g = gu.data() + r * ld;
+            if (gelu) cpu::geglu_tanh(g, g + ff, ref.data(), ff);
+            else cpu::swiglu(g, g + ff, ref.data(), ff);
+            for (int64_t i = 0; i < ff; ++i) {
+                const float e = ref[static_cast<size_t>(i)];
+                EXPECT_NEAR(got[static_cast<size_t>(r * ldo + i)], e, 1e-5f * std::fabs(e) + 1e-6f)
+                    << (gelu ? "gelu" : "silu") << " row " << r << " [" << i << "]";
+            }
+            for (int64_t i = ff; i < ldo; ++i) EXPECT_TRUE(std::isnan(got[static_cast<size_t>(r * ldo + i)]));
+        }
+    }
+}
+
+}  // namespace

@@ -864,7 +864,8 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
     if (gemm_) return true;
     try {
         const auto& c = cfg_;
-        const int64_t R = std::min<int64_t>(opt_.prefill_chunk, n_ctx_);
+        // (65535: the prefill kernels' grid.y limit on rows.)
+        const int64_t R = std::min<int64_t>({opt_.prefill_chunk, n_ctx_, 65535});
         const auto fb = [&](int64_t cols) { return DeviceBuffer(static_cast<size_t>(R * cols) * sizeof(float)); };
         px_ = fb(c.n_embd);
         ph_ = fb(c.n_embd);

@@ -84,8 +84,10 @@ cuda::DeviceWeight upload(cuda::CudaContext& ctx, HostMatrix& m) {
     return cuda::upload_weight(ctx, Tensor::contiguous(m.type, {m.K, m.N, 1, 1}, m.bytes.data(), "w"));
 }
 
-const DType kGemmTypes[] = {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32,
-                            DType::Q4_0, DType::Q4_1, DType::Q5_0,  DType::Q5_1, DType::Q5_K};
+// Every type the CUDA backend uploads (the five of the brief first).
+const DType kGemmTypes[] = {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16,  DType::BF16,
+                            DType::F32,  DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                            DType::Q2_K, DType::Q3_K, DType::Q5_K, DType::F8_E4M3_B32, DType::NVFP4};
 
 TEST(CudaPrefill, DequantizeBf16MatchesReference) {
     REQUIRE_GPU();
@@ -126,7 +128,8 @@ TEST(CudaPrefill, DequantizeRejectsBadArguments) {
     cuda::DeviceBuffer out(4 * 64 * 2);
     EXPECT_THROW(cuda::dequantize_weight_bf16(w, 2, 3, out.as<uint16_t>(), ctx.stream()), std::runtime_error);
     EXPECT_THROW(cuda::dequantize_weight_bf16(w, 0, 1, nullptr, ctx.stream()), std::runtime_error);
-    EXPECT_FALSE(cuda::gemm_weight_type_supported(DType::Q2_K));
+    EXPECT_FALSE(cuda::gemm_weight_type_supported(DType::Q8_K));
+    EXPECT_FALSE(cuda::gemm_weight_type_supported(DType::I32));
 }
 
 // Y = X · Wᵀ for the 8B projection shapes scaled down (q|k|v 6144 × 4096,

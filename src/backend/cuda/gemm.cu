@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/minifloat.cuh"
 
 namespace quern::cuda {
 namespace {
@@ -92,6 +93,66 @@ __device__ __forceinline__ void decode_unit(const DeqArgs& a, int64_t row, int64
             if constexpr (T == DType::Q5_K) qv |= q5_bit(hb, e) << 4;
             v[e] = d1 * static_cast<float>(qv) - m1;
         }
+    } else if constexpr (T == DType::Q2_K || T == DType::Q3_K) {
+        // Low two bits of element 16g+4i+k: word g, byte k, bits 2i..2i+1;
+        // 16-element sub-block n = 2·(u mod 8) + g of the super-block.
+        const auto* qw = reinterpret_cast<const uint32_t*>(a.q) + 2 * gu;
+        const uint32_t w0 = qw[0], w1 = qw[1];
+        const int64_t sb = row * (a.K / 256) + (u >> 3);
+        if constexpr (T == DType::Q2_K) {
+            const auto* sc = a.s + 2 * gu;  // scale | min << 4 per sub-block
+            const float d = half_at(a.s2, 2 * sb), dmin = half_at(a.s2, 2 * sb + 1);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float dl = d * static_cast<float>(sc[h] & 0xF), ml = dmin * static_cast<float>(sc[h] >> 4);
+#pragma unroll
+                for (int e = 16 * h; e < 16 * h + 16; ++e) {
+                    const int i = (e & 15) >> 2, k = e & 3;
+                    const uint32_t qv = ((h ? w1 : w0) >> (8 * k + 2 * i)) & 3u;
+                    v[e] = dl * static_cast<float>(qv) - ml;
+                }
+            }
+        } else {
+            // Third bit of element 16g+4i+k: byte k, bit 4g+i of the unit's
+            // word (set: as is; clear: minus 4). Scale n: nibble n mod 8 of
+            // word n/8, high two bits at bits 2n of word 2; stored + 32.
+            const uint32_t hb = reinterpret_cast<const uint32_t*>(a.q2)[gu];
+            const auto* sw = reinterpret_cast<const uint32_t*>(a.s) + 3 * sb;
+            const float d = half_at(a.s2, sb);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = 2 * static_cast<int>(u & 7) + h;
+                const int sc = static_cast<int>(((sw[n >> 3] >> (4 * (n & 7))) & 0xFu) | (((sw[2] >> (2 * n)) & 3u) << 4)) - 32;
+                const float dl = d * static_cast<float>(sc);
+#pragma unroll
+                for (int e = 16 * h; e < 16 * h + 16; ++e) {
+                    const int i = (e & 15) >> 2, k = e & 3;
+                    const int lo = static_cast<int>(((h ? w1 : w0) >> (8 * k + 2 * i)) & 3u);
+                    const int qv = lo - (((hb >> (8 * k + 4 * h + i)) & 1u) ? 0 : 4);
+                    v[e] = dl * static_cast<float>(qv);
+                }
+            }
+        }
+    } else if constexpr (T == DType::F8_E4M3_B32) {
+        const uint8_t* c = a.q + row * a.K + 32 * u;  // codes in element order
+        const float d = reinterpret_cast<const float*>(a.s)[gu];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = mf::e4m3_to_float(c[e]) * d;
+    } else if constexpr (T == DType::NVFP4) {
+        // Byte i of the chunk: element 2i (low nibble), 2i+1 (high); the
+        // 64-element block's record {f32 d, E4M3 sc[4]} (16 elements per sc).
+        const uint8_t* c = a.q + 16 * gu;
+        const uint8_t* rec = a.s + 8 * (row * (a.K / 64) + (u >> 1));
+        const float d = *reinterpret_cast<const float*>(rec);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float sc = mf::e4m3_to_float(rec[4 + 2 * static_cast<int>(u & 1) + h]) * d;
+#pragma unroll
+            for (int e = 16 * h; e < 16 * h + 16; ++e) {
+                const uint32_t code = (c[e >> 1] >> (4 * (e & 1))) & 0xFu;
+                v[e] = mf::e2m1_to_float(code) * sc;
+            }
+        }
     } else if constexpr (T == DType::Q6_K) {
         const uint8_t* c = a.q + 16 * gu;
         const auto* qh = reinterpret_cast<const uint32_t*>(a.q2) + 2 * gu;
@@ -111,7 +172,8 @@ __device__ __forceinline__ void decode_unit(const DeqArgs& a, int64_t row, int64
 
 // dequant_block_kernel<T>
 //   Shapes:  W rows row0 .. row0+rows−1, K elements each (K % 32 == 0; the
-//            K-quants K % 256 == 0), device layout of weights.h; out: rows ×
+//            K-quants K % 256 == 0, NVFP4 K % 64 == 0), device layout of
+//            weights.h; out: rows ×
 //            K BF16 bit patterns, row-major (row stride K).
 //   Grid:    one thread per 32-element unit (rows·K/32 threads, 256 per
 //            block, grid-stride); the thread decodes its unit in registers
@@ -186,7 +248,8 @@ void check_lt(cublasStatus_t st, const char* what) {
 bool gemm_weight_type_supported(DType t) {
     switch (t) {
         case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q4_1:
-        case DType::Q5_0: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+        case DType::Q5_0: case DType::Q5_1: case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K:
+        case DType::Q6_K: case DType::F8_E4M3_B32: case DType::NVFP4:
             return true;
         default:
             return false;
@@ -214,6 +277,12 @@ void dequantize_weight_bf16(const DeviceWeight& w, int64_t row0, int64_t rows, u
         case DType::Q4_K: dequant_block_kernel<DType::Q4_K><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
         case DType::Q5_K: dequant_block_kernel<DType::Q5_K><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
         case DType::Q6_K: dequant_block_kernel<DType::Q6_K><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::Q2_K: dequant_block_kernel<DType::Q2_K><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::Q3_K: dequant_block_kernel<DType::Q3_K><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
+        case DType::F8_E4M3_B32:
+            dequant_block_kernel<DType::F8_E4M3_B32><<<gb, 256, 0, stream>>>(a, row0, rows, out);
+            break;
+        case DType::NVFP4: dequant_block_kernel<DType::NVFP4><<<gb, 256, 0, stream>>>(a, row0, rows, out); break;
         default: break;
     }
     QUERN_CUDA_CHECK_LAUNCH();

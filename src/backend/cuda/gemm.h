@@ -32,9 +32,9 @@
 namespace quern::cuda {
 
 /// Whether dequantize_weight_bf16 (and so PrefillGemm) handles weights of
-/// type t: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
-/// Others (Q2_K, Q3_K, F8_E4M3_B32, NVFP4) are not covered yet: the session
-/// evaluates prompts of such models token by token.
+/// type t: every type the CUDA backend uploads (F32, F16, BF16, Q8_0, Q4_0,
+/// Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F8_E4M3_B32, NVFP4). A
+/// model with a matrix of any other type evaluates prompts token by token.
 bool gemm_weight_type_supported(DType t);
 
 /// Dequantizes rows row0 .. row0+rows−1 of `w` (device layout, weights.h)

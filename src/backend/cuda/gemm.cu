@@ -412,12 +412,16 @@ void PrefillGemm::run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n,
     }
 }
 
+const uint16_t* PrefillGemm::to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, cudaStream_t stream) {
+    if (!x) throw_error("PrefillGemm: null pointer");
+    if (n < 1 || n > max_n_ || K < 1 || K > max_k_ || ldx < K) throw_error("PrefillGemm: shape out of range");
+    f32_to_bf16(x, ldx, n, K, xact_.as<uint16_t>(), stream);
+    return xact_.as<uint16_t>();
+}
+
 void PrefillGemm::run(const DeviceWeight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
                       cudaStream_t stream) {
-    if (!x) throw_error("PrefillGemm: null pointer");
-    if (n < 1 || n > max_n_ || w.K > max_k_ || ldx < w.K) throw_error("PrefillGemm: shape out of range");
-    f32_to_bf16(x, ldx, n, w.K, xact_.as<uint16_t>(), stream);
-    run_bf16(w, xact_.as<uint16_t>(), n, y, ldy, stream);
+    run_bf16(w, to_bf16(x, ldx, n, w.K, stream), n, y, ldy, stream);
 }
 
 }  // namespace quern::cuda

@@ -80,6 +80,12 @@ public:
     /// to back (row stride w.K). The activation scratch is not used.
     void run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
 
+    /// Rounds n rows of K floats (row stride ldx) to BF16 into the
+    /// activation scratch and returns it (n × K, row stride K), for several
+    /// run_bf16 calls on one input (Q|K|V or gate|up pieces of different
+    /// types). Valid until the next run() or to_bf16(). Preconditions as run().
+    const uint16_t* to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, cudaStream_t stream);
+
     int64_t max_n() const { return max_n_; }
     int64_t max_k() const { return max_k_; }
 

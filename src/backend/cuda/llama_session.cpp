@@ -917,7 +917,8 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         auto* vc = kc + kv_layer_bytes_;
         // Layer 0 reads the embeddings; later layers add the previous FFN output first.
         rms_norm_q8_1(X, il > 0 ? HRES : nullptr, L.attn_norm, XN, nullptr, nullptr, n, E, c.rms_eps, s);
-        for (const Piece& p : L.qkv) gemm_->run(p.w, XN, E, n, QKV + p.offset, LQ, s);
+        const uint16_t* xb = gemm_->to_bf16(XN, E, n, E, s);  // one rounding for all Q|K|V pieces
+        for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
         AttentionExtras ex;
         if (L.qkv_bias) {
             ex.q_bias = L.qkv_bias;
@@ -937,7 +938,8 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
         if (L.post_attn_norm) rms_norm_q8_1(H, nullptr, L.post_attn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
         rms_norm_q8_1(X, HRES, L.ffn_norm, XN, nullptr, nullptr, n, E, c.rms_eps, s);
-        for (const Piece& p : L.gate_up) gemm_->run(p.w, XN, E, n, GU + p.offset, 2 * FF, s);
+        xb = gemm_->to_bf16(XN, E, n, E, s);
+        for (const Piece& p : L.gate_up) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
         glu_rows(GU, 2 * FF, n, FF, FFH, FF, c.gelu_ffn, s);
         gemm_->run(L.down.w, FFH, FF, n, H, E, s);
         if (L.post_ffn_norm) rms_norm_q8_1(H, nullptr, L.post_ffn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);

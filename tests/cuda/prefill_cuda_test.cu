@@ -331,8 +331,9 @@ TEST(CudaPrefill, RopeKvStoreMatchesCpu) {
 }
 
 // prefill_attention against cpu::attention: head sizes 64 and 128 (and 32,
-// 256), GQA 4:1, at the start of the cache and after 45 positions, a sliding
-// window and soft-capping, both cache types.
+// 256), GQA 4:1, at the start of the cache and after 45 or 200 positions
+// (several 32-key steps, partial ones), sliding windows and soft-capping,
+// both cache types.
 TEST(CudaPrefill, AttentionMatchesCpu) {
     REQUIRE_GPU();
     cuda::CudaContext ctx;
@@ -346,7 +347,8 @@ TEST(CudaPrefill, AttentionMatchesCpu) {
     for (const Case& c : {Case{64, 8, 2, 33, 0, 0, 0.0f}, Case{128, 8, 2, 33, 0, 0, 0.0f}, Case{64, 8, 2, 33, 45, 0, 0.0f},
                           Case{128, 8, 2, 17, 45, 0, 0.0f}, Case{128, 8, 2, 33, 45, 16, 0.0f},
                           Case{64, 8, 2, 7, 45, 5, 0.0f}, Case{64, 4, 1, 33, 20, 0, 30.0f}, Case{32, 16, 4, 9, 3, 0, 0.0f},
-                          Case{256, 4, 1, 33, 45, 8, 0.0f}, Case{128, 8, 8, 1, 45, 0, 0.0f}}) {
+                          Case{256, 4, 1, 33, 45, 8, 0.0f}, Case{128, 8, 8, 1, 45, 0, 0.0f},
+                          Case{128, 32, 8, 40, 200, 0, 0.0f}, Case{64, 8, 2, 40, 200, 100, 0.0f}}) {
         for (cuda::KvType kvt : {cuda::KvType::F16, cuda::KvType::F32}) {
             const int n_ctx = c.pos0 + c.n + 3;
             const int qd = c.n_head * c.hd, kvd = c.n_head_kv * c.hd;

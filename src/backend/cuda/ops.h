@@ -182,9 +182,11 @@ bool prefill_attention_head_dim_supported(int head_dim);
 /// Query head h reads KV head h / (n_head / n_head_kv); scores are
 /// scale·q·k, then softcap·tanh(s/softcap) when softcap > 0; window > 0:
 /// row r sees positions pos0+r−window+1 .. pos0+r only. fp32 online
-/// softmax. O(n·(pos0+n)·n_head·head_dim) work, one warp per (row, head).
+/// softmax. O(n·(pos0+n)·n_head·head_dim) work, one warp per (row, head),
+/// 32 keys per step.
 /// Preconditions (else quern::Error): head_dim supported, n_head a multiple
-/// of n_head_kv, 1 <= n, pos0 >= 0, pos0 + n <= n_ctx, strides >= n_head·head_dim.
+/// of n_head_kv, 1 <= n, pos0 >= 0, pos0 + n <= n_ctx, strides >= n_head·head_dim,
+/// caches 16-byte aligned.
 void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, KvType kv_type, int n,
                        int pos0, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale, int window,
                        float softcap, float* out, int64_t ldo, cudaStream_t stream);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
@@ -87,59 +88,104 @@ __global__ void __launch_bounds__(32) prefill_rope_kv_kernel(float* __restrict__
 
 constexpr int kPrefillAttnWarps = 4;
 
+// Dot product of the HD floats qs (shared memory, read by broadcast) with one
+// cache row of HD elements of T (16-byte aligned: whole vectors).
+template <int HD, class T>
+__device__ __forceinline__ float dot_row(const float* qs, const T* __restrict__ kr) {
+    float s = 0.0f;
+    if constexpr (sizeof(T) == 2) {
+#pragma unroll 4
+        for (int e = 0; e < HD; e += 8) {
+            const uint4 u = *reinterpret_cast<const uint4*>(kr + e);
+            const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const float2 f = __half22float2(h[t]);
+                s = fmaf(qs[e + 2 * t], f.x, s);
+                s = fmaf(qs[e + 2 * t + 1], f.y, s);
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (int e = 0; e < HD; e += 4) {
+            const float4 f = *reinterpret_cast<const float4*>(kr + e);
+            s = fmaf(qs[e], f.x, s);
+            s = fmaf(qs[e + 1], f.y, s);
+            s = fmaf(qs[e + 2], f.z, s);
+            s = fmaf(qs[e + 3], f.w, s);
+        }
+    }
+    return s;
+}
+
 // prefill_attention_kernel<HD, T, SOFTCAP>
 //   Shapes:  q: n rows at stride ldq floats, n_head·HD each (rotated);
 //            k_cache / v_cache: rows of n_head_kv·HD T, position p at row p;
 //            out: n rows at stride ldo floats, n_head·HD each.
 //   Grid:    (n_head, ceil(n / 4)) blocks of 4 warps; warp w of block (h, b)
 //            computes query row r = 4b + w (position pos0 + r) of head h
-//            against KV head h / (n_head / n_head_kv). Lane l holds elements
-//            l·E .. l·E+E−1 (E = HD/32) of q (pre-scaled) and of the output
-//            accumulator; keys lo .. pos0+r one at a time (lo = 0, or
-//            pos0+r−window+1 with a window): one warp sum per score, online
-//            softmax (running max, rescaled sum and accumulator) in fp32.
+//            against KV head h / (n_head / n_head_kv). The warp stages its
+//            scaled q in shared memory and walks the keys lo .. pos0+r (lo =
+//            0, or pos0+r−window+1 with a window) 32 at a time: lane l scores
+//            key j0 + l with a whole-row dot product (its own 16-byte loads
+//            of the K row), one warp max and one warp sum per 32 keys update
+//            the online softmax (running max, rescaled sum) in fp32, then
+//            the 32 weights are broadcast in turn (shuffles) while every lane
+//            accumulates its E = HD/32 output elements from the coalesced V
+//            rows.
+//   Align:   cache rows 16-byte aligned (HD·sizeof(T) is a multiple of 16 and
+//            the cache base is).
 //   Cost:    O(n · (pos0 + n) · n_head · HD) FMAs and as many K/V element
-//            reads (from L2 mostly: a KV head's rows are shared by its query
-//            heads and rows); simple rather than fast — a tiled tensor-core
-//            kernel is the next step for long prompts.
-//   Bound:   latency of the per-key warp reduction.
+//            reads (mostly from L2: a KV head's rows are shared by its query
+//            heads and rows, but not staged in shared memory); simple rather
+//            than fast — a tiled tensor-core kernel is the next step for
+//            long prompts.
+//   Bound:   L2 bandwidth / latency of the K and V reads.
 template <int HD, class T, bool SOFTCAP>
 __global__ void __launch_bounds__(32 * kPrefillAttnWarps)
     prefill_attention_kernel(const float* __restrict__ q, int64_t ldq, const T* __restrict__ kc,
                              const T* __restrict__ vc, int n, int pos0, int n_head, int n_head_kv, float scale,
                              int window, float softcap, float* __restrict__ out, int64_t ldo) {
     constexpr int E = HD / 32;
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int r = static_cast<int>(blockIdx.y) * kPrefillAttnWarps + (static_cast<int>(threadIdx.x) >> 5);
-    if (r >= n) return;  // whole warps leave
+    __shared__ float qsh[kPrefillAttnWarps][HD];
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+    const int r = static_cast<int>(blockIdx.y) * kPrefillAttnWarps + warp;
+    if (r >= n) return;  // whole warps leave; no block-wide barrier follows
     const int h = static_cast<int>(blockIdx.x);
     const int hk = h / (n_head / n_head_kv);
     const int pos = pos0 + r;
     const int lo = window > 0 ? max(0, pos - window + 1) : 0;
-    const float* qr = q + static_cast<int64_t>(r) * ldq + static_cast<int64_t>(h) * HD + lane * E;
-    float qv[E], acc[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-        qv[e] = qr[e] * scale;
-        acc[e] = 0.0f;
-    }
+    float* qs = qsh[warp];
+    const float* qr = q + static_cast<int64_t>(r) * ldq + static_cast<int64_t>(h) * HD;
+    for (int e = lane; e < HD; e += 32) qs[e] = qr[e] * scale;
+    __syncwarp();
     const int64_t kv_stride = static_cast<int64_t>(n_head_kv) * HD;
-    const int64_t head_off = static_cast<int64_t>(hk) * HD + lane * E;
+    const T* kbase = kc + static_cast<int64_t>(hk) * HD;
+    const T* vbase = vc + static_cast<int64_t>(hk) * HD + lane * E;
+    float acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int j = lo; j <= pos; ++j) {
-        const T* kr = kc + static_cast<int64_t>(j) * kv_stride + head_off;
-        float s = 0.0f;
+    for (int j0 = lo; j0 <= pos; j0 += 32) {
+        const int j = j0 + lane;
+        const int nt = min(32, pos - j0 + 1);  // keys in this step (warp-uniform)
+        float s = -INFINITY;
+        if (lane < nt) {
+            s = dot_row<HD, T>(qs, kbase + static_cast<int64_t>(j) * kv_stride);
+            if constexpr (SOFTCAP) s = softcap * tanhf(s / softcap);
+        }
+        const float m_new = fmaxf(m, detail::warp_max(s));  // finite: lane 0 always has a key
+        const float corr = expf(m - m_new);                  // 0 on the first step (m = −inf)
+        const float p = lane < nt ? expf(s - m_new) : 0.0f;
+        l = l * corr + warp_sum(p);
 #pragma unroll
-        for (int e = 0; e < E; ++e) s = fmaf(qv[e], to_f32(kr[e]), s);
-        s = warp_sum(s);
-        if constexpr (SOFTCAP) s = softcap * tanhf(s / softcap);
-        const float m_new = fmaxf(m, s);
-        const float corr = expf(m - m_new);  // 0 on the first key (m = −inf)
-        const float p = expf(s - m_new);
-        l = l * corr + p;
-        const T* vr = vc + static_cast<int64_t>(j) * kv_stride + head_off;
+        for (int e = 0; e < E; ++e) acc[e] *= corr;
+        for (int t = 0; t < nt; ++t) {
+            const float pt = __shfl_sync(0xFFFFFFFFu, p, t);
+            const T* vr = vbase + static_cast<int64_t>(j0 + t) * kv_stride;
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = fmaf(p, to_f32(vr[e]), acc[e] * corr);
+            for (int e = 0; e < E; ++e) acc[e] = fmaf(pt, to_f32(vr[e]), acc[e]);
+        }
         m = m_new;
     }
     const float inv = 1.0f / l;  // l >= 1: the key at `pos` is always seen
@@ -249,6 +295,8 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
     if (ldq < static_cast<int64_t>(n_head) * head_dim || ldo < static_cast<int64_t>(n_head) * head_dim)
         throw_error("prefill_attention: row stride too small");
     if (window < 0 || softcap < 0.0f) throw_error("prefill_attention: negative window or softcap");
+    if (reinterpret_cast<uintptr_t>(k_cache) % 16 || reinterpret_cast<uintptr_t>(v_cache) % 16)
+        throw_error("prefill_attention: the caches must be 16-byte aligned");
     if (kv_type == KvType::F16)
         dispatch_attn<__half>(head_dim, q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap,
                               out, ldo, stream);

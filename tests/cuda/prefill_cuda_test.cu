@@ -420,6 +420,56 @@ TEST(CudaPrefill, AttentionMatchesCpu) {
     }
 }
 
+// get_rows equals get_row row by row, bit for bit (the prefill's embedding
+// lookup against the decode step's), ids out of range clamped alike.
+TEST(CudaPrefill, GetRowsMatchesGetRow) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(606);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t rows = 50, dim = 512, n = 9;
+    for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F8_E4M3_B32,
+                    DType::NVFP4}) {
+        if (!cuda::cuda_get_row_type_supported(t)) continue;
+        const size_t rb = row_size(t, dim);
+        std::vector<uint8_t> table(rb * rows);
+        std::vector<float> row(static_cast<size_t>(dim));
+        for (int64_t r = 0; r < rows; ++r) {
+            for (auto& v : row) v = nd(rng);
+            if (t == DType::F32) std::memcpy(table.data() + r * rb, row.data(), rb);
+            else if (t == DType::F16)
+                for (int64_t i = 0; i < dim; ++i) {
+                    const uint16_t h = fp32_to_fp16(row[static_cast<size_t>(i)]);
+                    std::memcpy(table.data() + r * rb + 2 * i, &h, 2);
+                }
+            else if (t == DType::BF16)
+                for (int64_t i = 0; i < dim; ++i) {
+                    uint32_t u;
+                    std::memcpy(&u, &row[static_cast<size_t>(i)], 4);
+                    const uint16_t h = static_cast<uint16_t>(u >> 16);
+                    std::memcpy(table.data() + r * rb + 2 * i, &h, 2);
+                }
+            else quantize_row_ref(t, row.data(), table.data() + r * rb, dim);
+        }
+        const std::vector<int32_t> ids = {3, 0, 49, 17, 17, -5, 1000, 8, 25};
+        cuda::DeviceBuffer dt(table.size()), did(ids.size() * 4), dout(static_cast<size_t>((n + 1) * dim) * 4),
+            done(static_cast<size_t>(dim) * 4);
+        dt.upload(table.data(), table.size(), ctx.stream());
+        did.upload(ids.data(), ids.size() * 4, ctx.stream());
+        dout.fill_bytes(0xFF, ctx.stream());
+        cuda::get_rows(t, dt.data(), rows, dim, did.as<int32_t>(), n, dout.as<float>(), ctx.stream());
+        std::vector<float> got(static_cast<size_t>((n + 1) * dim)), one(static_cast<size_t>(dim));
+        dout.download(got.data(), got.size() * 4, ctx.stream());
+        for (int64_t r = 0; r < n; ++r) {
+            cuda::get_row(t, dt.data(), rows, dim, did.as<int32_t>() + r, done.as<float>(), ctx.stream());
+            done.download(one.data(), one.size() * 4, ctx.stream());
+            EXPECT_EQ(0, std::memcmp(one.data(), got.data() + r * dim, one.size() * 4))
+                << dtype_name(t) << " row " << r << " (id " << ids[static_cast<size_t>(r)] << ")";
+        }
+        for (int64_t i = 0; i < dim; ++i) EXPECT_TRUE(std::isnan(got[static_cast<size_t>(n * dim + i)])) << "guard row written";
+    }
+}
+
 TEST(CudaPrefill, GluRowsMatchesCpu) {
     REQUIRE_GPU();
     cuda::CudaContext ctx;

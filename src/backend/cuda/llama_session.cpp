@@ -58,7 +58,7 @@
 // dequantized to BF16, cuBLASLt on the tensor cores) and the row-batched
 // kernels of ops.h ("prefill"):
 //
-//   X[r] = token_embd[tokens[pos0 + r]] (· embd_scale)   get_row per row
+//   X[r] = token_embd[tokens[pos0 + r]] (· embd_scale)   get_rows
 //   per layer:
 //     XN = RMSNorm(X (+= HRES), attn_norm)                rms_norm_q8_1, n rows
 //     QKV = XN · W_qkvᵀ                                   PrefillGemm per piece
@@ -908,8 +908,7 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
     const int nctx = static_cast<int>(n_ctx_);
     const int rows = static_cast<int>(n);
 
-    for (int64_t r = 0; r < n; ++r)
-        get_row(embd_type_, embd_, c.n_vocab, E, tokens_.as<int32_t>() + pos0 + r, X + r * E, s);
+    get_rows(embd_type_, embd_, c.n_vocab, E, tokens_.as<int32_t>() + pos0, n, X, s);
     if (c.embd_scale > 0.0f) scale_softcap(X, n * E, c.embd_scale, 0.0f, s);
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const LayerWeights& L = layers_[static_cast<size_t>(il)];

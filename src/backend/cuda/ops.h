@@ -208,6 +208,13 @@ void get_row(DType type, const void* table, int64_t n_rows, int64_t dim, const i
              cudaStream_t stream);
 bool cuda_get_row_type_supported(DType t);
 
+/// get_row for n ids at once (the prefill's embedding lookup): row r of out
+/// (out + r·dim) = row ids[r] of `table`, the same values bit for bit. ids:
+/// n device int32, each clamped to [0, n_rows). 1 <= n <= 65535; other
+/// conditions as get_row.
+void get_rows(DType type, const void* table, int64_t n_rows, int64_t dim, const int32_t* ids, int64_t n, float* out,
+              cudaStream_t stream);
+
 /// Scratch of argmax (bytes) for n floats.
 size_t argmax_scratch_bytes(int64_t n);
 /// *out_id = the index of the largest of x[0..n) (the lowest such index on

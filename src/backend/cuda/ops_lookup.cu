@@ -108,6 +108,23 @@ __global__ void get_row_kernel(DType type, const uint8_t* __restrict__ table, in
     out[e] = dequant_one(type, table + id * row_bytes, e);
 }
 
+// get_rows_kernel (the prefill's lookup of n tokens)
+//   Shapes:  table as get_row_kernel; ids: n int32 (device); out: n rows of
+//            dim floats, row r at out + r·dim.
+//   Grid:    (ceil(dim/256), n) blocks of 256: block (b, r) writes elements
+//            256b .. of row r with dequant_one, as get_row_kernel does (the
+//            same values bit for bit). Plain stream order (no PDL).
+//   Bound:   memory (n rows of the table read once, n·dim floats written).
+__global__ void get_rows_kernel(DType type, const uint8_t* __restrict__ table, int64_t n_rows, int64_t row_bytes,
+                                int64_t dim, const int32_t* __restrict__ ids, float* __restrict__ out) {
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= dim) return;
+    const int64_t r = blockIdx.y;
+    int64_t id = ids[r];
+    id = id < 0 ? 0 : (id >= n_rows ? n_rows - 1 : id);
+    out[r * dim + e] = dequant_one(type, table + id * row_bytes, e);
+}
+
 constexpr int kArgmaxBlocks = 256;
 constexpr int kArgmaxThreads = 256;
 
@@ -183,6 +200,20 @@ void get_row(DType type, const void* table, int64_t n_rows, int64_t dim, const i
     const int64_t rb = static_cast<int64_t>(row_size(type, dim));
     launch_pdl(get_row_kernel, dim3(static_cast<unsigned>((dim + 255) / 256)), dim3(256), 0, stream, type,
                static_cast<const uint8_t*>(table), n_rows, rb, dim, id, out);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void get_rows(DType type, const void* table, int64_t n_rows, int64_t dim, const int32_t* ids, int64_t n, float* out,
+              cudaStream_t stream) {
+    if (!cuda_get_row_type_supported(type)) throw_error("get_rows: unsupported table type");
+    const int64_t bs = dtype_info(type).block_size;
+    if (dim < 1 || dim % bs != 0 || n_rows < 1) throw_error("get_rows: dim must be a positive multiple of the block size");
+    if (n < 1 || n > 65535) throw_error("get_rows: n must be in 1 .. 65535");
+    if (!table || !ids || !out) throw_error("get_rows: null pointer");
+    if (reinterpret_cast<uintptr_t>(table) % 4 != 0) throw_error("get_rows: table must be 4-byte aligned");
+    const int64_t rb = static_cast<int64_t>(row_size(type, dim));
+    get_rows_kernel<<<dim3(static_cast<unsigned>((dim + 255) / 256), static_cast<unsigned>(n)), dim3(256), 0, stream>>>(
+        type, static_cast<const uint8_t*>(table), n_rows, rb, dim, ids, out);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

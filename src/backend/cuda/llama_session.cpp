@@ -346,10 +346,11 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     {
         // Batched prefill needs a prefill GEMM for every layer matrix (the
         // output head stays a GEMV: one row) and a head size the prefill
-        // attention takes; other models evaluate prompts token by token.
+        // attention takes; other models evaluate prompts token by token, and
+        // so do expert models (no grouped expert GEMM yet).
         const auto g = [](const Piece& p) { return gemm_weight_type_supported(p.w.type); };
         bool ok = opt.batched_prefill && prefill_attention_head_dim_supported(static_cast<int>(c.head_dim)) &&
-                  opt.prefill_chunk >= 1;
+                  opt.prefill_chunk >= 1 && !c.moe();
         for (const auto& L : layers_) {
             for (const auto* ps : {&L.qkv, &L.gate_up})
                 for (const Piece& p : *ps) ok = ok && g(p);

@@ -352,7 +352,12 @@ TEST(CudaSession, DefaultModelGreedyTextMatchesCpu) {
 // Sampled text: the CPU session samples on the host, the GPU session on the
 // device (eval_sample → sample_token) with the same Sampler seed and draws;
 // the texts must agree until the logits' last-bit differences decide a draw
-// (reported; at least 16 tokens are required to agree).
+// (reported; at least 16 tokens are required to agree). The prompt runs
+// token by token on the GPU too: the batched prefill's BF16 GEMMs move the
+// first token's logits by more than last bits, enough for a draw that lands
+// near a boundary of the sampling distribution to pick a neighbour (seen:
+// seed 2 of the Apollo prompt); its accuracy is checked by the golden-logit
+// and greedy tests.
 TEST(CudaSession, DefaultModelSampledTextMatchesCpu) {
     REQUIRE_GPU();
     REQUIRE_MODEL();
@@ -360,7 +365,7 @@ TEST(CudaSession, DefaultModelSampledTextMatchesCpu) {
     auto model = Model::from_gguf(std::make_shared<GgufFile>(default_model_path()));
     ThreadPool pool(0);
     auto cpu = make_cpu_session(*model, 512, pool);
-    auto gpu = gpu_session(*model);
+    auto gpu = gpu_session(*model, 512, /*batched_prefill=*/false);
     const int64_t V = model->config().n_vocab;
     SamplingParams sp;  // the CLI's defaults: T 0.8, top-k 40, top-p 0.95, min-p 0.05
     sp.repeat_penalty = 1.1f;

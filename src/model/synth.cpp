@@ -111,6 +111,17 @@ ModelConfig gemma_shape(std::string arch, std::string name, int64_t vocab, int64
     return c;
 }
 
+/// Qwen2 shapes (llama.cpp arch "qwen2"): NeoX RoPE and biases on the q, k
+/// and v projections (attn_q.bias, attn_k.bias, attn_v.bias, F32).
+ModelConfig qwen2_shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads, int64_t kv_heads,
+                        int64_t ff, int64_t ctx) {
+    ModelConfig c = shape(std::move(name), vocab, embd, layers, heads, kv_heads, ff, ctx, 1000000.0f, 1e-6f);
+    c.arch = "qwen2";
+    c.rope_neox = true;
+    c.qkv_bias = true;
+    return c;
+}
+
 /// Phi-3 shapes (llama.cpp arch "phi3"): fused attn_qkv and gate/up, NeoX
 /// RoPE, a sliding window on every layer.
 ModelConfig phi3_shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads, int64_t kv_heads,
@@ -142,8 +153,8 @@ const std::vector<SynthPreset>& synth_presets() {
          shape("synthetic llama3-1b", 128256, 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f), true},
         {"llama3-8b", "Llama-3-8B shape (8.03B parameters)",
          shape("synthetic llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8192, 500000.0f, 1e-5f), false},
-        {"qwen2-7b", "Qwen2-7B shape as a Llama-architecture model, no QKV bias (7.6B parameters)",
-         shape("synthetic qwen2-7b", 152064, 3584, 28, 28, 4, 18944, 32768, 1000000.0f, 1e-6f), false},
+        {"qwen2-7b", "Qwen2-7B shape: q/k/v biases, NeoX RoPE (7.6B parameters)",
+         qwen2_shape("synthetic qwen2-7b", 152064, 3584, 28, 28, 4, 18944, 32768), false},
         {"qwen3-30b-a3b", "Qwen3-30B-A3B shape: 128 experts of width 768, 8 per token, q/k norms (30.5B parameters, "
                           "3.3B active)",
          qwen3moe_shape("synthetic qwen3-30b-a3b", 151936, 2048, 48, 32, 4, 6144, 768, 128, 8, 40960), false},
@@ -297,6 +308,7 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         bool norm;             // F32, around 1
         int64_t ne2 = 1;       // experts (3-D expert banks)
         bool f32 = false;      // kept in F32 (the router, as llama.cpp's quantizer keeps it)
+        bool bias = false;     // F32, around 0 (ne0 values)
     };
     std::vector<Spec> specs;
     specs.push_back({"token_embd.weight", c.n_embd, c.n_vocab, -1, false});
@@ -309,6 +321,12 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
             specs.push_back({n("attn_q"), c.n_embd, c.q_dim(), i, false});
             specs.push_back({n("attn_k"), c.n_embd, c.kv_dim(), i, false});
             specs.push_back({n("attn_v"), c.n_embd, c.kv_dim(), i, false});
+        }
+        if (c.qkv_bias) {
+            auto b = [&](const char* s) { return fmt::format("blk.{}.{}.bias", i, s); };
+            specs.push_back({b("attn_q"), c.q_dim(), 1, i, false, 1, true, true});
+            specs.push_back({b("attn_k"), c.kv_dim(), 1, i, false, 1, true, true});
+            specs.push_back({b("attn_v"), c.kv_dim(), 1, i, false, 1, true, true});
         }
         specs.push_back({n("attn_output"), c.q_dim(), c.n_embd, i, false});
         if (c.qk_norm) {
@@ -348,9 +366,9 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         const size_t rb = row_size(t, s.ne0);
         const int64_t rows = s.ne1 * s.ne2;
         auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[rb * static_cast<size_t>(rows)]);
-        if (s.norm) {
+        if (s.norm || s.bias) {
             float* f = reinterpret_cast<float*>(buf.get());
-            for (int64_t i = 0; i < s.ne0; ++i) f[i] = 1.0f + gauss(rng);
+            for (int64_t i = 0; i < s.ne0; ++i) f[i] = (s.norm ? 1.0f : 0.0f) + gauss(rng);
         } else {
             const int64_t pool = std::min(kPool, rows);
             row.resize(static_cast<size_t>(s.ne0));

@@ -493,7 +493,9 @@ ArchModel small_arch_model(const std::string& arch, const std::string& scheme, i
         const bool fused_away = phi3 && (name.find(".attn_q.") != std::string::npos || name.find(".attn_k.") != std::string::npos ||
                                          name.find(".attn_v.") != std::string::npos || name.find(".ffn_gate.") != std::string::npos ||
                                          name.find(".ffn_up.") != std::string::npos);
-        if (!fused_away) ws.add(t);
+        // make_synthetic's q/k/v biases are replaced by larger ones below.
+        const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+        if (!fused_away && !bias) ws.add(t);
     }
     for (int64_t il = 0; il < c.n_layer; ++il) {
         if (c.qkv_bias)

@@ -322,15 +322,33 @@ PrefillGemm::PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems)
     handle_ = h;
     try {
         workspace_ = DeviceBuffer(kWorkspaceBytes);
-        wtile_ = DeviceBuffer(static_cast<size_t>(max_tile_elems) * 2);
+        for (auto& t : wtile_) t = DeviceBuffer(static_cast<size_t>(max_tile_elems) * 2);
         xact_ = DeviceBuffer(static_cast<size_t>(max_n * max_k) * 2);
+        QUERN_CUDA_CHECK(cudaStreamCreateWithFlags(&dq_stream_, cudaStreamNonBlocking));
+        for (int b = 0; b < 2; ++b) {
+            QUERN_CUDA_CHECK(cudaEventCreateWithFlags(&dq_done_[b], cudaEventDisableTiming));
+            QUERN_CUDA_CHECK(cudaEventCreateWithFlags(&mm_done_[b], cudaEventDisableTiming));
+        }
     } catch (...) {
+        release_streams();
         cublasLtDestroy(h);
         throw;
     }
 }
 
+void PrefillGemm::release_streams() {
+    for (int b = 0; b < 2; ++b) {
+        if (dq_done_[b]) cudaEventDestroy(dq_done_[b]);
+        if (mm_done_[b]) cudaEventDestroy(mm_done_[b]);
+        dq_done_[b] = mm_done_[b] = nullptr;
+    }
+    if (dq_stream_) cudaStreamDestroy(dq_stream_);
+    dq_stream_ = nullptr;
+}
+
 PrefillGemm::~PrefillGemm() {
+    if (dq_stream_) cudaStreamSynchronize(dq_stream_);
+    release_streams();
     for (auto& [k, p] : plans_) delete p;
     if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
@@ -403,12 +421,27 @@ void PrefillGemm::run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n,
         throw_error(std::string("PrefillGemm: no prefill GEMM for weight type ") + std::string(dtype_name(w.type)));
     if (!xb || !y) throw_error("PrefillGemm: null pointer");
     if (n < 1 || n > max_n_ || w.K > max_k_ || ldy < w.N) throw_error("PrefillGemm: shape out of range");
-    const int64_t tile = std::min<int64_t>(w.N, max_tile_ / w.K);
-    auto* wb = wtile_.as<uint16_t>();
+    // Tiles of whole rows, a multiple of 256 rows (so that every tile's
+    // output starts as aligned as y) unless one tile takes the matrix.
+    int64_t tile = std::min<int64_t>(w.N, max_tile_ / w.K);
+    if (tile < w.N && tile >= 256) tile -= tile % 256;
     for (int64_t r0 = 0; r0 < w.N; r0 += tile) {
         const int64_t rows = std::min(tile, w.N - r0);
-        dequantize_weight_bf16(w, r0, rows, wb, stream);
+        // Double buffering: tile buffer b is dequantized on dq_stream_ once
+        // the GEMM that last read it is done, and the GEMM on `stream` waits
+        // for its dequantization; the next tile's (or the next matrix's)
+        // dequantization overlaps this GEMM and whatever `stream` runs
+        // between GEMMs (the weights do not depend on the activations).
+        const int b = next_tile_;
+        next_tile_ ^= 1;
+        auto* wb = wtile_[b].as<uint16_t>();
+        QUERN_CUDA_CHECK(cudaStreamWaitEvent(dq_stream_, mm_done_[b], 0));
+        dequantize_weight_bf16(w, r0, rows, wb, dq_stream_);
+        QUERN_CUDA_CHECK(cudaEventRecord(dq_done_[b], dq_stream_));
+        QUERN_CUDA_CHECK(cudaStreamWaitEvent(stream, dq_done_[b], 0));
         matmul(wb, rows, xb, n, w.K, y + r0, ldy, stream);
+        QUERN_CUDA_CHECK(cudaEventRecord(mm_done_[b], stream));
+        if (hook_) hook_("gemm");
     }
 }
 
@@ -416,6 +449,7 @@ const uint16_t* PrefillGemm::to_bf16(const float* x, int64_t ldx, int64_t n, int
     if (!x) throw_error("PrefillGemm: null pointer");
     if (n < 1 || n > max_n_ || K < 1 || K > max_k_ || ldx < K) throw_error("PrefillGemm: shape out of range");
     f32_to_bf16(x, ldx, n, K, xact_.as<uint16_t>(), stream);
+    if (hook_) hook_("to_bf16");
     return xact_.as<uint16_t>();
 }
 

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <tuple>
 
 #include "backend/cuda/device_buffer.h"
@@ -56,13 +57,12 @@ void f32_to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* ou
 class PrefillGemm {
 public:
     /// Scratch for up to max_n activation rows of up to max_k elements, and
-    /// weight tiles of up to max_tile_elems BF16 elements (a matrix larger
-    /// than that is processed in tiles of whole rows; a single row must fit:
-    /// max_tile_elems >= max_k). Throws quern::Error when the memory or the
-    /// cuBLASLt handle cannot be had.
-    /// The default tile (16M elements, 32 MB) is meant to stay in the H200's
-    /// 50 MB L2 between the dequantization writing it and the GEMM reading
-    /// it (not yet measured). Descriptors and the algorithm choice are cached
+    /// two weight tiles of up to max_tile_elems BF16 elements each (a
+    /// matrix larger than that is processed in tiles of whole rows, a
+    /// multiple of 256; a single row must fit: max_tile_elems >= max_k),
+    /// dequantized on an internal stream while the previous tile's GEMM
+    /// runs. Throws quern::Error when the memory, the stream or the cuBLASLt
+    /// handle cannot be had. Descriptors and the algorithm choice are cached
     /// per (shape, alignment): at most a few per matrix and chunk length.
     PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems = int64_t{16} << 20);
     ~PrefillGemm();
@@ -87,6 +87,11 @@ public:
     /// types). Valid until the next run() or to_bf16(). Preconditions as run().
     const uint16_t* to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, cudaStream_t stream);
 
+    /// Called on the host after each phase is enqueued on the caller's
+    /// stream ("to_bf16", "gemm": a tile's GEMM, including any wait for its
+    /// dequantization on the internal stream), for profiling.
+    void set_phase_hook(std::function<void(const char*)> hook) { hook_ = std::move(hook); }
+
     int64_t max_n() const { return max_n_; }
     int64_t max_k() const { return max_k_; }
 
@@ -97,9 +102,18 @@ private:
     void matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int64_t n, int64_t k, float* y, int64_t ldy,
                 cudaStream_t stream);
 
+    void release_streams();
+
     int64_t max_n_, max_k_, max_tile_;
     void* handle_ = nullptr;  // cublasLtHandle_t
-    DeviceBuffer workspace_, wtile_, xact_;
+    DeviceBuffer workspace_, wtile_[2], xact_;
+    // Weight tiles are dequantized on their own stream into two buffers in
+    // turn (run_bf16); events order each buffer's dequantization after the
+    // GEMM that last read it, and each GEMM after its tile's dequantization.
+    cudaStream_t dq_stream_ = nullptr;
+    cudaEvent_t dq_done_[2] = {nullptr, nullptr}, mm_done_[2] = {nullptr, nullptr};
+    int next_tile_ = 0;
+    std::function<void(const char*)> hook_;
     std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>, Plan*> plans_;
 };
 

@@ -254,13 +254,20 @@ private:
     PinnedBuffer host_sampling_;
 
     // QUERN_CUDA_PROFILE=1: steps run uncaptured with CUDA events between the
-    // ops; the destructor prints the GPU time per op kind (µs per step).
+    // ops; the destructor prints the GPU time per op kind (µs per decode
+    // step, and µs per batched-prefill chunk with the GEMMs' dequantization
+    // and cuBLASLt time apart).
+    struct Profile {
+        std::vector<std::pair<std::string, double>> ms;  // op name -> total ms
+        int64_t count = 0;                               // steps or chunks
+        int64_t rows = 0;                                // prefill: positions
+    };
     bool profile_ = false;
     std::vector<std::pair<const char*, cudaEvent_t>> marks_;
-    std::vector<std::pair<std::string, double>> prof_;  // name -> total ms
-    int64_t prof_steps_ = 0;
+    Profile prof_decode_, prof_prefill_;
     void mark(const char* what);
-    void collect_profile();
+    void collect_profile(Profile& p);
+    static void print_profile(const Profile& p, const char* what);
 };
 
 void LlamaCudaSession::mark(const char* what) {
@@ -271,20 +278,35 @@ void LlamaCudaSession::mark(const char* what) {
     marks_.emplace_back(what, e);
 }
 
-void LlamaCudaSession::collect_profile() {
+void LlamaCudaSession::collect_profile(Profile& prof) {
     if (marks_.empty()) return;
     QUERN_CUDA_CHECK(cudaEventSynchronize(marks_.back().second));
     for (size_t i = 1; i < marks_.size(); ++i) {
         float ms = 0;
         QUERN_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second));
         const std::string name = marks_[i].first;
-        auto it = std::find_if(prof_.begin(), prof_.end(), [&](const auto& p) { return p.first == name; });
-        if (it == prof_.end()) prof_.emplace_back(name, ms);
+        auto it = std::find_if(prof.ms.begin(), prof.ms.end(), [&](const auto& p) { return p.first == name; });
+        if (it == prof.ms.end()) prof.ms.emplace_back(name, ms);
         else it->second += ms;
     }
     for (auto& m : marks_) cudaEventDestroy(m.second);
     marks_.clear();
-    ++prof_steps_;
+    ++prof.count;
+}
+
+void LlamaCudaSession::print_profile(const Profile& p, const char* what) {
+    if (p.count == 0) return;
+    double total = 0;
+    for (const auto& e : p.ms) total += e.second;
+    std::fprintf(stderr, "quern: CUDA profile over %lld %s (kernel time between events, us per %s):\n",
+                 static_cast<long long>(p.count), what, what);
+    for (const auto& e : p.ms)
+        std::fprintf(stderr, "  %-12s %9.1f us  %5.1f%%\n", e.first.c_str(), 1000.0 * e.second / p.count,
+                     100.0 * e.second / total);
+    std::fprintf(stderr, "  %-12s %9.1f us\n", "total", 1000.0 * total / p.count);
+    if (p.rows > 0)
+        std::fprintf(stderr, "  %lld positions: %.1f tok/s of kernel time\n", static_cast<long long>(p.rows),
+                     p.rows / (total / 1000.0));
 }
 
 LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt)
@@ -405,15 +427,9 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
 LlamaCudaSession::~LlamaCudaSession() {
     for (auto& g : graph_)
         if (g) cudaGraphExecDestroy(g);
-    if (profile_ && prof_steps_ > 0) {
-        double total = 0;
-        for (const auto& p : prof_) total += p.second;
-        std::fprintf(stderr, "quern: CUDA profile over %lld steps (kernel time between events, us per step):\n",
-                     static_cast<long long>(prof_steps_));
-        for (const auto& p : prof_)
-            std::fprintf(stderr, "  %-12s %9.1f us  %5.1f%%\n", p.first.c_str(), 1000.0 * p.second / prof_steps_,
-                         100.0 * p.second / total);
-        std::fprintf(stderr, "  %-12s %9.1f us\n", "total", 1000.0 * total / prof_steps_);
+    if (profile_) {
+        print_profile(prof_decode_, "step");
+        print_profile(prof_prefill_, "chunk");
     }
 }
 
@@ -761,7 +777,7 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
     }
     advance_decode_position(ctl, tokens_.as<int32_t>(), nctx, s);
     mark("advance");
-    collect_profile();
+    collect_profile(prof_decode_);
 }
 
 void LlamaCudaSession::run_step(Head head) {
@@ -866,7 +882,10 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
     try {
         const auto& c = cfg_;
         // (65535: the prefill kernels' grid.y limit on rows.)
-        const int64_t R = std::min<int64_t>({opt_.prefill_chunk, n_ctx_, 65535});
+        // QUERN_CUDA_PREFILL_CHUNK=N overrides the rows per chunk (for measuring).
+        int64_t chunk = opt_.prefill_chunk;
+        if (const char* e = std::getenv("QUERN_CUDA_PREFILL_CHUNK"); e && std::atoll(e) > 0) chunk = std::atoll(e);
+        const int64_t R = std::min<int64_t>({chunk, n_ctx_, 65535});
         const auto fb = [&](int64_t cols) { return DeviceBuffer(static_cast<size_t>(R * cols) * sizeof(float)); };
         px_ = fb(c.n_embd);
         ph_ = fb(c.n_embd);
@@ -877,6 +896,7 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
         pgu_ = fb(2 * c.n_ff);
         pff_ = fb(c.n_ff);
         gemm_ = std::make_unique<PrefillGemm>(R, std::max({c.n_embd, c.q_dim(), c.n_ff}));
+        if (profile_) gemm_->set_phase_hook([this](const char* phase) { mark(phase); });
         prefill_rows_ = R;
     } catch (const Error& e) {
         // Out of device memory (e.g. --gpu-mem gave it all to the KV cache):
@@ -909,14 +929,17 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
     const int nctx = static_cast<int>(n_ctx_);
     const int rows = static_cast<int>(n);
 
+    mark("start");
     get_rows(embd_type_, embd_, c.n_vocab, E, tokens_.as<int32_t>() + pos0, n, X, s);
     if (c.embd_scale > 0.0f) scale_softcap(X, n * E, c.embd_scale, 0.0f, s);
+    mark("embed");
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const LayerWeights& L = layers_[static_cast<size_t>(il)];
         auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
         auto* vc = kc + kv_layer_bytes_;
         // Layer 0 reads the embeddings; later layers add the previous FFN output first.
         rms_norm_q8_1(X, il > 0 ? HRES : nullptr, L.attn_norm, XN, nullptr, nullptr, n, E, c.rms_eps, s);
+        mark("norm");
         const uint16_t* xb = gemm_->to_bf16(XN, E, n, E, s);  // one rounding for all Q|K|V pieces
         for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
         AttentionExtras ex;
@@ -932,17 +955,22 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         prefill_rope_kv_store(QKV, LQ, rows, static_cast<int>(pos0), kc, vc, kv_type_, nctx, static_cast<int>(c.n_head),
                               static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
                               static_cast<int>(c.rope_dim), c.rope_neox, ex, s);
+        mark("rope_kv");
         prefill_attention(QKV, LQ, kc, vc, kv_type_, rows, static_cast<int>(pos0), nctx, static_cast<int>(c.n_head),
                           static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), c.qk_scale(),
                           static_cast<int>(std::min<int64_t>(c.window(il), nctx)), c.attn_softcap, ATT, QD, s);
+        mark("attention");
         gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
         if (L.post_attn_norm) rms_norm_q8_1(H, nullptr, L.post_attn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
         rms_norm_q8_1(X, HRES, L.ffn_norm, XN, nullptr, nullptr, n, E, c.rms_eps, s);
+        mark("norm");
         xb = gemm_->to_bf16(XN, E, n, E, s);
         for (const Piece& p : L.gate_up) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
         glu_rows(GU, 2 * FF, n, FF, FFH, FF, c.gelu_ffn, s);
+        mark("glu");
         gemm_->run(L.down.w, FFH, FF, n, H, E, s);
         if (L.post_ffn_norm) rms_norm_q8_1(H, nullptr, L.post_ffn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
+        mark("norm");
     }
     if (head) {  // the last row only, through the decode step's output GEMV
         float* xl = X + (n - 1) * E;
@@ -951,6 +979,11 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
                       xq_embd_.q2(), xq_embd_.info2());
         mm(output_, xn_.as<float>(), xq_embd_, logits_.as<float>());
         if (c.final_softcap > 0.0f) scale_softcap(logits_.as<float>(), c.n_vocab, 1.0f, c.final_softcap, s);
+        mark("head");
+    }
+    if (profile_) {
+        collect_profile(prof_prefill_);
+        prof_prefill_.rows += n;
     }
 }
 

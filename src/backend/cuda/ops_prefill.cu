@@ -9,10 +9,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
+#include "backend/cuda/ops_flash.h"
 
 namespace quern::cuda {
 namespace {
@@ -297,6 +300,17 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
     if (window < 0 || softcap < 0.0f) throw_error("prefill_attention: negative window or softcap");
     if (reinterpret_cast<uintptr_t>(k_cache) % 16 || reinterpret_cast<uintptr_t>(v_cache) % 16)
         throw_error("prefill_attention: the caches must be 16-byte aligned");
+    // The tensor-core kernel where it applies (QUERN_CUDA_FLASH=0: never).
+    static const bool flash_off = [] {
+        const char* e = std::getenv("QUERN_CUDA_FLASH");
+        return e && std::string(e) == "0";
+    }();
+    if (!flash_off && prefill_flash_supported(kv_type, head_dim, ldq, ldo) &&
+        reinterpret_cast<uintptr_t>(q) % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
+        prefill_flash_attention(q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, head_dim, scale, window, softcap,
+                                out, ldo, stream);
+        return;
+    }
     if (kv_type == KvType::F16)
         dispatch_attn<__half>(head_dim, q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap,
                               out, ldo, stream);

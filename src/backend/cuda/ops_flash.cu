@@ -1,0 +1,264 @@
+// Prefill attention on the tensor cores (FlashAttention-2's tiling: Dao,
+// "FlashAttention-2: Faster Attention with Better Parallelism and Work
+// Partitioning", 2023), for an f16 KV cache and heads of 64 or 128. API and
+// semantics: prefill_attention in ops.h, which routes these cases here.
+//
+// prefill_flash_kernel<HD, SOFTCAP>
+//   Shapes:  q: n rows at stride ldq floats, n_head·HD each (rotated,
+//            unscaled); k_cache / v_cache: rows of n_head_kv·HD halves, the
+//            row of position p at p; out: n rows at stride ldo floats.
+//   Grid:    (n_head, ceil(n / 64)) blocks of 4 warps; block (h, t) takes
+//            query rows 64t .. 64t+63 of head h (the tiles with the most keys
+//            are launched first), warp w rows 64t+16w .. +15. KV head
+//            h / (n_head / n_head_kv).
+//   Math:    each warp holds its 16 scaled query rows as f16 A fragments
+//            (mma.m16n8k16); the block walks its keys 64 at a time: K and V
+//            tiles are copied to shared memory (rows padded by 8 halves, so
+//            that fragment loads and ldmatrix hit 32 distinct banks),
+//            S = Q·Kᵀ (16 × 64 per warp, fp32 accumulators), the mask
+//            (causal, window, end of the context) and the soft-cap on S,
+//            the online softmax in fp32 (row max and sum over the quad of
+//            lanes sharing a row), P rounded to f16 and reused in registers
+//            as the A fragments of O += P·V (V's B fragments by ldmatrix
+//            .trans), O rescaled per tile, divided by the row sum at the end.
+//   Numerics: q·scale and P are rounded to f16 (11 significant bits); K and
+//            V are the cache's f16 values; every product is accumulated in
+//            fp32. Masked keys get −inf before the max, and a row with no key
+//            yet keeps its running max at −inf without producing NaN.
+//   Bound:   tensor-core throughput for long contexts; K/V tiles come from L2
+//            (a KV head's tiles are read by each of its query heads).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/ops_flash.h"
+
+namespace quern::cuda {
+namespace {
+
+constexpr int kBr = 64;     // query rows per block (16 per warp)
+constexpr int kBc = 64;     // keys per tile
+constexpr int kWarps = 4;
+constexpr int kPad = 8;     // halves of padding per shared-memory row
+
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// D = A·B + D, m16n8k16, f16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8×8 b16 matrices, transposed, from the row addresses of lanes
+// 0-7, 8-15, 16-23, 24-31.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                                  const __half* p) {
+    const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(a));
+}
+
+template <int HD, bool SOFTCAP>
+__global__ void __launch_bounds__(32 * kWarps)
+    prefill_flash_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
+                         const __half* __restrict__ vc, int n, int pos0, int n_head, int n_head_kv, float scale,
+                         int window, float softcap, float* __restrict__ out, int64_t ldo) {
+    constexpr int LD = HD + kPad;  // shared row stride in halves
+    constexpr int KS = HD / 16;    // k-steps of Q·Kᵀ
+    constexpr int NT = HD / 8;     // n-tiles of O
+    __shared__ __align__(16) __half ks[kBc * LD];
+    __shared__ __align__(16) __half vs[kBc * LD];
+
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tg = lane & 3;  // the fragment's row group and thread-in-group
+    const int h = static_cast<int>(blockIdx.x);
+    const int tile = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // the longest tiles first
+    const int hk = h / (n_head / n_head_kv);
+    const int r0 = tile * kBr + warp * 16;  // this warp's first row
+    const int64_t kv_stride = static_cast<int64_t>(n_head_kv) * HD;
+
+    // Query rows g and g+8 of the warp as A fragments (scaled, f16).
+    uint32_t qa[KS][4];
+    {
+        const int ra = min(r0 + g, n - 1), rb = min(r0 + g + 8, n - 1);
+        const float* qa_row = q + static_cast<int64_t>(ra) * ldq + static_cast<int64_t>(h) * HD;
+        const float* qb_row = q + static_cast<int64_t>(rb) * ldq + static_cast<int64_t>(h) * HD;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+            const int c = kk * 16 + 2 * tg;
+            const float2 a0 = *reinterpret_cast<const float2*>(qa_row + c);
+            const float2 a1 = *reinterpret_cast<const float2*>(qb_row + c);
+            const float2 a2 = *reinterpret_cast<const float2*>(qa_row + c + 8);
+            const float2 a3 = *reinterpret_cast<const float2*>(qb_row + c + 8);
+            qa[kk][0] = pack_half2(a0.x * scale, a0.y * scale);
+            qa[kk][1] = pack_half2(a1.x * scale, a1.y * scale);
+            qa[kk][2] = pack_half2(a2.x * scale, a2.y * scale);
+            qa[kk][3] = pack_half2(a3.x * scale, a3.y * scale);
+        }
+    }
+
+    float o[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;  // rows g and g+8
+    const int pa = pos0 + r0 + g, pb = pa + 8;                         // their positions
+
+    // The block's keys: from the first row's window start to its last row.
+    const int last_row = min(tile * kBr + kBr - 1, n - 1);
+    const int kv_hi = pos0 + last_row;  // inclusive
+    const int kv_lo = window > 0 ? max(0, pos0 + tile * kBr - window + 1) : 0;
+
+    for (int kv0 = kv_lo; kv0 <= kv_hi; kv0 += kBc) {
+        // K and V tiles to shared memory, 16 bytes per copy; keys past the
+        // last one are zeros (their scores are masked; V must not be NaN).
+        __syncthreads();
+        for (int i = tid; i < kBc * HD / 8; i += 32 * kWarps) {
+            const int key = i / (HD / 8), c = (i % (HD / 8)) * 8;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (kv0 + key <= kv_hi) {
+                const int64_t off = static_cast<int64_t>(kv0 + key) * kv_stride + static_cast<int64_t>(hk) * HD + c;
+                kv = *reinterpret_cast<const uint4*>(kc + off);
+                vv = *reinterpret_cast<const uint4*>(vc + off);
+            }
+            *reinterpret_cast<uint4*>(ks + key * LD + c) = kv;
+            *reinterpret_cast<uint4*>(vs + key * LD + c) = vv;
+        }
+        __syncthreads();
+        if (kv0 > pos0 + r0 + 15) continue;  // every key of the tile is after the warp's last row (warp-uniform)
+
+        // S = Q·Kᵀ: 8 n-tiles of 8 keys.
+        float s[kBc / 8][4];
+#pragma unroll
+        for (int j = 0; j < kBc / 8; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            const __half* kr = ks + (j * 8 + g) * LD + 2 * tg;
+#pragma unroll
+            for (int kk = 0; kk < KS; ++kk) {
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + kk * 16);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 8);
+                mma_16816(s[j], qa[kk], b0, b1);
+            }
+        }
+        // Soft-cap, mask, row maxima.
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kBc / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = kv0 + j * 8 + 2 * tg + (e & 1);
+                const int p = e < 2 ? pa : pb;
+                float v = s[j][e];
+                if constexpr (SOFTCAP) v = softcap * tanhf(v / softcap);
+                const bool ok = key <= p && key <= kv_hi && (window <= 0 || key > p - window);
+                v = ok ? v : -INFINITY;
+                s[j][e] = v;
+                if (e < 2) mx_a = fmaxf(mx_a, v);
+                else mx_b = fmaxf(mx_b, v);
+            }
+        }
+#pragma unroll
+        for (int d = 1; d <= 2; d <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, d));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, d));
+        }
+        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+        // A row with no key so far keeps −inf: subtract 0 instead (p = 0, no NaN).
+        const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
+        const float corr_a = expf(m_a - base_a), corr_b = expf(m_b - base_b);  // 0 while m is −inf
+        m_a = mn_a;
+        m_b = mn_b;
+        float sum_a = 0.0f, sum_b = 0.0f;
+        uint32_t pf[kBc / 8][2];  // P as f16 pairs: rows g (0) and g+8 (1) of each n-tile
+#pragma unroll
+        for (int j = 0; j < kBc / 8; ++j) {
+            const float p0 = expf(s[j][0] - base_a), p1 = expf(s[j][1] - base_a);
+            const float p2 = expf(s[j][2] - base_b), p3 = expf(s[j][3] - base_b);
+            sum_a += p0 + p1;
+            sum_b += p2 + p3;
+            pf[j][0] = pack_half2(p0, p1);
+            pf[j][1] = pack_half2(p2, p3);
+        }
+        l_a = l_a * corr_a + sum_a;
+        l_b = l_b * corr_b + sum_b;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            o[j][0] *= corr_a;
+            o[j][1] *= corr_a;
+            o[j][2] *= corr_b;
+            o[j][3] *= corr_b;
+        }
+        // O += P·V: k-steps of 16 keys (n-tiles 2t and 2t+1 of S form the A
+        // fragment), two n-tiles of 8 head elements per ldmatrix.x4.trans.
+#pragma unroll
+        for (int t = 0; t < kBc / 16; ++t) {
+            const uint32_t a[4] = {pf[2 * t][0], pf[2 * t][1], pf[2 * t + 1][0], pf[2 * t + 1][1]};
+            const __half* vrow = vs + (t * 16 + (lane & 15)) * LD + (lane >> 4) * 8;
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                uint32_t b0, b1, b2, b3;
+                ldmatrix_x4_trans(b0, b1, b2, b3, vrow + j * 8);
+                mma_16816(o[j], a, b0, b1);
+                mma_16816(o[j + 1], a, b2, b3);
+            }
+        }
+    }
+
+    // The row sums over the quad, then O / l.
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1) {
+        l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, d);
+        l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, d);
+    }
+    const float ia = 1.0f / l_a, ib = 1.0f / l_b;  // l >= 1: the key at the row's own position is seen
+    const int ra = r0 + g, rb = r0 + g + 8;
+    float* oa = out + static_cast<int64_t>(ra) * ldo + static_cast<int64_t>(h) * HD + 2 * tg;
+    float* ob = out + static_cast<int64_t>(rb) * ldo + static_cast<int64_t>(h) * HD + 2 * tg;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        if (ra < n) *reinterpret_cast<float2*>(oa + j * 8) = make_float2(o[j][0] * ia, o[j][1] * ia);
+        if (rb < n) *reinterpret_cast<float2*>(ob + j * 8) = make_float2(o[j][2] * ib, o[j][3] * ib);
+    }
+}
+
+template <int HD>
+void launch(const float* q, int64_t ldq, const void* kc, const void* vc, int n, int pos0, int n_head, int n_head_kv,
+            float scale, int window, float softcap, float* out, int64_t ldo, cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>((n + kBr - 1) / kBr));
+    const auto* k = static_cast<const __half*>(kc);
+    const auto* v = static_cast<const __half*>(vc);
+    if (softcap > 0.0f)
+        prefill_flash_kernel<HD, true><<<grid, 32 * kWarps, 0, stream>>>(q, ldq, k, v, n, pos0, n_head, n_head_kv,
+                                                                         scale, window, softcap, out, ldo);
+    else
+        prefill_flash_kernel<HD, false><<<grid, 32 * kWarps, 0, stream>>>(q, ldq, k, v, n, pos0, n_head, n_head_kv,
+                                                                          scale, window, softcap, out, ldo);
+}
+
+}  // namespace
+
+bool prefill_flash_supported(KvType kv_type, int head_dim, int64_t ldq, int64_t ldo) {
+    // float2 loads of q and stores of out need even strides.
+    return kv_type == KvType::F16 && (head_dim == 64 || head_dim == 128) && ldq % 2 == 0 && ldo % 2 == 0;
+}
+
+void prefill_flash_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, int n, int pos0,
+                             int n_head, int n_head_kv, int head_dim, float scale, int window, float softcap,
+                             float* out, int64_t ldo, cudaStream_t stream) {
+    if (head_dim == 64)
+        launch<64>(q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream);
+    else
+        launch<128>(q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace quern::cuda

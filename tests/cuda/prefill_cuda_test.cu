@@ -508,4 +508,83 @@ TEST(CudaPrefill, GluRowsMatchesCpu) {
     }
 }
 
+// The BF16-output kernels that feed the prefill GEMMs directly: the FFN
+// gating (glu_rows_bf16) against cpu::swiglu / geglu_tanh, and
+// rms_norm_bf16 (residual added and stored back) against a double
+// reference; each value within one BF16 rounding (2^-8 relative, doubled
+// for the fp32 arithmetic), nothing written past n rows.
+TEST(CudaPrefill, Bf16OutputNormAndGluMatchCpu) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(606);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    const auto close = [](float g, double e) { return std::fabs(g - e) <= std::ldexp(std::fabs(e), -7) + 1e-30; };
+    {
+        const int64_t n = 5, ff = 200, ld = 2 * ff + 6;
+        std::vector<float> gu(static_cast<size_t>(n * ld));
+        for (auto& v : gu) v = nd(rng);
+        for (bool gelu : {false, true}) {
+            cuda::DeviceBuffer dgu(gu.size() * 4), dout(static_cast<size_t>((n + 1) * ff) * 2);
+            dgu.upload(gu.data(), gu.size() * 4, ctx.stream());
+            dout.fill_bytes(0xFF, ctx.stream());
+            cuda::glu_rows_bf16(dgu.as<float>(), ld, n, ff, dout.as<uint16_t>(), gelu, ctx.stream());
+            std::vector<uint16_t> got(static_cast<size_t>((n + 1) * ff));
+            dout.download(got.data(), got.size() * 2, ctx.stream());
+            std::vector<float> ref(static_cast<size_t>(ff));
+            int bad = 0;
+            for (int64_t r = 0; r < n; ++r) {
+                const float* g = gu.data() + r * ld;
+                if (gelu) cpu::geglu_tanh(g, g + ff, ref.data(), ff);
+                else cpu::swiglu(g, g + ff, ref.data(), ff);
+                for (int64_t i = 0; i < ff; ++i)
+                    if (!close(bf16_to_float(got[static_cast<size_t>(r * ff + i)]), ref[static_cast<size_t>(i)]) &&
+                        bad++ < 5)
+                        ADD_FAILURE() << (gelu ? "gelu" : "silu") << " row " << r << " [" << i << "]";
+            }
+            for (int64_t i = n * ff; i < (n + 1) * ff; ++i)
+                if (got[static_cast<size_t>(i)] != 0xFFFF && bad++ < 5) ADD_FAILURE() << "written past n rows";
+            EXPECT_EQ(bad, 0);
+        }
+    }
+    for (bool residual : {false, true}) {
+        const int64_t n = 6, dim = 4096 + 64;
+        const float eps = 1e-5f;
+        std::vector<float> x(static_cast<size_t>(n * dim)), res(x.size()), w(static_cast<size_t>(dim));
+        for (auto& v : x) v = nd(rng);
+        for (auto& v : res) v = nd(rng);
+        for (auto& v : w) v = 1.0f + 0.3f * nd(rng);
+        cuda::DeviceBuffer dx(x.size() * 4), dr(res.size() * 4), dw(w.size() * 4), dout(x.size() * 2 + 64);
+        dx.upload(x.data(), x.size() * 4, ctx.stream());
+        dr.upload(res.data(), res.size() * 4, ctx.stream());
+        dw.upload(w.data(), w.size() * 4, ctx.stream());
+        dout.fill_bytes(0xFF, ctx.stream());
+        cuda::rms_norm_bf16(dx.as<float>(), residual ? dr.as<float>() : nullptr, dw.as<float>(), dout.as<uint16_t>(),
+                            n, dim, eps, ctx.stream());
+        std::vector<uint16_t> got(x.size() + 32);
+        std::vector<float> xs(x.size());
+        dout.download(got.data(), got.size() * 2, ctx.stream());
+        dx.download(xs.data(), xs.size() * 4, ctx.stream());
+        int bad = 0;
+        for (int64_t r = 0; r < n; ++r) {
+            double ss = 0;
+            for (int64_t i = 0; i < dim; ++i) {
+                const size_t at = static_cast<size_t>(r * dim + i);
+                const float v = residual ? x[at] + res[at] : x[at];
+                if (xs[at] != v && bad++ < 5) ADD_FAILURE() << "x not updated at row " << r << " [" << i << "]";
+                ss += static_cast<double>(v) * v;
+            }
+            const double scale = 1.0 / std::sqrt(ss / dim + eps);
+            for (int64_t i = 0; i < dim; ++i) {
+                const size_t at = static_cast<size_t>(r * dim + i);
+                const double e = static_cast<double>(residual ? x[at] + res[at] : x[at]) * scale * w[static_cast<size_t>(i)];
+                if (!close(bf16_to_float(got[at]), e) && bad++ < 5)
+                    ADD_FAILURE() << "norm row " << r << " [" << i << "] " << bf16_to_float(got[at]) << " vs " << e;
+            }
+        }
+        for (size_t i = x.size(); i < got.size(); ++i)
+            if (got[i] != 0xFFFF && bad++ < 5) ADD_FAILURE() << "written past n rows";
+        EXPECT_EQ(bad, 0) << (residual ? "with residual" : "no residual");
+    }
+}
+
 }  // namespace

@@ -87,6 +87,11 @@ public:
     /// types). Valid until the next run() or to_bf16(). Preconditions as run().
     const uint16_t* to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, cudaStream_t stream);
 
+    /// The activation scratch (max_n × max_k BF16) for a kernel that writes
+    /// a GEMM input in BF16 itself (rms_norm_bf16, glu_rows_bf16) before
+    /// run_bf16 on it; the same buffer to_bf16 returns and run() uses.
+    uint16_t* act_bf16() { return xact_.as<uint16_t>(); }
+
     /// Called on the host after each phase is enqueued on the caller's
     /// stream ("to_bf16", "gemm": a tile's GEMM, including any wait for its
     /// dequantization on the internal stream), for profiling.

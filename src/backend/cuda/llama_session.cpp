@@ -60,13 +60,13 @@
 //
 //   X[r] = token_embd[tokens[pos0 + r]] (· embd_scale)   get_rows
 //   per layer:
-//     XN = RMSNorm(X (+= HRES), attn_norm)                rms_norm_q8_1, n rows
+//     XN = RMSNorm(X (+= HRES), attn_norm) in BF16        rms_norm_bf16, n rows
 //     QKV = XN · W_qkvᵀ                                   PrefillGemm per piece
 //     bias, q/k norm, RoPE; K, V -> cache rows pos0..     prefill_rope_kv_store
-//     A = causal attention(Q, cache[0 .. pos0 + r])       prefill_attention
+//     A = causal attention(Q, cache[0 .. pos0 + r])       prefill_attention (tensor cores: ops_flash.cu)
 //     H = A · W_oᵀ (HRES = RMSNorm(H, post_attn_norm))    PrefillGemm (+ rms_norm_q8_1)
-//     XN = RMSNorm(X += HRES, ffn_norm)
-//     GU = XN · W_gate_upᵀ; F = SiLU|GELU(G) · U          PrefillGemm, glu_rows
+//     XN = RMSNorm(X += HRES, ffn_norm) in BF16           rms_norm_bf16
+//     GU = XN · W_gate_upᵀ; F = SiLU|GELU(G) · U in BF16  PrefillGemm, glu_rows_bf16
 //     H = F · W_downᵀ (HRES = RMSNorm(H, post_ffn_norm))
 //   last chunk, last row only: RMSNorm(x += h, output_norm), logits = W_out · xq
 //   with the decode step's GEMV (and soft-capping).
@@ -232,7 +232,7 @@ private:
     bool prefill_supported_ = false;
     int64_t prefill_rows_ = 0;
     std::unique_ptr<PrefillGemm> gemm_;
-    DeviceBuffer px_, ph_, phpost_, pxn_, pqkv_, pattn_, pgu_, pff_;
+    DeviceBuffer px_, ph_, phpost_, pqkv_, pattn_, pgu_;
 
     DeviceBuffer kv_;  // per layer: K then V, n_ctx rows of kv_dim elements
     size_t kv_layer_bytes_ = 0;
@@ -890,11 +890,9 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
         px_ = fb(c.n_embd);
         ph_ = fb(c.n_embd);
         if (c.post_norms) phpost_ = fb(c.n_embd);
-        pxn_ = fb(c.n_embd);
         pqkv_ = fb(c.q_dim() + 2 * c.kv_dim());
         pattn_ = fb(c.q_dim());
         pgu_ = fb(2 * c.n_ff);
-        pff_ = fb(c.n_ff);
         gemm_ = std::make_unique<PrefillGemm>(R, std::max({c.n_embd, c.q_dim(), c.n_ff}));
         if (profile_) gemm_->set_phase_hook([this](const char* phase) { mark(phase); });
         prefill_rows_ = R;
@@ -903,8 +901,8 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
         // prompts go token by token, as before.
         cudaGetLastError();
         gemm_.reset();
-        px_ = DeviceBuffer(), ph_ = DeviceBuffer(), phpost_ = DeviceBuffer(), pxn_ = DeviceBuffer();
-        pqkv_ = DeviceBuffer(), pattn_ = DeviceBuffer(), pgu_ = DeviceBuffer(), pff_ = DeviceBuffer();
+        px_ = DeviceBuffer(), ph_ = DeviceBuffer(), phpost_ = DeviceBuffer();
+        pqkv_ = DeviceBuffer(), pattn_ = DeviceBuffer(), pgu_ = DeviceBuffer();
         prefill_supported_ = false;
         if (opt_.verbose)
             std::fprintf(stderr, "quern: no GPU memory for the batched prefill (%s); prompts run token by token\n",
@@ -921,11 +919,9 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
     float* X = px_.as<float>();
     float* H = ph_.as<float>();
     float* HRES = c.post_norms ? phpost_.as<float>() : H;  // what is added to the residual stream
-    float* XN = pxn_.as<float>();
     float* QKV = pqkv_.as<float>();
     float* ATT = pattn_.as<float>();
     float* GU = pgu_.as<float>();
-    float* FFH = pff_.as<float>();
     const int nctx = static_cast<int>(n_ctx_);
     const int rows = static_cast<int>(n);
 
@@ -938,9 +934,11 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
         auto* vc = kc + kv_layer_bytes_;
         // Layer 0 reads the embeddings; later layers add the previous FFN output first.
-        rms_norm_q8_1(X, il > 0 ? HRES : nullptr, L.attn_norm, XN, nullptr, nullptr, n, E, c.rms_eps, s);
+        // The norms write the GEMM input in BF16 themselves (one rounding for
+        // all Q|K|V or gate|up pieces), and so does the FFN gating.
+        uint16_t* xb = gemm_->act_bf16();
+        rms_norm_bf16(X, il > 0 ? HRES : nullptr, L.attn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");
-        const uint16_t* xb = gemm_->to_bf16(XN, E, n, E, s);  // one rounding for all Q|K|V pieces
         for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
         AttentionExtras ex;
         if (L.qkv_bias) {
@@ -962,13 +960,12 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         mark("attention");
         gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
         if (L.post_attn_norm) rms_norm_q8_1(H, nullptr, L.post_attn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
-        rms_norm_q8_1(X, HRES, L.ffn_norm, XN, nullptr, nullptr, n, E, c.rms_eps, s);
+        rms_norm_bf16(X, HRES, L.ffn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");
-        xb = gemm_->to_bf16(XN, E, n, E, s);
         for (const Piece& p : L.gate_up) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
-        glu_rows(GU, 2 * FF, n, FF, FFH, FF, c.gelu_ffn, s);
+        glu_rows_bf16(GU, 2 * FF, n, FF, xb, c.gelu_ffn, s);
         mark("glu");
-        gemm_->run(L.down.w, FFH, FF, n, H, E, s);
+        gemm_->run_bf16(L.down.w, xb, n, H, E, s);
         if (L.post_ffn_norm) rms_norm_q8_1(H, nullptr, L.post_ffn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
         mark("norm");
     }

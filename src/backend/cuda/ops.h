@@ -197,6 +197,19 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
 void glu_rows(const float* gu, int64_t ld, int64_t n, int64_t n_ff, float* out, int64_t ldo, bool gelu,
               cudaStream_t stream);
 
+/// glu_rows with the values rounded to nearest even BF16 (uint16 bit
+/// patterns), out: n rows of n_ff back to back — the down projection's
+/// GEMM input (PrefillGemm::run_bf16). ld >= 2·n_ff.
+void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_t* out, bool gelu,
+                   cudaStream_t stream);
+
+/// RMSNorm of n rows of dim floats into BF16, for the prefill GEMMs:
+///   if residual: x[r] += residual[r] (written back to x)
+///   out[r·dim + i] = bf16(x[r][i] / sqrt(mean(x[r]²) + eps) · w[i])
+/// (rms_norm_q8_1's float y, fp32 sum of squares, rounded to nearest even).
+void rms_norm_bf16(float* x, const float* residual, const float* w, uint16_t* out, int64_t n, int64_t dim, float eps,
+                   cudaStream_t stream);
+
 /// Embedding lookup: out[dim] = row *id of `table`, rows of dim elements in
 /// GGUF block layout stored back to back (row stride row_size(type, dim);
 /// upload the tensor bytes as they are, NOT with upload_weight's repacked

@@ -222,6 +222,71 @@ __global__ void __launch_bounds__(256) glu_rows_kernel(const float* __restrict__
     }
 }
 
+// Round to nearest even BF16 (NaN stays NaN), as f32_to_bf16 (gemm.cu).
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
+}
+
+// glu_rows_bf16_kernel<GELU>: glu_rows_kernel's values rounded to BF16, out
+// n rows of n_ff back to back (the down projection's GEMM input).
+template <bool GELU>
+__global__ void __launch_bounds__(256) glu_rows_bf16_kernel(const float* __restrict__ gu, int64_t ld, int64_t n,
+                                                            int64_t n_ff, uint16_t* __restrict__ out) {
+    const int64_t total = n * n_ff;
+    for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+         t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = t / n_ff, i = t % n_ff;
+        const float g = gu[r * ld + i], u = gu[r * ld + n_ff + i];
+        float v;
+        if constexpr (GELU) {
+            constexpr float kSqrt2OverPi = 0.7978845608028654f;
+            v = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
+        } else {
+            v = g / (1.0f + expf(-g)) * u;
+        }
+        out[t] = bf16_bits(v);
+    }
+}
+
+// rms_norm_bf16_kernel
+//   Shapes:  x, residual: n rows × dim floats; w: dim floats; out: n × dim
+//            BF16 (the next GEMM's input).
+//   Grid:    one block of 256 threads per row: x += residual (stored back),
+//            fp32 sum of squares, block reduction, then out = bf16((x·scale)·w)
+//            with rms_norm_q8_1's scale and order.
+//   Bound:   memory (4 + 4 + 4 + 2 bytes per element).
+__global__ void __launch_bounds__(256) rms_norm_bf16_kernel(float* __restrict__ x, const float* __restrict__ residual,
+                                                            const float* __restrict__ w, uint16_t* __restrict__ out,
+                                                            int64_t dim, float eps) {
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x;
+    float* xr = x + r * dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (residual) {
+            v += residual[r * dim + i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0.0f;
+        t = warp_sum(t);
+        if (lane == 0) red[0] = t;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(red[0] / static_cast<float>(dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[r * dim + i] = bf16_bits(xr[i] * scale * w[i]);
+}
+
 template <int HD, class T>
 void launch_attn(const float* q, int64_t ldq, const void* kc, const void* vc, int n, int pos0, int n_head,
                  int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo, cudaStream_t stream) {
@@ -317,6 +382,23 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
     else
         dispatch_attn<float>(head_dim, q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap,
                              out, ldo, stream);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_t* out, bool gelu,
+                   cudaStream_t stream) {
+    if (!gu || !out) throw_error("glu_rows_bf16: null pointer");
+    if (n < 1 || n_ff < 1 || ld < 2 * n_ff) throw_error("glu_rows_bf16: bad shape");
+    if (gelu) glu_rows_bf16_kernel<true><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out);
+    else glu_rows_bf16_kernel<false><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm_bf16(float* x, const float* residual, const float* w, uint16_t* out, int64_t n, int64_t dim, float eps,
+                   cudaStream_t stream) {
+    if (!x || !w || !out) throw_error("rms_norm_bf16: null pointer");
+    if (n < 1 || n > 2147483647 || dim < 1) throw_error("rms_norm_bf16: bad shape");
+    rms_norm_bf16_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, residual, w, out, dim, eps);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

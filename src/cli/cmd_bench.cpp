@@ -32,12 +32,14 @@ struct BenchOptions {
     std::vector<int> batch;  // --batch: concurrent sequences through the serving engine
     ModelOptions mopts;
     DeviceOptions dev;
-    int n_depth = 0;
+    // -p, -n, -d: lists, as llama-bench takes them (every pp and tg test at
+    // every depth).
+    std::vector<int> n_depth{0};
     std::string model;
     std::string synthetic;
     std::string quant = "Q4_K_M";
-    int n_prompt = 512;
-    int n_gen = 128;
+    std::vector<int> n_prompt{512};
+    std::vector<int> n_gen{128};
     int reps = 5;
     int threads = 0;
     bool json = false;
@@ -69,7 +71,10 @@ void bench_batched(const BenchOptions& o) {
     if (use_cuda(o.dev)) fail("--batch runs the CPU serving engine; add --device cpu");
     warn_gpu_options_ignored(o.dev);
     if (!o.synthetic.empty()) fail("--batch needs a GGUF file (write one with quern synth) for its tokenizer");
-    if (o.n_gen <= 0 || o.n_prompt <= 0) fail("--batch needs -p and -n greater than 0");
+    if (o.n_prompt.size() != 1 || o.n_gen.size() != 1 || o.n_depth.size() != 1 || o.n_depth[0] != 0)
+        fail("--batch takes one -p and one -n value and no -d");
+    const int n_prompt = o.n_prompt[0], n_gen = o.n_gen[0];
+    if (n_gen <= 0 || n_prompt <= 0) fail("--batch needs -p and -n greater than 0");
     const std::string path = resolve_model_path(o.model);
     if (is_hf_model_path(path) || std::filesystem::is_directory(path))
         fail("--batch needs a GGUF file (its tokenizer feeds the serving engine); '{}' is a Hugging Face folder", path);
@@ -93,7 +98,7 @@ void bench_batched(const BenchOptions& o) {
     }
     for (int n : o.batch) {
         EngineOptions eo;
-        eo.n_ctx = o.n_prompt + o.n_gen + 1;
+        eo.n_ctx = n_prompt + n_gen + 1;
         eo.n_parallel = n;
         eo.max_queue = n;
         eo.n_threads = o.threads;
@@ -108,9 +113,9 @@ void bench_batched(const BenchOptions& o) {
             const double t0 = now_seconds();
             for (int i = 0; i < n; ++i) {
                 GenerationRequest req;
-                req.prompt.resize(static_cast<size_t>(o.n_prompt));
+                req.prompt.resize(static_cast<size_t>(n_prompt));
                 for (auto& t : req.prompt) t = tokdist(rng);
-                req.max_tokens = o.n_gen;
+                req.max_tokens = n_gen;
                 req.ignore_eos = true;
                 req.sampling.temperature = 0;
                 eng->submit(std::move(req), [&](const TokenEvent& e) {
@@ -128,7 +133,7 @@ void bench_batched(const BenchOptions& o) {
             const double dt = now_seconds() - t0;
             if (r < 0) continue;
             gen_tps.push_back(static_cast<double>(generated) / dt);
-            tot_tps.push_back(static_cast<double>(generated + int64_t{n} * o.n_prompt) / dt);
+            tot_tps.push_back(static_cast<double>(generated + int64_t{n} * n_prompt) / dt);
             walls.push_back(dt);
             if (tty)
                 std::fprintf(stderr, "\rquern: parallel %d run %d/%d: %.1f tok/s   ", n, r + 1, o.reps, gen_tps.back());
@@ -136,13 +141,13 @@ void bench_batched(const BenchOptions& o) {
         if (tty) std::fprintf(stderr, "\r%60s\r", "");
         const Stats g = stats(gen_tps), t = stats(tot_tps), w = stats(walls);
         if (o.json) {
-            out.push_back({{"model", label}, {"backend", "CPU"}, {"parallel", n}, {"n_prompt", o.n_prompt},
-                           {"n_gen", o.n_gen}, {"precise_activations", o.mopts.precise_activations},
+            out.push_back({{"model", label}, {"backend", "CPU"}, {"parallel", n}, {"n_prompt", n_prompt},
+                           {"n_gen", n_gen}, {"precise_activations", o.mopts.precise_activations},
                            {"gen_tps", g.mean}, {"gen_tps_stddev", g.stdev}, {"gen_tps_median", g.median}, {"total_tps", t.mean},
                            {"samples_gen_tps", g.samples}, {"wall_s", w.mean}});
         } else {
             std::printf("| %-40s | %7s | %8d | %6d | %6d | %9.1f ± %6.1f | %7.1f ± %6.1f | %8.2f |\n", label.c_str(),
-                        "CPU", n, o.n_prompt, o.n_gen, g.mean, g.stdev, t.mean, t.stdev, w.mean);
+                        "CPU", n, n_prompt, n_gen, g.mean, g.stdev, t.mean, t.stdev, w.mean);
         }
     }
     if (o.json) std::printf("%s\n", out.dump(1).c_str());
@@ -150,7 +155,8 @@ void bench_batched(const BenchOptions& o) {
 
 void bench(const BenchOptions& o) {
     if (!o.batch.empty()) return bench_batched(o);
-    if (o.n_prompt == 0 && o.n_gen == 0) fail("nothing to measure: -p and -n are both 0");
+    const auto vmax = [](const std::vector<int>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); };
+    if (vmax(o.n_prompt) == 0 && vmax(o.n_gen) == 0) fail("nothing to measure: -p and -n are both 0");
     std::unique_ptr<Model> model;
     std::shared_ptr<GgufFile> file;
     std::string label;
@@ -182,7 +188,7 @@ void bench(const BenchOptions& o) {
     model->set_options(o.mopts);
     const auto& cfg = model->config();
     ThreadPool pool(o.threads);
-    const int64_t n_ctx = o.n_depth + std::max(o.n_prompt, o.n_gen) + 16;
+    const int64_t n_ctx = int64_t{vmax(o.n_depth)} + std::max(vmax(o.n_prompt), vmax(o.n_gen)) + 16;
     std::unique_ptr<Session> session = make_session(*model, n_ctx, o.dev, pool, !o.json);
     const std::string backend = session->backend_name();
     const bool gpu = backend != "CPU";
@@ -219,19 +225,20 @@ void bench(const BenchOptions& o) {
 
     struct Row {
         std::string test;
+        int depth;
         Stats tps;
         double rate;  // GB/s for tg, GFLOP/s for pp
     };
     std::vector<Row> rows;
-    auto run_test = [&](bool prefill, int n) {
+    auto run_test = [&](bool prefill, int n, int n_depth) {
         std::vector<double> tps;
-        std::vector<int32_t> depth(static_cast<size_t>(o.n_depth));
+        std::vector<int32_t> depth(static_cast<size_t>(n_depth));
         for (auto& t : depth) t = tokdist(rng);
         for (int r = -1; r < o.reps; ++r) {  // r = -1: warm-up
             session->clear();
-            if (o.n_depth > 0) {
-                if (tty) std::fprintf(stderr, "\rquern: filling %d tokens of context...        ", o.n_depth);
-                session->eval(depth.data(), o.n_depth, nullptr);
+            if (n_depth > 0) {
+                if (tty) std::fprintf(stderr, "\rquern: filling %d tokens of context...        ", n_depth);
+                session->eval(depth.data(), n_depth, nullptr);
             }
             std::vector<int32_t> toks(static_cast<size_t>(prefill ? n : 1));
             for (auto& t : toks) t = tokdist(rng);
@@ -252,15 +259,19 @@ void bench(const BenchOptions& o) {
         }
         if (tty) std::fprintf(stderr, "\r%60s\r", "");
         Stats s = stats(tps);
-        const double mean_ctx = o.n_depth + (n + 1) / 2.0;  // positions attention reads, on average
+        const double mean_ctx = n_depth + (n + 1) / 2.0;  // positions attention reads, on average
         const double rate = prefill ? 2.0 * matmul_params * s.mean / 1e9
                                     : (step_bytes + kv_bytes_per_pos * mean_ctx) * s.mean / 1e9;
         std::string test = fmt::format("{}{}", prefill ? "pp" : "tg", n);
-        if (o.n_depth > 0) test += fmt::format(" @ d{}", o.n_depth);
-        rows.push_back({test, s, rate});
+        if (n_depth > 0) test += fmt::format(" @ d{}", n_depth);
+        rows.push_back({test, n_depth, s, rate});
     };
-    if (o.n_prompt > 0) run_test(true, o.n_prompt);
-    if (o.n_gen > 0) run_test(false, o.n_gen);
+    for (int d : o.n_depth) {
+        for (int p : o.n_prompt)
+            if (p > 0) run_test(true, p, d);
+        for (int g : o.n_gen)
+            if (g > 0) run_test(false, g, d);
+    }
 
     if (o.json) {
         nlohmann::json j = nlohmann::json::array();
@@ -271,7 +282,7 @@ void bench(const BenchOptions& o) {
                          {"backend", gpu ? "CUDA" : "CPU"},
                          {"device", backend},
                          {"threads", pool.size()},
-                         {"n_depth", o.n_depth},
+                         {"n_depth", r.depth},
                          {"test", r.test},
                          {"precise_activations", o.mopts.precise_activations},
                          {"avg_ts", r.tps.mean},
@@ -313,11 +324,13 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--quant", o->quant, "Weight type of the synthetic model, in any case (a block type such as Q4_K or Q8_0, F16, BF16, F32, the weight-only "
                     "F8_E4M3_B32 / NVFP4 of FP8 and NVFP4 checkpoints, or Q4_K_M / Q5_K_M)")
         ->capture_default_str();
-    cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp test (0 = skip)")
+    cmd->add_option("-p,--n-prompt", o->n_prompt, "Prompt tokens for the pp tests, one or a list (0 = skip)")
         ->capture_default_str()
+        ->delimiter(',')
         ->check(CLI::Range(0, 1 << 20));
-    cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens for the tg test (0 = skip)")
+    cmd->add_option("-n,--n-gen", o->n_gen, "Generated tokens for the tg tests, one or a list (0 = skip)")
         ->capture_default_str()
+        ->delimiter(',')
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("-r,--repetitions", o->reps, "Timed repetitions of each test")->capture_default_str()->check(CLI::Range(1, 1000));
     cmd->add_option("--batch", o->batch,
@@ -325,8 +338,10 @@ void add_bench_command(CLI::App& app) {
                     "generated tokens at once (e.g. --batch 1,4,16,64)")
         ->delimiter(',')
         ->check(CLI::Range(1, 1024));
-    cmd->add_option("-d,--n-depth", o->n_depth, "Tokens already in the context before each test (not timed)")
+    cmd->add_option("-d,--n-depth", o->n_depth,
+                    "Tokens already in the context before each test (not timed), one or a list")
         ->capture_default_str()
+        ->delimiter(',')
         ->check(CLI::Range(0, 1 << 20));
     add_model_options(cmd, o->mopts);
     add_device_options(cmd, o->dev);
@@ -338,6 +353,7 @@ void add_bench_command(CLI::App& app) {
         "  quern bench -m model.gguf -p 512 -n 128 -r 10 --json\n"
         "  quern bench --synthetic llama3-8b --quant Q4_K_M -p 0 -n 32\n"
         "  quern bench --device cuda --synthetic llama3-8b --quant Q8_0 -p 0 -n 128 -d 4096\n"
+        "  quern bench --device cuda --synthetic llama3-8b -p 512,2048 -n 0   # lists, as llama-bench\n"
         "  quern bench --device cpu --batch 1,4,16,64 -p 128 -n 128 -r 3   # continuous batching");
     cmd->callback([o] { bench(*o); });
 }

@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -22,24 +24,33 @@ namespace fs = std::filesystem;
 struct Result {
     int rc;
     std::string err;
+    std::string out;
 };
 
+std::string slurp(const fs::path& p) {
+    std::ifstream f(p);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
 /// Runs quern with `args` (shell words), `input` on its stdin; returns the
-/// exit status and stderr.
+/// exit status, stderr and stdout.
 Result run(const std::string& args, const std::string& input = "") {
     const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
     const std::string tag = std::to_string(::getpid());
     const fs::path err = fs::temp_directory_path() / ("quern_cli_err_" + tag + ".txt");
     const fs::path in = fs::temp_directory_path() / ("quern_cli_in_" + tag + ".txt");
+    const fs::path out = fs::temp_directory_path() / ("quern_cli_out_" + tag + ".txt");
     std::ofstream(in, std::ios::binary) << input;
-    const int rc = std::system(
-        ("'" + quern + "' " + args + " <'" + in.string() + "' >/dev/null 2>'" + err.string() + "'").c_str());
-    std::ifstream f(err);
-    std::stringstream ss;
-    ss << f.rdbuf();
+    const int rc = std::system(("'" + quern + "' " + args + " <'" + in.string() + "' >'" + out.string() + "' 2>'" +
+                                err.string() + "'")
+                                   .c_str());
+    Result r{rc, slurp(err), slurp(out)};
     fs::remove(err);
     fs::remove(in);
-    return {rc, ss.str()};
+    fs::remove(out);
+    return r;
 }
 
 /// A scratch folder for this test process, removed at exit.
@@ -204,6 +215,21 @@ TEST(CliErrors, BenchTakesAHuggingFaceFolder) {
     r = run("bench -m '" + dir + "' --device cpu --batch 2 -p 4 -n 2");
     EXPECT_NE(r.rc, 0);
     EXPECT_NE(r.err.find("--batch needs a GGUF file"), std::string::npos) << r.err;
+}
+
+// -p, -n and -d take lists, as llama-bench's do: every pp and tg test at
+// every depth, one JSON row each with its depth.
+TEST(CliErrors, BenchTakesListsOfTests) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const std::string dir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf/llama/fp32";
+    Result r = run("bench -m '" + dir + "' --device cpu -p 4,8 -n 2 -d 0,3 -r 1 --json");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    std::vector<std::string> tests;
+    for (const auto& row : j) tests.push_back(row["test"].get<std::string>() + "/" + std::to_string(row["n_depth"].get<int>()));
+    EXPECT_EQ(tests, (std::vector<std::string>{"pp4/0", "pp8/0", "tg2/0", "pp4 @ d3/3", "pp8 @ d3/3", "tg2 @ d3/3"}));
+    r = run("bench -m '" + dir + "' --device cpu -p 4,-1 -n 2");
+    EXPECT_NE(r.rc, 0);
 }
 
 }  // namespace

@@ -11,11 +11,12 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/minifloat.cuh"
+#include "backend/cuda/ops_common.cuh"
 
 namespace quern::cuda {
 namespace {
 
-__device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+using detail::bf16_bits;
 __device__ __forceinline__ float half_at(const void* p, int64_t i) {
     return __half2float(static_cast<const __half*>(p)[i]);
 }

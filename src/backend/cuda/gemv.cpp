@@ -153,13 +153,8 @@ GemvLaunch base_launch(const DeviceWeight& W, float* y) {
     return l;
 }
 
-/// A launch of quantized W on the quantized activation xq (one or two levels),
-/// after the checks every such entry point makes (`fn` names it in errors).
-GemvLaunch q8_launch(const char* fn, const DeviceWeight& W, const QuantizedActivation& xq, float* y) {
-    if (!gemv_takes_quantized_activation(W.type))
-        fail("{}: {} weights take float activations (use the float-x gemv)", fn, dtype_name(W.type));
-    if (xq.K() != W.K) fail("{}: activation has {} elements, weight rows have {}", fn, xq.K(), W.K);
-    GemvLaunch l = base_launch(W, y);
+/// Points launch l at the quantized activation xq (one or two levels).
+void set_q8_activation(GemvLaunch& l, const QuantizedActivation& xq) {
     l.act = ActKind::Q8;
     l.xq = xq.q();
     l.xinfo = xq.info();
@@ -167,6 +162,16 @@ GemvLaunch q8_launch(const char* fn, const DeviceWeight& W, const QuantizedActiv
         l.xq2 = xq.q(1);
         l.xinfo2 = xq.info(1);
     }
+}
+
+/// A launch of quantized W on the quantized activation xq (one or two levels),
+/// after the checks every such entry point makes (`fn` names it in errors).
+GemvLaunch q8_launch(const char* fn, const DeviceWeight& W, const QuantizedActivation& xq, float* y) {
+    if (!gemv_takes_quantized_activation(W.type))
+        fail("{}: {} weights take float activations (use the float-x gemv)", fn, dtype_name(W.type));
+    if (xq.K() != W.K) fail("{}: activation has {} elements, weight rows have {}", fn, xq.K(), W.K);
+    GemvLaunch l = base_launch(W, y);
+    set_q8_activation(l, xq);
     return l;
 }
 
@@ -258,13 +263,7 @@ void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const Q
              per_slot ? ", one row per slot" : ", shared");
     // q8_launch checks xq.K() against W.K; build the launch by hand.
     GemvLaunch l = base_launch(W, y);
-    l.act = ActKind::Q8;
-    l.xq = xq.q();
-    l.xinfo = xq.info();
-    if (xq.levels() == 2) {
-        l.xq2 = xq.q(1);
-        l.xinfo2 = xq.info(1);
-    }
+    set_q8_activation(l, xq);
     run_indexed(ctx, l, rows, ids, slots, per_slot ? W.K : 0, xq.K() / 2, opt);
 }
 

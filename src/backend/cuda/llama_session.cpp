@@ -198,6 +198,9 @@ private:
     bool use_prefill(int64_t n) const;
     void prefill(const int32_t* tokens, int64_t n, float* logits);
     void prefill_chunk(int64_t pos0, int64_t n, bool head);
+    /// Layer L's q/k/v biases and q/k norms for the RoPE kernels (window and
+    /// soft-cap left at their defaults).
+    AttentionExtras attention_extras(const LayerWeights& L) const;
     /// Allocates the prefill scratch on first use; false (and the batched
     /// path off for this session) when the GPU has no room for it.
     bool ensure_prefill_scratch();
@@ -665,15 +668,7 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         // RoPE, the KV-cache write and attention in one launch; it also
         // quantizes the output projection's activation.
         const bool qo = gemv_takes_quantized_activation(L.wo.w.type);
-        AttentionExtras ex;
-        if (L.qkv_bias) {
-            ex.q_bias = L.qkv_bias;
-            ex.k_bias = L.qkv_bias + c.q_dim();
-            ex.v_bias = L.qkv_bias + c.q_dim() + c.kv_dim();
-        }
-        ex.q_norm = L.q_norm;
-        ex.k_norm = L.k_norm;
-        ex.norm_eps = c.rms_eps;
+        AttentionExtras ex = attention_extras(L);
         ex.window = static_cast<int>(std::min<int64_t>(c.window(il), nctx));
         ex.softcap = c.attn_softcap;
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
@@ -912,6 +907,20 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
     return true;
 }
 
+AttentionExtras LlamaCudaSession::attention_extras(const LayerWeights& L) const {
+    const auto& c = cfg_;
+    AttentionExtras ex;
+    if (L.qkv_bias) {
+        ex.q_bias = L.qkv_bias;
+        ex.k_bias = L.qkv_bias + c.q_dim();
+        ex.v_bias = L.qkv_bias + c.q_dim() + c.kv_dim();
+    }
+    ex.q_norm = L.q_norm;
+    ex.k_norm = L.k_norm;
+    ex.norm_eps = c.rms_eps;
+    return ex;
+}
+
 void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
     const auto& c = cfg_;
     const cudaStream_t s = ctx_.stream();
@@ -940,15 +949,7 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         rms_norm_bf16(X, il > 0 ? HRES : nullptr, L.attn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");
         for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
-        AttentionExtras ex;
-        if (L.qkv_bias) {
-            ex.q_bias = L.qkv_bias;
-            ex.k_bias = L.qkv_bias + c.q_dim();
-            ex.v_bias = L.qkv_bias + c.q_dim() + c.kv_dim();
-        }
-        ex.q_norm = L.q_norm;
-        ex.k_norm = L.k_norm;
-        ex.norm_eps = c.rms_eps;
+        AttentionExtras ex = attention_extras(L);
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
         prefill_rope_kv_store(QKV, LQ, rows, static_cast<int>(pos0), kc, vc, kv_type_, nctx, static_cast<int>(c.n_head),
                               static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,

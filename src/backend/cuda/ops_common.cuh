@@ -1,5 +1,6 @@
 // Device helpers shared by the ops_*.cu kernels (not part of the API).
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -63,6 +64,27 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     v = lane < nw ? red[lane] : 0.0f;
     return warp_sum(v);
 }
+
+/// Row r of x (dim floats at x + r·dim) plus row r of residual when given
+/// (stored back), and the block's sum of squares of the result (every thread
+/// gets it; the stores are visible to the block on return). `red`: 32 floats
+/// of shared memory. Scalar, coalesced accesses.
+__device__ __forceinline__ float add_residual_sum_squares(float* xr, const float* __restrict__ residual_row,
+                                                          int64_t dim, float* red) {
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (residual_row) {
+            v += residual_row[i];
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    return block_sum(ss, red);  // ends with __syncthreads
+}
+
+/// Round to nearest even BF16 (bit pattern; NaN stays NaN).
+__device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 __device__ __forceinline__ float block_max(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;

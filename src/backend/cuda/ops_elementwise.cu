@@ -152,16 +152,7 @@ __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residua
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     float* xr = x + r * dim;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = xr[i];
-        if (residual) {
-            v += residual[r * dim + i];
-            xr[i] = v;
-        }
-        ss += v * v;
-    }
-    ss = block_sum(ss, red);  // ends with __syncthreads: the stores to xr are visible
+    const float ss = detail::add_residual_sum_squares(xr, residual ? residual + r * dim : nullptr, dim, red);
     const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t n_blocks = dim / 32;

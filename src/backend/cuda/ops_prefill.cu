@@ -197,15 +197,16 @@ __global__ void __launch_bounds__(32 * kPrefillAttnWarps)
     for (int e = 0; e < E; ++e) o[e] = acc[e] * inv;
 }
 
-// glu_rows_kernel<GELU>
+// glu_rows_kernel<GELU, Out>
 //   Shapes:  gu: n rows at stride ld floats, [gate (n_ff) | up (n_ff)];
-//            out: n rows at stride ldo floats, n_ff each.
+//            out: n rows at stride ldo of Out (float, or BF16 bit patterns
+//            for the down projection's GEMM input).
 //   Grid:    one thread per output element, grid-stride, 256 per block.
 //   Math:    as swiglu_q8_1: SiLU(g)·up, or GELU-tanh(g)·up (Gemma).
 //   Bound:   memory.
-template <bool GELU>
+template <bool GELU, class Out>
 __global__ void __launch_bounds__(256) glu_rows_kernel(const float* __restrict__ gu, int64_t ld, int64_t n,
-                                                       int64_t n_ff, float* __restrict__ out, int64_t ldo) {
+                                                       int64_t n_ff, Out* __restrict__ out, int64_t ldo) {
     const int64_t total = n * n_ff;
     for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
          t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -218,36 +219,8 @@ __global__ void __launch_bounds__(256) glu_rows_kernel(const float* __restrict__
         } else {
             v = g / (1.0f + expf(-g)) * u;
         }
-        out[r * ldo + i] = v;
-    }
-}
-
-// Round to nearest even BF16 (NaN stays NaN), as f32_to_bf16 (gemm.cu).
-__device__ __forceinline__ uint16_t bf16_bits(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return static_cast<uint16_t>(u >> 16);
-}
-
-// glu_rows_bf16_kernel<GELU>: glu_rows_kernel's values rounded to BF16, out
-// n rows of n_ff back to back (the down projection's GEMM input).
-template <bool GELU>
-__global__ void __launch_bounds__(256) glu_rows_bf16_kernel(const float* __restrict__ gu, int64_t ld, int64_t n,
-                                                            int64_t n_ff, uint16_t* __restrict__ out) {
-    const int64_t total = n * n_ff;
-    for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
-         t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int64_t r = t / n_ff, i = t % n_ff;
-        const float g = gu[r * ld + i], u = gu[r * ld + n_ff + i];
-        float v;
-        if constexpr (GELU) {
-            constexpr float kSqrt2OverPi = 0.7978845608028654f;
-            v = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
-        } else {
-            v = g / (1.0f + expf(-g)) * u;
-        }
-        out[t] = bf16_bits(v);
+        if constexpr (sizeof(Out) == 2) out[r * ldo + i] = detail::bf16_bits(v);
+        else out[r * ldo + i] = v;
     }
 }
 
@@ -264,27 +237,9 @@ __global__ void __launch_bounds__(256) rms_norm_bf16_kernel(float* __restrict__ 
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     float* xr = x + r * dim;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = xr[i];
-        if (residual) {
-            v += residual[r * dim + i];
-            xr[i] = v;
-        }
-        ss += v * v;
-    }
-    ss = warp_sum(ss);
-    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float t = lane < static_cast<int>(blockDim.x >> 5) ? red[lane] : 0.0f;
-        t = warp_sum(t);
-        if (lane == 0) red[0] = t;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(red[0] / static_cast<float>(dim) + eps);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[r * dim + i] = bf16_bits(xr[i] * scale * w[i]);
+    const float ss = detail::add_residual_sum_squares(xr, residual ? residual + r * dim : nullptr, dim, red);
+    const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[r * dim + i] = detail::bf16_bits(xr[i] * scale * w[i]);
 }
 
 template <int HD, class T>
@@ -389,8 +344,8 @@ void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_
                    cudaStream_t stream) {
     if (!gu || !out) throw_error("glu_rows_bf16: null pointer");
     if (n < 1 || n_ff < 1 || ld < 2 * n_ff) throw_error("glu_rows_bf16: bad shape");
-    if (gelu) glu_rows_bf16_kernel<true><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out);
-    else glu_rows_bf16_kernel<false><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out);
+    if (gelu) glu_rows_kernel<true><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out, n_ff);
+    else glu_rows_kernel<false><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out, n_ff);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

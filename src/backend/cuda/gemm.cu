@@ -6,7 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -303,6 +305,11 @@ struct PrefillGemm::Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    // QUERN_CUDA_GEMM_TUNE=1: the heuristic's first candidates, timed on the
+    // first product of the shape (then `algo` is the fastest).
+    cublasLtMatmulAlgo_t candidates[8]{};  // (a fixed array: nvcc 13.0's front end
+    int n_candidates = 0;                  //  fails on a std::vector of them here)
+    bool tuned = true;
     ~Plan() {
         if (a) cublasLtMatrixLayoutDestroy(a);
         if (b) cublasLtMatrixLayoutDestroy(b);
@@ -313,10 +320,12 @@ struct PrefillGemm::Plan {
 
 namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int kTuneCandidates = 8;
 }
 
 PrefillGemm::PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems)
     : max_n_(max_n), max_k_(max_k), max_tile_(max_tile_elems) {
+    if (const char* e = std::getenv("QUERN_CUDA_GEMM_TUNE"); e && *e && *e != '0') tune_ = true;
     if (max_n < 1 || max_k < 1 || max_tile_elems < max_k) throw_error("PrefillGemm: bad scratch sizes");
     cublasLtHandle_t h = nullptr;
     check_lt(cublasLtCreate(&h), "cublasLtCreate");
@@ -391,14 +400,19 @@ PrefillGemm::Plan& PrefillGemm::plan(int64_t m, int64_t n, int64_t k, int64_t ld
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
-        cublasLtMatmulHeuristicResult_t res{};
+        cublasLtMatmulHeuristicResult_t res[kTuneCandidates]{};
         int found = 0;
         const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->a,
-                                                                 p->b, p->c, p->c, pref, 1, &res, &found);
+                                                                 p->b, p->c, p->c, pref, tune_ ? kTuneCandidates : 1,
+                                                                 res, &found);
         cublasLtMatmulPreferenceDestroy(pref);
         check_lt(st, "AlgoGetHeuristic");
         if (found < 1) throw_error("cuBLASLt: no algorithm for the prefill GEMM shape");
-        p->algo = res.algo;
+        p->algo = res[0].algo;
+        if (tune_ && found > 1) {
+            for (int i = 0; i < found; ++i) p->candidates[p->n_candidates++] = res[i].algo;
+            p->tuned = false;
+        }
     } catch (...) {
         delete p;
         throw;
@@ -411,6 +425,35 @@ void PrefillGemm::matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int6
                          int64_t ldy, cudaStream_t stream) {
     Plan& p = plan(m, n, k, ldy, alignment(wb, k * 2), alignment(xb, k * 2), alignment(y, ldy * 4));
     const float alpha = 1.0f, beta = 0.0f;
+    if (!p.tuned) {
+        // Time each candidate on this product (it writes y; the call below
+        // writes it again) and keep the fastest; a candidate that fails is
+        // skipped. Synchronizes the stream, once per shape.
+        cudaEvent_t e0, e1;
+        QUERN_CUDA_CHECK(cudaEventCreate(&e0));
+        QUERN_CUDA_CHECK(cudaEventCreate(&e1));
+        float best = 0.0f;
+        for (int c = 0; c < p.n_candidates; ++c) {
+            const cublasLtMatmulAlgo_t& algo = p.candidates[c];
+            float ms = 0.0f;
+            bool ok = true;
+            for (int rep = 0; rep < 4 && ok; ++rep) {  // the first run warms up
+                if (rep == 1) QUERN_CUDA_CHECK(cudaEventRecord(e0, stream));
+                ok = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, wb, p.a, xb, p.b, &beta, y,
+                                    p.c, y, p.c, &algo, workspace_.data(), kWorkspaceBytes, stream) ==
+                     CUBLAS_STATUS_SUCCESS;
+            }
+            if (!ok) continue;
+            QUERN_CUDA_CHECK(cudaEventRecord(e1, stream));
+            QUERN_CUDA_CHECK(cudaEventSynchronize(e1));
+            QUERN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            if (best == 0.0f || ms < best) best = ms, p.algo = algo;
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        p.n_candidates = 0;
+        p.tuned = true;
+    }
     check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, wb, p.a, xb, p.b, &beta, y, p.c, y,
                             p.c, &p.algo, workspace_.data(), kWorkspaceBytes, stream),
              "Matmul");

@@ -64,6 +64,9 @@ public:
     /// runs. Throws quern::Error when the memory, the stream or the cuBLASLt
     /// handle cannot be had. Descriptors and the algorithm choice are cached
     /// per (shape, alignment): at most a few per matrix and chunk length.
+    /// The algorithm is cuBLASLt's first heuristic choice; with
+    /// QUERN_CUDA_GEMM_TUNE=1 in the environment, the fastest of its first
+    /// eight, timed on the first product of each shape.
     PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems = int64_t{16} << 20);
     ~PrefillGemm();
     PrefillGemm(const PrefillGemm&) = delete;
@@ -110,6 +113,7 @@ private:
     void release_streams();
 
     int64_t max_n_, max_k_, max_tile_;
+    bool tune_ = false;  // QUERN_CUDA_GEMM_TUNE=1: time the heuristic's candidates per shape
     void* handle_ = nullptr;  // cublasLtHandle_t
     DeviceBuffer workspace_, wtile_[2], xact_;
     // Weight tiles are dequantized on their own stream into two buffers in

@@ -888,7 +888,11 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
         pqkv_ = fb(c.q_dim() + 2 * c.kv_dim());
         pattn_ = fb(c.q_dim());
         pgu_ = fb(2 * c.n_ff);
-        gemm_ = std::make_unique<PrefillGemm>(R, std::max({c.n_embd, c.q_dim(), c.n_ff}));
+        // QUERN_CUDA_PREFILL_TILE=M: weight tiles of M·2^20 elements (for measuring).
+        int64_t tile = int64_t{16} << 20;
+        if (const char* e = std::getenv("QUERN_CUDA_PREFILL_TILE"); e && std::atoll(e) > 0) tile = std::atoll(e) << 20;
+        gemm_ = std::make_unique<PrefillGemm>(R, std::max({c.n_embd, c.q_dim(), c.n_ff}),
+                                              std::max<int64_t>(tile, std::max({c.n_embd, c.q_dim(), c.n_ff})));
         if (profile_) gemm_->set_phase_hook([this](const char* phase) { mark(phase); });
         prefill_rows_ = R;
     } catch (const Error& e) {

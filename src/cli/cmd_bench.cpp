@@ -293,15 +293,15 @@ void bench(const BenchOptions& o) {
         std::printf("%s\n", j.dump(1).c_str());
         return;
     }
-    std::printf("| %-40s | %10s | %9s | %7s | %7s | %13s | %16s | %14s |\n", "model", "size", "params", "backend",
+    std::printf("| %-40s | %12s | %10s | %7s | %7s | %13s | %16s | %14s |\n", "model", "size", "params", "backend",
                 "threads", "test", "t/s", "rate");
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(), std::string(10, '-').c_str(),
-                std::string(9, '-').c_str(), std::string(7, '-').c_str(), std::string(7, '-').c_str(),
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(), std::string(12, '-').c_str(),
+                std::string(10, '-').c_str(), std::string(7, '-').c_str(), std::string(7, '-').c_str(),
                 std::string(13, '-').c_str(), std::string(16, '-').c_str(), std::string(14, '-').c_str());
     for (const auto& r : rows) {
         const std::string rate = r.test.rfind("pp", 0) == 0 ? fmt::format("{:.1f} GFLOP/s", r.rate)
                                                             : fmt::format("{:.2f} GB/s", r.rate);
-        std::printf("| %-40s | %6.2f MiB | %7.2f M | %7s | %7d | %13s | %7.2f ± %6.2f | %14s |\n", label.c_str(),
+        std::printf("| %-40s | %8.2f MiB | %8.2f M | %7s | %7d | %13s | %7.2f ± %6.2f | %14s |\n", label.c_str(),
                     model->n_bytes() / 1048576.0, model->n_params() / 1e6, gpu ? "CUDA" : "CPU", gpu ? 0 : pool.size(), r.test.c_str(),
                     r.tps.mean, r.tps.stdev, rate.c_str());
     }

@@ -177,8 +177,9 @@ void warn_past_trained_context(const ModelConfig& c, int64_t n_ctx) {
     if (c.n_ctx_train > 0 && n_ctx > c.n_ctx_train)
         std::fprintf(stderr,
                      "quern: warning: a context of %lld tokens is longer than the %lld this model was trained on; "
-                     "expect worse output past that point\n",
-                     static_cast<long long>(n_ctx), static_cast<long long>(c.n_ctx_train));
+                     "expect worse output past that point (-c %lld stays within it)\n",
+                     static_cast<long long>(n_ctx), static_cast<long long>(c.n_ctx_train),
+                     static_cast<long long>(c.n_ctx_train));
 }
 
 void warn_gpu_options_ignored(const DeviceOptions& opts) {

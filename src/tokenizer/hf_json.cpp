@@ -347,7 +347,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_file(const std::string& path) {
     bool siblings = false;
     if (fs::is_directory(p, ec)) {
         json_path = p / "tokenizer.json";
-        if (!fs::exists(json_path, ec)) fail("tokenizer: folder {} has no tokenizer.json", path);
+        if (!fs::exists(json_path, ec))
+            fail("tokenizer: folder {} has no tokenizer.json (copy the checkpoint's tokenizer.json there; quern bench "
+                 "-m FOLDER measures the weights without one)",
+                 path);
         siblings = true;
     } else if (p.extension() == ".json") {
         json_path = p;

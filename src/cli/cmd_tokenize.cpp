@@ -195,7 +195,7 @@ void add_tokenize_command(CLI::App& app) {
         "  quern tokenize -p 'Hello, world!'\n"
         "  quern tokenize -m model.gguf --parse-special -p '<|im_start|>user\\nHi<|im_end|>'\n"
         "  quern tokenize -m path/to/hf-model/ -p 'Hello'           # tokenizer.json + tokenizer_config.json\n"
-        "  printf '\"first text\"\\n{\"hex\": \"ff41\"}\\n' | quern tokenize --jsonl\n"
+        "  printf '\"first text\"\\n{\"hex\": \"e282ac41\"}\\n' | quern tokenize --jsonl\n"
         "  quern tokenize --no-bos < document.txt | wc -w      # count tokens\n"
         "  quern tokenize -m model.gguf --bench tests/data/genesis-kjv.txt");
     cmd->callback([opts, p] {

@@ -328,7 +328,10 @@ struct HttpServer::Impl {
                            std::to_string(u.completion_tokens);
         char buf[96];
         if (ttft) {
-            std::snprintf(buf, sizeof buf, " ttft %.3f s %.1f tok/s", *ttft, g.tokens_per_second());
+            // tok/s needs two tokens of one choice (a rate between tokens)
+            const double tps = g.tokens_per_second();
+            if (tps > 0) std::snprintf(buf, sizeof buf, " ttft %.3f s %.1f tok/s", *ttft, tps);
+            else std::snprintf(buf, sizeof buf, " ttft %.3f s", *ttft);
             line += buf;
         }
         line += " " + (status == 499 ? std::string("client gone") : g.summary_reason());

@@ -26,8 +26,10 @@
 // may strip the whitespace on its left/right (lstrip/rstrip), as Hugging Face
 // does (tokenizer.json flags; Phi-3's from GGUF).
 //
-// Text that is not valid UTF-8 never throws: byte-level BPE encodes the bytes,
-// SentencePiece uses a byte token per invalid byte.
+// Text that is not valid UTF-8 never throws: byte-level BPE encodes the bytes
+// (a byte whose character the vocabulary lacks — SmolLM2 has none for 0xC0,
+// 0xC1, 0xF5..0xFF, which valid UTF-8 never holds — is dropped), SentencePiece
+// uses a byte token per invalid byte.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -37,9 +37,11 @@
 #include "model/moe.h"
 #include "quant/blocks.h"
 #include "quant/reference.h"
+#include "gemv_test_util.h"
 
 using namespace quern;
 using namespace quern::cuda;
+using quern::gemv_test::dequantized_activation;
 
 namespace {
 
@@ -260,22 +262,6 @@ std::vector<float> random_activation(int64_t n, std::mt19937& rng) {
     return x;
 }
 
-// The device's view of one quantized level: reference int8 times fp32 d = amax/127.
-std::vector<float> dequantized_activation(const std::vector<float>& x) {
-    const int64_t K = static_cast<int64_t>(x.size());
-    std::vector<uint8_t> q(row_size(DType::Q8_1, K));
-    quantize_row_ref(DType::Q8_1, x.data(), q.data(), K);
-    std::vector<float> out(x.size());
-    for (int64_t b = 0; b < K / 32; ++b) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[static_cast<size_t>(32 * b + j)]));
-        const float d = amax / 127;
-        block_q8_1 blk;
-        std::memcpy(&blk, q.data() + b * sizeof(block_q8_1), sizeof blk);
-        for (int j = 0; j < 32; ++j) out[static_cast<size_t>(32 * b + j)] = static_cast<float>(blk.qs[j]) * d;
-    }
-    return out;
-}
 
 struct IndexedCase {
     int64_t experts, rows, K;

@@ -164,6 +164,18 @@ void set_q8_activation(GemvLaunch& l, const QuantizedActivation& xq) {
     }
 }
 
+/// A launch of float-activation W (F32, F16, BF16, F8_E4M3_B32) on the float
+/// activation x, after the checks every such entry point makes.
+GemvLaunch f32_launch(const char* fn, const DeviceWeight& W, const float* x, float* y) {
+    if (x == nullptr) fail("{}: null activation", fn);
+    if (gemv_takes_quantized_activation(W.type))
+        fail("{}: {} weights take a QuantizedActivation (quantize_activation), not float x", fn, dtype_name(W.type));
+    GemvLaunch l = base_launch(W, y);
+    l.act = ActKind::F32;
+    l.x = x;
+    return l;
+}
+
 /// A launch of quantized W on the quantized activation xq (one or two levels),
 /// after the checks every such entry point makes (`fn` names it in errors).
 GemvLaunch q8_launch(const char* fn, const DeviceWeight& W, const QuantizedActivation& xq, float* y) {
@@ -269,23 +281,12 @@ void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const Q
 
 void gemv_indexed(CudaContext& ctx, const DeviceWeight& W, int64_t rows, const float* x, bool per_slot,
                   const int32_t* ids, int slots, float* y, const GemvOptions& opt) {
-    if (x == nullptr) fail("gemv_indexed: null activation");
-    if (gemv_takes_quantized_activation(W.type))
-        fail("gemv_indexed: {} weights take a QuantizedActivation, not float x", dtype_name(W.type));
-    GemvLaunch l = base_launch(W, y);
-    l.act = ActKind::F32;
-    l.x = x;
+    GemvLaunch l = f32_launch("gemv_indexed", W, x, y);
     run_indexed(ctx, l, rows, ids, slots, per_slot ? W.K : 0, 0, opt);
 }
 
 void gemv(CudaContext& ctx, const DeviceWeight& W, const float* x, float* y, const GemvOptions& opt) {
-    if (x == nullptr) fail("gemv: null activation");
-    if (gemv_takes_quantized_activation(W.type))
-        fail("gemv: {} weights take a QuantizedActivation (quantize_activation), not float x", dtype_name(W.type));
-    GemvLaunch l = base_launch(W, y);
-    l.act = ActKind::F32;
-    l.x = x;
-    run(ctx, l, opt);
+    run(ctx, f32_launch("gemv", W, x, y), opt);
 }
 
 }  // namespace quern::cuda

@@ -193,6 +193,91 @@ TEST(CudaPrefill, GemmMatchesDoubleReference) {
     }
 }
 
+// run_bf16_rows on one expert's rows of a bank (rows 3·64 .. 4·64 of 5·64,
+// and a range crossing tiles) equals the same rows of the whole product:
+// bit for bit, since each output element is the same BF16 dot product.
+TEST(CudaPrefill, GemmOnARowRangeMatchesTheWholeMatrix) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(203);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (DType t : {DType::Q4_K, DType::Q8_0, DType::F16}) {
+        const int64_t N = 320, K = 256, n = 19;
+        HostMatrix m = random_matrix(t, N, K, rng);
+        cuda::DeviceWeight w = upload(ctx, m);
+        cuda::PrefillGemm gemm(n, K, K * 96);  // tiles of 96 rows: the ranges cross tile edges
+        std::vector<float> x(static_cast<size_t>(n * K));
+        for (auto& v : x) v = nd(rng);
+        cuda::DeviceBuffer dx(x.size() * 4), dall(static_cast<size_t>(n * N) * 4), dpart(static_cast<size_t>(n * N) * 4);
+        dx.upload(x.data(), x.size() * 4, ctx.stream());
+        const uint16_t* xb = gemm.to_bf16(dx.as<float>(), K, n, K, ctx.stream());
+        gemm.run_bf16(w, xb, n, dall.as<float>(), N, ctx.stream());
+        std::vector<float> all(static_cast<size_t>(n * N)), part(all.size());
+        dall.download(all.data(), all.size() * 4, ctx.stream());
+        for (const auto& [row0, rows] : {std::pair<int64_t, int64_t>{192, 64}, {50, 200}, {0, 320}, {319, 1}}) {
+            dpart.fill_bytes(0xFF, ctx.stream());
+            gemm.run_bf16_rows(w, row0, rows, xb, n, dpart.as<float>(), rows + 3, ctx.stream());
+            dpart.download(part.data(), part.size() * 4, ctx.stream());
+            int bad = 0;
+            for (int64_t r = 0; r < n; ++r)
+                for (int64_t j = 0; j < rows; ++j)
+                    if (part[static_cast<size_t>(r * (rows + 3) + j)] != all[static_cast<size_t>(r * N + row0 + j)] &&
+                        bad++ < 5)
+                        ADD_FAILURE() << dtype_name(t) << " rows " << row0 << "+" << rows << " at " << r << "," << j;
+            EXPECT_EQ(bad, 0) << dtype_name(t);
+        }
+        EXPECT_THROW(gemm.run_bf16_rows(w, 300, 21, xb, n, dpart.as<float>(), 21, ctx.stream()), std::runtime_error);
+    }
+}
+
+// The expert prefill's data movement: gather_rows_bf16 copies the rows the
+// index names (repeats and any order), moe_weighted_sum_rows sums each row's
+// slots from the grouped rows pos names, in slot order, as the CPU loop.
+TEST(CudaPrefill, MoeGatherAndWeightedSumRows) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(204);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t n = 13, K = 72, k = 3, m = n * k, dim = 96;
+    std::vector<uint16_t> x(static_cast<size_t>(n * K));
+    for (auto& v : x) v = static_cast<uint16_t>(rng());
+    std::vector<int32_t> src(static_cast<size_t>(m)), pos(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) src[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 3) % n);
+    for (int64_t i = 0; i < m; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>((i * 11 + 5) % m);  // a permutation
+    std::vector<float> y(static_cast<size_t>(m * dim)), w(static_cast<size_t>(m));
+    for (auto& v : y) v = nd(rng);
+    for (auto& v : w) v = std::fabs(nd(rng));
+    cuda::DeviceBuffer dx(x.size() * 2), dsrc(src.size() * 4), dpos(pos.size() * 4), dy(y.size() * 4), dw(w.size() * 4),
+        dg(static_cast<size_t>(m * K + 8) * 2), dout(static_cast<size_t>(n * dim + 8) * 4);
+    dx.upload(x.data(), x.size() * 2, ctx.stream());
+    dsrc.upload(src.data(), src.size() * 4, ctx.stream());
+    dpos.upload(pos.data(), pos.size() * 4, ctx.stream());
+    dy.upload(y.data(), y.size() * 4, ctx.stream());
+    dw.upload(w.data(), w.size() * 4, ctx.stream());
+    dg.fill_bytes(0xFF, ctx.stream());
+    dout.fill_bytes(0xFF, ctx.stream());
+    cuda::gather_rows_bf16(dx.as<uint16_t>(), K, dsrc.as<int32_t>(), m, dg.as<uint16_t>(), ctx.stream());
+    cuda::moe_weighted_sum_rows(dy.as<float>(), dpos.as<int32_t>(), dw.as<float>(), n, static_cast<int>(k), dim,
+                                dout.as<float>(), ctx.stream());
+    std::vector<uint16_t> g(static_cast<size_t>(m * K + 8));
+    std::vector<float> out(static_cast<size_t>(n * dim + 8));
+    dg.download(g.data(), g.size() * 2, ctx.stream());
+    dout.download(out.data(), out.size() * 4, ctx.stream());
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t e = 0; e < K; ++e)
+            ASSERT_EQ(g[static_cast<size_t>(i * K + e)], x[static_cast<size_t>(src[static_cast<size_t>(i)] * K + e)])
+                << "gathered row " << i;
+    for (size_t i = static_cast<size_t>(m * K); i < g.size(); ++i) EXPECT_EQ(g[i], 0xFFFF) << "written past m rows";
+    for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < dim; ++i) {
+            float acc = w[static_cast<size_t>(r * k)] * y[static_cast<size_t>(pos[static_cast<size_t>(r * k)] * dim + i)];
+            for (int64_t j = 1; j < k; ++j)
+                acc += w[static_cast<size_t>(r * k + j)] * y[static_cast<size_t>(pos[static_cast<size_t>(r * k + j)] * dim + i)];
+            ASSERT_EQ(out[static_cast<size_t>(r * dim + i)], acc) << "row " << r << " [" << i << "]";
+        }
+    for (size_t i = static_cast<size_t>(n * dim); i < out.size(); ++i) EXPECT_TRUE(std::isnan(out[i]));
+}
+
 TEST(CudaPrefill, GemmRejectsBadShapes) {
     REQUIRE_GPU();
     cuda::CudaContext ctx;

@@ -744,6 +744,23 @@ TEST(CudaSession, BatchedPrefillMatchesCpuAndTokenByToken) {
                 check_batched_prefill(*phi.model, fmt::format("phi3 hd64      {:<7}", scheme));
             }
         }
+        // Expert layers: rows grouped by expert, one GEMM per chosen expert
+        // (Qwen3-MoE 8 / 2 renormalised; Mixtral; 32 experts, 8 used, not
+        // renormalised, so that some experts get no row of a chunk).
+        for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b"}) {
+            SynthModel sm = make_synthetic(synth_tiny(synth_preset(preset)), scheme, 45);
+            auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
+            check_batched_prefill(*model, fmt::format("{}-tiny {:<7}", preset, scheme));
+        }
+        {
+            SynthPreset p = synth_tiny(synth_preset("qwen3-30b-a3b"));
+            p.cfg.n_expert = 32;
+            p.cfg.n_expert_used = 8;
+            p.cfg.expert_weights_norm = false;
+            SynthModel sm = make_synthetic(p, scheme, 46);
+            auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
+            check_batched_prefill(*model, fmt::format("qwen3-moe 32/8 {:<7}", scheme));
+        }
     }
 }
 

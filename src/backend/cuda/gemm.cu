@@ -461,16 +461,22 @@ void PrefillGemm::matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int6
 
 void PrefillGemm::run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
                            cudaStream_t stream) {
+    run_bf16_rows(w, 0, w.N, xb, n, y, ldy, stream);
+}
+
+void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,
+                                float* y, int64_t ldy, cudaStream_t stream) {
     if (!gemm_weight_type_supported(w.type))
         throw_error(std::string("PrefillGemm: no prefill GEMM for weight type ") + std::string(dtype_name(w.type)));
     if (!xb || !y) throw_error("PrefillGemm: null pointer");
-    if (n < 1 || n > max_n_ || w.K > max_k_ || ldy < w.N) throw_error("PrefillGemm: shape out of range");
+    if (n < 1 || n > max_n_ || w.K > max_k_ || row0 < 0 || n_rows < 1 || row0 + n_rows > w.N || ldy < n_rows)
+        throw_error("PrefillGemm: shape out of range");
     // Tiles of whole rows, a multiple of 256 rows (so that every tile's
-    // output starts as aligned as y) unless one tile takes the matrix.
-    int64_t tile = std::min<int64_t>(w.N, max_tile_ / w.K);
-    if (tile < w.N && tile >= 256) tile -= tile % 256;
-    for (int64_t r0 = 0; r0 < w.N; r0 += tile) {
-        const int64_t rows = std::min(tile, w.N - r0);
+    // output starts as aligned as y) unless one tile takes the rows.
+    int64_t tile = std::min<int64_t>(n_rows, max_tile_ / w.K);
+    if (tile < n_rows && tile >= 256) tile -= tile % 256;
+    for (int64_t t0 = 0; t0 < n_rows; t0 += tile) {
+        const int64_t rows = std::min(tile, n_rows - t0), r0 = row0 + t0;
         // Double buffering: tile buffer b is dequantized on dq_stream_ once
         // the GEMM that last read it is done, and the GEMM on `stream` waits
         // for its dequantization; the next tile's (or the next matrix's)
@@ -483,7 +489,7 @@ void PrefillGemm::run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n,
         dequantize_weight_bf16(w, r0, rows, wb, dq_stream_);
         QUERN_CUDA_CHECK(cudaEventRecord(dq_done_[b], dq_stream_));
         QUERN_CUDA_CHECK(cudaStreamWaitEvent(stream, dq_done_[b], 0));
-        matmul(wb, rows, xb, n, w.K, y + r0, ldy, stream);
+        matmul(wb, rows, xb, n, w.K, y + t0, ldy, stream);
         QUERN_CUDA_CHECK(cudaEventRecord(mm_done_[b], stream));
         if (hook_) hook_("gemm");
     }

@@ -84,6 +84,13 @@ public:
     /// to back (row stride w.K). The activation scratch is not used.
     void run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
 
+    /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank
+    /// of n_expert × rows): y[r·ldy + j] = Σ_k xb[r·w.K + k] · W[row0 + j][k]
+    /// for j < rows. Preconditions as run_bf16, 0 <= row0, row0 + rows <= w.N,
+    /// ldy >= rows.
+    void run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* xb, int64_t n, float* y,
+                       int64_t ldy, cudaStream_t stream);
+
     /// Rounds n rows of K floats (row stride ldx) to BF16 into the
     /// activation scratch and returns it (n × K, row stride K), for several
     /// run_bf16 calls on one input (Q|K|V or gate|up pieces of different

@@ -95,6 +95,7 @@
 #include "backend/cuda/session.h"
 #include "backend/cuda/weights.h"
 #include "core/error.h"
+#include "model/moe.h"
 #include "core/fp16.h"
 #include "quant/reference.h"
 
@@ -201,6 +202,9 @@ private:
     /// Layer L's q/k/v biases and q/k norms for the RoPE kernels (window and
     /// soft-cap left at their defaults).
     AttentionExtras attention_extras(const LayerWeights& L) const;
+    /// The expert FFN of layer L for n prefill rows: xb (n × n_embd BF16,
+    /// normalized) → out (n × n_embd floats). See the top of the file.
+    void prefill_moe(const LayerWeights& L, const uint16_t* xb, int64_t n, float* out);
     /// Allocates the prefill scratch on first use; false (and the batched
     /// path off for this session) when the GPU has no room for it.
     bool ensure_prefill_scratch();
@@ -236,6 +240,12 @@ private:
     int64_t prefill_rows_ = 0;
     std::unique_ptr<PrefillGemm> gemm_;
     DeviceBuffer px_, ph_, phpost_, pqkv_, pattn_, pgu_;
+    // Expert prefill (n·k grouped rows, + 16 rows of padding): router logits,
+    // the grouped rows' inputs (BF16), gate|up outputs, gated values (BF16)
+    // and down outputs; the routing (grouped row of each entry, row of each
+    // grouped row, weights) on the device and its host staging.
+    DeviceBuffer pmoe_logits_, pmoe_xg_, pmoe_gu_, pmoe_g_, pmoe_y_, pmoe_route_;
+    PinnedBuffer hmoe_logits_, hmoe_route_;
 
     DeviceBuffer kv_;  // per layer: K then V, n_ctx rows of kv_dim elements
     size_t kv_layer_bytes_ = 0;
@@ -371,15 +381,21 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     {
         // Batched prefill needs a prefill GEMM for every layer matrix (the
         // output head stays a GEMV: one row) and a head size the prefill
-        // attention takes; other models evaluate prompts token by token, and
-        // so do expert models (no grouped expert GEMM yet).
+        // attention takes; other models evaluate prompts token by token.
+        // Expert layers group their rows by expert (prefill_moe).
         const auto g = [](const Piece& p) { return gemm_weight_type_supported(p.w.type); };
         bool ok = opt.batched_prefill && prefill_attention_head_dim_supported(static_cast<int>(c.head_dim)) &&
-                  opt.prefill_chunk >= 1 && !c.moe();
+                  opt.prefill_chunk >= 1;
         for (const auto& L : layers_) {
-            for (const auto* ps : {&L.qkv, &L.gate_up})
-                for (const Piece& p : *ps) ok = ok && g(p);
-            ok = ok && g(L.wo) && g(L.down);
+            for (const Piece& p : L.qkv) ok = ok && g(p);
+            ok = ok && g(L.wo);
+            if (L.moe) {
+                ok = ok && g(L.router) && gemm_weight_type_supported(L.exp_gate.type) &&
+                     gemm_weight_type_supported(L.exp_up.type) && gemm_weight_type_supported(L.exp_down.type);
+            } else {
+                for (const Piece& p : L.gate_up) ok = ok && g(p);
+                ok = ok && g(L.down);
+            }
         }
         const char* e = std::getenv("QUERN_CUDA_PREFILL");
         prefill_supported_ = ok && !(e && std::string(e) == "0");
@@ -888,11 +904,22 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
         pqkv_ = fb(c.q_dim() + 2 * c.kv_dim());
         pattn_ = fb(c.q_dim());
         pgu_ = fb(2 * c.n_ff);
+        if (c.moe()) {
+            const int64_t m = R * c.n_expert_used + 16;
+            pmoe_logits_ = fb(c.n_expert);
+            pmoe_xg_ = DeviceBuffer(static_cast<size_t>(m * c.n_embd) * 2);
+            pmoe_gu_ = DeviceBuffer(static_cast<size_t>(m * 2 * c.n_ff_exp) * sizeof(float));
+            pmoe_g_ = DeviceBuffer(static_cast<size_t>(m * c.n_ff_exp) * 2);
+            pmoe_y_ = DeviceBuffer(static_cast<size_t>(m * c.n_embd) * sizeof(float));
+            pmoe_route_ = DeviceBuffer(static_cast<size_t>(3 * m) * 4);
+            hmoe_logits_ = PinnedBuffer(static_cast<size_t>(R * c.n_expert) * sizeof(float));
+            hmoe_route_ = PinnedBuffer(static_cast<size_t>(3 * m) * 4);
+        }
         // QUERN_CUDA_PREFILL_TILE=M: weight tiles of M·2^20 elements (for measuring).
+        const int64_t max_k = std::max({c.n_embd, c.q_dim(), c.n_ff, c.n_ff_exp});
         int64_t tile = int64_t{16} << 20;
         if (const char* e = std::getenv("QUERN_CUDA_PREFILL_TILE"); e && std::atoll(e) > 0) tile = std::atoll(e) << 20;
-        gemm_ = std::make_unique<PrefillGemm>(R, std::max({c.n_embd, c.q_dim(), c.n_ff}),
-                                              std::max<int64_t>(tile, std::max({c.n_embd, c.q_dim(), c.n_ff})));
+        gemm_ = std::make_unique<PrefillGemm>(R, max_k, std::max(tile, max_k));
         if (profile_) gemm_->set_phase_hook([this](const char* phase) { mark(phase); });
         prefill_rows_ = R;
     } catch (const Error& e) {
@@ -902,6 +929,9 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
         gemm_.reset();
         px_ = DeviceBuffer(), ph_ = DeviceBuffer(), phpost_ = DeviceBuffer();
         pqkv_ = DeviceBuffer(), pattn_ = DeviceBuffer(), pgu_ = DeviceBuffer();
+        pmoe_logits_ = DeviceBuffer(), pmoe_xg_ = DeviceBuffer(), pmoe_gu_ = DeviceBuffer(), pmoe_g_ = DeviceBuffer();
+        pmoe_y_ = DeviceBuffer(), pmoe_route_ = DeviceBuffer();
+        hmoe_logits_ = PinnedBuffer(), hmoe_route_ = PinnedBuffer();
         prefill_supported_ = false;
         if (opt_.verbose)
             std::fprintf(stderr, "quern: no GPU memory for the batched prefill (%s); prompts run token by token\n",
@@ -967,10 +997,14 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         if (L.post_attn_norm) rms_norm_q8_1(H, nullptr, L.post_attn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
         rms_norm_bf16(X, HRES, L.ffn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");
-        for (const Piece& p : L.gate_up) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
-        glu_rows_bf16(GU, 2 * FF, n, FF, xb, c.gelu_ffn, s);
-        mark("glu");
-        gemm_->run_bf16(L.down.w, xb, n, H, E, s);
+        if (L.moe) {
+            prefill_moe(L, xb, n, H);
+        } else {
+            for (const Piece& p : L.gate_up) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
+            glu_rows_bf16(GU, 2 * FF, n, FF, xb, c.gelu_ffn, s);
+            mark("glu");
+            gemm_->run_bf16(L.down.w, xb, n, H, E, s);
+        }
         if (L.post_ffn_norm) rms_norm_q8_1(H, nullptr, L.post_ffn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
         mark("norm");
     }
@@ -987,6 +1021,67 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         collect_profile(prof_prefill_);
         prof_prefill_.rows += n;
     }
+}
+
+void LlamaCudaSession::prefill_moe(const LayerWeights& L, const uint16_t* xb, int64_t n, float* out) {
+    const auto& c = cfg_;
+    const cudaStream_t s = ctx_.stream();
+    const int k = static_cast<int>(c.n_expert_used);
+    const int64_t NE = c.n_expert, F = c.n_ff_exp, E = c.n_embd, m = n * k;
+    // Router logits on the tensor cores, routed and grouped on the host by
+    // the CPU's own moe_route / moe_group (the expert sizes decide the GEMM
+    // launches, so the host needs them anyway: one synchronisation per layer).
+    float* logits = pmoe_logits_.as<float>();
+    gemm_->run_bf16(L.router.w, xb, n, logits, NE, s);
+    auto* hl = hmoe_logits_.as<float>();
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(hl, logits, static_cast<size_t>(n * NE) * sizeof(float), cudaMemcpyDeviceToHost, s));
+    ctx_.synchronize();
+    mark("moe_router");
+    std::vector<int32_t> ids(static_cast<size_t>(m));
+    auto* hr = hmoe_route_.as<int32_t>();  // [pos (m) | src (m) | weights (m floats)]
+    auto* hw = reinterpret_cast<float*>(hr + 2 * m);
+    quern::moe_route(hl, n, NE, k, c.expert_weights_norm, ids.data(), hw);
+    std::vector<int64_t> offsets, entries;
+    quern::moe_group(ids.data(), n, k, NE, offsets, entries);
+    for (int64_t g = 0; g < m; ++g) {
+        const int64_t e = entries[static_cast<size_t>(g)];
+        hr[e] = static_cast<int32_t>(g);          // entry (row, slot) -> its grouped row
+        hr[m + g] = static_cast<int32_t>(e / k);  // grouped row -> the activation row it reads
+    }
+    auto* dr = pmoe_route_.as<int32_t>();
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(dr, hr, static_cast<size_t>(3 * m) * 4, cudaMemcpyHostToDevice, s));
+    const int32_t* dpos = dr;
+    const int32_t* dsrc = dr + m;
+    const auto* dw = reinterpret_cast<const float*>(dr + 2 * m);
+    auto* xg = pmoe_xg_.as<uint16_t>();
+    float* gu = pmoe_gu_.as<float>();
+    auto* g = pmoe_g_.as<uint16_t>();
+    float* y = pmoe_y_.as<float>();
+    gather_rows_bf16(xb, E, dsrc, m, xg, s);
+    mark("moe_route");
+    // Each expert's rows, rounded up to a multiple of 16 (fewer distinct GEMM
+    // shapes to plan): the extra rows belong to the next experts, whose own
+    // GEMMs overwrite them later in stream order, or to the 16 rows of
+    // padding; rows never mix in a GEMM, so they cannot disturb the others.
+    const auto rows_of = [&](int64_t x) {
+        return std::min<int64_t>((offsets[static_cast<size_t>(x) + 1] - offsets[static_cast<size_t>(x)] + 15) / 16 * 16,
+                                 prefill_rows_);
+    };
+    for (int64_t x = 0; x < NE; ++x) {
+        const int64_t o = offsets[static_cast<size_t>(x)];
+        if (offsets[static_cast<size_t>(x) + 1] == o) continue;
+        const int64_t r = rows_of(x);
+        gemm_->run_bf16_rows(L.exp_gate, x * F, F, xg + o * E, r, gu + o * 2 * F, 2 * F, s);
+        gemm_->run_bf16_rows(L.exp_up, x * F, F, xg + o * E, r, gu + o * 2 * F + F, 2 * F, s);
+    }
+    glu_rows_bf16(gu, 2 * F, m, F, g, c.gelu_ffn, s);
+    for (int64_t x = 0; x < NE; ++x) {
+        const int64_t o = offsets[static_cast<size_t>(x)];
+        if (offsets[static_cast<size_t>(x) + 1] == o) continue;
+        gemm_->run_bf16_rows(L.exp_down, x * E, E, g + o * F, rows_of(x), y + o * E, E, s);
+    }
+    moe_weighted_sum_rows(y, dpos, dw, n, k, E, out, s);
+    mark("moe_experts");
 }
 
 void LlamaCudaSession::prefill(const int32_t* tokens, int64_t n, float* logits) {

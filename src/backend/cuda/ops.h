@@ -295,6 +295,21 @@ void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32
 /// or n < 1.
 void moe_weighted_sum(const float* y, const float* weights, int k, int64_t n, float* out, cudaStream_t stream);
 
+/// Mixture-of-experts prefill (rows grouped by expert on the host with
+/// moe_route / moe_group, model/moe.h):
+/// gather_rows_bf16: out row i (K BF16 values) = x row src[i], i < m (the
+/// activation rows of each expert's entries back to back). src: m device
+/// int32 in [0, rows of x).
+void gather_rows_bf16(const uint16_t* x, int64_t K, const int32_t* src, int64_t m, uint16_t* out,
+                      cudaStream_t stream);
+
+/// moe_weighted_sum for n rows at once: out[r·dim + i] = Σ_j weights[r·k + j]
+/// · y[pos[r·k + j]·dim + i], in slot order with moe_weighted_sum's
+/// arithmetic; pos[r·k + j] is the grouped row that holds row r's slot j
+/// (device int32), weights n·k floats.
+void moe_weighted_sum_rows(const float* y, const int32_t* pos, const float* weights, int64_t n, int k, int64_t dim,
+                           float* out, cudaStream_t stream);
+
 /// Device-side state of a sequence's decode step: the position being
 /// evaluated, the token id there, the first position whose token is not
 /// given by the host (from there on the sampled token is fed back), and the

@@ -25,6 +25,8 @@
 //   Math:    out[i] = w_0·y_0[i] + w_1·y_1[i] + ... in slot order (the CPU's
 //            order; fp32, separate multiply and add as the CPU loop).
 //   Bound:   latency (k·n·4 bytes, a few tens of KB).
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
@@ -98,7 +100,57 @@ __global__ void moe_weighted_sum_kernel(const float* __restrict__ y, const float
     out[i] = acc;
 }
 
+// gather_rows_bf16_kernel: out row i = x row src[i] (K BF16 values), one
+// thread per element, grid-stride. Bound: memory.
+__global__ void gather_rows_bf16_kernel(const uint16_t* __restrict__ x, int64_t K, const int32_t* __restrict__ src,
+                                        int64_t m, uint16_t* __restrict__ out) {
+    const int64_t total = m * K;
+    for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+         t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t i = t / K, e = t % K;
+        out[t] = x[static_cast<int64_t>(src[i]) * K + e];
+    }
+}
+
+// moe_weighted_sum_rows_kernel: moe_weighted_sum_kernel for n rows, the
+// outputs of row r's slot j at y + pos[r·k + j]·dim. One thread per output
+// element, grid-stride; the CPU's slot order and arithmetic. Bound: memory.
+__global__ void moe_weighted_sum_rows_kernel(const float* __restrict__ y, const int32_t* __restrict__ pos,
+                                             const float* __restrict__ w, int64_t n, int k, int64_t dim,
+                                             float* __restrict__ out) {
+    const int64_t total = n * dim;
+    for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+         t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = t / dim, i = t % dim;
+        const int32_t* pr = pos + r * k;
+        const float* wr = w + r * k;
+        float acc = wr[0] * y[static_cast<int64_t>(pr[0]) * dim + i];
+        for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(wr[j], y[static_cast<int64_t>(pr[j]) * dim + i]));
+        out[t] = acc;
+    }
+}
+
+unsigned grid_for_elems(int64_t total) {
+    return static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65535 * 8));
+}
+
 }  // namespace
+
+void gather_rows_bf16(const uint16_t* x, int64_t K, const int32_t* src, int64_t m, uint16_t* out,
+                      cudaStream_t stream) {
+    if (!x || !src || !out) throw_error("gather_rows_bf16: null pointer");
+    if (K < 1 || m < 1) throw_error("gather_rows_bf16: empty shape");
+    gather_rows_bf16_kernel<<<grid_for_elems(m * K), 256, 0, stream>>>(x, K, src, m, out);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void moe_weighted_sum_rows(const float* y, const int32_t* pos, const float* weights, int64_t n, int k, int64_t dim,
+                           float* out, cudaStream_t stream) {
+    if (!y || !pos || !weights || !out) throw_error("moe_weighted_sum_rows: null pointer");
+    if (n < 1 || k < 1 || dim < 1) throw_error("moe_weighted_sum_rows: empty shape");
+    moe_weighted_sum_rows_kernel<<<grid_for_elems(n * dim), 256, 0, stream>>>(y, pos, weights, n, k, dim, out);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
 
 void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32_t* ids, float* weights,
                cudaStream_t stream) {

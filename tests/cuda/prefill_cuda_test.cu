@@ -195,7 +195,8 @@ TEST(CudaPrefill, GemmMatchesDoubleReference) {
 
 // run_bf16_rows on one expert's rows of a bank (rows 3·64 .. 4·64 of 5·64,
 // and a range crossing tiles) equals the same rows of the whole product:
-// bit for bit, since each output element is the same BF16 dot product.
+// the same BF16 products, summed in fp32 by possibly other cuBLASLt kernels
+// (other shapes and alignments), so within K·2^-22 of Σ|x·w|.
 TEST(CudaPrefill, GemmOnARowRangeMatchesTheWholeMatrix) {
     REQUIRE_GPU();
     cuda::CudaContext ctx;
@@ -220,10 +221,16 @@ TEST(CudaPrefill, GemmOnARowRangeMatchesTheWholeMatrix) {
             dpart.download(part.data(), part.size() * 4, ctx.stream());
             int bad = 0;
             for (int64_t r = 0; r < n; ++r)
-                for (int64_t j = 0; j < rows; ++j)
-                    if (part[static_cast<size_t>(r * (rows + 3) + j)] != all[static_cast<size_t>(r * N + row0 + j)] &&
-                        bad++ < 5)
+                for (int64_t j = 0; j < rows; ++j) {
+                    double mag = 0;
+                    for (int64_t k = 0; k < K; ++k)
+                        mag += std::fabs(static_cast<double>(bf16_to_float(fp32_to_bf16(x[static_cast<size_t>(r * K + k)]))) *
+                                         m.deq[static_cast<size_t>((row0 + j) * K + k)]);
+                    const double d = std::fabs(part[static_cast<size_t>(r * (rows + 3) + j)] -
+                                               static_cast<double>(all[static_cast<size_t>(r * N + row0 + j)]));
+                    if (!(d <= static_cast<double>(K) * std::ldexp(1.0, -22) * mag + 1e-7) && bad++ < 5)
                         ADD_FAILURE() << dtype_name(t) << " rows " << row0 << "+" << rows << " at " << r << "," << j;
+                }
             EXPECT_EQ(bad, 0) << dtype_name(t);
         }
         EXPECT_THROW(gemm.run_bf16_rows(w, 300, 21, xb, n, dpart.as<float>(), 21, ctx.stream()), std::runtime_error);
@@ -273,7 +280,8 @@ TEST(CudaPrefill, MoeGatherAndWeightedSumRows) {
             float acc = w[static_cast<size_t>(r * k)] * y[static_cast<size_t>(pos[static_cast<size_t>(r * k)] * dim + i)];
             for (int64_t j = 1; j < k; ++j)
                 acc += w[static_cast<size_t>(r * k + j)] * y[static_cast<size_t>(pos[static_cast<size_t>(r * k + j)] * dim + i)];
-            ASSERT_EQ(out[static_cast<size_t>(r * dim + i)], acc) << "row " << r << " [" << i << "]";
+            // (the host may contract w·y + acc into one fused multiply-add)
+            ASSERT_NEAR(out[static_cast<size_t>(r * dim + i)], acc, 1e-5f * (std::fabs(acc) + 1.0f)) << "row " << r << " [" << i << "]";
         }
     for (size_t i = static_cast<size_t>(n * dim); i < out.size(); ++i) EXPECT_TRUE(std::isnan(out[i]));
 }

@@ -653,7 +653,7 @@ float top2_margin(const std::vector<float>& l) {
 /// after the two prefills)), which rounding may break either way (reported). Also: the prompt in two calls (the second at
 /// n_past 17 > 0, batched both times) and in chunks of 16 positions (3 passes)
 /// give the same last logits (cosine >= 0.9999), and size() is 40 after each.
-void check_batched_prefill(Model& model, const std::string& label) {
+void check_batched_prefill(Model& model, const std::string& label, double min_cos = 0.999) {
     ThreadPool pool(0);
     const int64_t V = model.config().n_vocab;
     std::mt19937 rng(77);
@@ -674,8 +674,8 @@ void check_batched_prefill(Model& model, const std::string& label) {
     const double c_cpu = cosine_similarity(lb.data(), lc.data(), V);
     const double c_seq = cosine_similarity(lb.data(), ls.data(), V);
     std::printf("%s batched prefill: cosine vs CPU %.7f, vs token-by-token GPU %.7f\n", label.c_str(), c_cpu, c_seq);
-    EXPECT_GE(c_cpu, 0.999) << label;
-    EXPECT_GE(c_seq, 0.999) << label;
+    EXPECT_GE(c_cpu, min_cos) << label;
+    EXPECT_GE(c_seq, min_cos) << label;
 
     // Greedy continuation from both GPU sessions. Where they part, the
     // token-by-token session's top-2 margin must be within what rounding
@@ -746,11 +746,15 @@ TEST(CudaSession, BatchedPrefillMatchesCpuAndTokenByToken) {
         }
         // Expert layers: rows grouped by expert, one GEMM per chosen expert
         // (Qwen3-MoE 8 / 2 renormalised; Mixtral; 32 experts, 8 used, not
-        // renormalised, so that some experts get no row of a chunk).
+        // renormalised, so that some experts get no row of a chunk). The
+        // batched router runs on BF16 inputs, the token-by-token one on Q8_1
+        // activations: a near-tie in the top-k can route a row differently,
+        // so the logits are held to 0.995 (the greedy check below still
+        // requires any parting to be a near-tie).
         for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b"}) {
             SynthModel sm = make_synthetic(synth_tiny(synth_preset(preset)), scheme, 45);
             auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
-            check_batched_prefill(*model, fmt::format("{}-tiny {:<7}", preset, scheme));
+            check_batched_prefill(*model, fmt::format("{}-tiny {:<7}", preset, scheme), 0.995);
         }
         {
             SynthPreset p = synth_tiny(synth_preset("qwen3-30b-a3b"));
@@ -759,7 +763,7 @@ TEST(CudaSession, BatchedPrefillMatchesCpuAndTokenByToken) {
             p.cfg.expert_weights_norm = false;
             SynthModel sm = make_synthetic(p, scheme, 46);
             auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
-            check_batched_prefill(*model, fmt::format("qwen3-moe 32/8 {:<7}", scheme));
+            check_batched_prefill(*model, fmt::format("qwen3-moe 32/8 {:<7}", scheme), 0.995);
         }
     }
 }

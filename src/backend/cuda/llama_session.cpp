@@ -912,6 +912,11 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
             pmoe_g_ = DeviceBuffer(static_cast<size_t>(m * c.n_ff_exp) * 2);
             pmoe_y_ = DeviceBuffer(static_cast<size_t>(m * c.n_embd) * sizeof(float));
             pmoe_route_ = DeviceBuffer(static_cast<size_t>(3 * m) * 4);
+            // Rows past a chunk's own are read by the padded expert GEMMs
+            // (their outputs are never used): zeros rather than whatever
+            // the allocation held.
+            pmoe_xg_.fill_bytes(0, ctx_.stream());
+            pmoe_g_.fill_bytes(0, ctx_.stream());
             hmoe_logits_ = PinnedBuffer(static_cast<size_t>(R * c.n_expert) * sizeof(float));
             hmoe_route_ = PinnedBuffer(static_cast<size_t>(3 * m) * 4);
         }

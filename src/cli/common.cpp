@@ -146,6 +146,11 @@ void add_device_options(CLI::App* cmd, DeviceOptions& opts) {
     cmd->add_option("--gpu-mem", opts.gpu_mem, "Cap the GPU KV cache to what fits in this fraction of GPU memory")
         ->check(CLI::Range(0.01, 1.0));
     cmd->add_flag("--no-cuda-graph", opts.no_graph, "Launch the GPU kernels one by one (for debugging and timing)");
+    cmd->add_option("--gpu-weights", opts.gpu_weights,
+                    "Weights on the GPU: native (as the file stores them) or fp8 (every layer matrix converted at "
+                    "load to FP8 E4M3 with one scale per output channel; prefill in FP8 on the tensor cores)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"native", "fp8"}));
 }
 
 bool use_cuda(const DeviceOptions& opts) {
@@ -188,6 +193,7 @@ void warn_gpu_options_ignored(const DeviceOptions& opts) {
     if (opts.kv_tokens > 0) given += ", --kv-tokens";
     if (opts.gpu_mem > 0) given += ", --gpu-mem";
     if (opts.no_graph) given += ", --no-cuda-graph";
+    if (opts.gpu_weights != "native") given += ", --gpu-weights";
     if (given.empty() || warned) return;
     warned = true;
     std::fprintf(stderr, "quern: warning: running on the CPU, which ignores the GPU-only option%s %s\n",
@@ -211,6 +217,7 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
     so.n_ctx = opts.kv_tokens > 0 ? opts.kv_tokens : n_ctx;
     so.gpu_mem_fraction = opts.gpu_mem;
     so.cuda_graph = !opts.no_graph;
+    so.fp8_weights = opts.gpu_weights == "fp8";
     so.verbose = verbose;
     return cuda::make_session(model, so);
 #else

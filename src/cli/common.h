@@ -70,8 +70,9 @@ struct DeviceOptions {
     int64_t kv_tokens = 0;        ///< GPU KV-cache positions (0: the context size)
     double gpu_mem = 0;           ///< cap the GPU KV cache to this fraction of GPU memory (0: off)
     bool no_graph = false;        ///< launch kernels one by one instead of a CUDA graph
+    std::string gpu_weights = "native";  ///< native | fp8 (--gpu-weights)
 };
-/// Adds --device, --kv-tokens, --gpu-mem and --no-cuda-graph to a command.
+/// Adds --device, --kv-tokens, --gpu-mem, --no-cuda-graph and --gpu-weights to a command.
 void add_device_options(CLI::App* cmd, DeviceOptions& opts);
 /// Whether `opts` selects the GPU (auto: when this build has CUDA and a GPU is present).
 bool use_cuda(const DeviceOptions& opts);

@@ -35,6 +35,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/context.h"
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
@@ -44,6 +45,7 @@
 #include "core/fp16.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "quant/fp8.h"
 #include "quant/reference.h"
 
 using namespace quern;
@@ -284,6 +286,108 @@ TEST(CudaPrefill, MoeGatherAndWeightedSumRows) {
             ASSERT_NEAR(out[static_cast<size_t>(r * dim + i)], acc, 1e-5f * (std::fabs(acc) + 1.0f)) << "row " << r << " [" << i << "]";
         }
     for (size_t i = static_cast<size_t>(n * dim); i < out.size(); ++i) EXPECT_TRUE(std::isnan(out[i]));
+}
+
+// --gpu-weights fp8: to_fp8_rows gives, code for code, what the CPU's
+// quantize_fp8_rows gives on dequantize_row_ref's values (one scale per row,
+// in every block scale of the row), for block and float types.
+TEST(CudaPrefill, Fp8RowConversionMatchesTheCpuRecipe) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(301);
+    for (DType t : {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::F16, DType::BF16, DType::F32, DType::NVFP4}) {
+        const int64_t N = 37, K = 512;
+        HostMatrix m = random_matrix(t, N, K, rng);
+        if (t == DType::Q8_0) std::fill(m.deq.begin(), m.deq.begin() + K, 0.0f);  // an all-zero row: scale 1
+        if (t == DType::Q8_0) {
+            std::vector<float> zero(static_cast<size_t>(K), 0.0f);
+            quantize_row_ref(t, zero.data(), m.bytes.data(), K);
+        }
+        cuda::DeviceWeight w = upload(ctx, m);
+        cuda::DeviceWeight f = cuda::to_fp8_rows(w, ctx.stream());
+        ASSERT_EQ(f.type, DType::F8_E4M3_B32);
+        ASSERT_TRUE(f.fp8_row_scaled);
+        std::vector<uint8_t> q(static_cast<size_t>(N * K));
+        std::vector<float> sc(static_cast<size_t>(N * K / 32));
+        QUERN_CUDA_CHECK(cudaMemcpy(q.data(), f.q, q.size(), cudaMemcpyDeviceToHost));
+        QUERN_CUDA_CHECK(cudaMemcpy(sc.data(), f.s, sc.size() * 4, cudaMemcpyDeviceToHost));
+        std::vector<uint8_t> rq(q.size());
+        std::vector<float> rs(static_cast<size_t>(N));
+        quantize_fp8_rows(m.deq.data(), N, K, rq.data(), rs.data());
+        int bad = 0;
+        for (int64_t r = 0; r < N; ++r) {
+            for (int64_t b = 0; b < K / 32; ++b)
+                if (sc[static_cast<size_t>(r * (K / 32) + b)] != rs[static_cast<size_t>(r)] && bad++ < 5)
+                    ADD_FAILURE() << dtype_name(t) << " row " << r << " scale " << sc[static_cast<size_t>(r * (K / 32) + b)]
+                                  << " vs " << rs[static_cast<size_t>(r)];
+            for (int64_t k = 0; k < K; ++k)
+                if (q[static_cast<size_t>(r * K + k)] != rq[static_cast<size_t>(r * K + k)] && bad++ < 5)
+                    ADD_FAILURE() << dtype_name(t) << " row " << r << " [" << k << "] code "
+                                  << int(q[static_cast<size_t>(r * K + k)]) << " vs " << int(rq[static_cast<size_t>(r * K + k)]);
+        }
+        EXPECT_EQ(bad, 0) << dtype_name(t);
+    }
+}
+
+// The FP8 prefill GEMM (per-channel weights, per-token activations, both
+// scales after the product) against (a) the exact product of the same codes
+// and scales (fp32 accumulation: K·2^-22 of Σ|terms|), and (b) the float
+// product of the unquantized operands — cosine >= 0.999 for every row, with
+// one activation row 1,000× the others (the outlier recipe of fp8_test.cpp).
+TEST(CudaPrefill, Fp8GemmMatchesItsCodesAndSurvivesOutliers) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(302);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t N = 256, K = 1024, n = 24;
+    HostMatrix m = random_matrix(DType::Q8_0, N, K, rng);
+    cuda::DeviceWeight w = cuda::to_fp8_rows(upload(ctx, m), ctx.stream());
+    std::vector<uint8_t> qw(static_cast<size_t>(N * K));
+    std::vector<float> sw(static_cast<size_t>(N));
+    quantize_fp8_rows(m.deq.data(), N, K, qw.data(), sw.data());
+    std::vector<float> x(static_cast<size_t>(n * K));
+    for (auto& v : x) v = nd(rng);
+    for (int64_t k = 0; k < K; ++k) x[static_cast<size_t>(5 * K + k)] *= 1000.0f;  // the outlier token
+    // The GEMM sees the BF16 rounding of x; so does the reference.
+    for (auto& v : x) v = bf16_to_float(fp32_to_bf16(v));
+    cuda::PrefillGemm gemm(n, K);
+    cuda::DeviceBuffer dx(x.size() * 4), dy(static_cast<size_t>(n * N) * 4);
+    dx.upload(x.data(), x.size() * 4, ctx.stream());
+    dy.fill_bytes(0xFF, ctx.stream());
+    gemm.run(w, dx.as<float>(), K, n, dy.as<float>(), N, ctx.stream());
+    std::vector<float> y(static_cast<size_t>(n * N));
+    dy.download(y.data(), y.size() * 4, ctx.stream());
+    ASSERT_TRUE(gemm.fp8_ok()) << "cuBLASLt offered no FP8 kernel: the weights went through BF16";
+    std::vector<uint8_t> qx(x.size());
+    std::vector<float> sx(static_cast<size_t>(n));
+    quantize_fp8_rows(x.data(), n, K, qx.data(), sx.data());
+    int bad = 0;
+    for (int64_t r = 0; r < n; ++r) {
+        std::vector<double> fl(static_cast<size_t>(N)), got(static_cast<size_t>(N));
+        for (int64_t j = 0; j < N; ++j) {
+            double codes = 0, mag = 0, f = 0;
+            for (int64_t k = 0; k < K; ++k) {
+                const double p = static_cast<double>(fp8_e4m3_to_float(qx[static_cast<size_t>(r * K + k)])) *
+                                 fp8_e4m3_to_float(qw[static_cast<size_t>(j * K + k)]);
+                codes += p;
+                mag += std::fabs(p);
+                f += static_cast<double>(x[static_cast<size_t>(r * K + k)]) * m.deq[static_cast<size_t>(j * K + k)];
+            }
+            const double s = static_cast<double>(sx[static_cast<size_t>(r)]) * sw[static_cast<size_t>(j)];
+            const double ref = codes * s, tol = static_cast<double>(K) * std::ldexp(1.0, -22) * mag * s + 1e-6;
+            const float g = y[static_cast<size_t>(r * N + j)];
+            if (!(std::fabs(g - ref) <= tol) && bad++ < 5)
+                ADD_FAILURE() << "row " << r << " col " << j << ": " << g << " vs " << ref << " (tol " << tol << ")";
+            fl[static_cast<size_t>(j)] = f;
+            got[static_cast<size_t>(j)] = g;
+        }
+        double dot = 0, na = 0, nb = 0;
+        for (int64_t j = 0; j < N; ++j)
+            dot += fl[static_cast<size_t>(j)] * got[static_cast<size_t>(j)], na += fl[static_cast<size_t>(j)] * fl[static_cast<size_t>(j)],
+                nb += got[static_cast<size_t>(j)] * got[static_cast<size_t>(j)];
+        EXPECT_GE(dot / std::sqrt(na * nb), 0.999) << "row " << r << (r == 5 ? " (the outlier token)" : "");
+    }
+    EXPECT_EQ(bad, 0);
 }
 
 TEST(CudaPrefill, GemmRejectsBadShapes) {

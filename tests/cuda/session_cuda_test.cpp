@@ -768,6 +768,50 @@ TEST(CudaSession, BatchedPrefillMatchesCpuAndTokenByToken) {
     }
 }
 
+// --gpu-weights fp8: every layer matrix in FP8 with per-channel scales.
+// The batched prefill (FP8 GEMMs, per-token FP8 activations) against the
+// token-by-token FP8 decode path (cosine >= 0.999), and both against the CPU
+// on the original weights (>= 0.99: E4M3's 3 mantissa bits on every weight).
+TEST(CudaSession, Fp8WeightsPrefillAndDecode) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    std::vector<int32_t> prompt(40);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 53 + 11) % 512);
+    for (const char* preset : {"llama3-1b", "qwen3-30b-a3b"}) {
+        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16"}) {
+            SynthModel sm = make_synthetic(synth_tiny(synth_preset(preset)), scheme, 47);
+            auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
+            const int64_t V = model->config().n_vocab;
+            auto fp8 = [&](bool batched) {
+                cuda::SessionOptions o;
+                o.n_ctx = 64;
+                o.verbose = false;
+                o.batched_prefill = batched;
+                o.fp8_weights = true;
+                return cuda::make_session(*model, o);
+            };
+            auto cpu = make_cpu_session(*model, 64, pool);
+            auto bat = fp8(true), seq = fp8(false);
+            std::vector<float> lc(static_cast<size_t>(V)), lb(lc.size()), ls(lc.size());
+            cpu->eval(prompt.data(), 40, lc.data());
+            bat->eval(prompt.data(), 40, lb.data());
+            seq->eval(prompt.data(), 40, ls.data());
+            const double cb = cosine_similarity(lb.data(), ls.data(), V), cc = cosine_similarity(lb.data(), lc.data(), V),
+                         cs = cosine_similarity(ls.data(), lc.data(), V);
+            std::printf("%-13s %-7s fp8 weights: batched vs token-by-token %.7f, batched vs CPU %.7f, "
+                        "token-by-token vs CPU %.7f\n",
+                        preset, scheme, cb, cc, cs);
+            EXPECT_GE(cb, 0.999) << preset << " " << scheme;
+            EXPECT_GE(cc, 0.99) << preset << " " << scheme;
+            EXPECT_GE(cs, 0.99) << preset << " " << scheme;
+            // Decoding continues from the FP8 prefill's cache.
+            const int32_t t = bat->eval_greedy(argmax_of(lb));
+            EXPECT_GE(t, 0);
+            EXPECT_LT(t, V);
+        }
+    }
+}
+
 // The batched prefill in the other weight types (every matrix of the type
 // where the scheme says so, mixes for the _M schemes, FP8 / NVFP4
 // checkpoints' weight-only types): last logits after a 24-token prompt

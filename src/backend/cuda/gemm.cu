@@ -3,9 +3,11 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -242,6 +244,109 @@ unsigned grid_for(int64_t threads) {
     return static_cast<unsigned>(std::clamp<int64_t>((threads + 255) / 256, 1, 65535));
 }
 
+// ---------------------------------------------------------------- FP8 with one scale per row
+
+// E4M3 of x: round to nearest even, beyond ±448 saturated, NaN → 0x7F (the
+// hardware conversion; float_to_fp8_e4m3 on the CPU gives the same codes).
+__device__ __forceinline__ uint8_t e4m3(float x) {
+    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+// Unit u (elements 32u .. 32u+31) of row `row` as floats: decode_unit for the
+// block types, the stored values for F32 / F16 / BF16.
+template <DType T>
+__device__ __forceinline__ void unit_values(const DeqArgs& a, int64_t row, int64_t u, float (&v)[32]) {
+    const int64_t at = row * a.K + 32 * u;
+    if constexpr (T == DType::F32) {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = reinterpret_cast<const float*>(a.q)[at + e];
+    } else if constexpr (T == DType::F16) {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = half_at(a.q, at + e);
+    } else if constexpr (T == DType::BF16) {
+#pragma unroll
+        for (int e = 0; e < 32; ++e)
+            v[e] = __uint_as_float(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(a.q)[at + e]) << 16);
+    } else {
+        decode_unit<T>(a, row, u, v);
+    }
+}
+
+// fp8_rows_kernel<T>
+//   Shapes:  a: a weight of N rows × K elements (device layout, K % 32 == 0);
+//            q: rows × K E4M3 codes (row r at q + r·K); s: rows × K/32 f32,
+//            every entry of row r its scale (F8_E4M3_B32's layout).
+//   Grid:    one block of 256 threads per row (row row0 + blockIdx.x):
+//            pass 1 the row's absmax (block max), pass 2 the codes
+//            E4M3(w / scale), scale = absmax / 448 (1 for an all-zero row) —
+//            quantize_fp8_rows (quant/fp8.h) on the values dequantize_row_ref
+//            gives, code for code.
+//   Bound:   memory (run once at load).
+template <DType T>
+__global__ void __launch_bounds__(256) fp8_rows_kernel(DeqArgs a, int64_t row0, uint8_t* __restrict__ q,
+                                                       float* __restrict__ s) {
+    __shared__ float red[32];
+    const int64_t r = static_cast<int64_t>(blockIdx.x), row = row0 + r, units = a.K / 32;
+    float amax = 0.0f;
+    for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+        float v[32];
+        unit_values<T>(a, row, u, v);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    }
+    amax = detail::block_max(amax, red);
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+        float v[32];
+        unit_values<T>(a, row, u, v);
+        uint32_t packed[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            packed[i] = static_cast<uint32_t>(e4m3(v[4 * i] / scale)) | static_cast<uint32_t>(e4m3(v[4 * i + 1] / scale)) << 8 |
+                        static_cast<uint32_t>(e4m3(v[4 * i + 2] / scale)) << 16 |
+                        static_cast<uint32_t>(e4m3(v[4 * i + 3] / scale)) << 24;
+        auto* dst = reinterpret_cast<uint4*>(q + r * a.K + 32 * u);
+        dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        s[r * units + u] = scale;
+    }
+}
+
+// fp8_act_rows_kernel
+//   Shapes:  x: n rows × K BF16 (row stride K); q: n × K E4M3; sx: n f32.
+//   Grid:    one block of 256 threads per row; as fp8_rows_kernel (absmax,
+//            scale = absmax / 448 or 1, codes E4M3(x / scale)) on the BF16
+//            values: the activations' per-row (per-token) recipe.
+//   Bound:   memory.
+__global__ void __launch_bounds__(256) fp8_act_rows_kernel(const uint16_t* __restrict__ x, int64_t K,
+                                                           uint8_t* __restrict__ q, float* __restrict__ sx) {
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x;
+    const uint16_t* xr = x + r * K;
+    float amax = 0.0f;
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+        amax = fmaxf(amax, fabsf(__uint_as_float(static_cast<uint32_t>(xr[k]) << 16)));
+    amax = detail::block_max(amax, red);
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+        q[r * K + k] = e4m3(__uint_as_float(static_cast<uint32_t>(xr[k]) << 16) / scale);
+    if (threadIdx.x == 0) sx[r] = scale;
+}
+
+// fp8_outer_scale_kernel: y[r·ldy + j] *= sx[r] · sw[j·sw_stride] for r < n,
+// j < m (the two scales of the FP8 product as outer factors). One thread per
+// element, grid-stride. Bound: memory.
+__global__ void __launch_bounds__(256) fp8_outer_scale_kernel(float* __restrict__ y, int64_t ldy, int64_t n, int64_t m,
+                                                              const float* __restrict__ sx, const float* __restrict__ sw,
+                                                              int64_t sw_stride) {
+    const int64_t total = n * m;
+    for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+         t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = t / m, j = t % m;
+        y[r * ldy + j] *= sx[r] * sw[j * sw_stride];
+    }
+}
+
 void check_lt(cublasStatus_t st, const char* what) {
     if (st != CUBLAS_STATUS_SUCCESS) throw_error(std::string("cuBLASLt: ") + what + " failed (status " + std::to_string(static_cast<int>(st)) + ")");
 }
@@ -291,6 +396,51 @@ void dequantize_weight_bf16(const DeviceWeight& w, int64_t row0, int64_t rows, u
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
+DeviceWeight to_fp8_rows(const DeviceWeight& w, cudaStream_t stream) {
+    if (!gemm_weight_type_supported(w.type))
+        throw_error(std::string("to_fp8_rows: no FP8 conversion for weight type ") + std::string(dtype_name(w.type)));
+    if (!w.q || w.K % 32 != 0 || w.N < 1) throw_error("to_fp8_rows: bad weight");
+    DeviceWeight o;
+    o.type = DType::F8_E4M3_B32;
+    o.K = w.K;
+    o.N = w.N;
+    o.fp8_row_scaled = true;
+    const size_t qbytes = (static_cast<size_t>(w.N * w.K) + 255) / 256 * 256;
+    o.buf = DeviceBuffer(qbytes + static_cast<size_t>(w.N * (w.K / 32)) * sizeof(float));
+    o.q = o.buf.data();
+    o.s = static_cast<uint8_t*>(o.buf.data()) + qbytes;
+    const DeqArgs a{static_cast<const uint8_t*>(w.q), static_cast<const uint8_t*>(w.q2),
+                    static_cast<const uint8_t*>(w.s), static_cast<const uint8_t*>(w.s2), w.K};
+    auto* q = static_cast<uint8_t*>(o.q);
+    auto* sc = static_cast<float*>(o.s);
+    for (int64_t r0 = 0; r0 < w.N; r0 += 65535) {  // grid.x rows per launch
+        const int64_t rows = std::min<int64_t>(65535, w.N - r0);
+        uint8_t* qr = q + r0 * w.K;
+        float* sr = sc + r0 * (w.K / 32);
+        const auto g = static_cast<unsigned>(rows);
+        switch (w.type) {
+#define QUERN_FP8_CASE(T) \
+    case DType::T: fp8_rows_kernel<DType::T><<<g, 256, 0, stream>>>(a, r0, qr, sr); break;
+            QUERN_FP8_CASE(F32) QUERN_FP8_CASE(F16) QUERN_FP8_CASE(BF16) QUERN_FP8_CASE(Q8_0) QUERN_FP8_CASE(Q4_0)
+            QUERN_FP8_CASE(Q4_1) QUERN_FP8_CASE(Q5_0) QUERN_FP8_CASE(Q5_1) QUERN_FP8_CASE(Q4_K) QUERN_FP8_CASE(Q5_K)
+            QUERN_FP8_CASE(Q6_K) QUERN_FP8_CASE(Q2_K) QUERN_FP8_CASE(Q3_K) QUERN_FP8_CASE(F8_E4M3_B32)
+            QUERN_FP8_CASE(NVFP4)
+#undef QUERN_FP8_CASE
+            default: break;
+        }
+        QUERN_CUDA_CHECK_LAUNCH();
+    }
+    QUERN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return o;
+}
+
+void quantize_fp8_act_rows(const uint16_t* x, int64_t n, int64_t K, uint8_t* q, float* sx, cudaStream_t stream) {
+    if (!x || !q || !sx) throw_error("quantize_fp8_act_rows: null pointer");
+    if (n < 1 || n > 2147483647 || K < 1) throw_error("quantize_fp8_act_rows: bad shape");
+    fp8_act_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, K, q, sx);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
 void f32_to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* out, cudaStream_t stream) {
     if (!x || !out) throw_error("f32_to_bf16: null pointer");
     if (K < 1 || n < 0 || ldx < K) throw_error("f32_to_bf16: bad shape");
@@ -334,6 +484,8 @@ PrefillGemm::PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems)
         workspace_ = DeviceBuffer(kWorkspaceBytes);
         for (auto& t : wtile_) t = DeviceBuffer(static_cast<size_t>(max_tile_elems) * 2);
         xact_ = DeviceBuffer(static_cast<size_t>(max_n * max_k) * 2);
+        qx_ = DeviceBuffer(static_cast<size_t>(max_n * max_k));
+        sx_ = DeviceBuffer(static_cast<size_t>(max_n) * sizeof(float));
         QUERN_CUDA_CHECK(cudaStreamCreateWithFlags(&dq_stream_, cudaStreamNonBlocking));
         for (int b = 0; b < 2; ++b) {
             QUERN_CUDA_CHECK(cudaEventCreateWithFlags(&dq_done_[b], cudaEventDisableTiming));
@@ -375,8 +527,8 @@ uint32_t PrefillGemm::alignment(const void* p, int64_t ld_bytes) {
 }
 
 PrefillGemm::Plan& PrefillGemm::plan(int64_t m, int64_t n, int64_t k, int64_t ldc, uint32_t align_a,
-                                     uint32_t align_b, uint32_t align_c) {
-    const auto key = std::make_tuple(m, n, k, ldc, align_a, align_b, align_c);
+                                     uint32_t align_b, uint32_t align_c, bool fp8) {
+    const auto key = std::make_tuple(m, n, k, ldc, align_a, align_b, align_c | (fp8 ? 1u << 31 : 0u));
     if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
     auto* p = new Plan;
     try {
@@ -384,9 +536,10 @@ PrefillGemm::Plan& PrefillGemm::plan(int64_t m, int64_t n, int64_t k, int64_t ld
         const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
         check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)), "TRANSA");
         check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)), "TRANSB");
-        check_lt(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
+        const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+        check_lt(cublasLtMatrixLayoutCreate(&p->a, in, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
                  "layout A");
-        check_lt(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
+        check_lt(cublasLtMatrixLayoutCreate(&p->b, in, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
                  "layout B");
         check_lt(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<uint64_t>(m), static_cast<uint64_t>(n), ldc),
                  "layout C");
@@ -423,7 +576,7 @@ PrefillGemm::Plan& PrefillGemm::plan(int64_t m, int64_t n, int64_t k, int64_t ld
 
 void PrefillGemm::matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int64_t n, int64_t k, float* y,
                          int64_t ldy, cudaStream_t stream) {
-    Plan& p = plan(m, n, k, ldy, alignment(wb, k * 2), alignment(xb, k * 2), alignment(y, ldy * 4));
+    Plan& p = plan(m, n, k, ldy, alignment(wb, k * 2), alignment(xb, k * 2), alignment(y, ldy * 4), false);
     const float alpha = 1.0f, beta = 0.0f;
     if (!p.tuned) {
         // Time each candidate on this product (it writes y; the call below
@@ -464,6 +617,33 @@ void PrefillGemm::run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n,
     run_bf16_rows(w, 0, w.N, xb, n, y, ldy, stream);
 }
 
+bool PrefillGemm::run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,
+                               float* y, int64_t ldy, cudaStream_t stream) {
+    const auto* a = static_cast<const uint8_t*>(w.q) + row0 * w.K;
+    Plan* p = nullptr;
+    try {
+        p = &plan(n_rows, n, w.K, ldy, alignment(a, w.K), alignment(qx_.data(), w.K), alignment(y, ldy * 4), true);
+    } catch (const std::exception& e) {
+        // This cuBLASLt offers no FP8 kernel for the shape: dequantize to
+        // BF16 instead, from now on.
+        fp8_ok_ = false;
+        std::fprintf(stderr, "quern: no FP8 GEMM (%s); the prefill dequantizes FP8 weights to BF16\n", e.what());
+        return false;
+    }
+    quantize_fp8_act_rows(xb, n, w.K, qx_.as<uint8_t>(), sx_.as<float>(), stream);
+    if (hook_) hook_("fp8_act");
+    const float alpha = 1.0f, beta = 0.0f;
+    check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, a, p->a, qx_.data(), p->b, &beta, y,
+                            p->c, y, p->c, &p->algo, workspace_.data(), kWorkspaceBytes, stream),
+             "Matmul (FP8)");
+    const int64_t units = w.K / 32;
+    fp8_outer_scale_kernel<<<grid_for(n * n_rows), 256, 0, stream>>>(
+        y, ldy, n, n_rows, sx_.as<float>(), static_cast<const float*>(w.s) + row0 * units, units);
+    QUERN_CUDA_CHECK_LAUNCH();
+    if (hook_) hook_("gemm");
+    return true;
+}
+
 void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,
                                 float* y, int64_t ldy, cudaStream_t stream) {
     if (!gemm_weight_type_supported(w.type))
@@ -471,6 +651,7 @@ void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_r
     if (!xb || !y) throw_error("PrefillGemm: null pointer");
     if (n < 1 || n > max_n_ || w.K > max_k_ || row0 < 0 || n_rows < 1 || row0 + n_rows > w.N || ldy < n_rows)
         throw_error("PrefillGemm: shape out of range");
+    if (w.fp8_row_scaled && fp8_ok_ && w.K % 16 == 0 && run_fp8_rows(w, row0, n_rows, xb, n, y, ldy, stream)) return;
     // Tiles of whole rows, a multiple of 256 rows (so that every tile's
     // output starts as aligned as y) unless one tile takes the rows.
     int64_t tile = std::min<int64_t>(n_rows, max_tile_ / w.K);

@@ -51,6 +51,21 @@ void dequantize_weight_bf16(const DeviceWeight& w, int64_t row0, int64_t rows, u
 /// nearest even; NaN stays NaN). K >= 1, ldx >= K.
 void f32_to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* out, cudaStream_t stream);
 
+/// Converts w (any type gemm_weight_type_supported takes) to FP8 with one
+/// scale per row (output channel): scale_r = absmax(row r) / 448 (1 for an
+/// all-zero row), code = E4M3(w / scale_r) rounded to nearest even with
+/// subnormals kept — quantize_fp8_rows (quant/fp8.h) applied to the values
+/// dequantize_row_ref gives, code for code. The result is an F8_E4M3_B32
+/// DeviceWeight (its block scales all equal to the row's) with
+/// fp8_row_scaled set: the decode GEMVs read it as any FP8 weight, and the
+/// prefill GEMM multiplies its codes in FP8 on the tensor cores. Synchronizes
+/// `stream`. Throws quern::Error for other types or K % 32 != 0.
+DeviceWeight to_fp8_rows(const DeviceWeight& w, cudaStream_t stream);
+
+/// Per-row (per-token) FP8 of n activation rows of K BF16 values (row
+/// stride K): sx[r] = absmax / 448 (1 if zero), q[r·K + k] = E4M3(x / sx[r]).
+void quantize_fp8_act_rows(const uint16_t* x, int64_t n, int64_t K, uint8_t* q, float* sx, cudaStream_t stream);
+
 /// The prefill GEMM with its scratch: a cuBLASLt handle and workspace, the
 /// BF16 weight tile and the BF16 activation rows. One per session (not
 /// thread-safe); reused for every matrix.
@@ -107,12 +122,21 @@ public:
     /// dequantization on the internal stream), for profiling.
     void set_phase_hook(std::function<void(const char*)> hook) { hook_ = std::move(hook); }
 
+    /// Whether FP8 weights (fp8_row_scaled) are multiplied in FP8: true until
+    /// cuBLASLt turns down an FP8 shape (then they are dequantized to BF16).
+    bool fp8_ok() const { return fp8_ok_; }
+
     int64_t max_n() const { return max_n_; }
     int64_t max_k() const { return max_k_; }
 
 private:
     struct Plan;  // cuBLASLt descriptors and the chosen algorithm of one shape
-    Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldc, uint32_t align_a, uint32_t align_b, uint32_t align_c);
+    Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldc, uint32_t align_a, uint32_t align_b, uint32_t align_c,
+               bool fp8);
+    /// The FP8 product for a weight with fp8_row_scaled; false (and FP8 off
+    /// from then on) when cuBLASLt has no FP8 algorithm for it.
+    bool run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n, float* y,
+                      int64_t ldy, cudaStream_t stream);
     static uint32_t alignment(const void* p, int64_t ld_bytes);
     void matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int64_t n, int64_t k, float* y, int64_t ldy,
                 cudaStream_t stream);
@@ -123,6 +147,8 @@ private:
     bool tune_ = false;  // QUERN_CUDA_GEMM_TUNE=1: time the heuristic's candidates per shape
     void* handle_ = nullptr;  // cublasLtHandle_t
     DeviceBuffer workspace_, wtile_[2], xact_;
+    DeviceBuffer qx_, sx_;  // the activations in E4M3 and their per-row scales (FP8 path)
+    bool fp8_ok_ = true;
     // Weight tiles are dequantized on their own stream into two buffers in
     // turn (run_bf16); events order each buffer's dequantization after the
     // GEMM that last read it, and each GEMM after its tile's dequantization.

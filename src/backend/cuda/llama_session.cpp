@@ -334,6 +334,22 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     if (opt.n_ctx < 1 || opt.n_ctx > (int64_t{1} << 24)) fail("KV-cache size {} out of range", opt.n_ctx);
 
     upload_weights(model);
+    if (opt.fp8_weights) {
+        // FP8 with per-channel scales (--gpu-weights fp8), converted on the
+        // device one matrix at a time.
+        const auto fp8 = [&](DeviceWeight& w) {
+            if (w.q && gemm_weight_type_supported(w.type) && w.K % 32 == 0) w = to_fp8_rows(w, ctx_.stream());
+        };
+        for (auto& L : layers_) {
+            for (auto& p : L.qkv) fp8(p.w);
+            fp8(L.wo.w);
+            for (auto& p : L.gate_up) fp8(p.w);
+            fp8(L.down.w);
+            fp8(L.exp_gate);
+            fp8(L.exp_up);
+            fp8(L.exp_down);
+        }
+    }
 
     // Activations and scratch.
     const auto fbuf = [](int64_t n) { return DeviceBuffer(static_cast<size_t>(n) * sizeof(float)); };

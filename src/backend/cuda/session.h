@@ -32,6 +32,12 @@ struct SessionOptions {
     /// 17.7k tok/s with 512, 28.0k with 2048). QUERN_CUDA_PREFILL_CHUNK=N
     /// in the environment overrides it.
     int64_t prefill_chunk = 2048;
+    /// --gpu-weights fp8: every layer matrix (not the embeddings, the output
+    /// head or an expert router) converted at load to FP8 E4M3 with one scale
+    /// per output channel (to_fp8_rows, gemm.h); decode reads them as FP8
+    /// weights, the prefill multiplies them in FP8 against per-token FP8
+    /// activations, both scales applied after the product.
+    bool fp8_weights = false;
     /// Notes on stderr (the KV-cache size).
     bool verbose = true;
 };

@@ -87,6 +87,9 @@ struct DeviceWeight {
     void* q2 = nullptr;  ///< Q6_K / Q5_0 / Q5_K / Q3_K high bits (else nullptr)
     void* s = nullptr;   ///< scales (quantized and FP8 / NVFP4 types only)
     void* s2 = nullptr;  ///< Q6_K / Q3_K d, Q2_K {d, dmin} per super-block (else nullptr)
+    /// F8_E4M3_B32 whose block scales are one per row (to_fp8_rows, gemm.h):
+    /// the prefill multiplies its codes directly in FP8.
+    bool fp8_row_scaled = false;
 
     /// Bytes one pass over the matrix reads (the tensor's GGUF size).
     size_t bytes() const { return row_size(type, K) * static_cast<size_t>(N); }

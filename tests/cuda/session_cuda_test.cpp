@@ -770,8 +770,11 @@ TEST(CudaSession, BatchedPrefillMatchesCpuAndTokenByToken) {
 
 // --gpu-weights fp8: every layer matrix in FP8 with per-channel scales.
 // The batched prefill (FP8 GEMMs, per-token FP8 activations) against the
-// token-by-token FP8 decode path (cosine >= 0.999), and both against the CPU
-// on the original weights (>= 0.99: E4M3's 3 mantissa bits on every weight).
+// token-by-token FP8 decode path (float activations), and both against the
+// CPU on the original weights. E4M3's 3 mantissa bits cost ~0.9994 per GEMM
+// (fp8_test.cpp), so a few layers of them land near 0.998: held to 0.99
+// (0.98 for the expert model, whose routing can part on near-ties); the
+// figures are printed to tighten these once measured.
 TEST(CudaSession, Fp8WeightsPrefillAndDecode) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -801,9 +804,10 @@ TEST(CudaSession, Fp8WeightsPrefillAndDecode) {
             std::printf("%-13s %-7s fp8 weights: batched vs token-by-token %.7f, batched vs CPU %.7f, "
                         "token-by-token vs CPU %.7f\n",
                         preset, scheme, cb, cc, cs);
-            EXPECT_GE(cb, 0.999) << preset << " " << scheme;
-            EXPECT_GE(cc, 0.99) << preset << " " << scheme;
-            EXPECT_GE(cs, 0.99) << preset << " " << scheme;
+            const double lo = std::string(preset) == "llama3-1b" ? 0.99 : 0.98;
+            EXPECT_GE(cb, lo) << preset << " " << scheme;
+            EXPECT_GE(cc, lo) << preset << " " << scheme;
+            EXPECT_GE(cs, lo) << preset << " " << scheme;
             // Decoding continues from the FP8 prefill's cache.
             const int32_t t = bat->eval_greedy(argmax_of(lb));
             EXPECT_GE(t, 0);

@@ -620,22 +620,34 @@ void PrefillGemm::run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n,
 bool PrefillGemm::run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,
                                float* y, int64_t ldy, cudaStream_t stream) {
     const auto* a = static_cast<const uint8_t*>(w.q) + row0 * w.K;
+    const uint32_t aa = alignment(a, w.K), ab = alignment(qx_.data(), w.K), ac = alignment(y, ldy * 4);
+    const auto key = std::make_tuple(n_rows, n, w.K, ldy, aa, ab, ac);
+    if (fp8_refused_.count(key)) return false;
+    // A shape this cuBLASLt has no FP8 kernel for (or one whose launch
+    // fails) goes through the BF16 dequantization instead, this time and
+    // every later time; y is then written by that path in full.
+    const auto refuse = [&](const char* why) {
+        fp8_refused_.insert(key);
+        ++fp8_fallbacks_;
+        if (fp8_fallbacks_ == 1 && verbose_)
+            std::fprintf(stderr, "quern: no FP8 GEMM for a %lld x %lld x %lld product (%s); such products dequantize "
+                                 "the FP8 weights to BF16\n",
+                         static_cast<long long>(n_rows), static_cast<long long>(n), static_cast<long long>(w.K), why);
+        return false;
+    };
     Plan* p = nullptr;
     try {
-        p = &plan(n_rows, n, w.K, ldy, alignment(a, w.K), alignment(qx_.data(), w.K), alignment(y, ldy * 4), true);
+        p = &plan(n_rows, n, w.K, ldy, aa, ab, ac, true);
     } catch (const std::exception& e) {
-        // This cuBLASLt offers no FP8 kernel for the shape: dequantize to
-        // BF16 instead, from now on.
-        fp8_ok_ = false;
-        std::fprintf(stderr, "quern: no FP8 GEMM (%s); the prefill dequantizes FP8 weights to BF16\n", e.what());
-        return false;
+        return refuse(e.what());
     }
     quantize_fp8_act_rows(xb, n, w.K, qx_.as<uint8_t>(), sx_.as<float>(), stream);
     if (hook_) hook_("fp8_act");
     const float alpha = 1.0f, beta = 0.0f;
-    check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, a, p->a, qx_.data(), p->b, &beta, y,
-                            p->c, y, p->c, &p->algo, workspace_.data(), kWorkspaceBytes, stream),
-             "Matmul (FP8)");
+    const cublasStatus_t st = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, a, p->a,
+                                             qx_.data(), p->b, &beta, y, p->c, y, p->c, &p->algo, workspace_.data(),
+                                             kWorkspaceBytes, stream);
+    if (st != CUBLAS_STATUS_SUCCESS) return refuse("cublasLtMatmul failed");
     const int64_t units = w.K / 32;
     fp8_outer_scale_kernel<<<grid_for(n * n_rows), 256, 0, stream>>>(
         y, ldy, n, n_rows, sx_.as<float>(), static_cast<const float*>(w.s) + row0 * units, units);
@@ -651,7 +663,7 @@ void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_r
     if (!xb || !y) throw_error("PrefillGemm: null pointer");
     if (n < 1 || n > max_n_ || w.K > max_k_ || row0 < 0 || n_rows < 1 || row0 + n_rows > w.N || ldy < n_rows)
         throw_error("PrefillGemm: shape out of range");
-    if (w.fp8_row_scaled && fp8_ok_ && w.K % 16 == 0 && run_fp8_rows(w, row0, n_rows, xb, n, y, ldy, stream)) return;
+    if (w.fp8_row_scaled && w.K % 16 == 0 && run_fp8_rows(w, row0, n_rows, xb, n, y, ldy, stream)) return;
     // Tiles of whole rows, a multiple of 256 rows (so that every tile's
     // output starts as aligned as y) unless one tile takes the rows.
     int64_t tile = std::min<int64_t>(n_rows, max_tile_ / w.K);

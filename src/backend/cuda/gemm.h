@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <functional>
 #include <tuple>
 
@@ -96,7 +97,8 @@ public:
              cudaStream_t stream);
 
     /// As run() with X already in BF16: xb holds n rows of w.K values back
-    /// to back (row stride w.K). The activation scratch is not used.
+    /// to back (row stride w.K). The BF16 activation scratch is not used (the
+    /// FP8 path quantizes xb into its own).
     void run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
 
     /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank
@@ -122,9 +124,12 @@ public:
     /// dequantization on the internal stream), for profiling.
     void set_phase_hook(std::function<void(const char*)> hook) { hook_ = std::move(hook); }
 
-    /// Whether FP8 weights (fp8_row_scaled) are multiplied in FP8: true until
-    /// cuBLASLt turns down an FP8 shape (then they are dequantized to BF16).
-    bool fp8_ok() const { return fp8_ok_; }
+    /// How many FP8 products (weights with fp8_row_scaled) went through the
+    /// BF16 dequantization because cuBLASLt turned their shape down (each
+    /// shape counted once; 0: every FP8 product ran in FP8).
+    int64_t fp8_fallbacks() const { return fp8_fallbacks_; }
+    /// Whether to print the first FP8 fallback on stderr (default true).
+    void set_verbose(bool v) { verbose_ = v; }
 
     int64_t max_n() const { return max_n_; }
     int64_t max_k() const { return max_k_; }
@@ -133,8 +138,8 @@ private:
     struct Plan;  // cuBLASLt descriptors and the chosen algorithm of one shape
     Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldc, uint32_t align_a, uint32_t align_b, uint32_t align_c,
                bool fp8);
-    /// The FP8 product for a weight with fp8_row_scaled; false (and FP8 off
-    /// from then on) when cuBLASLt has no FP8 algorithm for it.
+    /// The FP8 product for a weight with fp8_row_scaled; false (nothing
+    /// written, the shape remembered) when cuBLASLt has no FP8 kernel for it.
     bool run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n, float* y,
                       int64_t ldy, cudaStream_t stream);
     static uint32_t alignment(const void* p, int64_t ld_bytes);
@@ -148,7 +153,9 @@ private:
     void* handle_ = nullptr;  // cublasLtHandle_t
     DeviceBuffer workspace_, wtile_[2], xact_;
     DeviceBuffer qx_, sx_;  // the activations in E4M3 and their per-row scales (FP8 path)
-    bool fp8_ok_ = true;
+    std::set<std::tuple<int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>> fp8_refused_;
+    int64_t fp8_fallbacks_ = 0;
+    bool verbose_ = true;
     // Weight tiles are dequantized on their own stream into two buffers in
     // turn (run_bf16); events order each buffer's dequantization after the
     // GEMM that last read it, and each GEMM after its tile's dequantization.

@@ -337,8 +337,20 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     if (opt.fp8_weights) {
         // FP8 with per-channel scales (--gpu-weights fp8), converted on the
         // device one matrix at a time.
+        // A matrix that does not fit twice (old and new during its
+        // conversion) stays as it is, with a note.
+        bool kept = false;
         const auto fp8 = [&](DeviceWeight& w) {
-            if (w.q && gemm_weight_type_supported(w.type) && w.K % 32 == 0) w = to_fp8_rows(w, ctx_.stream());
+            if (!w.q || !gemm_weight_type_supported(w.type) || w.K % 32 != 0) return;
+            try {
+                w = to_fp8_rows(w, ctx_.stream());
+            } catch (const Error&) {
+                cudaGetLastError();
+                if (!kept && opt.verbose)
+                    std::fprintf(stderr, "quern: not enough GPU memory to convert every matrix to FP8; some keep "
+                                         "their own type\n");
+                kept = true;
+            }
         };
         for (auto& L : layers_) {
             for (auto& p : L.qkv) fp8(p.w);
@@ -942,6 +954,7 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
         if (const char* e = std::getenv("QUERN_CUDA_PREFILL_TILE"); e && std::atoll(e) > 0) tile = std::atoll(e) << 20;
         gemm_ = std::make_unique<PrefillGemm>(R, max_k, std::max(tile, max_k));
         if (profile_) gemm_->set_phase_hook([this](const char* phase) { mark(phase); });
+        gemm_->set_verbose(opt_.verbose);
         prefill_rows_ = R;
     } catch (const Error& e) {
         // Out of device memory (e.g. --gpu-mem gave it all to the KV cache):

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "model/fp8_weights.h"
 #include "core/error.h"
 #include "runtime/sampler.h"
 #include "tokenizer/detokenizer.h"
@@ -63,7 +64,13 @@ int run(const RunOptions& o) {
              ids.size(), ids.size() == 1 ? "" : "s", session->n_ctx());
     if (o.verify) {
         if (session->backend_name() == "CPU") fail("--verify compares the GPU with the CPU; it needs --device cuda");
-        std::unique_ptr<Session> cpu = make_cpu_session(*m.model, o.n_ctx, pool);
+        // With --gpu-weights fp8 the CPU runs the same FP8 weights.
+        std::unique_ptr<Model> fp8_model;
+        if (o.dev.gpu_weights == "fp8") {
+            fp8_model = Model::from_weights(cfg, fp8_per_channel_weights(m.model->weights(), pool));
+            fp8_model->set_options(m.model->options());
+        }
+        std::unique_ptr<Session> cpu = make_cpu_session(fp8_model ? *fp8_model : *m.model, o.n_ctx, pool);
         const VerifyResult v = verify_sessions(*cpu, *session, ids);
         print_verify(v, session->backend_name());
         if (!v.ok) return 1;

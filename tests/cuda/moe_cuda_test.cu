@@ -284,7 +284,7 @@ int run_indexed(CudaContext& ctx, DType t, const IndexedCase& c, int levels, int
     yd.fill_bytes(0xFF, ctx.stream());
     GemvOptions opt;
     opt.config = config;
-    const bool quantized = dtype_is_quantized(t);
+    const bool quantized = gemv_takes_quantized_activation(t);
     QuantizedActivation xq;
     if (quantized) {
         xq = QuantizedActivation(xlen, levels);
@@ -344,10 +344,10 @@ TEST_F(MoeCudaTest, IndexedGemvMatchesReference) {
         {5, 40, 256, {9, -3}, false},
     };
     for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q5_1, DType::Q5_K, DType::Q3_K,
-                    DType::Q2_K, DType::F16, DType::BF16, DType::F32}) {
+                    DType::Q2_K, DType::NVFP4, DType::F16, DType::BF16, DType::F32, DType::F8_E4M3_B32}) {
         for (const IndexedCase& c : cases)
             for (int levels : {1, 2}) {
-                if (!dtype_is_quantized(t) && levels == 2) continue;
+                if (!gemv_takes_quantized_activation(t) && levels == 2) continue;
                 SCOPED_TRACE(::testing::Message() << dtype_name(t) << " levels " << levels << " rows " << c.rows
                                                   << " K " << c.K << (c.per_slot ? " per-slot" : " shared"));
                 EXPECT_EQ(run_indexed(*ctx_, t, c, levels, -1, rng), 0);

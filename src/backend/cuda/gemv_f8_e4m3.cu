@@ -79,7 +79,8 @@ bool launch_gemv_f8_e4m3(const GemvLaunch& l, int config, cudaStream_t stream) {
     if (l.act != ActKind::F32) return false;
     const OpF8E4M3::Args g{static_cast<const uint8_t*>(l.w.q), static_cast<const float*>(l.w.s), l.K, l.K / 32,
                            l.x};
-    return launch_configured<OpF8E4M3>(g, l.y, l.N, l.K, config, stream);
+    // &l: its index (gemv_indexed over an FP8 expert bank) selects the indexed kernel.
+    return launch_configured<OpF8E4M3>(g, l.y, l.N, l.K, config, stream, ActQ8Ptrs{nullptr, nullptr, 0}, &l);
 }
 
 }  // namespace quern::cuda

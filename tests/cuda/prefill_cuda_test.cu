@@ -215,15 +215,18 @@ TEST(CudaPrefill, GemmOnARowRangeMatchesTheWholeMatrix) {
         cuda::PrefillGemm gemm(n, K, K * 96);  // tiles of 96 rows: the ranges cross tile edges
         std::vector<float> x(static_cast<size_t>(n * K));
         for (auto& v : x) v = nd(rng);
-        cuda::DeviceBuffer dx(x.size() * 4), dall(static_cast<size_t>(n * N) * 4), dpart(static_cast<size_t>(n * N) * 4);
+        cuda::DeviceBuffer dx(x.size() * 4), dall(static_cast<size_t>(n * N) * 4), dpart(static_cast<size_t>(n * (N + 8)) * 4);  // ldy up to N + 8
         dx.upload(x.data(), x.size() * 4, ctx.stream());
         const uint16_t* xb = gemm.to_bf16(dx.as<float>(), K, n, K, ctx.stream());
         gemm.run_bf16(w, xb, n, dall.as<float>(), N, ctx.stream());
-        std::vector<float> all(static_cast<size_t>(n * N)), part(all.size());
+        std::vector<float> all(static_cast<size_t>(n * N)), part(static_cast<size_t>(n * (N + 8)));
         dall.download(all.data(), all.size() * 4, ctx.stream());
         for (const auto& [row0, rows] : {std::pair<int64_t, int64_t>{192, 64}, {50, 200}, {0, 320}, {319, 1}}) {
+            // An odd output stride; cuBLASLt's FP8 kernels want 16-byte aligned
+            // ones (so do the session's: 2·F or E floats).
+            const int64_t ld = fp8 ? (rows + 3) / 4 * 4 + 4 : rows + 3;
             dpart.fill_bytes(0xFF, ctx.stream());
-            gemm.run_bf16_rows(w, row0, rows, xb, n, dpart.as<float>(), rows + 3, ctx.stream());
+            gemm.run_bf16_rows(w, row0, rows, xb, n, dpart.as<float>(), ld, ctx.stream());
             dpart.download(part.data(), part.size() * 4, ctx.stream());
             int bad = 0;
             for (int64_t r = 0; r < n; ++r)
@@ -232,7 +235,7 @@ TEST(CudaPrefill, GemmOnARowRangeMatchesTheWholeMatrix) {
                     for (int64_t k = 0; k < K; ++k)
                         mag += std::fabs(static_cast<double>(bf16_to_float(fp32_to_bf16(x[static_cast<size_t>(r * K + k)]))) *
                                          m.deq[static_cast<size_t>((row0 + j) * K + k)]);
-                    const double d = std::fabs(part[static_cast<size_t>(r * (rows + 3) + j)] -
+                    const double d = std::fabs(part[static_cast<size_t>(r * ld + j)] -
                                                static_cast<double>(all[static_cast<size_t>(r * N + row0 + j)]));
                     const double tol = fp8 ? std::ldexp(1.0, -10) * mag + 1e-6
                                            : static_cast<double>(K) * std::ldexp(1.0, -22) * mag + 1e-7;

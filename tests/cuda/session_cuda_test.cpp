@@ -35,6 +35,7 @@
 #include "formats/gguf.h"
 #include "model/synth.h"
 #include "quant/reference.h"
+#include "model/fp8_weights.h"
 #include "runtime/verify.h"
 #include "../model/test_util.h"
 
@@ -794,20 +795,47 @@ TEST(CudaSession, Fp8WeightsPrefillAndDecode) {
                 return cuda::make_session(*model, o);
             };
             auto cpu = make_cpu_session(*model, 64, pool);
+            // The CPU on the same FP8 weights: with float activations (as the
+            // GPU's decode step computes) and with the batched prefill's FP8
+            // activations (fp8_activation_rows; what run --verify compares with).
+            auto fp8_model = Model::from_weights(model->config(), fp8_per_channel_weights(model->weights(), pool));
+            auto cpu8 = make_cpu_session(*fp8_model, 64, pool);
             auto bat = fp8(true), seq = fp8(false);
-            std::vector<float> lc(static_cast<size_t>(V)), lb(lc.size()), ls(lc.size());
+            EXPECT_EQ(bat->fp8_activation_rows(), cuda::kPrefillMinTokens);
+            EXPECT_EQ(seq->fp8_activation_rows(), 0);
+            std::vector<float> lc(static_cast<size_t>(V)), l8(lc.size()), l8a(lc.size()), lb(lc.size()), ls(lc.size());
             cpu->eval(prompt.data(), 40, lc.data());
+            cpu8->eval(prompt.data(), 40, l8.data());
+            ModelOptions mo = fp8_model->options();
+            mo.fp8_activation_rows = bat->fp8_activation_rows();
+            fp8_model->set_options(mo);
+            cpu8->clear();
+            cpu8->eval(prompt.data(), 40, l8a.data());
             bat->eval(prompt.data(), 40, lb.data());
             seq->eval(prompt.data(), 40, ls.data());
             const double cb = cosine_similarity(lb.data(), ls.data(), V), cc = cosine_similarity(lb.data(), lc.data(), V),
-                         cs = cosine_similarity(ls.data(), lc.data(), V);
+                         cs = cosine_similarity(ls.data(), lc.data(), V), c8 = cosine_similarity(ls.data(), l8.data(), V),
+                         b8 = cosine_similarity(lb.data(), l8a.data(), V);
             std::printf("%-13s %-7s fp8 weights: batched vs token-by-token %.7f, batched vs CPU %.7f, "
-                        "token-by-token vs CPU %.7f\n",
-                        preset, scheme, cb, cc, cs);
-            const double lo = std::string(preset) == "llama3-1b" ? 0.99 : 0.98;
+                        "token-by-token vs CPU %.7f; vs the CPU on FP8 weights: token-by-token %.7f, "
+                        "batched (FP8 activations) %.7f\n",
+                        preset, scheme, cb, cc, cs, c8, b8);
+            const bool moe = std::string(preset) != "llama3-1b";
+            const double lo = moe ? 0.98 : 0.99;
             EXPECT_GE(cb, lo) << preset << " " << scheme;
             EXPECT_GE(cc, lo) << preset << " " << scheme;
             EXPECT_GE(cs, lo) << preset << " " << scheme;
+            // Like for like: the same FP8 weights, and the same activation
+            // rounding (the MoE router may still part on near-ties).
+            EXPECT_GE(c8, moe ? 0.995 : 0.999) << preset << " " << scheme;
+            EXPECT_GE(b8, moe ? 0.995 : 0.999) << preset << " " << scheme;
+            if (!moe) {  // run --verify --gpu-weights fp8's check
+                const VerifyResult v = verify_sessions(*cpu8, *bat, prompt);
+                std::printf("%-13s %-7s fp8 verify: logits cosine %.7f\n", preset, scheme, v.logits_cosine);
+                EXPECT_TRUE(v.ok) << preset << " " << scheme << " " << v.logits_cosine;
+                bat->clear();
+                bat->eval(prompt.data(), 40, lb.data());
+            }
             // Decoding continues from the FP8 prefill's cache.
             const int32_t t = bat->eval_greedy(argmax_of(lb));
             EXPECT_GE(t, 0);
@@ -905,7 +933,10 @@ TEST(CudaSession, MoeVerify) {
             WeightStore ws = k.q8_router ? with_q8_0_routers(sm.weights) : std::move(sm.weights);
             auto model = Model::from_weights(sm.cfg, std::move(ws));
             auto cpu = make_cpu_session(*model, 64, pool);
-            auto gpu = gpu_session(*model, 64);
+            // Token by token: this is the decode step's test. The batched
+            // expert prefill (BF16 router, so near-ties may route apart) has
+            // its own test below.
+            auto gpu = gpu_session(*model, 64, /*batched_prefill=*/false);
             const VerifyResult v =
                 expect_verify(*cpu, *gpu, ids,
                               fmt::format("{:<13} experts {:2}/{:<2}{} {:<7}", k.preset, p.cfg.n_expert_used,

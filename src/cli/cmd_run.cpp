@@ -68,7 +68,9 @@ int run(const RunOptions& o) {
         std::unique_ptr<Model> fp8_model;
         if (o.dev.gpu_weights == "fp8") {
             fp8_model = Model::from_weights(cfg, fp8_per_channel_weights(m.model->weights(), pool));
-            fp8_model->set_options(m.model->options());
+            ModelOptions mo = m.model->options();
+            mo.fp8_activation_rows = session->fp8_activation_rows();  // what the GPU's prefill rounds
+            fp8_model->set_options(mo);
         }
         std::unique_ptr<Session> cpu = make_cpu_session(fp8_model ? *fp8_model : *m.model, o.n_ctx, pool);
         const VerifyResult v = verify_sessions(*cpu, *session, ids);

@@ -25,6 +25,14 @@ struct ModelOptions {
     /// 0.9999 of a float reference. false: one 8-bit quantization, as llama.cpp
     /// does (faster prefill, cosine ~0.99 on small models).
     bool precise_activations = true;
+    /// When > 0: a forward pass of at least this many rows rounds the
+    /// activations of its F8_E4M3_B32 matrix products to FP8 E4M3 with one
+    /// scale per row (round_fp8_activation_rows, fp8_weights.h), as the CUDA
+    /// prefill with --gpu-weights fp8 computes them (FP8 × FP8 on the tensor
+    /// cores); smaller passes keep float activations, as the GPU's decode
+    /// step does. The reference for `run --verify --gpu-weights fp8`
+    /// (Session::fp8_activation_rows). 0: never (the default).
+    int64_t fp8_activation_rows = 0;
 };
 
 /// Called with a named intermediate tensor of the last position of a forward

@@ -54,6 +54,12 @@ public:
     /// token (see TraceFn in model.h). Slow; for verification only.
     virtual void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) = 0;
 
+    /// Evaluating at least this many tokens at once rounds the activations of
+    /// the layer matrices to FP8 E4M3 per token (the CUDA prefill with
+    /// --gpu-weights fp8); 0: never. A CPU reference for this session sets
+    /// ModelOptions::fp8_activation_rows to it.
+    virtual int64_t fp8_activation_rows() const { return 0; }
+
 protected:
     /// Checks that n tokens fit and are in the vocabulary (quern::Error if not).
     void check_tokens(const int32_t* tokens, int64_t n) const;

@@ -36,8 +36,16 @@ VerifyResult verify_sessions(Session& ref, Session& test, const std::vector<int3
     std::vector<float> la(n_vocab), lb(n_vocab);
     ref.clear();
     test.clear();
-    ref.eval_traced(tokens.data(), static_cast<int64_t>(tokens.size()), la.data(), collect(a, true));
-    test.eval_traced(tokens.data(), static_cast<int64_t>(tokens.size()), lb.data(), collect(b, false));
+    // The prompt but its last token in one pass, then the last token traced
+    // on its own (as a GPU session traces it: through its decode step), so
+    // that both sides evaluate the same passes.
+    const auto n = static_cast<int64_t>(tokens.size());
+    if (n > 1) {
+        ref.eval(tokens.data(), n - 1, nullptr);
+        test.eval(tokens.data(), n - 1, nullptr);
+    }
+    ref.eval_traced(tokens.data() + n - 1, 1, la.data(), collect(a, true));
+    test.eval_traced(tokens.data() + n - 1, 1, lb.data(), collect(b, false));
 
     VerifyResult r;
     r.threshold = threshold;

@@ -22,7 +22,8 @@ struct VerifyResult {
     std::string first_diverging;
 };
 
-/// Clears both sessions, evaluates `tokens` on each with tracing and compares.
+/// Clears both sessions, evaluates `tokens` on each (all but the last in one
+/// pass, then the last with tracing, as a GPU session traces it) and compares.
 /// Throws quern::Error when the sessions' models differ in vocabulary size
 /// or a session fails.
 VerifyResult verify_sessions(Session& ref, Session& test, const std::vector<int32_t>& tokens,

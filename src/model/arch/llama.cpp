@@ -35,6 +35,7 @@
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "model/fp8_weights.h"
 #include "model/moe.h"
 #include "runtime/paged_kv.h"
 #include "quant/traits.h"
@@ -123,6 +124,10 @@ private:
     std::deque<Tensor> views_;
     std::vector<float> xr_, yr_;
     DType xr_act_ = DType::F32;
+    /// This pass rounds F8_E4M3_B32 products' activations to FP8
+    /// (ModelOptions::fp8_activation_rows); set by run_layers.
+    bool fp8_act_ = false;
+    std::vector<float> xf8_;
 
     const Tensor* tok_embd_ = nullptr;
     const Tensor* out_norm_ = nullptr;
@@ -285,6 +290,14 @@ void LlamaModel::ensure_scratch(int64_t nb) {
 void LlamaModel::mm(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
                     bool same_input, cpu::MatmulPath path) {
     const DType act = quant_traits(W.type).vec_dot_type;
+    if (fp8_act_ && W.type == DType::F8_E4M3_B32) {
+        const int64_t K = W.ne[0];
+        xf8_.resize(static_cast<size_t>(n * K));
+        pool.parallel_for(n, 1, [&](int64_t r0, int64_t r1, int) {
+            round_fp8_activation_rows(x + r0 * K, r1 - r0, K, xf8_.data() + r0 * K);
+        });
+        return cpu::matmul(W, xf8_.data(), n, y, ldy, pool, path);
+    }
     if (!opts_.precise_activations || act == DType::F32) return cpu::matmul(W, x, n, y, ldy, pool, path);
     const int64_t K = W.ne[0], M = W.ne[1];
     // The split and the sum are row by row; over the pool when there is
@@ -317,6 +330,7 @@ void LlamaModel::mm(const Tensor& W, const float* x, int64_t n, float* y, int64_
 
 template <class Mat, class Attend, class After>
 void LlamaModel::run_layers(int64_t nb, Mat&& mat, Attend&& attend, After&& after) {
+    fp8_act_ = opts_.fp8_activation_rows > 0 && nb >= opts_.fp8_activation_rows;
     const auto& c = cfg_;
     const int64_t kvd = c.kv_dim();
     const float* ff = rope_freqs_ ? static_cast<const float*>(rope_freqs_->data) : nullptr;

@@ -1,5 +1,6 @@
-// The CPU engine: a worker thread running continuous batching over a fixed
-// number of sequence slots and one paged KV cache (see engine.h).
+// The engine: a worker thread running continuous batching over a fixed
+// number of sequence slots and one paged KV cache (see engine.h), its
+// forward passes on a BatchRunner (the CPU, or a GPU).
 //
 // Each step:
 //   1. admits waiting requests into free slots (FIFO), taking the blocks of
@@ -10,7 +11,7 @@
 //      one chunk per step, so a long prompt always progresses), allocating
 //      blocks as it goes; when none is left, the newest sequence loses its
 //      blocks (preemption) and is recomputed once blocks are free again;
-//   3. runs Model::forward_batch, publishes the blocks it completed to the
+//   3. runs the runner's forward_batch, publishes the blocks it completed to the
 //      prefix cache, samples every sequence that produced logits and reports
 //      the events.
 // Model::forward_batch is batch-invariant (a row's result depends only on its
@@ -37,6 +38,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "runtime/batch_runner.h"
 #include "runtime/paged_kv.h"
 #include "tokenizer/tokenizer.h"
 
@@ -70,25 +72,22 @@ struct Slot {
     std::vector<float> logits;
 };
 
-class CpuEngine final : public Engine {
+class BatchEngine final : public Engine {
 public:
-    CpuEngine(Model& model, const Tokenizer& tok, const EngineOptions& o)
-        : model_(model), tok_(tok), opts_(o), pool_(o.n_threads) {
+    BatchEngine(const RunnerFactory& make_runner, const Tokenizer& tok, const EngineOptions& o)
+        : tok_(tok), opts_(o), pool_(o.n_threads), runner_(make_runner(pool_)), cfg_(runner_->config()) {
         if (o.n_parallel < 1 || o.n_parallel > 1024) fail("--parallel must be between 1 and 1024 (got {})", o.n_parallel);
         if (o.n_ctx < 2) fail("the context size must be at least 2 (got {})", o.n_ctx);
         if (o.max_queue < 0) fail("--max-queue must not be negative");
         if (o.token_budget < 1) fail("the token budget must be positive");
-        const auto& c = model.config();
         const int64_t bs = 16;
         int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
         if (kv_tokens < o.n_ctx) fail("the KV cache ({} tokens) must hold at least one full context ({})", kv_tokens, o.n_ctx);
-        check_kv_cache_fits(kv_tokens, c.n_layer, c.kv_dim(), sizeof(float),
-                            o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel");
-        kv_ = std::make_unique<PagedKvPool>(c.n_layer, c.kv_dim(), (kv_tokens + bs - 1) / bs, bs);
+        kv_ = runner_->make_kv_pool((kv_tokens + bs - 1) / bs, bs, o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel");
         slots_.resize(static_cast<size_t>(o.n_parallel));
         worker_ = std::thread([this] { loop(); });
     }
-    ~CpuEngine() override { shutdown(); }
+    ~BatchEngine() override { shutdown(); }
 
     uint64_t submit(GenerationRequest req, TokenCallback cb) override {
         validate(req);
@@ -129,7 +128,7 @@ public:
 
 private:
     void validate(const GenerationRequest& r) const {
-        const auto& c = model_.config();
+        const auto& c = cfg_;
         if (r.prompt.empty()) fail("the prompt is empty");
         if (static_cast<int64_t>(r.prompt.size()) + 1 > opts_.n_ctx)
             fail("the prompt has {} tokens; this server's context holds {} (prompt + at least one generated token)",
@@ -229,7 +228,7 @@ private:
             s.fresh = true;
             s.generated = 0;
             s.order = ++admitted_;
-            s.sampler = std::make_unique<Sampler>(s.req.sampling, model_.config().n_vocab);  // checked at submit
+            s.sampler = std::make_unique<Sampler>(s.req.sampling, cfg_.n_vocab);  // checked at submit
             for (int32_t t : s.req.prompt) s.sampler->accept(t);
             s.hashes.clear();
             uint64_t h = 0;
@@ -341,7 +340,7 @@ private:
             if (s.active) act.push_back(&s);
         if (act.empty()) return;
         std::sort(act.begin(), act.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
-        const auto nv = static_cast<size_t>(model_.config().n_vocab);
+        const auto nv = static_cast<size_t>(cfg_.n_vocab);
         struct Entry {
             Slot* slot;
             int64_t n;
@@ -395,7 +394,7 @@ private:
                 used.push_back(e);
             }
         if (batch.empty()) return;
-        model_.forward_batch(batch.data(), static_cast<int>(batch.size()), *kv_, pool_);
+        runner_->forward_batch(batch.data(), static_cast<int>(batch.size()), *kv_);
         const int64_t bs = kv_->block_size();
         for (const Entry& e : used) {
             Slot& s = *e.slot;
@@ -438,7 +437,7 @@ private:
     /// log-probabilities); touches only the slot's logits and sampler.
     TokenEvent draw(Slot& s) {
         float* lg = s.logits.data();
-        const int64_t nv = model_.config().n_vocab;
+        const int64_t nv = cfg_.n_vocab;
         for (const auto& [t, b] : s.req.logit_bias) lg[t] += b;
         const int32_t tok = s.sampler->sample(lg);
         TokenEvent e;
@@ -503,10 +502,11 @@ private:
         }
     }
 
-    Model& model_;
     const Tokenizer& tok_;
     EngineOptions opts_;
-    ThreadPool pool_;
+    ThreadPool pool_;  // sampling (and the CPU runner's matmuls)
+    std::unique_ptr<BatchRunner> runner_;
+    const ModelConfig& cfg_;
     std::unique_ptr<PagedKvPool> kv_;
     std::vector<Slot> slots_;
 
@@ -523,8 +523,38 @@ private:
 
 }  // namespace
 
+/// The CPU runner: the model's own forward_batch, the cache in host floats.
+class CpuBatchRunner final : public BatchRunner {
+public:
+    CpuBatchRunner(Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
+    const ModelConfig& config() const override { return model_.config(); }
+    std::string backend_name() const override { return "CPU"; }
+    std::unique_ptr<PagedKvPool> make_kv_pool(int64_t n_blocks, int64_t block_size, const char* flag) override {
+        const auto& c = model_.config();
+        check_kv_cache_fits(n_blocks * block_size, c.n_layer, c.kv_dim(), sizeof(float), flag);
+        return std::make_unique<PagedKvPool>(c.n_layer, c.kv_dim(), n_blocks, block_size);
+    }
+    void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override {
+        model_.forward_batch(seqs, n_seqs, kv, pool_);
+    }
+
+private:
+    Model& model_;
+    ThreadPool& pool_;
+};
+
+std::unique_ptr<BatchRunner> make_cpu_batch_runner(Model& model, ThreadPool& pool) {
+    return std::make_unique<CpuBatchRunner>(model, pool);
+}
+
 std::unique_ptr<Engine> make_engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& opts) {
-    return std::make_unique<CpuEngine>(model, tokenizer, opts);
+    return std::make_unique<BatchEngine>([&model](ThreadPool& pool) { return make_cpu_batch_runner(model, pool); },
+                                         tokenizer, opts);
+}
+
+std::unique_ptr<Engine> make_engine(const RunnerFactory& make_runner, const Tokenizer& tokenizer,
+                                    const EngineOptions& opts) {
+    return std::make_unique<BatchEngine>(make_runner, tokenizer, opts);
 }
 
 }  // namespace quern

@@ -122,4 +122,15 @@ struct QueueFullError : std::runtime_error {
 /// An engine for `model` on the CPU; `model` must outlive it.
 std::unique_ptr<Engine> make_engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& opts);
 
+class BatchRunner;
+class ThreadPool;
+/// Makes the engine's runner, given the engine's thread pool (which the
+/// runner may use; it outlives the runner).
+using RunnerFactory = std::function<std::unique_ptr<BatchRunner>(ThreadPool&)>;
+/// An engine whose forward passes run on the runner `make_runner` returns
+/// (make_cpu_batch_runner, cuda::make_batch_runner); quern::Error from the
+/// factory propagates.
+std::unique_ptr<Engine> make_engine(const RunnerFactory& make_runner, const Tokenizer& tokenizer,
+                                    const EngineOptions& opts);
+
 }  // namespace quern

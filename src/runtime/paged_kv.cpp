@@ -6,12 +6,12 @@
 
 namespace quern {
 
-PagedKvPool::PagedKvPool(int64_t n_layer, int64_t kv_dim, int64_t n_blocks, int64_t block_size)
+PagedKvPool::PagedKvPool(int64_t n_layer, int64_t kv_dim, int64_t n_blocks, int64_t block_size, bool host_storage)
     : n_layer_(n_layer), kv_dim_(kv_dim), n_blocks_(n_blocks), block_size_(block_size) {
     if (n_layer <= 0 || kv_dim <= 0 || n_blocks <= 0 || block_size <= 0 || n_blocks > (int64_t{1} << 30))
         fail("paged KV cache: bad sizes (layers {}, kv_dim {}, blocks {}, block size {})", n_layer, kv_dim, n_blocks,
              block_size);
-    const auto floats = static_cast<size_t>(n_layer * n_blocks * block_size * kv_dim);
+    const auto floats = host_storage ? static_cast<size_t>(n_layer * n_blocks * block_size * kv_dim) : 0;
     try {
         k_.assign(floats, 0.0f);
         v_.assign(floats, 0.0f);

@@ -26,8 +26,11 @@ class PagedKvPool {
 public:
     /// n_blocks blocks of block_size positions for n_layer layers of kv_dim
     /// floats per position (quern::Error for non-positive sizes or an
-    /// allocation that fails).
-    PagedKvPool(int64_t n_layer, int64_t kv_dim, int64_t n_blocks, int64_t block_size = 16);
+    /// allocation that fails). host_storage false: the pool only allocates
+    /// blocks and keeps the prefix cache; the keys and values live elsewhere
+    /// (a GPU's memory, cuda::make_batch_runner) and k(), v(), k_row(),
+    /// v_row() and view() must not be called.
+    PagedKvPool(int64_t n_layer, int64_t kv_dim, int64_t n_blocks, int64_t block_size = 16, bool host_storage = true);
 
     int64_t block_size() const { return block_size_; }
     int64_t n_blocks() const { return n_blocks_; }

@@ -66,10 +66,12 @@ Stats stats(const std::vector<double>& v) {
 
 // --batch N,...: N requests of n_prompt random tokens, each generating n_gen
 // tokens (greedy, EOS ignored), submitted at once to the serving engine
-// (continuous batching, paged KV cache) in-process; aggregate tok/s.
+// (continuous batching, paged KV cache) in-process; aggregate tok/s. On a GPU
+// the engine runs on cuda::make_batch_runner (loaded once for all N), with a
+// token budget of 2048 rows per step.
 void bench_batched(const BenchOptions& o) {
-    if (use_cuda(o.dev)) fail("--batch runs the CPU serving engine; add --device cpu");
-    warn_gpu_options_ignored(o.dev);
+    const bool gpu = use_cuda(o.dev);
+    if (!gpu) warn_gpu_options_ignored(o.dev);
     if (!o.synthetic.empty()) fail("--batch needs a GGUF file (write one with quern synth) for its tokenizer");
     if (o.n_prompt.size() != 1 || o.n_gen.size() != 1 || o.n_depth.size() != 1 || o.n_depth[0] != 0)
         fail("--batch takes one -p and one -n value and no -d");
@@ -82,19 +84,22 @@ void bench_batched(const BenchOptions& o) {
     auto model = Model::from_gguf(file);
     model->set_options(o.mopts);
     auto tok = Tokenizer::from_gguf(*file);
+    std::unique_ptr<BatchRunner> runner = gpu ? make_gpu_batch_runner(*model, o.dev, !o.json) : nullptr;
+    const std::string backend = runner ? runner->backend_name() : "CPU";
     const std::string label = file->path().substr(file->path().find_last_of('/') + 1);
     const bool tty = stderr_is_tty() && !o.json;
     std::mt19937 rng(42);
     std::uniform_int_distribution<int32_t> tokdist(0, static_cast<int32_t>(model->config().n_vocab - 1));
     nlohmann::json out = nlohmann::json::array();
     if (!o.json) {
-        std::printf("Time from submitting all N requests to the last token (prefill included).\n");
-        std::printf("| %-40s | %7s | %8s | %6s | %6s | %18s | %16s | %8s |\n", "model", "backend", "parallel",
-                    "prompt", "gen", "generated tok/s", "all tok/s", "wall s");
-        std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(),
+        std::printf("generated and all tok/s: from submitting all N requests to the last token (prefill included);\n"
+                    "decode tok/s: tokens generated once every request has its first one, over that time.\n");
+        std::printf("| %-40s | %7s | %8s | %6s | %6s | %18s | %16s | %16s | %8s |\n", "model", "backend", "parallel",
+                    "prompt", "gen", "generated tok/s", "decode tok/s", "all tok/s", "wall s");
+        std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(),
                     std::string(7, '-').c_str(), std::string(8, '-').c_str(), std::string(6, '-').c_str(),
                     std::string(6, '-').c_str(), std::string(18, '-').c_str(), std::string(16, '-').c_str(),
-                    std::string(8, '-').c_str());
+                    std::string(16, '-').c_str(), std::string(8, '-').c_str());
     }
     for (int n : o.batch) {
         EngineOptions eo;
@@ -103,13 +108,17 @@ void bench_batched(const BenchOptions& o) {
         eo.max_queue = n;
         eo.n_threads = o.threads;
         eo.prefix_cache = false;
-        std::vector<double> gen_tps, tot_tps, walls;
+        if (runner) eo.token_budget = 2048;
+        std::vector<double> gen_tps, tot_tps, walls, dec_tps;
         for (int r = -1; r < o.reps; ++r) {  // r = -1: warm-up
-            auto eng = make_engine(*model, *tok, eo);
+            auto eng = runner ? make_engine([&](ThreadPool&) { return borrow_runner(*runner); }, *tok, eo)
+                              : make_engine(*model, *tok, eo);
             std::mutex mu;
             std::condition_variable cv;
-            int done = 0;
-            int64_t generated = 0;
+            int done = 0, started = 0;
+            int64_t generated = 0, gen_at_start = 0;
+            double t_started = 0;
+            std::vector<char> has_first(static_cast<size_t>(n), 0);
             const double t0 = now_seconds();
             for (int i = 0; i < n; ++i) {
                 GenerationRequest req;
@@ -118,9 +127,13 @@ void bench_batched(const BenchOptions& o) {
                 req.max_tokens = n_gen;
                 req.ignore_eos = true;
                 req.sampling.temperature = 0;
-                eng->submit(std::move(req), [&](const TokenEvent& e) {
+                eng->submit(std::move(req), [&, i](const TokenEvent& e) {
                     std::lock_guard<std::mutex> lk(mu);
                     if (e.token >= 0) ++generated;
+                    if (e.token >= 0 && !has_first[static_cast<size_t>(i)]) {
+                        has_first[static_cast<size_t>(i)] = 1;
+                        if (++started == n) t_started = now_seconds(), gen_at_start = generated;
+                    }
                     if (e.last) {
                         ++done;
                         cv.notify_all();
@@ -133,21 +146,27 @@ void bench_batched(const BenchOptions& o) {
             const double dt = now_seconds() - t0;
             if (r < 0) continue;
             gen_tps.push_back(static_cast<double>(generated) / dt);
+            const double t_end = t0 + dt;
+            dec_tps.push_back(t_end > t_started && started == n
+                                  ? static_cast<double>(generated - gen_at_start) / (t_end - t_started)
+                                  : 0.0);
             tot_tps.push_back(static_cast<double>(generated + int64_t{n} * n_prompt) / dt);
             walls.push_back(dt);
             if (tty)
                 std::fprintf(stderr, "\rquern: parallel %d run %d/%d: %.1f tok/s   ", n, r + 1, o.reps, gen_tps.back());
         }
         if (tty) std::fprintf(stderr, "\r%60s\r", "");
-        const Stats g = stats(gen_tps), t = stats(tot_tps), w = stats(walls);
+        const Stats g = stats(gen_tps), t = stats(tot_tps), w = stats(walls), dd = stats(dec_tps);
         if (o.json) {
-            out.push_back({{"model", label}, {"backend", "CPU"}, {"parallel", n}, {"n_prompt", n_prompt},
+            out.push_back({{"model", label}, {"backend", runner ? "CUDA" : "CPU"}, {"device", backend}, {"parallel", n}, {"n_prompt", n_prompt},
                            {"n_gen", n_gen}, {"precise_activations", o.mopts.precise_activations},
-                           {"gen_tps", g.mean}, {"gen_tps_stddev", g.stdev}, {"gen_tps_median", g.median}, {"total_tps", t.mean},
+                           {"gen_tps", g.mean}, {"gen_tps_stddev", g.stdev}, {"gen_tps_median", g.median},
+                           {"decode_tps", dd.mean}, {"decode_tps_median", dd.median}, {"samples_decode_tps", dd.samples}, {"total_tps", t.mean},
                            {"samples_gen_tps", g.samples}, {"wall_s", w.mean}});
         } else {
-            std::printf("| %-40s | %7s | %8d | %6d | %6d | %9.1f ± %6.1f | %7.1f ± %6.1f | %8.2f |\n", label.c_str(),
-                        "CPU", n, n_prompt, n_gen, g.mean, g.stdev, t.mean, t.stdev, w.mean);
+            std::printf("| %-40s | %7s | %8d | %6d | %6d | %9.1f ± %6.1f | %7.1f ± %6.1f | %7.1f ± %6.1f | %8.2f |\n",
+                        label.c_str(), runner ? "CUDA" : "CPU", n, n_prompt, n_gen, g.mean, g.stdev, dd.mean, dd.stdev,
+                        t.mean, t.stdev, w.mean);
         }
     }
     if (o.json) std::printf("%s\n", out.dump(1).c_str());
@@ -334,8 +353,8 @@ void add_bench_command(CLI::App& app) {
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_option("-r,--repetitions", o->reps, "Timed repetitions of each test")->capture_default_str()->check(CLI::Range(1, 1000));
     cmd->add_option("--batch", o->batch,
-                    "Batched decode through the serving engine: for each N, N requests of -p prompt and -n "
-                    "generated tokens at once (e.g. --batch 1,4,16,64)")
+                    "Batched decode through the serving engine (CPU or GPU): for each N, N requests of -p prompt "
+                    "and -n generated tokens at once (e.g. --batch 1,4,16,64)")
         ->delimiter(',')
         ->check(CLI::Range(1, 1024));
     cmd->add_option("-d,--n-depth", o->n_depth,
@@ -354,6 +373,7 @@ void add_bench_command(CLI::App& app) {
         "  quern bench --synthetic llama3-8b --quant Q4_K_M -p 0 -n 32\n"
         "  quern bench --device cuda --synthetic llama3-8b --quant Q8_0 -p 0 -n 128 -d 4096\n"
         "  quern bench --device cuda --synthetic llama3-8b -p 512,2048 -n 0   # lists, as llama-bench\n"
-        "  quern bench --device cpu --batch 1,4,16,64 -p 128 -n 128 -r 3   # continuous batching");
+        "  quern bench --device cpu --batch 1,4,16,64 -p 128 -n 128 -r 3   # continuous batching\n"
+        "  quern synth llama3-8b -o l8.gguf && quern bench --device cuda -m l8.gguf --batch 1,8,32,64,128 -p 128 -n 128");
     cmd->callback([o] { bench(*o); });
 }

@@ -32,6 +32,7 @@ struct ServeOptions {
     std::string template_file;
     server::ServerOptions server;
     EngineOptions engine;
+    DeviceOptions dev;  // --device and --gpu-weights only (the engine's own --kv-tokens sizes the cache)
     bool quiet = false;
 };
 
@@ -67,7 +68,25 @@ int serve(ServeOptions& o) {
                  tmpl->origin().c_str());
 
     warn_past_trained_context(cfg, o.engine.n_ctx);
-    std::unique_ptr<Engine> engine = make_engine(*m.model, *m.tokenizer, o.engine);
+    // The GPU when there is one (--device auto) and it runs the model; else the CPU.
+    std::unique_ptr<Engine> engine;
+    std::string backend = "CPU";
+    if (use_cuda(o.dev)) {
+        try {
+            engine = make_engine(
+                [&](ThreadPool&) {
+                    auto r = make_gpu_batch_runner(*m.model, o.dev, true);
+                    backend = r->backend_name();
+                    return r;
+                },
+                *m.tokenizer, o.engine);
+        } catch (const Error& e) {
+            if (o.dev.device == "cuda") throw;
+            std::fprintf(stderr, "quern: not serving on the GPU (%s); serving on the CPU\n", e.what());
+            backend = "CPU";
+        }
+    }
+    if (!engine) engine = make_engine(*m.model, *m.tokenizer, o.engine);
     o.server.sampling_defaults = server::api_default_sampling();
     apply_generation_defaults(m, o.server.sampling_defaults, {});  // requests' own fields win over these
     o.server.model_id = model_id;
@@ -76,9 +95,9 @@ int serve(ServeOptions& o) {
     const int port = http.bind();
     const std::string host = o.server.host.find(':') != std::string::npos ? "[" + o.server.host + "]" : o.server.host;
     std::fprintf(stderr,
-                 "quern: serving '%s' at http://%s:%d/v1 (context %lld, %d in parallel, queue %d%s); Ctrl-C stops\n",
-                 model_id.c_str(), host.c_str(), port, static_cast<long long>(o.engine.n_ctx), o.engine.n_parallel,
-                 o.engine.max_queue, o.server.api_key.empty() ? "" : ", API key required");
+                 "quern: serving '%s' at http://%s:%d/v1 on %s (context %lld, %d in parallel, queue %d%s); Ctrl-C stops\n",
+                 model_id.c_str(), host.c_str(), port, backend.c_str(), static_cast<long long>(o.engine.n_ctx),
+                 o.engine.n_parallel, o.engine.max_queue, o.server.api_key.empty() ? "" : ", API key required");
     const bool loopback = o.server.host == "127.0.0.1" || o.server.host == "::1" || o.server.host == "localhost";
     if (!loopback && o.server.api_key.empty())
         std::fprintf(stderr, "quern: note: listening on %s without --api-key: anyone who can reach this port can use it\n",
@@ -158,6 +177,15 @@ void add_serve_command(CLI::App& app) {
                                "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "
                                "tokenizer.chat_template.NAME; default: the model's own");
     cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file")->excludes(tn);
+    cmd->add_option("--device", o->dev.device,
+                    "Where to run: auto (the GPU when there is one and it runs the model), cpu or cuda")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    cmd->add_option("--gpu-weights", o->dev.gpu_weights,
+                    "Weights on the GPU: native, or fp8 (layer matrices converted to FP8 E4M3 with one scale per "
+                    "output channel)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"native", "fp8"}));
     add_model_options(cmd, o->mopts);
     add_threads_option(cmd, o->engine.n_threads);
     cmd->add_flag("-q,--quiet", o->quiet, "Do not log one line per request");
@@ -169,6 +197,7 @@ void add_serve_command(CLI::App& app) {
         "Examples:\n"
         "  quern serve\n"
         "  quern serve -m model.gguf --port 8000 -c 8192 --parallel 8 --api-key secret\n"
+        "  quern serve -m llama3-8b.gguf --device cuda --parallel 64 --token-budget 2048\n"
         "  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
         "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi!\"}], \"max_tokens\": 32}'\n"
         "  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\\n"

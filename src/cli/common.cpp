@@ -225,6 +225,21 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
 #endif
 }
 
+std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOptions& opts, bool verbose) {
+    if (const std::string why = gpu_unsupported(model); !why.empty())
+        fail("the GPU backend does not compute {} yet; use --device cpu", why);
+#ifdef QUERN_HAVE_CUDA
+    cuda::SessionOptions so;
+    so.fp8_weights = opts.gpu_weights == "fp8";
+    so.verbose = verbose;
+    return cuda::make_batch_runner(model, so);
+#else
+    (void)opts;
+    (void)verbose;
+    fail("this build has no CUDA backend; use --device cpu");
+#endif
+}
+
 void print_verify(const VerifyResult& v, const std::string& backend) {
     double worst = 1.0;
     std::string worst_name;

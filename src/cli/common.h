@@ -9,6 +9,7 @@
 #include "formats/gguf.h"
 #include "model/model.h"
 #include "runtime/generation_defaults.h"
+#include "runtime/batch_runner.h"
 #include "runtime/session.h"
 #include "runtime/verify.h"
 #include "tokenizer/tokenizer.h"
@@ -98,6 +99,11 @@ std::string gpu_unsupported(const Model& m);
 /// a model whose features the GPU does not compute.
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose = true);
+
+/// The serving engine's runner on the GPU (cuda::make_batch_runner) for
+/// `model`; quern::Error when the build has no CUDA backend or the model is
+/// not supported there (saying to use --device cpu).
+std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOptions& opts, bool verbose);
 /// Prints a verify result to stderr: one line when it passes; the per-layer
 /// cosines and the first diverging layer when it fails.
 void print_verify(const VerifyResult& v, const std::string& backend);

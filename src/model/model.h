@@ -52,6 +52,10 @@ struct SeqBatch {
     bool decode = false;                   ///< a generated token rather than prompt tokens (informative: both
                                            ///< are computed alike)
     float* logits = nullptr;               ///< n_vocab floats for the last token, or null
+    /// BatchRunner only: receives the index of the last token's largest
+    /// logit (lowest on ties), with or without `logits` (a GPU then hands
+    /// over 4 bytes instead of n_vocab floats). Model::forward_batch ignores it.
+    int32_t* greedy = nullptr;
 };
 
 class Model {

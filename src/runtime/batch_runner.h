@@ -32,6 +32,10 @@ public:
     virtual void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) = 0;
 };
 
+/// A runner that forwards to `r` (which must outlive it), so that engines
+/// made one after another share one loaded runner (benchmarks).
+std::unique_ptr<BatchRunner> borrow_runner(BatchRunner& r);
+
 /// The CPU runner: model.forward_batch on `pool`'s threads, the KV cache in
 /// host memory (floats). `model` and `pool` must outlive it.
 std::unique_ptr<BatchRunner> make_cpu_batch_runner(Model& model, ThreadPool& pool);

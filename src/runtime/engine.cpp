@@ -70,7 +70,17 @@ struct Slot {
     uint64_t epoch = 0;            // bumped whenever the blocks are dropped
     std::unique_ptr<Sampler> sampler;
     std::vector<float> logits;
+    int32_t greedy_tok = -1;  // the runner's argmax, for plain greedy requests
 };
+
+/// Greedy decoding with nothing that needs the logits on the host (no bias,
+/// penalties or log-probabilities): the runner hands over the argmax only
+/// (SeqBatch::greedy), the Sampler's choice (its first maximum).
+bool plain_greedy(const GenerationRequest& r) {
+    const SamplingParams& p = r.sampling;
+    return p.temperature <= 0.0f && r.logit_bias.empty() && r.top_logprobs < 0 && p.repeat_penalty == 1.0f &&
+           p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+}
 
 class BatchEngine final : public Engine {
 public:
@@ -388,9 +398,11 @@ private:
             for (const Entry& e : *list) {
                 Slot& s = *e.slot;
                 if (s.epoch != e.epoch) continue;
-                if (e.logits) s.logits.resize(nv);
+                const bool greedy = e.logits && plain_greedy(s.req);
+                if (e.logits && !greedy) s.logits.resize(nv);
                 batch.push_back(SeqBatch{s.tokens.data() + s.computed, e.n, s.blocks.data(), s.computed, e.decode,
-                                         e.logits ? s.logits.data() : nullptr});
+                                         e.logits && !greedy ? s.logits.data() : nullptr,
+                                         greedy ? &s.greedy_tok : nullptr});
                 used.push_back(e);
             }
         if (batch.empty()) return;
@@ -436,6 +448,12 @@ private:
     /// Samples a slot's next token from its logits (logit bias, sampler chain,
     /// log-probabilities); touches only the slot's logits and sampler.
     TokenEvent draw(Slot& s) {
+        if (plain_greedy(s.req)) {
+            TokenEvent e;
+            e.token = s.greedy_tok;
+            e.n_prompt = static_cast<int64_t>(s.req.prompt.size());
+            return e;
+        }
         float* lg = s.logits.data();
         const int64_t nv = cfg_.n_vocab;
         for (const auto& [t, b] : s.req.logit_bias) lg[t] += b;
@@ -535,13 +553,39 @@ public:
         return std::make_unique<PagedKvPool>(c.n_layer, c.kv_dim(), n_blocks, block_size);
     }
     void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override {
-        model_.forward_batch(seqs, n_seqs, kv, pool_);
+        // SeqBatch::greedy: the model writes logits, the argmax is taken here.
+        std::vector<SeqBatch> b(seqs, seqs + n_seqs);
+        std::vector<std::vector<float>> tmp;
+        const auto nv = static_cast<size_t>(model_.config().n_vocab);
+        for (SeqBatch& q : b)
+            if (q.greedy && !q.logits) q.logits = tmp.emplace_back(nv).data();
+        model_.forward_batch(b.data(), n_seqs, kv, pool_);
+        for (const SeqBatch& q : b)
+            if (q.greedy) *q.greedy = static_cast<int32_t>(std::max_element(q.logits, q.logits + nv) - q.logits);
     }
 
 private:
     Model& model_;
     ThreadPool& pool_;
 };
+
+class BorrowedRunner final : public BatchRunner {
+public:
+    explicit BorrowedRunner(BatchRunner& r) : r_(r) {}
+    const ModelConfig& config() const override { return r_.config(); }
+    std::string backend_name() const override { return r_.backend_name(); }
+    std::unique_ptr<PagedKvPool> make_kv_pool(int64_t n_blocks, int64_t block_size, const char* flag) override {
+        return r_.make_kv_pool(n_blocks, block_size, flag);
+    }
+    void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override {
+        r_.forward_batch(seqs, n_seqs, kv);
+    }
+
+private:
+    BatchRunner& r_;
+};
+
+std::unique_ptr<BatchRunner> borrow_runner(BatchRunner& r) { return std::make_unique<BorrowedRunner>(r); }
 
 std::unique_ptr<BatchRunner> make_cpu_batch_runner(Model& model, ThreadPool& pool) {
     return std::make_unique<CpuBatchRunner>(model, pool);

@@ -221,7 +221,12 @@ TEST(CudaPrefill, GemmOnARowRangeMatchesTheWholeMatrix) {
         gemm.run_bf16(w, xb, n, dall.as<float>(), N, ctx.stream());
         std::vector<float> all(static_cast<size_t>(n * N)), part(static_cast<size_t>(n * (N + 8)));
         dall.download(all.data(), all.size() * 4, ctx.stream());
-        for (const auto& [row0, rows] : {std::pair<int64_t, int64_t>{192, 64}, {50, 200}, {0, 320}, {319, 1}}) {
+        // FP8: ranges of whole 16-row groups (cuBLASLt's FP8 kernels want
+        // them; the session's expert ranges are multiples of 32 rows).
+        using Range = std::pair<int64_t, int64_t>;
+        const std::vector<Range> ranges = fp8 ? std::vector<Range>{{192, 64}, {48, 208}, {0, 320}, {304, 16}}
+                                              : std::vector<Range>{{192, 64}, {50, 200}, {0, 320}, {319, 1}};
+        for (const auto& [row0, rows] : ranges) {
             // An odd output stride; cuBLASLt's FP8 kernels want 16-byte aligned
             // ones (so do the session's: 2·F or E floats).
             const int64_t ld = fp8 ? (rows + 3) / 4 * 4 + 4 : rows + 3;

@@ -434,6 +434,15 @@ DeviceWeight to_fp8_rows(const DeviceWeight& w, cudaStream_t stream) {
     return o;
 }
 
+void make_resident_bf16(DeviceWeight& w, cudaStream_t stream) {
+    if (w.bf16) return;
+    DeviceBuffer b(static_cast<size_t>(w.N * w.K) * 2);  // quern::Error when out of memory
+    dequantize_weight_bf16(w, 0, w.N, b.as<uint16_t>(), stream);
+    QUERN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    w.bf16_buf = std::move(b);
+    w.bf16 = w.bf16_buf.as<uint16_t>();
+}
+
 void quantize_fp8_act_rows(const uint16_t* x, int64_t n, int64_t K, uint8_t* q, float* sx, cudaStream_t stream) {
     if (!x || !q || !sx) throw_error("quantize_fp8_act_rows: null pointer");
     if (n < 1 || n > 2147483647 || K < 1) throw_error("quantize_fp8_act_rows: bad shape");
@@ -664,6 +673,11 @@ void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_r
     if (n < 1 || n > max_n_ || w.K > max_k_ || row0 < 0 || n_rows < 1 || row0 + n_rows > w.N || ldy < n_rows)
         throw_error("PrefillGemm: shape out of range");
     if (w.fp8_row_scaled && w.K % 16 == 0 && run_fp8_rows(w, row0, n_rows, xb, n, y, ldy, stream)) return;
+    if (w.bf16) {  // resident copy: one GEMM, nothing to dequantize
+        matmul(w.bf16 + row0 * w.K, n_rows, xb, n, w.K, y, ldy, stream);
+        if (hook_) hook_("gemm");
+        return;
+    }
     // Tiles of whole rows, a multiple of 256 rows (so that every tile's
     // output starts as aligned as y) unless one tile takes the rows.
     int64_t tile = std::min<int64_t>(n_rows, max_tile_ / w.K);

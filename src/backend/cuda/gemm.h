@@ -67,6 +67,13 @@ DeviceWeight to_fp8_rows(const DeviceWeight& w, cudaStream_t stream);
 /// stride K): sx[r] = absmax / 448 (1 if zero), q[r·K + k] = E4M3(x / sx[r]).
 void quantize_fp8_act_rows(const uint16_t* x, int64_t n, int64_t K, uint8_t* q, float* sx, cudaStream_t stream);
 
+/// Dequantizes all of w into a BF16 copy that stays with it (w.bf16, N × K
+/// values, 2·N·K bytes of device memory): PrefillGemm then multiplies it
+/// directly (one GEMM per matrix, nothing dequantized per call) — for the
+/// batch runner, whose every step would otherwise dequantize the model.
+/// Throws quern::Error (w unchanged) when the memory cannot be had.
+void make_resident_bf16(DeviceWeight& w, cudaStream_t stream);
+
 /// The prefill GEMM with its scratch: a cuBLASLt handle and workspace, the
 /// BF16 weight tile and the BF16 activation rows. One per session (not
 /// thread-safe); reused for every matrix.

@@ -77,6 +77,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -98,6 +99,7 @@
 #include "model/moe.h"
 #include "core/fp16.h"
 #include "quant/reference.h"
+#include "runtime/batch_runner.h"
 
 namespace quern::cuda {
 
@@ -156,7 +158,7 @@ private:
 
 double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
-class LlamaCudaSession final : public Session {
+class LlamaCudaSession final : public Session, public BatchRunner {
 public:
     LlamaCudaSession(const Model& model, const SessionOptions& opt);
     ~LlamaCudaSession() override;
@@ -173,6 +175,15 @@ public:
     int64_t fp8_activation_rows() const override {
         return opt_.fp8_weights && prefill_supported_ ? kPrefillMinTokens : 0;
     }
+
+    // BatchRunner (make_batch_runner): several sequences' rows per pass over
+    // a paged KV cache in device memory (see the top of the file).
+    std::unique_ptr<PagedKvPool> make_kv_pool(int64_t n_blocks, int64_t block_size, const char* flag) override;
+    void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override;
+    /// Readies the session for batches: the row scratch, and resident BF16
+    /// copies of the dense matrices (as memory allows). quern::Error when the
+    /// model has no batched path on this GPU.
+    void prepare_batches();
 
 private:
     void upload_weights(const Model& model);
@@ -202,6 +213,16 @@ private:
     bool use_prefill(int64_t n) const;
     void prefill(const int32_t* tokens, int64_t n, float* logits);
     void prefill_chunk(int64_t pos0, int64_t n, bool head);
+    /// The layers over n rows whose token ids are on the device (dtokens):
+    /// one sequence's positions pos0 .. pos0+n−1 over the session's cache
+    /// (paged null), or rows of several sequences over the paged cache. The
+    /// residual stream is left in px_ (+ the last HRES not yet added).
+    void layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, const PagedRows* paged);
+    struct BatchSegment {
+        int seq;
+        int64_t off, n;  // rows off .. off+n−1 of the sequence's new tokens
+    };
+    void batch_pass(const SeqBatch* seqs, const std::vector<BatchSegment>& segs);
     /// Layer L's q/k/v biases and q/k norms for the RoPE kernels (window and
     /// soft-cap left at their defaults).
     AttentionExtras attention_extras(const LayerWeights& L) const;
@@ -252,6 +273,16 @@ private:
 
     DeviceBuffer kv_;  // per layer: K then V, n_ctx rows of kv_dim elements
     size_t kv_layer_bytes_ = 0;
+    // Batches (BatchRunner): the paged cache (per layer: K then V, f16, rows
+    // of kv_dim; row = block · block_size + offset), its geometry, the
+    // pass's ids/positions/tables on the device, and the head's rows and logits.
+    DeviceBuffer pkv_;
+    size_t pkv_layer_bytes_ = 0;
+    int64_t pkv_blocks_ = 0, pkv_block_size_ = 0;
+    DeviceBuffer bints_, bhead_x_, blogits_, bgreedy_;
+    PinnedBuffer hgreedy_;
+    bool batches_ready_ = false;
+    bool batch_runner_ = false;  // made by make_batch_runner (prepare_batches)
 
     // Per-step activations.
     DeviceBuffer x_, h_, hpost_, xn_, qkv_, attn_, gu_, ffh_, logits_, attn_scratch_, argmax_scratch_, tokens_, ctl_;
@@ -280,7 +311,8 @@ private:
     };
     bool profile_ = false;
     std::vector<std::pair<const char*, cudaEvent_t>> marks_;
-    Profile prof_decode_, prof_prefill_;
+    Profile prof_decode_, prof_prefill_, prof_batch_;
+    double batch_wall_ms_ = 0;  // host time of the profiled batch passes
     void mark(const char* what);
     void collect_profile(Profile& p);
     static void print_profile(const Profile& p, const char* what);
@@ -480,6 +512,9 @@ LlamaCudaSession::~LlamaCudaSession() {
     if (profile_) {
         print_profile(prof_decode_, "step");
         print_profile(prof_prefill_, "chunk");
+        print_profile(prof_batch_, "batch pass");
+        if (prof_batch_.count > 0)
+            std::fprintf(stderr, "  host wall time %.1f us per batch pass\n", 1000.0 * batch_wall_ms_ / prof_batch_.count);
     }
 }
 
@@ -927,7 +962,9 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
         // QUERN_CUDA_PREFILL_CHUNK=N overrides the rows per chunk (for measuring).
         int64_t chunk = opt_.prefill_chunk;
         if (const char* e = std::getenv("QUERN_CUDA_PREFILL_CHUNK"); e && std::atoll(e) > 0) chunk = std::atoll(e);
-        const int64_t R = std::min<int64_t>({chunk, n_ctx_, 65535});
+        // A batch runner's passes hold many sequences: its own (unused) cache
+        // does not bound them.
+        const int64_t R = std::min<int64_t>({chunk, batch_runner_ ? chunk : n_ctx_, 65535});
         const auto fb = [&](int64_t cols) { return DeviceBuffer(static_cast<size_t>(R * cols) * sizeof(float)); };
         px_ = fb(c.n_embd);
         ph_ = fb(c.n_embd);
@@ -998,6 +1035,28 @@ AttentionExtras LlamaCudaSession::attention_extras(const LayerWeights& L) const 
 }
 
 void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
+    layer_rows(tokens_.as<int32_t>() + pos0, n, pos0, nullptr);
+    const auto& c = cfg_;
+    const cudaStream_t s = ctx_.stream();
+    const int64_t E = c.n_embd;
+    float* X = px_.as<float>();
+    const float* HRES = c.post_norms ? phpost_.as<float>() : ph_.as<float>();
+    if (head) {  // the last row only, through the decode step's output GEMV
+        float* xl = X + (n - 1) * E;
+        const float* hl = HRES + (n - 1) * E;
+        rms_norm_q8_1(xl, hl, out_norm_, xn_.as<float>(), xq_embd_.q(), xq_embd_.info(), 1, E, c.rms_eps, s,
+                      xq_embd_.q2(), xq_embd_.info2());
+        mm(output_, xn_.as<float>(), xq_embd_, logits_.as<float>());
+        if (c.final_softcap > 0.0f) scale_softcap(logits_.as<float>(), c.n_vocab, 1.0f, c.final_softcap, s);
+        mark("head");
+    }
+    if (profile_) {
+        collect_profile(prof_prefill_);
+        prof_prefill_.rows += n;
+    }
+}
+
+void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, const PagedRows* paged) {
     const auto& c = cfg_;
     const cudaStream_t s = ctx_.stream();
     const int64_t E = c.n_embd, QD = c.q_dim(), FF = c.n_ff, LQ = c.q_dim() + 2 * c.kv_dim();
@@ -1011,13 +1070,14 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
     const int rows = static_cast<int>(n);
 
     mark("start");
-    get_rows(embd_type_, embd_, c.n_vocab, E, tokens_.as<int32_t>() + pos0, n, X, s);
+    get_rows(embd_type_, embd_, c.n_vocab, E, dtokens, n, X, s);
     if (c.embd_scale > 0.0f) scale_softcap(X, n * E, c.embd_scale, 0.0f, s);
     mark("embed");
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const LayerWeights& L = layers_[static_cast<size_t>(il)];
-        auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
-        auto* vc = kc + kv_layer_bytes_;
+        auto* kc = paged ? pkv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * pkv_layer_bytes_
+                         : kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
+        auto* vc = kc + (paged ? pkv_layer_bytes_ : kv_layer_bytes_);
         // Layer 0 reads the embeddings; later layers add the previous FFN output first.
         // The norms write the GEMM input in BF16 themselves (one rounding for
         // all Q|K|V or gate|up pieces), and so does the FFN gating.
@@ -1027,13 +1087,25 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
         AttentionExtras ex = attention_extras(L);
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
-        prefill_rope_kv_store(QKV, LQ, rows, static_cast<int>(pos0), kc, vc, kv_type_, nctx, static_cast<int>(c.n_head),
-                              static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
-                              static_cast<int>(c.rope_dim), c.rope_neox, ex, s);
+        if (paged)
+            paged_rope_kv_store(QKV, LQ, rows, *paged, kc, vc, KvType::F16, static_cast<int>(c.n_head),
+                                static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
+                                static_cast<int>(c.rope_dim), c.rope_neox, ex, s);
+        else
+            prefill_rope_kv_store(QKV, LQ, rows, static_cast<int>(pos0), kc, vc, kv_type_, nctx,
+                                  static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
+                                  static_cast<int>(c.head_dim), inv_freq, static_cast<int>(c.rope_dim), c.rope_neox,
+                                  ex, s);
         mark("rope_kv");
-        prefill_attention(QKV, LQ, kc, vc, kv_type_, rows, static_cast<int>(pos0), nctx, static_cast<int>(c.n_head),
-                          static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), c.qk_scale(),
-                          static_cast<int>(std::min<int64_t>(c.window(il), nctx)), c.attn_softcap, ATT, QD, s);
+        if (paged)
+            paged_attention(QKV, LQ, kc, vc, KvType::F16, rows, *paged, static_cast<int>(c.n_head),
+                            static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), c.qk_scale(),
+                            static_cast<int>(c.window(il)), c.attn_softcap, ATT, QD, s);
+        else
+            prefill_attention(QKV, LQ, kc, vc, kv_type_, rows, static_cast<int>(pos0), nctx,
+                              static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                              c.qk_scale(), static_cast<int>(std::min<int64_t>(c.window(il), nctx)), c.attn_softcap,
+                              ATT, QD, s);
         mark("attention");
         gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
         if (L.post_attn_norm) rms_norm_q8_1(H, nullptr, L.post_attn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
@@ -1049,19 +1121,6 @@ void LlamaCudaSession::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         }
         if (L.post_ffn_norm) rms_norm_q8_1(H, nullptr, L.post_ffn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
         mark("norm");
-    }
-    if (head) {  // the last row only, through the decode step's output GEMV
-        float* xl = X + (n - 1) * E;
-        const float* hl = HRES + (n - 1) * E;
-        rms_norm_q8_1(xl, hl, out_norm_, xn_.as<float>(), xq_embd_.q(), xq_embd_.info(), 1, E, c.rms_eps, s,
-                      xq_embd_.q2(), xq_embd_.info2());
-        mm(output_, xn_.as<float>(), xq_embd_, logits_.as<float>());
-        if (c.final_softcap > 0.0f) scale_softcap(logits_.as<float>(), c.n_vocab, 1.0f, c.final_softcap, s);
-        mark("head");
-    }
-    if (profile_) {
-        collect_profile(prof_prefill_);
-        prof_prefill_.rows += n;
     }
 }
 
@@ -1140,7 +1199,193 @@ void LlamaCudaSession::prefill(const int32_t* tokens, int64_t n, float* logits) 
     ctx_.synchronize();
 }
 
+// ---------------------------------------------------------------- batches
+
+void LlamaCudaSession::prepare_batches() {
+    if (batches_ready_) return;
+    batch_runner_ = true;
+    if (!prefill_supported_ || !ensure_prefill_scratch())
+        fail("this model has no batched GPU path here ({} weights or heads of {}); serve it with --device cpu",
+             "unsupported", cfg_.head_dim);
+    // Resident BF16 copies of the dense matrices and the output head: every
+    // pass multiplies them directly instead of dequantizing the model again
+    // (expert banks stay quantized: too large to double). Stops at the first
+    // that does not fit; the rest dequantize per pass as the prefill does.
+    size_t bytes = 0;
+    bool full = true;
+    const auto resident = [&](DeviceWeight& w) {
+        if (!full || !w.q || w.fp8_row_scaled || !gemm_weight_type_supported(w.type)) return;
+        try {
+            make_resident_bf16(w, ctx_.stream());
+            bytes += static_cast<size_t>(w.N * w.K) * 2;
+        } catch (const Error&) {
+            cudaGetLastError();
+            full = false;
+        }
+    };
+    for (auto& L : layers_) {
+        for (auto& p : L.qkv) resident(p.w);
+        resident(L.wo.w);
+        for (auto& p : L.gate_up) resident(p.w);
+        resident(L.down.w);
+    }
+    resident(output_.w);
+    bgreedy_ = DeviceBuffer(256 * 4);
+    hgreedy_ = PinnedBuffer(256 * 4);
+    if (opt_.verbose)
+        std::fprintf(stderr, "quern: %.2f GiB of BF16 weight copies on the GPU for batches%s\n", gib(static_cast<double>(bytes)),
+                     full ? "" : " (memory ran out: the rest are dequantized per pass)");
+    batches_ready_ = true;
+}
+
+std::unique_ptr<PagedKvPool> LlamaCudaSession::make_kv_pool(int64_t n_blocks, int64_t block_size, const char* flag) {
+    const auto& c = cfg_;
+    if (n_blocks < 1 || block_size < 1) fail("paged KV cache: bad sizes ({} blocks of {})", n_blocks, block_size);
+    const size_t layer = static_cast<size_t>(n_blocks * block_size * c.kv_dim()) * 2;  // f16
+    try {
+        pkv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_layer) * layer);
+    } catch (const Error&) {
+        cudaGetLastError();
+        fail("the KV cache of {} positions needs {:.2f} GiB of GPU memory, more than is free; lower {}",
+             n_blocks * block_size, gib(2.0 * static_cast<double>(c.n_layer) * static_cast<double>(layer)), flag);
+    }
+    pkv_layer_bytes_ = layer;
+    pkv_blocks_ = n_blocks;
+    pkv_block_size_ = block_size;
+    return std::make_unique<PagedKvPool>(c.n_layer, c.kv_dim(), n_blocks, block_size, /*host_storage=*/false);
+}
+
+void LlamaCudaSession::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) {
+    if (!batches_ready_ || !pkv_.data() || kv.n_blocks() != pkv_blocks_ || kv.block_size() != pkv_block_size_)
+        fail("forward_batch: the KV pool was not made by this runner's make_kv_pool");
+    const auto& c = cfg_;
+    const int64_t bs = pkv_block_size_;
+    // Everything is checked before anything runs (as on the CPU).
+    for (int i = 0; i < n_seqs; ++i) {
+        const SeqBatch& q = seqs[i];
+        if (q.n < 1 || !q.tokens || !q.block_table || q.n_past < 0) fail("forward_batch: sequence {} is empty", i);
+        for (int64_t j = 0; j < q.n; ++j)
+            if (q.tokens[j] < 0 || q.tokens[j] >= c.n_vocab)
+                fail("token id {} is outside the vocabulary [0, {})", q.tokens[j], c.n_vocab);
+        for (int64_t b = 0; b < (q.n_past + q.n + bs - 1) / bs; ++b)
+            if (q.block_table[b] < 0 || q.block_table[b] >= pkv_blocks_)
+                fail("forward_batch: sequence {} names block {} of {}", i, q.block_table[b], pkv_blocks_);
+    }
+    // Passes of at most prefill_rows_ rows; a long prompt chunk may span
+    // passes (its later rows see the keys the earlier pass stored).
+    std::vector<BatchSegment> segs;
+    int64_t rows = 0;
+    for (int i = 0; i < n_seqs; ++i)
+        for (int64_t off = 0; off < seqs[i].n;) {
+            const int64_t take = std::min(seqs[i].n - off, prefill_rows_ - rows);
+            segs.push_back({i, off, take});
+            rows += take;
+            off += take;
+            if (rows == prefill_rows_) {
+                batch_pass(seqs, segs);
+                segs.clear();
+                rows = 0;
+            }
+        }
+    if (!segs.empty()) batch_pass(seqs, segs);
+}
+
+void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegment>& segs) {
+    const auto t_start = std::chrono::steady_clock::now();
+    const auto& c = cfg_;
+    const cudaStream_t s = ctx_.stream();
+    const int64_t bs = pkv_block_size_, E = c.n_embd, V = c.n_vocab;
+    // Host layout of the pass's integers: ids | positions | table offsets |
+    // rows whose logits are read | tables.
+    std::vector<int32_t> ids, pos, toff, head, tables;
+    std::vector<const SeqBatch*> head_seq;
+    for (const BatchSegment& g : segs) {
+        const SeqBatch& q = seqs[g.seq];
+        const auto t0 = static_cast<int32_t>(tables.size());
+        const int64_t nb = (q.n_past + g.off + g.n + bs - 1) / bs;
+        tables.insert(tables.end(), q.block_table, q.block_table + nb);
+        for (int64_t j = g.off; j < g.off + g.n; ++j) {
+            ids.push_back(q.tokens[j]);
+            pos.push_back(static_cast<int32_t>(q.n_past + j));
+            toff.push_back(t0);
+        }
+        if ((q.logits || q.greedy) && g.off + g.n == q.n) {
+            head.push_back(static_cast<int32_t>(ids.size() - 1));
+            head_seq.push_back(&q);
+        }
+    }
+    const auto n = static_cast<int64_t>(ids.size()), nh = static_cast<int64_t>(head.size());
+    std::vector<int32_t> all;
+    all.reserve(static_cast<size_t>(3 * n + nh) + tables.size());
+    for (const auto* v : {&ids, &pos, &toff, &head, &tables}) all.insert(all.end(), v->begin(), v->end());
+    if (bints_.size() < all.size() * 4) bints_ = DeviceBuffer(all.size() * 4 * 2);
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(bints_.data(), all.data(), all.size() * 4, cudaMemcpyHostToDevice, s));
+    const int32_t* d = bints_.as<int32_t>();
+    PagedRows pr;
+    pr.pos = d + n;
+    pr.table_off = d + 2 * n;
+    pr.tables = d + 3 * n + nh;
+    pr.block_size = static_cast<int>(bs);
+    layer_rows(d, n, 0, &pr);
+    if (nh > 0) {
+        // The final norm on every row (the last residual added in), then the
+        // rows that need logits gathered and multiplied by the output head,
+        // at most 256 at a time.
+        float* X = px_.as<float>();
+        const float* HRES = c.post_norms ? phpost_.as<float>() : ph_.as<float>();
+        uint16_t* xb = gemm_->act_bf16();
+        rms_norm_bf16(X, HRES, out_norm_, xb, n, E, c.rms_eps, s);
+        constexpr int64_t kHeadRows = 256;
+        const int64_t hr = std::min(nh, kHeadRows);
+        if (bhead_x_.size() < static_cast<size_t>(hr * E) * 2) bhead_x_ = DeviceBuffer(static_cast<size_t>(kHeadRows * E) * 2);
+        if (blogits_.size() < static_cast<size_t>(hr * V) * 4) blogits_ = DeviceBuffer(static_cast<size_t>(hr * V) * 4);
+        for (int64_t h0 = 0; h0 < nh; h0 += kHeadRows) {
+            const int64_t m = std::min(kHeadRows, nh - h0);
+            gather_rows_bf16(xb, E, d + 3 * n + h0, m, bhead_x_.as<uint16_t>(), s);
+            gemm_->run_bf16(output_.w, bhead_x_.as<uint16_t>(), m, blogits_.as<float>(), V, s);
+            if (c.final_softcap > 0.0f) scale_softcap(blogits_.as<float>(), m * V, 1.0f, c.final_softcap, s);
+            bool greedy = false;
+            for (int64_t j = 0; j < m; ++j) {
+                const SeqBatch& q = *head_seq[static_cast<size_t>(h0 + j)];
+                if (q.logits)
+                    QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits, blogits_.as<float>() + j * V, static_cast<size_t>(V) * 4,
+                                                     cudaMemcpyDeviceToHost, s));
+                if (q.greedy) {
+                    argmax(blogits_.as<float>() + j * V, V, argmax_scratch_.data(), bgreedy_.as<int32_t>() + j, s);
+                    greedy = true;
+                }
+            }
+            if (greedy) {
+                QUERN_CUDA_CHECK(cudaMemcpyAsync(hgreedy_.as<int32_t>(), bgreedy_.data(), static_cast<size_t>(m) * 4,
+                                                 cudaMemcpyDeviceToHost, s));
+            }
+            ctx_.synchronize();  // blogits_ and hgreedy_ are reused
+            for (int64_t j = 0; j < m; ++j)
+                if (int32_t* gdst = head_seq[static_cast<size_t>(h0 + j)]->greedy) *gdst = hgreedy_.as<int32_t>()[j];
+        }
+        mark("head");
+    }
+    ctx_.synchronize();
+    if (profile_) {
+        collect_profile(prof_batch_);
+        prof_batch_.rows += n;
+        batch_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+    }
+}
+
 }  // namespace
+
+std::unique_ptr<BatchRunner> make_batch_runner(const Model& model, const SessionOptions& opt) {
+    if (CudaContext::device_count() < opt.device + 1)
+        fail("no CUDA GPU {} is available (found {}); use --device cpu", opt.device, CudaContext::device_count());
+    SessionOptions o = opt;
+    o.n_ctx = 16;  // the single-sequence cache goes unused: batches use the paged pool
+    o.gpu_mem_fraction = 0;
+    o.batched_prefill = true;
+    auto s = std::make_unique<LlamaCudaSession>(model, o);
+    s->prepare_batches();
+    return s;
+}
 
 std::unique_ptr<Session> make_session(const Model& model, const SessionOptions& opt) {
     if (CudaContext::device_count() < opt.device + 1)

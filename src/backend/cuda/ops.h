@@ -191,6 +191,34 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
                        int pos0, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale, int window,
                        float softcap, float* out, int64_t ldo, cudaStream_t stream);
 
+/// Rows of several sequences in one pass over a paged KV cache (the batch
+/// runner): query row r is at position pos[r] of its sequence, whose block
+/// table starts at tables[table_off[r]]; position p of that sequence lives
+/// in cache row tables[table_off[r] + p / block_size] · block_size +
+/// p % block_size (runtime/paged_kv.h's layout, per layer). Device pointers;
+/// the caller guarantees that the tables cover positions 0 .. pos[r].
+struct PagedRows {
+    const int32_t* pos = nullptr;        ///< n positions
+    const int32_t* table_off = nullptr;  ///< n offsets into tables
+    const int32_t* tables = nullptr;     ///< the sequences' block tables, back to back
+    int block_size = 16;
+};
+
+/// prefill_rope_kv_store for rows of several sequences: row r rotated at
+/// position pr.pos[r], its keys and values written to its sequence's cache
+/// row of that position (PagedRows). Same layouts, extras and errors.
+void paged_rope_kv_store(float* qkv, int64_t ld, int n, const PagedRows& pr, void* k_cache, void* v_cache,
+                         KvType kv_type, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
+                         bool neox, const AttentionExtras& ex, cudaStream_t stream);
+
+/// prefill_attention for rows of several sequences: row r attends to its
+/// own sequence's positions 0 .. pr.pos[r] (window: the last `window`) in
+/// the paged cache. The scalar kernel (one warp per row and head), for
+/// decode rows and prompt chunks alike. Same layouts and errors.
+void paged_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, KvType kv_type, int n,
+                     const PagedRows& pr, int n_head, int n_head_kv, int head_dim, float scale, int window,
+                     float softcap, float* out, int64_t ldo, cudaStream_t stream);
+
 /// FFN gating on rows: out[r·ldo + i] = act(gu[r·ld + i]) · gu[r·ld + n_ff + i]
 /// for r < n, i < n_ff, act = SiLU, or GELU (tanh) with gelu — the
 /// arithmetic of swiglu_q8_1. ld >= 2·n_ff, ldo >= n_ff.

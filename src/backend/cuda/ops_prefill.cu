@@ -27,6 +27,23 @@ using detail::warp_sum;
 
 constexpr int kMaxHeadDim = 256;
 
+// Where query row r sits and where the keys/values of a position live:
+// one sequence's consecutive rows over its own cache (the prefill), or rows
+// of several sequences over a paged cache (PagedRows, ops.h).
+struct ContiguousRows {
+    int pos0;
+    __device__ __forceinline__ int pos(int r) const { return pos0 + r; }
+    __device__ __forceinline__ int64_t cache_row(int, int p) const { return p; }
+};
+struct PagedMap {
+    PagedRows pr;
+    __device__ __forceinline__ int pos(int r) const { return pr.pos[r]; }
+    __device__ __forceinline__ int64_t cache_row(int r, int p) const {
+        return static_cast<int64_t>(pr.tables[pr.table_off[r] + p / pr.block_size]) * pr.block_size +
+               p % pr.block_size;
+    }
+};
+
 // prefill_rope_kv_kernel<T>
 //   Shapes:  qkv: n rows at stride ld floats, each [q (n_head·HD) | k
 //            (n_head_kv·HD) | v (n_head_kv·HD)] as the QKV projection left
@@ -39,8 +56,8 @@ constexpr int kMaxHeadDim = 256;
 //            i+32, ...; angles by rope_angle as the decode kernel), then
 //            writes q back in place or k and v to cache row pos0 + r.
 //   Bound:   latency / memory (a few loads and stores per element).
-template <class T>
-__global__ void __launch_bounds__(32) prefill_rope_kv_kernel(float* __restrict__ qkv, int64_t ld, int pos0,
+template <class T, class Map>
+__global__ void __launch_bounds__(32) prefill_rope_kv_kernel(float* __restrict__ qkv, int64_t ld, const Map map,
                                                             T* __restrict__ kc, T* __restrict__ vc, int n_head,
                                                             int n_head_kv, int hd, const float* __restrict__ inv_freq,
                                                             int rope_dim, int neox, AttentionExtras ex) {
@@ -48,7 +65,7 @@ __global__ void __launch_bounds__(32) prefill_rope_kv_kernel(float* __restrict__
     const int lane = static_cast<int>(threadIdx.x);
     const int h = static_cast<int>(blockIdx.x);
     const int r = static_cast<int>(blockIdx.y);
-    const int pos = pos0 + r;
+    const int pos = map.pos(r);
     const bool is_q = h < n_head;
     const int hk = h - n_head;
     float* row = qkv + static_cast<int64_t>(r) * ld;
@@ -81,7 +98,7 @@ __global__ void __launch_bounds__(32) prefill_rope_kv_kernel(float* __restrict__
         for (int e = lane; e < hd; e += 32) row[off + e] = xs[e];
         return;
     }
-    const int64_t crow = static_cast<int64_t>(pos) * kv_dim + static_cast<int64_t>(hk) * hd;
+    const int64_t crow = map.cache_row(r, pos) * kv_dim + static_cast<int64_t>(hk) * hd;
     const int64_t voff = q_dim + kv_dim + static_cast<int64_t>(hk) * hd;
     for (int e = lane; e < hd; e += 32) {
         kc[crow + e] = from_f32<T>(xs[e]);
@@ -144,10 +161,10 @@ __device__ __forceinline__ float dot_row(const float* qs, const T* __restrict__ 
 //            than fast — a tiled tensor-core kernel is the next step for
 //            long prompts.
 //   Bound:   L2 bandwidth / latency of the K and V reads.
-template <int HD, class T, bool SOFTCAP>
+template <int HD, class T, bool SOFTCAP, class Map>
 __global__ void __launch_bounds__(32 * kPrefillAttnWarps)
     prefill_attention_kernel(const float* __restrict__ q, int64_t ldq, const T* __restrict__ kc,
-                             const T* __restrict__ vc, int n, int pos0, int n_head, int n_head_kv, float scale,
+                             const T* __restrict__ vc, int n, const Map map, int n_head, int n_head_kv, float scale,
                              int window, float softcap, float* __restrict__ out, int64_t ldo) {
     constexpr int E = HD / 32;
     __shared__ float qsh[kPrefillAttnWarps][HD];
@@ -156,7 +173,7 @@ __global__ void __launch_bounds__(32 * kPrefillAttnWarps)
     if (r >= n) return;  // whole warps leave; no block-wide barrier follows
     const int h = static_cast<int>(blockIdx.x);
     const int hk = h / (n_head / n_head_kv);
-    const int pos = pos0 + r;
+    const int pos = map.pos(r);
     const int lo = window > 0 ? max(0, pos - window + 1) : 0;
     float* qs = qsh[warp];
     const float* qr = q + static_cast<int64_t>(r) * ldq + static_cast<int64_t>(h) * HD;
@@ -174,7 +191,7 @@ __global__ void __launch_bounds__(32 * kPrefillAttnWarps)
         const int nt = min(32, pos - j0 + 1);  // keys in this step (warp-uniform)
         float s = -INFINITY;
         if (lane < nt) {
-            s = dot_row<HD, T>(qs, kbase + static_cast<int64_t>(j) * kv_stride);
+            s = dot_row<HD, T>(qs, kbase + map.cache_row(r, j) * kv_stride);
             if constexpr (SOFTCAP) s = softcap * tanhf(s / softcap);
         }
         const float m_new = fmaxf(m, detail::warp_max(s));  // finite: lane 0 always has a key
@@ -183,11 +200,17 @@ __global__ void __launch_bounds__(32 * kPrefillAttnWarps)
         l = l * corr + warp_sum(p);
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[e] *= corr;
-        for (int t = 0; t < nt; ++t) {
+        const auto accumulate = [&](int t) {
             const float pt = __shfl_sync(0xFFFFFFFFu, p, t);
-            const T* vr = vbase + static_cast<int64_t>(j0 + t) * kv_stride;
+            const T* vr = vbase + map.cache_row(r, j0 + t) * kv_stride;
 #pragma unroll
             for (int e = 0; e < E; ++e) acc[e] = fmaf(pt, to_f32(vr[e]), acc[e]);
+        };
+        if (nt == 32) {  // a full step: unrolled, so that several V rows are in flight at once
+#pragma unroll 8
+            for (int t = 0; t < 32; ++t) accumulate(t);
+        } else {
+            for (int t = 0; t < nt; ++t) accumulate(t);
         }
         m = m_new;
     }
@@ -242,30 +265,30 @@ __global__ void __launch_bounds__(256) rms_norm_bf16_kernel(float* __restrict__ 
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[r * dim + i] = detail::bf16_bits(xr[i] * scale * w[i]);
 }
 
-template <int HD, class T>
-void launch_attn(const float* q, int64_t ldq, const void* kc, const void* vc, int n, int pos0, int n_head,
+template <int HD, class T, class Map>
+void launch_attn(const float* q, int64_t ldq, const void* kc, const void* vc, int n, const Map& map, int n_head,
                  int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>((n + kPrefillAttnWarps - 1) / kPrefillAttnWarps));
     const dim3 block(32 * kPrefillAttnWarps);
     if (softcap > 0.0f)
-        prefill_attention_kernel<HD, T, true><<<grid, block, 0, stream>>>(
-            q, ldq, static_cast<const T*>(kc), static_cast<const T*>(vc), n, pos0, n_head, n_head_kv, scale, window,
+        prefill_attention_kernel<HD, T, true, Map><<<grid, block, 0, stream>>>(
+            q, ldq, static_cast<const T*>(kc), static_cast<const T*>(vc), n, map, n_head, n_head_kv, scale, window,
             softcap, out, ldo);
     else
-        prefill_attention_kernel<HD, T, false><<<grid, block, 0, stream>>>(
-            q, ldq, static_cast<const T*>(kc), static_cast<const T*>(vc), n, pos0, n_head, n_head_kv, scale, window,
+        prefill_attention_kernel<HD, T, false, Map><<<grid, block, 0, stream>>>(
+            q, ldq, static_cast<const T*>(kc), static_cast<const T*>(vc), n, map, n_head, n_head_kv, scale, window,
             softcap, out, ldo);
 }
 
-template <class T>
-void dispatch_attn(int hd, const float* q, int64_t ldq, const void* kc, const void* vc, int n, int pos0, int n_head,
+template <class T, class Map>
+void dispatch_attn(int hd, const float* q, int64_t ldq, const void* kc, const void* vc, int n, const Map& map, int n_head,
                    int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo,
                    cudaStream_t stream) {
     switch (hd) {
-        case 32: launch_attn<32, T>(q, ldq, kc, vc, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
-        case 64: launch_attn<64, T>(q, ldq, kc, vc, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
-        case 128: launch_attn<128, T>(q, ldq, kc, vc, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
-        case 256: launch_attn<256, T>(q, ldq, kc, vc, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        case 32: launch_attn<32, T>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        case 64: launch_attn<64, T>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        case 128: launch_attn<128, T>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        case 256: launch_attn<256, T>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
         default: throw_error("prefill_attention: head_dim must be 32, 64, 128 or 256");
     }
 }
@@ -295,11 +318,11 @@ void prefill_rope_kv_store(float* qkv, int64_t ld, int n, int pos0, void* k_cach
         throw_error("prefill_rope_kv_store: give all three biases or none, both norms or neither");
     const dim3 grid(static_cast<unsigned>(n_head + n_head_kv), static_cast<unsigned>(n));
     if (kv_type == KvType::F16)
-        prefill_rope_kv_kernel<__half><<<grid, 32, 0, stream>>>(qkv, ld, pos0, static_cast<__half*>(k_cache),
+        prefill_rope_kv_kernel<__half><<<grid, 32, 0, stream>>>(qkv, ld, ContiguousRows{pos0}, static_cast<__half*>(k_cache),
                                                                 static_cast<__half*>(v_cache), n_head, n_head_kv,
                                                                 head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
     else
-        prefill_rope_kv_kernel<float><<<grid, 32, 0, stream>>>(qkv, ld, pos0, static_cast<float*>(k_cache),
+        prefill_rope_kv_kernel<float><<<grid, 32, 0, stream>>>(qkv, ld, ContiguousRows{pos0}, static_cast<float*>(k_cache),
                                                                static_cast<float*>(v_cache), n_head, n_head_kv,
                                                                head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
     QUERN_CUDA_CHECK_LAUNCH();
@@ -332,11 +355,61 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
         return;
     }
     if (kv_type == KvType::F16)
-        dispatch_attn<__half>(head_dim, q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap,
-                              out, ldo, stream);
+        dispatch_attn<__half>(head_dim, q, ldq, k_cache, v_cache, n, ContiguousRows{pos0}, n_head, n_head_kv, scale,
+                              window, softcap, out, ldo, stream);
     else
-        dispatch_attn<float>(head_dim, q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap,
-                             out, ldo, stream);
+        dispatch_attn<float>(head_dim, q, ldq, k_cache, v_cache, n, ContiguousRows{pos0}, n_head, n_head_kv, scale,
+                             window, softcap, out, ldo, stream);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void paged_rope_kv_store(float* qkv, int64_t ld, int n, const PagedRows& pr, void* k_cache, void* v_cache,
+                         KvType kv_type, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
+                         bool neox, const AttentionExtras& ex, cudaStream_t stream) {
+    if (!qkv || !k_cache || !v_cache || !pr.pos || !pr.table_off || !pr.tables || (rope_dim > 0 && !inv_freq))
+        throw_error("paged_rope_kv_store: null pointer");
+    if (n < 1 || n > 65535 || pr.block_size < 1) throw_error("paged_rope_kv_store: rows out of range");
+    if (head_dim < 2 || head_dim > kMaxHeadDim || head_dim % 2 || rope_dim < 0 || rope_dim % 2 || rope_dim > head_dim)
+        throw_error("paged_rope_kv_store: bad head_dim / rope_dim");
+    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv)
+        throw_error("paged_rope_kv_store: n_head must be a multiple of n_head_kv");
+    if (ld < static_cast<int64_t>(n_head + 2 * n_head_kv) * head_dim) throw_error("paged_rope_kv_store: ld too small");
+    if ((ex.q_bias == nullptr) != (ex.k_bias == nullptr) || (ex.q_bias == nullptr) != (ex.v_bias == nullptr) ||
+        (ex.q_norm == nullptr) != (ex.k_norm == nullptr))
+        throw_error("paged_rope_kv_store: give all three biases or none, both norms or neither");
+    const dim3 grid(static_cast<unsigned>(n_head + n_head_kv), static_cast<unsigned>(n));
+    if (kv_type == KvType::F16)
+        prefill_rope_kv_kernel<__half><<<grid, 32, 0, stream>>>(qkv, ld, PagedMap{pr}, static_cast<__half*>(k_cache),
+                                                                static_cast<__half*>(v_cache), n_head, n_head_kv,
+                                                                head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
+    else
+        prefill_rope_kv_kernel<float><<<grid, 32, 0, stream>>>(qkv, ld, PagedMap{pr}, static_cast<float*>(k_cache),
+                                                               static_cast<float*>(v_cache), n_head, n_head_kv,
+                                                               head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void paged_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, KvType kv_type, int n,
+                     const PagedRows& pr, int n_head, int n_head_kv, int head_dim, float scale, int window,
+                     float softcap, float* out, int64_t ldo, cudaStream_t stream) {
+    if (!q || !k_cache || !v_cache || !out || !pr.pos || !pr.table_off || !pr.tables)
+        throw_error("paged_attention: null pointer");
+    if (n < 1 || n > 65535 * kPrefillAttnWarps || pr.block_size < 1) throw_error("paged_attention: rows out of range");
+    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv)
+        throw_error("paged_attention: n_head must be a multiple of n_head_kv");
+    if (!prefill_attention_head_dim_supported(head_dim))
+        throw_error("paged_attention: head_dim must be 32, 64, 128 or 256");
+    if (ldq < static_cast<int64_t>(n_head) * head_dim || ldo < static_cast<int64_t>(n_head) * head_dim)
+        throw_error("paged_attention: row stride too small");
+    if (window < 0 || softcap < 0.0f) throw_error("paged_attention: negative window or softcap");
+    if (reinterpret_cast<uintptr_t>(k_cache) % 16 || reinterpret_cast<uintptr_t>(v_cache) % 16)
+        throw_error("paged_attention: the caches must be 16-byte aligned");
+    if (kv_type == KvType::F16)
+        dispatch_attn<__half>(head_dim, q, ldq, k_cache, v_cache, n, PagedMap{pr}, n_head, n_head_kv, scale, window,
+                              softcap, out, ldo, stream);
+    else
+        dispatch_attn<float>(head_dim, q, ldq, k_cache, v_cache, n, PagedMap{pr}, n_head, n_head_kv, scale, window,
+                             softcap, out, ldo, stream);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

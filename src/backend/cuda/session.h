@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "runtime/batch_runner.h"
 #include "runtime/session.h"
 
 namespace quern::cuda {
@@ -44,6 +45,16 @@ struct SessionOptions {
 
 /// Prompts shorter than this go through the decode step token by token.
 inline constexpr int64_t kPrefillMinTokens = 8;
+
+/// A BatchRunner on the GPU (the engine behind `quern serve --device cuda`):
+/// the model's weights resident (dense matrices also as BF16 copies, as
+/// memory allows), each forward_batch one pass of GEMMs over all the batch's
+/// rows (decode tokens and prompt chunks alike, 2048 rows at a time), RoPE
+/// and attention per row over a paged f16 KV cache in device memory
+/// (make_kv_pool). opt.n_ctx, gpu_mem_fraction and batched_prefill are
+/// ignored. quern::Error when no GPU, the model or its batched path is not
+/// supported, or memory runs out.
+std::unique_ptr<BatchRunner> make_batch_runner(const Model& model, const SessionOptions& opt);
 
 /// Number of usable CUDA devices (0 without a driver or GPU; never throws).
 int device_count();

@@ -90,6 +90,11 @@ struct DeviceWeight {
     /// F8_E4M3_B32 whose block scales are one per row (to_fp8_rows, gemm.h):
     /// the prefill multiplies its codes directly in FP8.
     bool fp8_row_scaled = false;
+    /// A resident BF16 copy of the whole matrix (N × K, row-major; made by
+    /// make_resident_bf16, gemm.h), or null: the GEMMs read it instead of
+    /// dequantizing tiles on every call.
+    const uint16_t* bf16 = nullptr;
+    DeviceBuffer bf16_buf;
 
     /// Bytes one pass over the matrix reads (the tensor's GGUF size).
     size_t bytes() const { return row_size(type, K) * static_cast<size_t>(N); }

@@ -58,26 +58,37 @@ int32_t Sampler::sample(const float* logits) {
     for (int64_t i = 0; i < n_vocab_; ++i) cand_[static_cast<size_t>(i)] = {static_cast<int32_t>(i), work_[static_cast<size_t>(i)]};
     auto by_logit = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
     size_t n = cand_.size();
-    // top-k (keeps the list sorted descending from here on)
+    // The chain walks the candidates from the most likely down, but rarely
+    // far: the list is sorted on demand, a prefix at a time (doubling, so at
+    // most ~log2(n) partial sorts), rather than all n_vocab up front.
+    // cand_[0 .. sorted) is sorted and precedes everything after it.
+    size_t sorted = 0;
+    const auto sort_to = [&](size_t k) {
+        k = std::min(k, n);
+        if (k <= sorted) return;
+        const size_t want = std::min(n, std::max({k, 2 * sorted, size_t{256}}));
+        std::partial_sort(cand_.begin() + static_cast<std::ptrdiff_t>(sorted),
+                          cand_.begin() + static_cast<std::ptrdiff_t>(want),
+                          cand_.begin() + static_cast<std::ptrdiff_t>(n), by_logit);
+        sorted = want;
+    };
+    // top-k
     if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
-        std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+        sort_to(static_cast<size_t>(p_.top_k));
         n = static_cast<size_t>(p_.top_k);
-    } else {
-        std::sort(cand_.begin(), cand_.end(), by_logit);
+        sorted = std::min(sorted, n);
     }
+    sort_to(1);
     // probabilities at temperature 1 for top-p / min-p
     const float mx = cand_[0].logit;
-    std::vector<float>& pr = work_;  // reuse: work_ is no longer needed
-    pr.resize(n);
+    const auto p1 = [&](size_t i) { return std::exp(cand_[i].logit - mx); };  // float, as the reference chain
     double sum = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-        pr[i] = std::exp(cand_[i].logit - mx);
-        sum += pr[i];
-    }
+    for (size_t i = 0; i < n; ++i) sum += p1(i);
     if (p_.top_p < 1.0f) {
         double cum = 0.0;
         for (size_t i = 0; i < n; ++i) {
-            cum += pr[i] / sum;
+            sort_to(i + 1);
+            cum += p1(i) / sum;
             if (cum >= p_.top_p) {
                 n = i + 1;
                 break;
@@ -85,23 +96,27 @@ int32_t Sampler::sample(const float* logits) {
         }
     }
     if (p_.min_p > 0.0f) {
-        // pr[0] is the maximum (== 1 before normalisation)
+        // p1(0) is the maximum (== 1 before normalisation)
         size_t keep = 1;
-        while (keep < n && pr[keep] >= p_.min_p * pr[0]) ++keep;
+        while (keep < n) {
+            sort_to(keep + 1);
+            if (!(p1(keep) >= p_.min_p * 1.0f)) break;
+            ++keep;
+        }
         n = keep;
     }
     // temperature, softmax, draw
+    const auto pt = [&](size_t i) { return std::exp((cand_[i].logit - mx) / p_.temperature); };
     double total = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-        pr[i] = std::exp((cand_[i].logit - mx) / p_.temperature);
-        total += pr[i];
-    }
+    for (size_t i = 0; i < n; ++i) total += pt(i);
     const double r = draw() * total;
     double acc = 0.0;
     for (size_t i = 0; i < n; ++i) {
-        acc += pr[i];
+        sort_to(i + 1);
+        acc += pt(i);
         if (r < acc) return cand_[i].id;
     }
+    sort_to(n);
     return cand_[n - 1].id;
 }
 

@@ -645,6 +645,125 @@ TEST(CudaPrefill, AttentionMatchesCpu) {
     }
 }
 
+// paged_attention (both kernels: the grouped one and the scalar one) and
+// paged_rope_kv_store's addressing, against cpu::attention on each
+// sequence's own contiguous keys: three sequences whose blocks are shuffled
+// through the pool (blocks no row may read are NaN), rows that are decode
+// tokens and prompt chunks, GQA ratios 1 to 7, heads 32 to 256 (256: the
+// scalar kernel only), windows and soft-capping.
+TEST(CudaPrefill, PagedAttentionMatchesCpu) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    ThreadPool pool(0);
+    std::mt19937 rng(505);
+    std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+    struct Case {
+        int hd, n_head, n_head_kv, window;
+        float softcap;
+    };
+    const int bs = 16, n_blocks = 40;
+    for (const Case& c : {Case{128, 32, 8, 0, 0.0f}, Case{64, 9, 3, 0, 0.0f}, Case{128, 28, 4, 0, 0.0f},
+                          Case{64, 8, 8, 0, 0.0f}, Case{32, 16, 1, 0, 0.0f}, Case{128, 8, 2, 20, 0.0f},
+                          Case{64, 8, 2, 0, 30.0f}, Case{256, 8, 4, 9, 50.0f}}) {
+        const int qd = c.n_head * c.hd, kvd = c.n_head_kv * c.hd;
+        // Sequence lengths (positions filled) and the rows evaluated: (seq, pos).
+        const std::vector<int> len = {150, 37, 70};
+        std::vector<std::pair<int, int>> rows;
+        for (int p = 120; p < 150; ++p) rows.push_back({0, p});  // a prompt chunk
+        rows.push_back({1, 36});                                  // decode rows
+        rows.push_back({2, 69});
+        for (int p = 0; p < 5; ++p) rows.push_back({2, p});       // the start of a prompt
+        // Blocks: a shuffled permutation of the pool.
+        std::vector<int32_t> perm(n_blocks);
+        for (int i = 0; i < n_blocks; ++i) perm[static_cast<size_t>(i)] = i;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        std::vector<std::vector<int32_t>> table(3);
+        int next = 0;
+        for (int sq = 0; sq < 3; ++sq)
+            for (int b = 0; b < (len[static_cast<size_t>(sq)] + bs - 1) / bs; ++b) table[static_cast<size_t>(sq)].push_back(perm[static_cast<size_t>(next++)]);
+        // Pool contents: NaN everywhere, then each sequence's K/V (f16-rounded).
+        std::vector<uint16_t> kp(static_cast<size_t>(n_blocks * bs * kvd), 0x7E00), vp(kp.size(), 0x7E00);
+        std::vector<std::vector<float>> ks(3), vs(3);
+        for (int sq = 0; sq < 3; ++sq) {
+            auto& K = ks[static_cast<size_t>(sq)];
+            auto& Vv = vs[static_cast<size_t>(sq)];
+            K.resize(static_cast<size_t>(len[static_cast<size_t>(sq)] * kvd));
+            Vv.resize(K.size());
+            for (int p = 0; p < len[static_cast<size_t>(sq)]; ++p) {
+                const int64_t row = static_cast<int64_t>(table[static_cast<size_t>(sq)][static_cast<size_t>(p / bs)]) * bs + p % bs;
+                for (int i = 0; i < kvd; ++i) {
+                    const uint16_t hk = fp32_to_fp16(ud(rng)), hv = fp32_to_fp16(ud(rng));
+                    K[static_cast<size_t>(p * kvd + i)] = fp16_to_fp32(hk);
+                    Vv[static_cast<size_t>(p * kvd + i)] = fp16_to_fp32(hv);
+                    kp[static_cast<size_t>(row * kvd + i)] = hk;
+                    vp[static_cast<size_t>(row * kvd + i)] = hv;
+                }
+            }
+        }
+        const int n = static_cast<int>(rows.size());
+        const int64_t ldq = qd + 8, ldo = qd + 4;
+        std::vector<float> q(static_cast<size_t>(n * ldq));
+        for (auto& x : q) x = ud(rng) * 2.0f;
+        std::vector<int32_t> pos(static_cast<size_t>(n)), toff(static_cast<size_t>(n)), tabs;
+        std::vector<int32_t> off_of(3);
+        for (int sq = 0; sq < 3; ++sq) {
+            off_of[static_cast<size_t>(sq)] = static_cast<int32_t>(tabs.size());
+            tabs.insert(tabs.end(), table[static_cast<size_t>(sq)].begin(), table[static_cast<size_t>(sq)].end());
+        }
+        for (int r = 0; r < n; ++r) {
+            pos[static_cast<size_t>(r)] = rows[static_cast<size_t>(r)].second;
+            toff[static_cast<size_t>(r)] = off_of[static_cast<size_t>(rows[static_cast<size_t>(r)].first)];
+        }
+        cuda::DeviceBuffer dq(q.size() * 4), dk(kp.size() * 2), dv(vp.size() * 2), dout(static_cast<size_t>(n * ldo) * 4),
+            dpos(pos.size() * 4), doff(toff.size() * 4), dtab(tabs.size() * 4);
+        dq.upload(q.data(), q.size() * 4, ctx.stream());
+        dk.upload(kp.data(), kp.size() * 2, ctx.stream());
+        dv.upload(vp.data(), vp.size() * 2, ctx.stream());
+        dpos.upload(pos.data(), pos.size() * 4, ctx.stream());
+        doff.upload(toff.data(), toff.size() * 4, ctx.stream());
+        dtab.upload(tabs.data(), tabs.size() * 4, ctx.stream());
+        const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+        // Reference, row by row over the row's own sequence.
+        std::vector<float> ref(static_cast<size_t>(n * qd));
+        for (int r = 0; r < n; ++r) {
+            const int sq = rows[static_cast<size_t>(r)].first;
+            std::vector<float> qr(q.begin() + r * ldq, q.begin() + r * ldq + qd);
+            cpu::attention(qr.data(), ks[static_cast<size_t>(sq)].data(), vs[static_cast<size_t>(sq)].data(), kvd,
+                           &pos[static_cast<size_t>(r)], 1, c.n_head, c.n_head_kv, c.hd, scale,
+                           ref.data() + static_cast<size_t>(r) * qd, pool, c.window, c.softcap);
+        }
+        for (bool scalar : {false, true}) {
+            cuda::PagedRows pr;
+            pr.pos = dpos.as<int32_t>();
+            pr.table_off = doff.as<int32_t>();
+            pr.tables = dtab.as<int32_t>();
+            pr.block_size = bs;
+            pr.scalar = scalar;
+            dout.fill_bytes(0xFF, ctx.stream());
+            cuda::paged_attention(dq.as<float>(), ldq, dk.data(), dv.data(), cuda::KvType::F16, n, pr, c.n_head,
+                                  c.n_head_kv, c.hd, scale, c.window, c.softcap, dout.as<float>(), ldo, ctx.stream());
+            std::vector<float> got(static_cast<size_t>(n * ldo));
+            dout.download(got.data(), got.size() * 4, ctx.stream());
+            int bad = 0;
+            for (int r = 0; r < n; ++r) {
+                for (int i = 0; i < qd; ++i) {
+                    const float g = got[static_cast<size_t>(r * ldo + i)], e = ref[static_cast<size_t>(r * qd + i)];
+                    if (!(std::fabs(g - e) <= 2e-5f) && bad++ < 5)
+                        ADD_FAILURE() << "hd " << c.hd << (scalar ? " scalar" : " grouped") << " row " << r << " ["
+                                      << i << "] " << g << " vs " << e;
+                }
+                for (int64_t i = qd; i < ldo; ++i) {
+                    uint32_t bits;
+                    std::memcpy(&bits, &got[static_cast<size_t>(r * ldo + i)], 4);
+                    if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "padding written at row " << r;
+                }
+            }
+            EXPECT_EQ(bad, 0) << "hd " << c.hd << " heads " << c.n_head << "/" << c.n_head_kv << " window " << c.window
+                              << " softcap " << c.softcap << (scalar ? " scalar" : " grouped");
+        }
+    }
+}
+
 // get_rows equals get_row row by row, bit for bit (the prefill's embedding
 // lookup against the decode step's), ids out of range clamped alike.
 TEST(CudaPrefill, GetRowsMatchesGetRow) {

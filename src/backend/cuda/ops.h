@@ -202,6 +202,9 @@ struct PagedRows {
     const int32_t* table_off = nullptr;  ///< n offsets into tables
     const int32_t* tables = nullptr;     ///< the sequences' block tables, back to back
     int block_size = 16;
+    /// paged_attention: the scalar kernel even where the grouped one applies
+    /// (tests compare the two).
+    bool scalar = false;
 };
 
 /// prefill_rope_kv_store for rows of several sequences: row r rotated at
@@ -213,8 +216,11 @@ void paged_rope_kv_store(float* qkv, int64_t ld, int n, const PagedRows& pr, voi
 
 /// prefill_attention for rows of several sequences: row r attends to its
 /// own sequence's positions 0 .. pr.pos[r] (window: the last `window`) in
-/// the paged cache. The scalar kernel (one warp per row and head), for
-/// decode rows and prompt chunks alike. Same layouts and errors.
+/// the paged cache, decode rows and prompt chunks alike. With an f16 cache,
+/// heads of 32 to 128 and at most 16 query heads per KV head: one block per
+/// row and KV head stages each 32 keys' K and V rows once for all its query
+/// heads; otherwise the scalar kernel (one warp per row and head). Same
+/// layouts and errors as prefill_attention.
 void paged_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, KvType kv_type, int n,
                      const PagedRows& pr, int n_head, int n_head_kv, int head_dim, float scale, int window,
                      float softcap, float* out, int64_t ldo, cudaStream_t stream);

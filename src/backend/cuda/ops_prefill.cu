@@ -293,6 +293,123 @@ void dispatch_attn(int hd, const float* q, int64_t ldq, const void* kc, const vo
     }
 }
 
+// paged_grouped_attention_kernel<HD, SOFTCAP>
+//   Shapes:  as prefill_attention_kernel with a PagedMap and an f16 cache
+//            (HD <= 128), for n_head / n_head_kv = g <= 16.
+//   Grid:    (n_head_kv, n) blocks of 4 warps: block (hk, r) computes the g
+//            query heads of KV head hk for row r (warp w: heads hk·g + w,
+//            + 4, ...; at most 4 each). The keys lo .. pos(r) go 32 at a
+//            time: the block stages the 32 K rows (padded by 8 halves: the
+//            lanes' whole-row dot products then hit distinct banks) and V
+//            rows in shared memory with 16-byte loads, once for all g heads
+//            (the scalar kernel reads them once per head); lane l scores key
+//            l for each of its warp's heads, the online softmax updates in
+//            fp32, and lane l accumulates output elements l·E .. l·E + E − 1
+//            (E = HD/32) from the staged V rows.
+//   Bound:   latency at decode lengths (a few µs per 32 keys); K/V traffic
+//            once per KV head and row.
+constexpr int kGroupWarps = 4;
+constexpr int kGroupMaxPerWarp = 4;  // g <= 16
+
+template <int HD, bool SOFTCAP>
+__global__ void __launch_bounds__(32 * kGroupWarps)
+    paged_grouped_attention_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
+                                   const __half* __restrict__ vc, const PagedMap map, int n_head, int n_head_kv,
+                                   float scale, int window, float softcap, float* __restrict__ out, int64_t ldo) {
+    constexpr int E = HD / 32, KP = HD + 8, C16 = HD / 8;  // C16: 16-byte chunks per row
+    __shared__ float qsh[kGroupWarps * kGroupMaxPerWarp][HD];
+    __shared__ __align__(16) __half ksh[32][KP];
+    __shared__ __align__(16) __half vsh[32][HD];
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+    const int hk = static_cast<int>(blockIdx.x), r = static_cast<int>(blockIdx.y);
+    const int g = n_head / n_head_kv;
+    const int pos = map.pos(r);
+    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    const int nh = (g - warp + kGroupWarps - 1) / kGroupWarps;  // heads of this warp (may be 0)
+    for (int idx = static_cast<int>(threadIdx.x); idx < g * HD; idx += 32 * kGroupWarps) {
+        const int j = idx / HD, e = idx % HD;
+        qsh[j][e] = q[static_cast<int64_t>(r) * ldq + static_cast<int64_t>(hk * g + j) * HD + e] * scale;
+    }
+    const int64_t kv_stride = static_cast<int64_t>(n_head_kv) * HD;
+    float acc[kGroupMaxPerWarp][E], m[kGroupMaxPerWarp], l[kGroupMaxPerWarp];
+#pragma unroll
+    for (int i = 0; i < kGroupMaxPerWarp; ++i) {
+        m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[i][e] = 0.0f;
+    }
+    for (int j0 = lo; j0 <= pos; j0 += 32) {
+        const int nt = min(32, pos - j0 + 1);
+        __syncthreads();  // the previous tile is consumed (and, first time, q is staged)
+        for (int c = static_cast<int>(threadIdx.x); c < 32 * C16; c += 32 * kGroupWarps) {
+            const int t = c / C16, part = c % C16;
+            uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
+            if (t < nt) {
+                const int64_t off = map.cache_row(r, j0 + t) * kv_stride + static_cast<int64_t>(hk) * HD + part * 8;
+                kv = *reinterpret_cast<const uint4*>(kc + off);
+                vv = *reinterpret_cast<const uint4*>(vc + off);
+            }
+            *reinterpret_cast<uint4*>(&ksh[t][part * 8]) = kv;
+            *reinterpret_cast<uint4*>(&vsh[t][part * 8]) = vv;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < kGroupMaxPerWarp; ++i) {
+            if (i >= nh) break;  // warp-uniform
+            const float* qs = qsh[warp + kGroupWarps * i];
+            float s = -INFINITY;
+            if (lane < nt) {
+                float d = 0.0f;
+                const __half2* kr = reinterpret_cast<const __half2*>(ksh[lane]);
+#pragma unroll 8
+                for (int e2 = 0; e2 < HD / 2; ++e2) {
+                    const float2 f = __half22float2(kr[e2]);
+                    d = fmaf(qs[2 * e2], f.x, d);
+                    d = fmaf(qs[2 * e2 + 1], f.y, d);
+                }
+                s = SOFTCAP ? softcap * tanhf(d / softcap) : d;
+            }
+            const float m_new = fmaxf(m[i], detail::warp_max(s));  // lane 0 always has a key
+            const float corr = expf(m[i] - m_new);
+            const float p = lane < nt ? expf(s - m_new) : 0.0f;
+            l[i] = l[i] * corr + warp_sum(p);
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[i][e] *= corr;
+#pragma unroll 8
+            for (int t = 0; t < 32; ++t) {
+                const float pt = __shfl_sync(0xFFFFFFFFu, p, t);  // 0 past nt
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[i][e] = fmaf(pt, __half2float(vsh[t][lane * E + e]), acc[i][e]);
+            }
+            m[i] = m_new;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kGroupMaxPerWarp; ++i) {
+        if (i >= nh) break;
+        const int h = hk * g + warp + kGroupWarps * i;
+        const float inv = 1.0f / l[i];
+        float* o = out + static_cast<int64_t>(r) * ldo + static_cast<int64_t>(h) * HD + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[e] = acc[i][e] * inv;
+    }
+}
+
+template <int HD>
+void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc, int n, const PagedMap& map,
+                    int n_head, int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo,
+                    cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n)), block(32 * kGroupWarps);
+    if (softcap > 0.0f)
+        paged_grouped_attention_kernel<HD, true><<<grid, block, 0, stream>>>(
+            q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
+            window, softcap, out, ldo);
+    else
+        paged_grouped_attention_kernel<HD, false><<<grid, block, 0, stream>>>(
+            q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
+            window, softcap, out, ldo);
+}
+
 unsigned grid_for(int64_t threads) {
     return static_cast<unsigned>(std::clamp<int64_t>((threads + 255) / 256, 1, 65535));
 }
@@ -404,6 +521,25 @@ void paged_attention(const float* q, int64_t ldq, const void* k_cache, const voi
     if (window < 0 || softcap < 0.0f) throw_error("paged_attention: negative window or softcap");
     if (reinterpret_cast<uintptr_t>(k_cache) % 16 || reinterpret_cast<uintptr_t>(v_cache) % 16)
         throw_error("paged_attention: the caches must be 16-byte aligned");
+    // The grouped kernel where it applies (f16, heads of 32 .. 128, at most
+    // 16 query heads per KV head, n <= 65535 rows); QUERN_CUDA_PAGED_SCALAR=1
+    // keeps the scalar one (for comparison).
+    static const bool scalar_only = [] {
+        const char* e = std::getenv("QUERN_CUDA_PAGED_SCALAR");
+        return e && std::string(e) == "1";
+    }();
+    const int g = n_head / n_head_kv;
+    if (!scalar_only && !pr.scalar && kv_type == KvType::F16 && g <= kGroupWarps * kGroupMaxPerWarp && n <= 65535 &&
+        (head_dim == 32 || head_dim == 64 || head_dim == 128)) {
+        const PagedMap map{pr};
+        switch (head_dim) {
+            case 32: launch_grouped<32>(q, ldq, k_cache, v_cache, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+            case 64: launch_grouped<64>(q, ldq, k_cache, v_cache, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+            default: launch_grouped<128>(q, ldq, k_cache, v_cache, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        }
+        QUERN_CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (kv_type == KvType::F16)
         dispatch_attn<__half>(head_dim, q, ldq, k_cache, v_cache, n, PagedMap{pr}, n_head, n_head_kv, scale, window,
                               softcap, out, ldo, stream);

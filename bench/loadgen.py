@@ -44,7 +44,7 @@ def pct(values, p):
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-async def one_request(client, model, prompt, max_tokens, seed):
+async def one_request(client, model, prompt, max_tokens, seed, temperature):
     t0 = time.perf_counter()
     first = None
     last = None
@@ -54,7 +54,7 @@ async def one_request(client, model, prompt, max_tokens, seed):
         model=model,
         messages=[{"role": "user", "content": prompt}],
         max_tokens=max_tokens,
-        temperature=0.7,
+        temperature=temperature,
         seed=seed,
         stream=True,
         stream_options={"include_usage": True},
@@ -79,7 +79,7 @@ async def one_request(client, model, prompt, max_tokens, seed):
     }
 
 
-async def run_level(client, model, conc, n_requests, max_tokens, seed0):
+async def run_level(client, model, conc, n_requests, max_tokens, seed0, temperature):
     results = []
     counter = {"next": 0}
 
@@ -89,7 +89,7 @@ async def run_level(client, model, conc, n_requests, max_tokens, seed0):
             if i >= n_requests:
                 return
             counter["next"] += 1
-            r = await one_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, seed0 + i)
+            r = await one_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, seed0 + i, temperature)
             results.append(r)
 
     t0 = time.perf_counter()
@@ -120,6 +120,7 @@ async def main():
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default: max(8, 2 x concurrency))")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of every request (0: greedy)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     try:
@@ -134,7 +135,7 @@ async def main():
         n = args.requests or max(8, 2 * conc)
         if tty:
             print(f"loadgen: concurrency {conc}, {n} requests...", file=sys.stderr)
-        levels.append(await run_level(client, model, conc, n, args.max_tokens, args.seed))
+        levels.append(await run_level(client, model, conc, n, args.max_tokens, args.seed, args.temperature))
     print("| concurrency | requests | tokens | wall s | throughput tok/s | TTFT p50 / p90 ms | ITL p50 / p90 ms | per-request tok/s |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for L in levels:
@@ -143,7 +144,7 @@ async def main():
               f"{L['itl_ms']['p50']:.1f} / {L['itl_ms']['p90']:.1f} | {L['per_request_decode_tps_median']:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"base_url": args.base_url, "model": model, "max_tokens": args.max_tokens, "levels": levels}, f,
+            json.dump({"base_url": args.base_url, "model": model, "max_tokens": args.max_tokens, "temperature": args.temperature, "levels": levels}, f,
                       indent=1)
 
 

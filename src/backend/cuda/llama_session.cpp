@@ -187,6 +187,22 @@ public:
 
 private:
     void upload_weights(const Model& model);
+    /// f(w) for every layer matrix (Q/K/V, output, gate/up, down; with
+    /// `experts`, the expert banks too), in layer order.
+    template <class F>
+    void for_each_layer_matrix(F&& f, bool experts) {
+        for (auto& L : layers_) {
+            for (auto& p : L.qkv) f(p.w);
+            f(L.wo.w);
+            for (auto& p : L.gate_up) f(p.w);
+            f(L.down.w);
+            if (experts) {
+                f(L.exp_gate);
+                f(L.exp_up);
+                f(L.exp_down);
+            }
+        }
+    }
     std::vector<Piece> upload_group(const std::vector<const Tensor*>& ts);
     /// An expert bank of layer il: the 3-D tensor blk.il.<bank>_exps, or the
     /// per-expert 2-D tensors blk.il.<bank>.E concatenated (one type).
@@ -387,15 +403,7 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
                 kept = true;
             }
         };
-        for (auto& L : layers_) {
-            for (auto& p : L.qkv) fp8(p.w);
-            fp8(L.wo.w);
-            for (auto& p : L.gate_up) fp8(p.w);
-            fp8(L.down.w);
-            fp8(L.exp_gate);
-            fp8(L.exp_up);
-            fp8(L.exp_down);
-        }
+        for_each_layer_matrix(fp8, /*experts=*/true);
     }
 
     // Activations and scratch.
@@ -1223,12 +1231,7 @@ void LlamaCudaSession::prepare_batches() {
             full = false;
         }
     };
-    for (auto& L : layers_) {
-        for (auto& p : L.qkv) resident(p.w);
-        resident(L.wo.w);
-        for (auto& p : L.gate_up) resident(p.w);
-        resident(L.down.w);
-    }
+    for_each_layer_matrix(resident, /*experts=*/false);
     resident(output_.w);
     bgreedy_ = DeviceBuffer(256 * 4);
     hgreedy_ = PinnedBuffer(256 * 4);

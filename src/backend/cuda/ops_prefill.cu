@@ -420,46 +420,67 @@ bool prefill_attention_head_dim_supported(int head_dim) {
     return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
-void prefill_rope_kv_store(float* qkv, int64_t ld, int n, int pos0, void* k_cache, void* v_cache, KvType kv_type,
-                           int n_ctx, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
-                           bool neox, const AttentionExtras& ex, cudaStream_t stream) {
-    if (!qkv || !k_cache || !v_cache || (rope_dim > 0 && !inv_freq)) throw_error("prefill_rope_kv_store: null pointer");
-    if (n < 1 || n > 65535 || pos0 < 0 || pos0 + n > n_ctx) throw_error("prefill_rope_kv_store: rows out of range");
+namespace {
+
+// The checks both RoPE + KV-store entry points make, and the launch.
+template <class Map>
+void rope_kv_store(const char* fn, float* qkv, int64_t ld, int n, const Map& map, void* k_cache, void* v_cache,
+                   KvType kv_type, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
+                   bool neox, const AttentionExtras& ex, cudaStream_t stream) {
+    const std::string f(fn);
+    if (!qkv || !k_cache || !v_cache || (rope_dim > 0 && !inv_freq)) throw_error(f + ": null pointer");
+    if (n < 1 || n > 65535) throw_error(f + ": rows out of range");
     if (head_dim < 2 || head_dim > kMaxHeadDim || head_dim % 2 || rope_dim < 0 || rope_dim % 2 || rope_dim > head_dim)
-        throw_error("prefill_rope_kv_store: bad head_dim / rope_dim");
-    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv)
-        throw_error("prefill_rope_kv_store: n_head must be a multiple of n_head_kv");
-    if (ld < static_cast<int64_t>(n_head + 2 * n_head_kv) * head_dim) throw_error("prefill_rope_kv_store: ld too small");
+        throw_error(f + ": bad head_dim / rope_dim");
+    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv) throw_error(f + ": n_head must be a multiple of n_head_kv");
+    if (ld < static_cast<int64_t>(n_head + 2 * n_head_kv) * head_dim) throw_error(f + ": ld too small");
     if ((ex.q_bias == nullptr) != (ex.k_bias == nullptr) || (ex.q_bias == nullptr) != (ex.v_bias == nullptr) ||
         (ex.q_norm == nullptr) != (ex.k_norm == nullptr))
-        throw_error("prefill_rope_kv_store: give all three biases or none, both norms or neither");
+        throw_error(f + ": give all three biases or none, both norms or neither");
     const dim3 grid(static_cast<unsigned>(n_head + n_head_kv), static_cast<unsigned>(n));
     if (kv_type == KvType::F16)
-        prefill_rope_kv_kernel<__half><<<grid, 32, 0, stream>>>(qkv, ld, ContiguousRows{pos0}, static_cast<__half*>(k_cache),
+        prefill_rope_kv_kernel<__half><<<grid, 32, 0, stream>>>(qkv, ld, map, static_cast<__half*>(k_cache),
                                                                 static_cast<__half*>(v_cache), n_head, n_head_kv,
                                                                 head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
     else
-        prefill_rope_kv_kernel<float><<<grid, 32, 0, stream>>>(qkv, ld, ContiguousRows{pos0}, static_cast<float*>(k_cache),
+        prefill_rope_kv_kernel<float><<<grid, 32, 0, stream>>>(qkv, ld, map, static_cast<float*>(k_cache),
                                                                static_cast<float*>(v_cache), n_head, n_head_kv,
                                                                head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
+// The checks both attention entry points make (quern::Error naming fn).
+void check_attention(const char* fn, const float* q, int64_t ldq, const void* k_cache, const void* v_cache, int n,
+                     int n_head, int n_head_kv, int head_dim, int window, float softcap, const float* out,
+                     int64_t ldo) {
+    const std::string f(fn);
+    if (!q || !k_cache || !v_cache || !out) throw_error(f + ": null pointer");
+    if (n < 1 || n > 65535 * kPrefillAttnWarps) throw_error(f + ": rows out of range");
+    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv) throw_error(f + ": n_head must be a multiple of n_head_kv");
+    if (!prefill_attention_head_dim_supported(head_dim)) throw_error(f + ": head_dim must be 32, 64, 128 or 256");
+    if (ldq < static_cast<int64_t>(n_head) * head_dim || ldo < static_cast<int64_t>(n_head) * head_dim)
+        throw_error(f + ": row stride too small");
+    if (window < 0 || softcap < 0.0f) throw_error(f + ": negative window or softcap");
+    if (reinterpret_cast<uintptr_t>(k_cache) % 16 || reinterpret_cast<uintptr_t>(v_cache) % 16)
+        throw_error(f + ": the caches must be 16-byte aligned");
+}
+
+}  // namespace
+
+void prefill_rope_kv_store(float* qkv, int64_t ld, int n, int pos0, void* k_cache, void* v_cache, KvType kv_type,
+                           int n_ctx, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
+                           bool neox, const AttentionExtras& ex, cudaStream_t stream) {
+    if (pos0 < 0 || pos0 + n > n_ctx) throw_error("prefill_rope_kv_store: rows out of range");
+    rope_kv_store("prefill_rope_kv_store", qkv, ld, n, ContiguousRows{pos0}, k_cache, v_cache, kv_type, n_head,
+                  n_head_kv, head_dim, inv_freq, rope_dim, neox, ex, stream);
+}
+
 void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, KvType kv_type, int n,
                        int pos0, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale, int window,
                        float softcap, float* out, int64_t ldo, cudaStream_t stream) {
-    if (!q || !k_cache || !v_cache || !out) throw_error("prefill_attention: null pointer");
-    if (n < 1 || n > 65535 * kPrefillAttnWarps || pos0 < 0 || pos0 + n > n_ctx)
-        throw_error("prefill_attention: rows out of range");
-    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv)
-        throw_error("prefill_attention: n_head must be a multiple of n_head_kv");
-    if (!prefill_attention_head_dim_supported(head_dim))
-        throw_error("prefill_attention: head_dim must be 32, 64, 128 or 256");
-    if (ldq < static_cast<int64_t>(n_head) * head_dim || ldo < static_cast<int64_t>(n_head) * head_dim)
-        throw_error("prefill_attention: row stride too small");
-    if (window < 0 || softcap < 0.0f) throw_error("prefill_attention: negative window or softcap");
-    if (reinterpret_cast<uintptr_t>(k_cache) % 16 || reinterpret_cast<uintptr_t>(v_cache) % 16)
-        throw_error("prefill_attention: the caches must be 16-byte aligned");
+    if (pos0 < 0 || pos0 + n > n_ctx) throw_error("prefill_attention: rows out of range");
+    check_attention("prefill_attention", q, ldq, k_cache, v_cache, n, n_head, n_head_kv, head_dim, window, softcap, out,
+                    ldo);
     // The tensor-core kernel where it applies (QUERN_CUDA_FLASH=0: never).
     static const bool flash_off = [] {
         const char* e = std::getenv("QUERN_CUDA_FLASH");
@@ -483,44 +504,19 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
 void paged_rope_kv_store(float* qkv, int64_t ld, int n, const PagedRows& pr, void* k_cache, void* v_cache,
                          KvType kv_type, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
                          bool neox, const AttentionExtras& ex, cudaStream_t stream) {
-    if (!qkv || !k_cache || !v_cache || !pr.pos || !pr.table_off || !pr.tables || (rope_dim > 0 && !inv_freq))
-        throw_error("paged_rope_kv_store: null pointer");
-    if (n < 1 || n > 65535 || pr.block_size < 1) throw_error("paged_rope_kv_store: rows out of range");
-    if (head_dim < 2 || head_dim > kMaxHeadDim || head_dim % 2 || rope_dim < 0 || rope_dim % 2 || rope_dim > head_dim)
-        throw_error("paged_rope_kv_store: bad head_dim / rope_dim");
-    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv)
-        throw_error("paged_rope_kv_store: n_head must be a multiple of n_head_kv");
-    if (ld < static_cast<int64_t>(n_head + 2 * n_head_kv) * head_dim) throw_error("paged_rope_kv_store: ld too small");
-    if ((ex.q_bias == nullptr) != (ex.k_bias == nullptr) || (ex.q_bias == nullptr) != (ex.v_bias == nullptr) ||
-        (ex.q_norm == nullptr) != (ex.k_norm == nullptr))
-        throw_error("paged_rope_kv_store: give all three biases or none, both norms or neither");
-    const dim3 grid(static_cast<unsigned>(n_head + n_head_kv), static_cast<unsigned>(n));
-    if (kv_type == KvType::F16)
-        prefill_rope_kv_kernel<__half><<<grid, 32, 0, stream>>>(qkv, ld, PagedMap{pr}, static_cast<__half*>(k_cache),
-                                                                static_cast<__half*>(v_cache), n_head, n_head_kv,
-                                                                head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
-    else
-        prefill_rope_kv_kernel<float><<<grid, 32, 0, stream>>>(qkv, ld, PagedMap{pr}, static_cast<float*>(k_cache),
-                                                               static_cast<float*>(v_cache), n_head, n_head_kv,
-                                                               head_dim, inv_freq, rope_dim, neox ? 1 : 0, ex);
-    QUERN_CUDA_CHECK_LAUNCH();
+    if (!pr.pos || !pr.table_off || !pr.tables || pr.block_size < 1)
+        throw_error("paged_rope_kv_store: null row map or bad block size");
+    rope_kv_store("paged_rope_kv_store", qkv, ld, n, PagedMap{pr}, k_cache, v_cache, kv_type, n_head, n_head_kv,
+                  head_dim, inv_freq, rope_dim, neox, ex, stream);
 }
 
 void paged_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, KvType kv_type, int n,
                      const PagedRows& pr, int n_head, int n_head_kv, int head_dim, float scale, int window,
                      float softcap, float* out, int64_t ldo, cudaStream_t stream) {
-    if (!q || !k_cache || !v_cache || !out || !pr.pos || !pr.table_off || !pr.tables)
-        throw_error("paged_attention: null pointer");
-    if (n < 1 || n > 65535 * kPrefillAttnWarps || pr.block_size < 1) throw_error("paged_attention: rows out of range");
-    if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv)
-        throw_error("paged_attention: n_head must be a multiple of n_head_kv");
-    if (!prefill_attention_head_dim_supported(head_dim))
-        throw_error("paged_attention: head_dim must be 32, 64, 128 or 256");
-    if (ldq < static_cast<int64_t>(n_head) * head_dim || ldo < static_cast<int64_t>(n_head) * head_dim)
-        throw_error("paged_attention: row stride too small");
-    if (window < 0 || softcap < 0.0f) throw_error("paged_attention: negative window or softcap");
-    if (reinterpret_cast<uintptr_t>(k_cache) % 16 || reinterpret_cast<uintptr_t>(v_cache) % 16)
-        throw_error("paged_attention: the caches must be 16-byte aligned");
+    if (!pr.pos || !pr.table_off || !pr.tables || pr.block_size < 1)
+        throw_error("paged_attention: null row map or bad block size");
+    check_attention("paged_attention", q, ldq, k_cache, v_cache, n, n_head, n_head_kv, head_dim, window, softcap, out,
+                    ldo);
     // The grouped kernel where it applies (f16, heads of 32 .. 128, at most
     // 16 query heads per KV head, n <= 65535 rows); QUERN_CUDA_PAGED_SCALAR=1
     // keeps the scalar one (for comparison).

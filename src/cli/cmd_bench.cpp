@@ -72,6 +72,9 @@ Stats stats(const std::vector<double>& v) {
 void bench_batched(const BenchOptions& o) {
     const bool gpu = use_cuda(o.dev);
     if (!gpu) warn_gpu_options_ignored(o.dev);
+    if (gpu && (o.dev.kv_tokens > 0 || o.dev.gpu_mem > 0 || o.dev.no_graph))
+        std::fprintf(stderr, "quern: note: --batch sizes the engine's paged KV cache itself (-p + -n per sequence); "
+                             "--kv-tokens, --gpu-mem and --no-cuda-graph do not apply\n");
     if (!o.synthetic.empty()) fail("--batch needs a GGUF file (write one with quern synth) for its tokenizer");
     if (o.n_prompt.size() != 1 || o.n_gen.size() != 1 || o.n_depth.size() != 1 || o.n_depth[0] != 0)
         fail("--batch takes one -p and one -n value and no -d");

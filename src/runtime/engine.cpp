@@ -84,20 +84,27 @@ bool plain_greedy(const GenerationRequest& r) {
 
 class BatchEngine final : public Engine {
 public:
+    // The options are checked before the runner is made (a GPU runner loads
+    // the model onto the device).
     BatchEngine(const RunnerFactory& make_runner, const Tokenizer& tok, const EngineOptions& o)
-        : tok_(tok), opts_(o), pool_(o.n_threads), runner_(make_runner(pool_)), cfg_(runner_->config()) {
-        if (o.n_parallel < 1 || o.n_parallel > 1024) fail("--parallel must be between 1 and 1024 (got {})", o.n_parallel);
-        if (o.n_ctx < 2) fail("the context size must be at least 2 (got {})", o.n_ctx);
-        if (o.max_queue < 0) fail("--max-queue must not be negative");
-        if (o.token_budget < 1) fail("the token budget must be positive");
+        : tok_(tok), opts_(checked(o)), pool_(o.n_threads), runner_(make_runner(pool_)), cfg_(runner_->config()) {
         const int64_t bs = 16;
-        int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
-        if (kv_tokens < o.n_ctx) fail("the KV cache ({} tokens) must hold at least one full context ({})", kv_tokens, o.n_ctx);
+        const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
         kv_ = runner_->make_kv_pool((kv_tokens + bs - 1) / bs, bs, o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel");
         slots_.resize(static_cast<size_t>(o.n_parallel));
         worker_ = std::thread([this] { loop(); });
     }
     ~BatchEngine() override { shutdown(); }
+
+    static const EngineOptions& checked(const EngineOptions& o) {
+        if (o.n_parallel < 1 || o.n_parallel > 1024) fail("--parallel must be between 1 and 1024 (got {})", o.n_parallel);
+        if (o.n_ctx < 2) fail("the context size must be at least 2 (got {})", o.n_ctx);
+        if (o.max_queue < 0) fail("--max-queue must not be negative");
+        if (o.token_budget < 1) fail("the token budget must be positive");
+        const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
+        if (kv_tokens < o.n_ctx) fail("the KV cache ({} tokens) must hold at least one full context ({})", kv_tokens, o.n_ctx);
+        return o;
+    }
 
     uint64_t submit(GenerationRequest req, TokenCallback cb) override {
         validate(req);
@@ -553,12 +560,16 @@ public:
         return std::make_unique<PagedKvPool>(c.n_layer, c.kv_dim(), n_blocks, block_size);
     }
     void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override {
-        // SeqBatch::greedy: the model writes logits, the argmax is taken here.
+        // SeqBatch::greedy: the model writes logits (into buffers kept
+        // between steps), the argmax is taken here.
         std::vector<SeqBatch> b(seqs, seqs + n_seqs);
-        std::vector<std::vector<float>> tmp;
         const auto nv = static_cast<size_t>(model_.config().n_vocab);
+        size_t used = 0;
         for (SeqBatch& q : b)
-            if (q.greedy && !q.logits) q.logits = tmp.emplace_back(nv).data();
+            if (q.greedy && !q.logits) {
+                if (used == tmp_.size()) tmp_.emplace_back(nv);
+                q.logits = tmp_[used++].data();
+            }
         model_.forward_batch(b.data(), n_seqs, kv, pool_);
         for (const SeqBatch& q : b)
             if (q.greedy) *q.greedy = static_cast<int32_t>(std::max_element(q.logits, q.logits + nv) - q.logits);
@@ -567,6 +578,7 @@ public:
 private:
     Model& model_;
     ThreadPool& pool_;
+    std::vector<std::vector<float>> tmp_;  // logits of greedy rows
 };
 
 class BorrowedRunner final : public BatchRunner {

@@ -111,13 +111,18 @@ int32_t Sampler::sample(const float* logits) {
     for (size_t i = 0; i < n; ++i) total += pt(i);
     const double r = draw() * total;
     double acc = 0.0;
+    size_t last = 0;  // the last candidate with a non-zero weight
     for (size_t i = 0; i < n; ++i) {
         sort_to(i + 1);
-        acc += pt(i);
+        const float w = pt(i);
+        acc += w;
+        if (w > 0.0f) last = i;
         if (r < acc) return cand_[i].id;
     }
-    sort_to(n);
-    return cand_[n - 1].id;
+    // r can reach the running sum's end only by rounding (`total` adds the
+    // unsorted tail in another order): the least likely candidate that can
+    // be drawn.
+    return cand_[last].id;
 }
 
 }  // namespace quern

@@ -1213,16 +1213,30 @@ void LlamaCudaSession::prepare_batches() {
     if (batches_ready_) return;
     batch_runner_ = true;
     if (!prefill_supported_ || !ensure_prefill_scratch())
-        fail("this model has no batched GPU path here ({} weights or heads of {}); serve it with --device cpu",
-             "unsupported", cfg_.head_dim);
+        fail("no batched GPU path for this model (a weight type without a GPU GEMM, heads of {} elements, or no "
+             "GPU memory for the pass scratch); serve it with --device cpu",
+             cfg_.head_dim);
+    // The head's buffers (up to 256 rows at a time) before the copies below.
+    bhead_x_ = DeviceBuffer(static_cast<size_t>(256 * cfg_.n_embd) * 2);
+    blogits_ = DeviceBuffer(static_cast<size_t>(256 * cfg_.n_vocab) * 4);
     // Resident BF16 copies of the dense matrices and the output head: every
     // pass multiplies them directly instead of dequantizing the model again
-    // (expert banks stay quantized: too large to double). Stops at the first
-    // that does not fit; the rest dequantize per pass as the prefill does.
+    // (expert banks stay quantized: too large to double). A quarter of the
+    // GPU's memory stays free for the KV cache and the passes' scratch; the
+    // copies stop at the first that would not leave it, and the rest are
+    // dequantized per pass as the prefill does.
+    size_t free_b = 0, total_b = 0;
+    QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t keep = total_b / 4;
     size_t bytes = 0;
     bool full = true;
     const auto resident = [&](DeviceWeight& w) {
         if (!full || !w.q || w.fp8_row_scaled || !gemm_weight_type_supported(w.type)) return;
+        const size_t need = static_cast<size_t>(w.N * w.K) * 2;
+        if (bytes + need + keep > free_b) {
+            full = false;
+            return;
+        }
         try {
             make_resident_bf16(w, ctx_.stream());
             bytes += static_cast<size_t>(w.N * w.K) * 2;
@@ -1237,7 +1251,7 @@ void LlamaCudaSession::prepare_batches() {
     hgreedy_ = PinnedBuffer(256 * 4);
     if (opt_.verbose)
         std::fprintf(stderr, "quern: %.2f GiB of BF16 weight copies on the GPU for batches%s\n", gib(static_cast<double>(bytes)),
-                     full ? "" : " (memory ran out: the rest are dequantized per pass)");
+                     full ? "" : " (no more fit beside a free quarter of GPU memory: the rest are dequantized per pass)");
     batches_ready_ = true;
 }
 
@@ -1246,6 +1260,7 @@ std::unique_ptr<PagedKvPool> LlamaCudaSession::make_kv_pool(int64_t n_blocks, in
     if (n_blocks < 1 || block_size < 1) fail("paged KV cache: bad sizes ({} blocks of {})", n_blocks, block_size);
     const size_t layer = static_cast<size_t>(n_blocks * block_size * c.kv_dim()) * 2;  // f16
     try {
+        pkv_ = DeviceBuffer();  // an earlier pool's memory first (engines made in turn on one runner)
         pkv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_layer) * layer);
     } catch (const Error&) {
         cudaGetLastError();

@@ -75,7 +75,9 @@ void bench_batched(const BenchOptions& o) {
     if (gpu && (o.dev.kv_tokens > 0 || o.dev.gpu_mem > 0 || o.dev.no_graph))
         std::fprintf(stderr, "quern: note: --batch sizes the engine's paged KV cache itself (-p + -n per sequence); "
                              "--kv-tokens, --gpu-mem and --no-cuda-graph do not apply\n");
-    if (!o.synthetic.empty()) fail("--batch needs a GGUF file (write one with quern synth) for its tokenizer");
+    if (!o.synthetic.empty())
+        fail("--batch cannot use --synthetic (the serving engine needs the file's tokenizer); write the model first: "
+             "quern synth {} --quant {} -o model.gguf && quern bench -m model.gguf --batch ...", o.synthetic, o.quant);
     if (o.n_prompt.size() != 1 || o.n_gen.size() != 1 || o.n_depth.size() != 1 || o.n_depth[0] != 0)
         fail("--batch takes one -p and one -n value and no -d");
     const int n_prompt = o.n_prompt[0], n_gen = o.n_gen[0];
@@ -167,7 +169,7 @@ void bench_batched(const BenchOptions& o) {
                            {"decode_tps", dd.mean}, {"decode_tps_median", dd.median}, {"samples_decode_tps", dd.samples}, {"total_tps", t.mean},
                            {"samples_gen_tps", g.samples}, {"wall_s", w.mean}});
         } else {
-            std::printf("| %-40s | %7s | %8d | %6d | %6d | %9.1f ± %6.1f | %7.1f ± %6.1f | %7.1f ± %6.1f | %8.2f |\n",
+            std::printf("| %-40s | %7s | %8d | %6d | %6d | %9.1f ± %6.1f | %7.1f ± %6.1f | %7.1f ± %6.1f | %8.3f |\n",
                         label.c_str(), runner ? "CUDA" : "CPU", n, n_prompt, n_gen, g.mean, g.stdev, dd.mean, dd.stdev,
                         t.mean, t.stdev, w.mean);
         }

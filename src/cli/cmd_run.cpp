@@ -39,7 +39,8 @@ int run(const RunOptions& o) {
     // Check the options before spending time on loading the model.
     Sampler(o.sp, 1);  // throws quern::Error for out-of-range sampling values
     if (o.verify && !use_cuda(o.dev))
-        fail("--verify compares the GPU with the CPU, and no GPU is in use here (--device {})", o.dev.device);
+        fail("--verify compares the GPU with the CPU, and no GPU is in use here (--device {}); run it with --device cuda on "
+             "a machine with an NVIDIA GPU, or drop --verify", o.dev.device);
     LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
     std::fprintf(stderr, "quern: loaded %s (%s, %.1fM params, %.1f MiB) in %.2f s\n", m.path.c_str(),
@@ -63,7 +64,9 @@ int run(const RunOptions& o) {
         fail("the prompt has {} token{} and the context holds {}, which leaves no room for a reply (raise -c)",
              ids.size(), ids.size() == 1 ? "" : "s", session->n_ctx());
     if (o.verify) {
-        if (session->backend_name() == "CPU") fail("--verify compares the GPU with the CPU; it needs --device cuda");
+        if (session->backend_name() == "CPU")
+            fail("--verify compares the GPU with the CPU, and this model runs on the CPU here; run it with --device cuda "
+                 "(the error then says what the GPU lacks), or drop --verify");
         // With --gpu-weights fp8 the CPU runs the same FP8 weights.
         std::unique_ptr<Model> fp8_model;
         if (o.dev.gpu_weights == "fp8") {

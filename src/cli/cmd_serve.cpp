@@ -86,7 +86,10 @@ int serve(ServeOptions& o) {
             backend = "CPU";
         }
     }
-    if (!engine) engine = make_engine(*m.model, *m.tokenizer, o.engine);
+    if (!engine) {
+        warn_gpu_options_ignored(o.dev);  // --gpu-weights
+        engine = make_engine(*m.model, *m.tokenizer, o.engine);
+    }
     o.server.sampling_defaults = server::api_default_sampling();
     apply_generation_defaults(m, o.server.sampling_defaults, {});  // requests' own fields win over these
     o.server.model_id = model_id;

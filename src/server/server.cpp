@@ -354,6 +354,23 @@ struct HttpServer::Impl {
         });
         svr.set_write_timeout(30, 0);
         svr.set_read_timeout(30, 0);
+        // A POST, PUT or PATCH with neither Content-Length nor chunked
+        // Transfer-Encoding: httplib would read its body until the client
+        // closes the connection (the client waits for an answer meanwhile).
+        // Answer 411 before any body is read.
+        svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+            const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
+            if (!body_method || req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+                return httplib::Server::HandlerResponse::Unhandled;
+            const std::string msg = req.method + " " + req.path +
+                                    " has no Content-Length; send the JSON body with one (or with chunked "
+                                    "Transfer-Encoding)";
+            send_json(res, 411, error_json(411, msg));
+            res.set_header("Connection", "close");
+            if (req.path == kChatPath || req.path == kCompletionsPath) metrics.count_request(req.path, 411);
+            log(req.method + " " + req.path + " 411 " + msg);
+            return httplib::Server::HandlerResponse::Handled;
+        });
 
         svr.Post(kChatPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Chat);

@@ -2,7 +2,11 @@
 // OpenAI error shape and status of every refusal (400/401/404/405/413/429/503),
 // SSE framing (role chunk, [DONE], the usage-chunk rules), stream == non-stream,
 // and a client that disconnects mid-stream freeing its sequence at once.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <httplib.h>
 
 #include <thread>
@@ -219,6 +223,35 @@ TEST_F(HttpTest, Refusals) {
     server_->begin_shutdown();
     error_of(post("/v1/completions", R"({"prompt": "x"})"), 503);
     EXPECT_EQ(client_->Get("/health")->status, 503);
+}
+
+// A POST without Content-Length (and not chunked) gets 411 at once instead
+// of a server waiting for a body until the client gives up.
+TEST_F(HttpTest, PostWithoutContentLengthIs411) {
+    start();
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{5, 0};  // the answer must come well before this
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+    std::string got;
+    char buf[4096];
+    for (ssize_t k; (k = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+        got.append(buf, static_cast<size_t>(k));
+        if (got.find("}") != std::string::npos) break;
+    }
+    ::close(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 411", 0), 0u) << got;
+    EXPECT_NE(got.find("Content-Length"), std::string::npos) << got;
+    EXPECT_NE(got.find("invalid_request_error"), std::string::npos) << got;
+    // Ordinary requests still work.
+    EXPECT_EQ(post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})")->status, 200);
 }
 
 TEST_F(HttpTest, ApiKey) {

@@ -1395,7 +1395,10 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
 
 std::unique_ptr<BatchRunner> make_batch_runner(const Model& model, const SessionOptions& opt) {
     if (CudaContext::device_count() < opt.device + 1)
-        fail("no CUDA GPU {} is available (found {}); use --device cpu", opt.device, CudaContext::device_count());
+        fail("{}; use --device cpu (or --device auto, which runs on the CPU when there is no GPU)",
+             CudaContext::device_count() == 0
+                 ? std::string("no CUDA GPU found")
+                 : fmt::format("CUDA device {} is not available ({} found)", opt.device, CudaContext::device_count()));
     SessionOptions o = opt;
     o.n_ctx = 16;  // the single-sequence cache goes unused: batches use the paged pool
     o.gpu_mem_fraction = 0;
@@ -1407,7 +1410,10 @@ std::unique_ptr<BatchRunner> make_batch_runner(const Model& model, const Session
 
 std::unique_ptr<Session> make_session(const Model& model, const SessionOptions& opt) {
     if (CudaContext::device_count() < opt.device + 1)
-        fail("no CUDA GPU {} is available (found {}); use --device cpu", opt.device, CudaContext::device_count());
+        fail("{}; use --device cpu (or --device auto, which runs on the CPU when there is no GPU)",
+             CudaContext::device_count() == 0
+                 ? std::string("no CUDA GPU found")
+                 : fmt::format("CUDA device {} is not available ({} found)", opt.device, CudaContext::device_count()));
     return std::make_unique<LlamaCudaSession>(model, opt);
 }
 

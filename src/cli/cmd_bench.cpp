@@ -97,8 +97,11 @@ void bench_batched(const BenchOptions& o) {
     std::uniform_int_distribution<int32_t> tokdist(0, static_cast<int32_t>(model->config().n_vocab - 1));
     nlohmann::json out = nlohmann::json::array();
     if (!o.json) {
-        std::printf("generated and all tok/s: from submitting all N requests to the last token (prefill included);\n"
-                    "decode tok/s: tokens generated once every request has its first one, over that time.\n");
+        // What the columns mean, on stderr: stdout keeps only the table.
+        std::fprintf(stderr,
+                     "quern: generated and all tok/s: from submitting all N requests to the last token (prefill "
+                     "included);\nquern: decode tok/s: tokens generated once every request has its first one, over that "
+                     "time.\n");
         std::printf("| %-40s | %7s | %8s | %6s | %6s | %18s | %16s | %16s | %8s |\n", "model", "backend", "parallel",
                     "prompt", "gen", "generated tok/s", "decode tok/s", "all tok/s", "wall s");
         std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", std::string(40, '-').c_str(),
@@ -166,8 +169,10 @@ void bench_batched(const BenchOptions& o) {
             out.push_back({{"model", label}, {"backend", runner ? "CUDA" : "CPU"}, {"device", backend}, {"parallel", n}, {"n_prompt", n_prompt},
                            {"n_gen", n_gen}, {"precise_activations", o.mopts.precise_activations},
                            {"gen_tps", g.mean}, {"gen_tps_stddev", g.stdev}, {"gen_tps_median", g.median},
-                           {"decode_tps", dd.mean}, {"decode_tps_median", dd.median}, {"samples_decode_tps", dd.samples}, {"total_tps", t.mean},
-                           {"samples_gen_tps", g.samples}, {"wall_s", w.mean}});
+                           {"decode_tps", dd.mean}, {"decode_tps_stddev", dd.stdev}, {"decode_tps_median", dd.median},
+                           {"samples_decode_tps", dd.samples}, {"total_tps", t.mean}, {"total_tps_stddev", t.stdev},
+                           {"total_tps_median", t.median}, {"samples_gen_tps", g.samples}, {"wall_s", w.mean},
+                           {"threads", o.threads}});
         } else {
             std::printf("| %-40s | %7s | %8d | %6d | %6d | %9.1f ± %6.1f | %7.1f ± %6.1f | %7.1f ± %6.1f | %8.3f |\n",
                         label.c_str(), runner ? "CUDA" : "CPU", n, n_prompt, n_gen, g.mean, g.stdev, dd.mean, dd.stdev,

@@ -186,6 +186,7 @@ void bench(const BenchOptions& o) {
     if (!o.batch.empty()) return bench_batched(o);
     const auto vmax = [](const std::vector<int>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); };
     if (vmax(o.n_prompt) == 0 && vmax(o.n_gen) == 0) fail("nothing to measure: -p and -n are both 0");
+    use_cuda(o.dev);  // --device cuda without a GPU fails here, before the (synthetic) model is built
     std::unique_ptr<Model> model;
     std::shared_ptr<GgufFile> file;
     std::string label;

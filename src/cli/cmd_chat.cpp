@@ -56,6 +56,7 @@ void out(const std::string& s) {
 int run_chat(const ChatCmdOptions& o) {
     // Check the options before spending time on loading the model.
     Sampler(o.sp, 1);  // throws quern::Error for out-of-range sampling values
+    use_cuda(o.dev);  // --device cuda without a GPU fails here, before the load
     LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
     const chat::ChatTemplate tmpl = chat::ChatTemplate::for_model(m.chat_templates, m.chat_templates_origin, *m.tokenizer, o.template_name,

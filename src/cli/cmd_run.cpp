@@ -38,7 +38,8 @@ int run(const RunOptions& o) {
     const std::string prompt = o.prompt_file.empty() ? o.prompt : read_input_file(o.prompt_file, "prompt file");
     // Check the options before spending time on loading the model.
     Sampler(o.sp, 1);  // throws quern::Error for out-of-range sampling values
-    if (o.verify && !use_cuda(o.dev))
+    const bool gpu = use_cuda(o.dev);  // --device cuda without a GPU fails here, before the load
+    if (o.verify && !gpu)
         fail("--verify compares the GPU with the CPU, and no GPU is in use here (--device {}); run it with --device cuda on "
              "a machine with an NVIDIA GPU, or drop --verify", o.dev.device);
     LoadedModel m = load_model(o.model, o.mopts);

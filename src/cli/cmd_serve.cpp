@@ -54,6 +54,7 @@ int serve(ServeOptions& o) {
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a vanished client must not end the process
 
+    use_cuda(o.dev);  // --device cuda without a GPU fails here, before the load
     LoadedModel m = load_model(o.model, o.mopts);
     const auto& cfg = m.model->config();
     const std::string model_id =

@@ -156,7 +156,11 @@ void add_device_options(CLI::App* cmd, DeviceOptions& opts) {
 bool use_cuda(const DeviceOptions& opts) {
     if (opts.device == "cpu") return false;
 #ifdef QUERN_HAVE_CUDA
-    if (opts.device == "cuda") return true;
+    if (opts.device == "cuda") {
+        if (cuda::device_count() == 0)
+            fail("no CUDA GPU found; use --device cpu (or --device auto, which runs on the CPU when there is no GPU)");
+        return true;
+    }
     return cuda::device_count() > 0;
 #else
     if (opts.device == "cuda") fail("this quern was built without the CUDA backend (configured with -DQUERN_CUDA=OFF or without a CUDA toolkit); use --device cpu, or rebuild with the toolkit installed");

@@ -75,7 +75,9 @@ struct DeviceOptions {
 };
 /// Adds --device, --kv-tokens, --gpu-mem, --no-cuda-graph and --gpu-weights to a command.
 void add_device_options(CLI::App* cmd, DeviceOptions& opts);
-/// Whether `opts` selects the GPU (auto: when this build has CUDA and a GPU is present).
+/// Whether `opts` selects the GPU (auto: when this build has CUDA and a GPU is
+/// present). quern::Error for --device cuda without a GPU or without the CUDA
+/// backend, so commands call it before loading a model.
 bool use_cuda(const DeviceOptions& opts);
 /// Prints one warning on stderr (once per process) naming the GPU-only
 /// options of `opts` that were given (--kv-tokens, --gpu-mem,

@@ -205,6 +205,22 @@ TEST(CliErrors, DashReadsThePromptOrTextFromStdin) {
     EXPECT_NE(r.err.find("fewer than one chunk"), std::string::npos) << r.err;
 }
 
+// --device cuda on a machine without a GPU fails before any model is loaded
+// or built, saying what to do (skipped where a GPU exists).
+TEST(CliErrors, DeviceCudaWithoutAGpuFailsFirst) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    if (std::system("nvidia-smi -L > /dev/null 2>&1") == 0) GTEST_SKIP() << "a GPU is present";
+    for (const std::string cmd : {"run --device cuda -m /nonexistent.gguf -p hi -n 1",
+                                  "bench --device cuda --synthetic llama3-8b -p 8 -n 0 -r 1",
+                                  "serve --device cuda -m /nonexistent.gguf --port 0"}) {
+        const Result r = run(cmd);
+        EXPECT_NE(r.rc, 0) << cmd;
+        // Not "cannot open /nonexistent.gguf": the device is checked first.
+        EXPECT_NE(r.err.find("--device cpu"), std::string::npos) << cmd << ": " << r.err;
+        EXPECT_EQ(r.err.find("nonexistent"), std::string::npos) << cmd << ": " << r.err;
+    }
+}
+
 TEST(CliErrors, BenchTakesAHuggingFaceFolder) {
     if (!have_quern()) GTEST_SKIP() << "quern is not built";
     const std::string dir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf/llama/fp32";

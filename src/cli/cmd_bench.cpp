@@ -90,7 +90,8 @@ void bench_batched(const BenchOptions& o) {
     model->set_options(o.mopts);
     auto tok = Tokenizer::from_gguf(*file);
     std::unique_ptr<BatchRunner> runner = gpu ? make_gpu_batch_runner(*model, o.dev, !o.json) : nullptr;
-    const std::string backend = runner ? runner->backend_name() : "CPU";
+    const std::string device = runner ? runner->backend_name() : "CPU";  // the GPU's name on CUDA
+    const char* backend = runner ? "CUDA" : "CPU";
     const std::string label = file->path().substr(file->path().find_last_of('/') + 1);
     const bool tty = stderr_is_tty() && !o.json;
     std::mt19937 rng(42);
@@ -166,7 +167,7 @@ void bench_batched(const BenchOptions& o) {
         if (tty) std::fprintf(stderr, "\r%60s\r", "");
         const Stats g = stats(gen_tps), t = stats(tot_tps), w = stats(walls), dd = stats(dec_tps);
         if (o.json) {
-            out.push_back({{"model", label}, {"backend", runner ? "CUDA" : "CPU"}, {"device", backend}, {"parallel", n}, {"n_prompt", n_prompt},
+            out.push_back({{"model", label}, {"backend", backend}, {"device", device}, {"parallel", n}, {"n_prompt", n_prompt},
                            {"n_gen", n_gen}, {"precise_activations", o.mopts.precise_activations},
                            {"gen_tps", g.mean}, {"gen_tps_stddev", g.stdev}, {"gen_tps_median", g.median},
                            {"decode_tps", dd.mean}, {"decode_tps_stddev", dd.stdev}, {"decode_tps_median", dd.median},
@@ -175,7 +176,7 @@ void bench_batched(const BenchOptions& o) {
                            {"threads", o.threads}});
         } else {
             std::printf("| %-40s | %7s | %8d | %6d | %6d | %9.1f ± %6.1f | %7.1f ± %6.1f | %7.1f ± %6.1f | %8.3f |\n",
-                        label.c_str(), runner ? "CUDA" : "CPU", n, n_prompt, n_gen, g.mean, g.stdev, dd.mean, dd.stdev,
+                        label.c_str(), backend, n, n_prompt, n_gen, g.mean, g.stdev, dd.mean, dd.stdev,
                         t.mean, t.stdev, w.mean);
         }
     }

@@ -41,6 +41,7 @@
 using namespace quern;
 using namespace quern::cuda;
 using quern::gemv_test::dequantized_activation;
+using quern::gemv_test::gaussian_weights;
 
 namespace {
 
@@ -122,19 +123,6 @@ std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, std::mt19937& 
             }
             default: break;
         }
-    }
-    return w;
-}
-
-// Gaussian rows through the reference quantizer (exact for float types).
-std::vector<uint8_t> gaussian_weights(DType t, int64_t N, int64_t K, std::mt19937& rng) {
-    const size_t rb = row_size(t, K);
-    std::vector<uint8_t> w(rb * static_cast<size_t>(N));
-    std::normal_distribution<float> g(0.0f, 1.0f);
-    std::vector<float> row(static_cast<size_t>(K));
-    for (int64_t r = 0; r < N; ++r) {
-        for (auto& v : row) v = g(rng);
-        quantize_row_ref(t, row.data(), w.data() + static_cast<size_t>(r) * rb, K);
     }
     return w;
 }

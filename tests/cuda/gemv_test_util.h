@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "core/dtype.h"
@@ -28,6 +29,20 @@ inline std::vector<float> dequantized_activation(const std::vector<float>& x) {
         for (int j = 0; j < 32; ++j) out[static_cast<size_t>(32 * b + j)] = static_cast<float>(blk.qs[j]) * d;
     }
     return out;
+}
+
+/// N rows of K Gaussian values through the reference quantizer of type t
+/// (exact for the float types), in GGUF's row layout.
+inline std::vector<uint8_t> gaussian_weights(DType t, int64_t N, int64_t K, std::mt19937& rng) {
+    const size_t rb = row_size(t, K);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(N));
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = 0; r < N; ++r) {
+        for (auto& v : row) v = g(rng);
+        quantize_row_ref(t, row.data(), w.data() + static_cast<size_t>(r) * rb, K);
+    }
+    return w;
 }
 
 }  // namespace quern::gemv_test

@@ -42,6 +42,7 @@
 using namespace quern;
 using namespace quern::cuda;
 using quern::gemv_test::dequantized_activation;
+using quern::gemv_test::gaussian_weights;
 
 namespace {
 
@@ -235,19 +236,6 @@ TEST_F(MoeCudaTest, WeightedSumMatchesCpu) {
 }
 
 // ---------------------------------------------------------------- indexed GEMV
-
-// Gaussian rows through the reference quantizer (exact for float types).
-std::vector<uint8_t> gaussian_weights(DType t, int64_t rows, int64_t K, std::mt19937& rng) {
-    const size_t rb = row_size(t, K);
-    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-    std::normal_distribution<float> g(0.0f, 1.0f);
-    std::vector<float> row(static_cast<size_t>(K));
-    for (int64_t r = 0; r < rows; ++r) {
-        for (auto& v : row) v = g(rng);
-        quantize_row_ref(t, row.data(), w.data() + static_cast<size_t>(r) * rb, K);
-    }
-    return w;
-}
 
 // Gaussian with a per-32 scale spread and one all-zero block.
 std::vector<float> random_activation(int64_t n, std::mt19937& rng) {

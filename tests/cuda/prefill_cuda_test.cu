@@ -63,6 +63,14 @@ float bf16_to_float(uint16_t b) {
     return f;
 }
 
+/// A device copy of v (uploaded on ctx's stream).
+template <class T>
+cuda::DeviceBuffer on_device(const std::vector<T>& v, cuda::CudaContext& ctx) {
+    cuda::DeviceBuffer b(v.size() * sizeof(T));
+    b.upload(v.data(), v.size() * sizeof(T), ctx.stream());
+    return b;
+}
+
 /// A random N × K matrix of type t on the host (quantized by
 /// quantize_row_ref) with its dequantized values.
 struct HostMatrix {
@@ -272,13 +280,9 @@ TEST(CudaPrefill, MoeGatherAndWeightedSumRows) {
     std::vector<float> y(static_cast<size_t>(m * dim)), w(static_cast<size_t>(m));
     for (auto& v : y) v = nd(rng);
     for (auto& v : w) v = std::fabs(nd(rng));
-    cuda::DeviceBuffer dx(x.size() * 2), dsrc(src.size() * 4), dpos(pos.size() * 4), dy(y.size() * 4), dw(w.size() * 4),
-        dg(static_cast<size_t>(m * K + 8) * 2), dout(static_cast<size_t>(n * dim + 8) * 4);
-    dx.upload(x.data(), x.size() * 2, ctx.stream());
-    dsrc.upload(src.data(), src.size() * 4, ctx.stream());
-    dpos.upload(pos.data(), pos.size() * 4, ctx.stream());
-    dy.upload(y.data(), y.size() * 4, ctx.stream());
-    dw.upload(w.data(), w.size() * 4, ctx.stream());
+    cuda::DeviceBuffer dx = on_device(x, ctx), dsrc = on_device(src, ctx), dpos = on_device(pos, ctx),
+                       dy = on_device(y, ctx), dw = on_device(w, ctx), dg(static_cast<size_t>(m * K + 8) * 2),
+                       dout(static_cast<size_t>(n * dim + 8) * 4);
     dg.fill_bytes(0xFF, ctx.stream());
     dout.fill_bytes(0xFF, ctx.stream());
     cuda::gather_rows_bf16(dx.as<uint16_t>(), K, dsrc.as<int32_t>(), m, dg.as<uint16_t>(), ctx.stream());
@@ -714,14 +718,9 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
             pos[static_cast<size_t>(r)] = rows[static_cast<size_t>(r)].second;
             toff[static_cast<size_t>(r)] = off_of[static_cast<size_t>(rows[static_cast<size_t>(r)].first)];
         }
-        cuda::DeviceBuffer dq(q.size() * 4), dk(kp.size() * 2), dv(vp.size() * 2), dout(static_cast<size_t>(n * ldo) * 4),
-            dpos(pos.size() * 4), doff(toff.size() * 4), dtab(tabs.size() * 4);
-        dq.upload(q.data(), q.size() * 4, ctx.stream());
-        dk.upload(kp.data(), kp.size() * 2, ctx.stream());
-        dv.upload(vp.data(), vp.size() * 2, ctx.stream());
-        dpos.upload(pos.data(), pos.size() * 4, ctx.stream());
-        doff.upload(toff.data(), toff.size() * 4, ctx.stream());
-        dtab.upload(tabs.data(), tabs.size() * 4, ctx.stream());
+        cuda::DeviceBuffer dq = on_device(q, ctx), dk = on_device(kp, ctx), dv = on_device(vp, ctx),
+                           dpos = on_device(pos, ctx), doff = on_device(toff, ctx), dtab = on_device(tabs, ctx),
+                           dout(static_cast<size_t>(n * ldo) * 4);
         const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
         // Reference, row by row over the row's own sequence.
         std::vector<float> ref(static_cast<size_t>(n * qd));

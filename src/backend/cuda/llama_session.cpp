@@ -295,8 +295,13 @@ private:
     DeviceBuffer pkv_;
     size_t pkv_layer_bytes_ = 0;
     int64_t pkv_blocks_ = 0, pkv_block_size_ = 0;
+    // The output head runs on at most kHeadRows rows at a time: its BF16
+    // inputs, logits and argmaxes (device and pinned host copies).
+    static constexpr int64_t kHeadRows = 256;
     DeviceBuffer bints_, bhead_x_, blogits_, bgreedy_;
     PinnedBuffer hgreedy_;
+    std::vector<int32_t> bhost_;              // the pass's integers on the host (batch_pass)
+    std::vector<const SeqBatch*> head_seq_;   // the sequence of each head row
     bool batches_ready_ = false;
     bool batch_runner_ = false;  // made by make_batch_runner (prepare_batches)
 
@@ -1217,8 +1222,10 @@ void LlamaCudaSession::prepare_batches() {
              "GPU memory for the pass scratch); serve it with --device cpu",
              cfg_.head_dim);
     // The head's buffers (up to 256 rows at a time) before the copies below.
-    bhead_x_ = DeviceBuffer(static_cast<size_t>(256 * cfg_.n_embd) * 2);
-    blogits_ = DeviceBuffer(static_cast<size_t>(256 * cfg_.n_vocab) * 4);
+    bhead_x_ = DeviceBuffer(static_cast<size_t>(kHeadRows * cfg_.n_embd) * 2);
+    blogits_ = DeviceBuffer(static_cast<size_t>(kHeadRows * cfg_.n_vocab) * 4);
+    bgreedy_ = DeviceBuffer(kHeadRows * 4);
+    hgreedy_ = PinnedBuffer(kHeadRows * 4);
     // Resident BF16 copies of the dense matrices and the output head: every
     // pass multiplies them directly instead of dequantizing the model again
     // (expert banks stay quantized: too large to double). A quarter of the
@@ -1247,8 +1254,6 @@ void LlamaCudaSession::prepare_batches() {
     };
     for_each_layer_matrix(resident, /*experts=*/false);
     resident(output_.w);
-    bgreedy_ = DeviceBuffer(256 * 4);
-    hgreedy_ = PinnedBuffer(256 * 4);
     if (opt_.verbose)
         std::fprintf(stderr, "quern: %.2f GiB of BF16 weight copies on the GPU for batches%s\n", gib(static_cast<double>(bytes)),
                      full ? "" : " (no more fit beside a free quarter of GPU memory: the rest are dequantized per pass)");
@@ -1313,31 +1318,42 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     const auto& c = cfg_;
     const cudaStream_t s = ctx_.stream();
     const int64_t bs = pkv_block_size_, E = c.n_embd, V = c.n_vocab;
-    // Host layout of the pass's integers: ids | positions | table offsets |
-    // rows whose logits are read | tables.
-    std::vector<int32_t> ids, pos, toff, head, tables;
-    std::vector<const SeqBatch*> head_seq;
+    // The pass's integers, one host buffer (kept between passes) in the
+    // device layout: ids (n) | positions (n) | table offsets (n) | rows whose
+    // logits are read (nh) | the segments' block tables.
+    const auto wants_head = [&](const BatchSegment& g) {
+        const SeqBatch& q = seqs[g.seq];
+        return (q.logits || q.greedy) && g.off + g.n == q.n;
+    };
+    const auto blocks_of = [&](const BatchSegment& g) { return (seqs[g.seq].n_past + g.off + g.n + bs - 1) / bs; };
+    int64_t n = 0, nh = 0, nt = 0;
+    for (const BatchSegment& g : segs) n += g.n, nh += wants_head(g), nt += blocks_of(g);
+    bhost_.resize(static_cast<size_t>(3 * n + nh + nt));
+    int32_t* ids = bhost_.data();
+    int32_t* pos = ids + n;
+    int32_t* toff = pos + n;
+    int32_t* head = toff + n;
+    int32_t* tables = head + nh;
+    head_seq_.clear();
+    int64_t r = 0, t0 = 0;
     for (const BatchSegment& g : segs) {
         const SeqBatch& q = seqs[g.seq];
-        const auto t0 = static_cast<int32_t>(tables.size());
-        const int64_t nb = (q.n_past + g.off + g.n + bs - 1) / bs;
-        tables.insert(tables.end(), q.block_table, q.block_table + nb);
-        for (int64_t j = g.off; j < g.off + g.n; ++j) {
-            ids.push_back(q.tokens[j]);
-            pos.push_back(static_cast<int32_t>(q.n_past + j));
-            toff.push_back(t0);
+        const int64_t nb = blocks_of(g);
+        std::copy(q.block_table, q.block_table + nb, tables + t0);
+        for (int64_t j = g.off; j < g.off + g.n; ++j, ++r) {
+            ids[r] = q.tokens[j];
+            pos[r] = static_cast<int32_t>(q.n_past + j);
+            toff[r] = static_cast<int32_t>(t0);
         }
-        if ((q.logits || q.greedy) && g.off + g.n == q.n) {
-            head.push_back(static_cast<int32_t>(ids.size() - 1));
-            head_seq.push_back(&q);
+        if (wants_head(g)) {
+            head[head_seq_.size()] = static_cast<int32_t>(r - 1);
+            head_seq_.push_back(&q);
         }
+        t0 += nb;
     }
-    const auto n = static_cast<int64_t>(ids.size()), nh = static_cast<int64_t>(head.size());
-    std::vector<int32_t> all;
-    all.reserve(static_cast<size_t>(3 * n + nh) + tables.size());
-    for (const auto* v : {&ids, &pos, &toff, &head, &tables}) all.insert(all.end(), v->begin(), v->end());
-    if (bints_.size() < all.size() * 4) bints_ = DeviceBuffer(all.size() * 4 * 2);
-    QUERN_CUDA_CHECK(cudaMemcpyAsync(bints_.data(), all.data(), all.size() * 4, cudaMemcpyHostToDevice, s));
+    const size_t bytes = bhost_.size() * 4;
+    if (bints_.size() < bytes) bints_ = DeviceBuffer(bytes * 2);
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(bints_.data(), bhost_.data(), bytes, cudaMemcpyHostToDevice, s));
     const int32_t* d = bints_.as<int32_t>();
     PagedRows pr;
     pr.pos = d + n;
@@ -1353,10 +1369,6 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
         const float* HRES = c.post_norms ? phpost_.as<float>() : ph_.as<float>();
         uint16_t* xb = gemm_->act_bf16();
         rms_norm_bf16(X, HRES, out_norm_, xb, n, E, c.rms_eps, s);
-        constexpr int64_t kHeadRows = 256;
-        const int64_t hr = std::min(nh, kHeadRows);
-        if (bhead_x_.size() < static_cast<size_t>(hr * E) * 2) bhead_x_ = DeviceBuffer(static_cast<size_t>(kHeadRows * E) * 2);
-        if (blogits_.size() < static_cast<size_t>(hr * V) * 4) blogits_ = DeviceBuffer(static_cast<size_t>(hr * V) * 4);
         for (int64_t h0 = 0; h0 < nh; h0 += kHeadRows) {
             const int64_t m = std::min(kHeadRows, nh - h0);
             gather_rows_bf16(xb, E, d + 3 * n + h0, m, bhead_x_.as<uint16_t>(), s);
@@ -1364,7 +1376,7 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
             if (c.final_softcap > 0.0f) scale_softcap(blogits_.as<float>(), m * V, 1.0f, c.final_softcap, s);
             bool greedy = false;
             for (int64_t j = 0; j < m; ++j) {
-                const SeqBatch& q = *head_seq[static_cast<size_t>(h0 + j)];
+                const SeqBatch& q = *head_seq_[static_cast<size_t>(h0 + j)];
                 if (q.logits)
                     QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits, blogits_.as<float>() + j * V, static_cast<size_t>(V) * 4,
                                                      cudaMemcpyDeviceToHost, s));
@@ -1379,7 +1391,7 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
             }
             ctx_.synchronize();  // blogits_ and hgreedy_ are reused
             for (int64_t j = 0; j < m; ++j)
-                if (int32_t* gdst = head_seq[static_cast<size_t>(h0 + j)]->greedy) *gdst = hgreedy_.as<int32_t>()[j];
+                if (int32_t* gdst = head_seq_[static_cast<size_t>(h0 + j)]->greedy) *gdst = hgreedy_.as<int32_t>()[j];
         }
         mark("head");
     }
@@ -1391,14 +1403,19 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     }
 }
 
+/// quern::Error unless GPU opt.device exists (saying what to do instead).
+void require_device(const SessionOptions& opt) {
+    const int found = CudaContext::device_count();
+    if (found < opt.device + 1)
+        fail("{}; use --device cpu (or --device auto, which runs on the CPU when there is no GPU)",
+             found == 0 ? std::string("no CUDA GPU found")
+                        : fmt::format("CUDA device {} is not available ({} found)", opt.device, found));
+}
+
 }  // namespace
 
 std::unique_ptr<BatchRunner> make_batch_runner(const Model& model, const SessionOptions& opt) {
-    if (CudaContext::device_count() < opt.device + 1)
-        fail("{}; use --device cpu (or --device auto, which runs on the CPU when there is no GPU)",
-             CudaContext::device_count() == 0
-                 ? std::string("no CUDA GPU found")
-                 : fmt::format("CUDA device {} is not available ({} found)", opt.device, CudaContext::device_count()));
+    require_device(opt);
     SessionOptions o = opt;
     o.n_ctx = 16;  // the single-sequence cache goes unused: batches use the paged pool
     o.gpu_mem_fraction = 0;
@@ -1409,11 +1426,7 @@ std::unique_ptr<BatchRunner> make_batch_runner(const Model& model, const Session
 }
 
 std::unique_ptr<Session> make_session(const Model& model, const SessionOptions& opt) {
-    if (CudaContext::device_count() < opt.device + 1)
-        fail("{}; use --device cpu (or --device auto, which runs on the CPU when there is no GPU)",
-             CudaContext::device_count() == 0
-                 ? std::string("no CUDA GPU found")
-                 : fmt::format("CUDA device {} is not available ({} found)", opt.device, CudaContext::device_count()));
+    require_device(opt);
     return std::make_unique<LlamaCudaSession>(model, opt);
 }
 

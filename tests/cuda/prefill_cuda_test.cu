@@ -731,13 +731,22 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
                            &pos[static_cast<size_t>(r)], 1, c.n_head, c.n_head_kv, c.hd, scale,
                            ref.data() + static_cast<size_t>(r) * qd, pool, c.window, c.softcap);
         }
-        for (bool scalar : {false, true}) {
+        // The grouped kernel, the scalar one, and the grouped one with its
+        // keys split across blocks (flash-decoding) and merged.
+        cuda::DeviceBuffer dws(static_cast<size_t>(n * c.n_head * 8 * (c.hd + 2)) * 4);
+        for (int mode : {0, 1, 2}) {
+            const bool scalar = mode == 1;
             cuda::PagedRows pr;
             pr.pos = dpos.as<int32_t>();
             pr.table_off = doff.as<int32_t>();
             pr.tables = dtab.as<int32_t>();
             pr.block_size = bs;
             pr.scalar = scalar;
+            if (mode == 2) {
+                pr.split_ws = dws.as<float>();
+                pr.split_ws_floats = static_cast<int64_t>(n) * c.n_head * 8 * (c.hd + 2);
+                pr.max_keys = *std::max_element(len.begin(), len.end());
+            }
             dout.fill_bytes(0xFF, ctx.stream());
             cuda::paged_attention(dq.as<float>(), ldq, dk.data(), dv.data(), cuda::KvType::F16, n, pr, c.n_head,
                                   c.n_head_kv, c.hd, scale, c.window, c.softcap, dout.as<float>(), ldo, ctx.stream());
@@ -748,7 +757,7 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
                 for (int i = 0; i < qd; ++i) {
                     const float g = got[static_cast<size_t>(r * ldo + i)], e = ref[static_cast<size_t>(r * qd + i)];
                     if (!(std::fabs(g - e) <= 2e-5f) && bad++ < 5)
-                        ADD_FAILURE() << "hd " << c.hd << (scalar ? " scalar" : " grouped") << " row " << r << " ["
+                        ADD_FAILURE() << "hd " << c.hd << (scalar ? " scalar" : mode ? " split" : " grouped") << " row " << r << " ["
                                       << i << "] " << g << " vs " << e;
                 }
                 for (int64_t i = qd; i < ldo; ++i) {
@@ -758,7 +767,7 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
                 }
             }
             EXPECT_EQ(bad, 0) << "hd " << c.hd << " heads " << c.n_head << "/" << c.n_head_kv << " window " << c.window
-                              << " softcap " << c.softcap << (scalar ? " scalar" : " grouped");
+                              << " softcap " << c.softcap << (scalar ? " scalar" : mode ? " split" : " grouped");
         }
     }
 }

@@ -298,7 +298,9 @@ private:
     // The output head runs on at most kHeadRows rows at a time: its BF16
     // inputs, logits and argmaxes (device and pinned host copies).
     static constexpr int64_t kHeadRows = 256;
-    DeviceBuffer bints_, bhead_x_, blogits_, bgreedy_;
+    static constexpr int64_t kSplitRows = 128;  // passes up to this long may split attention keys
+    DeviceBuffer bints_, bhead_x_, blogits_, bgreedy_, bsplit_;
+    int64_t bsplit_floats_ = 0;
     PinnedBuffer hgreedy_;
     std::vector<int32_t> bhost_;              // the pass's integers on the host (batch_pass)
     std::vector<const SeqBatch*> head_seq_;   // the sequence of each head row
@@ -1223,6 +1225,10 @@ void LlamaCudaSession::prepare_batches() {
              cfg_.head_dim);
     // The head's buffers (up to 256 rows at a time) before the copies below.
     bhead_x_ = DeviceBuffer(static_cast<size_t>(kHeadRows * cfg_.n_embd) * 2);
+    // Scratch for attention with the keys split across blocks (up to 8
+    // ranges for passes of up to kSplitRows rows: decode steps).
+    bsplit_floats_ = kSplitRows * cfg_.n_head * 8 * (cfg_.head_dim + 2);
+    bsplit_ = DeviceBuffer(static_cast<size_t>(bsplit_floats_) * 4);
     blogits_ = DeviceBuffer(static_cast<size_t>(kHeadRows * cfg_.n_vocab) * 4);
     bgreedy_ = DeviceBuffer(kHeadRows * 4);
     hgreedy_ = PinnedBuffer(kHeadRows * 4);
@@ -1360,6 +1366,9 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     pr.table_off = d + 2 * n;
     pr.tables = d + 3 * n + nh;
     pr.block_size = static_cast<int>(bs);
+    pr.split_ws = bsplit_.as<float>();
+    pr.split_ws_floats = bsplit_floats_;
+    pr.max_keys = n > 0 ? *std::max_element(pos, pos + n) + 1 : 0;
     layer_rows(d, n, 0, &pr);
     if (nh > 0) {
         // The final norm on every row (the last residual added in), then the

@@ -205,6 +205,17 @@ struct PagedRows {
     /// paged_attention: the scalar kernel even where the grouped one applies
     /// (tests compare the two).
     bool scalar = false;
+    /// Split-KV (flash-decoding) for the grouped kernel: with split_ws set,
+    /// each row's keys may be cut into up to max_splits ranges of at least
+    /// 64 keys, attended by separate blocks and merged by a second kernel —
+    /// when the rows alone would not fill the GPU. split_ws: device scratch
+    /// of split_ws_floats floats (a split pass needs n · n_head · splits ·
+    /// (head_dim + 2)); max_keys: the most keys any row attends to (0: no
+    /// split).
+    float* split_ws = nullptr;
+    int64_t split_ws_floats = 0;
+    int max_splits = 8;
+    int max_keys = 0;
 };
 
 /// prefill_rope_kv_store for rows of several sequences: row r rotated at

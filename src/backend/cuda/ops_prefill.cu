@@ -306,6 +306,10 @@ void dispatch_attn(int hd, const float* q, int64_t ldq, const void* kc, const vo
 //            l for each of its warp's heads, the online softmax updates in
 //            fp32, and lane l accumulates output elements l·E .. l·E + E − 1
 //            (E = HD/32) from the staged V rows.
+//            With nsplit > 1 (grid.z = nsplit), block z takes the z-th of
+//            nsplit equal ranges (whole 32-key steps) of the row's keys and
+//            leaves its unnormalized sums, running max and sum in ws
+//            (paged_merge_kernel combines them).
 //   Bound:   latency at decode lengths (a few µs per 32 keys); K/V traffic
 //            once per KV head and row.
 constexpr int kGroupWarps = 4;
@@ -315,7 +319,8 @@ template <int HD, bool SOFTCAP>
 __global__ void __launch_bounds__(32 * kGroupWarps)
     paged_grouped_attention_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
                                    const __half* __restrict__ vc, const PagedMap map, int n_head, int n_head_kv,
-                                   float scale, int window, float softcap, float* __restrict__ out, int64_t ldo) {
+                                   float scale, int window, float softcap, float* __restrict__ out, int64_t ldo,
+                                   int nsplit, float* __restrict__ ws) {
     constexpr int E = HD / 32, KP = HD + 8, C16 = HD / 8;  // C16: 16-byte chunks per row
     __shared__ float qsh[kGroupWarps * kGroupMaxPerWarp][HD];
     __shared__ __align__(16) __half ksh[32][KP];
@@ -338,9 +343,17 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[i][e] = 0.0f;
     }
-    for (int j0 = lo; j0 <= pos; j0 += 32) {
-        const int nt = min(32, pos - j0 + 1);
-        __syncthreads();  // the previous tile is consumed (and, first time, q is staged)
+    // This block's keys k0 .. k1 (all of lo .. pos without a split).
+    int k0 = lo, k1 = pos;
+    if (nsplit > 1) {
+        const int span = ((pos - lo + 1 + nsplit - 1) / nsplit + 31) / 32 * 32;
+        k0 = lo + static_cast<int>(blockIdx.z) * span;
+        k1 = min(pos, k0 + span - 1);
+    }
+    __syncthreads();  // q is staged (also when this block has no keys)
+    for (int j0 = k0; j0 <= k1; j0 += 32) {
+        const int nt = min(32, k1 - j0 + 1);
+        __syncthreads();  // the previous tile is consumed
         for (int c = static_cast<int>(threadIdx.x); c < 32 * C16; c += 32 * kGroupWarps) {
             const int t = c / C16, part = c % C16;
             uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
@@ -384,6 +397,18 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
             m[i] = m_new;
         }
     }
+    if (nsplit > 1) {
+#pragma unroll
+        for (int i = 0; i < kGroupMaxPerWarp; ++i) {
+            if (i >= nh) break;
+            const int h = hk * g + warp + kGroupWarps * i;
+            float* o = ws + ((static_cast<int64_t>(r) * n_head + h) * nsplit + blockIdx.z) * (HD + 2);
+#pragma unroll
+            for (int e = 0; e < E; ++e) o[lane * E + e] = acc[i][e];
+            if (lane == 0) o[HD] = m[i], o[HD + 1] = l[i];
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < kGroupMaxPerWarp; ++i) {
         if (i >= nh) break;
@@ -395,19 +420,82 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
     }
 }
 
+// paged_merge_kernel<HD>
+//   Shapes:  ws: n rows × n_head heads × nsplit records of HD + 2 floats
+//            (unnormalized sums, running max m, sum l); out as the
+//            attention's.
+//   Grid:    (n_head, n) blocks of one warp: out = Σ_z e^{m_z − M}·acc_z /
+//            Σ_z e^{m_z − M}·l_z with M = max_z m_z (ranges without keys
+//            have m = −inf and weigh nothing).
+//   Bound:   latency (tiny).
+template <int HD>
+__global__ void __launch_bounds__(32) paged_merge_kernel(const float* __restrict__ ws, int n_head, int nsplit,
+                                                         float* __restrict__ out, int64_t ldo) {
+    constexpr int E = HD / 32;
+    const int lane = static_cast<int>(threadIdx.x), h = static_cast<int>(blockIdx.x), r = static_cast<int>(blockIdx.y);
+    const float* rec = ws + (static_cast<int64_t>(r) * n_head + h) * nsplit * (HD + 2);
+    float M = -INFINITY;
+    for (int z = 0; z < nsplit; ++z) M = fmaxf(M, rec[z * (HD + 2) + HD]);
+    float L = 0.0f, acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+    for (int z = 0; z < nsplit; ++z) {
+        const float mz = rec[z * (HD + 2) + HD];
+        if (mz == -INFINITY) continue;
+        const float wz = expf(mz - M);
+        L += wz * rec[z * (HD + 2) + HD + 1];
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] += wz * rec[z * (HD + 2) + lane * E + e];
+    }
+    float* o = out + static_cast<int64_t>(r) * ldo + static_cast<int64_t>(h) * HD + lane * E;
+    const float inv = 1.0f / L;  // L >= 1: the range holding the row's own key has weight e^0 · l >= 1
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = acc[e] * inv;
+}
+
+int sm_count() {
+    static const int count = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            cudaGetLastError();
+            return 132;
+        }
+        return v;
+    }();
+    return count;
+}
+
 template <int HD>
 void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc, int n, const PagedMap& map,
                     int n_head, int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo,
                     cudaStream_t stream) {
-    const dim3 grid(static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n)), block(32 * kGroupWarps);
+    // Split the keys when the rows' blocks would not fill the GPU about
+    // four times over: ranges of at least 64 keys, as many as the scratch holds.
+    const PagedRows& pr = map.pr;
+    int nsplit = 1;
+    if (pr.split_ws && pr.max_keys > 64) {
+        const int64_t blocks = static_cast<int64_t>(n) * n_head_kv;
+        const int64_t want = (4 * sm_count() + blocks - 1) / blocks;
+        const int64_t fit = pr.split_ws_floats / (static_cast<int64_t>(n) * n_head * (HD + 2));
+        nsplit = static_cast<int>(std::clamp<int64_t>(std::min({want, int64_t{pr.max_splits}, fit,
+                                                                 int64_t{(pr.max_keys + 63) / 64}}),
+                                                      1, 64));
+    }
+    const dim3 grid(static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n), static_cast<unsigned>(nsplit)),
+        block(32 * kGroupWarps);
     if (softcap > 0.0f)
         paged_grouped_attention_kernel<HD, true><<<grid, block, 0, stream>>>(
             q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
-            window, softcap, out, ldo);
+            window, softcap, out, ldo, nsplit, pr.split_ws);
     else
         paged_grouped_attention_kernel<HD, false><<<grid, block, 0, stream>>>(
             q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
-            window, softcap, out, ldo);
+            window, softcap, out, ldo, nsplit, pr.split_ws);
+    if (nsplit > 1) {
+        QUERN_CUDA_CHECK_LAUNCH();
+        paged_merge_kernel<HD><<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(n)), 32, 0, stream>>>(
+            pr.split_ws, n_head, nsplit, out, ldo);
+    }
 }
 
 unsigned grid_for(int64_t threads) {

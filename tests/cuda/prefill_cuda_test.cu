@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
@@ -201,6 +202,174 @@ TEST(CudaPrefill, GemmMatchesDoubleReference) {
             }
         }
     }
+}
+
+// bq_gemm (bq_gemm.h) on every type with a small-batch layout against the
+// double product of the exact weights (dequantize_row_ref) and the BF16
+// activations, and against the BF16 cuBLASLt path: token counts across the
+// kernel's tile widths (1..64), the whole matrix and a row range starting
+// at a tile (an expert of a bank; the padding past `rows` keeps its poison),
+// K short enough for one split and long enough for several (atomic sums).
+// Tolerance: the weights are formed in BF16 from BF16 scale and offset
+// (errors ≤ 2^-8 of |w|+|o| each, random in sign), so per element
+// |y − ref| <= 2^-5·sqrt(Σ_k (x_k·gmax_k)^2) + 1e-5 (gmax_k: the largest
+// |w| of k's 32-element group in that row; ~13 standard deviations of the
+// expected error), and over the whole product rms(y − ref) <= 2^-7·rms(ref).
+TEST(CudaPrefill, BqGemmMatchesReferenceAndCublas) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(211);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_0, DType::Q5_1, DType::Q5_K, DType::Q6_K}) {
+        for (const auto& [N, K] : {std::pair<int64_t, int64_t>{200, 256}, {130, 4096}}) {
+            ASSERT_TRUE(cuda::bq_supported(t, K)) << dtype_name(t);
+            HostMatrix m = random_matrix(t, N, K, rng);
+            cuda::DeviceWeight w = upload(ctx, m);
+            cuda::DeviceWeight wc = upload(ctx, m);  // no bq layout: the cuBLASLt path
+            cuda::make_resident_bq(w, ctx.stream());
+            ASSERT_NE(w.bq, nullptr);
+            EXPECT_EQ(w.bq_bits, (t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q4_K) ? 4 : 8);
+            cuda::PrefillGemm gemm(64, K, int64_t{64} << 20);
+            std::vector<float> gmax(static_cast<size_t>(N * K));
+            for (int64_t j = 0; j < N; ++j)
+                for (int64_t k0 = 0; k0 < K; k0 += 32) {
+                    float mx = 0;
+                    for (int64_t k = k0; k < k0 + 32; ++k) mx = std::max(mx, std::fabs(m.deq[static_cast<size_t>(j * K + k)]));
+                    for (int64_t k = k0; k < k0 + 32; ++k) gmax[static_cast<size_t>(j * K + k)] = mx;
+                }
+            for (int64_t n : {1, 8, 9, 17, 32, 33, 64}) {
+                for (const auto& [row0, rows] : {std::pair<int64_t, int64_t>{0, N}, {64, N - 69}}) {
+                    const int64_t ldy = rows + 3;
+                    std::vector<float> x(static_cast<size_t>(n * K));
+                    for (auto& v : x) v = nd(rng);
+                    cuda::DeviceBuffer dx = on_device(x, ctx), dy(static_cast<size_t>(n * ldy) * 4),
+                                       dc(static_cast<size_t>(n * ldy) * 4);
+                    const uint16_t* xb = gemm.to_bf16(dx.as<float>(), K, n, K, ctx.stream());
+                    dy.fill_bytes(0xFF, ctx.stream());
+                    cuda::bq_gemm(w, row0, rows, xb, n, dy.as<float>(), ldy, ctx.stream());
+                    gemm.run_bf16_rows(wc, row0, rows, xb, n, dc.as<float>(), ldy, ctx.stream());
+                    std::vector<float> y(static_cast<size_t>(n * ldy)), yc(y.size());
+                    dy.download(y.data(), y.size() * 4, ctx.stream());
+                    dc.download(yc.data(), yc.size() * 4, ctx.stream());
+                    int bad = 0;
+                    double e2 = 0, ec2 = 0, r2 = 0;
+                    for (int64_t r = 0; r < n; ++r) {
+                        for (int64_t j = 0; j < rows; ++j) {
+                            double ref = 0, mag2 = 0;
+                            for (int64_t k = 0; k < K; ++k) {
+                                const double xv = bf16_to_float(fp32_to_bf16(x[static_cast<size_t>(r * K + k)]));
+                                const size_t wi = static_cast<size_t>((row0 + j) * K + k);
+                                ref += xv * m.deq[wi];
+                                mag2 += (xv * gmax[wi]) * (xv * gmax[wi]);
+                            }
+                            const float g = y[static_cast<size_t>(r * ldy + j)], c = yc[static_cast<size_t>(r * ldy + j)];
+                            const double tol = std::ldexp(1.0, -5) * std::sqrt(mag2) + 1e-5;
+                            e2 += (g - ref) * (g - ref);
+                            ec2 += (g - c) * (g - c);
+                            r2 += ref * ref;
+                            if ((!(std::fabs(g - ref) <= tol) || !(std::fabs(g - c) <= 2 * tol)) && bad++ < 5)
+                                ADD_FAILURE() << dtype_name(t) << " K " << K << " n " << n << " rows " << row0 << "+"
+                                              << rows << " at " << r << "," << j << ": " << g << " vs " << ref
+                                              << " (cuBLASLt " << c << ", tol " << tol << ")";
+                        }
+                        for (int64_t j = rows; j < ldy; ++j) {
+                            uint32_t bits;
+                            std::memcpy(&bits, &y[static_cast<size_t>(r * ldy + j)], 4);
+                            if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "padding written at row " << r;
+                        }
+                    }
+                    EXPECT_LE(std::sqrt(e2), std::ldexp(1.0, -7) * std::sqrt(r2))
+                        << dtype_name(t) << " K " << K << " n " << n << " rows " << row0 << "+" << rows;
+                    EXPECT_LE(std::sqrt(ec2), std::ldexp(1.0, -7) * std::sqrt(r2))
+                        << dtype_name(t) << " K " << K << " n " << n << " (against cuBLASLt)";
+                    EXPECT_EQ(bad, 0) << dtype_name(t) << " K " << K << " n " << n << " rows " << row0 << "+" << rows;
+                }
+            }
+        }
+    }
+    // Refusals: types without a layout, shapes out of range, no layout made.
+    HostMatrix f16 = random_matrix(DType::F16, 64, 256, rng);
+    cuda::DeviceWeight wf = upload(ctx, f16);
+    EXPECT_FALSE(cuda::bq_supported(DType::Q8_0, 256));
+    EXPECT_FALSE(cuda::bq_supported(DType::Q4_0, 96));
+    EXPECT_THROW(cuda::make_resident_bq(wf, ctx.stream()), std::runtime_error);
+    HostMatrix q4 = random_matrix(DType::Q4_K, 64, 256, rng);
+    cuda::DeviceWeight wq = upload(ctx, q4);
+    cuda::DeviceBuffer dx(static_cast<size_t>(65 * 256) * 2), dy(static_cast<size_t>(65 * 64) * 4);
+    EXPECT_THROW(cuda::bq_gemm(wq, 0, 64, dx.as<uint16_t>(), 1, dy.as<float>(), 64, ctx.stream()), std::runtime_error);
+    cuda::make_resident_bq(wq, ctx.stream());
+    EXPECT_THROW(cuda::bq_gemm(wq, 0, 64, dx.as<uint16_t>(), 65, dy.as<float>(), 64, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::bq_gemm(wq, 8, 56, dx.as<uint16_t>(), 1, dy.as<float>(), 64, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::bq_gemm(wq, 16, 56, dx.as<uint16_t>(), 1, dy.as<float>(), 64, ctx.stream()), std::runtime_error);
+}
+
+// Not a test: the throughput of bq_gemm against the BF16 copy + cuBLASLt
+// path and the FP8 path (per-row E4M3 weights and activations, cuBLASLt) on
+// Llama-3-8B's matrix shapes (random blocks with sane scales), printed per
+// shape and token count. Run with
+// --gtest_also_run_disabled_tests --gtest_filter='*BqGemmThroughput*'.
+TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(5);
+    struct Shape {
+        const char* name;
+        int64_t N, K;
+        DType t;
+    };
+    const Shape shapes[] = {{"q/wo", 4096, 4096, DType::Q4_K},     {"k/v", 1024, 4096, DType::Q4_K},
+                            {"gate/up", 14336, 4096, DType::Q4_K}, {"down", 4096, 14336, DType::Q4_K},
+                            {"down6", 4096, 14336, DType::Q6_K},   {"head6", 128256, 4096, DType::Q6_K}};
+    cuda::PrefillGemm gemm(64, 14336, int64_t{64} << 20);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (const Shape& sh : shapes) {
+        const size_t rb = row_size(sh.t, sh.K);
+        std::vector<uint8_t> bytes(rb * static_cast<size_t>(sh.N));
+        for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+        const auto bb = static_cast<size_t>(dtype_info(sh.t).type_size);
+        for (size_t o = 0; o < bytes.size(); o += bb) {  // fp16 1.0 / 0.01 for d (and dmin)
+            const size_t at = sh.t == DType::Q6_K ? o + 208 : o;
+            bytes[at] = 0x00, bytes[at + 1] = 0x3C;
+            if (sh.t == DType::Q4_K) bytes[o + 2] = 0x1F, bytes[o + 3] = 0x21;
+        }
+        cuda::DeviceWeight w = cuda::upload_weight(ctx, Tensor::contiguous(sh.t, {sh.K, sh.N, 1, 1}, bytes.data(), "w"));
+        cuda::DeviceWeight wc = cuda::upload_weight(ctx, Tensor::contiguous(sh.t, {sh.K, sh.N, 1, 1}, bytes.data(), "w"));
+        cuda::make_resident_bq(w, ctx.stream());
+        cuda::DeviceWeight wf = cuda::to_fp8_rows(wc, ctx.stream());  // --gpu-weights fp8
+        cuda::make_resident_bf16(wc, ctx.stream());
+        std::vector<uint16_t> xh(static_cast<size_t>(64 * sh.K), 0x3C00);
+        cuda::DeviceBuffer dx = on_device(xh, ctx), dy(static_cast<size_t>(64 * sh.N) * 4);
+        for (int64_t n : {1, 8, 16, 32, 64}) {
+            const auto time = [&](auto&& f) {
+                for (int i = 0; i < 3; ++i) f();
+                cudaEventRecord(e0, ctx.stream());
+                for (int i = 0; i < 20; ++i) f();
+                cudaEventRecord(e1, ctx.stream());
+                cudaEventSynchronize(e1);
+                float ms = 0;
+                cudaEventElapsedTime(&ms, e0, e1);
+                return 1e3 * ms / 20;
+            };
+            const double tq = time([&] {
+                cuda::bq_gemm(w, 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N, ctx.stream());
+            });
+            const double tb = time([&] {
+                gemm.run_bf16_rows(wc, 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N, ctx.stream());
+            });
+            const double tf = time([&] {
+                gemm.run_bf16_rows(wf, 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N, ctx.stream());
+            });
+            const double bq_b = static_cast<double>(cuda::bq_bytes(w)), bf_b = 2.0 * static_cast<double>(sh.N * sh.K),
+                         f8_b = static_cast<double>(sh.N * sh.K + 4 * sh.N);
+            std::printf("%-8s %-5s n %2lld  bq %7.1f us %5.0f GB/s | bf16 %7.1f us %5.0f GB/s | fp8 %7.1f us %5.0f GB/s\n",
+                        sh.name, std::string(dtype_name(sh.t)).c_str(), static_cast<long long>(n), tq,
+                        bq_b / tq * 1e-3, tb, bf_b / tb * 1e-3, tf, f8_b / tf * 1e-3);
+        }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
 }
 
 // run_bf16_rows on one expert's rows of a bank (rows 3·64 .. 4·64 of 5·64,

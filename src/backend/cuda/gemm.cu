@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/minifloat.cuh"
 #include "backend/cuda/ops_common.cuh"
@@ -21,30 +23,10 @@ namespace quern::cuda {
 namespace {
 
 using detail::bf16_bits;
-__device__ __forceinline__ float half_at(const void* p, int64_t i) {
-    return __half2float(static_cast<const __half*>(p)[i]);
-}
-
-// Fifth bit of element e (0..31) of a 32-element group in the "Q5 order" of
-// weights.h: byte k, bit i = element 4i+k, bit 4+i = element 16+4i+k.
-__device__ __forceinline__ uint32_t q5_bit(uint32_t bits, int e) {
-    const int h = e >> 4, i = (e & 15) >> 2, k = e & 3;
-    return (bits >> (8 * k + 4 * h + i)) & 1u;
-}
-
-// Low nibble of byte e (element e < 16) or high nibble of byte e − 16 of a
-// 16-byte chunk holding 32 four-bit values ("as Q4_1" in weights.h).
-__device__ __forceinline__ uint32_t nib(const uint8_t* chunk, int e) {
-    return e < 16 ? (chunk[e] & 0xFu) : (chunk[e - 16] >> 4);
-}
-
-struct DeqArgs {
-    const uint8_t* q;
-    const uint8_t* q2;
-    const uint8_t* s;
-    const uint8_t* s2;
-    int64_t K;
-};
+using deq::DeqArgs;
+using deq::half_at;
+using deq::nib;
+using deq::q5_bit;
 
 // Decodes 32-element unit u (elements 32u .. 32u+31) of row `row` into v,
 // computing each value in fp32 as dequantize_row_ref does.
@@ -673,6 +655,11 @@ void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_r
     if (n < 1 || n > max_n_ || w.K > max_k_ || row0 < 0 || n_rows < 1 || row0 + n_rows > w.N || ldy < n_rows)
         throw_error("PrefillGemm: shape out of range");
     if (w.fp8_row_scaled && w.K % 16 == 0 && run_fp8_rows(w, row0, n_rows, xb, n, y, ldy, stream)) return;
+    if (w.bq && n <= kBqMaxRows && row0 % 16 == 0 && reinterpret_cast<uintptr_t>(xb) % 16 == 0) {
+        bq_gemm(w, row0, n_rows, xb, n, y, ldy, stream);  // few rows: read the quantized weights once
+        if (hook_) hook_("gemm");
+        return;
+    }
     if (w.bf16) {  // resident copy: one GEMM, nothing to dequantize
         matmul(w.bf16 + row0 * w.K, n_rows, xb, n, w.K, y, ldy, stream);
         if (hook_) hook_("gemm");

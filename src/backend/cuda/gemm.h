@@ -105,7 +105,9 @@ public:
 
     /// As run() with X already in BF16: xb holds n rows of w.K values back
     /// to back (row stride w.K). The BF16 activation scratch is not used (the
-    /// FP8 path quantizes xb into its own).
+    /// FP8 path quantizes xb into its own). A weight with a bq layout
+    /// (make_resident_bq) and at most kBqMaxRows rows goes through bq_gemm
+    /// instead (bq_gemm.h: its rounding of the weights differs slightly).
     void run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
 
     /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank

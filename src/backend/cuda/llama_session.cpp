@@ -88,6 +88,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/gpu_support.h"
+#include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -1241,7 +1242,35 @@ void LlamaCudaSession::prepare_batches() {
     size_t free_b = 0, total_b = 0;
     QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const size_t keep = total_b / 4;
-    size_t bytes = 0;
+    size_t bytes = 0, bq_total = 0;
+    // With QUERN_CUDA_BQ=1, first the small-batch (bq) layouts of the
+    // quantized matrices: passes of up to 64 rows then read those (5.5 or 11
+    // bits per weight) instead of the 16-bit copies. Off by default: on an
+    // H200 bq_gemm still reaches only 0.8-1.7 TB/s of its bytes against
+    // cuBLASLt's ~3.6 TB/s of BF16 bytes, so the copies are faster
+    // (bench/batched-cuda-h200.md).
+    const char* bq_env = std::getenv("QUERN_CUDA_BQ");
+    if (bq_env && *bq_env == '1') {
+        bool room = true;
+        const auto small = [&](DeviceWeight& w) {
+            if (!room || !w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K)) return;
+            const size_t need = bq_bytes(w);
+            if (bq_total + need + keep > free_b) {
+                room = false;
+                return;
+            }
+            try {
+                make_resident_bq(w, ctx_.stream());
+                bq_total += need;
+            } catch (const Error&) {
+                cudaGetLastError();
+                room = false;
+            }
+        };
+        for_each_layer_matrix(small, /*experts=*/false);
+        small(output_.w);
+    }
+    bytes = bq_total;
     bool full = true;
     const auto resident = [&](DeviceWeight& w) {
         if (!full || !w.q || w.fp8_row_scaled || !gemm_weight_type_supported(w.type)) return;
@@ -1260,8 +1289,10 @@ void LlamaCudaSession::prepare_batches() {
     };
     for_each_layer_matrix(resident, /*experts=*/false);
     resident(output_.w);
+    if (opt_.verbose && bq_total > 0)
+        std::fprintf(stderr, "quern: %.2f GiB of small-batch weight layouts on the GPU\n", gib(static_cast<double>(bq_total)));
     if (opt_.verbose)
-        std::fprintf(stderr, "quern: %.2f GiB of BF16 weight copies on the GPU for batches%s\n", gib(static_cast<double>(bytes)),
+        std::fprintf(stderr, "quern: %.2f GiB of BF16 weight copies on the GPU for batches%s\n", gib(static_cast<double>(bytes - bq_total)),
                      full ? "" : " (no more fit beside a free quarter of GPU memory: the rest are dequantized per pass)");
     batches_ready_ = true;
 }

@@ -95,6 +95,11 @@ struct DeviceWeight {
     /// dequantizing tiles on every call.
     const uint16_t* bf16 = nullptr;
     DeviceBuffer bf16_buf;
+    /// The small-batch layout of the matrix (make_resident_bq, bq_gemm.h:
+    /// 4- or 8-bit integers in tensor-core fragment order), or null.
+    const uint8_t* bq = nullptr;
+    int bq_bits = 0;  ///< 4 (B4) or 8 (B8) when bq is set
+    DeviceBuffer bq_buf;
 
     /// Bytes one pass over the matrix reads (the tensor's GGUF size).
     size_t bytes() const { return row_size(type, K) * static_cast<size_t>(N); }

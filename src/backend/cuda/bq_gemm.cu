@@ -1,0 +1,574 @@
+// Small-batch GEMM on quantized weights: the bq layouts and their product
+// (API, layouts and numerics: bq_gemm.h).
+#include <cuda_bf16.h>
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/bq_gemm.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dequant.cuh"
+
+namespace quern::cuda {
+namespace {
+
+using deq::DeqArgs;
+using deq::half_at;
+using deq::nib;
+using deq::q5_bit;
+
+constexpr int64_t kTile = 16;   // weight rows per tile (the mma's M)
+constexpr int64_t kChunk = 64;  // elements per chunk (four k16 steps)
+
+__host__ __device__ constexpr int record_bytes(int bits) { return bits == 4 ? 16 : 32; }
+// Per (tile, chunk): {s, o} records (8 bytes per lane group: rows g, g+8),
+// then {c, c'} centres (4 bytes per lane group).
+__host__ __device__ constexpr int so_bytes(int bits) { return bits == 4 ? 128 : 256; }
+__host__ __device__ constexpr int scale_bytes(int bits) { return so_bytes(bits) + so_bytes(bits) / 2; }
+
+// Unit u (elements 32u .. 32u+31) of row `row` as integers q[e] (< 128) and
+// the scale and offset of each 16-element half: value = s[e/16]·q[e] +
+// o[e/16], the same value dequantize_row_ref gives (up to fp32 rounding).
+template <DType T>
+__device__ __forceinline__ void unit_parts(const DeqArgs& a, int64_t row, int64_t u, uint32_t (&q)[32], float (&s)[2],
+                                           float (&o)[2]) {
+    const int64_t gu = row * (a.K / 32) + u;
+    if constexpr (T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q5_0 || T == DType::Q5_1) {
+        const uint8_t* c = a.q + 16 * gu;
+        float d, m;
+        uint32_t hb = 0;
+        if constexpr (T == DType::Q4_0) {
+            d = half_at(a.s, gu), m = -8.0f * d;
+        } else if constexpr (T == DType::Q4_1) {
+            d = half_at(a.s, 2 * gu), m = half_at(a.s, 2 * gu + 1);
+        } else if constexpr (T == DType::Q5_0) {
+            d = half_at(a.s, gu), m = -16.0f * d;
+            hb = reinterpret_cast<const uint32_t*>(a.q2)[gu];
+        } else {
+            const uint8_t* rec = a.s + 8 * gu;  // {fp16 d, fp16 m, uint32 fifth bits}
+            d = half_at(rec, 0), m = half_at(rec, 1);
+            hb = *reinterpret_cast<const uint32_t*>(rec + 4);
+        }
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+            q[e] = nib(c, e);
+            if constexpr (T == DType::Q5_0 || T == DType::Q5_1) q[e] |= q5_bit(hb, e) << 4;
+        }
+        s[0] = s[1] = d;
+        o[0] = o[1] = m;
+    } else if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+        const uint8_t* c = a.q + 16 * gu;
+        const uint8_t* head = a.s + 16 * (row * (a.K / 256) + (u >> 3));
+        const int j = static_cast<int>(u & 7);
+        const float d = half_at(head, 0), dmin = half_at(head, 1);
+        const uint32_t b = head[4 + j];
+        const uint32_t m_hi = (head[12 + j / 2] >> (4 * (j & 1))) & 0xFu;
+        s[0] = s[1] = d * static_cast<float>(b & 63u);
+        o[0] = o[1] = -(dmin * static_cast<float>(((b >> 6) & 3u) | (m_hi << 2)));
+        uint32_t hb = 0;
+        if constexpr (T == DType::Q5_K) hb = reinterpret_cast<const uint32_t*>(a.q2)[gu];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+            q[e] = nib(c, e);
+            if constexpr (T == DType::Q5_K) q[e] |= q5_bit(hb, e) << 4;
+        }
+    } else if constexpr (T == DType::Q6_K) {
+        const uint8_t* c = a.q + 16 * gu;
+        const auto* qh = reinterpret_cast<const uint32_t*>(a.q2) + 2 * gu;
+        const auto* sc = reinterpret_cast<const int8_t*>(a.s) + 2 * gu;
+        const float d = half_at(a.s2, row * (a.K / 256) + (u >> 3));
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+            const int h = e >> 4, i = (e & 15) >> 2, k = e & 3;  // high bits: word h, byte k, bits 2i
+            q[e] = nib(c, e) | (((qh[h] >> (8 * k + 2 * i)) & 3u) << 4);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            s[h] = d * static_cast<float>(sc[h]);
+            o[h] = -32.0f * s[h];
+        }
+    }
+}
+
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The record of a group with value = s·q + o, for kernels that form
+// (x − c)·s' + o' in BF16 with x = 128 + m·q, i.e. BF16(s)·(q − z) + o': the
+// centre z = round(−o/s) clamped to [0, zmax] makes o' = s·z + o (exact at
+// q = z) small — at most s/2 when z is not clamped — so its BF16 rounding
+// costs no more than one weight's, where rounding o itself would shift every
+// weight of the group by up to 2^-9·|o|. c = BF16 bits of 128 + m·z (exact),
+// s' = BF16(s)/m (exact); returns {s', o'}, c in c16.
+__device__ __forceinline__ uint32_t so_pair(float s, float o, int zmax, int m, uint32_t& c16) {
+    const float sb = __bfloat162float(__float2bfloat16_rn(s));
+    const float z = sb != 0.0f ? fminf(fmaxf(rintf(-o / sb), 0.0f), static_cast<float>(zmax)) : 0.0f;
+    c16 = 0x4300u | (static_cast<uint32_t>(z) * static_cast<uint32_t>(m));
+    return bf16_pair(sb / static_cast<float>(m), fmaf(s, z, o));
+}
+
+// to_bq_kernel<T, BITS>
+//   Shapes:  a: N rows × K (device layout, weights.h; K % 64 == 0); q, sc:
+//            the bq layout of bq_gemm.h for tiles = ceil(N / 16) tiles
+//            (rows past N: zeros).
+//   Grid:    one thread per (tile, chunk, lane), grid-stride, 256 per
+//            block: the thread decodes its two rows' unit (unit_parts) and
+//            writes its lane record and, for its rows, the scale record.
+//   Bound:   memory (run once at load).
+template <DType T, int BITS>
+__global__ void __launch_bounds__(256) to_bq_kernel(DeqArgs a, int64_t N, int64_t tiles, uint8_t* __restrict__ q,
+                                                     uint8_t* __restrict__ sc) {
+    const int64_t C = a.K / kChunk;
+    const int64_t total = tiles * C * 32;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int lane = static_cast<int>(i & 31), g = lane >> 2, c = lane & 3;
+        const int64_t tc = i >> 5, tile = tc / C, ch = tc % C;
+        const int64_t u = 2 * ch + (c >> 1);  // the unit of this lane's 16 elements
+        const int eb = 16 * (c & 1);          // their first element in the unit
+        uint32_t qa[2][32], zc[2];
+        float sa[2][2], oa[2][2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const int64_t row = kTile * tile + g + 8 * rr;
+            if (row < N) {
+                unit_parts<T>(a, row, u, qa[rr], sa[rr], oa[rr]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 32; ++e) qa[rr][e] = 0;
+                sa[rr][0] = sa[rr][1] = oa[rr][0] = oa[rr][1] = 0.0f;
+            }
+        }
+        if constexpr (BITS == 4) {
+            uint32_t w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int e = eb + 4 * j;
+                w[j] = qa[0][e] | qa[1][e] << 4 | qa[0][e + 2] << 8 | qa[1][e + 2] << 12 | qa[0][e + 1] << 16 |
+                       qa[1][e + 1] << 20 | qa[0][e + 3] << 24 | qa[1][e + 3] << 28;
+            }
+            reinterpret_cast<uint4*>(q)[i] = make_uint4(w[0], w[1], w[2], w[3]);
+            if ((c & 1) == 0) {
+                const int64_t at = tc * scale_bytes(4) + 8 * (2 * g + (c >> 1));
+                *reinterpret_cast<uint2*>(sc + at) = make_uint2(so_pair(sa[0][0], oa[0][0], 15, 8, zc[0]),
+                                                                so_pair(sa[1][0], oa[1][0], 15, 8, zc[1]));
+                *reinterpret_cast<uint32_t*>(sc + tc * scale_bytes(4) + so_bytes(4) + 4 * (2 * g + (c >> 1))) =
+                    zc[0] | zc[1] << 16;
+            }
+        } else {
+            uint32_t w[8];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int e = eb + 4 * j;
+                w[2 * j] = qa[0][e] | qa[1][e] << 8 | qa[0][e + 1] << 16 | qa[1][e + 1] << 24;
+                w[2 * j + 1] = qa[0][e + 2] | qa[1][e + 2] << 8 | qa[0][e + 3] << 16 | qa[1][e + 3] << 24;
+            }
+            reinterpret_cast<uint4*>(q)[2 * i] = make_uint4(w[0], w[1], w[2], w[3]);
+            reinterpret_cast<uint4*>(q)[2 * i + 1] = make_uint4(w[4], w[5], w[6], w[7]);
+            const int h = c & 1;
+            *reinterpret_cast<uint2*>(sc + tc * scale_bytes(8) + 8 * (4 * g + c)) =
+                make_uint2(so_pair(sa[0][h], oa[0][h], 127, 1, zc[0]), so_pair(sa[1][h], oa[1][h], 127, 1, zc[1]));
+            *reinterpret_cast<uint32_t*>(sc + tc * scale_bytes(8) + so_bytes(8) + 4 * (4 * g + c)) = zc[0] | zc[1] << 16;
+        }
+    }
+}
+
+template <int BITS>
+struct Rec;
+template <>
+struct Rec<4> {
+    uint4 w;
+    uint2 s;
+    uint32_t c;
+};
+template <>
+struct Rec<8> {
+    uint4 w0, w1;
+    uint2 s;
+    uint32_t c;
+};
+
+// The lane's record of one (tile, chunk) from its staged copy: the lane
+// records (32 × 16 or 32 bytes), then the {s, o} and centre records.
+template <int BITS>
+__device__ __forceinline__ void load_rec(Rec<BITS>& r, const uint8_t* tile, int lane) {
+    const int grp = BITS == 4 ? 2 * (lane >> 2) + ((lane & 3) >> 1) : lane;  // this lane's {s, o} record
+    if constexpr (BITS == 4) {
+        r.w = reinterpret_cast<const uint4*>(tile)[lane];
+    } else {
+        r.w0 = reinterpret_cast<const uint4*>(tile)[2 * lane];
+        r.w1 = reinterpret_cast<const uint4*>(tile)[2 * lane + 1];
+    }
+    const uint8_t* so = tile + 32 * record_bytes(BITS);
+    r.s = reinterpret_cast<const uint2*>(so)[grp];
+    r.c = reinterpret_cast<const uint32_t*>(so + so_bytes(BITS))[grp];
+}
+
+__device__ __forceinline__ __nv_bfloat162 as_bf2(uint32_t u) { return *reinterpret_cast<const __nv_bfloat162*>(&u); }
+__device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+
+// value = (x − c)·s + o for a pair x = 128 + m·q built by OR-ing q into the
+// mantissa of 128.0 (exact: m·q < 128), c = 128 + m·z (so x − c = m·(q − z)
+// exactly), s and o broadcast to both halves: one rounding, of s·(q−z) + o.
+__device__ __forceinline__ uint32_t affine(uint32_t x, __nv_bfloat162 c, __nv_bfloat162 s, __nv_bfloat162 o) {
+    return as_u32(__hfma2(__hsub2(as_bf2(x), c), s, o));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The broadcast scale registers of a lane record: {s, s}, {o, o} and {c, c}
+// of rows g (index 0) and g+8 (index 1).
+struct Scales {
+    __nv_bfloat162 s[2], o[2], c[2];
+};
+template <int BITS>
+__device__ __forceinline__ Scales scales_of(const Rec<BITS>& r) {
+    Scales k;
+    k.s[0] = as_bf2(__byte_perm(r.s.x, 0, 0x1010)), k.o[0] = as_bf2(__byte_perm(r.s.x, 0, 0x3232));
+    k.s[1] = as_bf2(__byte_perm(r.s.y, 0, 0x1010)), k.o[1] = as_bf2(__byte_perm(r.s.y, 0, 0x3232));
+    k.c[0] = as_bf2(__byte_perm(r.c, 0, 0x1010)), k.c[1] = as_bf2(__byte_perm(r.c, 0, 0x3232));
+    return k;
+}
+
+// The A fragment of step j (0..3) of a lane record: the weights of rows g
+// and g+8 at the step's elements, decoded to BF16.
+template <int BITS>
+__device__ __forceinline__ void step_a(const Rec<BITS>& r, const Scales& k, int j, uint32_t (&a)[4]) {
+    if constexpr (BITS == 4) {
+        const uint32_t w = j == 0 ? r.w.x : j == 1 ? r.w.y : j == 2 ? r.w.z : r.w.w;
+        constexpr uint32_t M = 0x00780078u, X = 0x43004300u;  // nibble pair into mantissa bits 3..6: 128 + 8q
+        a[0] = affine(((w << 3) & M) | X, k.c[0], k.s[0], k.o[0]);
+        a[1] = affine(((w >> 1) & M) | X, k.c[1], k.s[1], k.o[1]);
+        a[2] = affine(((w >> 5) & M) | X, k.c[0], k.s[0], k.o[0]);
+        a[3] = affine(((w >> 9) & M) | X, k.c[1], k.s[1], k.o[1]);
+    } else {
+        const uint4& v = j < 2 ? r.w0 : r.w1;
+        const uint32_t wa = (j & 1) ? v.z : v.x, wb = (j & 1) ? v.w : v.y;
+        constexpr uint32_t M = 0x007F007Fu, X = 0x43004300u;  // byte pair into the mantissa: 128 + q
+        a[0] = affine((wa & M) | X, k.c[0], k.s[0], k.o[0]);
+        a[1] = affine(((wa >> 8) & M) | X, k.c[1], k.s[1], k.o[1]);
+        a[2] = affine((wb & M) | X, k.c[0], k.s[0], k.o[0]);
+        a[3] = affine(((wb >> 8) & M) | X, k.c[1], k.s[1], k.o[1]);
+    }
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    const int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+constexpr int kXPad = 72;  // BF16 per staged activation row: 64 + 8 (144 bytes: conflict-free 16-byte reads)
+
+constexpr int kStages = 4;  // chunks in flight per block (cp.async ring)
+
+constexpr int kWarps = 8;  // per block
+constexpr int kThreads = 32 * kWarps;
+
+template <int BITS, int NT, int MW>
+struct BqShape {
+    static constexpr int kTileBytes = 32 * record_bytes(BITS) + scale_bytes(BITS);  // one (tile, chunk)
+    static constexpr int kTiles = kWarps * MW;                                        // per block
+    static constexpr int kRows = 8 * NT;                                              // staged activation rows
+    static constexpr int kStageBytes = kTiles * kTileBytes + kRows * kXPad * 2;
+    static constexpr int kSmem = kStages * kStageBytes;
+};
+
+// bq_gemm_kernel<BITS, NT, MW>
+//   Shapes:  wq, ws: a bq layout (bq_gemm.h) of C = K/64 chunks per row;
+//            the product covers its tiles tile0 .. tile0+tiles−1 (output
+//            rows 0 .. rows−1 = weight rows 16·tile0 + j); x: n <= 8·NT rows
+//            of K BF16 (row stride K); y: n rows at stride ldy floats.
+//   Grid:    (ceil(tiles / (8·MW)), splits) blocks of 8 warps; block (b, s)
+//            takes tiles 8·MW·b .. +8·MW−1 (warp w: MW of them) and chunks
+//            s·cps .. s·cps+cps−1 of K. The block copies each chunk's lane
+//            records, scales and activation rows (8·NT × 64 BF16) into a
+//            ring of kStages stages in shared memory with cp.async, kStages−1
+//            chunks ahead of the one it multiplies; per chunk each warp reads
+//            its tiles' records, decodes them into A fragments (the
+//            integer-in-mantissa trick, HSUB2 + HFMA2 per pair), reads the B
+//            fragments from the staged rows and issues 4·NT mma.m16n8k16 per
+//            tile.
+//   Output:  splits == 1: stored. Else the splits of a row group are one
+//            thread block cluster (grid.y blocks, at most 8): the partial
+//            sums meet in distributed shared memory and are added in split
+//            order (the result does not depend on timing).
+//   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
+//            once; the activations once per block from L2.
+template <int BITS, int NT, int MW>
+__global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
+                                                       int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
+                                                       const uint16_t* __restrict__ x, int64_t K, int n,
+                                                       float* __restrict__ y, int64_t ldy, int cps) {
+    using Sh = BqShape<BITS, NT, MW>;
+    constexpr int RQ = 32 * record_bytes(BITS), GT = Sh::kTileBytes / 16, GX = Sh::kRows * 8;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * Sh::kTiles;  // the block's first tile
+    const int btiles = static_cast<int>(tiles - bt0 < Sh::kTiles ? tiles - bt0 : Sh::kTiles);
+    const int64_t mt0 = bt0 + warp * MW;
+    const int nmt = static_cast<int>(tiles - mt0 < 0 ? 0 : tiles - mt0 < MW ? tiles - mt0 : MW);
+    const int64_t cb = static_cast<int64_t>(blockIdx.y) * cps;
+    const int64_t nch = (C < cb + cps ? C : cb + cps) - cb;
+    // Copies chunk cb + i into stage i % kStages (one commit group).
+    const auto issue = [&](int64_t i) {
+        if (i < nch) {
+            uint8_t* st = smem + (i % kStages) * Sh::kStageBytes;
+            const int64_t ch = cb + i;
+            for (int q = tid; q < btiles * GT + GX; q += kThreads) {
+                if (q < btiles * GT) {
+                    const int ti = q / GT, gi = q % GT;
+                    const int64_t tc = (tile0 + bt0 + ti) * C + ch;
+                    const uint8_t* src = gi < RQ / 16 ? wq + tc * RQ + 16 * gi
+                                                      : ws + tc * scale_bytes(BITS) + 16 * (gi - RQ / 16);
+                    cp_async16(st + ti * Sh::kTileBytes + 16 * gi, src, true);
+                } else {
+                    const int xi = q - btiles * GT, t = xi >> 3, p16 = xi & 7;
+                    const uint16_t* src = x + static_cast<int64_t>(t < n ? t : 0) * K + kChunk * ch + 8 * p16;
+                    cp_async16(st + Sh::kTiles * Sh::kTileBytes + (t * kXPad + 8 * p16) * 2, src, t < n);
+                }
+            }
+        }
+        cp_async_commit();
+    };
+    float acc[MW][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MW; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) issue(i);
+    for (int64_t i = 0; i < nch; ++i) {
+        cp_async_wait<kStages - 2>();  // this thread's copies of chunk i are done
+        __syncthreads();               // everyone's; and stage (i − 1) % kStages is consumed
+        issue(i + kStages - 1);
+        const uint8_t* st = smem + (i % kStages) * Sh::kStageBytes;
+        const auto* xs = reinterpret_cast<const uint16_t*>(st + Sh::kTiles * Sh::kTileBytes);
+        uint32_t b[NT][8];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const auto* p = reinterpret_cast<const uint4*>(xs + (8 * nt + g) * kXPad + 16 * c);
+            const uint4 v0 = p[0], v1 = p[1];
+            b[nt][0] = v0.x, b[nt][1] = v0.y, b[nt][2] = v0.z, b[nt][3] = v0.w;
+            b[nt][4] = v1.x, b[nt][5] = v1.y, b[nt][6] = v1.z, b[nt][7] = v1.w;
+        }
+        {
+            // Steps outer, tiles inner: consecutive products on one
+            // accumulator are MW·NT products apart (the mma latency hides).
+            // Tiles past the matrix multiply stale shared memory; their
+            // sums are never stored.
+            Rec<BITS> r[MW];
+            Scales k[MW];
+#pragma unroll
+            for (int mt = 0; mt < MW; ++mt) {
+                load_rec<BITS>(r[mt], st + (warp * MW + mt) * Sh::kTileBytes, lane);
+                k[mt] = scales_of<BITS>(r[mt]);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int mt = 0; mt < MW; ++mt) {
+                    uint32_t a[4];
+                    step_a<BITS>(r[mt], k[mt], j, a);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[mt][nt], a, b[nt][2 * j], b[nt][2 * j + 1]);
+                }
+        }
+    }
+    cp_async_wait<0>();
+    // c0, c1: row g, tokens 2c, 2c+1 of the token tile; c2, c3: row g+8.
+    const auto store = [&](int mt, int nt, int i, float v) {
+        const int64_t j = kTile * (mt0 + mt) + g + (i >= 2 ? 8 : 0);
+        const int r = 8 * nt + 2 * c + (i & 1);
+        if (j < rows && r < n) y[static_cast<int64_t>(r) * ldy + j] = v;
+    };
+    if (gridDim.y == 1) {
+#pragma unroll
+        for (int mt = 0; mt < MW; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    if (mt < nmt) store(mt, nt, i, acc[mt][nt][i]);
+        return;
+    }
+    // The splits of a row group form a thread block cluster: each block
+    // leaves its partial sums in its shared memory (fragment order), and
+    // block r of the cluster adds fragment slots k ≡ r (mod S) over all S
+    // blocks through distributed shared memory, in split order.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    const int S = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
+    float* red = reinterpret_cast<float*>(smem);
+    __syncthreads();  // the ring is no longer read
+#pragma unroll
+    for (int mt = 0; mt < MW; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) red[((mt * NT + nt) * 4 + i) * kThreads + tid] = acc[mt][nt][i];
+    cl.sync();
+#pragma unroll
+    for (int mt = 0; mt < MW; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int k = (mt * NT + nt) * 4 + i;
+                if (k % S != rank) continue;
+                float v = 0.0f;
+                for (int b = 0; b < S; ++b) v += cl.map_shared_rank(red, b)[k * kThreads + tid];
+                if (mt < nmt) store(mt, nt, i, v);
+            }
+    cl.sync();  // the other blocks' shared memory stays until every read is done
+}
+
+int sm_count() {
+    static int count = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            cudaGetLastError();
+            return 132;
+        }
+        return v;
+    }();
+    return count;
+}
+
+template <int BITS, int NT, int MW>
+void launch_bq(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
+               int64_t ldy, cudaStream_t stream) {
+    const int64_t C = w.K / kChunk;
+    const int64_t all_tiles = (w.N + kTile - 1) / kTile;
+    const uint8_t* wq = w.bq;
+    const uint8_t* ws = w.bq + static_cast<size_t>(all_tiles * C) * 32 * record_bytes(BITS);
+    const int64_t bx = (tiles + kWarps * MW - 1) / (kWarps * MW);
+    // K splits (a cluster of at most 8 blocks per row group) until there are
+    // about QUERN_CUDA_BQ_BLOCKS_PER_SM (default 3, the best of 1..4 measured
+    // on an H200) blocks per SM, each split at least four chunks long.
+    static const int per_sm = [] {
+        const char* e = std::getenv("QUERN_CUDA_BQ_BLOCKS_PER_SM");
+        return e && std::atoi(e) > 0 ? std::atoi(e) : 3;
+    }();
+    int64_t splits = std::clamp<int64_t>((per_sm * sm_count() + bx - 1) / bx, 1, std::clamp<int64_t>(C / 4, 1, 8));
+    const int64_t cps = (C + splits - 1) / splits;
+    splits = (C + cps - 1) / cps;
+    constexpr int smem = BqShape<BITS, NT, MW>::kSmem;
+    static_assert(smem >= MW * NT * 4 * kThreads * 4, "the partial sums reuse the ring");
+    static const bool attr = [] {
+        QUERN_CUDA_CHECK(cudaFuncSetAttribute(bq_gemm_kernel<BITS, NT, MW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        return true;
+    }();
+    (void)attr;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(bx), static_cast<unsigned>(splits));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = static_cast<unsigned>(splits);
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    QUERN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, bq_gemm_kernel<BITS, NT, MW>, wq, ws, C, tile0, tiles, rows, x, w.K, n, y,
+                                        ldy, static_cast<int>(cps)));
+}
+
+template <int BITS>
+void launch_bq_n(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
+                 int64_t ldy, cudaStream_t stream) {
+    if (n <= 8) launch_bq<BITS, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    else if (n <= 16) launch_bq<BITS, 2, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    else if (n <= 32) launch_bq<BITS, 4, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    else launch_bq<BITS, 8, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+}
+
+constexpr int bq_bits_of(DType t) {
+    switch (t) {
+        case DType::Q4_0: case DType::Q4_1: case DType::Q4_K: return 4;
+        case DType::Q5_0: case DType::Q5_1: case DType::Q5_K: case DType::Q6_K: return 8;
+        default: return 0;
+    }
+}
+
+template <DType T>
+void convert(const DeviceWeight& w, uint8_t* q, uint8_t* sc, cudaStream_t stream) {
+    const DeqArgs a{static_cast<const uint8_t*>(w.q), static_cast<const uint8_t*>(w.q2),
+                    static_cast<const uint8_t*>(w.s), static_cast<const uint8_t*>(w.s2), w.K};
+    const int64_t tiles = (w.N + kTile - 1) / kTile;
+    const int64_t threads = tiles * (w.K / kChunk) * 32;
+    const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((threads + 255) / 256, 1, 65535));
+    to_bq_kernel<T, bq_bits_of(T) == 4 ? 4 : 8><<<blocks, 256, 0, stream>>>(a, w.N, tiles, q, sc);
+}
+
+}  // namespace
+
+bool bq_supported(DType t, int64_t K) { return bq_bits_of(t) != 0 && K > 0 && K % kChunk == 0; }
+
+size_t bq_bytes(const DeviceWeight& w) {
+    const int bits = bq_bits_of(w.type);
+    if (!bq_supported(w.type, w.K) || w.N < 1) return 0;
+    const int64_t tc = (w.N + kTile - 1) / kTile * (w.K / kChunk);
+    return static_cast<size_t>(tc) * (32 * record_bytes(bits) + scale_bytes(bits));
+}
+
+void make_resident_bq(DeviceWeight& w, cudaStream_t stream) {
+    if (w.bq) return;
+    if (!bq_supported(w.type, w.K) || !w.q || w.N < 1)
+        throw_error(std::string("make_resident_bq: no small-batch layout for ") + std::string(dtype_name(w.type)) +
+                    " rows of " + std::to_string(w.K));
+    const int bits = bq_bits_of(w.type);
+    DeviceBuffer b(bq_bytes(w));  // quern::Error when out of memory
+    const int64_t tc = (w.N + kTile - 1) / kTile * (w.K / kChunk);
+    uint8_t* q = b.as<uint8_t>();
+    uint8_t* sc = q + static_cast<size_t>(tc) * 32 * record_bytes(bits);
+    switch (w.type) {
+        case DType::Q4_0: convert<DType::Q4_0>(w, q, sc, stream); break;
+        case DType::Q4_1: convert<DType::Q4_1>(w, q, sc, stream); break;
+        case DType::Q4_K: convert<DType::Q4_K>(w, q, sc, stream); break;
+        case DType::Q5_0: convert<DType::Q5_0>(w, q, sc, stream); break;
+        case DType::Q5_1: convert<DType::Q5_1>(w, q, sc, stream); break;
+        case DType::Q5_K: convert<DType::Q5_K>(w, q, sc, stream); break;
+        case DType::Q6_K: convert<DType::Q6_K>(w, q, sc, stream); break;
+        default: break;
+    }
+    QUERN_CUDA_CHECK_LAUNCH();
+    QUERN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    w.bq_buf = std::move(b);
+    w.bq = w.bq_buf.as<uint8_t>();
+    w.bq_bits = bits;
+}
+
+void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
+             cudaStream_t stream) {
+    if (!w.bq) throw_error("bq_gemm: the weight has no small-batch layout (make_resident_bq)");
+    if (!xb || !y) throw_error("bq_gemm: null pointer");
+    if (n < 1 || n > kBqMaxRows || rows < 1 || row0 < 0 || row0 % kTile != 0 || row0 + rows > w.N || ldy < rows)
+        throw_error("bq_gemm: shape out of range");
+    if (reinterpret_cast<uintptr_t>(xb) % 16 != 0) throw_error("bq_gemm: activations must be 16-byte aligned");
+    const int64_t tile0 = row0 / kTile, tiles = (rows + kTile - 1) / kTile;
+    const int nn = static_cast<int>(n);
+    if (w.bq_bits == 4) launch_bq_n<4>(w, tile0, tiles, rows, xb, nn, y, ldy, stream);
+    else launch_bq_n<8>(w, tile0, tiles, rows, xb, nn, y, ldy, stream);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace quern::cuda

@@ -1,0 +1,79 @@
+// Small-batch GEMM on quantized weights ("bq"): Y = X · Wᵀ for 1 to 64
+// activation rows — the decode steps of many sequences at once, where a
+// product is bound by reading the weights. The BF16 path (gemm.h) reads 2
+// bytes per weight from a resident BF16 copy; this one reads the weights
+// once more in 4 or 8 bits plus a scale and offset per group, converted at
+// load into a layout shaped for the tensor cores' operand fragments.
+//
+// The bq layouts (made on the device by make_resident_bq from the layout of
+// weights.h; N rows padded to whole tiles of 16 rows, K a multiple of 64):
+//   Every element is value = s·q + o with an integer q and the s, o of its
+//   group (32 elements for the 4-bit types, 16 for the others). Stored per
+//   group: s' = BF16(s)/m, a centre z (c = 128 + m·z as BF16 bits) and
+//   o' = s·z + o (BF16), so that value ≈ BF16(s)·(q − z) + o' with |o'| at
+//   most s/2 (m = 8 for B4, 1 for B8; see so_pair in bq_gemm.cu).
+//   Records per (tile of 16 rows, chunk of 64 elements): 32 lane records,
+//   lane L = 4g + c holding rows g and g+8 of the tile at the chunk's
+//   elements 16c .. 16c+15 — exactly the A fragments of four
+//   mma.m16n8k16 steps, step j taking elements 16c+4j .. 16c+4j+3 of lane
+//   c's range (the K order inside a chunk is permuted; the activations'
+//   B fragments follow the same permutation, which is their natural order).
+//   B4 (Q4_0, Q4_1, Q4_K): q in 4 bits; 16-byte lane records, word j = step
+//     j: nibble pair p (bits 4p and 16+4p) = fragment register p (a0: row g
+//     elements 4j, 4j+1; a1: row g+8; a2: row g elements 4j+2, 4j+3; a3).
+//     Then 128 bytes of {s', o'} per [g][unit 0..1][row g, g+8] and 64 bytes
+//     of {c(row g), c(row g+8)} per [g][unit].
+//   B8 (Q5_0, Q5_1, Q5_K, Q6_K): q in 8 bits (< 128); 32-byte lane
+//     records, words 2j, 2j+1 = step j: bytes {a0.lo, a1.lo, a0.hi, a1.hi},
+//     {a2.lo, a3.lo, a2.hi, a3.hi}. Then 256 bytes of {s', o'} per
+//     [g][16-element group c][row g, g+8] and 128 bytes of centres per [g][c].
+//   The lane records of all (tile, chunk) pairs come first (tile·K/64 +
+//   chunk), then their scale records in the same order.
+// Size: B4 5.5 bits per weight (Q4_K is 4.5), B8 11 (Q6_K is 6.56).
+//
+// Numerics: each weight is formed in BF16 as (x − c)·s' + o' (x − c exact,
+// one rounding in the HFMA2), activations are BF16, products summed in fp32
+// by the tensor cores: within a few BF16 roundings of each weight, like the
+// BF16 copy path (tests/cuda/prefill_cuda_test.cu bounds the error).
+//
+// Speed (H200, bench/batched-cuda-h200.md): 0.8-1.7 TB/s of its bytes on
+// Llama-3-8B's shapes, behind the BF16 copies + cuBLASLt except at 1-8 rows
+// on the large matrices; not used unless QUERN_CUDA_BQ=1.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/weights.h"
+#include "core/dtype.h"
+
+namespace quern::cuda {
+
+/// Most activation rows bq_gemm takes.
+inline constexpr int64_t kBqMaxRows = 64;
+
+/// Whether weights of type t with rows of K elements have a bq layout:
+/// Q4_0, Q4_1, Q4_K (B4) and Q5_0, Q5_1, Q5_K, Q6_K (B8), K % 64 == 0.
+bool bq_supported(DType t, int64_t K);
+
+/// Device bytes make_resident_bq allocates for w (0 when not supported).
+size_t bq_bytes(const DeviceWeight& w);
+
+/// Converts w into its bq layout, kept with it (w.bq, w.bq_bits); nothing
+/// when it already has one. Synchronizes `stream`. quern::Error when the
+/// type is not supported or the memory cannot be had.
+void make_resident_bq(DeviceWeight& w, cudaStream_t stream);
+
+/// y[r·ldy + j] = Σ_k xb[r·w.K + k] · W[row0 + j][k] for r < n, j < rows,
+/// from w's bq layout (overwrites those outputs; the rest of each y row is
+/// untouched). xb: n rows of w.K BF16 values, row stride w.K, 16-byte
+/// aligned. Long K may be split across the blocks of a thread block cluster,
+/// whose partial sums are added in a fixed order (deterministic). Needs a GPU
+/// with clusters (sm_90). Preconditions (else
+/// quern::Error): w.bq set, 1 <= n <= kBqMaxRows, row0 % 16 == 0, 1 <= rows,
+/// row0 + rows <= w.N, ldy >= rows.
+void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
+             cudaStream_t stream);
+
+}  // namespace quern::cuda

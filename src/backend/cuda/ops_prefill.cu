@@ -247,6 +247,53 @@ __global__ void __launch_bounds__(256) glu_rows_kernel(const float* __restrict__
     }
 }
 
+// rms_norm_bf16_reg_kernel<PER>
+//   As rms_norm_bf16_kernel for dim <= 512·PER, one block of 512 threads per
+//   row with the row in registers: thread t loads elements t + 512·k (k <
+//   PER) of x and residual at once, stores the sums back, reduces the squares
+//   and writes the outputs from the registers — no loop-carried memory
+//   round trips (the loop of rms_norm_bf16_kernel may not hoist its loads
+//   past the stores to x, so each of its steps waits for memory; at the few
+//   rows of a decode step that latency was the kernel's whole cost).
+//   Bound:   memory (one read of x, residual and w, one write of x and out).
+template <int PER>
+__global__ void __launch_bounds__(512) rms_norm_bf16_reg_kernel(float* __restrict__ x, const float* __restrict__ residual,
+                                                                const float* __restrict__ w, uint16_t* __restrict__ out,
+                                                                int64_t dim, float eps) {
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x;
+    float* xr = x + r * dim;
+    const float* rr = residual ? residual + r * dim : nullptr;
+    float v[PER];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        const int64_t i = threadIdx.x + 512 * k;
+        v[k] = i < dim ? xr[i] : 0.0f;
+    }
+    if (rr) {
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            const int64_t i = threadIdx.x + 512 * k;
+            if (i < dim) v[k] += rr[i];
+        }
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            const int64_t i = threadIdx.x + 512 * k;
+            if (i < dim) xr[i] = v[k];
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) ss += v[k] * v[k];
+    ss = detail::block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        const int64_t i = threadIdx.x + 512 * k;
+        if (i < dim) out[r * dim + i] = detail::bf16_bits(v[k] * scale * w[i]);
+    }
+}
+
 // rms_norm_bf16_kernel
 //   Shapes:  x, residual: n rows × dim floats; w: dim floats; out: n × dim
 //            BF16 (the next GEMM's input).
@@ -646,7 +693,12 @@ void rms_norm_bf16(float* x, const float* residual, const float* w, uint16_t* ou
                    cudaStream_t stream) {
     if (!x || !w || !out) throw_error("rms_norm_bf16: null pointer");
     if (n < 1 || n > 2147483647 || dim < 1) throw_error("rms_norm_bf16: bad shape");
-    rms_norm_bf16_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, residual, w, out, dim, eps);
+    const auto grid = static_cast<unsigned>(n);
+    if (dim <= 512 * 2) rms_norm_bf16_reg_kernel<2><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
+    else if (dim <= 512 * 4) rms_norm_bf16_reg_kernel<4><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
+    else if (dim <= 512 * 8) rms_norm_bf16_reg_kernel<8><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
+    else if (dim <= 512 * 16) rms_norm_bf16_reg_kernel<16><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
+    else rms_norm_bf16_kernel<<<grid, 256, 0, stream>>>(x, residual, w, out, dim, eps);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -901,42 +901,57 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
                            ref.data() + static_cast<size_t>(r) * qd, pool, c.window, c.softcap);
         }
         // The grouped kernel, the scalar one, and the grouped one with its
-        // keys split across blocks (flash-decoding) and merged.
+        // keys split across blocks (flash-decoding) and merged; each also
+        // with BF16 output (the output projection's input: within one BF16
+        // rounding, 2^-8 relative, of the reference).
         cuda::DeviceBuffer dws(static_cast<size_t>(n * c.n_head * 8 * (c.hd + 2)) * 4);
+        cuda::DeviceBuffer dob(static_cast<size_t>(n * qd + 16) * 2);
         for (int mode : {0, 1, 2}) {
-            const bool scalar = mode == 1;
-            cuda::PagedRows pr;
-            pr.pos = dpos.as<int32_t>();
-            pr.table_off = doff.as<int32_t>();
-            pr.tables = dtab.as<int32_t>();
-            pr.block_size = bs;
-            pr.scalar = scalar;
-            if (mode == 2) {
-                pr.split_ws = dws.as<float>();
-                pr.split_ws_floats = static_cast<int64_t>(n) * c.n_head * 8 * (c.hd + 2);
-                pr.max_keys = *std::max_element(len.begin(), len.end());
-            }
-            dout.fill_bytes(0xFF, ctx.stream());
-            cuda::paged_attention(dq.as<float>(), ldq, dk.data(), dv.data(), cuda::KvType::F16, n, pr, c.n_head,
-                                  c.n_head_kv, c.hd, scale, c.window, c.softcap, dout.as<float>(), ldo, ctx.stream());
-            std::vector<float> got(static_cast<size_t>(n * ldo));
-            dout.download(got.data(), got.size() * 4, ctx.stream());
-            int bad = 0;
-            for (int r = 0; r < n; ++r) {
-                for (int i = 0; i < qd; ++i) {
-                    const float g = got[static_cast<size_t>(r * ldo + i)], e = ref[static_cast<size_t>(r * qd + i)];
-                    if (!(std::fabs(g - e) <= 2e-5f) && bad++ < 5)
-                        ADD_FAILURE() << "hd " << c.hd << (scalar ? " scalar" : mode ? " split" : " grouped") << " row " << r << " ["
-                                      << i << "] " << g << " vs " << e;
+            for (bool bf16 : {false, true}) {
+                const bool scalar = mode == 1;
+                const char* name = scalar ? " scalar" : mode ? " split" : " grouped";
+                cuda::PagedRows pr;
+                pr.pos = dpos.as<int32_t>();
+                pr.table_off = doff.as<int32_t>();
+                pr.tables = dtab.as<int32_t>();
+                pr.block_size = bs;
+                pr.scalar = scalar;
+                if (mode == 2) {
+                    pr.split_ws = dws.as<float>();
+                    pr.split_ws_floats = static_cast<int64_t>(n) * c.n_head * 8 * (c.hd + 2);
+                    pr.max_keys = *std::max_element(len.begin(), len.end());
                 }
-                for (int64_t i = qd; i < ldo; ++i) {
-                    uint32_t bits;
-                    std::memcpy(&bits, &got[static_cast<size_t>(r * ldo + i)], 4);
-                    if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "padding written at row " << r;
+                if (bf16) pr.out_bf16 = dob.as<uint16_t>();
+                dout.fill_bytes(0xFF, ctx.stream());
+                dob.fill_bytes(0xFF, ctx.stream());
+                cuda::paged_attention(dq.as<float>(), ldq, dk.data(), dv.data(), cuda::KvType::F16, n, pr, c.n_head,
+                                      c.n_head_kv, c.hd, scale, c.window, c.softcap, dout.as<float>(), ldo, ctx.stream());
+                std::vector<float> got(static_cast<size_t>(n * ldo));
+                std::vector<uint16_t> gotb(static_cast<size_t>(n * qd + 16));
+                dout.download(got.data(), got.size() * 4, ctx.stream());
+                dob.download(gotb.data(), gotb.size() * 2, ctx.stream());
+                int bad = 0;
+                for (int r = 0; r < n; ++r) {
+                    for (int i = 0; i < qd; ++i) {
+                        const float e = ref[static_cast<size_t>(r * qd + i)];
+                        const float g = bf16 ? bf16_to_float(gotb[static_cast<size_t>(r * qd + i)])
+                                             : got[static_cast<size_t>(r * ldo + i)];
+                        const float tol = bf16 ? 2e-5f + std::ldexp(std::fabs(e), -8) : 2e-5f;
+                        if (!(std::fabs(g - e) <= tol) && bad++ < 5)
+                            ADD_FAILURE() << "hd " << c.hd << name << (bf16 ? " bf16" : "") << " row " << r << " [" << i
+                                          << "] " << g << " vs " << e;
+                    }
+                    for (int64_t i = qd; i < ldo && !bf16; ++i) {
+                        uint32_t bits;
+                        std::memcpy(&bits, &got[static_cast<size_t>(r * ldo + i)], 4);
+                        if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "padding written at row " << r;
+                    }
                 }
+                for (size_t i = static_cast<size_t>(n * qd); i < gotb.size(); ++i)
+                    if (gotb[i] != 0xFFFF && bad++ < 5) ADD_FAILURE() << "BF16 output written past n rows";
+                EXPECT_EQ(bad, 0) << "hd " << c.hd << " heads " << c.n_head << "/" << c.n_head_kv << " window "
+                                  << c.window << " softcap " << c.softcap << name << (bf16 ? " bf16" : "");
             }
-            EXPECT_EQ(bad, 0) << "hd " << c.hd << " heads " << c.n_head << "/" << c.n_head_kv << " window " << c.window
-                              << " softcap " << c.softcap << (scalar ? " scalar" : mode ? " split" : " grouped");
         }
     }
 }

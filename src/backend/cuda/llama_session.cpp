@@ -1117,17 +1117,23 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
                                   static_cast<int>(c.head_dim), inv_freq, static_cast<int>(c.rope_dim), c.rope_neox,
                                   ex, s);
         mark("rope_kv");
-        if (paged)
-            paged_attention(QKV, LQ, kc, vc, KvType::F16, rows, *paged, static_cast<int>(c.n_head),
+        if (paged) {
+            // The attention leaves its output in BF16 as the output
+            // projection's input (no separate rounding pass).
+            PagedRows pr = *paged;
+            pr.out_bf16 = xb;
+            paged_attention(QKV, LQ, kc, vc, KvType::F16, rows, pr, static_cast<int>(c.n_head),
                             static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), c.qk_scale(),
                             static_cast<int>(c.window(il)), c.attn_softcap, ATT, QD, s);
-        else
+        } else {
             prefill_attention(QKV, LQ, kc, vc, kv_type_, rows, static_cast<int>(pos0), nctx,
                               static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
                               c.qk_scale(), static_cast<int>(std::min<int64_t>(c.window(il), nctx)), c.attn_softcap,
                               ATT, QD, s);
+        }
         mark("attention");
-        gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
+        if (paged) gemm_->run_bf16(L.wo.w, xb, n, H, E, s);
+        else gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
         if (L.post_attn_norm) rms_norm_q8_1(H, nullptr, L.post_attn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
         rms_norm_bf16(X, HRES, L.ffn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");

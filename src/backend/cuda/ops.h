@@ -216,6 +216,11 @@ struct PagedRows {
     int64_t split_ws_floats = 0;
     int max_splits = 8;
     int max_keys = 0;
+    /// paged_attention: when set, the output goes here as BF16 (n rows of
+    /// n_head · head_dim, row stride n_head · head_dim: the output
+    /// projection's GEMM input) instead of into `out` (which the scalar
+    /// kernel then uses as scratch).
+    uint16_t* out_bf16 = nullptr;
 };
 
 /// prefill_rope_kv_store for rows of several sequences: row r rotated at

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/ops_flash.h"
@@ -367,7 +368,7 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
     paged_grouped_attention_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
                                    const __half* __restrict__ vc, const PagedMap map, int n_head, int n_head_kv,
                                    float scale, int window, float softcap, float* __restrict__ out, int64_t ldo,
-                                   int nsplit, float* __restrict__ ws) {
+                                   int nsplit, float* __restrict__ ws, uint16_t* __restrict__ ob) {
     constexpr int E = HD / 32, KP = HD + 8, C16 = HD / 8;  // C16: 16-byte chunks per row
     __shared__ float qsh[kGroupWarps * kGroupMaxPerWarp][HD];
     __shared__ __align__(16) __half ksh[32][KP];
@@ -461,6 +462,12 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
         if (i >= nh) break;
         const int h = hk * g + warp + kGroupWarps * i;
         const float inv = 1.0f / l[i];
+        if (ob) {
+            uint16_t* o = ob + static_cast<int64_t>(r) * n_head * HD + static_cast<int64_t>(h) * HD + lane * E;
+#pragma unroll
+            for (int e = 0; e < E; ++e) o[e] = detail::bf16_bits(acc[i][e] * inv);
+            continue;
+        }
         float* o = out + static_cast<int64_t>(r) * ldo + static_cast<int64_t>(h) * HD + lane * E;
 #pragma unroll
         for (int e = 0; e < E; ++e) o[e] = acc[i][e] * inv;
@@ -477,7 +484,7 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
 //   Bound:   latency (tiny).
 template <int HD>
 __global__ void __launch_bounds__(32) paged_merge_kernel(const float* __restrict__ ws, int n_head, int nsplit,
-                                                         float* __restrict__ out, int64_t ldo) {
+                                                         float* __restrict__ out, int64_t ldo, uint16_t* __restrict__ ob) {
     constexpr int E = HD / 32;
     const int lane = static_cast<int>(threadIdx.x), h = static_cast<int>(blockIdx.x), r = static_cast<int>(blockIdx.y);
     const float* rec = ws + (static_cast<int64_t>(r) * n_head + h) * nsplit * (HD + 2);
@@ -494,8 +501,14 @@ __global__ void __launch_bounds__(32) paged_merge_kernel(const float* __restrict
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[e] += wz * rec[z * (HD + 2) + lane * E + e];
     }
-    float* o = out + static_cast<int64_t>(r) * ldo + static_cast<int64_t>(h) * HD + lane * E;
     const float inv = 1.0f / L;  // L >= 1: the range holding the row's own key has weight e^0 · l >= 1
+    if (ob) {
+        uint16_t* o = ob + static_cast<int64_t>(r) * n_head * HD + static_cast<int64_t>(h) * HD + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[e] = detail::bf16_bits(acc[e] * inv);
+        return;
+    }
+    float* o = out + static_cast<int64_t>(r) * ldo + static_cast<int64_t>(h) * HD + lane * E;
 #pragma unroll
     for (int e = 0; e < E; ++e) o[e] = acc[e] * inv;
 }
@@ -533,15 +546,15 @@ void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc,
     if (softcap > 0.0f)
         paged_grouped_attention_kernel<HD, true><<<grid, block, 0, stream>>>(
             q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
-            window, softcap, out, ldo, nsplit, pr.split_ws);
+            window, softcap, out, ldo, nsplit, pr.split_ws, nsplit > 1 ? nullptr : pr.out_bf16);
     else
         paged_grouped_attention_kernel<HD, false><<<grid, block, 0, stream>>>(
             q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
-            window, softcap, out, ldo, nsplit, pr.split_ws);
+            window, softcap, out, ldo, nsplit, pr.split_ws, nsplit > 1 ? nullptr : pr.out_bf16);
     if (nsplit > 1) {
         QUERN_CUDA_CHECK_LAUNCH();
         paged_merge_kernel<HD><<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(n)), 32, 0, stream>>>(
-            pr.split_ws, n_head, nsplit, out, ldo);
+            pr.split_ws, n_head, nsplit, out, ldo, pr.out_bf16);
     }
 }
 
@@ -678,6 +691,7 @@ void paged_attention(const float* q, int64_t ldq, const void* k_cache, const voi
         dispatch_attn<float>(head_dim, q, ldq, k_cache, v_cache, n, PagedMap{pr}, n_head, n_head_kv, scale, window,
                              softcap, out, ldo, stream);
     QUERN_CUDA_CHECK_LAUNCH();
+    if (pr.out_bf16) f32_to_bf16(out, ldo, n, static_cast<int64_t>(n_head) * head_dim, pr.out_bf16, stream);
 }
 
 void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_t* out, bool gelu,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/cuda/bq_gemm.h"
+#include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
 
@@ -62,12 +63,10 @@ __device__ __forceinline__ void unit_parts(const DeqArgs& a, int64_t row, int64_
     } else if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
         const uint8_t* c = a.q + 16 * gu;
         const uint8_t* head = a.s + 16 * (row * (a.K / 256) + (u >> 3));
-        const int j = static_cast<int>(u & 7);
-        const float d = half_at(head, 0), dmin = half_at(head, 1);
-        const uint32_t b = head[4 + j];
-        const uint32_t m_hi = (head[12 + j / 2] >> (4 * (j & 1))) & 0xFu;
-        s[0] = s[1] = d * static_cast<float>(b & 63u);
-        o[0] = o[1] = -(dmin * static_cast<float>(((b >> 6) & 3u) | (m_hi << 2)));
+        float d1, m1;
+        deq::k_scale_min(head, static_cast<int>(u & 7), d1, m1);
+        s[0] = s[1] = d1;
+        o[0] = o[1] = -m1;
         uint32_t hb = 0;
         if constexpr (T == DType::Q5_K) hb = reinterpret_cast<const uint32_t*>(a.q2)[gu];
 #pragma unroll
@@ -439,17 +438,7 @@ __global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __rest
     cl.sync();  // the other blocks' shared memory stays until every read is done
 }
 
-int sm_count() {
-    static int count = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-            cudaGetLastError();
-            return 132;
-        }
-        return v;
-    }();
-    return count;
-}
+int sm_count() { return CudaContext::current_sm_count(); }
 
 template <int BITS, int NT, int MW>
 void launch_bq(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,

@@ -16,6 +16,18 @@ int CudaContext::device_count() {
     return n;
 }
 
+int CudaContext::current_sm_count() {
+    static const int count = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 132;
+        }
+        return v;
+    }();
+    return count;
+}
+
 CudaContext::CudaContext(int device) : device_(device) {
     const int n = device_count();
     if (device < 0 || device >= n) fail("CUDA device {} requested but {} device(s) are usable", device, n);

@@ -41,6 +41,11 @@ public:
     /// to skip cleanly on machines without a GPU.
     static int device_count();
 
+    /// Streaming multiprocessors of the current device, read once per
+    /// process (132 when it cannot be read: an H200's count), for kernels
+    /// that size their grids without a context at hand.
+    static int current_sm_count();
+
 private:
     int device_ = 0;
     cudaStream_t stream_ = nullptr;

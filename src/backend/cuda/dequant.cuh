@@ -26,6 +26,18 @@ __device__ __forceinline__ uint32_t nib(const uint8_t* chunk, int e) {
     return e < 16 ? (chunk[e] & 0xFu) : (chunk[e - 16] >> 4);
 }
 
+/// Scale d·sc_j and min dmin·m_j of 32-element sub-block j (0..7) of a
+/// Q4_K / Q5_K super-block, from its 16-byte device head (weights.h: fp16 d,
+/// fp16 dmin, byte 4+j = sc_j | (m_j & 3) << 6, nibble j of bytes 12..15 =
+/// m_j >> 2), in fp32 as dequantize_row_ref computes them.
+__device__ __forceinline__ void k_scale_min(const uint8_t* head, int j, float& d1, float& m1) {
+    const float d = half_at(head, 0), dmin = half_at(head, 1);
+    const uint32_t b = head[4 + j];
+    const uint32_t m_hi = (head[12 + j / 2] >> (4 * (j & 1))) & 0xFu;
+    d1 = d * static_cast<float>(b & 63u);
+    m1 = dmin * static_cast<float>(((b >> 6) & 3u) | (m_hi << 2));
+}
+
 /// The streams of one DeviceWeight (weights.h) and its row length K.
 struct DeqArgs {
     const uint8_t* q;

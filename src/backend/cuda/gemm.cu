@@ -66,12 +66,8 @@ __device__ __forceinline__ void decode_unit(const DeqArgs& a, int64_t row, int64
     } else if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
         const uint8_t* c = a.q + 16 * gu;
         const uint8_t* head = a.s + 16 * (row * (a.K / 256) + (u >> 3));
-        const int j = static_cast<int>(u & 7);
-        const float d = half_at(head, 0), dmin = half_at(head, 1);
-        const uint32_t b = head[4 + j];
-        const uint32_t m_hi = (head[12 + j / 2] >> (4 * (j & 1))) & 0xFu;
-        const float d1 = d * static_cast<float>(b & 63u);
-        const float m1 = dmin * static_cast<float>(((b >> 6) & 3u) | (m_hi << 2));
+        float d1, m1;
+        deq::k_scale_min(head, static_cast<int>(u & 7), d1, m1);
         uint32_t hb = 0;
         if constexpr (T == DType::Q5_K) hb = reinterpret_cast<const uint32_t*>(a.q2)[gu];
 #pragma unroll

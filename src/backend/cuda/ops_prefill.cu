@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
@@ -513,17 +514,7 @@ __global__ void __launch_bounds__(32) paged_merge_kernel(const float* __restrict
     for (int e = 0; e < E; ++e) o[e] = acc[e] * inv;
 }
 
-int sm_count() {
-    static const int count = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-            cudaGetLastError();
-            return 132;
-        }
-        return v;
-    }();
-    return count;
-}
+int sm_count() { return CudaContext::current_sm_count(); }
 
 template <int HD>
 void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc, int n, const PagedMap& map,

@@ -562,7 +562,8 @@ public:
     void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override {
         // SeqBatch::greedy: the model writes logits (into buffers kept
         // between steps), the argmax is taken here.
-        std::vector<SeqBatch> b(seqs, seqs + n_seqs);
+        std::vector<SeqBatch>& b = batch_;
+        b.assign(seqs, seqs + n_seqs);
         const auto nv = static_cast<size_t>(model_.config().n_vocab);
         size_t used = 0;
         for (SeqBatch& q : b)
@@ -579,6 +580,7 @@ private:
     Model& model_;
     ThreadPool& pool_;
     std::vector<std::vector<float>> tmp_;  // logits of greedy rows
+    std::vector<SeqBatch> batch_;          // the step's rows with those buffers (kept between steps)
 };
 
 class BorrowedRunner final : public BatchRunner {

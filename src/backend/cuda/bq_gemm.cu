@@ -438,8 +438,6 @@ __global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __rest
     cl.sync();  // the other blocks' shared memory stays until every read is done
 }
 
-int sm_count() { return CudaContext::current_sm_count(); }
-
 template <int BITS, int NT, int MW>
 void launch_bq(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
                int64_t ldy, cudaStream_t stream) {
@@ -449,13 +447,14 @@ void launch_bq(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows
     const uint8_t* ws = w.bq + static_cast<size_t>(all_tiles * C) * 32 * record_bytes(BITS);
     const int64_t bx = (tiles + kWarps * MW - 1) / (kWarps * MW);
     // K splits (a cluster of at most 8 blocks per row group) until there are
-    // about QUERN_CUDA_BQ_BLOCKS_PER_SM (default 3, the best of 1..4 measured
-    // on an H200) blocks per SM, each split at least four chunks long.
+    // about QUERN_CUDA_BQ_BLOCKS_PER_SM (default 3: on an H200 the best of 1,
+    // 2 and 3 for the final kernel) blocks per SM, each split at least four
+    // chunks long.
     static const int per_sm = [] {
         const char* e = std::getenv("QUERN_CUDA_BQ_BLOCKS_PER_SM");
         return e && std::atoi(e) > 0 ? std::atoi(e) : 3;
     }();
-    int64_t splits = std::clamp<int64_t>((per_sm * sm_count() + bx - 1) / bx, 1, std::clamp<int64_t>(C / 4, 1, 8));
+    int64_t splits = std::clamp<int64_t>((per_sm * CudaContext::current_sm_count() + bx - 1) / bx, 1, std::clamp<int64_t>(C / 4, 1, 8));
     const int64_t cps = (C + splits - 1) / splits;
     splits = (C + cps - 1) / cps;
     constexpr int smem = BqShape<BITS, NT, MW>::kSmem;

@@ -1253,35 +1253,40 @@ void LlamaCudaSession::prepare_batches() {
     size_t free_b = 0, total_b = 0;
     QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const size_t keep = total_b / 4;
-    size_t bytes = 0, bq_total = 0;
+    size_t bytes = 0, bq_total = 0;  // all copies; the bq layouts among them
     // With QUERN_CUDA_BQ=1, first the small-batch (bq) layouts of the
     // quantized matrices: passes of up to 64 rows then read those (5.5 or 11
     // bits per weight) instead of the 16-bit copies. Off by default: on an
     // H200 bq_gemm still reaches only 0.8-1.7 TB/s of its bytes against
     // cuBLASLt's ~3.6 TB/s of BF16 bytes, so the copies are faster
     // (bench/batched-cuda-h200.md).
+    // Makes one more copy of `need` bytes with make() while a quarter of the
+    // memory stays free; the first that does not fit (or fails) clears `room`.
+    const auto copy_if_room = [&](bool& room, size_t need, const auto& make) {
+        if (!room) return;
+        if (bytes + need + keep > free_b) {
+            room = false;
+            return;
+        }
+        try {
+            make();
+            bytes += need;
+        } catch (const Error&) {
+            cudaGetLastError();
+            room = false;
+        }
+    };
     const char* bq_env = std::getenv("QUERN_CUDA_BQ");
     if (bq_env && *bq_env == '1') {
         bool room = true;
         const auto small = [&](DeviceWeight& w) {
-            if (!room || !w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K)) return;
-            const size_t need = bq_bytes(w);
-            if (bq_total + need + keep > free_b) {
-                room = false;
-                return;
-            }
-            try {
-                make_resident_bq(w, ctx_.stream());
-                bq_total += need;
-            } catch (const Error&) {
-                cudaGetLastError();
-                room = false;
-            }
+            if (!w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K)) return;
+            copy_if_room(room, bq_bytes(w), [&] { make_resident_bq(w, ctx_.stream()); });
         };
         for_each_layer_matrix(small, /*experts=*/false);
         small(output_.w);
     }
-    bytes = bq_total;
+    bq_total = bytes;
     bool full = true;
     // The Q|K|V and the gate|up pieces of a layer share one copy, rows
     // stacked in output order: one GEMM per group instead of one per piece
@@ -1297,13 +1302,8 @@ void LlamaCudaSession::prepare_batches() {
             rows += p.w.N;
         }
         const int64_t K = ps[0].w.K;
-        const size_t need = static_cast<size_t>(rows * K) * 2;
-        if (bytes + need + keep > free_b) {
-            full = false;
-            return;
-        }
-        try {
-            DeviceBuffer b(need);
+        copy_if_room(full, static_cast<size_t>(rows * K) * 2, [&] {
+            DeviceBuffer b(static_cast<size_t>(rows * K) * 2);
             for (Piece& p : ps) {
                 uint16_t* at = b.as<uint16_t>() + p.offset * K;
                 dequantize_weight_bf16(p.w, 0, p.w.N, at, ctx_.stream());
@@ -1316,30 +1316,15 @@ void LlamaCudaSession::prepare_batches() {
             fused.bf16_buf = std::move(b);
             fused.bf16 = fused.bf16_buf.as<uint16_t>();
             fused.q = fused.bf16_buf.data();
-            bytes += need;
-        } catch (const Error&) {
-            cudaGetLastError();
-            full = false;
-        }
+        });
     };
     for (auto& L : layers_) {
         fuse(L.qkv, L.qkv_bf16);
         fuse(L.gate_up, L.gate_up_bf16);
     }
     const auto resident = [&](DeviceWeight& w) {
-        if (!full || !w.q || w.bf16 || w.fp8_row_scaled || !gemm_weight_type_supported(w.type)) return;
-        const size_t need = static_cast<size_t>(w.N * w.K) * 2;
-        if (bytes + need + keep > free_b) {
-            full = false;
-            return;
-        }
-        try {
-            make_resident_bf16(w, ctx_.stream());
-            bytes += static_cast<size_t>(w.N * w.K) * 2;
-        } catch (const Error&) {
-            cudaGetLastError();
-            full = false;
-        }
+        if (!w.q || w.bf16 || w.fp8_row_scaled || !gemm_weight_type_supported(w.type)) return;
+        copy_if_room(full, static_cast<size_t>(w.N * w.K) * 2, [&] { make_resident_bf16(w, ctx_.stream()); });
     };
     for_each_layer_matrix(resident, /*experts=*/false);
     resident(output_.w);

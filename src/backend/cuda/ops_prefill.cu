@@ -514,8 +514,6 @@ __global__ void __launch_bounds__(32) paged_merge_kernel(const float* __restrict
     for (int e = 0; e < E; ++e) o[e] = acc[e] * inv;
 }
 
-int sm_count() { return CudaContext::current_sm_count(); }
-
 template <int HD>
 void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc, int n, const PagedMap& map,
                     int n_head, int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo,
@@ -526,7 +524,7 @@ void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc,
     int nsplit = 1;
     if (pr.split_ws && pr.max_keys > 64) {
         const int64_t blocks = static_cast<int64_t>(n) * n_head_kv;
-        const int64_t want = (4 * sm_count() + blocks - 1) / blocks;
+        const int64_t want = (4 * CudaContext::current_sm_count() + blocks - 1) / blocks;
         const int64_t fit = pr.split_ws_floats / (static_cast<int64_t>(n) * n_head * (HD + 2));
         nsplit = static_cast<int>(std::clamp<int64_t>(std::min({want, int64_t{pr.max_splits}, fit,
                                                                  int64_t{(pr.max_keys + 63) / 64}}),

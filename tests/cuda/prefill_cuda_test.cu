@@ -303,6 +303,82 @@ TEST(CudaPrefill, BqGemmMatchesReferenceAndCublas) {
     EXPECT_THROW(cuda::bq_gemm(wq, 16, 56, dx.as<uint16_t>(), 1, dy.as<float>(), 64, ctx.stream()), std::runtime_error);
 }
 
+// bq_gemm_grouped (one launch over all experts of a bank) equals bq_gemm
+// on each expert's rows and its group of activation rows: groups of 0, 1,
+// 3, 17 and 70 rows (one and several token tiles), for a 4-bit and a 6-bit
+// bank; rows outside the groups' outputs keep their poison. The two differ
+// only in the fp32 summation order (bq_gemm may split K), so within
+// 2^-18 · Σ_k |x_k·w_k| + 1e-6.
+TEST(CudaPrefill, BqGemmGroupedMatchesPerExpert) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(213);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t NE = 5, rows = 80, K = 512;
+    const std::vector<int32_t> sizes = {3, 0, 70, 17, 1};
+    std::vector<int32_t> off(NE + 1, 0);
+    for (int64_t e = 0; e < NE; ++e) off[static_cast<size_t>(e) + 1] = off[static_cast<size_t>(e)] + sizes[static_cast<size_t>(e)];
+    const int64_t total = off[NE], ldy = rows + 5;
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+        HostMatrix m = random_matrix(t, NE * rows, K, rng);
+        cuda::DeviceWeight w = upload(ctx, m);
+        cuda::make_resident_bq(w, ctx.stream());
+        std::vector<float> x(static_cast<size_t>(total * K));
+        for (auto& v : x) v = nd(rng);
+        cuda::PrefillGemm gemm(total, K, int64_t{16} << 20);
+        cuda::DeviceBuffer dx = on_device(x, ctx), doff = on_device(off, ctx);
+        const uint16_t* xb = gemm.to_bf16(dx.as<float>(), K, total, K, ctx.stream());
+        cuda::DeviceBuffer dy(static_cast<size_t>(total * ldy) * 4), de(static_cast<size_t>(total * ldy) * 4);
+        dy.fill_bytes(0xFF, ctx.stream());
+        de.fill_bytes(0xFF, ctx.stream());
+        cuda::bq_gemm_grouped(w, rows, doff.as<int32_t>(), NE, 70, xb, dy.as<float>(), ldy, ctx.stream());
+        for (int64_t e = 0; e < NE; ++e)  // bq_gemm takes at most kBqMaxRows rows at a time
+            for (int64_t r0 = 0; r0 < sizes[static_cast<size_t>(e)]; r0 += cuda::kBqMaxRows) {
+                const int64_t o = off[static_cast<size_t>(e)] + r0;
+                cuda::bq_gemm(w, e * rows, rows, xb + o * K,
+                              std::min<int64_t>(cuda::kBqMaxRows, sizes[static_cast<size_t>(e)] - r0),
+                              de.as<float>() + o * ldy, ldy, ctx.stream());
+            }
+        std::vector<float> y(static_cast<size_t>(total * ldy)), ye(y.size());
+        dy.download(y.data(), y.size() * 4, ctx.stream());
+        de.download(ye.data(), ye.size() * 4, ctx.stream());
+        int bad = 0;
+        for (int64_t e = 0; e < NE; ++e)
+            for (int64_t r = off[static_cast<size_t>(e)]; r < off[static_cast<size_t>(e) + 1]; ++r) {
+                for (int64_t j = 0; j < rows; ++j) {
+                    double mag = 0;
+                    for (int64_t k = 0; k < K; ++k)
+                        mag += std::fabs(static_cast<double>(x[static_cast<size_t>(r * K + k)]) *
+                                         m.deq[static_cast<size_t>((e * rows + j) * K + k)]);
+                    const float g = y[static_cast<size_t>(r * ldy + j)], c = ye[static_cast<size_t>(r * ldy + j)];
+                    if (!(std::fabs(g - c) <= std::ldexp(mag, -18) + 1e-6) && bad++ < 5)
+                        ADD_FAILURE() << dtype_name(t) << " expert " << e << " row " << r << "," << j << ": " << g
+                                      << " vs " << c;
+                }
+                for (int64_t j = rows; j < ldy; ++j) {
+                    uint32_t bits;
+                    std::memcpy(&bits, &y[static_cast<size_t>(r * ldy + j)], 4);
+                    if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "padding written at row " << r;
+                }
+            }
+        EXPECT_EQ(bad, 0) << dtype_name(t);
+    }
+    // Refusals: no layout, rows not a multiple of 16, experts past the bank.
+    HostMatrix q4 = random_matrix(DType::Q4_K, 64, 256, rng);
+    cuda::DeviceWeight wq = upload(ctx, q4);
+    cuda::DeviceBuffer dx(static_cast<size_t>(8 * 256) * 2), dy(static_cast<size_t>(8 * 64) * 4), doff(64);
+    EXPECT_THROW(cuda::bq_gemm_grouped(wq, 32, doff.as<int32_t>(), 2, 4, dx.as<uint16_t>(), dy.as<float>(), 64,
+                                       ctx.stream()),
+                 std::runtime_error);
+    cuda::make_resident_bq(wq, ctx.stream());
+    EXPECT_THROW(cuda::bq_gemm_grouped(wq, 24, doff.as<int32_t>(), 2, 4, dx.as<uint16_t>(), dy.as<float>(), 64,
+                                       ctx.stream()),
+                 std::runtime_error);
+    EXPECT_THROW(cuda::bq_gemm_grouped(wq, 32, doff.as<int32_t>(), 3, 4, dx.as<uint16_t>(), dy.as<float>(), 64,
+                                       ctx.stream()),
+                 std::runtime_error);
+}
+
 // Not a test: the throughput of bq_gemm against the BF16 copy + cuBLASLt
 // path and the FP8 path (per-row E4M3 weights and activations, cuBLASLt) on
 // Llama-3-8B's matrix shapes (random blocks with sane scales), printed per

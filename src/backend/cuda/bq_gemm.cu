@@ -288,43 +288,24 @@ struct BqShape {
     static constexpr int kSmem = kStages * kStageBytes;
 };
 
-// bq_gemm_kernel<BITS, NT, MW>
-//   Shapes:  wq, ws: a bq layout (bq_gemm.h) of C = K/64 chunks per row;
-//            the product covers its tiles tile0 .. tile0+tiles−1 (output
-//            rows 0 .. rows−1 = weight rows 16·tile0 + j); x: n <= 8·NT rows
-//            of K BF16 (row stride K); y: n rows at stride ldy floats.
-//   Grid:    (ceil(tiles / (8·MW)), splits) blocks of 8 warps; block (b, s)
-//            takes tiles 8·MW·b .. +8·MW−1 (warp w: MW of them) and chunks
-//            s·cps .. s·cps+cps−1 of K. The block copies each chunk's lane
-//            records, scales and activation rows (8·NT × 64 BF16) into a
-//            ring of kStages stages in shared memory with cp.async, kStages−1
-//            chunks ahead of the one it multiplies; per chunk each warp reads
-//            its tiles' records, decodes them into A fragments (the
-//            integer-in-mantissa trick, HSUB2 + HFMA2 per pair), reads the B
-//            fragments from the staged rows and issues 4·NT mma.m16n8k16 per
-//            tile.
-//   Output:  splits == 1: stored. Else the splits of a row group are one
-//            thread block cluster (grid.y blocks, at most 8): the partial
-//            sums meet in distributed shared memory and are added in split
-//            order (the result does not depend on timing).
-//   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
-//            once; the activations once per block from L2.
+// The block's share of a product: its btiles tiles from global tile
+// tile_base (warp w: tiles w·MW .. w·MW+MW−1 of those) times n <= 8·NT
+// activation rows at x (row stride K) over chunks cb .. cb+nch−1, into acc
+// (fragment order). The cp.async ring of kStages stages lives in smem;
+// returns with every copy done.
 template <int BITS, int NT, int MW>
-__global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
-                                                       int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
-                                                       const uint16_t* __restrict__ x, int64_t K, int n,
-                                                       float* __restrict__ y, int64_t ldy, int cps) {
+__device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
+                                                 int64_t C, int64_t tile_base, int btiles,
+                                                 const uint16_t* __restrict__ x, int64_t K, int n, int64_t cb,
+                                                 int64_t nch, uint8_t* smem, float (&acc)[MW][NT][4]) {
     using Sh = BqShape<BITS, NT, MW>;
     constexpr int RQ = 32 * record_bytes(BITS), GT = Sh::kTileBytes / 16, GX = Sh::kRows * 8;
-    extern __shared__ __align__(16) uint8_t smem[];
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * Sh::kTiles;  // the block's first tile
-    const int btiles = static_cast<int>(tiles - bt0 < Sh::kTiles ? tiles - bt0 : Sh::kTiles);
-    const int64_t mt0 = bt0 + warp * MW;
-    const int nmt = static_cast<int>(tiles - mt0 < 0 ? 0 : tiles - mt0 < MW ? tiles - mt0 : MW);
-    const int64_t cb = static_cast<int64_t>(blockIdx.y) * cps;
-    const int64_t nch = (C < cb + cps ? C : cb + cps) - cb;
+#pragma unroll
+    for (int mt = 0; mt < MW; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
     // Copies chunk cb + i into stage i % kStages (one commit group).
     const auto issue = [&](int64_t i) {
         if (i < nch) {
@@ -333,7 +314,7 @@ __global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __rest
             for (int q = tid; q < btiles * GT + GX; q += kThreads) {
                 if (q < btiles * GT) {
                     const int ti = q / GT, gi = q % GT;
-                    const int64_t tc = (tile0 + bt0 + ti) * C + ch;
+                    const int64_t tc = (tile_base + ti) * C + ch;
                     const uint8_t* src = gi < RQ / 16 ? wq + tc * RQ + 16 * gi
                                                       : ws + tc * scale_bytes(BITS) + 16 * (gi - RQ / 16);
                     cp_async16(st + ti * Sh::kTileBytes + 16 * gi, src, true);
@@ -346,11 +327,6 @@ __global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __rest
         }
         cp_async_commit();
     };
-    float acc[MW][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MW; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) issue(i);
     for (int64_t i = 0; i < nch; ++i) {
@@ -391,6 +367,46 @@ __global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __rest
         }
     }
     cp_async_wait<0>();
+}
+
+// bq_gemm_kernel<BITS, NT, MW>
+//   Shapes:  wq, ws: a bq layout (bq_gemm.h) of C = K/64 chunks per row;
+//            the product covers its tiles tile0 .. tile0+tiles−1 (output
+//            rows 0 .. rows−1 = weight rows 16·tile0 + j); x: n <= 8·NT rows
+//            of K BF16 (row stride K); y: n rows at stride ldy floats.
+//   Grid:    (ceil(tiles / (8·MW)), splits) blocks of 8 warps; block (b, s)
+//            takes tiles 8·MW·b .. +8·MW−1 (warp w: MW of them) and chunks
+//            s·cps .. s·cps+cps−1 of K. The block copies each chunk's lane
+//            records, scales and activation rows (8·NT × 64 BF16) into a
+//            ring of kStages stages in shared memory with cp.async, kStages−1
+//            chunks ahead of the one it multiplies; per chunk each warp reads
+//            its tiles' records, decodes them into A fragments (the
+//            integer-in-mantissa trick, HSUB2 + HFMA2 per pair), reads the B
+//            fragments from the staged rows and issues 4·NT mma.m16n8k16 per
+//            tile.
+//   Output:  splits == 1: stored. Else the splits of a row group are one
+//            thread block cluster (grid.y blocks, at most 8): the partial
+//            sums meet in distributed shared memory and are added in split
+//            order (the result does not depend on timing).
+//   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
+//            once; the activations once per block from L2.
+template <int BITS, int NT, int MW>
+__global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
+                                                       int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
+                                                       const uint16_t* __restrict__ x, int64_t K, int n,
+                                                       float* __restrict__ y, int64_t ldy, int cps) {
+    using Sh = BqShape<BITS, NT, MW>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * Sh::kTiles;  // the block's first tile
+    const int btiles = static_cast<int>(tiles - bt0 < Sh::kTiles ? tiles - bt0 : Sh::kTiles);
+    const int64_t mt0 = bt0 + warp * MW;
+    const int nmt = static_cast<int>(tiles - mt0 < 0 ? 0 : tiles - mt0 < MW ? tiles - mt0 : MW);
+    const int64_t cb = static_cast<int64_t>(blockIdx.y) * cps;
+    const int64_t nch = (C < cb + cps ? C : cb + cps) - cb;
+    float acc[MW][NT][4];
+    bq_block_product<BITS, NT, MW>(wq, ws, C, tile0 + bt0, btiles, x, K, n, cb, nch, smem, acc);
     // c0, c1: row g, tokens 2c, 2c+1 of the token tile; c2, c3: row g+8.
     const auto store = [&](int mt, int nt, int i, float v) {
         const int64_t j = kTile * (mt0 + mt) + g + (i >= 2 ? 8 : 0);
@@ -436,6 +452,50 @@ __global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __rest
                 if (mt < nmt) store(mt, nt, i, v);
             }
     cl.sync();  // the other blocks' shared memory stays until every read is done
+}
+
+// bq_grouped_kernel<BITS, NT, MW>
+//   Shapes:  wq, ws: the bq layout of a mixture-of-experts bank, expert e's
+//            rows_e rows (tiles_e tiles) from tile e·tiles_e; off: n_expert
+//            + 1 offsets of the experts' groups of rows in x and y (device);
+//            x: grouped activation rows of K BF16; y: rows at stride ldy.
+//   Grid:    (ceil(tiles_e / kTiles), token tiles, n_expert) blocks of 8
+//            warps; block (b, t, e) multiplies tiles b·kTiles .. of expert e
+//            by rows off[e] + 8·NT·t .. (at most 8·NT; blocks past the
+//            group's end leave at once) over all of K (bq_block_product) and
+//            stores them: one launch for every expert of a layer, whatever
+//            the group sizes.
+//   Bound:   memory (each expert's weights read once per token tile).
+template <int BITS, int NT, int MW>
+__global__ void __launch_bounds__(kThreads) bq_grouped_kernel(const uint8_t* __restrict__ wq,
+                                                          const uint8_t* __restrict__ ws, int64_t C, int64_t tiles_e,
+                                                          int64_t rows_e, const int32_t* __restrict__ off,
+                                                          const uint16_t* __restrict__ x, int64_t K,
+                                                          float* __restrict__ y, int64_t ldy) {
+    using Sh = BqShape<BITS, NT, MW>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int64_t e = blockIdx.z, o0 = off[e], t0 = static_cast<int64_t>(blockIdx.y) * Sh::kRows;
+    const int64_t ne = off[e + 1] - o0;
+    if (t0 >= ne) return;  // the whole block, before any barrier
+    const int n = static_cast<int>(ne - t0 < Sh::kRows ? ne - t0 : Sh::kRows);
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * Sh::kTiles;
+    const int btiles = static_cast<int>(tiles_e - bt0 < Sh::kTiles ? tiles_e - bt0 : Sh::kTiles);
+    const int64_t mt0 = bt0 + warp * MW;
+    const int nmt = static_cast<int>(tiles_e - mt0 < 0 ? 0 : tiles_e - mt0 < MW ? tiles_e - mt0 : MW);
+    float acc[MW][NT][4];
+    bq_block_product<BITS, NT, MW>(wq, ws, C, e * tiles_e + bt0, btiles, x + (o0 + t0) * K, K, n, 0, C, smem, acc);
+#pragma unroll
+    for (int mt = 0; mt < MW; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int64_t j = kTile * (mt0 + mt) + g + (i >= 2 ? 8 : 0);
+                const int r = 8 * nt + 2 * c + (i & 1);
+                if (mt < nmt && j < rows_e && r < n) y[(o0 + t0 + r) * ldy + j] = acc[mt][nt][i];
+            }
 }
 
 template <int BITS, int NT, int MW>
@@ -487,6 +547,35 @@ void launch_bq_n(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t ro
     else if (n <= 16) launch_bq<BITS, 2, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
     else if (n <= 32) launch_bq<BITS, 4, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
     else launch_bq<BITS, 8, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+}
+
+template <int BITS, int NT>
+void launch_grouped(const DeviceWeight& w, int64_t rows_e, const int32_t* off, int64_t n_expert, int64_t max_rows,
+                    const uint16_t* x, float* y, int64_t ldy, cudaStream_t stream) {
+    constexpr int MW = 1;
+    using Sh = BqShape<BITS, NT, MW>;
+    const int64_t C = w.K / kChunk, tiles_e = rows_e / kTile;
+    const int64_t all_tiles = (w.N + kTile - 1) / kTile;
+    const uint8_t* wq = w.bq;
+    const uint8_t* ws = w.bq + static_cast<size_t>(all_tiles * C) * 32 * record_bytes(BITS);
+    static const bool attr = [] {
+        QUERN_CUDA_CHECK(cudaFuncSetAttribute(bq_grouped_kernel<BITS, NT, MW>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, Sh::kSmem));
+        return true;
+    }();
+    (void)attr;
+    const dim3 grid(static_cast<unsigned>((tiles_e + Sh::kTiles - 1) / Sh::kTiles),
+                    static_cast<unsigned>((max_rows + Sh::kRows - 1) / Sh::kRows), static_cast<unsigned>(n_expert));
+    bq_grouped_kernel<BITS, NT, MW><<<grid, kThreads, Sh::kSmem, stream>>>(wq, ws, C, tiles_e, rows_e, off, x, w.K, y,
+                                                                          ldy);
+}
+
+template <int BITS>
+void launch_grouped_n(const DeviceWeight& w, int64_t rows_e, const int32_t* off, int64_t n_expert, int64_t max_rows,
+                      const uint16_t* x, float* y, int64_t ldy, cudaStream_t stream) {
+    if (max_rows <= 8) launch_grouped<BITS, 1>(w, rows_e, off, n_expert, max_rows, x, y, ldy, stream);
+    else if (max_rows <= 32) launch_grouped<BITS, 4>(w, rows_e, off, n_expert, max_rows, x, y, ldy, stream);
+    else launch_grouped<BITS, 8>(w, rows_e, off, n_expert, max_rows, x, y, ldy, stream);
 }
 
 constexpr int bq_bits_of(DType t) {
@@ -556,6 +645,20 @@ void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* 
     const int nn = static_cast<int>(n);
     if (w.bq_bits == 4) launch_bq_n<4>(w, tile0, tiles, rows, xb, nn, y, ldy, stream);
     else launch_bq_n<8>(w, tile0, tiles, rows, xb, nn, y, ldy, stream);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void bq_gemm_grouped(const DeviceWeight& w, int64_t rows, const int32_t* off, int64_t n_expert, int64_t max_rows,
+                     const uint16_t* xb, float* y, int64_t ldy, cudaStream_t stream) {
+    if (!w.bq) throw_error("bq_gemm_grouped: the bank has no small-batch layout (make_resident_bq)");
+    if (!off || !xb || !y) throw_error("bq_gemm_grouped: null pointer");
+    if (rows < 1 || rows % kTile != 0 || n_expert < 1 || n_expert * rows > w.N || n_expert > 65535 || ldy < rows ||
+        max_rows < 0)
+        throw_error("bq_gemm_grouped: shape out of range");
+    if (reinterpret_cast<uintptr_t>(xb) % 16 != 0) throw_error("bq_gemm_grouped: activations must be 16-byte aligned");
+    if (max_rows == 0) return;
+    if (w.bq_bits == 4) launch_grouped_n<4>(w, rows, off, n_expert, max_rows, xb, y, ldy, stream);
+    else launch_grouped_n<8>(w, rows, off, n_expert, max_rows, xb, y, ldy, stream);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

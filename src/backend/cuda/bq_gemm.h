@@ -76,4 +76,18 @@ void make_resident_bq(DeviceWeight& w, cudaStream_t stream);
 void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
              cudaStream_t stream);
 
+/// The products of a mixture-of-experts bank in one launch (tokens grouped
+/// by expert, as the prefill's MoE path groups them): for every expert e <
+/// n_expert and t < off[e+1] − off[e],
+///   y[(off[e] + t)·ldy + j] = Σ_k xb[(off[e] + t)·w.K + k] · W[e·rows + j][k]
+/// for j < rows (the rest of each y row untouched). off: n_expert + 1 int32
+/// offsets on the device (off[0] = 0, non-decreasing); max_rows: at least
+/// the largest group (host side; sizes the grid; groups of any size work,
+/// each in tiles of up to 64 rows that read the expert's weights again).
+/// w: the bank (n_expert · rows rows or more) with a bq layout; rows % 16 ==
+/// 0; xb 16-byte aligned. Numerics as bq_gemm. Throws quern::Error for a
+/// missing layout or a shape out of range.
+void bq_gemm_grouped(const DeviceWeight& w, int64_t rows, const int32_t* off, int64_t n_expert, int64_t max_rows,
+                     const uint16_t* xb, float* y, int64_t ldy, cudaStream_t stream);
+
 }  // namespace quern::cuda

@@ -166,6 +166,81 @@ TEST_F(MoeCudaTest, RouteMatchesCpuIncludingTies) {
     check_route(*ctx_, route_logits(1, 0, rng2), 1, true, "n = 1");
 }
 
+// moe_route_rows and moe_group_rows (the prefill's device routing) against
+// the CPU's moe_route and moe_group on fresh logits, rows mixing every logit
+// pattern: the same ids and weights per row, the same group offsets, and a
+// grouping consistent with them — each entry's row inside its expert's group
+// (pos), that row reading the entry's token (src), every row used once. The
+// order of the rows inside a group is free (moe_group_rows' contract).
+TEST_F(MoeCudaTest, RowsRouteAndGroupOnTheDeviceMatchCpu) {
+    std::mt19937 rng(29);
+    const cudaStream_t s = ctx_->stream();
+    for (int n_expert : {8, 128, 1024})
+        for (int k : {2, 8})
+            for (int64_t n : {1, 37, 512}) {
+                const std::string label =
+                    "experts " + std::to_string(n_expert) + " k " + std::to_string(k) + " rows " + std::to_string(n);
+                std::vector<float> logits;
+                for (int64_t r = 0; r < n; ++r) {
+                    const auto l = route_logits(n_expert, static_cast<int>(r % 5), rng);
+                    logits.insert(logits.end(), l.begin(), l.end());
+                }
+                const int64_t m = n * k;
+                std::vector<int32_t> want_ids(static_cast<size_t>(m));
+                std::vector<float> want_w(static_cast<size_t>(m));
+                quern::moe_route(logits.data(), n, n_expert, k, true, want_ids.data(), want_w.data());
+                std::vector<int64_t> want_off, entries;
+                quern::moe_group(want_ids.data(), n, k, n_expert, want_off, entries);
+
+                DeviceBuffer ld = to_device(logits, *ctx_);
+                DeviceBuffer idd(static_cast<size_t>(m + kGuard) * 4), wd(static_cast<size_t>(m + kGuard) * 4),
+                    posd(static_cast<size_t>(m + kGuard) * 4), srcd(static_cast<size_t>(m + kGuard) * 4),
+                    offd(static_cast<size_t>(n_expert + 1 + kGuard) * 4);
+                for (DeviceBuffer* b : {&idd, &wd, &posd, &srcd, &offd}) b->fill_bytes(0xFF, s);
+                cuda::moe_route_rows(ld.as<float>(), n, n_expert, k, true, idd.as<int32_t>(), wd.as<float>(), s);
+                cuda::moe_group_rows(idd.as<int32_t>(), n, k, n_expert, posd.as<int32_t>(), srcd.as<int32_t>(),
+                                     offd.as<int32_t>(), s);
+                const auto ids = from_device<int32_t>(idd, static_cast<size_t>(m + kGuard), *ctx_);
+                const auto w = from_device<float>(wd, static_cast<size_t>(m + kGuard), *ctx_);
+                const auto pos = from_device<int32_t>(posd, static_cast<size_t>(m + kGuard), *ctx_);
+                const auto src = from_device<int32_t>(srcd, static_cast<size_t>(m + kGuard), *ctx_);
+                const auto off = from_device<int32_t>(offd, static_cast<size_t>(n_expert + 1 + kGuard), *ctx_);
+                int bad = 0;
+                for (int64_t e = 0; e < m && bad < 5; ++e) {
+                    const auto i = static_cast<size_t>(e);
+                    if (ids[i] != want_ids[i]) ++bad, ADD_FAILURE() << label << " entry " << e << " expert " << ids[i];
+                    if (!(std::fabs(w[i] - want_w[i]) <= 3e-7f * std::fabs(want_w[i])))
+                        ++bad, ADD_FAILURE() << label << " entry " << e << " weight " << w[i] << " vs " << want_w[i];
+                }
+                for (int x = 0; x <= n_expert; ++x)
+                    if (off[static_cast<size_t>(x)] != want_off[static_cast<size_t>(x)] && bad++ < 5)
+                        ADD_FAILURE() << label << " offset " << x << ": " << off[static_cast<size_t>(x)] << " vs "
+                                      << want_off[static_cast<size_t>(x)];
+                std::vector<int> used(static_cast<size_t>(m), 0);
+                for (int64_t e = 0; e < m && bad < 5; ++e) {
+                    const int32_t g = pos[static_cast<size_t>(e)], x = want_ids[static_cast<size_t>(e)];
+                    if (g < want_off[static_cast<size_t>(x)] || g >= want_off[static_cast<size_t>(x) + 1]) {
+                        ++bad, ADD_FAILURE() << label << " entry " << e << " in row " << g << " outside expert " << x;
+                        continue;
+                    }
+                    ++used[static_cast<size_t>(g)];
+                    if (src[static_cast<size_t>(g)] != e / k)
+                        ++bad, ADD_FAILURE() << label << " row " << g << " reads token " << src[static_cast<size_t>(g)];
+                }
+                EXPECT_EQ(std::count(used.begin(), used.end(), 1), m) << label << ": rows used more than once";
+                expect_guard(ids, static_cast<size_t>(m), "ids");
+                expect_guard(pos, static_cast<size_t>(m), "pos");
+                expect_guard(src, static_cast<size_t>(m), "src");
+                expect_guard(off, static_cast<size_t>(n_expert + 1), "offsets");
+                EXPECT_EQ(bad, 0) << label;
+            }
+    DeviceBuffer b(64);
+    EXPECT_ANY_THROW(cuda::moe_group_rows(b.as<int32_t>(), 2, 2, 2000, b.as<int32_t>(), b.as<int32_t>(),
+                                          b.as<int32_t>(), s));
+    EXPECT_ANY_THROW(cuda::moe_group_rows(nullptr, 2, 2, 8, b.as<int32_t>(), b.as<int32_t>(), b.as<int32_t>(), s));
+    EXPECT_ANY_THROW(cuda::moe_route_rows(b.as<float>(), 0, 8, 2, true, b.as<int32_t>(), b.as<float>(), s));
+}
+
 // Captured once in a CUDA graph and replayed on new logits, the kernel routes
 // every replay anew (no host value is baked into the graph).
 TEST_F(MoeCudaTest, RouteReplaysInAGraph) {

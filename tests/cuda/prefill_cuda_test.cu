@@ -410,11 +410,24 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
             bytes[at] = 0x00, bytes[at + 1] = 0x3C;
             if (sh.t == DType::Q4_K) bytes[o + 2] = 0x1F, bytes[o + 3] = 0x21;
         }
-        cuda::DeviceWeight w = cuda::upload_weight(ctx, Tensor::contiguous(sh.t, {sh.K, sh.N, 1, 1}, bytes.data(), "w"));
-        cuda::DeviceWeight wc = cuda::upload_weight(ctx, Tensor::contiguous(sh.t, {sh.K, sh.N, 1, 1}, bytes.data(), "w"));
-        cuda::make_resident_bq(w, ctx.stream());
-        cuda::DeviceWeight wf = cuda::to_fp8_rows(wc, ctx.stream());  // --gpu-weights fp8
-        cuda::make_resident_bf16(wc, ctx.stream());
+        // Enough copies of each form that a round of them (≥ 160 MB) does
+        // not fit in the L2 cache (50 MB on an H200): every call reads its
+        // weights from memory, as the layers of a model do.
+        const auto copies = [](double b) { return static_cast<size_t>(std::clamp(std::ceil(160e6 / b), 1.0, 24.0)); };
+        const Tensor src = Tensor::contiguous(sh.t, {sh.K, sh.N, 1, 1}, bytes.data(), "w");
+        std::vector<cuda::DeviceWeight> wq, wc, wf;
+        for (size_t i = 0; i < copies(0.7 * static_cast<double>(sh.N * sh.K)); ++i) {
+            wq.push_back(cuda::upload_weight(ctx, src));
+            cuda::make_resident_bq(wq.back(), ctx.stream());
+        }
+        for (size_t i = 0; i < copies(static_cast<double>(sh.N * sh.K)); ++i) {
+            cuda::DeviceWeight q = cuda::upload_weight(ctx, src);
+            wf.push_back(cuda::to_fp8_rows(q, ctx.stream()));  // --gpu-weights fp8
+        }
+        for (size_t i = 0; i < copies(2.0 * static_cast<double>(sh.N * sh.K)); ++i) {
+            wc.push_back(cuda::upload_weight(ctx, src));
+            cuda::make_resident_bf16(wc.back(), ctx.stream());
+        }
         std::vector<uint16_t> xh(static_cast<size_t>(64 * sh.K), 0x3C00);
         cuda::DeviceBuffer dx = on_device(xh, ctx), dy(static_cast<size_t>(64 * sh.N) * 4);
         for (int64_t n : {1, 8, 16, 32, 64}) {
@@ -428,16 +441,19 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
                 cudaEventElapsedTime(&ms, e0, e1);
                 return 1e3 * ms / 20;
             };
+            size_t iq = 0, ic = 0, iff = 0;
             const double tq = time([&] {
-                cuda::bq_gemm(w, 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N, ctx.stream());
+                cuda::bq_gemm(wq[iq++ % wq.size()], 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N, ctx.stream());
             });
             const double tb = time([&] {
-                gemm.run_bf16_rows(wc, 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N, ctx.stream());
+                gemm.run_bf16_rows(wc[ic++ % wc.size()], 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N,
+                                   ctx.stream());
             });
             const double tf = time([&] {
-                gemm.run_bf16_rows(wf, 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N, ctx.stream());
+                gemm.run_bf16_rows(wf[iff++ % wf.size()], 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N,
+                                   ctx.stream());
             });
-            const double bq_b = static_cast<double>(cuda::bq_bytes(w)), bf_b = 2.0 * static_cast<double>(sh.N * sh.K),
+            const double bq_b = static_cast<double>(cuda::bq_bytes(wq[0])), bf_b = 2.0 * static_cast<double>(sh.N * sh.K),
                          f8_b = static_cast<double>(sh.N * sh.K + 4 * sh.N);
             std::printf("%-8s %-5s n %2lld  bq %7.1f us %5.0f GB/s | bf16 %7.1f us %5.0f GB/s | fp8 %7.1f us %5.0f GB/s\n",
                         sh.name, std::string(dtype_name(sh.t)).c_str(), static_cast<long long>(n), tq,

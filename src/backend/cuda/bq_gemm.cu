@@ -276,6 +276,8 @@ constexpr int kXPad = 72;  // BF16 per staged activation row: 64 + 8 (144 bytes:
 
 constexpr int kStages = 4;  // chunks in flight per block (cp.async ring)
 
+constexpr int kMaxSplits = 8;  // K splits of a row group: one thread block cluster (portable size)
+
 constexpr int kWarps = 8;  // per block
 constexpr int kThreads = 32 * kWarps;
 
@@ -391,7 +393,7 @@ __device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq,
 //   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
 //            once; the activations once per block from L2.
 template <int BITS, int NT, int MW>
-__global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
+__global__ void __launch_bounds__(kThreads, 3) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
                                                        int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
                                                        const uint16_t* __restrict__ x, int64_t K, int n,
                                                        float* __restrict__ y, int64_t ldy, int cps) {
@@ -439,6 +441,11 @@ __global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __rest
 #pragma unroll
             for (int i = 0; i < 4; ++i) red[((mt * NT + nt) * 4 + i) * kThreads + tid] = acc[mt][nt][i];
     cl.sync();
+    // The S remote slots are loaded together, then added in split order:
+    // one distributed-shared-memory round trip rather than S in a row.
+    const float* part[kMaxSplits];
+#pragma unroll
+    for (int b = 0; b < kMaxSplits; ++b) part[b] = b < S ? cl.map_shared_rank(red, b) : red;
 #pragma unroll
     for (int mt = 0; mt < MW; ++mt)
 #pragma unroll
@@ -447,8 +454,12 @@ __global__ void __launch_bounds__(kThreads) bq_gemm_kernel(const uint8_t* __rest
             for (int i = 0; i < 4; ++i) {
                 const int k = (mt * NT + nt) * 4 + i;
                 if (k % S != rank) continue;
-                float v = 0.0f;
-                for (int b = 0; b < S; ++b) v += cl.map_shared_rank(red, b)[k * kThreads + tid];
+                float t[kMaxSplits];
+#pragma unroll
+                for (int b = 0; b < kMaxSplits; ++b) t[b] = b < S ? part[b][k * kThreads + tid] : 0.0f;
+                float v = t[0];
+#pragma unroll
+                for (int b = 1; b < kMaxSplits; ++b) v += t[b];
                 if (mt < nmt) store(mt, nt, i, v);
             }
     cl.sync();  // the other blocks' shared memory stays until every read is done
@@ -506,24 +517,24 @@ void launch_bq(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows
     const uint8_t* wq = w.bq;
     const uint8_t* ws = w.bq + static_cast<size_t>(all_tiles * C) * 32 * record_bytes(BITS);
     const int64_t bx = (tiles + kWarps * MW - 1) / (kWarps * MW);
-    // K splits (a cluster of at most 8 blocks per row group) until there are
-    // about QUERN_CUDA_BQ_BLOCKS_PER_SM (default 3: on an H200 the best of 1,
-    // 2 and 3 for the final kernel) blocks per SM, each split at least four
-    // chunks long.
-    static const int per_sm = [] {
-        const char* e = std::getenv("QUERN_CUDA_BQ_BLOCKS_PER_SM");
-        return e && std::atoi(e) > 0 ? std::atoi(e) : 3;
-    }();
-    int64_t splits = std::clamp<int64_t>((per_sm * CudaContext::current_sm_count() + bx - 1) / bx, 1, std::clamp<int64_t>(C / 4, 1, 8));
-    const int64_t cps = (C + splits - 1) / splits;
-    splits = (C + cps - 1) / cps;
     constexpr int smem = BqShape<BITS, NT, MW>::kSmem;
     static_assert(smem >= MW * NT * 4 * kThreads * 4, "the partial sums reuse the ring");
-    static const bool attr = [] {
+    // K splits (a cluster of at most 8 blocks per row group) until the grid
+    // fills every SM with as many blocks as fit there at once (registers and
+    // shared memory decide; QUERN_CUDA_BQ_BLOCKS_PER_SM=N overrides), each
+    // split at least four chunks long.
+    static const int per_sm = [] {
         QUERN_CUDA_CHECK(cudaFuncSetAttribute(bq_gemm_kernel<BITS, NT, MW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        return true;
+        const char* e = std::getenv("QUERN_CUDA_BQ_BLOCKS_PER_SM");
+        if (e && std::atoi(e) > 0) return std::atoi(e);
+        int fit = 0;
+        QUERN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, bq_gemm_kernel<BITS, NT, MW>, kThreads, smem));
+        return std::max(fit, 1);
     }();
-    (void)attr;
+    int64_t splits = std::clamp<int64_t>((per_sm * CudaContext::current_sm_count() + bx - 1) / bx, 1,
+                                         std::clamp<int64_t>(C / 4, 1, kMaxSplits));
+    const int64_t cps = (C + splits - 1) / splits;
+    splits = (C + cps - 1) / cps;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(bx), static_cast<unsigned>(splits));
     cfg.blockDim = dim3(kThreads);

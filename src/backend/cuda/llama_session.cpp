@@ -1016,14 +1016,14 @@ bool LlamaCudaSession::ensure_prefill_scratch() {
             pmoe_gu_ = DeviceBuffer(static_cast<size_t>(m * 2 * c.n_ff_exp) * sizeof(float));
             pmoe_g_ = DeviceBuffer(static_cast<size_t>(m * c.n_ff_exp) * 2);
             pmoe_y_ = DeviceBuffer(static_cast<size_t>(m * c.n_embd) * sizeof(float));
-            pmoe_route_ = DeviceBuffer(static_cast<size_t>(3 * m + c.n_expert + 1) * 4);
+            pmoe_route_ = DeviceBuffer(static_cast<size_t>(4 * m + c.n_expert + 1) * 4);
             // Rows past a chunk's own are read by the padded expert GEMMs
             // (their outputs are never used): zeros rather than whatever
             // the allocation held.
             pmoe_xg_.fill_bytes(0, ctx_.stream());
             pmoe_g_.fill_bytes(0, ctx_.stream());
             hmoe_logits_ = PinnedBuffer(static_cast<size_t>(R * c.n_expert) * sizeof(float));
-            hmoe_route_ = PinnedBuffer(static_cast<size_t>(3 * m + c.n_expert + 1) * 4);
+            hmoe_route_ = PinnedBuffer(static_cast<size_t>(3 * m) * 4);
         }
         // Weight tiles big enough for a whole layer matrix up to 64·2^20
         // elements (two tiles of 128 MB at most): one GEMM per matrix rather
@@ -1174,11 +1174,45 @@ void LlamaCudaSession::prefill_moe(const LayerWeights& L, const uint16_t* xb, in
     const cudaStream_t s = ctx_.stream();
     const int k = static_cast<int>(c.n_expert_used);
     const int64_t NE = c.n_expert, F = c.n_ff_exp, E = c.n_embd, m = n * k;
-    // Router logits on the tensor cores, routed and grouped on the host by
-    // the CPU's own moe_route / moe_group (the expert sizes decide the GEMM
-    // launches, so the host needs them anyway: one synchronisation per layer).
     float* logits = pmoe_logits_.as<float>();
     gemm_->run_bf16(L.router.w, xb, n, logits, NE, s);
+    // Route arrays on the device: [pos (m) | src (m) | weights (m floats) |
+    // offsets (NE + 1) | ids (m)].
+    auto* dr = pmoe_route_.as<int32_t>();
+    const int32_t* dpos = dr;
+    const int32_t* dsrc = dr + m;
+    const auto* dw = reinterpret_cast<const float*>(dr + 2 * m);
+    const int32_t* doff = dr + 3 * m;
+    auto* xg = pmoe_xg_.as<uint16_t>();
+    float* gu = pmoe_gu_.as<float>();
+    auto* g = pmoe_g_.as<uint16_t>();
+    float* y = pmoe_y_.as<float>();
+    // When the experts get few rows each, every expert of a bank is
+    // multiplied in one launch (bq_gemm reads an expert's weights once per 64
+    // rows; on an H200 qwen3-30b-a3b's pp512 chunks, ~32 rows per expert,
+    // run 1.5× faster than with one GEMM per expert, pp2048's ~128 about 10%
+    // slower), and the tokens are routed and grouped on the device: no host
+    // round trip. The groups' sizes stay on the device, so the grid covers
+    // the largest possible group (n rows); blocks past a group's end leave
+    // at once.
+    if (L.exp_gate.bq && L.exp_up.bq && L.exp_down.bq && m <= 64 * NE) {
+        int32_t* ids = dr + 3 * m + NE + 1;
+        moe_route_rows(logits, n, static_cast<int>(NE), k, c.expert_weights_norm, ids,
+                       reinterpret_cast<float*>(dr + 2 * m), s);
+        moe_group_rows(ids, n, k, static_cast<int>(NE), dr, dr + m, dr + 3 * m, s);
+        gather_rows_bf16(xb, E, dsrc, m, xg, s);
+        mark("moe_route");
+        bq_gemm_grouped(L.exp_gate, F, doff, NE, n, xg, gu, 2 * F, s);
+        bq_gemm_grouped(L.exp_up, F, doff, NE, n, xg, gu + F, 2 * F, s);
+        glu_rows_bf16(gu, 2 * F, m, F, g, c.gelu_ffn, s);
+        bq_gemm_grouped(L.exp_down, E, doff, NE, n, g, y, E, s);
+        moe_weighted_sum_rows(y, dpos, dw, n, k, E, out, s);
+        mark("moe_experts");
+        return;
+    }
+    // Otherwise one GEMM per expert, whose sizes the host needs: the router
+    // logits go to the host and are routed and grouped there by the CPU's own
+    // moe_route / moe_group (one synchronisation per layer).
     auto* hl = hmoe_logits_.as<float>();
     QUERN_CUDA_CHECK(cudaMemcpyAsync(hl, logits, static_cast<size_t>(n * NE) * sizeof(float), cudaMemcpyDeviceToHost, s));
     ctx_.synchronize();
@@ -1189,41 +1223,14 @@ void LlamaCudaSession::prefill_moe(const LayerWeights& L, const uint16_t* xb, in
     quern::moe_route(hl, n, NE, k, c.expert_weights_norm, ids.data(), hw);
     std::vector<int64_t> offsets, entries;
     quern::moe_group(ids.data(), n, k, NE, offsets, entries);
-    for (int64_t g = 0; g < m; ++g) {
-        const int64_t e = entries[static_cast<size_t>(g)];
-        hr[e] = static_cast<int32_t>(g);          // entry (row, slot) -> its grouped row
-        hr[m + g] = static_cast<int32_t>(e / k);  // grouped row -> the activation row it reads
+    for (int64_t x = 0; x < m; ++x) {
+        const int64_t e = entries[static_cast<size_t>(x)];
+        hr[e] = static_cast<int32_t>(x);          // entry (row, slot) -> its grouped row
+        hr[m + x] = static_cast<int32_t>(e / k);  // grouped row -> the activation row it reads
     }
-    int64_t largest = 0;  // the largest expert group
-    for (int64_t x = 0; x <= NE; ++x) {
-        hr[3 * m + x] = static_cast<int32_t>(offsets[static_cast<size_t>(x)]);
-        if (x < NE) largest = std::max(largest, offsets[static_cast<size_t>(x) + 1] - offsets[static_cast<size_t>(x)]);
-    }
-    auto* dr = pmoe_route_.as<int32_t>();
-    QUERN_CUDA_CHECK(cudaMemcpyAsync(dr, hr, static_cast<size_t>(3 * m + NE + 1) * 4, cudaMemcpyHostToDevice, s));
-    const int32_t* dpos = dr;
-    const int32_t* dsrc = dr + m;
-    const auto* dw = reinterpret_cast<const float*>(dr + 2 * m);
-    auto* xg = pmoe_xg_.as<uint16_t>();
-    float* gu = pmoe_gu_.as<float>();
-    auto* g = pmoe_g_.as<uint16_t>();
-    float* y = pmoe_y_.as<float>();
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(dr, hr, static_cast<size_t>(3 * m) * 4, cudaMemcpyHostToDevice, s));
     gather_rows_bf16(xb, E, dsrc, m, xg, s);
     mark("moe_route");
-    // Every expert of a bank in one launch when the experts get few rows
-    // each (bq_gemm reads an expert's weights once per 64 rows; on an H200
-    // qwen3-30b-a3b's pp512 chunks, ~32 rows per expert, run 1.5× faster
-    // than with one GEMM per expert, pp2048's ~128 about 10% slower).
-    if (L.exp_gate.bq && L.exp_up.bq && L.exp_down.bq && m <= 64 * NE) {
-        const int32_t* doff = dr + 3 * m;
-        bq_gemm_grouped(L.exp_gate, F, doff, NE, largest, xg, gu, 2 * F, s);
-        bq_gemm_grouped(L.exp_up, F, doff, NE, largest, xg, gu + F, 2 * F, s);
-        glu_rows_bf16(gu, 2 * F, m, F, g, c.gelu_ffn, s);
-        bq_gemm_grouped(L.exp_down, E, doff, NE, largest, g, y, E, s);
-        moe_weighted_sum_rows(y, dpos, dw, n, k, E, out, s);
-        mark("moe_experts");
-        return;
-    }
     // Each expert's rows, rounded up to a multiple of 16 (fewer distinct GEMM
     // shapes to plan): the extra rows belong to the next experts, whose own
     // GEMMs overwrite them later in stream order, or to the 16 rows of

@@ -338,6 +338,26 @@ inline constexpr int kMaxExpertsUsed = 16;
 void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32_t* ids, float* weights,
                cudaStream_t stream);
 
+/// moe_route for n rows of logits at once (row r: logits + r·n_expert; its
+/// ids and weights at r·k), one thread block per row; same results and
+/// errors as moe_route, plus n outside [1, 2^31).
+void moe_route_rows(const float* logits, int64_t n, int n_expert, int k, bool renormalise, int32_t* ids,
+                    float* weights, cudaStream_t stream);
+
+/// The grouping of moe_group (model/moe.h) on the device, for the prefill's
+/// mixture-of-experts path without a host round trip: from the m = n·k
+/// expert ids of n rows (ids[r·k + j] in [0, n_expert)), offsets[0..n_expert]
+/// = the start of each expert's group of rows (exclusive prefix sum of the
+/// counts, offsets[n_expert] = m), and for every entry e a row of its
+/// expert's group: pos[e] = g, src[g] = e / k (the activation row it reads).
+/// Unlike moe_group the order of the rows inside a group is unspecified
+/// (they are multiplied independently and summed back per entry, so results
+/// do not depend on it). One thread block; device pointers. Throws
+/// quern::Error for null pointers or shapes out of range (n·k < 2^31,
+/// n_expert ≤ kMaxExperts).
+void moe_group_rows(const int32_t* ids, int64_t n, int k, int n_expert, int32_t* pos, int32_t* src, int32_t* offsets,
+                    cudaStream_t stream);
+
 /// out[i] = Σ_j weights[j] · y[j·n + i] for i < n, summed in slot order
 /// j = 0 .. k−1 (the CPU's moe_ffn order; fp32 multiply then add): the
 /// mixture of the k experts' outputs (y: k rows of n floats; weights: k
@@ -345,8 +365,9 @@ void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32
 /// or n < 1.
 void moe_weighted_sum(const float* y, const float* weights, int k, int64_t n, float* out, cudaStream_t stream);
 
-/// Mixture-of-experts prefill (rows grouped by expert on the host with
-/// moe_route / moe_group, model/moe.h):
+/// Mixture-of-experts prefill (rows grouped by expert, on the host with
+/// moe_route / moe_group, model/moe.h, or on the device with moe_route_rows /
+/// moe_group_rows):
 /// gather_rows_bf16: out row i (K BF16 values) = x row src[i], i < m (the
 /// activation rows of each expert's entries back to back). src: m device
 /// int32 in [0, rows of x).

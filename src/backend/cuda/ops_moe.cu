@@ -4,8 +4,9 @@
 // captured decode step routes every replay without the host.
 //
 // moe_route_kernel
-//   Shapes:  logits: n_expert floats; ids: k int32; weights: k floats.
-//   Grid:    one block of 256 threads; thread t handles experts t, t + 256, ...
+//   Shapes:  logits: rows of n_expert floats; ids, weights: rows of k.
+//   Grid:    one block of 256 threads per row; thread t handles experts t,
+//            t + 256, ...
 //   Math:    as moe_route (src/model/moe.cpp) step by step: the max (thread 0,
 //            in order), p_x = exp(double(l_x − max)) (the float difference
 //            widened, as the CPU), Σp in double by thread 0 in expert order,
@@ -45,6 +46,9 @@ __global__ void __launch_bounds__(kRouteThreads)
     __shared__ double total;
     __shared__ float max_logit;
     const int t = static_cast<int>(threadIdx.x);
+    logits += static_cast<int64_t>(blockIdx.x) * n_expert;  // block r: row r
+    ids += static_cast<int64_t>(blockIdx.x) * k;
+    weights += static_cast<int64_t>(blockIdx.x) * k;
     pdl_wait();
     pdl_trigger();
     for (int x = t; x < n_expert; x += kRouteThreads) l[x] = logits[x];
@@ -130,6 +134,45 @@ __global__ void moe_weighted_sum_rows_kernel(const float* __restrict__ y, const 
     }
 }
 
+// moe_group_kernel
+//   Shapes:  ids: m = n·k expert ids (row r's slot j at r·k + j, each in
+//            [0, n_expert)); pos, src: m int32; off: n_expert + 1 int32.
+//   Grid:    one block of kGroupThreads; entries e = t, t + kGroupThreads, ...
+//   Math:    counts per expert (shared atomics), off = their exclusive
+//            prefix sum (thread 0, expert order), then each entry takes the
+//            next free row of its expert's group: pos[e] = g, src[g] = e / k.
+//            The order of the rows inside a group depends on timing; every
+//            row is multiplied on its own and summed back in slot order, so
+//            the layer's output does not.
+//   Bound:   latency (m ≤ a few ten thousand entries, shared-memory atomics).
+constexpr int kGroupThreads = 1024;
+
+__global__ void __launch_bounds__(kGroupThreads)
+    moe_group_kernel(const int32_t* __restrict__ ids, int64_t m, int k, int n_expert, int32_t* __restrict__ pos,
+                     int32_t* __restrict__ src, int32_t* __restrict__ off) {
+    __shared__ int count[kMaxExperts];
+    __shared__ int next[kMaxExperts];
+    const int t = static_cast<int>(threadIdx.x);
+    for (int x = t; x < n_expert; x += kGroupThreads) count[x] = 0;
+    __syncthreads();
+    for (int64_t e = t; e < m; e += kGroupThreads) atomicAdd(&count[ids[e]], 1);
+    __syncthreads();
+    if (t == 0) {
+        int at = 0;
+        for (int x = 0; x < n_expert; ++x) {
+            off[x] = next[x] = at;
+            at += count[x];
+        }
+        off[n_expert] = at;
+    }
+    __syncthreads();
+    for (int64_t e = t; e < m; e += kGroupThreads) {
+        const int g = atomicAdd(&next[ids[e]], 1);
+        pos[e] = g;
+        src[g] = static_cast<int32_t>(e / k);
+    }
+}
+
 unsigned grid_for_elems(int64_t total) {
     return static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 65535 * 8));
 }
@@ -161,7 +204,30 @@ void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32
         throw_error("moe_route: " + std::to_string(k) + " experts used of " + std::to_string(n_expert) + " (1.." +
                     std::to_string(kMaxExpertsUsed) + ")");
     launch_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, logits, n_expert, k, renormalise, ids,
-               weights);
+               weights);  // one row
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void moe_route_rows(const float* logits, int64_t n, int n_expert, int k, bool renormalise, int32_t* ids,
+                    float* weights, cudaStream_t stream) {
+    if (n < 1 || n > 0x7fffffff) throw_error("moe_route_rows: rows out of range");
+    if (!logits || !ids || !weights) throw_error("moe_route: null pointer");
+    if (n_expert < 1 || n_expert > kMaxExperts)
+        throw_error("moe_route: " + std::to_string(n_expert) + " experts (1.." + std::to_string(kMaxExperts) + ")");
+    if (k < 1 || k > n_expert || k > kMaxExpertsUsed)
+        throw_error("moe_route: " + std::to_string(k) + " experts used of " + std::to_string(n_expert) + " (1.." +
+                    std::to_string(kMaxExpertsUsed) + ")");
+    launch_pdl(moe_route_kernel, dim3(static_cast<unsigned>(n)), dim3(kRouteThreads), 0, stream, logits, n_expert, k,
+               renormalise, ids, weights);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void moe_group_rows(const int32_t* ids, int64_t n, int k, int n_expert, int32_t* pos, int32_t* src, int32_t* offsets,
+                    cudaStream_t stream) {
+    if (!ids || !pos || !src || !offsets) throw_error("moe_group_rows: null pointer");
+    if (n < 1 || k < 1 || n_expert < 1 || n_expert > kMaxExperts || n * k > 0x7fffffff)
+        throw_error("moe_group_rows: shape out of range");
+    moe_group_kernel<<<1, kGroupThreads, 0, stream>>>(ids, n * k, k, n_expert, pos, src, offsets);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

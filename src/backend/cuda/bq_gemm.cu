@@ -218,6 +218,14 @@ __device__ __forceinline__ uint32_t affine(uint32_t x, __nv_bfloat162 c, __nv_bf
     return as_u32(__hfma2(__hsub2(as_bf2(x), c), s, o));
 }
 
+// (v & m) | x in one LOP3 (the compiler otherwise spends two, one per
+// immediate constant).
+__device__ __forceinline__ uint32_t and_or(uint32_t v, uint32_t m, uint32_t x) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "r"(m), "r"(x));
+    return d;
+}
+
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
@@ -246,18 +254,18 @@ __device__ __forceinline__ void step_a(const Rec<BITS>& r, const Scales& k, int 
     if constexpr (BITS == 4) {
         const uint32_t w = j == 0 ? r.w.x : j == 1 ? r.w.y : j == 2 ? r.w.z : r.w.w;
         constexpr uint32_t M = 0x00780078u, X = 0x43004300u;  // nibble pair into mantissa bits 3..6: 128 + 8q
-        a[0] = affine(((w << 3) & M) | X, k.c[0], k.s[0], k.o[0]);
-        a[1] = affine(((w >> 1) & M) | X, k.c[1], k.s[1], k.o[1]);
-        a[2] = affine(((w >> 5) & M) | X, k.c[0], k.s[0], k.o[0]);
-        a[3] = affine(((w >> 9) & M) | X, k.c[1], k.s[1], k.o[1]);
+        a[0] = affine(and_or(w << 3, M, X), k.c[0], k.s[0], k.o[0]);
+        a[1] = affine(and_or(w >> 1, M, X), k.c[1], k.s[1], k.o[1]);
+        a[2] = affine(and_or(w >> 5, M, X), k.c[0], k.s[0], k.o[0]);
+        a[3] = affine(and_or(w >> 9, M, X), k.c[1], k.s[1], k.o[1]);
     } else {
         const uint4& v = j < 2 ? r.w0 : r.w1;
         const uint32_t wa = (j & 1) ? v.z : v.x, wb = (j & 1) ? v.w : v.y;
         constexpr uint32_t M = 0x007F007Fu, X = 0x43004300u;  // byte pair into the mantissa: 128 + q
-        a[0] = affine((wa & M) | X, k.c[0], k.s[0], k.o[0]);
-        a[1] = affine(((wa >> 8) & M) | X, k.c[1], k.s[1], k.o[1]);
-        a[2] = affine((wb & M) | X, k.c[0], k.s[0], k.o[0]);
-        a[3] = affine(((wb >> 8) & M) | X, k.c[1], k.s[1], k.o[1]);
+        a[0] = affine(and_or(wa, M, X), k.c[0], k.s[0], k.o[0]);
+        a[1] = affine(and_or(wa >> 8, M, X), k.c[1], k.s[1], k.o[1]);
+        a[2] = affine(and_or(wb, M, X), k.c[0], k.s[0], k.o[0]);
+        a[3] = affine(and_or(wb >> 8, M, X), k.c[1], k.s[1], k.o[1]);
     }
 }
 
@@ -308,24 +316,49 @@ __device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq,
     for (int mt = 0; mt < MW; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+    // The 16-byte pieces of a chunk's stage: the lane records and scale
+    // records of the block's kTiles tiles (GT pieces each; tiles past
+    // btiles copy the block's first tile, their sums are never stored), then
+    // 8·NT activation rows of 8 pieces (rows past n are zero-filled). Thread
+    // tid copies pieces tid, tid + kThreads, ...: their source addresses at
+    // chunk cb and strides per chunk are worked out once, here.
+    constexpr int PQ = Sh::kTiles * GT + GX, P = (PQ + kThreads - 1) / kThreads;
+    const uint8_t* src[P];
+    int stride[P];
+    uint32_t dst[P];
+    bool live[P], full[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+        const int q = tid + p * kThreads;
+        live[p] = q < PQ;
+        full[p] = true;
+        dst[p] = static_cast<uint32_t>(16 * q);  // tile records, then the activation rows at kTiles·kTileBytes
+        if (q < Sh::kTiles * GT) {
+            const int ti = q / GT, gi = q % GT;
+            const int64_t tc = (tile_base + (ti < btiles ? ti : 0)) * C + cb;
+            if (gi < RQ / 16) {
+                src[p] = wq + tc * RQ + 16 * gi;
+                stride[p] = RQ;
+            } else {
+                src[p] = ws + tc * scale_bytes(BITS) + 16 * (gi - RQ / 16);
+                stride[p] = scale_bytes(BITS);
+            }
+        } else {
+            const int xi = q - Sh::kTiles * GT, t = xi >> 3, p16 = xi & 7;
+            src[p] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(t < n ? t : 0) * K + kChunk * cb +
+                                                      8 * p16);
+            stride[p] = 2 * kChunk;
+            full[p] = t < n;
+            dst[p] = static_cast<uint32_t>(Sh::kTiles * Sh::kTileBytes + (t * kXPad + 8 * p16) * 2);
+        }
+    }
     // Copies chunk cb + i into stage i % kStages (one commit group).
     const auto issue = [&](int64_t i) {
         if (i < nch) {
             uint8_t* st = smem + (i % kStages) * Sh::kStageBytes;
-            const int64_t ch = cb + i;
-            for (int q = tid; q < btiles * GT + GX; q += kThreads) {
-                if (q < btiles * GT) {
-                    const int ti = q / GT, gi = q % GT;
-                    const int64_t tc = (tile_base + ti) * C + ch;
-                    const uint8_t* src = gi < RQ / 16 ? wq + tc * RQ + 16 * gi
-                                                      : ws + tc * scale_bytes(BITS) + 16 * (gi - RQ / 16);
-                    cp_async16(st + ti * Sh::kTileBytes + 16 * gi, src, true);
-                } else {
-                    const int xi = q - btiles * GT, t = xi >> 3, p16 = xi & 7;
-                    const uint16_t* src = x + static_cast<int64_t>(t < n ? t : 0) * K + kChunk * ch + 8 * p16;
-                    cp_async16(st + Sh::kTiles * Sh::kTileBytes + (t * kXPad + 8 * p16) * 2, src, t < n);
-                }
-            }
+#pragma unroll
+            for (int p = 0; p < P; ++p)
+                if (live[p]) cp_async16(st + dst[p], src[p] + i * stride[p], full[p]);
         }
         cp_async_commit();
     };
@@ -393,7 +426,7 @@ __device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq,
 //   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
 //            once; the activations once per block from L2.
 template <int BITS, int NT, int MW>
-__global__ void __launch_bounds__(kThreads, 3) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
+__global__ void __launch_bounds__(kThreads, NT >= 4 || (BITS == 8 && NT >= 2) ? 2 : 3) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
                                                        int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
                                                        const uint16_t* __restrict__ x, int64_t K, int n,
                                                        float* __restrict__ y, int64_t ldy, int cps) {

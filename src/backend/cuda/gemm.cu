@@ -643,6 +643,11 @@ bool PrefillGemm::run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_ro
     return true;
 }
 
+bool PrefillGemm::uses_bq(const DeviceWeight& w, int64_t n) {
+    if (!w.bq || n > kBqMaxRows) return false;
+    return !w.bf16 || n <= (w.N >= 65536 ? 32 : 16);
+}
+
 void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,
                                 float* y, int64_t ldy, cudaStream_t stream) {
     if (!gemm_weight_type_supported(w.type))
@@ -651,7 +656,7 @@ void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_r
     if (n < 1 || n > max_n_ || w.K > max_k_ || row0 < 0 || n_rows < 1 || row0 + n_rows > w.N || ldy < n_rows)
         throw_error("PrefillGemm: shape out of range");
     if (w.fp8_row_scaled && w.K % 16 == 0 && run_fp8_rows(w, row0, n_rows, xb, n, y, ldy, stream)) return;
-    if (w.bq && n <= kBqMaxRows && row0 % 16 == 0 && reinterpret_cast<uintptr_t>(xb) % 16 == 0) {
+    if (uses_bq(w, n) && row0 % 16 == 0 && reinterpret_cast<uintptr_t>(xb) % 16 == 0) {
         bq_gemm(w, row0, n_rows, xb, n, y, ldy, stream);  // few rows: read the quantized weights once
         if (hook_) hook_("gemm");
         return;

@@ -106,9 +106,16 @@ public:
     /// As run() with X already in BF16: xb holds n rows of w.K values back
     /// to back (row stride w.K). The BF16 activation scratch is not used (the
     /// FP8 path quantizes xb into its own). A weight with a bq layout
-    /// (make_resident_bq) and at most kBqMaxRows rows goes through bq_gemm
-    /// instead (bq_gemm.h: its rounding of the weights differs slightly).
+    /// (make_resident_bq) goes through bq_gemm instead when uses_bq(w, n)
+    /// (bq_gemm.h: its rounding of the weights differs slightly).
     void run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+
+    /// Whether run_bf16 multiplies n rows by w with bq_gemm: w has a bq
+    /// layout, n <= kBqMaxRows, and — when w also has a resident BF16 copy —
+    /// n is at most where bq_gemm is faster than the copy with cuBLASLt on an
+    /// H200 (16 rows; 32 for matrices of 64k rows or more, the output head;
+    /// bench/batched-cuda-h200.md).
+    static bool uses_bq(const DeviceWeight& w, int64_t n);
 
     /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank
     /// of n_expert × rows): y[r·ldy + j] = Σ_k xb[r·w.K + k] · W[row0 + j][k]

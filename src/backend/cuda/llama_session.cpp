@@ -1121,7 +1121,12 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
         uint16_t* xb = gemm_->act_bf16();
         rms_norm_bf16(X, il > 0 ? HRES : nullptr, L.attn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");
-        if (L.qkv_bf16.bf16) gemm_->run_bf16(L.qkv_bf16, xb, n, QKV, LQ, s);
+        // The fused copy unless the pieces go through bq_gemm at this size.
+        const auto fused = [&](const DeviceWeight& f, const std::vector<Piece>& ps) {
+            return f.bf16 && !std::any_of(ps.begin(), ps.end(),
+                                          [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); });
+        };
+        if (fused(L.qkv_bf16, L.qkv)) gemm_->run_bf16(L.qkv_bf16, xb, n, QKV, LQ, s);
         else for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
         AttentionExtras ex = attention_extras(L);
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
@@ -1158,7 +1163,7 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
         if (L.moe) {
             prefill_moe(L, xb, n, H);
         } else {
-            if (L.gate_up_bf16.bf16) gemm_->run_bf16(L.gate_up_bf16, xb, n, GU, 2 * FF, s);
+            if (fused(L.gate_up_bf16, L.gate_up)) gemm_->run_bf16(L.gate_up_bf16, xb, n, GU, 2 * FF, s);
             else for (const Piece& p : L.gate_up) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
             glu_rows_bf16(GU, 2 * FF, n, FF, xb, c.gelu_ffn, s);
             mark("glu");
@@ -1187,15 +1192,14 @@ void LlamaCudaSession::prefill_moe(const LayerWeights& L, const uint16_t* xb, in
     float* gu = pmoe_gu_.as<float>();
     auto* g = pmoe_g_.as<uint16_t>();
     float* y = pmoe_y_.as<float>();
-    // When the experts get few rows each, every expert of a bank is
-    // multiplied in one launch (bq_gemm reads an expert's weights once per 64
-    // rows; on an H200 qwen3-30b-a3b's pp512 chunks, ~32 rows per expert,
-    // run 1.5× faster than with one GEMM per expert, pp2048's ~128 about 10%
-    // slower), and the tokens are routed and grouped on the device: no host
-    // round trip. The groups' sizes stay on the device, so the grid covers
-    // the largest possible group (n rows); blocks past a group's end leave
-    // at once.
-    if (L.exp_gate.bq && L.exp_up.bq && L.exp_down.bq && m <= 64 * NE) {
+    // With bq layouts of the banks, every expert of a bank is multiplied in
+    // one launch and the tokens are routed and grouped on the device: no
+    // host round trip (on an H200, qwen3-30b-a3b Q4_K_M: pp512 21.7k tok/s,
+    // pp2048 26.5k, against 3.8k and 7.1k with one GEMM per expert and host
+    // routing). The groups' sizes stay on the device, so the grid covers the
+    // largest possible group (n rows); blocks past a group's end leave at
+    // once.
+    if (L.exp_gate.bq && L.exp_up.bq && L.exp_down.bq) {
         int32_t* ids = dr + 3 * m + NE + 1;
         moe_route_rows(logits, n, static_cast<int>(NE), k, c.expert_weights_norm, ids,
                        reinterpret_cast<float*>(dr + 2 * m), s);
@@ -1298,12 +1302,12 @@ void LlamaCudaSession::prepare_batches() {
     QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const size_t keep = total_b / 4;
     size_t bytes = 0, bq_total = 0;  // all copies; the bq layouts among them
-    // With QUERN_CUDA_BQ=1, first the small-batch (bq) layouts of the
-    // quantized matrices: passes of up to 64 rows then read those (5.5 or 11
-    // bits per weight) instead of the 16-bit copies. Off by default: on an
-    // H200 bq_gemm still reaches only 0.8-1.7 TB/s of its bytes against
-    // cuBLASLt's ~3.6 TB/s of BF16 bytes, so the copies are faster
-    // (bench/batched-cuda-h200.md).
+    // First the small-batch (bq) layouts of the quantized matrices (5.5 or
+    // 11 bits per weight): passes of few rows read those instead of the
+    // 16-bit copies (PrefillGemm::uses_bq says up to how many; on an H200
+    // decode of one sequence in a batch runs 1.3× faster, of 8 1.26×), and
+    // where no BF16 copy fits, passes of up to 64 rows. QUERN_CUDA_BQ=0:
+    // none.
     // Makes one more copy of `need` bytes with make() while a quarter of the
     // memory stays free; the first that does not fit (or fails) clears `room`.
     const auto copy_if_room = [&](bool& room, size_t need, const auto& make) {
@@ -1321,7 +1325,7 @@ void LlamaCudaSession::prepare_batches() {
         }
     };
     const char* bq_env = std::getenv("QUERN_CUDA_BQ");
-    if (bq_env && *bq_env == '1') {
+    if (!(bq_env && *bq_env == '0')) {
         bool room = true;
         const auto small = [&](DeviceWeight& w) {
             if (!w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K)) return;
@@ -1335,12 +1339,13 @@ void LlamaCudaSession::prepare_batches() {
     // The Q|K|V and the gate|up pieces of a layer share one copy, rows
     // stacked in output order: one GEMM per group instead of one per piece
     // (at 32 rows the three products of 4096, 1024 and 1024 rows cost ~2.4×
-    // one of 6144). Not with bq layouts (those multiply piece by piece).
+    // one of 6144). Passes the pieces' bq layouts take multiply piece by
+    // piece.
     const auto fuse = [&](std::vector<Piece>& ps, DeviceWeight& fused) {
         if (!full || ps.size() < 2) return;
         int64_t rows = 0;
         for (const Piece& p : ps) {
-            if (!p.w.q || p.w.bf16 || p.w.bq || p.w.fp8_row_scaled || !gemm_weight_type_supported(p.w.type) ||
+            if (!p.w.q || p.w.bf16 || p.w.fp8_row_scaled || !gemm_weight_type_supported(p.w.type) ||
                 p.w.K != ps[0].w.K || p.offset != rows)
                 return;
             rows += p.w.N;

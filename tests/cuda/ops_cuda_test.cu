@@ -749,6 +749,41 @@ TEST_F(OpsCuda, Argmax) {
     }
 }
 
+// argmax_rows: each row's index equals argmax's on that row (rows with ties,
+// a NaN, all NaN), rows at a stride past their length; nothing past m written.
+TEST_F(OpsCuda, ArgmaxRowsMatchesArgmaxPerRow) {
+    for (int64_t n : {1, 1000, 128256}) {
+        const int64_t m = 7, ld = n + 5;
+        auto x = randv(m * ld, rng_, -10.0f, 10.0f);
+        const auto at = [&](int64_t r, int64_t i) -> float& { return x[static_cast<size_t>(r * ld + i)]; };
+        if (n > 3) {
+            at(1, n / 3) = at(1, n / 2) = at(1, n - 1) = 50.0f;  // ties: the lower index wins
+            at(2, 0) = std::numeric_limits<float>::quiet_NaN();
+            for (int64_t i = 0; i < n; ++i) at(3, i) = std::numeric_limits<float>::quiet_NaN();
+            at(4, n - 1) = 1e30f;  // past the row: must not count
+            at(4, n) = 2e30f;
+        }
+        auto dx = up(x);
+        DeviceBuffer scratch(argmax_scratch_bytes(n));
+        auto want = poisoned<int32_t>(1);
+        auto dout = poisoned<int32_t>(static_cast<size_t>(m + 1));
+        DeviceBuffer rscratch(argmax_rows_scratch_bytes(m));
+        argmax_rows(dx.as<float>(), m, n, ld, rscratch.data(), dout.as<int32_t>(), st());
+        const auto got = down<int32_t>(dout, static_cast<size_t>(m + 1));
+        for (int64_t r = 0; r < m; ++r) {
+            argmax(dx.as<float>() + r * ld, n, scratch.data(), want.as<int32_t>(), st());
+            EXPECT_EQ(got[static_cast<size_t>(r)], down<int32_t>(want, 1)[0]) << "n " << n << " row " << r;
+        }
+        int32_t poison;
+        std::memset(&poison, 0xFF, sizeof poison);
+        EXPECT_EQ(got[static_cast<size_t>(m)], poison) << "written past the rows";
+    }
+    DeviceBuffer b(64);
+    EXPECT_THROW(argmax_rows(b.as<float>(), 2, 8, 4, b.data(), b.as<int32_t>(), st()), std::exception);
+    EXPECT_THROW(argmax_rows(nullptr, 2, 8, 8, b.data(), b.as<int32_t>(), st()), std::exception);
+    EXPECT_THROW(argmax_rows(b.as<float>(), 2, 8, 8, nullptr, b.as<int32_t>(), st()), std::exception);
+}
+
 TEST_F(OpsCuda, RejectsBadArguments) {
     DeviceBuffer b(1 << 16);
     float* f = b.as<float>();

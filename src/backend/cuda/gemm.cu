@@ -645,7 +645,7 @@ bool PrefillGemm::run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_ro
 
 bool PrefillGemm::uses_bq(const DeviceWeight& w, int64_t n) {
     if (!w.bq || n > kBqMaxRows) return false;
-    return !w.bf16 || n <= (w.N >= 65536 ? 32 : 16);
+    return !w.bf16 || w.N >= 65536 || n <= 16;
 }
 
 void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,

@@ -303,7 +303,7 @@ private:
     // inputs, logits and argmaxes (device and pinned host copies).
     static constexpr int64_t kHeadRows = 256;
     static constexpr int64_t kSplitRows = 128;  // passes up to this long may split attention keys
-    DeviceBuffer bints_, bhead_x_, blogits_, bgreedy_, bsplit_;
+    DeviceBuffer bints_, bhead_x_, blogits_, bgreedy_, bargmax_, bsplit_;
     int64_t bsplit_floats_ = 0;
     PinnedBuffer hgreedy_;
     std::vector<int32_t> bhost_;              // the pass's integers on the host (batch_pass)
@@ -1291,6 +1291,7 @@ void LlamaCudaSession::prepare_batches() {
     bsplit_ = DeviceBuffer(static_cast<size_t>(bsplit_floats_) * 4);
     blogits_ = DeviceBuffer(static_cast<size_t>(kHeadRows * cfg_.n_vocab) * 4);
     bgreedy_ = DeviceBuffer(kHeadRows * 4);
+    bargmax_ = DeviceBuffer(argmax_rows_scratch_bytes(kHeadRows));
     hgreedy_ = PinnedBuffer(kHeadRows * 4);
     // Resident BF16 copies of the dense matrices and the output head: every
     // pass multiplies them directly instead of dequantizing the model again
@@ -1508,12 +1509,10 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
                 if (q.logits)
                     QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits, blogits_.as<float>() + j * V, static_cast<size_t>(V) * 4,
                                                      cudaMemcpyDeviceToHost, s));
-                if (q.greedy) {
-                    argmax(blogits_.as<float>() + j * V, V, argmax_scratch_.data(), bgreedy_.as<int32_t>() + j, s);
-                    greedy = true;
-                }
+                greedy = greedy || q.greedy;
             }
-            if (greedy) {
+            if (greedy) {  // every row's argmax in one launch (the others' go unread)
+                argmax_rows(blogits_.as<float>(), m, V, V, bargmax_.data(), bgreedy_.as<int32_t>(), s);
                 QUERN_CUDA_CHECK(cudaMemcpyAsync(hgreedy_.as<int32_t>(), bgreedy_.data(), static_cast<size_t>(m) * 4,
                                                  cudaMemcpyDeviceToHost, s));
             }

@@ -283,6 +283,14 @@ size_t argmax_scratch_bytes(int64_t n);
 /// *out_id = the index of the largest of x[0..n) (the lowest such index on
 /// ties; NaNs are skipped; all-NaN gives 0). n >= 1.
 void argmax(const float* x, int64_t n, void* scratch, int32_t* out_id, cudaStream_t stream);
+/// Scratch of argmax_rows (bytes) for m rows.
+size_t argmax_rows_scratch_bytes(int64_t m);
+/// argmax of each of m rows at once (row r: n floats at x + r·ld) into
+/// out_ids[r], with argmax's ties and NaNs: two launches whatever m (the
+/// batch runner's greedy rows). 1 <= m <= 65535, ld >= n >= 1; scratch of
+/// argmax_rows_scratch_bytes(m).
+void argmax_rows(const float* x, int64_t m, int64_t n, int64_t ld, void* scratch, int32_t* out_ids,
+                 cudaStream_t stream);
 
 /// Sampling parameters of sample_token, in device memory (the host updates
 /// them between steps; a captured graph reads the current values). The

@@ -183,6 +183,44 @@ __global__ void argmax_final_kernel(const Best* __restrict__ partial, int n_part
     if (threadIdx.x == 0) *out = b.i == INT32_MAX ? 0 : b.i;
 }
 
+// argmax_rows_kernel: block (p, r) scans part p of kArgmaxRowParts of row r
+// (n floats at x + r·ld; elements p·256 + i·(256·parts), four at a time with
+// independent loads, so every block keeps several loads in flight) and
+// leaves its best in partial[r·parts + p]; argmax_rows_final_kernel (block
+// r, one warp) reduces row r's parts in order. Ties go to the lower index
+// as in argmax (each thread's indices ascend; better() orders by value,
+// then index). Bound: memory.
+constexpr int kArgmaxRowParts = 16;
+
+__global__ void __launch_bounds__(256) argmax_rows_kernel(const float* __restrict__ x, int64_t n, int64_t ld,
+                                                          Best* __restrict__ partial) {
+    const float* row = x + static_cast<int64_t>(blockIdx.y) * ld;
+    const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+    Best b{0.0f, INT32_MAX};
+    const auto take = [&](int64_t i, float v) {
+        if (v == v && (b.i == INT32_MAX || v > b.v)) b = Best{v, static_cast<int32_t>(i)};
+    };
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (; i + 3 * step < n; i += 4 * step) {
+        const float v0 = row[i], v1 = row[i + step], v2 = row[i + 2 * step], v3 = row[i + 3 * step];
+        take(i, v0), take(i + step, v1), take(i + 2 * step, v2), take(i + 3 * step, v3);
+    }
+    for (; i < n; i += step) take(i, row[i]);
+    b = block_best(b);
+    if (threadIdx.x == 0) partial[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = b;
+}
+
+__global__ void argmax_rows_final_kernel(const Best* __restrict__ partial, int parts, int32_t* __restrict__ out) {
+    Best b{0.0f, INT32_MAX};
+    for (int p = static_cast<int>(threadIdx.x); p < parts; p += 32) b = better(b, partial[blockIdx.x * parts + p]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        Best o{__shfl_xor_sync(0xFFFFFFFFu, b.v, off), __shfl_xor_sync(0xFFFFFFFFu, b.i, off)};
+        b = better(b, o);
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = b.i == INT32_MAX ? 0 : b.i;
+}
+
 }  // namespace
 
 bool cuda_get_row_type_supported(DType t) {
@@ -228,6 +266,21 @@ void argmax(const float* x, int64_t n, void* scratch, int32_t* out_id, cudaStrea
     launch_pdl(argmax_partial_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kArgmaxThreads), 0, stream, x, n, partial);
     QUERN_CUDA_CHECK_LAUNCH();
     launch_pdl(argmax_final_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, partial, blocks, out_id);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+size_t argmax_rows_scratch_bytes(int64_t m) { return static_cast<size_t>(m) * kArgmaxRowParts * sizeof(Best); }
+
+void argmax_rows(const float* x, int64_t m, int64_t n, int64_t ld, void* scratch, int32_t* out_ids,
+                 cudaStream_t stream) {
+    if (m < 1 || m > 65535 || n < 1 || n > INT32_MAX || ld < n) throw_error("argmax_rows: shape out of range");
+    if (!x || !scratch || !out_ids) throw_error("argmax_rows: null pointer");
+    const int parts = static_cast<int>(std::min<int64_t>(kArgmaxRowParts, (n + 1023) / 1024));
+    Best* partial = static_cast<Best*>(scratch);
+    argmax_rows_kernel<<<dim3(static_cast<unsigned>(parts), static_cast<unsigned>(m)), 256, 0, stream>>>(x, n, ld,
+                                                                                                        partial);
+    QUERN_CUDA_CHECK_LAUNCH();
+    argmax_rows_final_kernel<<<static_cast<unsigned>(m), 32, 0, stream>>>(partial, parts, out_ids);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -426,7 +426,7 @@ __device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq,
 //   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
 //            once; the activations once per block from L2.
 template <int BITS, int NT, int MW>
-__global__ void __launch_bounds__(kThreads, NT >= 4 || (BITS == 8 && NT >= 2) ? 2 : 3) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
+__global__ void __launch_bounds__(kThreads, (MW == 1 && NT <= 4) || !(NT >= 4 || (BITS == 8 && NT >= 2)) ? 3 : 2) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
                                                        int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
                                                        const uint16_t* __restrict__ x, int64_t K, int n,
                                                        float* __restrict__ y, int64_t ldy, int cps) {
@@ -589,6 +589,11 @@ void launch_bq_n(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t ro
                  int64_t ldy, cudaStream_t stream) {
     if (n <= 8) launch_bq<BITS, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
     else if (n <= 16) launch_bq<BITS, 2, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    // 17-32 rows: one tile per warp (three blocks per SM) except on the
+    // output head, where two per warp are faster (H200: 4096 x 4096 Q4_K
+    // 17.0 -> 14.3 us, 4096 x 14336 39.5 -> 33.4, 128256 x 4096 Q6_K 188 ->
+    // 197; bench/batched-cuda-h200.md).
+    else if (n <= 32 && tiles * kTile < 65536) launch_bq<BITS, 4, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
     else if (n <= 32) launch_bq<BITS, 4, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
     else launch_bq<BITS, 8, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
 }

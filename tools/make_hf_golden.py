@@ -160,6 +160,10 @@ MODELS = {
 }
 N_TOKENS_OF = {"gemma2": 32, "gemma3": 32, "phi3_longrope": 24, "phi3_longrope_short": 12}
 
+LONGROPE_GPU = {**LONGROPE["rope_parameters"],
+                "short_factor": [1.0, 1.05, 1.1, 1.2, 1.3, 1.45, 1.6, 1.8, 2.0, 2.2, 2.5, 2.8, 3.1, 3.4, 3.8, 4.2],
+                "long_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.2, 4.0, 5.0, 6.0, 7.5, 9.0, 11.0, 13.0, 15.5, 18.0, 21.0]}
+
 # --gpu-shapes: overrides per architecture giving heads of 32 elements and
 # widths that are multiples of 64.
 GPU_COMMON = dict(hidden_size=128, intermediate_size=128)
@@ -171,6 +175,9 @@ GPU_SHAPES = {
     "mixtral": dict(intermediate_size=64),
     "qwen3_moe": dict(head_dim=32, moe_intermediate_size=64),
     "phi3": dict(intermediate_size=128),
+    # Heads of 32, all rotated: 16 factors each.
+    "phi3_longrope": dict(intermediate_size=128, rope_parameters=LONGROPE_GPU),
+    "phi3_longrope_short": dict(intermediate_size=128, rope_parameters=LONGROPE_GPU),
 }
 
 

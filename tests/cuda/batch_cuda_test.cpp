@@ -140,6 +140,32 @@ TEST(CudaBatch, RunnerMatchesTheCpuRunner) {
         }
 }
 
+// LongRoPE (Phi-3 128k's scaling) with an original context of 20: in the
+// same passes sequences 0 and 2 (40 and 23 tokens) turn by the long factors,
+// 1 and 3 (9 and 3) by the short ones (PagedRows::rope_long), as the CPU
+// runner picks them per sequence.
+TEST(CudaBatch, LongRopeRowsPickTheirFactors) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    SynthModel sm = make_synthetic(synth_tiny(synth_preset("llama3-1b")), "Q8_0", 62);
+    const size_t half = static_cast<size_t>(sm.cfg.rope_dim / 2);
+    sm.cfg.rope_factors_short.assign(half, 1.0f);
+    sm.cfg.rope_factors_long.resize(half);
+    for (size_t i = 0; i < half; ++i) {
+        sm.cfg.rope_factors_short[i] = 1.0f + 0.2f * static_cast<float>(i);
+        sm.cfg.rope_factors_long[i] = 1.0f + 3.0f * static_cast<float>(i);
+    }
+    sm.cfg.rope_orig_ctx = 20;
+    sm.cfg.rope_attn_factor = 1.1f;
+    auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
+    cuda::SessionOptions so;
+    so.verbose = false;
+    int64_t agree = 0, total = 0;
+    const double worst = compare_batches(*model, pool, so, "llama3-1b LongRoPE", agree, total);
+    EXPECT_GE(worst, 0.999);
+    EXPECT_GE(agree, total - 1);
+}
+
 // A pass longer than the runner's rows (2048) is cut into passes; a prompt
 // chunk spanning two passes gives the logits of the whole prompt at once.
 TEST(CudaBatch, LongBatchesAreCutIntoPasses) {

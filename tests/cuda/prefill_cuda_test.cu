@@ -910,6 +910,77 @@ TEST(CudaPrefill, AttentionMatchesCpu) {
     }
 }
 
+// paged_rope_kv_store with LongRoPE's per-row table (PagedRows::rope_long):
+// rows flagged long rotate (q in place, k into the cache) exactly as with the
+// long table given for every row, the others as with the short one; a flag
+// array without its table is refused.
+TEST(CudaPrefill, PagedRopeLongRowsTakeTheLongTable) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(811);
+    std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+    const int hd = 32, n_head = 4, n_head_kv = 2, rope_dim = 16, bs = 16, n = 6;
+    const int64_t ld = (n_head + 2 * n_head_kv) * hd, kvd = n_head_kv * hd;
+    std::vector<float> qkv(static_cast<size_t>(n * ld));
+    for (auto& x : qkv) x = ud(rng);
+    std::vector<float> fshort(rope_dim / 2), flong(rope_dim / 2);
+    for (int i = 0; i < rope_dim / 2; ++i) {
+        fshort[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / rope_dim) / (1.0f + 0.1f * i);
+        flong[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / rope_dim) / (1.0f + 2.0f * i);
+    }
+    const std::vector<int32_t> pos = {3, 17, 40, 41, 5, 63}, toff(n, 0), tabs = {2, 0, 3, 1}, flags = {0, 1, 1, 0, 1, 0};
+    cuda::DeviceBuffer dpos = on_device(pos, ctx), doff = on_device(toff, ctx), dtab = on_device(tabs, ctx),
+                       dflag = on_device(flags, ctx), dfs = on_device(fshort, ctx), dfl = on_device(flong, ctx);
+    const auto run = [&](const float* table, bool per_row, std::vector<float>& q_out, std::vector<uint16_t>& k_out) {
+        cuda::DeviceBuffer dq = on_device(qkv, ctx), dk(static_cast<size_t>(4 * bs * kvd) * 2),
+                           dv(static_cast<size_t>(4 * bs * kvd) * 2);
+        dk.fill_bytes(0, ctx.stream());
+        dv.fill_bytes(0, ctx.stream());
+        cuda::PagedRows pr;
+        pr.pos = dpos.as<int32_t>();
+        pr.table_off = doff.as<int32_t>();
+        pr.tables = dtab.as<int32_t>();
+        pr.block_size = bs;
+        if (per_row) {
+            pr.rope_long = dflag.as<int32_t>();
+            pr.inv_freq_long = dfl.as<float>();
+        }
+        cuda::paged_rope_kv_store(dq.as<float>(), ld, n, pr, dk.data(), dv.data(), cuda::KvType::F16, n_head,
+                                  n_head_kv, hd, table, rope_dim, false, cuda::AttentionExtras{}, ctx.stream());
+        q_out.resize(qkv.size());
+        k_out.resize(static_cast<size_t>(4 * bs * kvd));
+        dq.download(q_out.data(), q_out.size() * 4, ctx.stream());
+        dk.download(k_out.data(), k_out.size() * 2, ctx.stream());
+    };
+    std::vector<float> qs, ql, qm;
+    std::vector<uint16_t> ks, kl, km;
+    run(dfs.as<float>(), false, qs, ks);
+    run(dfl.as<float>(), false, ql, kl);
+    run(dfs.as<float>(), true, qm, km);
+    for (int r = 0; r < n; ++r) {
+        const bool lg = flags[static_cast<size_t>(r)] != 0;
+        const auto& qw = lg ? ql : qs;
+        const auto& kw = lg ? kl : ks;
+        for (int64_t e = 0; e < ld; ++e)
+            ASSERT_EQ(qm[static_cast<size_t>(r * ld + e)], qw[static_cast<size_t>(r * ld + e)]) << "row " << r;
+        const int p = pos[static_cast<size_t>(r)];
+        const int64_t crow = static_cast<int64_t>(tabs[static_cast<size_t>(p / bs)]) * bs + p % bs;
+        for (int64_t e = 0; e < kvd; ++e)
+            ASSERT_EQ(km[static_cast<size_t>(crow * kvd + e)], kw[static_cast<size_t>(crow * kvd + e)]) << "row " << r;
+    }
+    EXPECT_NE(qs, ql);  // the tables differ where it matters
+    cuda::PagedRows bad;
+    bad.pos = dpos.as<int32_t>();
+    bad.table_off = doff.as<int32_t>();
+    bad.tables = dtab.as<int32_t>();
+    bad.rope_long = dflag.as<int32_t>();
+    cuda::DeviceBuffer dq = on_device(qkv, ctx), dk(static_cast<size_t>(4 * bs * kvd) * 2);
+    EXPECT_THROW(cuda::paged_rope_kv_store(dq.as<float>(), ld, n, bad, dk.data(), dk.data(), cuda::KvType::F16, n_head,
+                                           n_head_kv, hd, dfs.as<float>(), rope_dim, false, cuda::AttentionExtras{},
+                                           ctx.stream()),
+                 std::runtime_error);
+}
+
 // paged_attention (both kernels: the grouped one and the scalar one) and
 // paged_rope_kv_store's addressing, against cpu::attention on each
 // sequence's own contiguous keys: three sequences whose blocks are shuffled

@@ -275,6 +275,12 @@ private:
     const float* out_norm_ = nullptr;
     const float* inv_freq_ = nullptr;    // rope_dim/2 floats: cpu::rope_inv_freq
     const float* inv_freq_local_ = nullptr;  // sliding-window layers' table (Gemma: own base, maybe unscaled)
+    // LongRoPE (ModelConfig::longrope()): the short and long tables; the
+    // live one (inv_freq_, inv_freq_local_) holds the long one while
+    // rope_long_live_.
+    const float* rope_short_ = nullptr;
+    const float* rope_long_ = nullptr;
+    bool rope_long_live_ = false;
     Piece output_;
 
     // Batched prefill: whether the model allows it (weight types with a
@@ -649,6 +655,15 @@ void LlamaCudaSession::upload_weights(const Model& model) {
         // without the factors when they apply to global layers only.
         inv_freq_local_ = table(c.rope_base_local > 0.0f ? c.rope_base_local : c.rope_base,
                                 c.rope_factors_global_only ? nullptr : ff);
+        if (c.longrope()) {
+            // LongRoPE: every layer turns by the short or the long table,
+            // chosen per call from its last position (begin): the kernels
+            // read a live copy that begin() overwrites when the choice
+            // changes; the batch runner's rows pick theirs (PagedRows).
+            rope_short_ = table(c.rope_base, c.rope_factors_short.data());
+            rope_long_ = table(c.rope_base, c.rope_factors_long.data());
+            inv_freq_ = inv_freq_local_ = table(c.rope_base, c.rope_factors_short.data());
+        }
     }
     const Tensor* out = ws.find("output.weight");
     output_.w = upload_weight(ctx_, out ? *out : emb);
@@ -918,6 +933,16 @@ void LlamaCudaSession::run_step(Head head) {
 }
 
 void LlamaCudaSession::begin(const int32_t* tokens, int64_t n) {
+    const auto& c = cfg_;
+    if (c.longrope()) {  // the call's last position decides, as the CPU forward pass
+        const bool lg = n_past_ + n - 1 >= c.rope_orig_ctx;
+        if (lg != rope_long_live_) {
+            QUERN_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(inv_freq_), lg ? rope_long_ : rope_short_,
+                                             static_cast<size_t>(c.rope_dim / 2) * sizeof(float),
+                                             cudaMemcpyDeviceToDevice, ctx_.stream()));
+            rope_long_live_ = lg;
+        }
+    }
     auto* ht = host_tokens_.as<int32_t>();
     std::memcpy(ht, tokens, static_cast<size_t>(n) * sizeof(int32_t));
     const cudaStream_t s = ctx_.stream();
@@ -1130,6 +1155,7 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
         else for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
         AttentionExtras ex = attention_extras(L);
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
+        if (paged && c.longrope()) inv_freq = rope_short_;  // rows with pr.rope_long set take rope_long_
         if (paged)
             paged_rope_kv_store(QKV, LQ, rows, *paged, kc, vc, KvType::F16, static_cast<int>(c.n_head),
                                 static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
@@ -1454,7 +1480,8 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     const auto blocks_of = [&](const BatchSegment& g) { return (seqs[g.seq].n_past + g.off + g.n + bs - 1) / bs; };
     int64_t n = 0, nh = 0, nt = 0;
     for (const BatchSegment& g : segs) n += g.n, nh += wants_head(g), nt += blocks_of(g);
-    bhost_.resize(static_cast<size_t>(3 * n + nh + nt));
+    const bool lr = c.longrope();  // then the rows' LongRoPE choices (n) follow the tables
+    bhost_.resize(static_cast<size_t>(3 * n + nh + nt + (lr ? n : 0)));
     int32_t* ids = bhost_.data();
     int32_t* pos = ids + n;
     int32_t* toff = pos + n;
@@ -1466,10 +1493,13 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
         const SeqBatch& q = seqs[g.seq];
         const int64_t nb = blocks_of(g);
         std::copy(q.block_table, q.block_table + nb, tables + t0);
+        // LongRoPE: per sequence, from its last position in this call (the CPU's rule).
+        const int32_t lg = lr && q.n_past + q.n - 1 >= c.rope_orig_ctx ? 1 : 0;
         for (int64_t j = g.off; j < g.off + g.n; ++j, ++r) {
             ids[r] = q.tokens[j];
             pos[r] = static_cast<int32_t>(q.n_past + j);
             toff[r] = static_cast<int32_t>(t0);
+            if (lr) tables[nt + r] = lg;
         }
         if (wants_head(g)) {
             head[head_seq_.size()] = static_cast<int32_t>(r - 1);
@@ -1489,6 +1519,10 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     pr.split_ws = bsplit_.as<float>();
     pr.split_ws_floats = bsplit_floats_;
     pr.max_keys = n > 0 ? *std::max_element(pos, pos + n) + 1 : 0;
+    if (lr) {
+        pr.rope_long = d + 3 * n + nh + nt;
+        pr.inv_freq_long = rope_long_;
+    }
     layer_rows(d, n, 0, &pr);
     if (nh > 0) {
         // The final norm on every row (the last residual added in), then the

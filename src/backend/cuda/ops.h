@@ -221,6 +221,12 @@ struct PagedRows {
     /// projection's GEMM input) instead of into `out` (which the scalar
     /// kernel then uses as scratch).
     uint16_t* out_bf16 = nullptr;
+    /// paged_rope_kv_store: LongRoPE's second table. Where rope_long is set,
+    /// row r with rope_long[r] != 0 turns by inv_freq_long instead of the
+    /// inv_freq argument (its sequence has reached the original context;
+    /// ModelConfig::rope_factors_long).
+    const int32_t* rope_long = nullptr;
+    const float* inv_freq_long = nullptr;
 };
 
 /// prefill_rope_kv_store for rows of several sequences: row r rotated at

@@ -36,6 +36,7 @@ struct ContiguousRows {
     int pos0;
     __device__ __forceinline__ int pos(int r) const { return pos0 + r; }
     __device__ __forceinline__ int64_t cache_row(int, int p) const { return p; }
+    __device__ __forceinline__ const float* freq(int, const float* inv_freq) const { return inv_freq; }
 };
 struct PagedMap {
     PagedRows pr;
@@ -43,6 +44,9 @@ struct PagedMap {
     __device__ __forceinline__ int64_t cache_row(int r, int p) const {
         return static_cast<int64_t>(pr.tables[pr.table_off[r] + p / pr.block_size]) * pr.block_size +
                p % pr.block_size;
+    }
+    __device__ __forceinline__ const float* freq(int r, const float* inv_freq) const {
+        return pr.rope_long && pr.rope_long[r] ? pr.inv_freq_long : inv_freq;
     }
 };
 
@@ -55,8 +59,9 @@ struct PagedMap {
 //            h − n_head with its value). The warp stages the head in shared
 //            memory (HD ≤ 256 floats), adds the bias, applies the per-head
 //            RMSNorm (one warp sum), rotates pair by pair (lane i: pairs i,
-//            i+32, ...; angles by rope_angle as the decode kernel), then
-//            writes q back in place or k and v to cache row pos0 + r.
+//            i+32, ...; angles by rope_angle as the decode kernel, from the
+//            row's table: map.freq), then writes q back in place or k and v
+//            to the row's cache row.
 //   Bound:   latency / memory (a few loads and stores per element).
 template <class T, class Map>
 __global__ void __launch_bounds__(32) prefill_rope_kv_kernel(float* __restrict__ qkv, int64_t ld, const Map map,
@@ -87,9 +92,10 @@ __global__ void __launch_bounds__(32) prefill_rope_kv_kernel(float* __restrict__
         __syncwarp();
     }
     const int half = rope_dim / 2;
+    const float* freq = map.freq(r, inv_freq);
     for (int i = lane; i < half; i += 32) {
         float c, s;
-        rope_angle(pos, inv_freq[i], &c, &s);
+        rope_angle(pos, freq[i], &c, &s);
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         const float a = xs[i0], b = xs[i1];
         xs[i0] = a * c - b * s;
@@ -643,6 +649,7 @@ void paged_rope_kv_store(float* qkv, int64_t ld, int n, const PagedRows& pr, voi
                          bool neox, const AttentionExtras& ex, cudaStream_t stream) {
     if (!pr.pos || !pr.table_off || !pr.tables || pr.block_size < 1)
         throw_error("paged_rope_kv_store: null row map or bad block size");
+    if (pr.rope_long && !pr.inv_freq_long) throw_error("paged_rope_kv_store: rope_long without its table");
     rope_kv_store("paged_rope_kv_store", qkv, ld, n, PagedMap{pr}, k_cache, v_cache, kv_type, n_head, n_head_kv,
                   head_dim, inv_freq, rope_dim, neox, ex, stream);
 }

@@ -18,7 +18,7 @@ std::string cuda_unsupported_feature(const ModelConfig& c) {
         if (c.n_ff_exp % 32 != 0) return fmt::format("an expert FFN width of {} (not a multiple of 32)", c.n_ff_exp);
     }
     if (c.out_bias) return "an attention output bias";
-    if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256)
+    if (c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 96 && c.head_dim != 128 && c.head_dim != 256)
         return fmt::format("attention heads of {} elements", c.head_dim);
     if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0 || c.n_head / c.n_head_kv > 16)
         return fmt::format("{} query heads per KV head (at most 16)", c.n_head_kv > 0 ? c.n_head / c.n_head_kv : 0);

@@ -9,9 +9,9 @@
 namespace quern {
 
 /// The first feature of `c` the CUDA decode path does not compute, in words
-/// ("LongRoPE (Phi-3 long-context scaling)", "attention heads of 96
-/// elements", ...), or "" when it runs the model. Covers the architecture and
-/// its blocks, the head size (32, 64, 128, 256), the GQA ratio (<= 16),
+/// ("attention heads of 80 elements", "an attention output bias", ...), or
+/// "" when it runs the model. Covers the architecture and
+/// its blocks, the head size (32, 64, 96, 128, 256), the GQA ratio (<= 16),
 /// dimensions divisible by 32 and, for mixture-of-experts layers, at most
 /// 1024 experts with 1 to 16 used per token; not the weight types (see
 /// gpu_unsupported in src/cli/common.h).

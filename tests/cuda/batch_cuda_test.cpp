@@ -16,6 +16,7 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/session.h"
+#include "backend/gpu_support.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
@@ -138,6 +139,21 @@ TEST(CudaBatch, RunnerMatchesTheCpuRunner) {
             EXPECT_GE(worst, std::string(preset) == "qwen3-30b-a3b" ? 0.995 : 0.999) << preset << " " << scheme;
             EXPECT_GE(agree, total - 1) << preset << " " << scheme;  // BF16 GEMMs: a near-tie may flip one
         }
+    // Heads of 96 (Phi-3 mini's): the tiny phi3 shape with its real head size.
+    for (const char* scheme : {"Q8_0", "Q4_K_M"}) {
+        SynthPreset p = synth_tiny(synth_preset("phi3-mini"));
+        p.cfg.head_dim = p.cfg.rope_dim = 96;
+        p.cfg.n_embd = 384;
+        SynthModel sm = make_synthetic(p, scheme, 63);
+        ASSERT_EQ(cuda_unsupported_feature(sm.cfg), "");
+        auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
+        cuda::SessionOptions so;
+        so.verbose = false;
+        int64_t agree = 0, total = 0;
+        const double worst = compare_batches(*model, pool, so, std::string("phi3-mini hd96 ") + scheme, agree, total);
+        EXPECT_GE(worst, 0.999) << scheme;
+        EXPECT_GE(agree, total - 1) << scheme;
+    }
 }
 
 // LongRoPE (Phi-3 128k's scaling) with an original context of 20: in the

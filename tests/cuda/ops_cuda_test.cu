@@ -362,6 +362,8 @@ TEST_F(OpsCuda, DecodeAttention) {
         {16, 1, 64, KvType::F32, {300, 1500}},     // g = 16
         {8, 8, 128, KvType::F32, {77, 700}},       // g = 1
         {12, 4, 64, KvType::F16, {513}},           // g = 3
+        {32, 8, 96, KvType::F16, {0, 63, 64, 700}},  // heads of 96 (Phi-3 mini): 12 of 16 lanes per row
+        {32, 32, 96, KvType::F32, {5, 129}},          // heads of 96, f32 cache: 24 of 32 lanes
     };
     for (const auto& c : cases) {
         const int n_ctx = c.positions.back() + 1 + 300;  // rows past the last position are NaN
@@ -445,6 +447,8 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
         {8, 4, 64, 64, true, false, KvType::F16, {3, 63, 64, 200, 1000}, false, false, 7},  // window 7
         {16, 4, 32, 32, true, false, KvType::F16, {0, 5, 300}, false, true, 0},      // head_dim 32
         {16, 4, 32, 32, false, false, KvType::F32, {0, 64, 129}},                    // head_dim 32, f32
+        {32, 32, 96, 96, true, false, KvType::F16, {0, 64, 300}, false, false, 0},   // head_dim 96 (Phi-3 mini)
+        {32, 8, 96, 96, true, false, KvType::F32, {7, 200}, false, true, 0},         // head_dim 96, f32, norms
         {4, 1, 256, 256, true, false, KvType::F16, {0, 99, 700}, false, true, 0},    // head_dim 256 (Gemma 3)
         {8, 4, 256, 256, true, false, KvType::F16, {5, 300}, false, false, 4, 50.0f}, // Gemma 2: window, softcap
         {16, 8, 128, 128, true, false, KvType::F32, {70, 1000}, false, false, 0, 2.0f},  // a cap that bites
@@ -788,7 +792,7 @@ TEST_F(OpsCuda, RejectsBadArguments) {
     DeviceBuffer b(1 << 16);
     float* f = b.as<float>();
     EXPECT_THROW(rms_norm_q8_1(f, nullptr, f, f, nullptr, nullptr, 1, 100, 1e-5f, st()), std::exception);
-    EXPECT_THROW(decode_attention(f, f, f, KvType::F16, b.as<int32_t>(), 16, 8, 8, 96, 1.0f, f, f, st()),
+    EXPECT_THROW(decode_attention(f, f, f, KvType::F16, b.as<int32_t>(), 16, 8, 8, 80, 1.0f, f, f, st()),
                  std::exception);
     EXPECT_THROW(decode_attention(f, f, f, KvType::F16, b.as<int32_t>(), 16, 12, 8, 64, 1.0f, f, f, st()),
                  std::exception);

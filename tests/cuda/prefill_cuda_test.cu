@@ -839,7 +839,8 @@ TEST(CudaPrefill, AttentionMatchesCpu) {
                           Case{128, 32, 8, 40, 200, 0, 0.0f}, Case{64, 8, 2, 40, 200, 100, 0.0f},
                           Case{128, 8, 2, 150, 0, 0, 0.0f}, Case{64, 4, 1, 130, 70, 0, 0.0f},
                           Case{128, 8, 2, 200, 300, 100, 0.0f}, Case{64, 8, 4, 130, 0, 5, 0.0f},
-                          Case{128, 4, 2, 97, 33, 0, 50.0f}}) {
+                          Case{128, 4, 2, 97, 33, 0, 50.0f}, Case{96, 8, 2, 40, 30, 0, 0.0f},
+                          Case{96, 32, 32, 20, 100, 16, 0.0f}}) {
         for (cuda::KvType kvt : {cuda::KvType::F16, cuda::KvType::F32}) {
             const int n_ctx = c.pos0 + c.n + 3;
             const int qd = c.n_head * c.hd, kvd = c.n_head_kv * c.hd;
@@ -1000,7 +1001,7 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
     const int bs = 16, n_blocks = 40;
     for (const Case& c : {Case{128, 32, 8, 0, 0.0f}, Case{64, 9, 3, 0, 0.0f}, Case{128, 28, 4, 0, 0.0f},
                           Case{64, 8, 8, 0, 0.0f}, Case{32, 16, 1, 0, 0.0f}, Case{128, 8, 2, 20, 0.0f},
-                          Case{64, 8, 2, 0, 30.0f}, Case{256, 8, 4, 9, 50.0f}}) {
+                          Case{64, 8, 2, 0, 30.0f}, Case{256, 8, 4, 9, 50.0f}, Case{96, 32, 8, 0, 0.0f}}) {
         const int qd = c.n_head * c.hd, kvd = c.n_head_kv * c.hd;
         // Sequence lengths (positions filled) and the rows evaluated: (seq, pos).
         const std::vector<int> len = {150, 37, 70};

@@ -114,7 +114,7 @@ size_t decode_attention_scratch_bytes(int n_ctx, int n_head, int head_dim);
 ///   k_cache, v_cache: n_ctx rows of n_head_kv × head_dim kv_type elements
 ///   out: n_head × head_dim floats; query head h reads KV head h / (n_head / n_head_kv)
 ///   scratch: decode_attention_scratch_bytes(n_ctx, n_head, head_dim) bytes
-/// head_dim in {32, 64, 128, 256} (256 with an f16 cache only); n_head a multiple of n_head_kv with
+/// head_dim in {32, 64, 96, 128, 256} (256 with an f16 cache only); n_head a multiple of n_head_kv with
 /// n_head / n_head_kv <= 16; *pos clamped to [0, n_ctx).
 /// Split-K: the grid has min(128, ceil(n_ctx/64)) splits per KV head; the
 /// positions 0..*pos are cut into 64-position tiles and each split takes
@@ -170,7 +170,7 @@ void prefill_rope_kv_store(float* qkv, int64_t ld, int n, int pos0, void* k_cach
                            int n_ctx, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
                            bool neox, const AttentionExtras& ex, cudaStream_t stream);
 
-/// Whether prefill_attention takes heads of head_dim elements (32, 64, 128, 256).
+/// Whether prefill_attention takes heads of head_dim elements (32, 64, 96, 128, 256).
 bool prefill_attention_head_dim_supported(int head_dim);
 
 /// Causal GQA attention of n query rows at positions pos0 .. pos0+n−1 over

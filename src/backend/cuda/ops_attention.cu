@@ -206,8 +206,12 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                                                                   int8_t* __restrict__ xq2,
                                                                   ActBlockInfo* __restrict__ xinfo2) {
     constexpr int EPL = 16 / static_cast<int>(sizeof(T));
-    constexpr int LPR = HD / EPL;
+    // Lanes per key row: the row's HD / EPL vectors, rounded up to a power
+    // of two (heads of 96: 12 of 16 lanes hold data, the rest add zeros).
+    constexpr int LPD = HD / EPL;
+    constexpr int LPR = LPD <= 4 ? 4 : LPD <= 8 ? 8 : LPD <= 16 ? 16 : 32;
     constexpr int RPW = 32 / LPR;
+    static_assert(HD % EPL == 0 && LPD <= 32);
     constexpr int NL = kTile / (kNW * RPW);
     constexpr int GB = G < 4 ? G : (HD >= 256 ? 2 : 4);  // heads per pass of the final reduction
     static_assert(NL >= 1 && kTile % (kNW * RPW) == 0);
@@ -244,6 +248,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     const bool owns_new = ROPE && s == plan.na - 1;
     const int cl = lane % LPR;          // column group of the lane: elements cl·EPL ..
     const int rsub = lane / LPR;        // row within the warp's RPW rows
+    const bool on = cl < LPD;           // the lane holds a vector of the row
     const int64_t col = static_cast<int64_t>(hk) * HD + cl * EPL;
     // K and V rows of a tile. Rows before pos were written by earlier steps
     // and are read-only for the whole step, so the first tile's are loaded
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
 #pragma unroll
         for (int u = 0; u < NL; ++u) {
             const int row = (u * kNW + warp) * RPW + rsub;
-            if (row < n && t0 + row < pos && t0 + row >= lo) {
+            if (on && row < n && t0 + row < pos && t0 + row >= lo) {
                 const int64_t off = static_cast<int64_t>(t0 + row) * rs + col;
                 kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
                 vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
@@ -336,7 +341,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
 #pragma unroll
     for (int j = 0; j < G; ++j)
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) qr[j][e] = qs[j][cl * EPL + e];
+        for (int e = 0; e < EPL; ++e) qr[j][e] = on ? qs[j][cl * EPL + e] : 0.0f;
     float acc[G][EPL];
 #pragma unroll
     for (int j = 0; j < G; ++j)
@@ -350,7 +355,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
 #pragma unroll
         for (int u = 0; u < NL; ++u) {
             const int row = (u * kNW + warp) * RPW + rsub;
-            if (t0 + row == pos) {
+            if (on && t0 + row == pos) {
                 if constexpr (ROPE) {  // written above by this block (the owner of pos)
                     kr[u] = *reinterpret_cast<const uint4*>(&kn[cl * EPL]);
                     vr[u] = *reinterpret_cast<const uint4*>(&vn[cl * EPL]);
@@ -432,7 +437,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
 #pragma unroll
     for (int jb = 0; jb < G; jb += GB) {
         if (jb >= g) break;  // uniform
-        if (rsub == 0) {
+        if (rsub == 0 && on) {
 #pragma unroll
             for (int jj = 0; jj < GB; ++jj)
 #pragma unroll
@@ -498,16 +503,18 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const flo
     const float w = tid < na ? expf(ms - M) : 0.0f;
     if (tid < kMaxSplits) wsh[tid] = w;
     const float den = block_sum(w * ls, red);  // its barriers also publish wsh
-    const int grp = tid / C4, c = tid % C4;
+    const int grp = tid / C4, c = tid % C4;  // threads past NG·C4 (heads of 96) idle
     const float4* po = reinterpret_cast<const float4*>(part_o + static_cast<int64_t>(h) * n_splits * HD);
     float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (grp < NG) {
 #pragma unroll 4
-    for (int s = grp; s < na; s += NG) {
-        const float4 o = po[static_cast<int64_t>(s) * C4 + c];
-        const float ws = wsh[s];
-        a.x = fmaf(ws, o.x, a.x), a.y = fmaf(ws, o.y, a.y), a.z = fmaf(ws, o.z, a.z), a.w = fmaf(ws, o.w, a.w);
+        for (int s = grp; s < na; s += NG) {
+            const float4 o = po[static_cast<int64_t>(s) * C4 + c];
+            const float ws = wsh[s];
+            a.x = fmaf(ws, o.x, a.x), a.y = fmaf(ws, o.y, a.y), a.z = fmaf(ws, o.z, a.z), a.w = fmaf(ws, o.w, a.w);
+        }
+        osum[grp][c] = a;
     }
-    osum[grp][c] = a;
     __syncthreads();
     if (tid < HD) {
         const float* os = reinterpret_cast<const float*>(&osum[0][0]);
@@ -561,8 +568,8 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     const std::string f(fn);
     if ((xq == nullptr) != (xinfo == nullptr) || (xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
         throw_error(f + ": give xq with xinfo (and xq2 with xinfo2, only with xq)");
-    if (head_dim != 32 && head_dim != 64 && head_dim != 128 && head_dim != 256)
-        throw_error(f + ": head_dim must be 32, 64, 128 or 256");
+    if (head_dim != 32 && head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 256)
+        throw_error(f + ": head_dim must be 32, 64, 96, 128 or 256");
     if (head_dim == 256 && kv_type != KvType::F16) throw_error(f + ": head_dim 256 needs an f16 KV cache");
     if ((rope.ex.q_bias == nullptr) != (rope.ex.k_bias == nullptr) ||
         (rope.ex.q_bias == nullptr) != (rope.ex.v_bias == nullptr) ||
@@ -589,6 +596,10 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
             if (f16) dispatch_g<64, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
             else dispatch_g<64, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
             break;
+        case 96:
+            if (f16) dispatch_g<96, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<96, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            break;
         case 128:
             if (f16) dispatch_g<128, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
             else dispatch_g<128, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
@@ -602,6 +613,7 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     switch (head_dim) {
         case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
         case 64: launch_pdl(attn_combine_kernel<64>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+        case 96: launch_pdl(attn_combine_kernel<96>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
         case 128: launch_pdl(attn_combine_kernel<128>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
         default: launch_pdl(attn_combine_kernel<256>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
     }

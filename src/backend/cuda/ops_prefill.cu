@@ -342,9 +342,10 @@ void dispatch_attn(int hd, const float* q, int64_t ldq, const void* kc, const vo
     switch (hd) {
         case 32: launch_attn<32, T>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
         case 64: launch_attn<64, T>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
+        case 96: launch_attn<96, T>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
         case 128: launch_attn<128, T>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
         case 256: launch_attn<256, T>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
-        default: throw_error("prefill_attention: head_dim must be 32, 64, 128 or 256");
+        default: throw_error("prefill_attention: head_dim must be 32, 64, 96, 128 or 256");
     }
 }
 
@@ -560,7 +561,7 @@ unsigned grid_for(int64_t threads) {
 }  // namespace
 
 bool prefill_attention_head_dim_supported(int head_dim) {
-    return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+    return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
 }
 
 namespace {
@@ -600,7 +601,7 @@ void check_attention(const char* fn, const float* q, int64_t ldq, const void* k_
     if (!q || !k_cache || !v_cache || !out) throw_error(f + ": null pointer");
     if (n < 1 || n > 65535 * kPrefillAttnWarps) throw_error(f + ": rows out of range");
     if (n_head < 1 || n_head_kv < 1 || n_head % n_head_kv) throw_error(f + ": n_head must be a multiple of n_head_kv");
-    if (!prefill_attention_head_dim_supported(head_dim)) throw_error(f + ": head_dim must be 32, 64, 128 or 256");
+    if (!prefill_attention_head_dim_supported(head_dim)) throw_error(f + ": head_dim must be 32, 64, 96, 128 or 256");
     if (ldq < static_cast<int64_t>(n_head) * head_dim || ldo < static_cast<int64_t>(n_head) * head_dim)
         throw_error(f + ": row stride too small");
     if (window < 0 || softcap < 0.0f) throw_error(f + ": negative window or softcap");

@@ -197,21 +197,13 @@ void moe_weighted_sum_rows(const float* y, const int32_t* pos, const float* weig
 
 void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32_t* ids, float* weights,
                cudaStream_t stream) {
-    if (!logits || !ids || !weights) throw_error("moe_route: null pointer");
-    if (n_expert < 1 || n_expert > kMaxExperts)
-        throw_error("moe_route: " + std::to_string(n_expert) + " experts (1.." + std::to_string(kMaxExperts) + ")");
-    if (k < 1 || k > n_expert || k > kMaxExpertsUsed)
-        throw_error("moe_route: " + std::to_string(k) + " experts used of " + std::to_string(n_expert) + " (1.." +
-                    std::to_string(kMaxExpertsUsed) + ")");
-    launch_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, logits, n_expert, k, renormalise, ids,
-               weights);  // one row
-    QUERN_CUDA_CHECK_LAUNCH();
+    moe_route_rows(logits, 1, n_expert, k, renormalise, ids, weights, stream);
 }
 
 void moe_route_rows(const float* logits, int64_t n, int n_expert, int k, bool renormalise, int32_t* ids,
                     float* weights, cudaStream_t stream) {
-    if (n < 1 || n > 0x7fffffff) throw_error("moe_route_rows: rows out of range");
     if (!logits || !ids || !weights) throw_error("moe_route: null pointer");
+    if (n < 1 || n > 0x7fffffff) throw_error("moe_route_rows: rows out of range");
     if (n_expert < 1 || n_expert > kMaxExperts)
         throw_error("moe_route: " + std::to_string(n_expert) + " experts (1.." + std::to_string(kMaxExperts) + ")");
     if (k < 1 || k > n_expert || k > kMaxExpertsUsed)

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -234,6 +235,24 @@ TEST_F(MoeCudaTest, RowsRouteAndGroupOnTheDeviceMatchCpu) {
                 expect_guard(off, static_cast<size_t>(n_expert + 1), "offsets");
                 EXPECT_EQ(bad, 0) << label;
             }
+    // Non-finite logits (a NaN row, a row with +inf): each row still names
+    // k distinct experts, so no group outgrows the n rows its grid covers.
+    {
+        const int n_expert = 16, k = 4;
+        const int64_t n = 3;
+        std::vector<float> logits(static_cast<size_t>(n * n_expert), 0.5f);
+        for (int x = 0; x < n_expert; ++x) logits[static_cast<size_t>(x)] = std::numeric_limits<float>::quiet_NaN();
+        logits[static_cast<size_t>(n_expert + 5)] = std::numeric_limits<float>::infinity();
+        DeviceBuffer ld = to_device(logits, *ctx_), idd(static_cast<size_t>(n * k) * 4), wd(static_cast<size_t>(n * k) * 4);
+        cuda::moe_route_rows(ld.as<float>(), n, n_expert, k, true, idd.as<int32_t>(), wd.as<float>(), s);
+        const auto ids = from_device<int32_t>(idd, static_cast<size_t>(n * k), *ctx_);
+        for (int64_t r = 0; r < n; ++r) {
+            std::vector<int32_t> row(ids.begin() + r * k, ids.begin() + (r + 1) * k);
+            for (int32_t x : row) EXPECT_TRUE(x >= 0 && x < n_expert) << "row " << r << " expert " << x;
+            std::sort(row.begin(), row.end());
+            EXPECT_EQ(std::unique(row.begin(), row.end()), row.end()) << "row " << r << " names an expert twice";
+        }
+    }
     DeviceBuffer b(64);
     EXPECT_ANY_THROW(cuda::moe_group_rows(b.as<int32_t>(), 2, 2, 2000, b.as<int32_t>(), b.as<int32_t>(),
                                           b.as<int32_t>(), s));

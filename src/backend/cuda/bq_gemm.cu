@@ -426,7 +426,7 @@ __device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq,
 //   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
 //            once; the activations once per block from L2.
 template <int BITS, int NT, int MW>
-__global__ void __launch_bounds__(kThreads, (MW == 1 && NT <= 4) || !(NT >= 4 || (BITS == 8 && NT >= 2)) ? 3 : 2) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
+__global__ void __launch_bounds__(kThreads, (MW == 1 && NT <= 4) || !(NT >= 4 || (BITS == 8 && MW == 2)) ? 3 : 2) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
                                                        int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
                                                        const uint16_t* __restrict__ x, int64_t K, int n,
                                                        float* __restrict__ y, int64_t ldy, int cps) {
@@ -702,7 +702,7 @@ void bq_gemm_grouped(const DeviceWeight& w, int64_t rows, const int32_t* off, in
     if (!w.bq) throw_error("bq_gemm_grouped: the bank has no small-batch layout (make_resident_bq)");
     if (!off || !xb || !y) throw_error("bq_gemm_grouped: null pointer");
     if (rows < 1 || rows % kTile != 0 || n_expert < 1 || n_expert * rows > w.N || n_expert > 65535 || ldy < rows ||
-        max_rows < 0)
+        max_rows < 0 || max_rows > int64_t{65535} * 8)
         throw_error("bq_gemm_grouped: shape out of range");
     if (reinterpret_cast<uintptr_t>(xb) % 16 != 0) throw_error("bq_gemm_grouped: activations must be 16-byte aligned");
     if (max_rows == 0) return;

@@ -208,6 +208,9 @@ private:
         }
     }
     std::vector<Piece> upload_group(const std::vector<const Tensor*>& ts);
+    /// bq layouts of the expert banks (bq_gemm.h), once every weight is on
+    /// the device; see its definition.
+    void make_expert_bq();
     /// An expert bank of layer il: the 3-D tensor blk.il.<bank>_exps, or the
     /// per-expert 2-D tensors blk.il.<bank>.E concatenated (one type).
     DeviceWeight upload_bank(const WeightStore& ws, int64_t il, const char* bank);
@@ -281,6 +284,7 @@ private:
     const float* rope_short_ = nullptr;
     const float* rope_long_ = nullptr;
     bool rope_long_live_ = false;
+    int64_t rope_call_last_ = -1;  // eval_traced: its whole call's last position (begin() is called twice)
     Piece output_;
 
     // Batched prefill: whether the model allows it (weight types with a
@@ -422,6 +426,7 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
         };
         for_each_layer_matrix(fp8, /*experts=*/true);
     }
+    if (c.moe()) make_expert_bq();
 
     // Activations and scratch.
     const auto fbuf = [](int64_t n) { return DeviceBuffer(static_cast<size_t>(n) * sizeof(float)); };
@@ -688,24 +693,6 @@ void LlamaCudaSession::upload_weights(const Model& model) {
             L.exp_gate = upload_bank(ws, il, "ffn_gate");
             L.exp_up = upload_bank(ws, il, "ffn_up");
             L.exp_down = upload_bank(ws, il, "ffn_down");
-            // bq layouts of the expert banks (5.5 or 11 bits per weight, on
-            // top of the banks themselves), so that a prompt chunk whose
-            // experts get few rows each multiplies all experts of a bank in
-            // one launch (bq_gemm_grouped, prefill_moe) instead of one GEMM
-            // per expert. Made while at least half of the GPU's memory stays
-            // free for the KV cache and the rest; QUERN_CUDA_MOE_BQ=0 never.
-            static const bool moe_bq = [] {
-                const char* e = std::getenv("QUERN_CUDA_MOE_BQ");
-                return !(e && *e == '0');
-            }();
-            if (moe_bq && c.n_ff_exp % 16 == 0 && c.n_embd % 16 == 0)
-                for (DeviceWeight* b : {&L.exp_gate, &L.exp_up, &L.exp_down}) {
-                    if (!bq_supported(b->type, b->K)) continue;
-                    size_t free_b = 0, total_b = 0;
-                    QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-                    if (free_b < bq_bytes(*b) + total_b / 2) break;
-                    make_resident_bq(*b, ctx_.stream());
-                }
         } else {
             L.gate_up = c.fused_gate_up ? upload_group({&get(n("ffn_up"))})
                                         : upload_group({&get(n("ffn_gate")), &get(n("ffn_up"))});
@@ -935,7 +922,7 @@ void LlamaCudaSession::run_step(Head head) {
 void LlamaCudaSession::begin(const int32_t* tokens, int64_t n) {
     const auto& c = cfg_;
     if (c.longrope()) {  // the call's last position decides, as the CPU forward pass
-        const bool lg = n_past_ + n - 1 >= c.rope_orig_ctx;
+        const bool lg = (rope_call_last_ >= 0 ? rope_call_last_ : n_past_ + n - 1) >= c.rope_orig_ctx;
         if (lg != rope_long_live_) {
             QUERN_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(inv_freq_), lg ? rope_long_ : rope_short_,
                                              static_cast<size_t>(c.rope_dim / 2) * sizeof(float),
@@ -1004,8 +991,15 @@ int32_t LlamaCudaSession::eval_sample(int32_t token, Sampler& sampler) {
 void LlamaCudaSession::eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) {
     check_tokens(tokens, n);
     if (n == 0) return;
-    if (n > 1) eval(tokens, n - 1, nullptr);
-    begin(tokens + n - 1, 1);
+    rope_call_last_ = n_past_ + n - 1;  // LongRoPE: one choice for the whole call, as the CPU
+    try {
+        if (n > 1) eval(tokens, n - 1, nullptr);
+        begin(tokens + n - 1, 1);
+    } catch (...) {
+        rope_call_last_ = -1;
+        throw;
+    }
+    rope_call_last_ = -1;
     enqueue_step(kArgmax, &trace);
     n_past_ += 1;
     std::vector<float> host(static_cast<size_t>(cfg_.n_vocab));
@@ -1301,6 +1295,40 @@ void LlamaCudaSession::prefill(const int32_t* tokens, int64_t n, float* logits) 
 }
 
 // ---------------------------------------------------------------- batches
+
+// bq layouts of the expert banks (5.5 or 11 bits per weight, on top of the
+// banks themselves), so that a prompt chunk multiplies all experts of a bank
+// in one launch with the tokens routed on the device (bq_gemm_grouped,
+// prefill_moe) instead of one GEMM per expert. Made after every weight is
+// uploaded, layer by layer while half of the GPU's memory stays free (for
+// the KV cache and the rest), and only for layers whose three banks all take
+// one (the grouped path needs all three); a layer that does not fit keeps
+// the per-expert path. QUERN_CUDA_MOE_BQ=0: none.
+void LlamaCudaSession::make_expert_bq() {
+    const auto& c = cfg_;
+    const char* e = std::getenv("QUERN_CUDA_MOE_BQ");
+    if ((e && *e == '0') || c.n_ff_exp % 16 != 0 || c.n_embd % 16 != 0) return;
+    for (auto& L : layers_) {
+        DeviceWeight* banks[] = {&L.exp_gate, &L.exp_up, &L.exp_down};
+        size_t need = 0;
+        bool all = true;
+        for (DeviceWeight* b : banks) {
+            all = all && b->q && bq_supported(b->type, b->K);
+            need += all ? bq_bytes(*b) : 0;
+        }
+        if (!all) continue;
+        size_t free_b = 0, total_b = 0;
+        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        if (free_b < need + total_b / 2) break;
+        try {
+            for (DeviceWeight* b : banks) make_resident_bq(*b, ctx_.stream());
+        } catch (const Error&) {
+            cudaGetLastError();
+            for (DeviceWeight* b : banks) b->bq_buf = DeviceBuffer(), b->bq = nullptr, b->bq_bits = 0;
+            break;
+        }
+    }
+}
 
 void LlamaCudaSession::prepare_batches() {
     if (batches_ready_) return;

@@ -348,7 +348,8 @@ inline constexpr int kMaxExpertsUsed = 16;
 /// weights: k floats (all device pointers). One thread block, no host
 /// synchronization (graph-capturable). Throws quern::Error for null pointers,
 /// n_expert outside [1, kMaxExperts] or k outside [1, min(n_expert,
-/// kMaxExpertsUsed)]. NaN logits give in-range ids (which ones is unspecified).
+/// kMaxExpertsUsed)]. NaN logits give distinct in-range ids (which ones is
+/// unspecified).
 void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32_t* ids, float* weights,
                cudaStream_t stream);
 

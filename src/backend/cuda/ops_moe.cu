@@ -72,11 +72,13 @@ __global__ void __launch_bounds__(kRouteThreads)
     const double sum = total;
     for (int x = t; x < n_expert; x += kRouteThreads) p[x] /= sum;
     __syncthreads();
+    // NaN probabilities (from non-finite logits) rank below every number,
+    // so the ranks stay a permutation and a row never names an expert twice.
     for (int x = t; x < n_expert; x += kRouteThreads) {
-        const double px = p[x];
+        const double px = p[x] == p[x] ? p[x] : -1.0;
         int rank = 0;
         for (int y = 0; y < n_expert && rank < k; ++y) {
-            const double py = p[y];
+            const double py = p[y] == p[y] ? p[y] : -1.0;
             rank += (py > px || (py == px && y < x)) ? 1 : 0;
         }
         if (rank < k) slot_of[rank] = x;

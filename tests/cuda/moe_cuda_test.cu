@@ -253,6 +253,14 @@ TEST_F(MoeCudaTest, RowsRouteAndGroupOnTheDeviceMatchCpu) {
             EXPECT_EQ(std::unique(row.begin(), row.end()), row.end()) << "row " << r << " names an expert twice";
         }
     }
+    // Ids out of range (a caller's bug) are clamped: every row still lands in a group.
+    {
+        const std::vector<int32_t> bad_ids = {-5, 3, 7, 100, 2, 2};
+        DeviceBuffer di = to_device(bad_ids, *ctx_), dp(6 * 4), ds(6 * 4), dof(5 * 4);
+        cuda::moe_group_rows(di.as<int32_t>(), 3, 2, 4, dp.as<int32_t>(), ds.as<int32_t>(), dof.as<int32_t>(), s);
+        const auto off = from_device<int32_t>(dof, 5, *ctx_);
+        EXPECT_EQ(off, (std::vector<int32_t>{0, 1, 1, 3, 6}));  // experts 0: {-5}; 2: {2, 2}; 3: {3, 7, 100}
+    }
     DeviceBuffer b(64);
     EXPECT_ANY_THROW(cuda::moe_group_rows(b.as<int32_t>(), 2, 2, 2000, b.as<int32_t>(), b.as<int32_t>(),
                                           b.as<int32_t>(), s));

@@ -367,7 +367,8 @@ void moe_route_rows(const float* logits, int64_t n, int n_expert, int k, bool re
 /// expert's group: pos[e] = g, src[g] = e / k (the activation row it reads).
 /// Unlike moe_group the order of the rows inside a group is unspecified
 /// (they are multiplied independently and summed back per entry, so results
-/// do not depend on it). One thread block; device pointers. Throws
+/// do not depend on it). Ids out of range are clamped into it. One thread
+/// block; device pointers. Throws
 /// quern::Error for null pointers or shapes out of range (n·k < 2^31,
 /// n_expert ≤ kMaxExperts).
 void moe_group_rows(const int32_t* ids, int64_t n, int k, int n_expert, int32_t* pos, int32_t* src, int32_t* offsets,

@@ -157,7 +157,10 @@ __global__ void __launch_bounds__(kGroupThreads)
     const int t = static_cast<int>(threadIdx.x);
     for (int x = t; x < n_expert; x += kGroupThreads) count[x] = 0;
     __syncthreads();
-    for (int64_t e = t; e < m; e += kGroupThreads) atomicAdd(&count[ids[e]], 1);
+    // Ids outside [0, n_expert) (a caller's bug) are clamped: no shared-memory
+    // write lands outside the counts.
+    const auto expert = [&](int64_t e) { return min(max(ids[e], 0), n_expert - 1); };
+    for (int64_t e = t; e < m; e += kGroupThreads) atomicAdd(&count[expert(e)], 1);
     __syncthreads();
     if (t == 0) {
         int at = 0;
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(kGroupThreads)
     }
     __syncthreads();
     for (int64_t e = t; e < m; e += kGroupThreads) {
-        const int g = atomicAdd(&next[ids[e]], 1);
+        const int g = atomicAdd(&next[expert(e)], 1);
         pos[e] = g;
         src[g] = static_cast<int32_t>(e / k);
     }

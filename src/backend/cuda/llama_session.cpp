@@ -655,11 +655,6 @@ void LlamaCudaSession::upload_weights(const Model& model) {
             owned_.push_back(std::move(b));
             return owned_.back().as<float>();
         };
-        inv_freq_ = table(c.rope_base, ff);
-        // As the CPU forward pass: local layers turn at their own base, and
-        // without the factors when they apply to global layers only.
-        inv_freq_local_ = table(c.rope_base_local > 0.0f ? c.rope_base_local : c.rope_base,
-                                c.rope_factors_global_only ? nullptr : ff);
         if (c.longrope()) {
             // LongRoPE: every layer turns by the short or the long table,
             // chosen per call from its last position (begin): the kernels
@@ -668,6 +663,12 @@ void LlamaCudaSession::upload_weights(const Model& model) {
             rope_short_ = table(c.rope_base, c.rope_factors_short.data());
             rope_long_ = table(c.rope_base, c.rope_factors_long.data());
             inv_freq_ = inv_freq_local_ = table(c.rope_base, c.rope_factors_short.data());
+        } else {
+            inv_freq_ = table(c.rope_base, ff);
+            // As the CPU forward pass: local layers turn at their own base, and
+            // without the factors when they apply to global layers only.
+            inv_freq_local_ = table(c.rope_base_local > 0.0f ? c.rope_base_local : c.rope_base,
+                                    c.rope_factors_global_only ? nullptr : ff);
         }
     }
     const Tensor* out = ws.find("output.weight");
@@ -1204,10 +1205,10 @@ void LlamaCudaSession::prefill_moe(const LayerWeights& L, const uint16_t* xb, in
     // Route arrays on the device: [pos (m) | src (m) | weights (m floats) |
     // offsets (NE + 1) | ids (m)].
     auto* dr = pmoe_route_.as<int32_t>();
-    const int32_t* dpos = dr;
-    const int32_t* dsrc = dr + m;
-    const auto* dw = reinterpret_cast<const float*>(dr + 2 * m);
-    const int32_t* doff = dr + 3 * m;
+    int32_t* dpos = dr;
+    int32_t* dsrc = dr + m;
+    auto* dw = reinterpret_cast<float*>(dr + 2 * m);
+    int32_t* doff = dr + 3 * m;
     auto* xg = pmoe_xg_.as<uint16_t>();
     float* gu = pmoe_gu_.as<float>();
     auto* g = pmoe_g_.as<uint16_t>();
@@ -1220,10 +1221,9 @@ void LlamaCudaSession::prefill_moe(const LayerWeights& L, const uint16_t* xb, in
     // largest possible group (n rows); blocks past a group's end leave at
     // once.
     if (L.exp_gate.bq && L.exp_up.bq && L.exp_down.bq) {
-        int32_t* ids = dr + 3 * m + NE + 1;
-        moe_route_rows(logits, n, static_cast<int>(NE), k, c.expert_weights_norm, ids,
-                       reinterpret_cast<float*>(dr + 2 * m), s);
-        moe_group_rows(ids, n, k, static_cast<int>(NE), dr, dr + m, dr + 3 * m, s);
+        int32_t* ids = doff + NE + 1;
+        moe_route_rows(logits, n, static_cast<int>(NE), k, c.expert_weights_norm, ids, dw, s);
+        moe_group_rows(ids, n, k, static_cast<int>(NE), dpos, dsrc, doff, s);
         gather_rows_bf16(xb, E, dsrc, m, xg, s);
         mark("moe_route");
         bq_gemm_grouped(L.exp_gate, F, doff, NE, n, xg, gu, 2 * F, s);

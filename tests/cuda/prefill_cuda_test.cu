@@ -39,6 +39,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_flash.h"
 #include "backend/cuda/weights.h"
@@ -376,6 +377,101 @@ TEST(CudaPrefill, BqGemmGroupedMatchesPerExpert) {
                  std::runtime_error);
     EXPECT_THROW(cuda::bq_gemm_grouped(wq, 32, doff.as<int32_t>(), 3, 4, dx.as<uint16_t>(), dy.as<float>(), 64,
                                        ctx.stream()),
+                 std::runtime_error);
+}
+
+// dq_gemm_grouped (every expert of a bank in one launch, weights decoded to
+// BF16 in the kernel) for every weight type: against the double product of
+// the dequantized weights (PrefillGemm's bound, see the top of the file) and
+// against one PrefillGemm per expert on the same rows, which rounds the same
+// BF16 factors and differs only in the order of the fp32 sums. Groups of 0,
+// 1, 3, 17 and 70 rows (two token tiles), 80 rows per expert (a partial row
+// block), K = 512 and, where the type allows, 96 (a partial step).
+TEST(CudaPrefill, DqGemmGroupedMatchesReference) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(307);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t NE = 5, rows = 80;
+    const std::vector<int32_t> sizes = {3, 0, 70, 17, 1};
+    std::vector<int32_t> off(NE + 1, 0);
+    for (int64_t e = 0; e < NE; ++e) off[static_cast<size_t>(e) + 1] = off[static_cast<size_t>(e)] + sizes[static_cast<size_t>(e)];
+    const int64_t total = off[NE], ldy = rows + 8;
+    for (DType t : kGemmTypes) {
+        for (int64_t K : {int64_t{512}, int64_t{96}}) {
+            if (K % dtype_info(t).block_size != 0) continue;
+            ASSERT_TRUE(cuda::dq_grouped_supported(t, K)) << dtype_name(t);
+            HostMatrix m = random_matrix(t, NE * rows, K, rng);
+            cuda::DeviceWeight w = upload(ctx, m);
+            std::vector<float> x(static_cast<size_t>(total * K));
+            for (auto& v : x) v = nd(rng);
+            cuda::PrefillGemm gemm(total, K, int64_t{16} << 20);
+            cuda::DeviceBuffer dx = on_device(x, ctx), doff = on_device(off, ctx);
+            const uint16_t* xb = gemm.to_bf16(dx.as<float>(), K, total, K, ctx.stream());
+            cuda::DeviceBuffer dy(static_cast<size_t>(total * ldy) * 4), de(static_cast<size_t>(total * ldy) * 4);
+            dy.fill_bytes(0xFF, ctx.stream());
+            de.fill_bytes(0xFF, ctx.stream());
+            // Token tiles of 64 rows (mean 18) and, for half the types, 128
+            // (a mean of 100 asks for them).
+            const int64_t mean = (static_cast<int>(t) + K) % 2 ? 100 : 18;
+            cuda::dq_gemm_grouped(w, rows, doff.as<int32_t>(), NE, 70, mean, xb, dy.as<float>(), ldy, ctx.stream());
+            for (int64_t e = 0; e < NE; ++e) {
+                const int64_t o = off[static_cast<size_t>(e)];
+                if (sizes[static_cast<size_t>(e)] > 0)
+                    gemm.run_bf16_rows(w, e * rows, rows, xb + o * K, sizes[static_cast<size_t>(e)], de.as<float>() + o * ldy,
+                                       ldy, ctx.stream());
+            }
+            std::vector<float> y(static_cast<size_t>(total * ldy)), ye(y.size());
+            dy.download(y.data(), y.size() * 4, ctx.stream());
+            de.download(ye.data(), ye.size() * 4, ctx.stream());
+            int bad = 0;
+            for (int64_t e = 0; e < NE; ++e)
+                for (int64_t r = off[static_cast<size_t>(e)]; r < off[static_cast<size_t>(e) + 1]; ++r) {
+                    for (int64_t j = 0; j < rows; ++j) {
+                        double ref = 0, mag = 0;
+                        for (int64_t k = 0; k < K; ++k) {
+                            const double p = static_cast<double>(x[static_cast<size_t>(r * K + k)]) *
+                                             m.deq[static_cast<size_t>((e * rows + j) * K + k)];
+                            ref += p;
+                            mag += std::fabs(p);
+                        }
+                        const float g = y[static_cast<size_t>(r * ldy + j)], c = ye[static_cast<size_t>(r * ldy + j)];
+                        const double tol = (0x1p-7 + static_cast<double>(K) * 0x1p-23) * mag + 1e-6;
+                        if (!(std::fabs(g - ref) <= tol) && bad++ < 5)
+                            ADD_FAILURE() << dtype_name(t) << " K " << K << " expert " << e << " row " << r << "," << j
+                                          << ": " << g << " vs reference " << ref;
+                        if (!(std::fabs(g - c) <= std::ldexp(mag, -16) + 1e-6) && bad++ < 5)
+                            ADD_FAILURE() << dtype_name(t) << " K " << K << " expert " << e << " row " << r << "," << j
+                                          << ": " << g << " vs PrefillGemm " << c;
+                    }
+                    for (int64_t j = rows; j < ldy; ++j) {
+                        uint32_t bits;
+                        std::memcpy(&bits, &y[static_cast<size_t>(r * ldy + j)], 4);
+                        if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "padding written at row " << r;
+                    }
+                }
+            EXPECT_EQ(bad, 0) << dtype_name(t) << " K " << K << " mean " << mean;
+        }
+    }
+    // Refusals: rows of K % 32 != 0, experts past the bank, misaligned
+    // activations, a grid past its limit.
+    HostMatrix f = random_matrix(DType::F32, 64, 48, rng);
+    cuda::DeviceWeight wf = upload(ctx, f);
+    EXPECT_FALSE(cuda::dq_grouped_supported(DType::F32, 48));
+    cuda::DeviceBuffer dx(static_cast<size_t>(8 * 256) * 2 + 16), dy(static_cast<size_t>(8 * 64) * 4), doff(64);
+    EXPECT_THROW(cuda::dq_gemm_grouped(wf, 32, doff.as<int32_t>(), 2, 4, 1, dx.as<uint16_t>(), dy.as<float>(), 64,
+                                       ctx.stream()),
+                 std::runtime_error);
+    HostMatrix q8 = random_matrix(DType::Q8_0, 64, 256, rng);
+    cuda::DeviceWeight wq = upload(ctx, q8);
+    EXPECT_THROW(cuda::dq_gemm_grouped(wq, 32, doff.as<int32_t>(), 3, 4, 1, dx.as<uint16_t>(), dy.as<float>(), 64,
+                                       ctx.stream()),
+                 std::runtime_error);
+    EXPECT_THROW(cuda::dq_gemm_grouped(wq, 32, doff.as<int32_t>(), 2, 4, 1, dx.as<uint16_t>() + 1, dy.as<float>(), 64,
+                                       ctx.stream()),
+                 std::runtime_error);
+    EXPECT_THROW(cuda::dq_gemm_grouped(wq, 32, doff.as<int32_t>(), 2, int64_t{1} << 40, 1, dx.as<uint16_t>(),
+                                       dy.as<float>(), 64, ctx.stream()),
                  std::runtime_error);
 }
 

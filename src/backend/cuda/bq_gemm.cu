@@ -12,6 +12,7 @@
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace quern::cuda {
 namespace {
@@ -20,6 +21,10 @@ using deq::DeqArgs;
 using deq::half_at;
 using deq::nib;
 using deq::q5_bit;
+using mma::cp_async16;
+using mma::cp_async_commit;
+using mma::cp_async_wait;
+using mma::mma_bf16;
 
 constexpr int64_t kTile = 16;   // weight rows per tile (the mma's M)
 constexpr int64_t kChunk = 64;  // elements per chunk (four k16 steps)
@@ -226,13 +231,6 @@ __device__ __forceinline__ uint32_t and_or(uint32_t v, uint32_t m, uint32_t x) {
     return d;
 }
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // The broadcast scale registers of a lane record: {s, s}, {o, o} and {c, c}
 // of rows g (index 0) and g+8 (index 1).
 struct Scales {
@@ -267,17 +265,6 @@ __device__ __forceinline__ void step_a(const Rec<BITS>& r, const Scales& k, int 
         a[2] = affine(and_or(wb, M, X), k.c[0], k.s[0], k.o[0]);
         a[3] = affine(and_or(wb >> 8, M, X), k.c[1], k.s[1], k.o[1]);
     }
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    const int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 constexpr int kXPad = 72;  // BF16 per staged activation row: 64 + 8 (144 bytes: conflict-free 16-byte reads)

@@ -36,9 +36,11 @@
 // by the tensor cores: within a few BF16 roundings of each weight, like the
 // BF16 copy path (tests/cuda/prefill_cuda_test.cu bounds the error).
 //
-// Speed (H200, bench/batched-cuda-h200.md): 0.8-1.7 TB/s of its bytes on
-// Llama-3-8B's shapes, behind the BF16 copies + cuBLASLt except at 1-8 rows
-// on the large matrices; not used unless QUERN_CUDA_BQ=1.
+// Speed (H200, bench/batched-cuda-h200.md): 1.2-1.7 TB/s of its bytes on
+// Llama-3-8B's shapes, ahead of the BF16 copies + cuBLASLt up to 16 rows
+// (32 to 64 on the output head), where the batch runner uses it
+// (PrefillGemm::uses_bq); the expert banks' grouped form is the fastest MoE
+// prefill of the types it takes (bench/models-cuda-h200.md).
 #pragma once
 #include <cuda_runtime.h>
 

@@ -93,6 +93,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/grouped_gemm.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/session.h"
 #include "backend/cuda/weights.h"
@@ -347,6 +348,10 @@ private:
         int64_t rows = 0;                                // prefill: positions
     };
     bool profile_ = false;
+    // Expert layers of a prompt chunk route on the device and multiply each
+    // bank in one grouped launch (QUERN_CUDA_MOE_GROUPED=0: host routing and
+    // one GEMM per expert, for comparison).
+    bool moe_grouped_ = true;
     std::vector<std::pair<const char*, cudaEvent_t>> marks_;
     Profile prof_decode_, prof_prefill_, prof_batch_;
     double batch_wall_ms_ = 0;  // host time of the profiled batch passes
@@ -402,6 +407,7 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     if (c.head_dim == 256 && !opt.f16_kv) fail("the CUDA decode attention needs an f16 KV cache for heads of 256");
     levels_ = model.options().precise_activations ? 2 : 1;
     if (const char* p = std::getenv("QUERN_CUDA_PROFILE"); p && *p && *p != '0') profile_ = true;
+    if (const char* p = std::getenv("QUERN_CUDA_MOE_GROUPED"); p && *p == '0') moe_grouped_ = false;
     kv_type_ = opt.f16_kv ? KvType::F16 : KvType::F32;
     if (opt.n_ctx < 1 || opt.n_ctx > (int64_t{1} << 24)) fail("KV-cache size {} out of range", opt.n_ctx);
 
@@ -1213,28 +1219,36 @@ void LlamaCudaSession::prefill_moe(const LayerWeights& L, const uint16_t* xb, in
     float* gu = pmoe_gu_.as<float>();
     auto* g = pmoe_g_.as<uint16_t>();
     float* y = pmoe_y_.as<float>();
-    // With bq layouts of the banks, every expert of a bank is multiplied in
-    // one launch and the tokens are routed and grouped on the device: no
-    // host round trip (on an H200, qwen3-30b-a3b Q4_K_M: pp512 21.7k tok/s,
+    // Every expert of a bank is multiplied in one launch and the tokens are
+    // routed and grouped on the device: no host round trip. A bank with a bq
+    // layout (the 4- to 6-bit types) multiplies it (bq_gemm_grouped), any
+    // other bank decodes its resident layout to BF16 tile by tile
+    // (dq_gemm_grouped). On an H200, qwen3-30b-a3b Q4_K_M: pp512 21.7k tok/s,
     // pp2048 26.5k, against 3.8k and 7.1k with one GEMM per expert and host
-    // routing). The groups' sizes stay on the device, so the grid covers the
+    // routing. The groups' sizes stay on the device, so the grid covers the
     // largest possible group (n rows); blocks past a group's end leave at
     // once.
-    if (L.exp_gate.bq && L.exp_up.bq && L.exp_down.bq) {
+    const auto grouped_ok = [](const DeviceWeight& b) { return b.bq || dq_grouped_supported(b.type, b.K); };
+    if (moe_grouped_ && grouped_ok(L.exp_gate) && grouped_ok(L.exp_up) && grouped_ok(L.exp_down)) {
+        const auto grouped = [&](const DeviceWeight& b, int64_t rows, const uint16_t* x, float* yo, int64_t ldy) {
+            if (b.bq) bq_gemm_grouped(b, rows, doff, NE, n, x, yo, ldy, s);
+            else dq_gemm_grouped(b, rows, doff, NE, n, (m + NE - 1) / NE, x, yo, ldy, s);
+        };
         int32_t* ids = doff + NE + 1;
         moe_route_rows(logits, n, static_cast<int>(NE), k, c.expert_weights_norm, ids, dw, s);
         moe_group_rows(ids, n, k, static_cast<int>(NE), dpos, dsrc, doff, s);
         gather_rows_bf16(xb, E, dsrc, m, xg, s);
         mark("moe_route");
-        bq_gemm_grouped(L.exp_gate, F, doff, NE, n, xg, gu, 2 * F, s);
-        bq_gemm_grouped(L.exp_up, F, doff, NE, n, xg, gu + F, 2 * F, s);
+        grouped(L.exp_gate, F, xg, gu, 2 * F);
+        grouped(L.exp_up, F, xg, gu + F, 2 * F);
         glu_rows_bf16(gu, 2 * F, m, F, g, c.gelu_ffn, s);
-        bq_gemm_grouped(L.exp_down, E, doff, NE, n, g, y, E, s);
+        grouped(L.exp_down, E, g, y, E);
         moe_weighted_sum_rows(y, dpos, dw, n, k, E, out, s);
         mark("moe_experts");
         return;
     }
-    // Otherwise one GEMM per expert, whose sizes the host needs: the router
+    // Otherwise (QUERN_CUDA_MOE_GROUPED=0, or a float bank with rows of K %
+    // 32 != 0) one GEMM per expert, whose sizes the host needs: the router
     // logits go to the host and are routed and grouped there by the CPU's own
     // moe_route / moe_group (one synchronisation per layer).
     auto* hl = hmoe_logits_.as<float>();
@@ -1297,35 +1311,32 @@ void LlamaCudaSession::prefill(const int32_t* tokens, int64_t n, float* logits) 
 // ---------------------------------------------------------------- batches
 
 // bq layouts of the expert banks (5.5 or 11 bits per weight, on top of the
-// banks themselves), so that a prompt chunk multiplies all experts of a bank
-// in one launch with the tokens routed on the device (bq_gemm_grouped,
-// prefill_moe) instead of one GEMM per expert. Made after every weight is
-// uploaded, layer by layer while half of the GPU's memory stays free (for
-// the KV cache and the rest), and only for layers whose three banks all take
-// one (the grouped path needs all three); a layer that does not fit keeps
-// the per-expert path. QUERN_CUDA_MOE_BQ=0: none.
+// banks themselves), which the grouped expert products of a prompt chunk
+// read instead of decoding the bank's own layout (prefill_moe: on an H200
+// bq_gemm_grouped is the faster of the two for the types it takes). Made
+// after every weight is uploaded, bank by bank while half of the GPU's
+// memory stays free (for the KV cache and the rest); a bank without one
+// (another type, or no room) goes through dq_gemm_grouped.
+// QUERN_CUDA_MOE_BQ=0: none.
 void LlamaCudaSession::make_expert_bq() {
     const auto& c = cfg_;
     const char* e = std::getenv("QUERN_CUDA_MOE_BQ");
-    if ((e && *e == '0') || c.n_ff_exp % 16 != 0 || c.n_embd % 16 != 0) return;
+    if (e && *e == '0') return;
     for (auto& L : layers_) {
-        DeviceWeight* banks[] = {&L.exp_gate, &L.exp_up, &L.exp_down};
-        size_t need = 0;
-        bool all = true;
-        for (DeviceWeight* b : banks) {
-            all = all && b->q && bq_supported(b->type, b->K);
-            need += all ? bq_bytes(*b) : 0;
-        }
-        if (!all) continue;
-        size_t free_b = 0, total_b = 0;
-        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        if (free_b < need + total_b / 2) break;
-        try {
-            for (DeviceWeight* b : banks) make_resident_bq(*b, ctx_.stream());
-        } catch (const Error&) {
-            cudaGetLastError();
-            for (DeviceWeight* b : banks) b->bq_buf = DeviceBuffer(), b->bq = nullptr, b->bq_bits = 0;
-            break;
+        const std::pair<DeviceWeight*, int64_t> banks[] = {
+            {&L.exp_gate, c.n_ff_exp}, {&L.exp_up, c.n_ff_exp}, {&L.exp_down, c.n_embd}};
+        for (const auto& [b, rows] : banks) {
+            if (!b->q || b->bq || rows % 16 != 0 || !bq_supported(b->type, b->K)) continue;
+            size_t free_b = 0, total_b = 0;
+            QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+            if (free_b < bq_bytes(*b) + total_b / 2) return;
+            try {
+                make_resident_bq(*b, ctx_.stream());
+            } catch (const Error&) {
+                cudaGetLastError();
+                b->bq_buf = DeviceBuffer(), b->bq = nullptr, b->bq_bits = 0;
+                return;
+            }
         }
     }
 }

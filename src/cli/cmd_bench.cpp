@@ -72,9 +72,9 @@ Stats stats(const std::vector<double>& v) {
 void bench_batched(const BenchOptions& o) {
     const bool gpu = use_cuda(o.dev);
     if (!gpu) warn_gpu_options_ignored(o.dev);
-    if (gpu && (o.dev.kv_tokens > 0 || o.dev.gpu_mem > 0 || o.dev.no_graph))
+    if (gpu && (o.dev.kv_tokens > 0 || o.dev.gpu_mem > 0))
         std::fprintf(stderr, "quern: note: --batch sizes the engine's paged KV cache itself (-p + -n per sequence); "
-                             "--kv-tokens, --gpu-mem and --no-cuda-graph do not apply\n");
+                             "--kv-tokens and --gpu-mem do not apply\n");
     if (!o.synthetic.empty())
         fail("--batch cannot use --synthetic (the serving engine needs the file's tokenizer); write the model first: "
              "quern synth {} --quant {} -o model.gguf && quern bench -m model.gguf --batch ...", o.synthetic, o.quant);

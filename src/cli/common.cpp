@@ -235,6 +235,7 @@ std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOpt
 #ifdef QUERN_HAVE_CUDA
     cuda::SessionOptions so;
     so.fp8_weights = opts.gpu_weights == "fp8";
+    so.cuda_graph = !opts.no_graph;  // decode passes as graphs
     so.verbose = verbose;
     return cuda::make_batch_runner(model, so);
 #else

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -92,6 +93,16 @@ double compare_batches(Model& model, ThreadPool& pool, const cuda::SessionOption
             const auto am_g = std::max_element(lg[seq].begin(), lg[seq].end()) - lg[seq].begin();
             EXPECT_EQ(greedy[seq], am_g) << what << " " << name << " sequence " << seq << ": device argmax";
             argmax_agree += am_c == am_g;
+            if (am_c != am_g) {  // only a near-tie may part: the CPU's two logits within 3× the RMS difference
+                double ss = 0;
+                for (int64_t v = 0; v < V; ++v) {
+                    const double e = static_cast<double>(lc[seq][static_cast<size_t>(v)]) - lg[seq][static_cast<size_t>(v)];
+                    ss += e * e;
+                }
+                const double gap = lc[seq][static_cast<size_t>(am_c)] - lc[seq][static_cast<size_t>(am_g)];
+                EXPECT_LE(gap, 3.0 * std::sqrt(ss / static_cast<double>(V)))
+                    << what << " " << name << " sequence " << seq << ": argmax parted beyond a near-tie";
+            }
             ++argmax_total;
             worst = std::min(worst, c);
             std::printf("%-24s %-12s seq %zu: cosine %.7f, argmax %s\n", what.c_str(), name, seq, c,
@@ -109,15 +120,24 @@ double compare_batches(Model& model, ThreadPool& pool, const cuda::SessionOption
           {toks[2].data() + 10, 13, tables[2].data(), 10, false, L(2)},
           {toks[3].data(), 3, tables[3].data(), 0, false, L(3)}},
          "prompt ends");
-    // 2: decode rows of all four next to each other, three times.
-    for (int d = 0; d < 3; ++d) {
-        const int32_t nt[4] = {5, 77, 123, 200};
+    // 2: decode rows of all four next to each other, three times (the GPU
+    // runner replays the second and third as a CUDA graph of 4 rows); then
+    // sequences 0..2 alone twice (3 rows padded to the same graph: the
+    // padding row's keys go to the spare block, never to sequence 3's), and
+    // all four once more.
+    std::vector<int64_t> past(4);
+    for (size_t s = 0; s < 4; ++s) past[s] = static_cast<int64_t>(toks[s].size());
+    const int32_t nt[4] = {5, 77, 123, 200};
+    for (int d = 0; d < 6; ++d) {
         std::vector<SeqBatch> b;
         for (size_t s = 0; s < 4; ++s) {
-            const int64_t past = static_cast<int64_t>(toks[s].size()) + d;
-            b.push_back({&nt[s], 1, tables[s].data(), past, true, L(s)});
+            if ((d == 3 || d == 4) && s == 3) continue;
+            b.push_back({&nt[s], 1, tables[s].data(), past[s]++, true, L(s)});
         }
-        step(b, "decode");
+        step(b, d == 3 || d == 4 ? "decode of 3" : "decode");
+    }
+    if (so.cuda_graph) {
+        EXPECT_EQ(cuda::batch_graph_replays(*r.gpu), 5) << what << ": passes replayed from graphs";
     }
     return worst;
 }
@@ -137,7 +157,7 @@ TEST(CudaBatch, RunnerMatchesTheCpuRunner) {
             // Expert layers: the BF16 router may route a near-tie apart (as in
             // the batched prefill's test).
             EXPECT_GE(worst, std::string(preset) == "qwen3-30b-a3b" ? 0.995 : 0.999) << preset << " " << scheme;
-            EXPECT_GE(agree, total - 1) << preset << " " << scheme;  // BF16 GEMMs: a near-tie may flip one
+            EXPECT_GE(agree, total - 3) << preset << " " << scheme;  // BF16 GEMMs: a near-tie may flip a few
         }
     // Heads of 96 (Phi-3 mini's): the tiny phi3 shape with its real head size.
     for (const char* scheme : {"Q8_0", "Q4_K_M"}) {
@@ -152,7 +172,7 @@ TEST(CudaBatch, RunnerMatchesTheCpuRunner) {
         int64_t agree = 0, total = 0;
         const double worst = compare_batches(*model, pool, so, std::string("phi3-mini hd96 ") + scheme, agree, total);
         EXPECT_GE(worst, 0.999) << scheme;
-        EXPECT_GE(agree, total - 1) << scheme;
+        EXPECT_GE(agree, total - 3) << scheme;
     }
 }
 
@@ -179,7 +199,7 @@ TEST(CudaBatch, LongRopeRowsPickTheirFactors) {
     int64_t agree = 0, total = 0;
     const double worst = compare_batches(*model, pool, so, "llama3-1b LongRoPE", agree, total);
     EXPECT_GE(worst, 0.999);
-    EXPECT_GE(agree, total - 1);
+    EXPECT_GE(agree, total - 3);
 }
 
 // A pass longer than the runner's rows (2048) is cut into passes; a prompt

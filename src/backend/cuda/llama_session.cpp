@@ -82,6 +82,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -318,6 +319,26 @@ private:
     int64_t bsplit_floats_ = 0;
     PinnedBuffer hgreedy_;
     std::vector<int32_t> bhost_;              // the pass's integers on the host (batch_pass)
+    // Passes of single rows replayed as CUDA graphs (make_batch_runner):
+    // the most rows a captured pass takes (0: none), the graphs by (padded
+    // rows, key bucket) with the times each pair was seen before capture,
+    // and the fixed device buffer their integers live in.
+    static constexpr int64_t kGraphRows = 256;
+    static constexpr int64_t kGraphInts = int64_t{1} << 20;
+    int64_t graph_rows_ = 0;
+    std::map<std::pair<int64_t, int64_t>, std::pair<cudaGraphExec_t, int>> bgraphs_;
+    DeviceBuffer bgints_;
+    int64_t graph_replays_ = 0;
+    void clear_batch_graphs();
+
+public:
+    int64_t graph_replays() const { return graph_replays_; }
+
+private:
+    /// Runs layer_rows(d, n, 0, pr) as the graph of (n, keys), capturing it
+    /// on the pair's second pass; false when graphs turn out unusable (a
+    /// capture failed: graphs are off from then on, nothing ran).
+    bool replay_layers(const int32_t* d, int64_t n, int64_t keys, const PagedRows& pr);
     std::vector<const SeqBatch*> head_seq_;   // the sequence of each head row
     bool batches_ready_ = false;
     bool batch_runner_ = false;  // made by make_batch_runner (prepare_batches)
@@ -545,6 +566,7 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
 LlamaCudaSession::~LlamaCudaSession() {
     for (auto& g : graph_)
         if (g) cudaGraphExecDestroy(g);
+    clear_batch_graphs();
     if (profile_) {
         print_profile(prof_decode_, "step");
         print_profile(prof_prefill_, "chunk");
@@ -1442,7 +1464,32 @@ void LlamaCudaSession::prepare_batches() {
         copy_if_room(full, static_cast<size_t>(w.N * w.K) * 2, [&] { make_resident_bf16(w, ctx_.stream()); });
     };
     for_each_layer_matrix(resident, /*experts=*/false);
+    for (auto& L : layers_)
+        if (L.moe) resident(L.router.w);
     resident(output_.w);
+    // Graphs for passes of single rows, where no product of such a pass
+    // dequantizes tiles on the second stream (the products' own streams and
+    // events would fall outside the graph) and expert layers group on the
+    // device (no host round trip inside).
+    {
+        const char* e = std::getenv("QUERN_CUDA_BATCH_GRAPH");
+        bool copies = true, small = true;
+        const auto check = [&](DeviceWeight& w) {
+            if (!w.q || w.fp8_row_scaled) return;
+            copies = copies && w.bf16;
+            small = small && (w.bf16 || w.bq);
+        };
+        for_each_layer_matrix(check, /*experts=*/false);
+        bool grouped = moe_grouped_;
+        for (auto& L : layers_) {
+            if (!L.moe) continue;
+            check(L.router.w);
+            for (const DeviceWeight* b : {&L.exp_gate, &L.exp_up, &L.exp_down})
+                grouped = grouped && (b->bq || dq_grouped_supported(b->type, b->K));
+        }
+        graph_rows_ = (!opt_.cuda_graph || (e && *e == '0') || !grouped) ? 0 : copies ? kGraphRows : small ? kBqMaxRows : 0;
+        if (graph_rows_ > 0) bgints_ = DeviceBuffer(static_cast<size_t>(kGraphInts) * 4);
+    }
     if (opt_.verbose && bq_total > 0)
         std::fprintf(stderr, "quern: %.2f GiB of small-batch weight layouts on the GPU\n", gib(static_cast<double>(bq_total)));
     if (opt_.verbose)
@@ -1454,7 +1501,10 @@ void LlamaCudaSession::prepare_batches() {
 std::unique_ptr<PagedKvPool> LlamaCudaSession::make_kv_pool(int64_t n_blocks, int64_t block_size, const char* flag) {
     const auto& c = cfg_;
     if (n_blocks < 1 || block_size < 1) fail("paged KV cache: bad sizes ({} blocks of {})", n_blocks, block_size);
-    const size_t layer = static_cast<size_t>(n_blocks * block_size * c.kv_dim()) * 2;  // f16
+    // One block more than the pool hands out: the padding rows of captured
+    // passes write their keys there (block n_blocks, owned by no sequence).
+    const size_t layer = static_cast<size_t>((n_blocks + 1) * block_size * c.kv_dim()) * 2;  // f16
+    clear_batch_graphs();  // they name the old pool
     try {
         pkv_ = DeviceBuffer();  // an earlier pool's memory first (engines made in turn on one runner)
         pkv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_layer) * layer);
@@ -1504,6 +1554,58 @@ void LlamaCudaSession::forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPo
     if (!segs.empty()) batch_pass(seqs, segs);
 }
 
+// The padded row count of a graph pass of n single rows: 1, 2, 4, 8, then
+// multiples of 8 up to 64 and of 32 up to 256 (few graphs, at most a
+// quarter of a pass wasted beyond 8 rows).
+int64_t graph_bucket(int64_t n) {
+    if (n <= 8) {
+        int64_t b = 1;
+        while (b < n) b *= 2;
+        return b;
+    }
+    return n <= 64 ? (n + 7) / 8 * 8 : (n + 31) / 32 * 32;
+}
+
+void LlamaCudaSession::clear_batch_graphs() {
+    for (auto& [key, g] : bgraphs_)
+        if (g.first) cudaGraphExecDestroy(g.first);
+    bgraphs_.clear();
+}
+
+bool LlamaCudaSession::replay_layers(const int32_t* d, int64_t n, int64_t keys, const PagedRows& pr) {
+    auto& [ge, seen] = bgraphs_[{n, keys}];
+    if (!ge) {
+        // The first pass of a pair runs uncaptured: whatever a product sets
+        // up on its first call (plans, kernel attributes) happens outside
+        // the graph.
+        if (seen++ == 0) return false;
+        const cudaStream_t s = ctx_.stream();
+        cudaGraph_t g = nullptr;
+        bool ok = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+        if (ok) {
+            try {
+                layer_rows(d, n, 0, &pr);
+            } catch (const Error&) {
+                ok = false;
+            }
+            ok = cudaStreamEndCapture(s, &g) == cudaSuccess && ok && g;
+            ok = ok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+            if (g) cudaGraphDestroy(g);
+        }
+        if (!ok) {
+            cudaGetLastError();
+            ge = nullptr;
+            graph_rows_ = 0;
+            clear_batch_graphs();
+            if (opt_.verbose) std::fprintf(stderr, "quern: a batch pass could not be captured as a CUDA graph; passes run uncaptured\n");
+            return false;
+        }
+    }
+    QUERN_CUDA_CHECK(cudaGraphLaunch(ge, ctx_.stream()));
+    ++graph_replays_;
+    return true;
+}
+
 void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegment>& segs) {
     const auto t_start = std::chrono::steady_clock::now();
     const auto& c = cfg_;
@@ -1518,14 +1620,29 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     };
     const auto blocks_of = [&](const BatchSegment& g) { return (seqs[g.seq].n_past + g.off + g.n + bs - 1) / bs; };
     int64_t n = 0, nh = 0, nt = 0;
-    for (const BatchSegment& g : segs) n += g.n, nh += wants_head(g), nt += blocks_of(g);
-    const bool lr = c.longrope();  // then the rows' LongRoPE choices (n) follow the tables
-    bhost_.resize(static_cast<size_t>(3 * n + nh + nt + (lr ? n : 0)));
+    bool single = true;  // every segment one row: the pass may run as a graph
+    for (const BatchSegment& g : segs) n += g.n, nh += wants_head(g), nt += blocks_of(g), single = single && g.n == 1;
+    const bool lr = c.longrope();  // then the rows' LongRoPE choices follow the head rows
+    // A graph pass pads its rows to np (graph_bucket) and its integers sit at
+    // fixed places of bgints_; padding rows read token 0 at position 0 from a
+    // one-entry table naming the pool's spare block.
+    int64_t np = 0;
+    if (single && n <= graph_rows_ && !profile_) {
+        np = graph_bucket(n);
+        if (4 * np + (lr ? np : 0) + nt + 1 > kGraphInts) np = 0;
+    }
+    const int64_t nr = np ? np : n, hc = np ? np : nh;  // rows and head slots laid out
+    // The pass's integers, one host buffer (kept between passes) in the
+    // device layout: ids (nr) | positions (nr) | table offsets (nr) | rows
+    // whose logits are read (hc) | LongRoPE choices (nr, LongRoPE only) |
+    // the segments' block tables (| the spare block's one-entry table).
+    bhost_.assign(static_cast<size_t>(3 * nr + hc + (lr ? nr : 0) + nt + (np ? 1 : 0)), 0);
     int32_t* ids = bhost_.data();
-    int32_t* pos = ids + n;
-    int32_t* toff = pos + n;
-    int32_t* head = toff + n;
-    int32_t* tables = head + nh;
+    int32_t* pos = ids + nr;
+    int32_t* toff = pos + nr;
+    int32_t* head = toff + nr;
+    int32_t* lrow = head + hc;
+    int32_t* tables = lrow + (lr ? nr : 0);
     head_seq_.clear();
     int64_t r = 0, t0 = 0;
     for (const BatchSegment& g : segs) {
@@ -1538,7 +1655,7 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
             ids[r] = q.tokens[j];
             pos[r] = static_cast<int32_t>(q.n_past + j);
             toff[r] = static_cast<int32_t>(t0);
-            if (lr) tables[nt + r] = lg;
+            if (lr) lrow[r] = lg;
         }
         if (wants_head(g)) {
             head[head_seq_.size()] = static_cast<int32_t>(r - 1);
@@ -1546,23 +1663,36 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
         }
         t0 += nb;
     }
+    if (np) {
+        tables[t0] = static_cast<int32_t>(pkv_blocks_);
+        for (; r < np; ++r) toff[r] = static_cast<int32_t>(t0);  // ids, positions, LongRoPE 0
+    }
     const size_t bytes = bhost_.size() * 4;
-    if (bints_.size() < bytes) bints_ = DeviceBuffer(bytes * 2);
-    QUERN_CUDA_CHECK(cudaMemcpyAsync(bints_.data(), bhost_.data(), bytes, cudaMemcpyHostToDevice, s));
-    const int32_t* d = bints_.as<int32_t>();
+    if (!np && bints_.size() < bytes) bints_ = DeviceBuffer(bytes * 2);
+    DeviceBuffer& dints = np ? bgints_ : bints_;
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(dints.data(), bhost_.data(), bytes, cudaMemcpyHostToDevice, s));
+    const int32_t* d = dints.as<int32_t>();
     PagedRows pr;
-    pr.pos = d + n;
-    pr.table_off = d + 2 * n;
-    pr.tables = d + 3 * n + nh;
+    pr.pos = d + nr;
+    pr.table_off = d + 2 * nr;
+    pr.tables = d + 3 * nr + hc + (lr ? nr : 0);
     pr.block_size = static_cast<int>(bs);
     pr.split_ws = bsplit_.as<float>();
     pr.split_ws_floats = bsplit_floats_;
-    pr.max_keys = n > 0 ? *std::max_element(pos, pos + n) + 1 : 0;
+    const int max_keys = n > 0 ? *std::max_element(pos, pos + n) + 1 : 0;
+    // A graph's attention is planned for a power of two of keys (from 64):
+    // any row of fewer keys is attended alike (its splits shorter).
+    int keys = max_keys;
+    if (np) {
+        keys = 64;
+        while (keys < max_keys) keys *= 2;
+    }
+    pr.max_keys = keys;
     if (lr) {
-        pr.rope_long = d + 3 * n + nh + nt;
+        pr.rope_long = d + 3 * nr + hc;
         pr.inv_freq_long = rope_long_;
     }
-    layer_rows(d, n, 0, &pr);
+    if (!np || !replay_layers(d, np, keys, pr)) layer_rows(d, nr, 0, &pr);
     if (nh > 0) {
         // The final norm on every row (the last residual added in), then the
         // rows that need logits gathered and multiplied by the output head,
@@ -1573,7 +1703,7 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
         rms_norm_bf16(X, HRES, out_norm_, xb, n, E, c.rms_eps, s);
         for (int64_t h0 = 0; h0 < nh; h0 += kHeadRows) {
             const int64_t m = std::min(kHeadRows, nh - h0);
-            gather_rows_bf16(xb, E, d + 3 * n + h0, m, bhead_x_.as<uint16_t>(), s);
+            gather_rows_bf16(xb, E, d + 3 * nr + h0, m, bhead_x_.as<uint16_t>(), s);
             gemm_->run_bf16(output_.w, bhead_x_.as<uint16_t>(), m, blogits_.as<float>(), V, s);
             if (c.final_softcap > 0.0f) scale_softcap(blogits_.as<float>(), m * V, 1.0f, c.final_softcap, s);
             bool greedy = false;
@@ -1623,6 +1753,11 @@ std::unique_ptr<BatchRunner> make_batch_runner(const Model& model, const Session
     auto s = std::make_unique<LlamaCudaSession>(model, o);
     s->prepare_batches();
     return s;
+}
+
+int64_t batch_graph_replays(const BatchRunner& runner) {
+    const auto* s = dynamic_cast<const LlamaCudaSession*>(&runner);
+    return s ? s->graph_replays() : 0;
 }
 
 std::unique_ptr<Session> make_session(const Model& model, const SessionOptions& opt) {

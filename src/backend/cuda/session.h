@@ -19,7 +19,9 @@ struct SessionOptions {
     double gpu_mem_fraction = 0;
     /// Keys and values stored as fp16 (default) or fp32.
     bool f16_kv = true;
-    /// Replay the decode step as a CUDA graph (off: launch kernel by kernel).
+    /// Replay the decode step as a CUDA graph, and a batch runner's passes of
+    /// single rows as graphs captured per padded row count (off: launch
+    /// kernel by kernel).
     bool cuda_graph = true;
     /// Evaluate prompts of at least kPrefillMinTokens tokens in one batched
     /// pass (GEMMs on the tensor cores, prefill_chunk positions at a time)
@@ -54,7 +56,21 @@ inline constexpr int64_t kPrefillMinTokens = 8;
 /// (make_kv_pool). opt.n_ctx, gpu_mem_fraction and batched_prefill are
 /// ignored. quern::Error when no GPU, the model or its batched path is not
 /// supported, or memory runs out.
+///
+/// Passes whose sequences each bring one row (decode steps) run as CUDA
+/// graphs: the row count is padded to the next of 1, 2, 4, 8, multiples of 8
+/// up to 64, of 32 up to 256 (padding rows read token 0 at position 0 and
+/// write their keys into a spare block of the pool that no sequence owns),
+/// the longest context to the next power of two from 64; one graph per pair,
+/// captured the second time a pair is seen and replayed after that
+/// (opt.cuda_graph false or QUERN_CUDA_BATCH_GRAPH=0: none). Used when every
+/// dense layer matrix has a resident BF16 copy or FP8 form (or, up to 64
+/// rows, a bq layout) and expert layers group on the device.
 std::unique_ptr<BatchRunner> make_batch_runner(const Model& model, const SessionOptions& opt);
+
+/// How many passes a runner made by make_batch_runner replayed from CUDA
+/// graphs so far (0 for any other runner): for tests and benchmarks.
+int64_t batch_graph_replays(const BatchRunner& runner);
 
 /// Number of usable CUDA devices (0 without a driver or GPU; never throws).
 int device_count();

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <mutex>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,15 +121,16 @@ double compare_batches(Model& model, ThreadPool& pool, const cuda::SessionOption
           {toks[2].data() + 10, 13, tables[2].data(), 10, false, L(2)},
           {toks[3].data(), 3, tables[3].data(), 0, false, L(3)}},
          "prompt ends");
-    // 2: decode rows of all four next to each other, three times (the GPU
-    // runner replays the second and third as a CUDA graph of 4 rows); then
-    // sequences 0..2 alone twice (3 rows padded to the same graph: the
-    // padding row's keys go to the spare block, never to sequence 3's), and
-    // all four once more.
+    // 2: decode rows of all four next to each other (the GPU runner replays
+    // the second pass on as a CUDA graph of 4 rows), except in passes 3 and 4:
+    // sequences 0..2 alone (3 rows padded to the same graph: the padding
+    // row's keys go to the spare block, never to sequence 3's). Sequence 0
+    // passes 64 keys at pass 24, which takes a second graph (key bucket
+    // 128), replayed from pass 25 on.
     std::vector<int64_t> past(4);
     for (size_t s = 0; s < 4; ++s) past[s] = static_cast<int64_t>(toks[s].size());
     const int32_t nt[4] = {5, 77, 123, 200};
-    for (int d = 0; d < 6; ++d) {
+    for (int d = 0; d < 30; ++d) {
         std::vector<SeqBatch> b;
         for (size_t s = 0; s < 4; ++s) {
             if ((d == 3 || d == 4) && s == 3) continue;
@@ -136,8 +138,8 @@ double compare_batches(Model& model, ThreadPool& pool, const cuda::SessionOption
         }
         step(b, d == 3 || d == 4 ? "decode of 3" : "decode");
     }
-    if (so.cuda_graph) {
-        EXPECT_EQ(cuda::batch_graph_replays(*r.gpu), 5) << what << ": passes replayed from graphs";
+    if (const char* e = std::getenv("QUERN_CUDA_BATCH_GRAPH"); so.cuda_graph && !(e && *e == '0')) {
+        EXPECT_EQ(cuda::batch_graph_replays(*r.gpu), 28) << what << ": passes replayed from graphs";
     }
     return worst;
 }
@@ -155,9 +157,12 @@ TEST(CudaBatch, RunnerMatchesTheCpuRunner) {
             const double worst =
                 compare_batches(*model, pool, so, std::string(preset) + " " + scheme, agree, total);
             // Expert layers: the BF16 router may route a near-tie apart (as in
-            // the batched prefill's test).
-            EXPECT_GE(worst, std::string(preset) == "qwen3-30b-a3b" ? 0.995 : 0.999) << preset << " " << scheme;
-            EXPECT_GE(agree, total - 3) << preset << " " << scheme;  // BF16 GEMMs: a near-tie may flip a few
+            // the batched prefill's test), and the keys of a row routed apart
+            // stay in its sequence's cache: over 30 decode passes one
+            // sequence of the Q8_0 model drifts to 0.9943 on an H200 while
+            // the others stay above 0.9999.
+            EXPECT_GE(worst, std::string(preset) == "qwen3-30b-a3b" ? 0.99 : 0.999) << preset << " " << scheme;
+            EXPECT_GE(agree, total * 9 / 10) << preset << " " << scheme;  // BF16 GEMMs: near-ties may flip a few
         }
     // Heads of 96 (Phi-3 mini's): the tiny phi3 shape with its real head size.
     for (const char* scheme : {"Q8_0", "Q4_K_M"}) {
@@ -172,7 +177,7 @@ TEST(CudaBatch, RunnerMatchesTheCpuRunner) {
         int64_t agree = 0, total = 0;
         const double worst = compare_batches(*model, pool, so, std::string("phi3-mini hd96 ") + scheme, agree, total);
         EXPECT_GE(worst, 0.999) << scheme;
-        EXPECT_GE(agree, total - 3) << scheme;
+        EXPECT_GE(agree, total * 9 / 10) << scheme;
     }
 }
 
@@ -199,7 +204,7 @@ TEST(CudaBatch, LongRopeRowsPickTheirFactors) {
     int64_t agree = 0, total = 0;
     const double worst = compare_batches(*model, pool, so, "llama3-1b LongRoPE", agree, total);
     EXPECT_GE(worst, 0.999);
-    EXPECT_GE(agree, total - 3);
+    EXPECT_GE(agree, total * 9 / 10);
 }
 
 // A pass longer than the runner's rows (2048) is cut into passes; a prompt

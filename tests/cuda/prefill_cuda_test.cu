@@ -386,7 +386,8 @@ TEST(CudaPrefill, BqGemmGroupedMatchesPerExpert) {
 // against one PrefillGemm per expert on the same rows, which rounds the same
 // BF16 factors and differs only in the order of the fp32 sums. Groups of 0,
 // 1, 3, 17 and 70 rows (two token tiles), 80 rows per expert (a partial row
-// block), K = 512 and, where the type allows, 96 (a partial step).
+// block), K = 512 and, where the type allows, 96 (a partial last step), 64
+// and 32 (one step, full and partial).
 TEST(CudaPrefill, DqGemmGroupedMatchesReference) {
     REQUIRE_GPU();
     cuda::CudaContext ctx;
@@ -398,7 +399,7 @@ TEST(CudaPrefill, DqGemmGroupedMatchesReference) {
     for (int64_t e = 0; e < NE; ++e) off[static_cast<size_t>(e) + 1] = off[static_cast<size_t>(e)] + sizes[static_cast<size_t>(e)];
     const int64_t total = off[NE], ldy = rows + 8;
     for (DType t : kGemmTypes) {
-        for (int64_t K : {int64_t{512}, int64_t{96}}) {
+        for (int64_t K : {int64_t{512}, int64_t{96}, int64_t{64}, int64_t{32}}) {
             if (K % dtype_info(t).block_size != 0) continue;
             ASSERT_TRUE(cuda::dq_grouped_supported(t, K)) << dtype_name(t);
             HostMatrix m = random_matrix(t, NE * rows, K, rng);
@@ -411,9 +412,9 @@ TEST(CudaPrefill, DqGemmGroupedMatchesReference) {
             cuda::DeviceBuffer dy(static_cast<size_t>(total * ldy) * 4), de(static_cast<size_t>(total * ldy) * 4);
             dy.fill_bytes(0xFF, ctx.stream());
             de.fill_bytes(0xFF, ctx.stream());
-            // Token tiles of 64 rows (mean 18) and, for half the types, 128
-            // (a mean of 100 asks for them).
-            const int64_t mean = (static_cast<int>(t) + K) % 2 ? 100 : 18;
+            // Token tiles of 64 rows (mean 18) and 128 (a mean of 100 asks
+            // for them), alternating over the K of each type.
+            const int64_t mean = (static_cast<int>(t) + K / 32) % 2 ? 100 : 18;
             cuda::dq_gemm_grouped(w, rows, doff.as<int32_t>(), NE, 70, mean, xb, dy.as<float>(), ldy, ctx.stream());
             for (int64_t e = 0; e < NE; ++e) {
                 const int64_t o = off[static_cast<size_t>(e)];

@@ -175,12 +175,8 @@ template <DType T, int NT>
 void launch_dq(const DeqArgs& a, int64_t rows, const int32_t* off, int64_t n_expert, int64_t max_rows,
                const uint16_t* xb, float* y, int64_t ldy, cudaStream_t stream) {
     constexpr int smem = smem_bytes<NT>();
-    static const bool attr = [] {
-        QUERN_CUDA_CHECK(
-            cudaFuncSetAttribute(dq_grouped_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        return true;
-    }();
-    (void)attr;
+    // Per call (cheap, and per device: a process may drive several GPUs).
+    QUERN_CUDA_CHECK(cudaFuncSetAttribute(dq_grouped_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const dim3 grid(static_cast<unsigned>((rows + kBM - 1) / kBM),
                     static_cast<unsigned>((max_rows + 16 * NT - 1) / (16 * NT)), static_cast<unsigned>(n_expert));
     dq_grouped_kernel<T, NT><<<grid, kThreads, smem, stream>>>(a, rows, off, xb, y, ldy);

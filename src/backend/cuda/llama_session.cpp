@@ -336,8 +336,8 @@ public:
 
 private:
     /// Runs layer_rows(d, n, 0, pr) as the graph of (n, keys), capturing it
-    /// on the pair's second pass; false when graphs turn out unusable (a
-    /// capture failed: graphs are off from then on, nothing ran).
+    /// on the pair's second pass; false (nothing ran) on its first pass and
+    /// when its capture failed (the pair then always runs uncaptured).
     bool replay_layers(const int32_t* d, int64_t n, int64_t keys, const PagedRows& pr);
     std::vector<const SeqBatch*> head_seq_;   // the sequence of each head row
     bool batches_ready_ = false;
@@ -1488,6 +1488,7 @@ void LlamaCudaSession::prepare_batches() {
                 grouped = grouped && (b->bq || dq_grouped_supported(b->type, b->K));
         }
         graph_rows_ = (!opt_.cuda_graph || (e && *e == '0') || !grouped) ? 0 : copies ? kGraphRows : small ? kBqMaxRows : 0;
+        graph_rows_ = std::min(graph_rows_, prefill_rows_);
         if (graph_rows_ > 0) bgints_ = DeviceBuffer(static_cast<size_t>(kGraphInts) * 4);
     }
     if (opt_.verbose && bq_total > 0)
@@ -1577,8 +1578,8 @@ bool LlamaCudaSession::replay_layers(const int32_t* d, int64_t n, int64_t keys, 
     if (!ge) {
         // The first pass of a pair runs uncaptured: whatever a product sets
         // up on its first call (plans, kernel attributes) happens outside
-        // the graph.
-        if (seen++ == 0) return false;
+        // the graph. A pair whose capture failed (seen < 0) stays uncaptured.
+        if (seen < 0 || seen++ == 0) return false;
         const cudaStream_t s = ctx_.stream();
         cudaGraph_t g = nullptr;
         bool ok = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
@@ -1592,12 +1593,13 @@ bool LlamaCudaSession::replay_layers(const int32_t* d, int64_t n, int64_t keys, 
             ok = ok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
             if (g) cudaGraphDestroy(g);
         }
-        if (!ok) {
+        if (!ok) {  // e.g. a product that falls back to tiles on the second stream at this size
             cudaGetLastError();
             ge = nullptr;
-            graph_rows_ = 0;
-            clear_batch_graphs();
-            if (opt_.verbose) std::fprintf(stderr, "quern: a batch pass could not be captured as a CUDA graph; passes run uncaptured\n");
+            seen = -1;
+            if (opt_.verbose)
+                std::fprintf(stderr, "quern: a batch pass of %lld rows could not be captured as a CUDA graph; such passes "
+                                     "run uncaptured\n", static_cast<long long>(n));
             return false;
         }
     }
@@ -1629,6 +1631,7 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     int64_t np = 0;
     if (single && n <= graph_rows_ && !profile_) {
         np = graph_bucket(n);
+        if (np > prefill_rows_) np = 0;  // the passes' scratch holds prefill_rows_ rows
         if (4 * np + (lr ? np : 0) + nt + 1 > kGraphInts) np = 0;
     }
     const int64_t nr = np ? np : n, hc = np ? np : nh;  // rows and head slots laid out

@@ -101,6 +101,14 @@ cuda::DeviceWeight upload(cuda::CudaContext& ctx, HostMatrix& m) {
     return cuda::upload_weight(ctx, Tensor::contiguous(m.type, {m.K, m.N, 1, 1}, m.bytes.data(), "w"));
 }
 
+/// Offsets of groups of the given sizes, back to back: sizes.size() + 1
+/// entries from 0 (the `off` argument of the grouped expert GEMMs).
+std::vector<int32_t> group_offsets(const std::vector<int32_t>& sizes) {
+    std::vector<int32_t> off(sizes.size() + 1, 0);
+    for (size_t e = 0; e < sizes.size(); ++e) off[e + 1] = off[e] + sizes[e];
+    return off;
+}
+
 // Every type the CUDA backend uploads (the five of the brief first).
 const DType kGemmTypes[] = {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16,  DType::BF16,
                             DType::F32,  DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
@@ -317,8 +325,7 @@ TEST(CudaPrefill, BqGemmGroupedMatchesPerExpert) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     const int64_t NE = 5, rows = 80, K = 512;
     const std::vector<int32_t> sizes = {3, 0, 70, 17, 1};
-    std::vector<int32_t> off(NE + 1, 0);
-    for (int64_t e = 0; e < NE; ++e) off[static_cast<size_t>(e) + 1] = off[static_cast<size_t>(e)] + sizes[static_cast<size_t>(e)];
+    const std::vector<int32_t> off = group_offsets(sizes);
     const int64_t total = off[NE], ldy = rows + 5;
     for (DType t : {DType::Q4_K, DType::Q6_K}) {
         HostMatrix m = random_matrix(t, NE * rows, K, rng);
@@ -395,8 +402,7 @@ TEST(CudaPrefill, DqGemmGroupedMatchesReference) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     const int64_t NE = 5, rows = 80;
     const std::vector<int32_t> sizes = {3, 0, 70, 17, 1};
-    std::vector<int32_t> off(NE + 1, 0);
-    for (int64_t e = 0; e < NE; ++e) off[static_cast<size_t>(e) + 1] = off[static_cast<size_t>(e)] + sizes[static_cast<size_t>(e)];
+    const std::vector<int32_t> off = group_offsets(sizes);
     const int64_t total = off[NE], ldy = rows + 8;
     for (DType t : kGemmTypes) {
         for (int64_t K : {int64_t{512}, int64_t{96}, int64_t{64}, int64_t{32}}) {

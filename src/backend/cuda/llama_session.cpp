@@ -190,6 +190,8 @@ public:
     /// copies of the dense matrices (as memory allows). quern::Error when the
     /// model has no batched path on this GPU.
     void prepare_batches();
+    /// Passes replayed from CUDA graphs so far (batch_graph_replays).
+    int64_t graph_replays() const { return graph_replays_; }
 
 private:
     void upload_weights(const Model& model);
@@ -254,6 +256,9 @@ private:
     /// The expert FFN of layer L for n prefill rows: xb (n × n_embd BF16,
     /// normalized) → out (n × n_embd floats). See the top of the file.
     void prefill_moe(const LayerWeights& L, const uint16_t* xb, int64_t n, float* out);
+    /// Whether prefill_moe routes layer L's rows on the device and multiplies
+    /// each bank in one grouped launch (bq or dq), with no host round trip.
+    bool moe_on_device(const LayerWeights& L) const;
     /// Allocates the prefill scratch on first use; false (and the batched
     /// path off for this session) when the GPU has no room for it.
     bool ensure_prefill_scratch();
@@ -330,11 +335,6 @@ private:
     DeviceBuffer bgints_;
     int64_t graph_replays_ = 0;
     void clear_batch_graphs();
-
-public:
-    int64_t graph_replays() const { return graph_replays_; }
-
-private:
     /// Runs layer_rows(d, n, 0, pr) as the graph of (n, keys), capturing it
     /// on the pair's second pass; false (nothing ran) on its first pass and
     /// when its capture failed (the pair then always runs uncaptured).
@@ -1223,6 +1223,11 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
     }
 }
 
+bool LlamaCudaSession::moe_on_device(const LayerWeights& L) const {
+    const auto grouped = [](const DeviceWeight& b) { return b.bq || dq_grouped_supported(b.type, b.K); };
+    return moe_grouped_ && grouped(L.exp_gate) && grouped(L.exp_up) && grouped(L.exp_down);
+}
+
 void LlamaCudaSession::prefill_moe(const LayerWeights& L, const uint16_t* xb, int64_t n, float* out) {
     const auto& c = cfg_;
     const cudaStream_t s = ctx_.stream();
@@ -1250,8 +1255,7 @@ void LlamaCudaSession::prefill_moe(const LayerWeights& L, const uint16_t* xb, in
     // routing. The groups' sizes stay on the device, so the grid covers the
     // largest possible group (n rows); blocks past a group's end leave at
     // once.
-    const auto grouped_ok = [](const DeviceWeight& b) { return b.bq || dq_grouped_supported(b.type, b.K); };
-    if (moe_grouped_ && grouped_ok(L.exp_gate) && grouped_ok(L.exp_up) && grouped_ok(L.exp_down)) {
+    if (moe_on_device(L)) {
         const auto grouped = [&](const DeviceWeight& b, int64_t rows, const uint16_t* x, float* yo, int64_t ldy) {
             if (b.bq) bq_gemm_grouped(b, rows, doff, NE, n, x, yo, ldy, s);
             else dq_gemm_grouped(b, rows, doff, NE, n, (m + NE - 1) / NE, x, yo, ldy, s);
@@ -1480,12 +1484,11 @@ void LlamaCudaSession::prepare_batches() {
             small = small && (w.bf16 || w.bq);
         };
         for_each_layer_matrix(check, /*experts=*/false);
-        bool grouped = moe_grouped_;
+        bool grouped = true;
         for (auto& L : layers_) {
             if (!L.moe) continue;
             check(L.router.w);
-            for (const DeviceWeight* b : {&L.exp_gate, &L.exp_up, &L.exp_down})
-                grouped = grouped && (b->bq || dq_grouped_supported(b->type, b->K));
+            grouped = grouped && moe_on_device(L);
         }
         graph_rows_ = (!opt_.cuda_graph || (e && *e == '0') || !grouped) ? 0 : copies ? kGraphRows : small ? kBqMaxRows : 0;
         graph_rows_ = std::min(graph_rows_, prefill_rows_);
@@ -1639,7 +1642,7 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     // device layout: ids (nr) | positions (nr) | table offsets (nr) | rows
     // whose logits are read (hc) | LongRoPE choices (nr, LongRoPE only) |
     // the segments' block tables (| the spare block's one-entry table).
-    bhost_.assign(static_cast<size_t>(3 * nr + hc + (lr ? nr : 0) + nt + (np ? 1 : 0)), 0);
+    bhost_.resize(static_cast<size_t>(3 * nr + hc + (lr ? nr : 0) + nt + (np ? 1 : 0)));
     int32_t* ids = bhost_.data();
     int32_t* pos = ids + nr;
     int32_t* toff = pos + nr;
@@ -1668,7 +1671,11 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     }
     if (np) {
         tables[t0] = static_cast<int32_t>(pkv_blocks_);
-        for (; r < np; ++r) toff[r] = static_cast<int32_t>(t0);  // ids, positions, LongRoPE 0
+        for (; r < np; ++r) {  // padding rows: token 0 at position 0 (head slots past nh go unread)
+            ids[r] = pos[r] = 0;
+            toff[r] = static_cast<int32_t>(t0);
+            if (lr) lrow[r] = 0;
+        }
     }
     const size_t bytes = bhost_.size() * 4;
     if (!np && bints_.size() < bytes) bints_ = DeviceBuffer(bytes * 2);

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -218,7 +219,8 @@ TEST(CudaPrefill, GemmMatchesDoubleReference) {
 // activations, and against the BF16 cuBLASLt path: token counts across the
 // kernel's tile widths (1..64), the whole matrix and a row range starting
 // at a tile (an expert of a bank; the padding past `rows` keeps its poison),
-// K short enough for one split and long enough for several (atomic sums).
+// K short enough for one split and long enough for several (summed over a
+// thread block cluster), every form of 17-64 rows the device has.
 // Tolerance: the weights are formed in BF16 from BF16 scale and offset
 // (errors ≤ 2^-8 of |w|+|o| each, random in sign), so per element
 // |y − ref| <= 2^-5·sqrt(Σ_k (x_k·gmax_k)^2) + 1e-5 (gmax_k: the largest
@@ -230,7 +232,8 @@ TEST(CudaPrefill, BqGemmMatchesReferenceAndCublas) {
     std::mt19937 rng(211);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_0, DType::Q5_1, DType::Q5_K, DType::Q6_K}) {
-        for (const auto& [N, K] : {std::pair<int64_t, int64_t>{200, 256}, {130, 4096}}) {
+        // K of 4, 12 (not a multiple of every split count) and 64 chunks.
+        for (const auto& [N, K] : {std::pair<int64_t, int64_t>{200, 256}, {90, 768}, {130, 4096}}) {
             ASSERT_TRUE(cuda::bq_supported(t, K)) << dtype_name(t);
             HostMatrix m = random_matrix(t, N, K, rng);
             cuda::DeviceWeight w = upload(ctx, m);
@@ -246,7 +249,17 @@ TEST(CudaPrefill, BqGemmMatchesReferenceAndCublas) {
                     for (int64_t k = k0; k < k0 + 32; ++k) mx = std::max(mx, std::fabs(m.deq[static_cast<size_t>(j * K + k)]));
                     for (int64_t k = k0; k < k0 + 32; ++k) gmax[static_cast<size_t>(j * K + k)] = mx;
                 }
+            // Every form of 17-64 rows (the mma.sync kernels and each wgmma
+            // configuration where the device has them).
+            struct FormGuard {  // the default form again however the loop ends
+                int f = cuda::bq_gemm_form();
+                ~FormGuard() { cuda::bq_gemm_set_form(f); }
+            } guard;
+            for (int form = 0; form <= cuda::kBqLastForm; ++form)
             for (int64_t n : {1, 8, 9, 17, 32, 33, 64}) {
+                if (form > 0 && n <= 16) continue;
+                cuda::bq_gemm_set_form(form);
+                if (cuda::bq_gemm_form() != form) continue;  // no wgmma on this device
                 for (const auto& [row0, rows] : {std::pair<int64_t, int64_t>{0, N}, {64, N - 69}}) {
                     const int64_t ldy = rows + 3;
                     std::vector<float> x(static_cast<size_t>(n * K));
@@ -278,7 +291,7 @@ TEST(CudaPrefill, BqGemmMatchesReferenceAndCublas) {
                             r2 += ref * ref;
                             if ((!(std::fabs(g - ref) <= tol) || !(std::fabs(g - c) <= 2 * tol)) && bad++ < 5)
                                 ADD_FAILURE() << dtype_name(t) << " K " << K << " n " << n << " rows " << row0 << "+"
-                                              << rows << " at " << r << "," << j << ": " << g << " vs " << ref
+                                              << rows << " form " << form << " at " << r << "," << j << ": " << g << " vs " << ref
                                               << " (cuBLASLt " << c << ", tol " << tol << ")";
                         }
                         for (int64_t j = rows; j < ldy; ++j) {
@@ -288,10 +301,11 @@ TEST(CudaPrefill, BqGemmMatchesReferenceAndCublas) {
                         }
                     }
                     EXPECT_LE(std::sqrt(e2), std::ldexp(1.0, -7) * std::sqrt(r2))
-                        << dtype_name(t) << " K " << K << " n " << n << " rows " << row0 << "+" << rows;
+                        << dtype_name(t) << " K " << K << " n " << n << " rows " << row0 << "+" << rows << " form " << form;
                     EXPECT_LE(std::sqrt(ec2), std::ldexp(1.0, -7) * std::sqrt(r2))
                         << dtype_name(t) << " K " << K << " n " << n << " (against cuBLASLt)";
-                    EXPECT_EQ(bad, 0) << dtype_name(t) << " K " << K << " n " << n << " rows " << row0 << "+" << rows;
+                    EXPECT_EQ(bad, 0) << dtype_name(t) << " K " << K << " n " << n << " rows " << row0 << "+" << rows
+                                      << " form " << form;
                 }
             }
         }
@@ -503,7 +517,12 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
+    // QUERN_BQ_BENCH_SHAPE=name and QUERN_BQ_BENCH_N=n keep one shape and
+    // one row count (for profiling a single kernel).
+    const char* only_shape = std::getenv("QUERN_BQ_BENCH_SHAPE");
+    const char* only_n = std::getenv("QUERN_BQ_BENCH_N");
     for (const Shape& sh : shapes) {
+        if (only_shape && std::string(only_shape) != sh.name) continue;
         const size_t rb = row_size(sh.t, sh.K);
         std::vector<uint8_t> bytes(rb * static_cast<size_t>(sh.N));
         for (auto& b : bytes) b = static_cast<uint8_t>(rng());
@@ -533,7 +552,8 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
         }
         std::vector<uint16_t> xh(static_cast<size_t>(64 * sh.K), 0x3C00);
         cuda::DeviceBuffer dx = on_device(xh, ctx), dy(static_cast<size_t>(64 * sh.N) * 4);
-        for (int64_t n : {1, 8, 16, 32, 64}) {
+        for (int64_t n : {1, 8, 16, 24, 32, 48, 64}) {
+            if (only_n && std::atoi(only_n) != n) continue;
             const auto time = [&](auto&& f) {
                 for (int i = 0; i < 3; ++i) f();
                 cudaEventRecord(e0, ctx.stream());
@@ -545,9 +565,24 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
                 return 1e3 * ms / 20;
             };
             size_t iq = 0, ic = 0, iff = 0;
-            const double tq = time([&] {
-                cuda::bq_gemm(wq[iq++ % wq.size()], 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N, ctx.stream());
-            });
+            // bq in every form the device has (n > 16), the fastest shown
+            // first, then each one.
+            const int form0 = cuda::bq_gemm_form();
+            std::string forms;
+            double tq = 1e30;
+            for (int form = 0; form <= (n > 16 ? cuda::kBqLastForm : 0); ++form) {
+                cuda::bq_gemm_set_form(form);
+                if (cuda::bq_gemm_form() != form) break;
+                const double t = time([&] {
+                    cuda::bq_gemm(wq[iq++ % wq.size()], 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N,
+                                  ctx.stream());
+                });
+                tq = std::min(tq, t);
+                char b[32];
+                std::snprintf(b, sizeof b, " f%d %.1f", form, t);
+                forms += b;
+            }
+            cuda::bq_gemm_set_form(form0);
             const double tb = time([&] {
                 gemm.run_bf16_rows(wc[ic++ % wc.size()], 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N,
                                    ctx.stream());
@@ -558,9 +593,9 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
             });
             const double bq_b = static_cast<double>(cuda::bq_bytes(wq[0])), bf_b = 2.0 * static_cast<double>(sh.N * sh.K),
                          f8_b = static_cast<double>(sh.N * sh.K + 4 * sh.N);
-            std::printf("%-8s %-5s n %2lld  bq %7.1f us %5.0f GB/s | bf16 %7.1f us %5.0f GB/s | fp8 %7.1f us %5.0f GB/s\n",
+            std::printf("%-8s %-5s n %2lld  bq %7.1f us %5.0f GB/s | bf16 %7.1f us %5.0f GB/s | fp8 %7.1f us %5.0f GB/s |%s\n",
                         sh.name, std::string(dtype_name(sh.t)).c_str(), static_cast<long long>(n), tq,
-                        bq_b / tq * 1e-3, tb, bf_b / tb * 1e-3, tf, f8_b / tf * 1e-3);
+                        bq_b / tq * 1e-3, tb, bf_b / tb * 1e-3, tf, f8_b / tf * 1e-3, forms.c_str());
         }
     }
     cudaEventDestroy(e0);

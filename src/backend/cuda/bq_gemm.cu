@@ -5,13 +5,18 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/mma.cuh"
 
 namespace quern::cuda {
@@ -391,47 +396,24 @@ __device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq,
     cp_async_wait<0>();
 }
 
-// bq_gemm_kernel<BITS, NT, MW>
-//   Shapes:  wq, ws: a bq layout (bq_gemm.h) of C = K/64 chunks per row;
-//            the product covers its tiles tile0 .. tile0+tiles−1 (output
-//            rows 0 .. rows−1 = weight rows 16·tile0 + j); x: n <= 8·NT rows
-//            of K BF16 (row stride K); y: n rows at stride ldy floats.
-//   Grid:    (ceil(tiles / (8·MW)), splits) blocks of 8 warps; block (b, s)
-//            takes tiles 8·MW·b .. +8·MW−1 (warp w: MW of them) and chunks
-//            s·cps .. s·cps+cps−1 of K. The block copies each chunk's lane
-//            records, scales and activation rows (8·NT × 64 BF16) into a
-//            ring of kStages stages in shared memory with cp.async, kStages−1
-//            chunks ahead of the one it multiplies; per chunk each warp reads
-//            its tiles' records, decodes them into A fragments (the
-//            integer-in-mantissa trick, HSUB2 + HFMA2 per pair), reads the B
-//            fragments from the staged rows and issues 4·NT mma.m16n8k16 per
-//            tile.
-//   Output:  splits == 1: stored. Else the splits of a row group are one
-//            thread block cluster (grid.y blocks, at most 8): the partial
-//            sums meet in distributed shared memory and are added in split
-//            order (the result does not depend on timing).
-//   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
-//            once; the activations once per block from L2.
-template <int BITS, int NT, int MW>
-__global__ void __launch_bounds__(kThreads, (MW == 1 && NT <= 4) || !(NT >= 4 || (BITS == 8 && MW == 2)) ? 3 : 2) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
-                                                       int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
-                                                       const uint16_t* __restrict__ x, int64_t K, int n,
-                                                       float* __restrict__ y, int64_t ldy, int cps) {
-    using Sh = BqShape<BITS, NT, MW>;
-    extern __shared__ __align__(16) uint8_t smem[];
-    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+// The end of a bq product: a block's sums acc (fragment order; tile mt of
+// the warp is output tile tile_of(mt), rows 16·tile_of(mt) + g (+8)) are
+// stored, or — when the K splits of a row group form a thread block cluster
+// (gridDim.y > 1) — added over the cluster in split order first: each block
+// leaves its partial sums in its shared memory (fragment order), and block r
+// of the cluster adds fragment slots k ≡ r (mod S) over all S blocks through
+// distributed shared memory (the result does not depend on timing). smem:
+// at least MW·NT·4·kThreads floats, no longer read by the product.
+template <int MW, int NT, class TileOf>
+__device__ __forceinline__ void bq_finish(float (&acc)[MW][NT][4], TileOf tile_of, int64_t rows, int n,
+                                          float* __restrict__ y, int64_t ldy, uint8_t* smem) {
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
-    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * Sh::kTiles;  // the block's first tile
-    const int btiles = static_cast<int>(tiles - bt0 < Sh::kTiles ? tiles - bt0 : Sh::kTiles);
-    const int64_t mt0 = bt0 + warp * MW;
-    const int nmt = static_cast<int>(tiles - mt0 < 0 ? 0 : tiles - mt0 < MW ? tiles - mt0 : MW);
-    const int64_t cb = static_cast<int64_t>(blockIdx.y) * cps;
-    const int64_t nch = (C < cb + cps ? C : cb + cps) - cb;
-    float acc[MW][NT][4];
-    bq_block_product<BITS, NT, MW>(wq, ws, C, tile0 + bt0, btiles, x, K, n, cb, nch, smem, acc);
     // c0, c1: row g, tokens 2c, 2c+1 of the token tile; c2, c3: row g+8.
+    // Tiles past the matrix (which multiplied a stand-in tile) start at row
+    // 16·tiles >= rows: never stored.
     const auto store = [&](int mt, int nt, int i, float v) {
-        const int64_t j = kTile * (mt0 + mt) + g + (i >= 2 ? 8 : 0);
+        const int64_t j = kTile * tile_of(mt) + g + (i >= 2 ? 8 : 0);
         const int r = 8 * nt + 2 * c + (i & 1);
         if (j < rows && r < n) y[static_cast<int64_t>(r) * ldy + j] = v;
     };
@@ -441,14 +423,9 @@ __global__ void __launch_bounds__(kThreads, (MW == 1 && NT <= 4) || !(NT >= 4 ||
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    if (mt < nmt) store(mt, nt, i, acc[mt][nt][i]);
+                for (int i = 0; i < 4; ++i) store(mt, nt, i, acc[mt][nt][i]);
         return;
     }
-    // The splits of a row group form a thread block cluster: each block
-    // leaves its partial sums in its shared memory (fragment order), and
-    // block r of the cluster adds fragment slots k ≡ r (mod S) over all S
-    // blocks through distributed shared memory, in split order.
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     const int S = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
@@ -480,9 +457,220 @@ __global__ void __launch_bounds__(kThreads, (MW == 1 && NT <= 4) || !(NT >= 4 ||
                 float v = t[0];
 #pragma unroll
                 for (int b = 1; b < kMaxSplits; ++b) v += t[b];
-                if (mt < nmt) store(mt, nt, i, v);
+                store(mt, nt, i, v);
             }
     cl.sync();  // the other blocks' shared memory stays until every read is done
+}
+
+// bq_gemm_kernel<BITS, NT, MW>
+//   Shapes:  wq, ws: a bq layout (bq_gemm.h) of C = K/64 chunks per row;
+//            the product covers its tiles tile0 .. tile0+tiles−1 (output
+//            rows 0 .. rows−1 = weight rows 16·tile0 + j); x: n <= 8·NT rows
+//            of K BF16 (row stride K); y: n rows at stride ldy floats.
+//   Grid:    (ceil(tiles / (8·MW)), splits) blocks of 8 warps; block (b, s)
+//            takes tiles 8·MW·b .. +8·MW−1 (warp w: MW of them) and chunks
+//            s·cps .. s·cps+cps−1 of K. The block copies each chunk's lane
+//            records, scales and activation rows (8·NT × 64 BF16) into a
+//            ring of kStages stages in shared memory with cp.async, kStages−1
+//            chunks ahead of the one it multiplies; per chunk each warp reads
+//            its tiles' records, decodes them into A fragments (the
+//            integer-in-mantissa trick, HSUB2 + HFMA2 per pair), reads the B
+//            fragments from the staged rows and issues 4·NT mma.m16n8k16 per
+//            tile.
+//   Output:  bq_finish (splits > 1: one thread block cluster per row group).
+//   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
+//            once; the activations once per block from L2.
+template <int BITS, int NT, int MW>
+__global__ void __launch_bounds__(kThreads, (MW == 1 && NT <= 4) || !(NT >= 4 || (BITS == 8 && MW == 2)) ? 3 : 2) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
+                                                       int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
+                                                       const uint16_t* __restrict__ x, int64_t K, int n,
+                                                       float* __restrict__ y, int64_t ldy, int cps) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    using Sh = BqShape<BITS, NT, MW>;
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * Sh::kTiles;  // the block's first tile
+    const int btiles = static_cast<int>(tiles - bt0 < Sh::kTiles ? tiles - bt0 : Sh::kTiles);
+    const int64_t mt0 = bt0 + warp * MW;
+    const int64_t cb = static_cast<int64_t>(blockIdx.y) * cps;
+    const int64_t nch = (C < cb + cps ? C : cb + cps) - cb;
+    float acc[MW][NT][4];
+    bq_block_product<BITS, NT, MW>(wq, ws, C, tile0 + bt0, btiles, x, K, n, cb, nch, smem, acc);
+    bq_finish<MW, NT>(acc, [&](int mt) { return mt0 + mt; }, rows, n, y, ldy, smem);
+}
+
+// ------------------------------------------------- the warpgroup form (wgmma)
+// For 17 to 64 activation rows on sm_90a: the same bq layout and decode, the
+// products on wgmma.m64n{32,64}k16 with the decoded weights as the A operand
+// straight from registers, so the weights never pass through shared memory
+// and the tensor cores run while the next chunk is decoded.
+
+constexpr int kWgStages = 6;  // activation chunks in the shared-memory ring
+
+// Bytes of one chunk's activations in the ring: four k16 steps of
+// 8·NT rows × 16 BF16 as wgmma's K-major no-swizzle layout (8-row × 16-byte
+// core matrices; per step: [row group of 8][K half][8 rows][16 bytes]).
+__host__ __device__ constexpr int wg_step_bytes(int NT) { return 8 * NT * 32; }
+__host__ __device__ constexpr int wg_smem_bytes(int NT, int MW) {
+    return kWgStages * 4 * wg_step_bytes(NT) > MW * NT * 4 * kThreads * 4 ? kWgStages * 4 * wg_step_bytes(NT)
+                                                                           : MW * NT * 4 * kThreads * 4;
+}
+
+// The lane's record of one (tile, chunk) straight from the layout: lane
+// record at q (this lane's), {s, o} and centre records from the tile-chunk's
+// scale block at s.
+template <int BITS>
+__device__ __forceinline__ void load_rec_global(Rec<BITS>& r, const uint8_t* q, const uint8_t* s, int grp) {
+    if constexpr (BITS == 4) {
+        r.w = kern::ldw16(q);
+    } else {
+        r.w0 = kern::ldw16(q);
+        r.w1 = kern::ldw16(q + 16);
+    }
+    r.s = kern::ldw8(s + 8 * grp);
+    r.c = kern::ldw4(s + so_bytes(BITS) + 4 * grp);
+}
+
+// bq_wgmma_kernel<BITS, NT, MW, PD>
+//   Shapes:  as bq_gemm_kernel (n <= 8·NT).
+//   Grid:    (ceil(tiles / (8·MW)), splits) blocks of 8 warps = 2
+//            warpgroups; warpgroup G multiplies MW groups of 64 rows (group
+//            m: tiles bt0 + 4·(G·MW + m) .. +3, warp w%4 holding one), over
+//            chunks s·cps .. of K. Per chunk: every thread copies its share
+//            of the chunk's activation rows (4-byte pieces, cp.async, zero
+//            past n) into the ring slot of the chunk kWgStages−2 ahead,
+//            placing each element where the bq K order of the step puts it
+//            (step j's k index κ is element 16·(κ%8/2) + 4j + 2·(κ/8) + κ%2
+//            of the chunk); each warp decodes its tiles' records (loaded from
+//            global memory PD chunks ahead) into A fragments once the
+//            previous chunk's products are done, and its warpgroup issues
+//            4·MW wgmma as one commit group, which run while the next
+//            chunk's barrier, copies and loads are issued. One barrier per
+//            chunk.
+//   Output:  bq_finish, the accumulators being the m16n8 fragments.
+//   Bound:   memory: the weights' bytes once, the activations from L2 once
+//            per block.
+template <int BITS, int NT, int MW, int PD>
+__global__ void __launch_bounds__(kThreads) bq_wgmma_kernel(const uint8_t* __restrict__ wq,
+                                                        const uint8_t* __restrict__ ws, int64_t C, int64_t tile0,
+                                                        int64_t tiles, int64_t rows, const uint16_t* __restrict__ x,
+                                                        int64_t K, int n, float* __restrict__ y, int64_t ldy, int cps) {
+#ifdef QUERN_WGMMA
+    extern __shared__ __align__(16) uint8_t smem[];
+    constexpr int kTok = 8 * NT, STEP = wg_step_bytes(NT), STAGE = 4 * STEP, S = kWgStages;
+    constexpr int RB = 32 * record_bytes(BITS), SB = scale_bytes(BITS);
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq4 = warp & 3;
+    const int g = lane >> 2, c = lane & 3;
+    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * (kWarps * MW);
+    const auto tile_of = [&](int mt) { return bt0 + 4 * (wg * MW + mt) + wq4; };
+    const int64_t cb = static_cast<int64_t>(blockIdx.y) * cps;
+    const int64_t nch = (C < cb + cps ? C : cb + cps) - cb;
+    float acc[MW][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MW; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+    // This lane's weight records (tiles past the matrix read the block's
+    // first tile instead; their sums are never stored).
+    const int grp = BITS == 4 ? 2 * g + (c >> 1) : lane;
+    const uint8_t* rq[MW];
+    const uint8_t* rs[MW];
+#pragma unroll
+    for (int mt = 0; mt < MW; ++mt) {
+        const int64_t t = tile_of(mt) < tiles ? tile_of(mt) : bt0;
+        const int64_t tc = (tile0 + t) * C + cb;
+        rq[mt] = wq + tc * RB + lane * record_bytes(BITS);
+        rs[mt] = ws + tc * SB;
+    }
+    // This thread's activation pieces: piece q = k·kThreads + tid is lane
+    // (row r8 = q%8, lane range cc = q%32/8) of warp-slice w = q/32 = (step
+    // j, K half h, row group g8); it covers elements 2p, 2p+1 of token t.
+    // Lanes of one copy instruction write 32 different banks.
+    constexpr int PPT = kTok * 32 / kThreads;
+    uint32_t dsto[PPT];
+    const uint8_t* srcp[PPT];
+    bool live[PPT];
+#pragma unroll
+    for (int k = 0; k < PPT; ++k) {
+        const int q = k * kThreads + tid, ln = q & 31, w = q >> 5;
+        const int r8 = ln & 7, cc = ln >> 3, g8 = w % (kTok / 8), jh = w / (kTok / 8), j = jh >> 1, h = jh & 1;
+        const int t = 8 * g8 + r8, p = 8 * cc + 2 * j + h;
+        dsto[k] = static_cast<uint32_t>(j * STEP + g8 * 256 + h * 128 + r8 * 16 + cc * 4);
+        live[k] = t < n;
+        srcp[k] = reinterpret_cast<const uint8_t*>(x + static_cast<int64_t>(t < n ? t : 0) * K + kChunk * cb + 2 * p);
+    }
+    const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    const auto issue = [&](int64_t i) {
+        if (i < nch) {
+            const uint32_t st = sbase + static_cast<uint32_t>((i % S) * STAGE);
+#pragma unroll
+            for (int k = 0; k < PPT; ++k) mma::cp_async4(st + dsto[k], srcp[k] + i * 2 * kChunk, live[k]);
+        }
+        cp_async_commit();
+    };
+    Rec<BITS> rec[PD][MW];
+#pragma unroll
+    for (int u = 0; u < PD; ++u)
+#pragma unroll
+        for (int mt = 0; mt < MW; ++mt)
+            if (u < nch) load_rec_global<BITS>(rec[u][mt], rq[mt] + u * RB, rs[mt] + u * SB, grp);
+#pragma unroll
+    for (int i = 0; i < S - 2; ++i) issue(i);
+    uint32_t a[MW][4][4];
+    // Chunk i, its records in rec[i % PD] (compile-time in every call below).
+    // ptxas keeps a wgmma asynchronous only while no other instruction
+    // writes a register any wgmma reads, so the A fragments are decoded
+    // after the previous chunk's products are waited for; the barrier, the
+    // next copies and the weight loads run while this chunk's products do
+    // (and other warpgroups' decoding overlaps them too).
+    const auto chunk = [&](int64_t i, auto slot) {
+        constexpr int u = decltype(slot)::value;
+        cp_async_wait<S - 3>();  // this thread's pieces of chunk i are in
+        mma::fence_proxy_async_smem();
+        __syncthreads();         // everyone's; every warpgroup is past chunk i − 2's products
+        issue(i + S - 2);        // into chunk i − 2's slot
+        mma::wgmma_wait<0>();    // chunk i − 1's products (their A registers)
+#pragma unroll
+        for (int mt = 0; mt < MW; ++mt) {
+            const Scales k = scales_of<BITS>(rec[u][mt]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) step_a<BITS>(rec[u][mt], k, j, a[mt][j]);
+        }
+        const uint32_t st = sbase + static_cast<uint32_t>((i % S) * STAGE);
+        uint64_t desc[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) desc[j] = mma::wgmma_desc(st + j * STEP, 128, 256);
+#pragma unroll
+        for (int mt = 0; mt < MW; ++mt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mma::fence_operand(a[mt][j]);  // decoded before the fence
+        mma::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int mt = 0; mt < MW; ++mt) mma::wgmma_bf16<NT>(acc[mt], a[mt][j], desc[j]);
+        mma::wgmma_commit();
+        if (i + PD < nch) {
+#pragma unroll
+            for (int mt = 0; mt < MW; ++mt)
+                load_rec_global<BITS>(rec[u][mt], rq[mt] + (i + PD) * RB, rs[mt] + (i + PD) * SB, grp);
+        }
+    };
+    // Chunk 0 before the loop (every split has one): inside the loop the
+    // accumulators then only ever come from wgmma (ptxas serializes the
+    // products when the zero-initialized accumulators reach the loop).
+    chunk(0, std::integral_constant<int, 0>{});
+    for (int64_t i0 = 1; i0 < nch; i0 += PD) {
+        [&]<int... U>(std::integer_sequence<int, U...>) {
+            ((i0 + U < nch ? chunk(i0 + U, std::integral_constant<int, (U + 1) % PD>{}) : void()), ...);
+        }(std::make_integer_sequence<int, PD>{});
+    }
+    mma::wgmma_wait<0>();
+    cp_async_wait<0>();
+    bq_finish<MW, NT>(acc, tile_of, rows, n, y, ldy, smem);
+#else
+    __trap();  // launched only on devices that run the sm_90a code (device_has_wgmma)
+#endif
 }
 
 // bq_grouped_kernel<BITS, NT, MW>
@@ -529,36 +717,80 @@ __global__ void __launch_bounds__(kThreads) bq_grouped_kernel(const uint8_t* __r
             }
 }
 
-template <int BITS, int NT, int MW>
-void launch_bq(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
-               int64_t ldy, cudaStream_t stream) {
+// How many thread block clusters of s blocks (s = 1 .. kMaxSplits; index s)
+// of `kernel` (kThreads threads, smem bytes) the device runs at once: the
+// residency of a cluster is bounded by one GPC's SMs, so this is at most,
+// and often less than, blocks per SM × SMs / s. QUERN_CUDA_BQ_BLOCKS_PER_SM=N
+// sets blocks per SM × SMs / s instead.
+template <class Kernel>
+std::array<int, kMaxSplits + 1> active_clusters(Kernel kernel, int smem) {
+    QUERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    std::array<int, kMaxSplits + 1> a{};
+    const char* e = std::getenv("QUERN_CUDA_BQ_BLOCKS_PER_SM");
+    for (int s = 1; s <= kMaxSplits; ++s) {
+        if (e && std::atoi(e) > 0) {
+            a[static_cast<size_t>(s)] = std::max(1, std::atoi(e) * CudaContext::current_sm_count() / s);
+            continue;
+        }
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1, static_cast<unsigned>(s));
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1;
+        at[0].val.clusterDim.y = static_cast<unsigned>(s);
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();  // then as if every SM held whole clusters
+            int per_sm = 0;
+            QUERN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+            n = per_sm * CudaContext::current_sm_count() / s;
+        }
+        a[static_cast<size_t>(s)] = std::max(n, 1);
+    }
+    return a;
+}
+
+// The K splits for bx row groups of C chunks: the count s (at most
+// kMaxSplits, each split at least four chunks) with the least
+// ceil(bx / active[s]) · ceil(C / s) — waves of clusters times the chunks
+// each block walks — and the fewest splits among equals. (Filling the SMs
+// by rounding up instead left a second, mostly empty wave: 30-40% longer on
+// Llama-3-8B's gate/up at 32 rows.)
+int64_t pick_splits(int64_t bx, int64_t C, const std::array<int, kMaxSplits + 1>& active) {
+    const int64_t most = std::clamp<int64_t>(C / 4, 1, kMaxSplits);
+    int64_t best = 1, best_cost = -1;
+    for (int64_t s = 1; s <= most; ++s) {
+        const int64_t cps = (C + s - 1) / s, a = active[static_cast<size_t>(s)];
+        const int64_t cost = (bx + a - 1) / a * cps;
+        if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
+    }
+    return best;
+}
+
+// Launches a bq product kernel on bx row groups of blocks, K split over a
+// thread block cluster of pick_splits blocks per row group.
+template <class Kernel>
+void launch_split(Kernel kernel, int smem, const std::array<int, kMaxSplits + 1>& active, int64_t bx,
+                  const DeviceWeight& w, int bits, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x,
+                  int n, float* y, int64_t ldy, cudaStream_t stream) {
     const int64_t C = w.K / kChunk;
     const int64_t all_tiles = (w.N + kTile - 1) / kTile;
     const uint8_t* wq = w.bq;
-    const uint8_t* ws = w.bq + static_cast<size_t>(all_tiles * C) * 32 * record_bytes(BITS);
-    const int64_t bx = (tiles + kWarps * MW - 1) / (kWarps * MW);
-    constexpr int smem = BqShape<BITS, NT, MW>::kSmem;
-    static_assert(smem >= MW * NT * 4 * kThreads * 4, "the partial sums reuse the ring");
-    // K splits (a cluster of at most 8 blocks per row group) until the grid
-    // fills every SM with as many blocks as fit there at once (registers and
-    // shared memory decide; QUERN_CUDA_BQ_BLOCKS_PER_SM=N overrides), each
-    // split at least four chunks long.
-    static const int per_sm = [] {
-        QUERN_CUDA_CHECK(cudaFuncSetAttribute(bq_gemm_kernel<BITS, NT, MW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        const char* e = std::getenv("QUERN_CUDA_BQ_BLOCKS_PER_SM");
-        if (e && std::atoi(e) > 0) return std::atoi(e);
-        int fit = 0;
-        QUERN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, bq_gemm_kernel<BITS, NT, MW>, kThreads, smem));
-        return std::max(fit, 1);
-    }();
-    int64_t splits = std::clamp<int64_t>((per_sm * CudaContext::current_sm_count() + bx - 1) / bx, 1,
-                                         std::clamp<int64_t>(C / 4, 1, kMaxSplits));
+    const uint8_t* ws = w.bq + static_cast<size_t>(all_tiles * C) * 32 * record_bytes(bits);
+    if (smem > 48 * 1024)  // per call: the attribute is per device
+        QUERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int64_t splits = pick_splits(bx, C, active);
     const int64_t cps = (C + splits - 1) / splits;
     splits = (C + cps - 1) / cps;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(bx), static_cast<unsigned>(splits));
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
     cfg.stream = stream;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
@@ -567,22 +799,97 @@ void launch_bq(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    QUERN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, bq_gemm_kernel<BITS, NT, MW>, wq, ws, C, tile0, tiles, rows, x, w.K, n, y,
-                                        ldy, static_cast<int>(cps)));
+    QUERN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, wq, ws, C, tile0, tiles, rows, x, w.K, n, y, ldy,
+                                        static_cast<int>(cps)));
+}
+
+template <int BITS, int NT, int MW>
+void launch_bq(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
+               int64_t ldy, cudaStream_t stream) {
+    constexpr int smem = BqShape<BITS, NT, MW>::kSmem;
+    static_assert(smem >= MW * NT * 4 * kThreads * 4, "the partial sums reuse the ring");
+    static const auto active = active_clusters(bq_gemm_kernel<BITS, NT, MW>, smem);
+    launch_split(bq_gemm_kernel<BITS, NT, MW>, smem, active, (tiles + kWarps * MW - 1) / (kWarps * MW), w, BITS, tile0,
+                 tiles, rows, x, n, y, ldy, stream);
+}
+
+template <int BITS, int NT, int MW, int PD>
+void launch_wg(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
+               int64_t ldy, cudaStream_t stream) {
+    constexpr int smem = wg_smem_bytes(NT, MW);
+    static const auto active = active_clusters(bq_wgmma_kernel<BITS, NT, MW, PD>, smem);
+    launch_split(bq_wgmma_kernel<BITS, NT, MW, PD>, smem, active, (tiles + kWarps * MW - 1) / (kWarps * MW), w, BITS,
+                 tile0, tiles, rows, x, n, y, ldy, stream);
+}
+
+// Whether the current device runs the sm_90a code: the library was built with
+// it (QUERN_CUDA_SM90A, from QUERN_CUDA_ARCHS) and the device has compute
+// capability 9.0. Read once per process (one kind of GPU per process).
+bool device_has_wgmma() {
+#ifndef QUERN_CUDA_SM90A
+    return false;
+#else
+    static const bool has = [] {
+        int dev = 0, major = 0, minor = 0;
+        const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+        (void)cudaGetLastError();
+        return ok && major == 9 && minor == 0;
+    }();
+    return has;
+#endif
+}
+
+// The form bq_gemm uses for 17-64 rows (bq_gemm_set_form); -1 until decided.
+std::atomic<int> g_form{-1};
+
+int form_now() {
+    int f = g_form.load(std::memory_order_relaxed);
+    if (f >= 0) return f;
+    f = 1;
+    if (const char* e = std::getenv("QUERN_CUDA_BQ_WGMMA"); e && *e) f = std::clamp(std::atoi(e), 0, kBqLastForm);
+    if (!device_has_wgmma()) f = 0;
+    int unset = -1;  // a concurrent bq_gemm_set_form wins
+    return g_form.compare_exchange_strong(unset, f, std::memory_order_relaxed) ? f : unset;
 }
 
 template <int BITS>
 void launch_bq_n(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
                  int64_t ldy, cudaStream_t stream) {
-    if (n <= 8) launch_bq<BITS, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-    else if (n <= 16) launch_bq<BITS, 2, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-    // 17-32 rows: one tile per warp (three blocks per SM) except on the
-    // output head, where two per warp are faster (H200: 4096 x 4096 Q4_K
+    if (n <= 8) return launch_bq<BITS, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    if (n <= 16) return launch_bq<BITS, 2, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    const bool head = tiles * kTile >= 65536;
+    int form = form_now();
+    if (form == 1) {
+        // The fastest per shape on an H200 (bench/batched-cuda-h200.md,
+        // Llama-3-8B's matrices): the output head stays on mma.sync; at
+        // 17-32 rows two 64-row groups per warpgroup for the 8k-64k-row
+        // matrices (gate, up) and four chunks of weights in flight for the
+        // rest; at 33-64 rows wgmma only where K is short.
+        if (head) form = 0;
+        else if (n <= 32) form = tiles * kTile >= 8192 ? 4 : 3;
+        else form = w.K > 4096 ? 0 : 2;
+    }
+    switch (form) {
+        case 2:
+            if (n <= 32) return launch_wg<BITS, 4, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+            return launch_wg<BITS, 8, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+        case 3:
+            if (n <= 32) return launch_wg<BITS, 4, 1, 4>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+            return launch_wg<BITS, 8, 1, 4>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+        case 4:
+            if (n <= 32) return launch_wg<BITS, 4, 2, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+            return launch_wg<BITS, 8, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+        default: break;
+    }
+    // mma.sync, 17-32 rows: one tile per warp (three blocks per SM) except on
+    // the output head, where two per warp are faster (H200: 4096 x 4096 Q4_K
     // 17.0 -> 14.3 us, 4096 x 14336 39.5 -> 33.4, 128256 x 4096 Q6_K 188 ->
     // 197; bench/batched-cuda-h200.md).
-    else if (n <= 32 && tiles * kTile < 65536) launch_bq<BITS, 4, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-    else if (n <= 32) launch_bq<BITS, 4, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-    else launch_bq<BITS, 8, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    if (n <= 32 && !head) return launch_bq<BITS, 4, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    if (n <= 32) return launch_bq<BITS, 4, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    launch_bq<BITS, 8, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
 }
 
 template <int BITS, int NT>
@@ -683,6 +990,12 @@ void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* 
     else launch_bq_n<8>(w, tile0, tiles, rows, xb, nn, y, ldy, stream);
     QUERN_CUDA_CHECK_LAUNCH();
 }
+
+void bq_gemm_set_form(int form) {
+    g_form.store(device_has_wgmma() ? std::clamp(form, 0, kBqLastForm) : 0, std::memory_order_relaxed);
+}
+
+int bq_gemm_form() { return form_now(); }
 
 void bq_gemm_grouped(const DeviceWeight& w, int64_t rows, const int32_t* off, int64_t n_expert, int64_t max_rows,
                      const uint16_t* xb, float* y, int64_t ldy, cudaStream_t stream) {

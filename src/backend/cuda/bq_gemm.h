@@ -36,11 +36,21 @@
 // by the tensor cores: within a few BF16 roundings of each weight, like the
 // BF16 copy path (tests/cuda/prefill_cuda_test.cu bounds the error).
 //
-// Speed (H200, bench/batched-cuda-h200.md): 1.2-1.7 TB/s of its bytes on
-// Llama-3-8B's shapes, ahead of the BF16 copies + cuBLASLt up to 16 rows
-// (32 to 64 on the output head), where the batch runner uses it
-// (PrefillGemm::uses_bq); the expert banks' grouped form is the fastest MoE
-// prefill of the types it takes (bench/models-cuda-h200.md).
+// Kernels: mma.sync.m16n8k16 with the records and activation rows staged in
+// shared memory (cp.async), for every row count; and for 17-64 rows on
+// sm_90a wgmma.m64n{32,64}k16 with the decoded fragments as the A operand from
+// registers and only the activations in shared memory (bq_gemm_set_form).
+// K is split over a thread block cluster of up to 8 blocks, as many as make
+// the fewest waves of resident clusters × chunks per block.
+//
+// Speed (H200, bench/batched-cuda-h200.md, Llama-3-8B's shapes): 0.9-2.1 TB/s
+// of its bytes at 1-16 rows on the 4k-28k-row matrices, 3.8-4.2 TB/s on the
+// output head; at 32 rows 13.3 us (4096 x 4096 Q4_K), 27.4 (14336 x 4096), 28.6
+// (4096 x 14336) against 16.8, 33.2, 34.1 for the BF16 copies with cuBLASLt,
+// which win again at 48-64 rows. The batch runner uses it up to 32 rows (16
+// without sm_90a, 64 on the output head: PrefillGemm::uses_bq); the expert
+// banks' grouped form is the fastest MoE prefill of the types it takes
+// (bench/models-cuda-h200.md).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -77,6 +87,26 @@ void make_resident_bq(DeviceWeight& w, cudaStream_t stream);
 /// row0 + rows <= w.N, ldy >= rows.
 void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
              cudaStream_t stream);
+
+/// The last form of bq_gemm for 17 to 64 activation rows (forms 0 ..
+/// kBqLastForm: bq_gemm_set_form).
+inline constexpr int kBqLastForm = 4;
+
+/// Which kernel bq_gemm runs for 17 to 64 activation rows:
+///   0  mma.sync kernels (weights and activations staged through shared
+///      memory; the only form off sm_90a);
+///   1  per shape, the fastest measured on an H200 (the default on compute
+///      capability 9.0 devices): the output head (>= 64k rows) on mma.sync,
+///      the rest mostly on the wgmma kernel (the decoded weights as the A
+///      operand straight from registers);
+///   2, 3, 4  the wgmma kernel only: two or four chunks of weights in flight
+///      per warp, or two 64-row groups per warpgroup (17-32 rows).
+/// QUERN_CUDA_BQ_WGMMA=N in the environment sets it at the first product;
+/// the setter (for tests and benchmarks) clamps to 0 .. kBqLastForm;
+/// devices without sm_90a code (or a build without it) always get 0.
+void bq_gemm_set_form(int form);
+/// The form in use (decided at the first call when never set).
+int bq_gemm_form();
 
 /// The products of a mixture-of-experts bank in one launch (tokens grouped
 /// by expert, as the prefill's MoE path groups them): for every expert e <

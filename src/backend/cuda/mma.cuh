@@ -1,6 +1,7 @@
-// Warp-level tensor-core and asynchronous-copy primitives (PTX ISA 8.x:
-// mma.sync.m16n8k16, cp.async), shared by the GEMM kernels that stage their
-// operands in shared memory themselves (bq_gemm.cu, grouped_gemm.cu).
+// Tensor-core and asynchronous-copy primitives (PTX ISA 8.x:
+// mma.sync.m16n8k16, wgmma.mma_async, cp.async), shared by the GEMM kernels that stage their
+// operands in shared memory themselves (bq_gemm.cu, grouped_gemm.cu,
+// ops_prefill.cu's paged attention).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -36,6 +37,120 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+
+/// Copies 4 bytes from global to shared memory asynchronously (cp.async.ca:
+/// kept in L1, for data that nearby copies read again); `valid` false writes
+/// 4 zero bytes and reads nothing. Both addresses 4-byte aligned.
+__device__ __forceinline__ void cp_async4(uint32_t smem, const void* gmem, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem), "r"(n));
+}
+
+// ------------------------------------------------------------------ wgmma
+// Warpgroup matrix multiply-accumulate (PTX ISA 8.0+, sm_90a only:
+// QUERN_WGMMA is defined in the device passes that have it). A warpgroup is
+// 4 consecutive warps starting at a warp index divisible by 4; every
+// instruction below is issued by all 128 of its threads together.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QUERN_WGMMA 1
+#endif
+
+/// Orders this thread's earlier register writes (A fragments, accumulators)
+/// before the wgmma operations that follow (wgmma.fence).
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef QUERN_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();  // no wgmma in this device pass: callers guard with QUERN_WGMMA
+#endif
+}
+/// Closes the group of wgmma operations issued so far (wgmma.commit_group).
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef QUERN_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+/// Waits until at most N committed wgmma groups are pending; before that
+/// their A registers and accumulators must not be touched.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef QUERN_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+/// Makes this thread's generic-proxy writes to shared memory (stores,
+/// cp.async) visible to the async proxy that wgmma reads through; a barrier
+/// after it publishes them to the other threads.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#ifdef QUERN_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/// Pins the four registers of an A fragment: the instructions computing
+/// them stay before the wgmma_fence that follows (else they may be
+/// scheduled between the wgmma operations, which ptxas then separates).
+__device__ __forceinline__ void fence_operand(uint32_t (&a)[4]) {
+    asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3])::"memory");
+}
+
+/// Shared-memory matrix descriptor of wgmma (PTX ISA: "Matrix Descriptor
+/// Format"), no swizzling: `addr` the shared-space byte address of the first
+/// 8 × 16-byte core matrix; lbo the bytes between core matrices adjacent in
+/// K, sbo between those adjacent in M/N (all multiples of 16).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 |
+           static_cast<uint64_t>(sbo >> 4) << 32;
+}
+
+/// d += A·B for one wgmma.m64nNk16 (N = 8·NT, NT = 4 or 8), BF16 inputs, fp32
+/// accumulators, A from registers, B (N × 16, K-major) from shared memory by
+/// descriptor. Warp w of the warpgroup holds rows 16w .. 16w+15 of A and D in
+/// exactly mma_bf16's fragment layout: a as there, d[t][0..3] = the m16n8
+/// fragment of tokens 8t .. 8t+7 (d[t][0..1] = D[g][8t+2c, +1], d[t][2..3] =
+/// D[g+8][8t+2c, +1]).
+template <int NT>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc);
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<4>(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc) {
+#ifdef QUERN_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+          "+f"(d[3][2]), "+f"(d[3][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<8>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+#ifdef QUERN_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+        "%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+          "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+          "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
 }
 
 }  // namespace quern::cuda::mma

@@ -502,7 +502,15 @@ bool PrefillGemm::run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_ro
 
 bool PrefillGemm::uses_bq(const DeviceWeight& w, int64_t n) {
     if (!w.bq || n > kBqMaxRows) return false;
-    return !w.bf16 || w.N >= 65536 || n <= 16;
+    // Up to how many rows bq_gemm beats the BF16 copy + cuBLASLt on an H200
+    // (bench/batched-cuda-h200.md): 16 with its mma.sync kernels, 32 with the
+    // wgmma ones; QUERN_CUDA_BQ_ROWS=N sets it (for measurements).
+    static const int64_t limit = [] {
+        if (const char* e = std::getenv("QUERN_CUDA_BQ_ROWS"); e && *e) return static_cast<int64_t>(std::atoi(e));
+        return int64_t{-1};
+    }();
+    const int64_t rows = limit >= 0 ? limit : bq_gemm_form() > 0 ? 32 : 16;
+    return !w.bf16 || w.N >= 65536 || n <= rows;
 }
 
 void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,

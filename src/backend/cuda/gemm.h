@@ -113,8 +113,9 @@ public:
     /// Whether run_bf16 multiplies n rows by w with bq_gemm: w has a bq
     /// layout, n <= kBqMaxRows, and — when w also has a resident BF16 copy —
     /// n is at most where bq_gemm is faster than the copy with cuBLASLt on an
-    /// H200 (16 rows; all kBqMaxRows for matrices of 64k rows or more, the
-    /// output head; bench/batched-cuda-h200.md).
+    /// H200 (32 rows with its wgmma form, 16 without; all kBqMaxRows for
+    /// matrices of 64k rows or more, the output head;
+    /// bench/batched-cuda-h200.md). QUERN_CUDA_BQ_ROWS=N sets the row limit.
     static bool uses_bq(const DeviceWeight& w, int64_t n);
 
     /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank

@@ -1169,12 +1169,18 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
         uint16_t* xb = gemm_->act_bf16();
         rms_norm_bf16(X, il > 0 ? HRES : nullptr, L.attn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");
-        // The fused copy unless the pieces go through bq_gemm at this size.
-        const auto fused = [&](const DeviceWeight& f, const std::vector<Piece>& ps) {
-            return f.bf16 && !std::any_of(ps.begin(), ps.end(),
-                                          [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); });
+        // The fused copy unless the pieces go through bq_gemm at this size;
+        // for Q|K|V past 16 rows also when a piece is under 8k rows (one GEMM
+        // on the 6k-row copy beats three bq products there; H200: ~17 against
+        // ~30 us for Llama-3-8B at 32 rows).
+        const auto fused = [&](const DeviceWeight& f, const std::vector<Piece>& ps, bool qkv) {
+            if (!f.bf16) return false;
+            const auto bq = [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); };
+            const auto small = [](const Piece& p) { return p.w.N < 8192; };
+            return !std::any_of(ps.begin(), ps.end(), bq) ||
+                   (qkv && n > 16 && std::any_of(ps.begin(), ps.end(), small));
         };
-        if (fused(L.qkv_bf16, L.qkv)) gemm_->run_bf16(L.qkv_bf16, xb, n, QKV, LQ, s);
+        if (fused(L.qkv_bf16, L.qkv, true)) gemm_->run_bf16(L.qkv_bf16, xb, n, QKV, LQ, s);
         else for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
         AttentionExtras ex = attention_extras(L);
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
@@ -1212,7 +1218,7 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
         if (L.moe) {
             prefill_moe(L, xb, n, H);
         } else {
-            if (fused(L.gate_up_bf16, L.gate_up)) gemm_->run_bf16(L.gate_up_bf16, xb, n, GU, 2 * FF, s);
+            if (fused(L.gate_up_bf16, L.gate_up, false)) gemm_->run_bf16(L.gate_up_bf16, xb, n, GU, 2 * FF, s);
             else for (const Piece& p : L.gate_up) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
             glu_rows_bf16(GU, 2 * FF, n, FF, xb, c.gelu_ffn, s);
             mark("glu");
@@ -1432,7 +1438,7 @@ void LlamaCudaSession::prepare_batches() {
     // stacked in output order: one GEMM per group instead of one per piece
     // (at 32 rows the three products of 4096, 1024 and 1024 rows cost ~2.4×
     // one of 6144). Passes the pieces' bq layouts take multiply piece by
-    // piece.
+    // piece, except Q|K|V past 16 rows (layer_rows).
     const auto fuse = [&](std::vector<Piece>& ps, DeviceWeight& fused) {
         if (!full || ps.size() < 2) return;
         int64_t rows = 0;

@@ -717,6 +717,28 @@ __global__ void __launch_bounds__(kThreads) bq_grouped_kernel(const uint8_t* __r
             }
 }
 
+// The launch of a bq product kernel: blocks of kThreads threads with smem
+// bytes of dynamic shared memory on `grid`, in clusters of 1 × cluster_y
+// blocks (the K splits of a row group). Not copyable: cfg points at attr.
+struct ClusterLaunch {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1] = {};
+    ClusterLaunch(dim3 grid, unsigned cluster_y, int smem, cudaStream_t stream) {
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+        cfg.stream = stream;
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 1;
+        attr[0].val.clusterDim.y = cluster_y;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    ClusterLaunch(const ClusterLaunch&) = delete;
+    ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // How many thread block clusters of s blocks (s = 1 .. kMaxSplits; index s)
 // of `kernel` (kThreads threads, smem bytes) the device runs at once: the
 // residency of a cluster is bounded by one GPC's SMs, so this is at most,
@@ -732,19 +754,9 @@ std::array<int, kMaxSplits + 1> active_clusters(Kernel kernel, int smem) {
             a[static_cast<size_t>(s)] = std::max(1, std::atoi(e) * CudaContext::current_sm_count() / s);
             continue;
         }
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1, static_cast<unsigned>(s));
-        cfg.blockDim = dim3(kThreads);
-        cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 1;
-        at[0].val.clusterDim.y = static_cast<unsigned>(s);
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        const ClusterLaunch l(dim3(1, static_cast<unsigned>(s)), static_cast<unsigned>(s), smem, nullptr);
         int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        if (cudaOccupancyMaxActiveClusters(&n, kernel, &l.cfg) != cudaSuccess) {
             (void)cudaGetLastError();  // then as if every SM held whole clusters
             int per_sm = 0;
             QUERN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
@@ -787,19 +799,9 @@ void launch_split(Kernel kernel, int smem, const std::array<int, kMaxSplits + 1>
     int64_t splits = pick_splits(bx, C, active);
     const int64_t cps = (C + splits - 1) / splits;
     splits = (C + cps - 1) / cps;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(bx), static_cast<unsigned>(splits));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-    cfg.stream = stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1;
-    at[0].val.clusterDim.y = static_cast<unsigned>(splits);
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    QUERN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, wq, ws, C, tile0, tiles, rows, x, w.K, n, y, ldy,
+    const ClusterLaunch l(dim3(static_cast<unsigned>(bx), static_cast<unsigned>(splits)),
+                          static_cast<unsigned>(splits), smem, stream);
+    QUERN_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, wq, ws, C, tile0, tiles, rows, x, w.K, n, y, ldy,
                                         static_cast<int>(cps)));
 }
 

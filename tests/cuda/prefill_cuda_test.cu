@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -229,6 +230,15 @@ TEST(CudaPrefill, GemmMatchesDoubleReference) {
 TEST(CudaPrefill, BqGemmMatchesReferenceAndCublas) {
     REQUIRE_GPU();
     cuda::CudaContext ctx;
+    {
+        // Where the wgmma forms exist, the default is the per-shape choice.
+        const int f0 = cuda::bq_gemm_form();
+        cuda::bq_gemm_set_form(2);
+        const bool wgmma = cuda::bq_gemm_form() == 2;
+        cuda::bq_gemm_set_form(f0);
+        if (wgmma && !std::getenv("QUERN_CUDA_BQ_WGMMA")) EXPECT_EQ(f0, 1) << "default bq_gemm form";
+        std::printf("bq_gemm: default form %d, wgmma forms %s\n", f0, wgmma ? "available" : "not built or no sm_90a");
+    }
     std::mt19937 rng(211);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_0, DType::Q5_1, DType::Q5_K, DType::Q6_K}) {
@@ -324,6 +334,119 @@ TEST(CudaPrefill, BqGemmMatchesReferenceAndCublas) {
     EXPECT_THROW(cuda::bq_gemm(wq, 0, 64, dx.as<uint16_t>(), 65, dy.as<float>(), 64, ctx.stream()), std::runtime_error);
     EXPECT_THROW(cuda::bq_gemm(wq, 8, 56, dx.as<uint16_t>(), 1, dy.as<float>(), 64, ctx.stream()), std::runtime_error);
     EXPECT_THROW(cuda::bq_gemm(wq, 16, 56, dx.as<uint16_t>(), 1, dy.as<float>(), 64, ctx.stream()), std::runtime_error);
+}
+
+// bq_gemm_glu (gate and up products and the gated unit in one launch)
+// against the double reference act(Σ x·G)·(Σ x·U) on fresh random data:
+// one fused [gate | up] weight and two separate ones, SiLU and GELU, 1-32
+// rows, every form, K with and without splits; the error bound is the bq
+// test's per product carried through the activation (|act'| <= 1.2) plus
+// the BF16 rounding of h. Padding columns of h stay poisoned.
+TEST(CudaPrefill, BqGemmGluMatchesReference) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(307);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    struct FormGuard {
+        int f = cuda::bq_gemm_form();
+        ~FormGuard() { cuda::bq_gemm_set_form(f); }
+    } guard;
+    const auto act = [](double g, bool gelu) {
+        return gelu ? 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+                    : g / (1.0 + std::exp(-g));
+    };
+    for (DType t : {DType::Q4_K, DType::Q4_0, DType::Q6_K, DType::Q5_K}) {
+        for (const int64_t K : {int64_t{256}, int64_t{768}}) {
+            const int64_t F = 144;  // 9 tiles: a partial block of pair tiles
+            for (const bool fused : {true, false}) {
+                HostMatrix mg = random_matrix(t, fused ? 2 * F : F, K, rng);
+                HostMatrix mu = fused ? mg : random_matrix(t, F, K, rng);
+                cuda::DeviceWeight wg = upload(ctx, mg);
+                cuda::DeviceWeight wu = fused ? cuda::DeviceWeight() : upload(ctx, mu);
+                cuda::make_resident_bq(wg, ctx.stream());
+                if (!fused) cuda::make_resident_bq(wu, ctx.stream());
+                const cuda::DeviceWeight& up = fused ? wg : wu;
+                const int64_t up0 = fused ? F : 0;
+                const auto w_at = [&](const HostMatrix& m, int64_t j, int64_t k) {
+                    return static_cast<double>(m.deq[static_cast<size_t>(j * K + k)]);
+                };
+                // The largest |w| of each weight's 32-element group (the bq test's bound).
+                const auto group_max = [&](const HostMatrix& m) {
+                    std::vector<double> gm(m.deq.size());
+                    for (size_t i0 = 0; i0 < gm.size(); i0 += 32) {
+                        float mx = 0;
+                        for (size_t i = i0; i < i0 + 32; ++i) mx = std::max(mx, std::fabs(m.deq[i]));
+                        std::fill(gm.begin() + static_cast<std::ptrdiff_t>(i0), gm.begin() + static_cast<std::ptrdiff_t>(i0 + 32), mx);
+                    }
+                    return gm;
+                };
+                const std::vector<double> gmg = group_max(mg), gmu = group_max(mu);
+                cuda::PrefillGemm gemm(32, K, int64_t{64} << 20);
+                for (int form : {0, 1, 4})
+                    for (int64_t n : {1, 8, 9, 16, 17, 32})
+                        for (const bool gelu : {false, true}) {
+                            cuda::bq_gemm_set_form(form);
+                            if (cuda::bq_gemm_form() != form) continue;  // no wgmma on this device
+                            if (form > 0 && n <= 16) continue;
+                            ASSERT_TRUE(cuda::bq_glu_supported(wg, up, n));
+                            const int64_t ldh = F + 5;
+                            std::vector<float> x(static_cast<size_t>(n * K));
+                            for (auto& v : x) v = nd(rng);
+                            cuda::DeviceBuffer dx = on_device(x, ctx), dh(static_cast<size_t>(n * ldh) * 2);
+                            const uint16_t* xb = gemm.to_bf16(dx.as<float>(), K, n, K, ctx.stream());
+                            dh.fill_bytes(0xFF, ctx.stream());
+                            cuda::bq_gemm_glu(wg, 0, up, up0, F, xb, n, dh.as<uint16_t>(), ldh, gelu, ctx.stream());
+                            std::vector<uint16_t> h(static_cast<size_t>(n * ldh));
+                            dh.download(h.data(), h.size() * 2, ctx.stream());
+                            int bad = 0;
+                            for (int64_t r = 0; r < n; ++r) {
+                                for (int64_t j = 0; j < F; ++j) {
+                                    double g = 0, u = 0, mg2 = 0, mu2 = 0;
+                                    for (int64_t k = 0; k < K; ++k) {
+                                        const double xv = bf16_to_float(fp32_to_bf16(x[static_cast<size_t>(r * K + k)]));
+                                        g += xv * w_at(mg, j, k);
+                                        u += xv * w_at(mu, up0 + j, k);
+                                        const double eg = xv * gmg[static_cast<size_t>(j * K + k)];
+                                        const double eu = xv * gmu[static_cast<size_t>((up0 + j) * K + k)];
+                                        mg2 += eg * eg;
+                                        mu2 += eu * eu;
+                                    }
+                                    const double ref = act(g, gelu) * u;
+                                    const double tg = std::ldexp(1.0, -5) * std::sqrt(mg2) + 1e-5;
+                                    const double tu = std::ldexp(1.0, -5) * std::sqrt(mu2) + 1e-5;
+                                    const double tol = 1.2 * (std::fabs(u) + tu) * tg + (std::fabs(act(g, gelu)) + 1.2 * tg) * tu +
+                                                       std::ldexp(std::fabs(ref), -8) + 1e-5;
+                                    const float got = bf16_to_float(h[static_cast<size_t>(r * ldh + j)]);
+                                    if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
+                                        ADD_FAILURE() << dtype_name(t) << " K " << K << (fused ? " fused" : " pair") << " form "
+                                                      << form << " n " << n << (gelu ? " gelu" : " silu") << " at " << r << ","
+                                                      << j << ": " << got << " vs " << ref << " (tol " << tol << ")";
+                                }
+                                for (int64_t j = F; j < ldh; ++j)
+                                    if (h[static_cast<size_t>(r * ldh + j)] != 0xFFFFu && bad++ < 5)
+                                        ADD_FAILURE() << "padding written at row " << r;
+                            }
+                            EXPECT_EQ(bad, 0) << dtype_name(t) << " K " << K << " form " << form << " n " << n;
+                        }
+            }
+        }
+    }
+    // Refusals: layouts of different widths, too many rows, misaligned rows.
+    HostMatrix a = random_matrix(DType::Q4_K, 64, 256, rng), b = random_matrix(DType::Q6_K, 64, 256, rng);
+    cuda::DeviceWeight wa = upload(ctx, a), wb = upload(ctx, b);
+    cuda::make_resident_bq(wa, ctx.stream());
+    cuda::make_resident_bq(wb, ctx.stream());
+    cuda::DeviceBuffer dx(static_cast<size_t>(33 * 256) * 2), dh(static_cast<size_t>(33 * 64) * 2);
+    EXPECT_FALSE(cuda::bq_glu_supported(wa, wb, 8));
+    EXPECT_FALSE(cuda::bq_glu_supported(wa, wa, 33));
+    EXPECT_THROW(cuda::bq_gemm_glu(wa, 0, wb, 0, 64, dx.as<uint16_t>(), 8, dh.as<uint16_t>(), 64, false, ctx.stream()),
+                 std::runtime_error);
+    EXPECT_THROW(cuda::bq_gemm_glu(wa, 0, wa, 0, 64, dx.as<uint16_t>(), 33, dh.as<uint16_t>(), 64, false, ctx.stream()),
+                 std::runtime_error);
+    EXPECT_THROW(cuda::bq_gemm_glu(wa, 0, wa, 8, 32, dx.as<uint16_t>(), 8, dh.as<uint16_t>(), 64, false, ctx.stream()),
+                 std::runtime_error);
+    EXPECT_THROW(cuda::bq_gemm_glu(wa, 0, wa, 16, 64, dx.as<uint16_t>(), 8, dh.as<uint16_t>(), 64, false, ctx.stream()),
+                 std::runtime_error);
 }
 
 // bq_gemm_grouped (one launch over all experts of a bank) equals bq_gemm
@@ -1255,6 +1378,127 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
                                   << c.window << " softcap " << c.softcap << name << (bf16 ? " bf16" : "");
             }
         }
+    }
+}
+
+// paged_rope_attention (RoPE, the KV write and the attention in one launch
+// for decode rows) leaves the caches bit for bit as paged_rope_kv_store and
+// gives paged_attention's output after it: one row per sequence, positions
+// at the edges of the 32-key tiles (the writing block's first tile holding
+// its own key or not), with and without key splits, BF16 or float output,
+// biases and q/k norms, partial and NeoX rotation, LongRoPE rows, a window,
+// soft-capping, and heads of 96 (the two-launch fallback).
+TEST(CudaPrefill, PagedRopeAttentionEqualsTheTwoLaunches) {
+    REQUIRE_GPU();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(907);
+    std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+    struct Case {
+        int hd, n_head, n_head_kv, rope_dim, window;
+        bool neox, extras, longrope;
+        float softcap;
+    };
+    const int bs = 16;
+    const std::vector<int32_t> pos = {0, 31, 32, 33, 63, 64, 100, 150};
+    const int n = static_cast<int>(pos.size()), per_seq = 10, n_blocks = n * per_seq + 4;
+    for (const Case& c : {Case{128, 32, 8, 128, 0, false, false, false, 0.0f}, Case{64, 9, 3, 32, 0, true, true, true, 0.0f},
+                          Case{32, 16, 1, 32, 20, false, false, false, 0.0f}, Case{64, 8, 2, 64, 0, true, false, false, 30.0f},
+                          Case{96, 32, 8, 96, 0, false, true, false, 0.0f}}) {
+        const int qd = c.n_head * c.hd, kvd = c.n_head_kv * c.hd;
+        const int64_t ld = qd + 2 * kvd + 8, ldo = qd + 4;
+        std::vector<float> qkv(static_cast<size_t>(n * ld));
+        for (auto& x : qkv) x = ud(rng) * 2.0f;
+        std::vector<int32_t> perm(n_blocks), toff(static_cast<size_t>(n)), flags(static_cast<size_t>(n));
+        for (int i = 0; i < n_blocks; ++i) perm[static_cast<size_t>(i)] = i;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int r = 0; r < n; ++r) toff[static_cast<size_t>(r)] = r * per_seq, flags[static_cast<size_t>(r)] = r % 3 == 1;
+        std::vector<uint16_t> kp(static_cast<size_t>(n_blocks * bs * kvd)), vp(kp.size());
+        for (auto& h : kp) h = fp32_to_fp16(ud(rng));
+        for (auto& h : vp) h = fp32_to_fp16(ud(rng));
+        std::vector<float> freq(static_cast<size_t>(c.rope_dim / 2)), flong(freq.size());
+        for (int i = 0; i < c.rope_dim / 2; ++i) {
+            freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / c.rope_dim);
+            flong[static_cast<size_t>(i)] = freq[static_cast<size_t>(i)] / (1.0f + 0.5f * i);
+        }
+        std::vector<float> qb(static_cast<size_t>(qd)), kb(static_cast<size_t>(kvd)), vb(kb.size()),
+            qn(static_cast<size_t>(c.hd)), kn(qn.size());
+        for (auto* v : {&qb, &kb, &vb}) for (auto& x : *v) x = ud(rng) * 0.3f;
+        for (auto* v : {&qn, &kn}) for (auto& x : *v) x = 1.0f + 0.5f * ud(rng);
+        cuda::DeviceBuffer dpos = on_device(pos, ctx), doff = on_device(toff, ctx), dtab = on_device(perm, ctx),
+                           dflag = on_device(flags, ctx), dfreq = on_device(freq, ctx), dfl = on_device(flong, ctx),
+                           dqb = on_device(qb, ctx), dkb = on_device(kb, ctx), dvb = on_device(vb, ctx),
+                           dqn = on_device(qn, ctx), dkn = on_device(kn, ctx);
+        cuda::AttentionExtras ex;
+        if (c.extras) {
+            ex.q_bias = dqb.as<float>(), ex.k_bias = dkb.as<float>(), ex.v_bias = dvb.as<float>();
+            ex.q_norm = dqn.as<float>(), ex.k_norm = dkn.as<float>();
+        }
+        const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+        cuda::DeviceBuffer dws(static_cast<size_t>(n * c.n_head * 8 * (c.hd + 2)) * 4);
+        for (const bool split : {false, true})
+            for (const bool bf16 : {false, true}) {
+                struct Out {
+                    std::vector<float> y;
+                    std::vector<uint16_t> yb, k, v;
+                };
+                const auto run = [&](bool fold) {
+                    cuda::DeviceBuffer dq = on_device(qkv, ctx), dk = on_device(kp, ctx), dv = on_device(vp, ctx),
+                                       dy(static_cast<size_t>(n * ldo) * 4), dyb(static_cast<size_t>(n * qd) * 2);
+                    dy.fill_bytes(0xFF, ctx.stream());
+                    dyb.fill_bytes(0xFF, ctx.stream());
+                    cuda::PagedRows pr;
+                    pr.pos = dpos.as<int32_t>();
+                    pr.table_off = doff.as<int32_t>();
+                    pr.tables = dtab.as<int32_t>();
+                    pr.block_size = bs;
+                    pr.one_row_per_seq = true;
+                    if (split) {
+                        pr.split_ws = dws.as<float>();
+                        pr.split_ws_floats = static_cast<int64_t>(n) * c.n_head * 8 * (c.hd + 2);
+                        pr.max_keys = 151;
+                    }
+                    if (bf16) pr.out_bf16 = dyb.as<uint16_t>();
+                    if (c.longrope) pr.rope_long = dflag.as<int32_t>(), pr.inv_freq_long = dfl.as<float>();
+                    if (fold) {
+                        cuda::paged_rope_attention(dq.as<float>(), ld, dk.data(), dv.data(), cuda::KvType::F16, n, pr,
+                                                   c.n_head, c.n_head_kv, c.hd, scale, c.window, c.softcap,
+                                                   dfreq.as<float>(), c.rope_dim, c.neox, ex, dy.as<float>(), ldo,
+                                                   ctx.stream());
+                    } else {
+                        cuda::paged_rope_kv_store(dq.as<float>(), ld, n, pr, dk.data(), dv.data(), cuda::KvType::F16,
+                                                  c.n_head, c.n_head_kv, c.hd, dfreq.as<float>(), c.rope_dim, c.neox, ex,
+                                                  ctx.stream());
+                        cuda::paged_attention(dq.as<float>(), ld, dk.data(), dv.data(), cuda::KvType::F16, n, pr, c.n_head,
+                                              c.n_head_kv, c.hd, scale, c.window, c.softcap, dy.as<float>(), ldo,
+                                              ctx.stream());
+                    }
+                    Out o{std::vector<float>(static_cast<size_t>(n * ldo)), std::vector<uint16_t>(static_cast<size_t>(n * qd)),
+                          std::vector<uint16_t>(kp.size()), std::vector<uint16_t>(vp.size())};
+                    dy.download(o.y.data(), o.y.size() * 4, ctx.stream());
+                    dyb.download(o.yb.data(), o.yb.size() * 2, ctx.stream());
+                    dk.download(o.k.data(), o.k.size() * 2, ctx.stream());
+                    dv.download(o.v.data(), o.v.size() * 2, ctx.stream());
+                    return o;
+                };
+                const Out a = run(false), b = run(true);
+                const std::string what = "hd " + std::to_string(c.hd) + (split ? " split" : "") + (bf16 ? " bf16" : "");
+                EXPECT_TRUE(a.k == b.k) << what << ": key cache differs";
+                EXPECT_TRUE(a.v == b.v) << what << ": value cache differs";
+                EXPECT_NE(a.k, kp) << what << ": no key written";
+                int bad = 0;
+                for (int r = 0; r < n; ++r)
+                    for (int i = 0; i < qd; ++i) {
+                        if (bf16) {
+                            if (a.yb[static_cast<size_t>(r * qd + i)] != b.yb[static_cast<size_t>(r * qd + i)] && bad++ < 5)
+                                ADD_FAILURE() << what << " row " << r << " [" << i << "]";
+                        } else {
+                            const float x = a.y[static_cast<size_t>(r * ldo + i)], y = b.y[static_cast<size_t>(r * ldo + i)];
+                            if (!(std::fabs(x - y) <= 1e-6f) && bad++ < 5)
+                                ADD_FAILURE() << what << " row " << r << " [" << i << "] " << y << " vs " << x;
+                        }
+                    }
+                EXPECT_EQ(bad, 0) << what;
+            }
     }
 }
 

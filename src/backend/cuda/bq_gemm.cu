@@ -18,6 +18,7 @@
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/ops_common.cuh"
 
 namespace quern::cuda {
 namespace {
@@ -281,6 +282,18 @@ constexpr int kMaxSplits = 8;  // K splits of a row group: one thread block clus
 constexpr int kWarps = 8;  // per block
 constexpr int kThreads = 32 * kWarps;
 
+// The second matrix and the output of a GLU product (bq_gemm_glu, the
+// kernels' PAIR form): each warp's tile slot 1 multiplies the up rows at
+// wq2 / ws2 (the layout's records from the first tile of the product) while
+// slot 0 multiplies the gate rows, and the gated values go to h in BF16.
+// Plain products pass it empty.
+struct BqGlu {
+    const uint8_t* wq2 = nullptr;
+    const uint8_t* ws2 = nullptr;
+    uint16_t* h = nullptr;
+    int gelu = 0;
+};
+
 template <int BITS, int NT, int MW>
 struct BqShape {
     static constexpr int kTileBytes = 32 * record_bytes(BITS) + scale_bytes(BITS);  // one (tile, chunk)
@@ -291,12 +304,15 @@ struct BqShape {
 };
 
 // The block's share of a product: its btiles tiles from global tile
-// tile_base (warp w: tiles w·MW .. w·MW+MW−1 of those) times n <= 8·NT
+// tile_base (warp w: tiles w·MW .. w·MW+MW−1 of those; PAIR, MW = 2: warp w
+// takes pair tile w, its gate tile from wq/ws and its up tile from
+// wq2/ws2, and btiles counts pair tiles) times n <= 8·NT
 // activation rows at x (row stride K) over chunks cb .. cb+nch−1, into acc
 // (fragment order). The cp.async ring of kStages stages lives in smem;
 // returns with every copy done.
-template <int BITS, int NT, int MW>
+template <int BITS, int NT, int MW, bool PAIR>
 __device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
+                                                 const uint8_t* __restrict__ wq2, const uint8_t* __restrict__ ws2,
                                                  int64_t C, int64_t tile_base, int btiles,
                                                  const uint16_t* __restrict__ x, int64_t K, int n, int64_t cb,
                                                  int64_t nch, uint8_t* smem, float (&acc)[MW][NT][4]) {
@@ -327,12 +343,14 @@ __device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq,
         dst[p] = static_cast<uint32_t>(16 * q);  // tile records, then the activation rows at kTiles·kTileBytes
         if (q < Sh::kTiles * GT) {
             const int ti = q / GT, gi = q % GT;
-            const int64_t tc = (tile_base + (ti < btiles ? ti : 0)) * C + cb;
+            const int tt = PAIR ? ti / 2 : ti;  // PAIR: slot ti is pair tile ti/2 of the gate (even) or up (odd)
+            const bool second = PAIR && (ti & 1);
+            const int64_t tc = (tile_base + (tt < btiles ? tt : 0)) * C + cb;
             if (gi < RQ / 16) {
-                src[p] = wq + tc * RQ + 16 * gi;
+                src[p] = (second ? wq2 : wq) + tc * RQ + 16 * gi;
                 stride[p] = RQ;
             } else {
-                src[p] = ws + tc * scale_bytes(BITS) + 16 * (gi - RQ / 16);
+                src[p] = (second ? ws2 : ws) + tc * scale_bytes(BITS) + 16 * (gi - RQ / 16);
                 stride[p] = scale_bytes(BITS);
             }
         } else {
@@ -402,11 +420,15 @@ __device__ __forceinline__ void bq_block_product(const uint8_t* __restrict__ wq,
 // (gridDim.y > 1) — added over the cluster in split order first: each block
 // leaves its partial sums in its shared memory (fragment order), and block r
 // of the cluster adds fragment slots k ≡ r (mod S) over all S blocks through
-// distributed shared memory (the result does not depend on timing). smem:
-// at least MW·NT·4·kThreads floats, no longer read by the product.
-template <int MW, int NT, class TileOf>
+// distributed shared memory (the result does not depend on timing). PAIR
+// (MW = 2, slot 0 the gate and slot 1 the up product of one pair tile):
+// the two sums of an element are added by one block, and the gated value
+// glu_value(gate, up) goes to glu.h in BF16 (row stride ldy) instead of y.
+// smem: at least MW·NT·4·kThreads floats, no longer read by the product.
+template <int MW, int NT, bool PAIR, class TileOf>
 __device__ __forceinline__ void bq_finish(float (&acc)[MW][NT][4], TileOf tile_of, int64_t rows, int n,
-                                          float* __restrict__ y, int64_t ldy, uint8_t* smem) {
+                                          float* __restrict__ y, int64_t ldy, const BqGlu& glu, uint8_t* smem) {
+    static_assert(!PAIR || MW == 2, "a GLU product pairs two tile slots");
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
     // c0, c1: row g, tokens 2c, 2c+1 of the token tile; c2, c3: row g+8.
@@ -417,13 +439,23 @@ __device__ __forceinline__ void bq_finish(float (&acc)[MW][NT][4], TileOf tile_o
         const int r = 8 * nt + 2 * c + (i & 1);
         if (j < rows && r < n) y[static_cast<int64_t>(r) * ldy + j] = v;
     };
+    const auto store_glu = [&](int nt, int i, float gate, float up) {
+        const int64_t j = kTile * tile_of(0) + g + (i >= 2 ? 8 : 0);
+        const int r = 8 * nt + 2 * c + (i & 1);
+        if (j < rows && r < n) glu.h[static_cast<int64_t>(r) * ldy + j] = detail::bf16_bits(detail::glu_value(gate, up, glu.gelu));
+    };
     if (gridDim.y == 1) {
 #pragma unroll
-        for (int mt = 0; mt < MW; ++mt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
+            for (int i = 0; i < 4; ++i) {
+                if constexpr (PAIR) {
+                    store_glu(nt, i, acc[0][nt][i], acc[1][nt][i]);
+                } else {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) store(mt, nt, i, acc[mt][nt][i]);
+                    for (int mt = 0; mt < MW; ++mt) store(mt, nt, i, acc[mt][nt][i]);
+                }
+            }
         return;
     }
     namespace cg = cooperative_groups;
@@ -443,22 +475,32 @@ __device__ __forceinline__ void bq_finish(float (&acc)[MW][NT][4], TileOf tile_o
     const float* part[kMaxSplits];
 #pragma unroll
     for (int b = 0; b < kMaxSplits; ++b) part[b] = b < S ? cl.map_shared_rank(red, b) : red;
+    const auto sum = [&](int k) {
+        float t[kMaxSplits];
 #pragma unroll
-    for (int mt = 0; mt < MW; ++mt)
+        for (int b = 0; b < kMaxSplits; ++b) t[b] = b < S ? part[b][k * kThreads + tid] : 0.0f;
+        float v = t[0];
+#pragma unroll
+        for (int b = 1; b < kMaxSplits; ++b) v += t[b];
+        return v;
+    };
+    if constexpr (PAIR) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int k = (mt * NT + nt) * 4 + i;
-                if (k % S != rank) continue;
-                float t[kMaxSplits];
+            for (int i = 0; i < 4; ++i)
+                if ((nt * 4 + i) % S == rank) store_glu(nt, i, sum(nt * 4 + i), sum((NT + nt) * 4 + i));
+    } else {
 #pragma unroll
-                for (int b = 0; b < kMaxSplits; ++b) t[b] = b < S ? part[b][k * kThreads + tid] : 0.0f;
-                float v = t[0];
+        for (int mt = 0; mt < MW; ++mt)
 #pragma unroll
-                for (int b = 1; b < kMaxSplits; ++b) v += t[b];
-                store(mt, nt, i, v);
-            }
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int k = (mt * NT + nt) * 4 + i;
+                    if (k % S == rank) store(mt, nt, i, sum(k));
+                }
+    }
     cl.sync();  // the other blocks' shared memory stays until every read is done
 }
 
@@ -477,25 +519,29 @@ __device__ __forceinline__ void bq_finish(float (&acc)[MW][NT][4], TileOf tile_o
 //            integer-in-mantissa trick, HSUB2 + HFMA2 per pair), reads the B
 //            fragments from the staged rows and issues 4·NT mma.m16n8k16 per
 //            tile.
+//            PAIR (a GLU product, MW = 2): tiles are pair tiles, 8 per
+//            block; warp w's slot 0 is the gate and slot 1 the up tile of
+//            pair tile 8·b + w.
 //   Output:  bq_finish (splits > 1: one thread block cluster per row group).
 //   Bound:   memory at small n: 5.5 (B4) or 11 (B8) bits per weight read
 //            once; the activations once per block from L2.
-template <int BITS, int NT, int MW>
+template <int BITS, int NT, int MW, bool PAIR>
 __global__ void __launch_bounds__(kThreads, (MW == 1 && NT <= 4) || !(NT >= 4 || (BITS == 8 && MW == 2)) ? 3 : 2) bq_gemm_kernel(const uint8_t* __restrict__ wq, const uint8_t* __restrict__ ws,
                                                        int64_t C, int64_t tile0, int64_t tiles, int64_t rows,
                                                        const uint16_t* __restrict__ x, int64_t K, int n,
-                                                       float* __restrict__ y, int64_t ldy, int cps) {
+                                                       float* __restrict__ y, int64_t ldy, int cps, BqGlu glu) {
     extern __shared__ __align__(16) uint8_t smem[];
     using Sh = BqShape<BITS, NT, MW>;
+    constexpr int kBlockTiles = PAIR ? kWarps : Sh::kTiles;  // tiles (pair tiles) per block
     const int warp = static_cast<int>(threadIdx.x) >> 5;
-    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * Sh::kTiles;  // the block's first tile
-    const int btiles = static_cast<int>(tiles - bt0 < Sh::kTiles ? tiles - bt0 : Sh::kTiles);
-    const int64_t mt0 = bt0 + warp * MW;
+    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * kBlockTiles;  // the block's first tile
+    const int btiles = static_cast<int>(tiles - bt0 < kBlockTiles ? tiles - bt0 : kBlockTiles);
+    const int64_t mt0 = bt0 + warp * (PAIR ? 1 : MW);
     const int64_t cb = static_cast<int64_t>(blockIdx.y) * cps;
     const int64_t nch = (C < cb + cps ? C : cb + cps) - cb;
     float acc[MW][NT][4];
-    bq_block_product<BITS, NT, MW>(wq, ws, C, tile0 + bt0, btiles, x, K, n, cb, nch, smem, acc);
-    bq_finish<MW, NT>(acc, [&](int mt) { return mt0 + mt; }, rows, n, y, ldy, smem);
+    bq_block_product<BITS, NT, MW, PAIR>(wq, ws, glu.wq2, glu.ws2, C, tile0 + bt0, btiles, x, K, n, cb, nch, smem, acc);
+    bq_finish<MW, NT, PAIR>(acc, [&](int mt) { return PAIR ? mt0 : mt0 + mt; }, rows, n, y, ldy, glu, smem);
 }
 
 // ------------------------------------------------- the warpgroup form (wgmma)
@@ -546,14 +592,18 @@ __device__ __forceinline__ void load_rec_global(Rec<BITS>& r, const uint8_t* q, 
 //            4·MW wgmma as one commit group, which run while the next
 //            chunk's barrier, copies and loads are issued. One barrier per
 //            chunk.
+//            PAIR (a GLU product, MW = 2): 8 pair tiles per block,
+//            warpgroup G's group 0 the gate and group 1 the up rows of pair
+//            tiles 8·b + 4·G .. +3.
 //   Output:  bq_finish, the accumulators being the m16n8 fragments.
 //   Bound:   memory: the weights' bytes once, the activations from L2 once
 //            per block.
-template <int BITS, int NT, int MW, int PD>
+template <int BITS, int NT, int MW, int PD, bool PAIR>
 __global__ void __launch_bounds__(kThreads) bq_wgmma_kernel(const uint8_t* __restrict__ wq,
                                                         const uint8_t* __restrict__ ws, int64_t C, int64_t tile0,
                                                         int64_t tiles, int64_t rows, const uint16_t* __restrict__ x,
-                                                        int64_t K, int n, float* __restrict__ y, int64_t ldy, int cps) {
+                                                        int64_t K, int n, float* __restrict__ y, int64_t ldy, int cps,
+                                                        BqGlu glu) {
 #ifdef QUERN_WGMMA
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr int kTok = 8 * NT, STEP = wg_step_bytes(NT), STAGE = 4 * STEP, S = kWgStages;
@@ -561,8 +611,9 @@ __global__ void __launch_bounds__(kThreads) bq_wgmma_kernel(const uint8_t* __res
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wq4 = warp & 3;
     const int g = lane >> 2, c = lane & 3;
-    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * (kWarps * MW);
-    const auto tile_of = [&](int mt) { return bt0 + 4 * (wg * MW + mt) + wq4; };
+    static_assert(!PAIR || MW == 2, "a GLU product pairs two 64-row groups");
+    const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * (PAIR ? kWarps : kWarps * MW);
+    const auto tile_of = [&](int mt) { return PAIR ? bt0 + 4 * wg + wq4 : bt0 + 4 * (wg * MW + mt) + wq4; };
     const int64_t cb = static_cast<int64_t>(blockIdx.y) * cps;
     const int64_t nch = (C < cb + cps ? C : cb + cps) - cb;
     float acc[MW][NT][4];
@@ -579,8 +630,8 @@ __global__ void __launch_bounds__(kThreads) bq_wgmma_kernel(const uint8_t* __res
     for (int mt = 0; mt < MW; ++mt) {
         const int64_t t = tile_of(mt) < tiles ? tile_of(mt) : bt0;
         const int64_t tc = (tile0 + t) * C + cb;
-        rq[mt] = wq + tc * RB + lane * record_bytes(BITS);
-        rs[mt] = ws + tc * SB;
+        rq[mt] = (PAIR && mt == 1 ? glu.wq2 : wq) + tc * RB + lane * record_bytes(BITS);
+        rs[mt] = (PAIR && mt == 1 ? glu.ws2 : ws) + tc * SB;
     }
     // This thread's activation pieces: piece q = k·kThreads + tid is lane
     // (row r8 = q%8, lane range cc = q%32/8) of warp-slice w = q/32 = (step
@@ -667,7 +718,7 @@ __global__ void __launch_bounds__(kThreads) bq_wgmma_kernel(const uint8_t* __res
     }
     mma::wgmma_wait<0>();
     cp_async_wait<0>();
-    bq_finish<MW, NT>(acc, tile_of, rows, n, y, ldy, smem);
+    bq_finish<MW, NT, PAIR>(acc, tile_of, rows, n, y, ldy, glu, smem);
 #else
     __trap();  // launched only on devices that run the sm_90a code (device_has_wgmma)
 #endif
@@ -704,7 +755,8 @@ __global__ void __launch_bounds__(kThreads) bq_grouped_kernel(const uint8_t* __r
     const int64_t mt0 = bt0 + warp * MW;
     const int nmt = static_cast<int>(tiles_e - mt0 < 0 ? 0 : tiles_e - mt0 < MW ? tiles_e - mt0 : MW);
     float acc[MW][NT][4];
-    bq_block_product<BITS, NT, MW>(wq, ws, C, e * tiles_e + bt0, btiles, x + (o0 + t0) * K, K, n, 0, C, smem, acc);
+    bq_block_product<BITS, NT, MW, false>(wq, ws, nullptr, nullptr, C, e * tiles_e + bt0, btiles, x + (o0 + t0) * K, K,
+                                          n, 0, C, smem, acc);
 #pragma unroll
     for (int mt = 0; mt < MW; ++mt)
 #pragma unroll
@@ -784,16 +836,25 @@ int64_t pick_splits(int64_t bx, int64_t C, const std::array<int, kMaxSplits + 1>
     return best;
 }
 
-// Launches a bq product kernel on bx row groups of blocks, K split over a
-// thread block cluster of pick_splits blocks per row group.
+// Where a bq layout's lane records and its scale records start, from tile
+// tile0 on (bits = w.bq_bits).
+struct BqParts {
+    const uint8_t* q;
+    const uint8_t* s;
+};
+BqParts bq_parts(const DeviceWeight& w, int64_t tile0) {
+    const int64_t C = w.K / kChunk, all_tiles = (w.N + kTile - 1) / kTile;
+    const uint8_t* s = w.bq + static_cast<size_t>(all_tiles * C) * 32 * record_bytes(w.bq_bits);
+    return {w.bq + static_cast<size_t>(tile0 * C) * 32 * record_bytes(w.bq_bits),
+            s + static_cast<size_t>(tile0 * C) * scale_bytes(w.bq_bits)};
+}
+
+// Launches a bq product kernel on bx row groups of blocks, K (C chunks)
+// split over a thread block cluster of pick_splits blocks per row group.
 template <class Kernel>
-void launch_split(Kernel kernel, int smem, const std::array<int, kMaxSplits + 1>& active, int64_t bx,
-                  const DeviceWeight& w, int bits, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x,
-                  int n, float* y, int64_t ldy, cudaStream_t stream) {
-    const int64_t C = w.K / kChunk;
-    const int64_t all_tiles = (w.N + kTile - 1) / kTile;
-    const uint8_t* wq = w.bq;
-    const uint8_t* ws = w.bq + static_cast<size_t>(all_tiles * C) * 32 * record_bytes(bits);
+void launch_split(Kernel kernel, int smem, const std::array<int, kMaxSplits + 1>& active, int64_t bx, BqParts wp,
+                  int64_t C, int64_t K, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y, int64_t ldy,
+                  const BqGlu& glu, cudaStream_t stream) {
     if (smem > 48 * 1024)  // per call: the attribute is per device
         QUERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int64_t splits = pick_splits(bx, C, active);
@@ -801,27 +862,31 @@ void launch_split(Kernel kernel, int smem, const std::array<int, kMaxSplits + 1>
     splits = (C + cps - 1) / cps;
     const ClusterLaunch l(dim3(static_cast<unsigned>(bx), static_cast<unsigned>(splits)),
                           static_cast<unsigned>(splits), smem, stream);
-    QUERN_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, wq, ws, C, tile0, tiles, rows, x, w.K, n, y, ldy,
-                                        static_cast<int>(cps)));
+    QUERN_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, wp.q, wp.s, C, int64_t{0}, tiles, rows, x, K, n, y, ldy,
+                                        static_cast<int>(cps), glu));
 }
 
-template <int BITS, int NT, int MW>
-void launch_bq(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
-               int64_t ldy, cudaStream_t stream) {
+// The product over `tiles` tiles from wp (pair tiles for PAIR) on the
+// mma.sync kernel, and on the wgmma kernel.
+template <int BITS, int NT, int MW, bool PAIR = false>
+void launch_bq(BqParts wp, int64_t C, int64_t K, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
+               int64_t ldy, const BqGlu& glu, cudaStream_t stream) {
     constexpr int smem = BqShape<BITS, NT, MW>::kSmem;
     static_assert(smem >= MW * NT * 4 * kThreads * 4, "the partial sums reuse the ring");
-    static const auto active = active_clusters(bq_gemm_kernel<BITS, NT, MW>, smem);
-    launch_split(bq_gemm_kernel<BITS, NT, MW>, smem, active, (tiles + kWarps * MW - 1) / (kWarps * MW), w, BITS, tile0,
-                 tiles, rows, x, n, y, ldy, stream);
+    static const auto active = active_clusters(bq_gemm_kernel<BITS, NT, MW, PAIR>, smem);
+    constexpr int per_block = PAIR ? kWarps : kWarps * MW;
+    launch_split(bq_gemm_kernel<BITS, NT, MW, PAIR>, smem, active, (tiles + per_block - 1) / per_block, wp, C, K,
+                 tiles, rows, x, n, y, ldy, glu, stream);
 }
 
-template <int BITS, int NT, int MW, int PD>
-void launch_wg(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
-               int64_t ldy, cudaStream_t stream) {
+template <int BITS, int NT, int MW, int PD, bool PAIR = false>
+void launch_wg(BqParts wp, int64_t C, int64_t K, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
+               int64_t ldy, const BqGlu& glu, cudaStream_t stream) {
     constexpr int smem = wg_smem_bytes(NT, MW);
-    static const auto active = active_clusters(bq_wgmma_kernel<BITS, NT, MW, PD>, smem);
-    launch_split(bq_wgmma_kernel<BITS, NT, MW, PD>, smem, active, (tiles + kWarps * MW - 1) / (kWarps * MW), w, BITS,
-                 tile0, tiles, rows, x, n, y, ldy, stream);
+    static const auto active = active_clusters(bq_wgmma_kernel<BITS, NT, MW, PD, PAIR>, smem);
+    constexpr int per_block = PAIR ? kWarps : kWarps * MW;
+    launch_split(bq_wgmma_kernel<BITS, NT, MW, PD, PAIR>, smem, active, (tiles + per_block - 1) / per_block, wp, C,
+                 K, tiles, rows, x, n, y, ldy, glu, stream);
 }
 
 // Whether the current device runs the sm_90a code: the library was built with
@@ -857,10 +922,11 @@ int form_now() {
 }
 
 template <int BITS>
-void launch_bq_n(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
+void launch_bq_n(BqParts wp, int64_t C, int64_t K, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
                  int64_t ldy, cudaStream_t stream) {
-    if (n <= 8) return launch_bq<BITS, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-    if (n <= 16) return launch_bq<BITS, 2, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    const BqGlu none;
+    if (n <= 8) return launch_bq<BITS, 1, 2>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
+    if (n <= 16) return launch_bq<BITS, 2, 2>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
     const bool head = tiles * kTile >= 65536;
     int form = form_now();
     if (form == 1) {
@@ -871,27 +937,41 @@ void launch_bq_n(const DeviceWeight& w, int64_t tile0, int64_t tiles, int64_t ro
         // rest; at 33-64 rows wgmma only where K is short.
         if (head) form = 0;
         else if (n <= 32) form = tiles * kTile >= 8192 ? 4 : 3;
-        else form = w.K > 4096 ? 0 : 2;
+        else form = K > 4096 ? 0 : 2;
     }
     switch (form) {
         case 2:
-            if (n <= 32) return launch_wg<BITS, 4, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-            return launch_wg<BITS, 8, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+            if (n <= 32) return launch_wg<BITS, 4, 1, 2>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
+            return launch_wg<BITS, 8, 1, 2>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
         case 3:
-            if (n <= 32) return launch_wg<BITS, 4, 1, 4>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-            return launch_wg<BITS, 8, 1, 4>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+            if (n <= 32) return launch_wg<BITS, 4, 1, 4>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
+            return launch_wg<BITS, 8, 1, 4>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
         case 4:
-            if (n <= 32) return launch_wg<BITS, 4, 2, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-            return launch_wg<BITS, 8, 1, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+            if (n <= 32) return launch_wg<BITS, 4, 2, 2>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
+            return launch_wg<BITS, 8, 1, 2>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
         default: break;
     }
     // mma.sync, 17-32 rows: one tile per warp (three blocks per SM) except on
     // the output head, where two per warp are faster (H200: 4096 x 4096 Q4_K
     // 17.0 -> 14.3 us, 4096 x 14336 39.5 -> 33.4, 128256 x 4096 Q6_K 188 ->
     // 197; bench/batched-cuda-h200.md).
-    if (n <= 32 && !head) return launch_bq<BITS, 4, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-    if (n <= 32) return launch_bq<BITS, 4, 2>(w, tile0, tiles, rows, x, n, y, ldy, stream);
-    launch_bq<BITS, 8, 1>(w, tile0, tiles, rows, x, n, y, ldy, stream);
+    if (n <= 32 && !head) return launch_bq<BITS, 4, 1>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
+    if (n <= 32) return launch_bq<BITS, 4, 2>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
+    launch_bq<BITS, 8, 1>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
+}
+
+// The GLU product (bq_gemm_glu): 8 or 16 rows on mma.sync with two tiles
+// per warp, 17-32 on the wgmma kernel with two 64-row groups per warpgroup
+// (the form 1 takes for the gate and up matrices; mma.sync with two tiles
+// per warp when the form is 0).
+template <int BITS>
+void launch_glu_n(BqParts gate, BqParts up, int64_t C, int64_t K, int64_t tiles, int64_t rows, const uint16_t* x,
+                  int n, uint16_t* h, int64_t ldh, bool gelu, cudaStream_t stream) {
+    const BqGlu glu{up.q, up.s, h, gelu ? 1 : 0};
+    if (n <= 8) return launch_bq<BITS, 1, 2, true>(gate, C, K, tiles, rows, x, n, nullptr, ldh, glu, stream);
+    if (n <= 16) return launch_bq<BITS, 2, 2, true>(gate, C, K, tiles, rows, x, n, nullptr, ldh, glu, stream);
+    if (form_now() == 0) return launch_bq<BITS, 4, 2, true>(gate, C, K, tiles, rows, x, n, nullptr, ldh, glu, stream);
+    launch_wg<BITS, 4, 2, 2, true>(gate, C, K, tiles, rows, x, n, nullptr, ldh, glu, stream);
 }
 
 template <int BITS, int NT>
@@ -986,10 +1066,31 @@ void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* 
     if (n < 1 || n > kBqMaxRows || rows < 1 || row0 < 0 || row0 % kTile != 0 || row0 + rows > w.N || ldy < rows)
         throw_error("bq_gemm: shape out of range");
     if (reinterpret_cast<uintptr_t>(xb) % 16 != 0) throw_error("bq_gemm: activations must be 16-byte aligned");
-    const int64_t tile0 = row0 / kTile, tiles = (rows + kTile - 1) / kTile;
+    const int64_t tiles = (rows + kTile - 1) / kTile, C = w.K / kChunk;
+    const BqParts wp = bq_parts(w, row0 / kTile);
     const int nn = static_cast<int>(n);
-    if (w.bq_bits == 4) launch_bq_n<4>(w, tile0, tiles, rows, xb, nn, y, ldy, stream);
-    else launch_bq_n<8>(w, tile0, tiles, rows, xb, nn, y, ldy, stream);
+    if (w.bq_bits == 4) launch_bq_n<4>(wp, C, w.K, tiles, rows, xb, nn, y, ldy, stream);
+    else launch_bq_n<8>(wp, C, w.K, tiles, rows, xb, nn, y, ldy, stream);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+bool bq_glu_supported(const DeviceWeight& gate, const DeviceWeight& up, int64_t n) {
+    return gate.bq && up.bq && gate.bq_bits == up.bq_bits && gate.K == up.K && n >= 1 && n <= kBqGluMaxRows;
+}
+
+void bq_gemm_glu(const DeviceWeight& gate, int64_t gate_row0, const DeviceWeight& up, int64_t up_row0, int64_t rows,
+                 const uint16_t* xb, int64_t n, uint16_t* h, int64_t ldh, bool gelu, cudaStream_t stream) {
+    if (!gate.bq || !up.bq) throw_error("bq_gemm_glu: a weight has no small-batch layout (make_resident_bq)");
+    if (!xb || !h) throw_error("bq_gemm_glu: null pointer");
+    if (!bq_glu_supported(gate, up, n) || rows < 1 || gate_row0 < 0 || up_row0 < 0 || gate_row0 % kTile != 0 ||
+        up_row0 % kTile != 0 || gate_row0 + rows > gate.N || up_row0 + rows > up.N || ldh < rows)
+        throw_error("bq_gemm_glu: shapes out of range or the two layouts differ");
+    if (reinterpret_cast<uintptr_t>(xb) % 16 != 0) throw_error("bq_gemm_glu: activations must be 16-byte aligned");
+    const int64_t tiles = (rows + kTile - 1) / kTile, C = gate.K / kChunk;
+    const BqParts g = bq_parts(gate, gate_row0 / kTile), u = bq_parts(up, up_row0 / kTile);
+    const int nn = static_cast<int>(n);
+    if (gate.bq_bits == 4) launch_glu_n<4>(g, u, C, gate.K, tiles, rows, xb, nn, h, ldh, gelu, stream);
+    else launch_glu_n<8>(g, u, C, gate.K, tiles, rows, xb, nn, h, ldh, gelu, stream);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -88,6 +88,28 @@ void make_resident_bq(DeviceWeight& w, cudaStream_t stream);
 void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
              cudaStream_t stream);
 
+/// Most activation rows bq_gemm_glu takes.
+inline constexpr int64_t kBqGluMaxRows = 32;
+
+/// Whether bq_gemm_glu takes gate and up for n activation rows: both have bq
+/// layouts of one width (bq_bits) and the same K, 1 <= n <= kBqGluMaxRows.
+bool bq_glu_supported(const DeviceWeight& gate, const DeviceWeight& up, int64_t n);
+
+/// A GLU feed-forward layer's gated values straight from its two products
+/// (one launch, no float intermediate): for r < n, j < rows
+///   h[r·ldh + j] = BF16(act(Σ_k x_rk·G[gate_row0 + j][k]) · Σ_k x_rk·U[up_row0 + j][k])
+/// with x_rk = xb[r·K + k] (BF16, row stride K = gate.K), act = SiLU, or
+/// GELU in its tanh form when gelu — glu_rows_bf16 applied to the two
+/// bq_gemm products, summed the same way (the gate and up sums of an
+/// element meet in one thread). gate and up may be one weight (a fused
+/// [gate | up] matrix: up_row0 = rows). h: n rows at stride ldh BF16, must
+/// not overlap xb. Kernels: the bq_gemm ones with each warp (warpgroup)
+/// multiplying a gate tile and the matching up tile. Preconditions (else
+/// quern::Error): bq_glu_supported(gate, up, n), row0s % 16 == 0, row0 +
+/// rows <= N for both, ldh >= rows, xb 16-byte aligned.
+void bq_gemm_glu(const DeviceWeight& gate, int64_t gate_row0, const DeviceWeight& up, int64_t up_row0, int64_t rows,
+                 const uint16_t* xb, int64_t n, uint16_t* h, int64_t ldh, bool gelu, cudaStream_t stream);
+
 /// The last form of bq_gemm for 17 to 64 activation rows (forms 0 ..
 /// kBqLastForm: bq_gemm_set_form).
 inline constexpr int kBqLastForm = 4;

@@ -67,6 +67,7 @@
 //     H = A · W_oᵀ (HRES = RMSNorm(H, post_attn_norm))    PrefillGemm (+ rms_norm_q8_1)
 //     XN = RMSNorm(X += HRES, ffn_norm) in BF16           rms_norm_bf16
 //     GU = XN · W_gate_upᵀ; F = SiLU|GELU(G) · U in BF16  PrefillGemm, glu_rows_bf16
+//                                  (passes of <= 32 rows on bq layouts: bq_gemm_glu, one launch)
 //     H = F · W_downᵀ (HRES = RMSNorm(H, post_ffn_norm))
 //   last chunk, last row only: RMSNorm(x += h, output_norm), logits = W_out · xq
 //   with the decode step's GEMV (and soft-capping).
@@ -373,9 +374,17 @@ private:
     // bank in one grouped launch (QUERN_CUDA_MOE_GROUPED=0: host routing and
     // one GEMM per expert, for comparison).
     bool moe_grouped_ = true;
+    // Passes whose gate|up products run on bq_gemm compute the gated values
+    // in that launch (bq_gemm_glu; QUERN_CUDA_BQ_GLU=0: the products, then
+    // glu_rows_bf16, for comparison).
+    bool bq_glu_ = true;
+    // Decode passes of the batch runner fold RoPE and the KV write into the
+    // paged attention (paged_rope_attention; QUERN_CUDA_ROPE_FOLD=0: two
+    // launches, for comparison).
+    bool rope_fold_ = true;
     std::vector<std::pair<const char*, cudaEvent_t>> marks_;
-    Profile prof_decode_, prof_prefill_, prof_batch_;
-    double batch_wall_ms_ = 0;  // host time of the profiled batch passes
+    Profile prof_decode_, prof_prefill_, prof_batch_, prof_batch_prompt_;  // batch: passes of one row per sequence, others
+    double batch_wall_ms_ = 0;  // host time of the profiled decode batch passes
     void mark(const char* what);
     void collect_profile(Profile& p);
     static void print_profile(const Profile& p, const char* what);
@@ -429,6 +438,8 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     levels_ = model.options().precise_activations ? 2 : 1;
     if (const char* p = std::getenv("QUERN_CUDA_PROFILE"); p && *p && *p != '0') profile_ = true;
     if (const char* p = std::getenv("QUERN_CUDA_MOE_GROUPED"); p && *p == '0') moe_grouped_ = false;
+    if (const char* p = std::getenv("QUERN_CUDA_BQ_GLU"); p && *p == '0') bq_glu_ = false;
+    if (const char* p = std::getenv("QUERN_CUDA_ROPE_FOLD"); p && *p == '0') rope_fold_ = false;
     kv_type_ = opt.f16_kv ? KvType::F16 : KvType::F32;
     if (opt.n_ctx < 1 || opt.n_ctx > (int64_t{1} << 24)) fail("KV-cache size {} out of range", opt.n_ctx);
 
@@ -570,9 +581,10 @@ LlamaCudaSession::~LlamaCudaSession() {
     if (profile_) {
         print_profile(prof_decode_, "step");
         print_profile(prof_prefill_, "chunk");
-        print_profile(prof_batch_, "batch pass");
+        print_profile(prof_batch_, "decode batch pass");
+        print_profile(prof_batch_prompt_, "prompt batch pass");
         if (prof_batch_.count > 0)
-            std::fprintf(stderr, "  host wall time %.1f us per batch pass\n", 1000.0 * batch_wall_ms_ / prof_batch_.count);
+            std::fprintf(stderr, "  host wall time %.1f us per decode batch pass\n", 1000.0 * batch_wall_ms_ / prof_batch_.count);
     }
 }
 
@@ -1185,17 +1197,20 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
         AttentionExtras ex = attention_extras(L);
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
         if (paged && c.longrope()) inv_freq = rope_short_;  // rows with pr.rope_long set take rope_long_
-        if (paged)
+        if (paged && paged->one_row_per_seq && rope_fold_) {
+            // Decode rows: RoPE, the KV write and the attention in one launch,
+            // the output in BF16 as the output projection's input.
+            PagedRows pr = *paged;
+            pr.out_bf16 = xb;
+            paged_rope_attention(QKV, LQ, kc, vc, KvType::F16, rows, pr, static_cast<int>(c.n_head),
+                                 static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), c.qk_scale(),
+                                 static_cast<int>(c.window(il)), c.attn_softcap, inv_freq,
+                                 static_cast<int>(c.rope_dim), c.rope_neox, ex, ATT, QD, s);
+        } else if (paged) {
             paged_rope_kv_store(QKV, LQ, rows, *paged, kc, vc, KvType::F16, static_cast<int>(c.n_head),
                                 static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
                                 static_cast<int>(c.rope_dim), c.rope_neox, ex, s);
-        else
-            prefill_rope_kv_store(QKV, LQ, rows, static_cast<int>(pos0), kc, vc, kv_type_, nctx,
-                                  static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
-                                  static_cast<int>(c.head_dim), inv_freq, static_cast<int>(c.rope_dim), c.rope_neox,
-                                  ex, s);
-        mark("rope_kv");
-        if (paged) {
+            mark("rope_kv");
             // The attention leaves its output in BF16 as the output
             // projection's input (no separate rounding pass).
             PagedRows pr = *paged;
@@ -1204,6 +1219,11 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
                             static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), c.qk_scale(),
                             static_cast<int>(c.window(il)), c.attn_softcap, ATT, QD, s);
         } else {
+            prefill_rope_kv_store(QKV, LQ, rows, static_cast<int>(pos0), kc, vc, kv_type_, nctx,
+                                  static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
+                                  static_cast<int>(c.head_dim), inv_freq, static_cast<int>(c.rope_dim), c.rope_neox,
+                                  ex, s);
+            mark("rope_kv");
             prefill_attention(QKV, LQ, kc, vc, kv_type_, rows, static_cast<int>(pos0), nctx,
                               static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
                               c.qk_scale(), static_cast<int>(std::min<int64_t>(c.window(il), nctx)), c.attn_softcap,
@@ -1218,11 +1238,28 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
         if (L.moe) {
             prefill_moe(L, xb, n, H);
         } else {
-            if (fused(L.gate_up_bf16, L.gate_up, false)) gemm_->run_bf16(L.gate_up_bf16, xb, n, GU, 2 * FF, s);
-            else for (const Piece& p : L.gate_up) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
-            glu_rows_bf16(GU, 2 * FF, n, FF, xb, c.gelu_ffn, s);
-            mark("glu");
-            gemm_->run_bf16(L.down.w, xb, n, H, E, s);
+            // Gate and up on bq_gemm (a [gate | up] piece, or two pieces of
+            // one bq width): the gated values come out of that launch, in
+            // GU's memory as the down projection's BF16 input.
+            const std::vector<Piece>& gu = L.gate_up;
+            const bool glu_bq =
+                bq_glu_ && !fused(L.gate_up_bf16, gu, false) &&
+                std::all_of(gu.begin(), gu.end(), [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); }) &&
+                ((gu.size() == 1 && gu[0].w.N == 2 * FF && FF % 16 == 0) ||
+                 (gu.size() == 2 && gu[0].w.N == FF && gu[1].w.N == FF)) &&
+                bq_glu_supported(gu.front().w, gu.back().w, n);
+            if (glu_bq) {
+                auto* hb = reinterpret_cast<uint16_t*>(GU);
+                bq_gemm_glu(gu.front().w, 0, gu.back().w, gu.size() == 1 ? FF : 0, FF, xb, n, hb, FF, c.gelu_ffn, s);
+                mark("glu");
+                gemm_->run_bf16(L.down.w, hb, n, H, E, s);
+            } else {
+                if (fused(L.gate_up_bf16, gu, false)) gemm_->run_bf16(L.gate_up_bf16, xb, n, GU, 2 * FF, s);
+                else for (const Piece& p : gu) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
+                glu_rows_bf16(GU, 2 * FF, n, FF, xb, c.gelu_ffn, s);
+                mark("glu");
+                gemm_->run_bf16(L.down.w, xb, n, H, E, s);
+            }
         }
         if (L.post_ffn_norm) rms_norm_q8_1(H, nullptr, L.post_ffn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
         mark("norm");
@@ -1693,6 +1730,7 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     pr.table_off = d + 2 * nr;
     pr.tables = d + 3 * nr + hc + (lr ? nr : 0);
     pr.block_size = static_cast<int>(bs);
+    pr.one_row_per_seq = single;
     pr.split_ws = bsplit_.as<float>();
     pr.split_ws_floats = bsplit_floats_;
     const int max_keys = n > 0 ? *std::max_element(pos, pos + n) + 1 : 0;
@@ -1743,9 +1781,10 @@ void LlamaCudaSession::batch_pass(const SeqBatch* seqs, const std::vector<BatchS
     }
     ctx_.synchronize();
     if (profile_) {
-        collect_profile(prof_batch_);
-        prof_batch_.rows += n;
-        batch_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+        Profile& prof = single ? prof_batch_ : prof_batch_prompt_;
+        collect_profile(prof);
+        prof.rows += n;
+        if (single) batch_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
     }
 }
 

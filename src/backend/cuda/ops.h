@@ -227,6 +227,9 @@ struct PagedRows {
     /// ModelConfig::rope_factors_long).
     const int32_t* rope_long = nullptr;
     const float* inv_freq_long = nullptr;
+    /// Every row is the only row of its sequence in the pass (decode
+    /// steps): the batch runner then calls paged_rope_attention.
+    bool one_row_per_seq = false;
 };
 
 /// prefill_rope_kv_store for rows of several sequences: row r rotated at
@@ -246,6 +249,23 @@ void paged_rope_kv_store(float* qkv, int64_t ld, int n, const PagedRows& pr, voi
 void paged_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, KvType kv_type, int n,
                      const PagedRows& pr, int n_head, int n_head_kv, int head_dim, float scale, int window,
                      float softcap, float* out, int64_t ldo, cudaStream_t stream);
+
+/// paged_rope_kv_store then paged_attention, for passes where every row is
+/// the only row of its sequence (decode steps; else a row would attend to
+/// keys another block has yet to write): qkv holds the rows as the QKV
+/// projection left them ([q | k | v] per row, row stride ld); the cache
+/// rows at pr.pos are written as paged_rope_kv_store writes them, the
+/// output is paged_attention's (qkv's q may be left rotated in place, as
+/// paged_rope_kv_store leaves it). Where the grouped
+/// kernel applies (paged_attention) it is one launch: each block readies its
+/// query heads itself (bias, q norm, RoPE, in shared memory), and the block
+/// whose key range ends at the row's position also its key, writing it and
+/// the value before that position is read; otherwise the two calls. Errors
+/// as the two.
+void paged_rope_attention(float* qkv, int64_t ld, void* k_cache, void* v_cache, KvType kv_type, int n,
+                          const PagedRows& pr, int n_head, int n_head_kv, int head_dim, float scale, int window,
+                          float softcap, const float* inv_freq, int rope_dim, bool neox, const AttentionExtras& ex,
+                          float* out, int64_t ldo, cudaStream_t stream);
 
 /// FFN gating on rows: out[r·ldo + i] = act(gu[r·ld + i]) · gu[r·ld + n_ff + i]
 /// for r < n, i < n_ff, act = SiLU, or GELU (tanh) with gelu — the

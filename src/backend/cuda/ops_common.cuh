@@ -86,6 +86,17 @@ __device__ __forceinline__ float add_residual_sum_squares(float* xr, const float
 /// Round to nearest even BF16 (bit pattern; NaN stays NaN).
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
+/// The gated value of a GLU feed-forward layer from its gate g and up u:
+/// SiLU(g)·u = g/(1 + e^−g)·u, or GELU(g)·u with GELU's tanh form (Gemma),
+/// as the CPU's swiglu / geglu.
+__device__ __forceinline__ float glu_value(float g, float u, bool gelu) {
+    if (gelu) {
+        constexpr float kSqrt2OverPi = 0.7978845608028654f;
+        return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+
 __device__ __forceinline__ float block_max(float v, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_max(v);

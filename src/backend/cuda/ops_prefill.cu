@@ -51,6 +51,37 @@ struct PagedMap {
     }
 };
 
+// One warp readies a head for attention: xs (shared, hd floats) = the head
+// at src plus bias (when given), RMS-normed with weights nw (when given: one
+// warp sum, eps), its first rope_dim elements rotated pair by pair at
+// position pos (lane i: pairs i, i+32, ...; angles by rope_angle as the
+// decode kernel; neox: pairs (i, i + rope_dim/2), else (2i, 2i+1)). Ends
+// with __syncwarp; the whole warp calls it.
+__device__ __forceinline__ void rope_head(float* xs, const float* __restrict__ src, const float* __restrict__ bias,
+                                          const float* __restrict__ nw, float eps, int hd, int pos,
+                                          const float* __restrict__ freq, int rope_dim, int neox, int lane) {
+    for (int e = lane; e < hd; e += 32) xs[e] = src[e] + (bias ? bias[e] : 0.0f);
+    __syncwarp();
+    if (nw) {
+        float ss = 0.0f;
+        for (int e = lane; e < hd; e += 32) ss += xs[e] * xs[e];
+        ss = warp_sum(ss);
+        const float sc = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
+        for (int e = lane; e < hd; e += 32) xs[e] = xs[e] * sc * nw[e];
+        __syncwarp();
+    }
+    const int half = rope_dim / 2;
+    for (int i = lane; i < half; i += 32) {
+        float c, s;
+        rope_angle(pos, freq[i], &c, &s);
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float a = xs[i0], b = xs[i1];
+        xs[i0] = a * c - b * s;
+        xs[i1] = a * s + b * c;
+    }
+    __syncwarp();
+}
+
 // prefill_rope_kv_kernel<T>
 //   Shapes:  qkv: n rows at stride ld floats, each [q (n_head·HD) | k
 //            (n_head_kv·HD) | v (n_head_kv·HD)] as the QKV projection left
@@ -82,27 +113,8 @@ __global__ void __launch_bounds__(32) prefill_rope_kv_kernel(float* __restrict__
     const float* bias = is_q ? ex.q_bias : ex.k_bias;
     const float* nw = is_q ? ex.q_norm : ex.k_norm;
     const int64_t boff = is_q ? static_cast<int64_t>(h) * hd : static_cast<int64_t>(hk) * hd;
-    for (int e = lane; e < hd; e += 32) xs[e] = row[off + e] + (bias ? bias[boff + e] : 0.0f);
-    __syncwarp();
-    if (nw) {
-        float ss = 0.0f;
-        for (int e = lane; e < hd; e += 32) ss += xs[e] * xs[e];
-        ss = warp_sum(ss);
-        const float sc = 1.0f / sqrtf(ss / static_cast<float>(hd) + ex.norm_eps);
-        for (int e = lane; e < hd; e += 32) xs[e] = xs[e] * sc * nw[e];
-        __syncwarp();
-    }
-    const int half = rope_dim / 2;
-    const float* freq = map.freq(r, inv_freq);
-    for (int i = lane; i < half; i += 32) {
-        float c, s;
-        rope_angle(pos, freq[i], &c, &s);
-        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        const float a = xs[i0], b = xs[i1];
-        xs[i0] = a * c - b * s;
-        xs[i1] = a * s + b * c;
-    }
-    __syncwarp();
+    rope_head(xs, row + off, bias ? bias + boff : nullptr, nw, ex.norm_eps, hd, pos, map.freq(r, inv_freq), rope_dim,
+              neox, lane);
     if (is_q) {
         for (int e = lane; e < hd; e += 32) row[off + e] = xs[e];
         return;
@@ -243,14 +255,7 @@ __global__ void __launch_bounds__(256) glu_rows_kernel(const float* __restrict__
     for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
          t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t r = t / n_ff, i = t % n_ff;
-        const float g = gu[r * ld + i], u = gu[r * ld + n_ff + i];
-        float v;
-        if constexpr (GELU) {
-            constexpr float kSqrt2OverPi = 0.7978845608028654f;
-            v = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
-        } else {
-            v = g / (1.0f + expf(-g)) * u;
-        }
+        const float v = detail::glu_value(gu[r * ld + i], gu[r * ld + n_ff + i], GELU);
         if constexpr (sizeof(Out) == 2) out[r * ldo + i] = detail::bf16_bits(v);
         else out[r * ldo + i] = v;
     }
@@ -370,19 +375,40 @@ void dispatch_attn(int hd, const float* q, int64_t ldq, const void* kc, const vo
 //            nsplit equal ranges (whole 32-key steps) of the row's keys and
 //            leaves its unnormalized sums, running max and sum in ws
 //            (paged_merge_kernel combines them).
+//            fold.on (paged_rope_attention): each warp readies its query
+//            heads from the raw row (rope_head: bias, q norm, RoPE), and the
+//            block whose range ends at the row's own position readies the
+//            KV head's key the same way and writes it and the value to the
+//            row's cache row before any copy of that position is issued —
+//            what paged_rope_kv_store would have written, in the same
+//            launch.
 //   Bound:   latency at decode lengths (a few µs per 32 keys); K/V traffic
 //            once per KV head and row.
 constexpr int kGroupWarps = 4;
 constexpr int kGroupMaxPerWarp = 4;  // g <= 16
+
+// RoPE and the KV write folded into the grouped paged attention
+// (paged_rope_attention): q holds the rows as the QKV projection left them
+// ([q | k | v], raw), each row the only one of its sequence in the pass.
+struct RopeFold {
+    bool on = false;
+    const float* inv_freq = nullptr;  // per map.freq (LongRoPE rows their long table)
+    int rope_dim = 0;
+    int neox = 0;
+    AttentionExtras ex;
+    __half* kc = nullptr;  // the caches, written at each row's position
+    __half* vc = nullptr;
+};
 
 template <int HD, bool SOFTCAP>
 __global__ void __launch_bounds__(32 * kGroupWarps)
     paged_grouped_attention_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
                                    const __half* __restrict__ vc, const PagedMap map, int n_head, int n_head_kv,
                                    float scale, int window, float softcap, float* __restrict__ out, int64_t ldo,
-                                   int nsplit, float* __restrict__ ws, uint16_t* __restrict__ ob) {
+                                   int nsplit, float* __restrict__ ws, uint16_t* __restrict__ ob, const RopeFold fold) {
     constexpr int E = HD / 32, KP = HD + 8, C16 = HD / 8;  // C16: 16-byte chunks per row
     __shared__ float qsh[kGroupWarps * kGroupMaxPerWarp][HD];
+    __shared__ float kx[HD];  // fold: the row's key for this KV head
     __shared__ __align__(16) __half ksh[2][32][KP];
     __shared__ __align__(16) __half vsh[2][32][HD];
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -391,10 +417,6 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
     const int pos = map.pos(r);
     const int lo = window > 0 ? max(0, pos - window + 1) : 0;
     const int nh = (g - warp + kGroupWarps - 1) / kGroupWarps;  // heads of this warp (may be 0)
-    for (int idx = static_cast<int>(threadIdx.x); idx < g * HD; idx += 32 * kGroupWarps) {
-        const int j = idx / HD, e = idx % HD;
-        qsh[j][e] = q[static_cast<int64_t>(r) * ldq + static_cast<int64_t>(hk * g + j) * HD + e] * scale;
-    }
     const int64_t kv_stride = static_cast<int64_t>(n_head_kv) * HD;
     float acc[kGroupMaxPerWarp][E], m[kGroupMaxPerWarp], l[kGroupMaxPerWarp];
 #pragma unroll
@@ -423,8 +445,40 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
         }
         mma::cp_async_commit();
     };
-    if (k0 <= k1) issue(k0, 0);
-    __syncthreads();  // q is staged (also when this block has no keys)
+    // fold: the block whose range ends at pos writes that key; its copy of
+    // the tile holding pos waits for the barrier below when that is the
+    // first tile (later tiles are issued after barriers anyway).
+    const bool writer = fold.on && k0 <= pos && k1 == pos;
+    const bool early = !(writer && pos < k0 + 32);
+    if (early && k0 <= k1) issue(k0, 0);
+    const float* qrow = q + static_cast<int64_t>(r) * ldq;
+    if (fold.on) {
+        const float* freq = map.freq(r, fold.inv_freq);
+        for (int i = 0; i < nh; ++i) {
+            const int j = warp + kGroupWarps * i, h = hk * g + j;
+            rope_head(qsh[j], qrow + static_cast<int64_t>(h) * HD, fold.ex.q_bias ? fold.ex.q_bias + h * HD : nullptr,
+                      fold.ex.q_norm, fold.ex.norm_eps, HD, pos, freq, fold.rope_dim, fold.neox, lane);
+            for (int e = lane; e < HD; e += 32) qsh[j][e] *= scale;
+        }
+        if (writer && warp == g % kGroupWarps) {
+            const float* kr = qrow + static_cast<int64_t>(n_head + hk) * HD;
+            const float* vr = qrow + static_cast<int64_t>(n_head + n_head_kv + hk) * HD;
+            rope_head(kx, kr, fold.ex.k_bias ? fold.ex.k_bias + hk * HD : nullptr, fold.ex.k_norm, fold.ex.norm_eps, HD,
+                      pos, freq, fold.rope_dim, fold.neox, lane);
+            const int64_t crow = map.cache_row(r, pos) * kv_stride + static_cast<int64_t>(hk) * HD;
+            for (int e = lane; e < HD; e += 32) {
+                fold.kc[crow + e] = from_f32<__half>(kx[e]);
+                fold.vc[crow + e] = from_f32<__half>(vr[e] + (fold.ex.v_bias ? fold.ex.v_bias[hk * HD + e] : 0.0f));
+            }
+        }
+    } else {
+        for (int idx = static_cast<int>(threadIdx.x); idx < g * HD; idx += 32 * kGroupWarps) {
+            const int j = idx / HD, e = idx % HD;
+            qsh[j][e] = qrow[static_cast<int64_t>(hk * g + j) * HD + e] * scale;
+        }
+    }
+    __syncthreads();  // q is staged (also when this block has no keys); fold: the row's key and value are written
+    if (!early && k0 <= k1) issue(k0, 0);
     int b = 0;
     for (int j0 = k0; j0 <= k1; j0 += 32, b ^= 1) {
         const int nt = min(32, k1 - j0 + 1);
@@ -547,7 +601,7 @@ __global__ void __launch_bounds__(32) paged_merge_kernel(const float* __restrict
 template <int HD>
 void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc, int n, const PagedMap& map,
                     int n_head, int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo,
-                    cudaStream_t stream) {
+                    const RopeFold& fold, cudaStream_t stream) {
     // Split the keys when the rows' blocks would fill under a quarter of the
     // blocks that run at once (few rows), into no more blocks than run at
     // once: ranges of at least 64 keys, as many as the scratch holds. (H200,
@@ -586,11 +640,11 @@ void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc,
     if (softcap > 0.0f)
         paged_grouped_attention_kernel<HD, true><<<grid, block, 0, stream>>>(
             q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
-            window, softcap, out, ldo, nsplit, pr.split_ws, nsplit > 1 ? nullptr : pr.out_bf16);
+            window, softcap, out, ldo, nsplit, pr.split_ws, nsplit > 1 ? nullptr : pr.out_bf16, fold);
     else
         paged_grouped_attention_kernel<HD, false><<<grid, block, 0, stream>>>(
             q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
-            window, softcap, out, ldo, nsplit, pr.split_ws, nsplit > 1 ? nullptr : pr.out_bf16);
+            window, softcap, out, ldo, nsplit, pr.split_ws, nsplit > 1 ? nullptr : pr.out_bf16, fold);
     if (nsplit > 1) {
         QUERN_CUDA_CHECK_LAUNCH();
         paged_merge_kernel<HD><<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(n)), 32, 0, stream>>>(
@@ -610,11 +664,10 @@ bool prefill_attention_head_dim_supported(int head_dim) {
 
 namespace {
 
-// The checks both RoPE + KV-store entry points make, and the launch.
-template <class Map>
-void rope_kv_store(const char* fn, float* qkv, int64_t ld, int n, const Map& map, void* k_cache, void* v_cache,
-                   KvType kv_type, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
-                   bool neox, const AttentionExtras& ex, cudaStream_t stream) {
+// The checks every RoPE + KV-store entry point makes (quern::Error naming fn).
+void check_rope(const char* fn, const float* qkv, int64_t ld, int n, const void* k_cache, const void* v_cache,
+                int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
+                const AttentionExtras& ex) {
     const std::string f(fn);
     if (!qkv || !k_cache || !v_cache || (rope_dim > 0 && !inv_freq)) throw_error(f + ": null pointer");
     if (n < 1 || n > 65535) throw_error(f + ": rows out of range");
@@ -625,6 +678,14 @@ void rope_kv_store(const char* fn, float* qkv, int64_t ld, int n, const Map& map
     if ((ex.q_bias == nullptr) != (ex.k_bias == nullptr) || (ex.q_bias == nullptr) != (ex.v_bias == nullptr) ||
         (ex.q_norm == nullptr) != (ex.k_norm == nullptr))
         throw_error(f + ": give all three biases or none, both norms or neither");
+}
+
+// rope_kv_store: the checks and the launch.
+template <class Map>
+void rope_kv_store(const char* fn, float* qkv, int64_t ld, int n, const Map& map, void* k_cache, void* v_cache,
+                   KvType kv_type, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
+                   bool neox, const AttentionExtras& ex, cudaStream_t stream) {
+    check_rope(fn, qkv, ld, n, k_cache, v_cache, n_head, n_head_kv, head_dim, inv_freq, rope_dim, ex);
     const dim3 grid(static_cast<unsigned>(n_head + n_head_kv), static_cast<unsigned>(n));
     if (kv_type == KvType::F16)
         prefill_rope_kv_kernel<__half><<<grid, 32, 0, stream>>>(qkv, ld, map, static_cast<__half*>(k_cache),
@@ -689,6 +750,34 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+// Whether paged_attention takes the grouped kernel: f16, heads of 32 .. 128,
+// at most 16 query heads per KV head, n <= 65535 rows
+// (QUERN_CUDA_PAGED_SCALAR=1 keeps the scalar one, for comparison).
+bool grouped_applies(const PagedRows& pr, KvType kv_type, int n, int n_head, int n_head_kv, int head_dim) {
+    static const bool scalar_only = [] {
+        const char* e = std::getenv("QUERN_CUDA_PAGED_SCALAR");
+        return e && std::string(e) == "1";
+    }();
+    const int g = n_head / n_head_kv;
+    return !scalar_only && !pr.scalar && kv_type == KvType::F16 && g <= kGroupWarps * kGroupMaxPerWarp &&
+           n <= 65535 && (head_dim == 32 || head_dim == 64 || head_dim == 128);
+}
+
+void launch_grouped_hd(const float* q, int64_t ldq, const void* kc, const void* vc, int n, const PagedMap& map,
+                       int n_head, int n_head_kv, int head_dim, float scale, int window, float softcap, float* out,
+                       int64_t ldo, const RopeFold& fold, cudaStream_t stream) {
+    switch (head_dim) {
+        case 32: launch_grouped<32>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, fold, stream); break;
+        case 64: launch_grouped<64>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, fold, stream); break;
+        default: launch_grouped<128>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, fold, stream); break;
+    }
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
 void paged_rope_kv_store(float* qkv, int64_t ld, int n, const PagedRows& pr, void* k_cache, void* v_cache,
                          KvType kv_type, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
                          bool neox, const AttentionExtras& ex, cudaStream_t stream) {
@@ -706,23 +795,9 @@ void paged_attention(const float* q, int64_t ldq, const void* k_cache, const voi
         throw_error("paged_attention: null row map or bad block size");
     check_attention("paged_attention", q, ldq, k_cache, v_cache, n, n_head, n_head_kv, head_dim, window, softcap, out,
                     ldo);
-    // The grouped kernel where it applies (f16, heads of 32 .. 128, at most
-    // 16 query heads per KV head, n <= 65535 rows); QUERN_CUDA_PAGED_SCALAR=1
-    // keeps the scalar one (for comparison).
-    static const bool scalar_only = [] {
-        const char* e = std::getenv("QUERN_CUDA_PAGED_SCALAR");
-        return e && std::string(e) == "1";
-    }();
-    const int g = n_head / n_head_kv;
-    if (!scalar_only && !pr.scalar && kv_type == KvType::F16 && g <= kGroupWarps * kGroupMaxPerWarp && n <= 65535 &&
-        (head_dim == 32 || head_dim == 64 || head_dim == 128)) {
-        const PagedMap map{pr};
-        switch (head_dim) {
-            case 32: launch_grouped<32>(q, ldq, k_cache, v_cache, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
-            case 64: launch_grouped<64>(q, ldq, k_cache, v_cache, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
-            default: launch_grouped<128>(q, ldq, k_cache, v_cache, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, stream); break;
-        }
-        QUERN_CUDA_CHECK_LAUNCH();
+    if (grouped_applies(pr, kv_type, n, n_head, n_head_kv, head_dim)) {
+        launch_grouped_hd(q, ldq, k_cache, v_cache, n, PagedMap{pr}, n_head, n_head_kv, head_dim, scale, window,
+                          softcap, out, ldo, RopeFold{}, stream);
         return;
     }
     if (kv_type == KvType::F16)
@@ -733,6 +808,36 @@ void paged_attention(const float* q, int64_t ldq, const void* k_cache, const voi
                              softcap, out, ldo, stream);
     QUERN_CUDA_CHECK_LAUNCH();
     if (pr.out_bf16) f32_to_bf16(out, ldo, n, static_cast<int64_t>(n_head) * head_dim, pr.out_bf16, stream);
+}
+
+void paged_rope_attention(float* qkv, int64_t ld, void* k_cache, void* v_cache, KvType kv_type, int n,
+                          const PagedRows& pr, int n_head, int n_head_kv, int head_dim, float scale, int window,
+                          float softcap, const float* inv_freq, int rope_dim, bool neox, const AttentionExtras& ex,
+                          float* out, int64_t ldo, cudaStream_t stream) {
+    if (!grouped_applies(pr, kv_type, n, n_head, n_head_kv, head_dim)) {  // the two launches
+        paged_rope_kv_store(qkv, ld, n, pr, k_cache, v_cache, kv_type, n_head, n_head_kv, head_dim, inv_freq, rope_dim,
+                            neox, ex, stream);
+        paged_attention(qkv, ld, k_cache, v_cache, kv_type, n, pr, n_head, n_head_kv, head_dim, scale, window, softcap,
+                        out, ldo, stream);
+        return;
+    }
+    if (!pr.pos || !pr.table_off || !pr.tables || pr.block_size < 1)
+        throw_error("paged_rope_attention: null row map or bad block size");
+    if (pr.rope_long && !pr.inv_freq_long) throw_error("paged_rope_attention: rope_long without its table");
+    check_rope("paged_rope_attention", qkv, ld, n, k_cache, v_cache, n_head, n_head_kv, head_dim, inv_freq, rope_dim,
+               ex);
+    check_attention("paged_rope_attention", qkv, ld, k_cache, v_cache, n, n_head, n_head_kv, head_dim, window, softcap,
+                    out, ldo);
+    RopeFold fold;
+    fold.on = true;
+    fold.inv_freq = inv_freq;
+    fold.rope_dim = rope_dim;
+    fold.neox = neox ? 1 : 0;
+    fold.ex = ex;
+    fold.kc = static_cast<__half*>(k_cache);
+    fold.vc = static_cast<__half*>(v_cache);
+    launch_grouped_hd(qkv, ld, k_cache, v_cache, n, PagedMap{pr}, n_head, n_head_kv, head_dim, scale, window, softcap,
+                      out, ldo, fold, stream);
 }
 
 void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_t* out, bool gelu,

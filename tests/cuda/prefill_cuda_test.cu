@@ -721,6 +721,54 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
                         bq_b / tq * 1e-3, tb, bf_b / tb * 1e-3, tf, f8_b / tf * 1e-3, forms.c_str());
         }
     }
+    // The gate|up pair with its gating (bq_gemm_glu) against the product
+    // and glu_rows_bf16, on Llama-3-8B's fused [gate | up] (QUERN_BQ_BENCH_SHAPE=glu).
+    if (!only_shape || std::string(only_shape) == "glu") {
+        const int64_t F = 14336, K = 4096;
+        HostMatrix m = random_matrix(DType::Q4_K, 2 * F, K, rng);
+        std::vector<cuda::DeviceWeight> ws;
+        for (int i = 0; i < 3; ++i) {
+            ws.push_back(upload(ctx, m));
+            cuda::make_resident_bq(ws.back(), ctx.stream());
+        }
+        std::vector<uint16_t> xh(static_cast<size_t>(32 * K), 0x3C00);
+        cuda::DeviceBuffer dx = on_device(xh, ctx), dy(static_cast<size_t>(32 * 2 * F) * 4), dh(static_cast<size_t>(32 * F) * 2);
+        const int form0 = cuda::bq_gemm_form();
+        for (int64_t n : {8, 16, 32}) {
+            size_t it = 0;
+            const auto time = [&](auto&& f) {
+                for (int i = 0; i < 3; ++i) f();
+                cudaEventRecord(e0, ctx.stream());
+                for (int i = 0; i < 20; ++i) f();
+                cudaEventRecord(e1, ctx.stream());
+                cudaEventSynchronize(e1);
+                float ms = 0;
+                cudaEventElapsedTime(&ms, e0, e1);
+                return 1e3 * ms / 20;
+            };
+            std::string line;
+            for (int form : {0, 1}) {
+                cuda::bq_gemm_set_form(form);
+                if (cuda::bq_gemm_form() != form) break;
+                const double tg = time([&] {
+                    cuda::bq_gemm_glu(ws[it % 3], 0, ws[it % 3], F, F, dx.as<uint16_t>(), n, dh.as<uint16_t>(), F, false,
+                                      ctx.stream());
+                    ++it;
+                });
+                const double tp = time([&] {
+                    cuda::bq_gemm(ws[it % 3], 0, 2 * F, dx.as<uint16_t>(), n, dy.as<float>(), 2 * F, ctx.stream());
+                    cuda::glu_rows_bf16(dy.as<float>(), 2 * F, n, F, dh.as<uint16_t>(), false, ctx.stream());
+                    ++it;
+                });
+                char b[96];
+                std::snprintf(b, sizeof b, " | f%d glu %.1f us %5.0f GB/s, product + glu_rows %.1f", form, tg,
+                              static_cast<double>(cuda::bq_bytes(ws[0])) / tg * 1e-3, tp);
+                line += b;
+            }
+            cuda::bq_gemm_set_form(form0);
+            std::printf("gate_up  Q4_K  n %2lld%s\n", static_cast<long long>(n), line.c_str());
+        }
+    }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
 }
@@ -1619,8 +1667,9 @@ TEST(CudaPrefill, Bf16OutputNormAndGluMatchCpu) {
             EXPECT_EQ(bad, 0);
         }
     }
-    // Rows held in registers (4160, 640) and longer ones (the looping kernel).
-    for (const int64_t dim : {int64_t{4096 + 64}, int64_t{640}, int64_t{8192 + 96}})
+    // Rows held in registers (16-byte pieces: 4096, 4160, 640; scalar: 4094,
+    // 333) and longer ones (the looping kernel).
+    for (const int64_t dim : {int64_t{4096}, int64_t{4096 + 64}, int64_t{4094}, int64_t{640}, int64_t{333}, int64_t{8192 + 96}})
     for (bool residual : {false, true}) {
         const int64_t n = 6;
         const float eps = 1e-5f;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
@@ -261,50 +262,78 @@ __global__ void __launch_bounds__(256) glu_rows_kernel(const float* __restrict__
     }
 }
 
-// rms_norm_bf16_reg_kernel<PER>
+// rms_norm_bf16_reg_kernel<PER, VEC>
 //   As rms_norm_bf16_kernel for dim <= 512·PER, one block of 512 threads per
-//   row with the row in registers: thread t loads elements t + 512·k (k <
-//   PER) of x and residual at once, stores the sums back, reduces the squares
-//   and writes the outputs from the registers — no loop-carried memory
-//   round trips (the loop of rms_norm_bf16_kernel may not hoist its loads
-//   past the stores to x, so each of its steps waits for memory; at the few
-//   rows of a decode step that latency was the kernel's whole cost).
-//   Bound:   memory (one read of x, residual and w, one write of x and out).
-template <int PER>
+//   row with the row in registers: thread t loads elements VEC·(t + 512·k)
+//   .. +VEC−1 (k < PER/VEC; VEC = 4: 16-byte loads, dim % 4 == 0 and
+//   16-byte aligned rows) of x, residual and w at once, stores the sums back,
+//   reduces the squares and writes the outputs from the registers — no
+//   loop-carried memory round trips (the loop of rms_norm_bf16_kernel may
+//   not hoist its loads past the stores to x, so each of its steps waits for
+//   memory; at the few rows of a decode step that latency was the kernel's
+//   whole cost), and w is in registers before the block sum.
+//   Bound:   latency at decode row counts (one read of x, residual and w,
+//            one write of x and out).
+template <int PER, int VEC>
 __global__ void __launch_bounds__(512) rms_norm_bf16_reg_kernel(float* __restrict__ x, const float* __restrict__ residual,
                                                                 const float* __restrict__ w, uint16_t* __restrict__ out,
                                                                 int64_t dim, float eps) {
+    static_assert(VEC == 1 || VEC == 4, "scalar or 16-byte pieces");
+    constexpr int NV = PER / VEC;
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     float* xr = x + r * dim;
     const float* rr = residual ? residual + r * dim : nullptr;
-    float v[PER];
+    float v[NV][VEC], g[NV][VEC];
+    const auto load = [&](const float* p, int64_t i, float (&d)[VEC]) {
+        if constexpr (VEC == 4) {
+            const float4 t = *reinterpret_cast<const float4*>(p + i);
+            d[0] = t.x, d[1] = t.y, d[2] = t.z, d[3] = t.w;
+        } else {
+            d[0] = p[i];
+        }
+    };
 #pragma unroll
-    for (int k = 0; k < PER; ++k) {
-        const int64_t i = threadIdx.x + 512 * k;
-        v[k] = i < dim ? xr[i] : 0.0f;
+    for (int k = 0; k < NV; ++k) {
+        const int64_t i = VEC * (threadIdx.x + 512 * k);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[k][e] = g[k][e] = 0.0f;
+        if (i < dim) {
+            load(xr, i, v[k]);
+            load(w, i, g[k]);
+        }
     }
     if (rr) {
 #pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int64_t i = threadIdx.x + 512 * k;
-            if (i < dim) v[k] += rr[i];
-        }
+        for (int k = 0; k < NV; ++k) {
+            const int64_t i = VEC * (threadIdx.x + 512 * k);
+            if (i >= dim) continue;
+            float t[VEC];
+            load(rr, i, t);
 #pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int64_t i = threadIdx.x + 512 * k;
-            if (i < dim) xr[i] = v[k];
+            for (int e = 0; e < VEC; ++e) v[k][e] += t[e];
+            if constexpr (VEC == 4) *reinterpret_cast<float4*>(xr + i) = make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+            else xr[i] = v[k][0];
         }
     }
     float ss = 0.0f;
 #pragma unroll
-    for (int k = 0; k < PER; ++k) ss += v[k] * v[k];
+    for (int k = 0; k < NV; ++k)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) ss += v[k][e] * v[k][e];
     ss = detail::block_sum(ss, red);
     const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
 #pragma unroll
-    for (int k = 0; k < PER; ++k) {
-        const int64_t i = threadIdx.x + 512 * k;
-        if (i < dim) out[r * dim + i] = detail::bf16_bits(v[k] * scale * w[i]);
+    for (int k = 0; k < NV; ++k) {
+        const int64_t i = VEC * (threadIdx.x + 512 * k);
+        if (i >= dim) continue;
+        uint16_t o[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = detail::bf16_bits(v[k][e] * scale * g[k][e]);
+        if constexpr (VEC == 4)
+            *reinterpret_cast<uint2*>(out + r * dim + i) = make_uint2(o[0] | static_cast<uint32_t>(o[1]) << 16,
+                                                                      o[2] | static_cast<uint32_t>(o[3]) << 16);
+        else out[r * dim + i] = o[0];
     }
 }
 
@@ -854,10 +883,17 @@ void rms_norm_bf16(float* x, const float* residual, const float* w, uint16_t* ou
     if (!x || !w || !out) throw_error("rms_norm_bf16: null pointer");
     if (n < 1 || n > 2147483647 || dim < 1) throw_error("rms_norm_bf16: bad shape");
     const auto grid = static_cast<unsigned>(n);
-    if (dim <= 512 * 2) rms_norm_bf16_reg_kernel<2><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
-    else if (dim <= 512 * 4) rms_norm_bf16_reg_kernel<4><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
-    else if (dim <= 512 * 8) rms_norm_bf16_reg_kernel<8><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
-    else if (dim <= 512 * 16) rms_norm_bf16_reg_kernel<16><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
+    const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vec = dim % 4 == 0 && a16(x) && a16(w) && (!residual || a16(residual)) &&
+                     reinterpret_cast<uintptr_t>(out) % 8 == 0;
+    const auto launch = [&](auto per) {
+        constexpr int PER = decltype(per)::value;
+        if (vec) rms_norm_bf16_reg_kernel<PER, 4><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
+        else rms_norm_bf16_reg_kernel<PER, 1><<<grid, 512, 0, stream>>>(x, residual, w, out, dim, eps);
+    };
+    if (dim <= 512 * 4) launch(std::integral_constant<int, 4>{});
+    else if (dim <= 512 * 8) launch(std::integral_constant<int, 8>{});
+    else if (dim <= 512 * 16) launch(std::integral_constant<int, 16>{});
     else rms_norm_bf16_kernel<<<grid, 256, 0, stream>>>(x, residual, w, out, dim, eps);
     QUERN_CUDA_CHECK_LAUNCH();
 }

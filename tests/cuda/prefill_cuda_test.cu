@@ -103,6 +103,18 @@ cuda::DeviceWeight upload(cuda::CudaContext& ctx, HostMatrix& m) {
     return cuda::upload_weight(ctx, Tensor::contiguous(m.type, {m.K, m.N, 1, 1}, m.bytes.data(), "w"));
 }
 
+/// The row map of a paged pass from its device arrays (positions, table
+/// offsets, block tables) and the block size; the rest left at its default.
+cuda::PagedRows paged_rows(const cuda::DeviceBuffer& pos, const cuda::DeviceBuffer& toff,
+                           const cuda::DeviceBuffer& tables, int block_size) {
+    cuda::PagedRows pr;
+    pr.pos = pos.as<int32_t>();
+    pr.table_off = toff.as<int32_t>();
+    pr.tables = tables.as<int32_t>();
+    pr.block_size = block_size;
+    return pr;
+}
+
 /// Offsets of groups of the given sizes, back to back: sizes.size() + 1
 /// entries from 0 (the `off` argument of the grouped expert GEMMs).
 std::vector<int32_t> group_offsets(const std::vector<int32_t>& sizes) {
@@ -640,6 +652,17 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
+    // µs per call of f: the mean of 20 calls after 3 to warm up.
+    const auto time = [&](auto&& f) {
+        for (int i = 0; i < 3; ++i) f();
+        cudaEventRecord(e0, ctx.stream());
+        for (int i = 0; i < 20; ++i) f();
+        cudaEventRecord(e1, ctx.stream());
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        return 1e3 * ms / 20;
+    };
     // QUERN_BQ_BENCH_SHAPE=name and QUERN_BQ_BENCH_N=n keep one shape and
     // one row count (for profiling a single kernel).
     const char* only_shape = std::getenv("QUERN_BQ_BENCH_SHAPE");
@@ -677,16 +700,6 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
         cuda::DeviceBuffer dx = on_device(xh, ctx), dy(static_cast<size_t>(64 * sh.N) * 4);
         for (int64_t n : {1, 8, 16, 24, 32, 48, 64}) {
             if (only_n && std::atoi(only_n) != n) continue;
-            const auto time = [&](auto&& f) {
-                for (int i = 0; i < 3; ++i) f();
-                cudaEventRecord(e0, ctx.stream());
-                for (int i = 0; i < 20; ++i) f();
-                cudaEventRecord(e1, ctx.stream());
-                cudaEventSynchronize(e1);
-                float ms = 0;
-                cudaEventElapsedTime(&ms, e0, e1);
-                return 1e3 * ms / 20;
-            };
             size_t iq = 0, ic = 0, iff = 0;
             // bq in every form the device has (n > 16), the fastest shown
             // first, then each one.
@@ -736,16 +749,6 @@ TEST(CudaPrefill, DISABLED_BqGemmThroughput) {
         const int form0 = cuda::bq_gemm_form();
         for (int64_t n : {8, 16, 32}) {
             size_t it = 0;
-            const auto time = [&](auto&& f) {
-                for (int i = 0; i < 3; ++i) f();
-                cudaEventRecord(e0, ctx.stream());
-                for (int i = 0; i < 20; ++i) f();
-                cudaEventRecord(e1, ctx.stream());
-                cudaEventSynchronize(e1);
-                float ms = 0;
-                cudaEventElapsedTime(&ms, e0, e1);
-                return 1e3 * ms / 20;
-            };
             std::string line;
             for (int form : {0, 1}) {
                 cuda::bq_gemm_set_form(form);
@@ -1246,11 +1249,7 @@ TEST(CudaPrefill, PagedRopeLongRowsTakeTheLongTable) {
                            dv(static_cast<size_t>(4 * bs * kvd) * 2);
         dk.fill_bytes(0, ctx.stream());
         dv.fill_bytes(0, ctx.stream());
-        cuda::PagedRows pr;
-        pr.pos = dpos.as<int32_t>();
-        pr.table_off = doff.as<int32_t>();
-        pr.tables = dtab.as<int32_t>();
-        pr.block_size = bs;
+        cuda::PagedRows pr = paged_rows(dpos, doff, dtab, bs);
         if (per_row) {
             pr.rope_long = dflag.as<int32_t>();
             pr.inv_freq_long = dfl.as<float>();
@@ -1383,11 +1382,7 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
             for (bool bf16 : {false, true}) {
                 const bool scalar = mode == 1;
                 const char* name = scalar ? " scalar" : mode ? " split" : " grouped";
-                cuda::PagedRows pr;
-                pr.pos = dpos.as<int32_t>();
-                pr.table_off = doff.as<int32_t>();
-                pr.tables = dtab.as<int32_t>();
-                pr.block_size = bs;
+                cuda::PagedRows pr = paged_rows(dpos, doff, dtab, bs);
                 pr.scalar = scalar;
                 if (mode == 2) {
                     pr.split_ws = dws.as<float>();
@@ -1494,11 +1489,7 @@ TEST(CudaPrefill, PagedRopeAttentionEqualsTheTwoLaunches) {
                                        dy(static_cast<size_t>(n * ldo) * 4), dyb(static_cast<size_t>(n * qd) * 2);
                     dy.fill_bytes(0xFF, ctx.stream());
                     dyb.fill_bytes(0xFF, ctx.stream());
-                    cuda::PagedRows pr;
-                    pr.pos = dpos.as<int32_t>();
-                    pr.table_off = doff.as<int32_t>();
-                    pr.tables = dtab.as<int32_t>();
-                    pr.block_size = bs;
+                    cuda::PagedRows pr = paged_rows(dpos, doff, dtab, bs);
                     pr.one_row_per_seq = true;
                     if (split) {
                         pr.split_ws = dws.as<float>();

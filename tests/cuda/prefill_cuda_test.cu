@@ -367,18 +367,23 @@ TEST(CudaPrefill, BqGemmGluMatchesReference) {
         return gelu ? 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
                     : g / (1.0 + std::exp(-g));
     };
+    // Layouts: one [gate | up] weight (F = 144: 9 tiles, a partial block of
+    // pair tiles), two weights of 136 rows (a partial last tile), and one
+    // weight whose gate starts at row 16 ([16 other rows | gate | up]).
+    const char* const layouts[] = {"fused", "pair", "offset"};
     for (DType t : {DType::Q4_K, DType::Q4_0, DType::Q6_K, DType::Q5_K}) {
-        for (const int64_t K : {int64_t{256}, int64_t{768}}) {
-            const int64_t F = 144;  // 9 tiles: a partial block of pair tiles
-            for (const bool fused : {true, false}) {
-                HostMatrix mg = random_matrix(t, fused ? 2 * F : F, K, rng);
-                HostMatrix mu = fused ? mg : random_matrix(t, F, K, rng);
+        for (const int64_t K : {int64_t{256}, int64_t{768}, int64_t{1536}}) {  // 1536: up to 6 K splits
+            for (int lay = 0; lay < 3; ++lay) {
+                const bool one = lay != 1;  // gate and up in one weight
+                const int64_t F = one ? 144 : 136, g0 = lay == 2 ? 16 : 0;
+                HostMatrix mg = random_matrix(t, one ? g0 + 2 * F : F, K, rng);
+                HostMatrix mu = one ? mg : random_matrix(t, F, K, rng);
                 cuda::DeviceWeight wg = upload(ctx, mg);
-                cuda::DeviceWeight wu = fused ? cuda::DeviceWeight() : upload(ctx, mu);
+                cuda::DeviceWeight wu = one ? cuda::DeviceWeight() : upload(ctx, mu);
                 cuda::make_resident_bq(wg, ctx.stream());
-                if (!fused) cuda::make_resident_bq(wu, ctx.stream());
-                const cuda::DeviceWeight& up = fused ? wg : wu;
-                const int64_t up0 = fused ? F : 0;
+                if (!one) cuda::make_resident_bq(wu, ctx.stream());
+                const cuda::DeviceWeight& up = one ? wg : wu;
+                const int64_t up0 = one ? g0 + F : 0;
                 const auto w_at = [&](const HostMatrix& m, int64_t j, int64_t k) {
                     return static_cast<double>(m.deq[static_cast<size_t>(j * K + k)]);
                 };
@@ -407,7 +412,7 @@ TEST(CudaPrefill, BqGemmGluMatchesReference) {
                             cuda::DeviceBuffer dx = on_device(x, ctx), dh(static_cast<size_t>(n * ldh) * 2);
                             const uint16_t* xb = gemm.to_bf16(dx.as<float>(), K, n, K, ctx.stream());
                             dh.fill_bytes(0xFF, ctx.stream());
-                            cuda::bq_gemm_glu(wg, 0, up, up0, F, xb, n, dh.as<uint16_t>(), ldh, gelu, ctx.stream());
+                            cuda::bq_gemm_glu(wg, g0, up, up0, F, xb, n, dh.as<uint16_t>(), ldh, gelu, ctx.stream());
                             std::vector<uint16_t> h(static_cast<size_t>(n * ldh));
                             dh.download(h.data(), h.size() * 2, ctx.stream());
                             int bad = 0;
@@ -416,9 +421,9 @@ TEST(CudaPrefill, BqGemmGluMatchesReference) {
                                     double g = 0, u = 0, mg2 = 0, mu2 = 0;
                                     for (int64_t k = 0; k < K; ++k) {
                                         const double xv = bf16_to_float(fp32_to_bf16(x[static_cast<size_t>(r * K + k)]));
-                                        g += xv * w_at(mg, j, k);
+                                        g += xv * w_at(mg, g0 + j, k);
                                         u += xv * w_at(mu, up0 + j, k);
-                                        const double eg = xv * gmg[static_cast<size_t>(j * K + k)];
+                                        const double eg = xv * gmg[static_cast<size_t>((g0 + j) * K + k)];
                                         const double eu = xv * gmu[static_cast<size_t>((up0 + j) * K + k)];
                                         mg2 += eg * eg;
                                         mu2 += eu * eu;
@@ -430,7 +435,7 @@ TEST(CudaPrefill, BqGemmGluMatchesReference) {
                                                        std::ldexp(std::fabs(ref), -8) + 1e-5;
                                     const float got = bf16_to_float(h[static_cast<size_t>(r * ldh + j)]);
                                     if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
-                                        ADD_FAILURE() << dtype_name(t) << " K " << K << (fused ? " fused" : " pair") << " form "
+                                        ADD_FAILURE() << dtype_name(t) << " K " << K << " " << layouts[lay] << " form "
                                                       << form << " n " << n << (gelu ? " gelu" : " silu") << " at " << r << ","
                                                       << j << ": " << got << " vs " << ref << " (tol " << tol << ")";
                                 }
@@ -438,7 +443,8 @@ TEST(CudaPrefill, BqGemmGluMatchesReference) {
                                     if (h[static_cast<size_t>(r * ldh + j)] != 0xFFFFu && bad++ < 5)
                                         ADD_FAILURE() << "padding written at row " << r;
                             }
-                            EXPECT_EQ(bad, 0) << dtype_name(t) << " K " << K << " form " << form << " n " << n;
+                            EXPECT_EQ(bad, 0) << dtype_name(t) << " K " << K << " " << layouts[lay] << " form " << form
+                                              << " n " << n;
                         }
             }
         }
@@ -1433,6 +1439,8 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
 // soft-capping, and heads of 96 (the two-launch fallback).
 TEST(CudaPrefill, PagedRopeAttentionEqualsTheTwoLaunches) {
     REQUIRE_GPU();
+    if (const char* e = std::getenv("QUERN_CUDA_PAGED_SCALAR"); e && std::string(e) == "1")
+        GTEST_SKIP() << "QUERN_CUDA_PAGED_SCALAR=1: both sides would be the two launches";
     cuda::CudaContext ctx;
     std::mt19937 rng(907);
     std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
@@ -1659,26 +1667,31 @@ TEST(CudaPrefill, Bf16OutputNormAndGluMatchCpu) {
         }
     }
     // Rows held in registers (16-byte pieces: 4096, 4160, 640; scalar: 4094,
-    // 333) and longer ones (the looping kernel).
+    // 333, and 4096 with x and the residual one float off 16-byte alignment)
+    // and longer ones (the looping kernel).
     for (const int64_t dim : {int64_t{4096}, int64_t{4096 + 64}, int64_t{4094}, int64_t{640}, int64_t{333}, int64_t{8192 + 96}})
+    for (const int shift : {0, 1})
     for (bool residual : {false, true}) {
+        if (shift && dim != 4096) continue;
         const int64_t n = 6;
         const float eps = 1e-5f;
         std::vector<float> x(static_cast<size_t>(n * dim)), res(x.size()), w(static_cast<size_t>(dim));
         for (auto& v : x) v = nd(rng);
         for (auto& v : res) v = nd(rng);
         for (auto& v : w) v = 1.0f + 0.3f * nd(rng);
-        cuda::DeviceBuffer dx(x.size() * 4), dr(res.size() * 4), dw(w.size() * 4), dout(x.size() * 2 + 64);
-        dx.upload(x.data(), x.size() * 4, ctx.stream());
-        dr.upload(res.data(), res.size() * 4, ctx.stream());
+        cuda::DeviceBuffer dx((x.size() + 4) * 4), dr((res.size() + 4) * 4), dw(w.size() * 4), dout(x.size() * 2 + 64);
+        float* px = dx.as<float>() + shift;
+        float* pr = dr.as<float>() + shift;
+        const size_t off = static_cast<size_t>(shift) * 4;
+        dx.upload(x.data(), x.size() * 4, ctx.stream(), off);
+        dr.upload(res.data(), res.size() * 4, ctx.stream(), off);
         dw.upload(w.data(), w.size() * 4, ctx.stream());
         dout.fill_bytes(0xFF, ctx.stream());
-        cuda::rms_norm_bf16(dx.as<float>(), residual ? dr.as<float>() : nullptr, dw.as<float>(), dout.as<uint16_t>(),
-                            n, dim, eps, ctx.stream());
+        cuda::rms_norm_bf16(px, residual ? pr : nullptr, dw.as<float>(), dout.as<uint16_t>(), n, dim, eps, ctx.stream());
         std::vector<uint16_t> got(x.size() + 32);
         std::vector<float> xs(x.size());
         dout.download(got.data(), got.size() * 2, ctx.stream());
-        dx.download(xs.data(), xs.size() * 4, ctx.stream());
+        dx.download(xs.data(), xs.size() * 4, ctx.stream(), off);
         int bad = 0;
         for (int64_t r = 0; r < n; ++r) {
             double ss = 0;
@@ -1698,7 +1711,7 @@ TEST(CudaPrefill, Bf16OutputNormAndGluMatchCpu) {
         }
         for (size_t i = x.size(); i < got.size(); ++i)
             if (got[i] != 0xFFFF && bad++ < 5) ADD_FAILURE() << "written past n rows";
-        EXPECT_EQ(bad, 0) << (residual ? "with residual" : "no residual") << ", dim " << dim;
+        EXPECT_EQ(bad, 0) << (residual ? "with residual" : "no residual") << ", dim " << dim << ", shift " << shift;
     }
 }
 

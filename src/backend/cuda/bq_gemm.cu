@@ -921,6 +921,21 @@ int form_now() {
     return g_form.compare_exchange_strong(unset, f, std::memory_order_relaxed) ? f : unset;
 }
 
+// The device's dynamic shared memory per block (opt-in maximum), read once
+// per process (one kind of GPU per process).
+int smem_optin() {
+    static const int bytes = [] {
+        int dev = 0, b = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            b = 48 * 1024;
+        }
+        return b;
+    }();
+    return bytes;
+}
+
 template <int BITS>
 void launch_bq_n(BqParts wp, int64_t C, int64_t K, int64_t tiles, int64_t rows, const uint16_t* x, int n, float* y,
                  int64_t ldy, cudaStream_t stream) {
@@ -955,7 +970,10 @@ void launch_bq_n(BqParts wp, int64_t C, int64_t K, int64_t tiles, int64_t rows, 
     // the output head, where two per warp are faster (H200: 4096 x 4096 Q4_K
     // 17.0 -> 14.3 us, 4096 x 14336 39.5 -> 33.4, 128256 x 4096 Q6_K 188 ->
     // 197; bench/batched-cuda-h200.md).
-    if (n <= 32 && !head) return launch_bq<BITS, 4, 1>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
+    // (Two per warp only where the device's shared memory per block holds
+    // them: 108 KB for the 8-bit layouts.)
+    if (n <= 32 && (!head || BqShape<BITS, 4, 2>::kSmem > smem_optin()))
+        return launch_bq<BITS, 4, 1>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
     if (n <= 32) return launch_bq<BITS, 4, 2>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
     launch_bq<BITS, 8, 1>(wp, C, K, tiles, rows, x, n, y, ldy, none, stream);
 }
@@ -963,7 +981,15 @@ void launch_bq_n(BqParts wp, int64_t C, int64_t K, int64_t tiles, int64_t rows, 
 // The GLU product (bq_gemm_glu): 8 or 16 rows on mma.sync with two tiles
 // per warp, 17-32 on the wgmma kernel with two 64-row groups per warpgroup
 // (the form 1 takes for the gate and up matrices; mma.sync with two tiles
-// per warp when the form is 0).
+// per warp when the form is 0). glu_smem: the dynamic shared memory of the
+// kernel it takes.
+template <int BITS>
+int glu_smem(int n) {
+    if (n <= 8) return BqShape<BITS, 1, 2>::kSmem;
+    if (n <= 16) return BqShape<BITS, 2, 2>::kSmem;
+    return form_now() == 0 ? BqShape<BITS, 4, 2>::kSmem : wg_smem_bytes(4, 2);
+}
+
 template <int BITS>
 void launch_glu_n(BqParts gate, BqParts up, int64_t C, int64_t K, int64_t tiles, int64_t rows, const uint16_t* x,
                   int n, uint16_t* h, int64_t ldh, bool gelu, cudaStream_t stream) {
@@ -1075,7 +1101,9 @@ void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* 
 }
 
 bool bq_glu_supported(const DeviceWeight& gate, const DeviceWeight& up, int64_t n) {
-    return gate.bq && up.bq && gate.bq_bits == up.bq_bits && gate.K == up.K && n >= 1 && n <= kBqGluMaxRows;
+    if (!gate.bq || !up.bq || gate.bq_bits != up.bq_bits || gate.K != up.K || n < 1 || n > kBqGluMaxRows) return false;
+    const int nn = static_cast<int>(n);
+    return (gate.bq_bits == 4 ? glu_smem<4>(nn) : glu_smem<8>(nn)) <= smem_optin();
 }
 
 void bq_gemm_glu(const DeviceWeight& gate, int64_t gate_row0, const DeviceWeight& up, int64_t up_row0, int64_t rows,

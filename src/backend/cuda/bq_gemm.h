@@ -92,7 +92,9 @@ void bq_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* 
 inline constexpr int64_t kBqGluMaxRows = 32;
 
 /// Whether bq_gemm_glu takes gate and up for n activation rows: both have bq
-/// layouts of one width (bq_bits) and the same K, 1 <= n <= kBqGluMaxRows.
+/// layouts of one width (bq_bits) and the same K, 1 <= n <= kBqGluMaxRows,
+/// and the kernel it would take fits the device's shared memory per block
+/// (the 8-bit layouts' mma.sync form at 17-32 rows needs 108 KB).
 bool bq_glu_supported(const DeviceWeight& gate, const DeviceWeight& up, int64_t n);
 
 /// A GLU feed-forward layer's gated values straight from its two products
@@ -100,8 +102,9 @@ bool bq_glu_supported(const DeviceWeight& gate, const DeviceWeight& up, int64_t 
 ///   h[r·ldh + j] = BF16(act(Σ_k x_rk·G[gate_row0 + j][k]) · Σ_k x_rk·U[up_row0 + j][k])
 /// with x_rk = xb[r·K + k] (BF16, row stride K = gate.K), act = SiLU, or
 /// GELU in its tanh form when gelu — glu_rows_bf16 applied to the two
-/// bq_gemm products, summed the same way (the gate and up sums of an
-/// element meet in one thread). gate and up may be one weight (a fused
+/// bq_gemm products up to the order of the fp32 sums (the kernel form and
+/// K splits are chosen for the pair; the gate and up sums of an element
+/// meet in one thread). gate and up may be one weight (a fused
 /// [gate | up] matrix: up_row0 = rows). h: n rows at stride ldh BF16, must
 /// not overlap xb. Kernels: the bq_gemm ones with each warp (warpgroup)
 /// multiplying a gate tile and the matching up tile. Preconditions (else

@@ -260,8 +260,10 @@ void paged_attention(const float* q, int64_t ldq, const void* k_cache, const voi
 /// kernel applies (paged_attention) it is one launch: each block readies its
 /// query heads itself (bias, q norm, RoPE, in shared memory), and the block
 /// whose key range ends at the row's position also its key, writing it and
-/// the value before that position is read; otherwise the two calls. Errors
-/// as the two.
+/// the value before that position is read; otherwise the two calls. Rows
+/// that share one cache row (the batch runner's padding rows, all at
+/// position 0 of a spare block) must write it alike; what they read of it
+/// and their outputs are then undefined. Errors as the two.
 void paged_rope_attention(float* qkv, int64_t ld, void* k_cache, void* v_cache, KvType kv_type, int n,
                           const PagedRows& pr, int n_head, int n_head_kv, int head_dim, float scale, int window,
                           float softcap, const float* inv_freq, int rope_dim, bool neox, const AttentionExtras& ex,

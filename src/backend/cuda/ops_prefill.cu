@@ -418,7 +418,10 @@ constexpr int kGroupMaxPerWarp = 4;  // g <= 16
 
 // RoPE and the KV write folded into the grouped paged attention
 // (paged_rope_attention): q holds the rows as the QKV projection left them
-// ([q | k | v], raw), each row the only one of its sequence in the pass.
+// ([q | k | v], raw), each row the only one of its sequence in the pass —
+// or rows that share a cache row and write it alike (the batch runner's
+// padding rows), whose outputs mean nothing. kc / vc (not __restrict__:
+// fold.kc / fold.vc write them) are read only by cp.async.
 struct RopeFold {
     bool on = false;
     const float* inv_freq = nullptr;  // per map.freq (LongRoPE rows their long table)
@@ -431,8 +434,8 @@ struct RopeFold {
 
 template <int HD, bool SOFTCAP>
 __global__ void __launch_bounds__(32 * kGroupWarps)
-    paged_grouped_attention_kernel(const float* __restrict__ q, int64_t ldq, const __half* __restrict__ kc,
-                                   const __half* __restrict__ vc, const PagedMap map, int n_head, int n_head_kv,
+    paged_grouped_attention_kernel(const float* __restrict__ q, int64_t ldq, const __half* kc,
+                                   const __half* vc, const PagedMap map, int n_head, int n_head_kv,
                                    float scale, int window, float softcap, float* __restrict__ out, int64_t ldo,
                                    int nsplit, float* __restrict__ ws, uint16_t* __restrict__ ob, const RopeFold fold) {
     constexpr int E = HD / 32, KP = HD + 8, C16 = HD / 8;  // C16: 16-byte chunks per row

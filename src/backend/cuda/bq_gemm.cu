@@ -753,7 +753,6 @@ __global__ void __launch_bounds__(kThreads) bq_grouped_kernel(const uint8_t* __r
     const int64_t bt0 = static_cast<int64_t>(blockIdx.x) * Sh::kTiles;
     const int btiles = static_cast<int>(tiles_e - bt0 < Sh::kTiles ? tiles_e - bt0 : Sh::kTiles);
     const int64_t mt0 = bt0 + warp * MW;
-    const int nmt = static_cast<int>(tiles_e - mt0 < 0 ? 0 : tiles_e - mt0 < MW ? tiles_e - mt0 : MW);
     float acc[MW][NT][4];
     bq_block_product<BITS, NT, MW, false>(wq, ws, nullptr, nullptr, C, e * tiles_e + bt0, btiles, x + (o0 + t0) * K, K,
                                           n, 0, C, smem, acc);
@@ -765,7 +764,7 @@ __global__ void __launch_bounds__(kThreads) bq_grouped_kernel(const uint8_t* __r
             for (int i = 0; i < 4; ++i) {
                 const int64_t j = kTile * (mt0 + mt) + g + (i >= 2 ? 8 : 0);
                 const int r = 8 * nt + 2 * c + (i & 1);
-                if (mt < nmt && j < rows_e && r < n) y[(o0 + t0 + r) * ldy + j] = acc[mt][nt][i];
+                if (j < rows_e && r < n) y[(o0 + t0 + r) * ldy + j] = acc[mt][nt][i];  // rows_e % 16 == 0: tiles past the bank fail j
             }
 }
 

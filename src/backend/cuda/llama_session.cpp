@@ -1197,11 +1197,12 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
         AttentionExtras ex = attention_extras(L);
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
         if (paged && c.longrope()) inv_freq = rope_short_;  // rows with pr.rope_long set take rope_long_
+        // The paged attention leaves its output in BF16 as the output
+        // projection's input (no separate rounding pass).
+        PagedRows pr = paged ? *paged : PagedRows{};
+        pr.out_bf16 = xb;
         if (paged && paged->one_row_per_seq && rope_fold_) {
-            // Decode rows: RoPE, the KV write and the attention in one launch,
-            // the output in BF16 as the output projection's input.
-            PagedRows pr = *paged;
-            pr.out_bf16 = xb;
+            // Decode rows: RoPE, the KV write and the attention in one launch.
             paged_rope_attention(QKV, LQ, kc, vc, KvType::F16, rows, pr, static_cast<int>(c.n_head),
                                  static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), c.qk_scale(),
                                  static_cast<int>(c.window(il)), c.attn_softcap, inv_freq,
@@ -1211,10 +1212,6 @@ void LlamaCudaSession::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos
                                 static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
                                 static_cast<int>(c.rope_dim), c.rope_neox, ex, s);
             mark("rope_kv");
-            // The attention leaves its output in BF16 as the output
-            // projection's input (no separate rounding pass).
-            PagedRows pr = *paged;
-            pr.out_bf16 = xb;
             paged_attention(QKV, LQ, kc, vc, KvType::F16, rows, pr, static_cast<int>(c.n_head),
                             static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), c.qk_scale(),
                             static_cast<int>(c.window(il)), c.attn_softcap, ATT, QD, s);

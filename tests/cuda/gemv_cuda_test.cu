@@ -17,6 +17,7 @@
 // the weight-only F8_E4M3_B32 (reference: x itself).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -161,8 +162,11 @@ protected:
 };
 
 // Runs y = W x on the device (poisoned output with a guard zone); returns y.
+// With levels = 2 (quantized x only) the activation is two-level and
+// *xr receives what the kernels read: d1·q1 + d2·q2 per element, from the
+// device's own quantization (checked against the host's in test_session_cuda).
 std::vector<float> run_gemv(CudaContext& ctx, const DeviceWeight& W, const std::vector<float>& x, bool float_act,
-                            int config) {
+                            int config, int levels = 1, std::vector<float>* xr = nullptr) {
     const int64_t N = W.N;
     DeviceBuffer xd = to_device(x, ctx);
     DeviceBuffer yd(static_cast<size_t>(N + kGuard) * sizeof(float));
@@ -172,10 +176,26 @@ std::vector<float> run_gemv(CudaContext& ctx, const DeviceWeight& W, const std::
     if (float_act) {
         gemv(ctx, W, xd.as<float>(), yd.as<float>(), opt);
     } else {
-        QuantizedActivation xq(W.K);
+        QuantizedActivation xq(W.K, levels);
         quantize_activation(ctx, xd.as<float>(), xq);
         gemv(ctx, W, xq, yd.as<float>(), opt);
         ctx.synchronize();
+        if (xr) {
+            std::vector<uint8_t> a(xq.buffer().size());
+            xq.buffer().download(a.data(), a.size(), ctx.stream());
+            ctx.synchronize();
+            const int64_t K = W.K;
+            xr->assign(static_cast<size_t>(K), 0.0f);
+            for (int l = 0; l < levels; ++l) {
+                const uint8_t* lv = a.data() + static_cast<size_t>(l) * xq.level_bytes();
+                std::vector<ActBlockInfo> info(static_cast<size_t>(K / 32));
+                std::memcpy(info.data(), lv + K, info.size() * sizeof(ActBlockInfo));
+                for (int64_t k = 0; k < K; ++k) {
+                    const int8_t q = static_cast<int8_t>(lv[(k % 32 >= 16 ? K / 2 : 0) + 16 * (k / 32) + k % 16]);
+                    (*xr)[static_cast<size_t>(k)] += info[static_cast<size_t>(k / 32)].d * static_cast<float>(q);
+                }
+            }
+        }
     }
     ctx.synchronize();
     std::vector<float> y(static_cast<size_t>(N + kGuard));
@@ -219,8 +239,10 @@ int check_against_reference(DType t, const std::vector<uint8_t>& w, int64_t N, i
     return bad;
 }
 
-void gemv_case(CudaContext& ctx, DType t, bool float_act, const Case& c, bool gaussian, int config, uint32_t seed) {
-    SCOPED_TRACE(::testing::Message() << dtype_name(t) << (float_act ? " float-x" : " q8-x") << " N=" << c.N
+void gemv_case(CudaContext& ctx, DType t, bool float_act, const Case& c, bool gaussian, int config, uint32_t seed,
+               int levels = 1) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(t) << (float_act ? " float-x" : " q8-x") << " levels " << levels
+                                      << " N=" << c.N
                                       << " K=" << c.K << (gaussian ? " gaussian" : " random-bits") << " config "
                                       << config << " (" << gemv_config_name(config) << ")");
     std::mt19937 rng(seed);
@@ -230,8 +252,9 @@ void gemv_case(CudaContext& ctx, DType t, bool float_act, const Case& c, bool ga
     Tensor T = Tensor::contiguous(t, {c.K, c.N, 1, 1}, w.data(), "w");
     DeviceWeight W = upload_weight(ctx, T);
     ASSERT_EQ(W.bytes(), w.size());
-    const std::vector<float> y = run_gemv(ctx, W, x, float_act, config);
-    const std::vector<float> xr = float_act ? x : dequantized_activation(x);
+    std::vector<float> x2;
+    const std::vector<float> y = run_gemv(ctx, W, x, float_act, config, levels, levels == 2 ? &x2 : nullptr);
+    const std::vector<float> xr = float_act ? x : levels == 2 ? x2 : dequantized_activation(x);
     EXPECT_EQ(check_against_reference(t, w, c.N, c.K, xr, y), 0);
 }
 
@@ -361,6 +384,36 @@ TEST_F(CudaTest, QuantizedGemvAllConfigs) {
     for (DType t : kQuantTypes)
         for (int config = 0; config < gemv_config_count(); ++config)
             for (const Case& c : cases_for(t)) gemv_case(*ctx_, t, false, c, false, config, seed++);
+}
+
+// Two-level activations (the decode default): every configuration against
+// the activation the kernels read (level 2's scale is level 1's / 254, so
+// Ops may add both levels' integer sums before scaling, as Q4_K's dot2 does);
+// and that activation must be far closer to x than one level.
+TEST_F(CudaTest, QuantizedGemvTwoLevelsAllConfigs) {
+    uint32_t seed = 500;
+    for (DType t : kQuantTypes)
+        for (int config = 0; config < gemv_config_count(); ++config)
+            for (const Case& c : cases_for(t)) gemv_case(*ctx_, t, false, c, false, config, seed++, 2);
+    std::mt19937 rng(9);
+    const int64_t K = 4096;
+    const std::vector<float> x = random_activation(K, rng);
+    std::vector<uint8_t> w = random_blocks(DType::Q8_0, 1, K, rng);
+    DeviceWeight W = upload_weight(*ctx_, Tensor::contiguous(DType::Q8_0, {K, 1, 1, 1}, w.data(), "w"));
+    std::vector<float> x2;
+    run_gemv(*ctx_, W, x, false, -1, 2, &x2);
+    const std::vector<float> x1 = dequantized_activation(x);
+    for (int64_t b = 0; b < K / 32; ++b) {
+        float amax = 0, e1 = 0, e2 = 0;
+        for (int64_t k = 32 * b; k < 32 * b + 32; ++k) {
+            const size_t i = static_cast<size_t>(k);
+            amax = std::max(amax, std::fabs(x[i]));
+            e1 = std::max(e1, std::fabs(x1[i] - x[i]));
+            e2 = std::max(e2, std::fabs(x2[i] - x[i]));
+        }
+        EXPECT_LE(e1, amax / 254.0f * 1.0001f) << "block " << b;
+        EXPECT_LE(e2, amax / (254.0f * 254.0f) * 1.01f) << "block " << b;  // d2/2 = amax/(127·254·2)
+    }
 }
 
 TEST_F(CudaTest, QuantizedGemvGaussianWeights) {

@@ -51,10 +51,12 @@ using test::default_model_path;
 #define REQUIRE_MODEL() \
     if (!std::filesystem::exists(default_model_path())) GTEST_SKIP() << "default model not fetched"
 
-/// Host emulation of the device quantizer for one row: level 1 and, from the
-/// fp32 residual x - d·q, level 2 (planes [2][K/32][16] and records).
+/// Host emulation of the device quantizer for one row (planes [2][K/32][16]
+/// and records): level 1 (d = amax/127), with `residual` also the fp32
+/// residual x - d·q (one fused multiply-add, as the device); with `level1` (the records of x's level 1) the second
+/// level of that residual instead, d = level 1's d / kLevel2Ratio.
 void host_quantize(const std::vector<float>& x, std::vector<int8_t>& q, std::vector<cuda::ActBlockInfo>& info,
-                   std::vector<float>* residual) {
+                   std::vector<float>* residual, const std::vector<cuda::ActBlockInfo>* level1 = nullptr) {
     const int64_t K = static_cast<int64_t>(x.size());
     q.assign(static_cast<size_t>(K), 0);
     info.assign(static_cast<size_t>(K / 32), {});
@@ -62,15 +64,15 @@ void host_quantize(const std::vector<float>& x, std::vector<int8_t>& q, std::vec
     for (int64_t b = 0; b < K / 32; ++b) {
         float amax = 0;
         for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(32 * b + i)]));
-        const float d = amax / 127.0f;
+        const float d = level1 ? (*level1)[static_cast<size_t>(b)].d / cuda::kLevel2Ratio : amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         int lo = 0, hi = 0;
         for (int i = 0; i < 32; ++i) {
             const float v = x[static_cast<size_t>(32 * b + i)];
-            const int qi = static_cast<int>(std::round(v * id));
+            const int qi = std::clamp(static_cast<int>(std::round(v * id)), -127, 127);
             q[static_cast<size_t>((i >> 4) * (K / 2) + 16 * b + (i & 15))] = static_cast<int8_t>(qi);
             (i < 16 ? lo : hi) += qi;
-            if (residual) (*residual)[static_cast<size_t>(32 * b + i)] = v - d * static_cast<float>(qi);
+            if (residual) (*residual)[static_cast<size_t>(32 * b + i)] = std::fma(-d, static_cast<float>(qi), v);
         }
         info[static_cast<size_t>(b)] = {d, static_cast<float>(lo + hi) * d, lo, hi};
     }
@@ -88,7 +90,7 @@ void expect_two_levels(const std::vector<uint8_t>& got, size_t lb, const std::ve
     std::vector<cuda::ActBlockInfo> i1, i2;
     std::vector<float> r;
     host_quantize(y, q1, i1, &r);
-    host_quantize(r, q2, i2, nullptr);
+    host_quantize(r, q2, i2, nullptr, &i1);
     EXPECT_EQ(0, std::memcmp(got.data(), q1.data(), K)) << what;
     if (check_info1) {
         EXPECT_EQ(0, std::memcmp(got.data() + K, i1.data(), i1.size() * sizeof(cuda::ActBlockInfo))) << what;

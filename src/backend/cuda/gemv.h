@@ -20,6 +20,9 @@ namespace quern::cuda {
 
 class CudaContext;
 
+/// Level 2's scale of a two-level QuantizedActivation is level 1's divided by this.
+inline constexpr float kLevel2Ratio = 254.0f;
+
 /// Per-block record of a QuantizedActivation (16 bytes, one per 32 elements):
 /// d = amax/127 and s = float(Σq)·d as quantize_row_ref(Q8_1) computes them
 /// before rounding to fp16, and the integer sums of q over elements 0..15 and
@@ -37,11 +40,15 @@ static_assert(sizeof(ActBlockInfo) == 16);
 /// (plane p, block b, byte i = element 32b+16p+i), followed by K/32
 /// ActBlockInfo records.
 ///
-/// With two levels, level 1 holds x's quantization x8 and level 2 the
-/// quantization of the residual x - x8 (in the same format, right after
-/// level 1); GEMVs then compute W·x8 + W·r8 from one pass over the weights,
-/// an activation error of ~1/127² instead of ~1/127 of each block's maximum
-/// (the scheme the CPU backend uses by default; docs/design-notes.md).
+/// With two levels, level 1 holds x's quantization x8 (scale d per block)
+/// and level 2 the quantization of the residual x - x8 (in the same format,
+/// right after level 1) with the fixed scale d/kLevel2Ratio: |x - x8| ≤ d/2,
+/// so its codes fill [−127, 127]. GEMVs then compute W·x8 + W·r8 from one
+/// pass over the weights, an activation error of ~1/(2·127·254) instead of
+/// ~1/254 of each block's maximum (the CPU backend's default scheme;
+/// docs/design-notes.md); and since both scales are in a fixed ratio a
+/// kernel may add the two integer dot products as 254·s1 + s2 before one
+/// float scaling.
 class QuantizedActivation {
 public:
     QuantizedActivation() = default;

@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
@@ -83,12 +84,31 @@ __device__ __forceinline__ int dp4a_16(uint4 w, uint4 a, int acc) {
     acc = __dp4a(static_cast<int>(w.w), static_cast<int>(a.w), acc);
     return acc;
 }
+// The same with unsigned weight bytes (0..255) against signed activations.
+__device__ __forceinline__ int dp4a_us(uint32_t w, uint32_t a, int acc) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(w), "r"(a), "r"(acc));
+    return d;
+}
+__device__ __forceinline__ int dp4a_us_16(uint4 w, uint4 a, int acc) {
+    acc = dp4a_us(w.x, a.x, acc);
+    acc = dp4a_us(w.y, a.y, acc);
+    acc = dp4a_us(w.z, a.z, acc);
+    acc = dp4a_us(w.w, a.w, acc);
+    return acc;
+}
 __device__ __forceinline__ uint4 lo_nibbles(uint4 q) {
     return make_uint4(q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu);
 }
 __device__ __forceinline__ uint4 hi_nibbles(uint4 q) {
     return make_uint4((q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
                       (q.w >> 4) & 0x0F0F0F0Fu);
+}
+// The high nibbles in place: bytes 16·h (0..240), one AND per word instead
+// of a shift and an AND; dot products with them (dp4a_us) are 16× those of
+// hi_nibbles, exactly.
+__device__ __forceinline__ uint4 hi_nibbles_x16(uint4 q) {
+    return make_uint4(q.x & 0xF0F0F0F0u, q.y & 0xF0F0F0F0u, q.z & 0xF0F0F0F0u, q.w & 0xF0F0F0F0u);
 }
 
 // Quantized activation of one 32-element unit (block b): both planes and the
@@ -120,8 +140,15 @@ __device__ __forceinline__ ActQ8 load_act_q8(const ActQ8Ptrs& a, int u) {
 // (load_first) before its PDL wait: weights are never written during a step,
 // so their DRAM latency overlaps the previous kernel's tail; activations are
 // read only in run(), after the wait.
+//
+// An Op may define dot2(acc, w, x1, x2) = acc + w·(x1 + x2) for two levels
+// in one step: level 2's scale is level 1's / kLevel2Ratio (gemv.h), so the
+// two integer dot products can be combined before one float scaling.
 template <class Op, int R, int STRIDE, int UNR, int L>
 struct RowDot {
+    static constexpr bool kHasDot2 = requires(const typename Op::W& w, const typename Op::A& a) {
+        Op::dot2(0.0f, w, a, a);
+    };
     typename Op::W w[UNR][R];
 
     __device__ __forceinline__ void load(const typename Op::Args& args, const int (&rows)[R], int u0, int U) {
@@ -161,9 +188,14 @@ struct RowDot {
 #pragma unroll
             for (int i = 0; i < UNR; ++i)
 #pragma unroll
-                for (int r = 0; r < R; ++r)
+                for (int r = 0; r < R; ++r) {
+                    if constexpr (L == 2 && kHasDot2) {
+                        acc[r] = Op::dot2(acc[r], w[i][r], x[i][0], x[i][1]);
+                    } else {
 #pragma unroll
-                    for (int l = 0; l < L; ++l) acc[r] += Op::dot(w[i][r], x[i][l]);
+                        for (int l = 0; l < L; ++l) acc[r] += Op::dot(w[i][r], x[i][l]);
+                    }
+                }
         }
     }
 };
@@ -407,6 +439,7 @@ unsigned gemv_grid(int nt, int groups, bool persistent) {
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, nt, 0);
+        if (const char* e = std::getenv("QUERN_GEMV_PERSIST_BPS")) per_sm = std::min(per_sm, std::max(1, std::atoi(e)));
         return std::max(1, sms * per_sm);
     }();
     return static_cast<unsigned>(std::min(groups, resident));
@@ -451,12 +484,27 @@ bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64
     }
     if constexpr (kQ8) {
         if (l && l->epi) {
-            constexpr int RW = 2, UNR = 2;
+            // Loads in flight per row: 2, or the Op's kNormUnroll (Q8_0: 3);
+            // QUERN_GEMV_NORM_UNR=2|3 overrides it for every type (measurement).
+            constexpr int RW = 2;
+            constexpr int kDefaultUnr = [] {
+                if constexpr (requires { Op::kNormUnroll; }) return Op::kNormUnroll;
+                return 2;
+            }();
+            static const int env_unr = [] {
+                const char* e = std::getenv("QUERN_GEMV_NORM_UNR");
+                return e ? std::atoi(e) : 0;
+            }();
+            const int unr = env_unr == 2 || env_unr == 3 ? env_unr : kDefaultUnr;
             const dim3 grid(static_cast<unsigned>(N / 32)), block(32 * (32 / RW));
-            if (a2.q)
-                launch_pdl(gemv_norm_kernel<Op, RW, UNR, 2>, grid, block, 0, stream, args, a2, *l->epi, n, U);
-            else
-                launch_pdl(gemv_norm_kernel<Op, RW, UNR, 1>, grid, block, 0, stream, args, a2, *l->epi, n, U);
+            const auto go = [&]<int UNR>() {
+                if (a2.q)
+                    launch_pdl(gemv_norm_kernel<Op, RW, UNR, 2>, grid, block, 0, stream, args, a2, *l->epi, n, U);
+                else
+                    launch_pdl(gemv_norm_kernel<Op, RW, UNR, 1>, grid, block, 0, stream, args, a2, *l->epi, n, U);
+            };
+            if (unr == 3) go.template operator()<3>();
+            else go.template operator()<2>();
             return true;
         }
     }

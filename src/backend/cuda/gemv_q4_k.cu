@@ -14,8 +14,10 @@
 //            two 16-byte loads + {d, s} of Q8 block u (sub-blocks and Q8
 //            blocks coincide).
 //   Math:    w = (d·sc_j)·q − dmin·m_j, so sum w·x = d·sc_j·dx·Σ q·qx − dmin·m_j·s;
-//            8 dp4a; sc_j, m_j by one byte permute and a few shifts, no
-//            branches (lanes of a warp hold different j).
+//            8 dp4a, the high nibbles masked in place (16·q, unsigned dp4a,
+//            the 16 folded into dx); sc_j, m_j by one byte permute and a few
+//            shifts, no branches (lanes of a warp hold different j). Two
+//            levels: 254·Σq·qx1 + Σq·qx2 in integers, one scaling (dot2).
 //   Bound:   memory: 144 bytes per 256 elements, ~1.5 integer ops per byte.
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -46,16 +48,32 @@ struct OpQ4_K {
         return w;
     }
     static __device__ __forceinline__ A load_a(const Args& g, int u) { return load_act_q8(g.a, u); }
-    static __device__ __forceinline__ float dot(const W& w, const A& x) {
-        const int s = dp4a_16(hi_nibbles(w.q), x.hi, dp4a_16(lo_nibbles(w.q), x.lo, 0));
-        // Device head (weights.h): byte j of {y, z} = sc_j | (m_j & 3) << 6,
-        // nibble j of w = m_j >> 2.
+    // Σ q·qx over the unit, times 16: the high nibbles are used in place.
+    static __device__ __forceinline__ int dot16(uint4 lo, uint4 hi16, const A& x) {
+        return dp4a_us_16(hi16, x.hi, 16 * dp4a_16(lo, x.lo, 0));
+    }
+    // d·sc_j and dmin·m_j of the unit's sub-block. Device head (weights.h):
+    // byte j of {y, z} = sc_j | (m_j & 3) << 6, nibble j of w = m_j >> 2.
+    static __device__ __forceinline__ float2 scales(const W& w) {
         const uint32_t b = __byte_perm(w.head.y, w.head.z, static_cast<uint32_t>(w.j));
         const uint32_t sc = b & 63u;
         const uint32_t mn = ((b >> 6) & 3u) | (((w.head.w >> (4 * w.j)) & 0xFu) << 2);
         const float d = half_bits_to_float(w.head.x), dmin = half_bits_to_float(w.head.x >> 16);
-        const float dj = d * static_cast<float>(sc), mj = dmin * static_cast<float>(mn);
-        return fmaf(dj * x.info.x, static_cast<float>(s), -mj * x.info.y);
+        return make_float2(d * static_cast<float>(sc), dmin * static_cast<float>(mn));
+    }
+    static __device__ __forceinline__ float dot(const W& w, const A& x) {
+        const int s16 = dot16(lo_nibbles(w.q), hi_nibbles_x16(w.q), x);
+        const float2 dm = scales(w);
+        return fmaf(dm.x * (x.info.x * 0.0625f), static_cast<float>(s16), -dm.y * x.info.y);
+    }
+    // Both levels: 16·(254·s1 + s2) in integers (x2's d is x1's / 254), one
+    // float scaling by level 2's d, the min term against s1 + s2.
+    static __device__ __forceinline__ float dot2(float acc, const W& w, const A& x1, const A& x2) {
+        const uint4 lo = lo_nibbles(w.q), hi16 = hi_nibbles_x16(w.q);
+        const int s = dot16(lo, hi16, x1) * static_cast<int>(kLevel2Ratio) + dot16(lo, hi16, x2);
+        const float2 dm = scales(w);
+        acc = fmaf(dm.x * (x2.info.x * 0.0625f), static_cast<float>(s), acc);
+        return fmaf(-dm.y, x1.info.y + x2.info.y, acc);
     }
 };
 

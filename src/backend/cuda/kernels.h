@@ -114,7 +114,7 @@ struct GemvLaunch {
 };
 
 /// Launches the GEMV kernel for l.type / l.act with configuration kGemvConfigs[config]
-/// (with l.epi: `config` is the residual-norm kernel's pipeline depth, 0 / 2 / 3).
+/// (with l.epi: `config` is ignored; gemv_norm_kernel runs with the Op's kNormUnroll, default 2).
 /// Returns false (and launches nothing) if that kernel does not exist.
 bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream);
 
@@ -142,7 +142,7 @@ bool launch_gemv_nvfp4(const GemvLaunch& l, int config, cudaStream_t stream);
 /// Rounds exactly as quantize_row_ref(Q8_1): d = amax/127, q = round(x/d)
 /// (half away from zero), s = float(sum q) * d; d and s are kept in fp32.
 /// With xq2/xinfo2 (both or neither), the residual x - d·q (fp32) is
-/// quantized the same way into them (two-level activation).
+/// quantized with the scale d/kLevel2Ratio into them (two-level activation, gemv.h).
 void launch_quantize_q8_1(const float* x, int8_t* xq, ActBlockInfo* xinfo, int64_t K, cudaStream_t stream,
                           int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr);
 

@@ -803,8 +803,8 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         else mm(p, xn, xq_embd_, y);
     };
 
-    // QUERN_CUDA_SKIP=norm,attn,swiglu,qkv,wo,gateup,down,router leaves those
-    // ops out of the step (gateup, swiglu and down cover the experts too;
+    // QUERN_CUDA_SKIP=norm,attn,combine,swiglu,qkv,wo,gateup,down,router leaves those
+    // ops out of the step (combine: attention's combine launch; gateup, swiglu and down cover the experts too;
     // router the expert layers' router GEMV): the output is wrong, the step
     // time tells what each op costs inside the replayed graph
     // (bench/decode-cuda-h200.md).

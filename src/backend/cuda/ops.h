@@ -40,7 +40,7 @@ enum class KvType { F32, F16 };
 ///   y_out[r] = y (if y_out is not null), and y quantized into (xq, xinfo)
 ///   (if xq is not null; both or neither) with quantize_row_ref(Q8_1)'s
 ///   rounding applied to the float y this kernel computes; with (xq2,
-///   xinfo2) also the residual y - d·q quantized the same way (the second
+///   xinfo2) also the residual y - d·q quantized with the scale d/254 (the second
 ///   level of a two-level QuantizedActivation).
 /// The sum of squares is accumulated in fp32 (the CPU uses double).
 void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out, int8_t* xq, ActBlockInfo* xinfo,

@@ -67,6 +67,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 
+#include <cstdlib>
 #include <string>
 
 namespace quern::cuda {
@@ -609,6 +610,11 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
             break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
+    static const bool skip_combine = [] {
+        const char* e = std::getenv("QUERN_CUDA_SKIP");
+        return e && std::string(e).find("combine") != std::string::npos;
+    }();
+    if (skip_combine) return;
     const dim3 cgrid(static_cast<unsigned>(n_head)), cblock(kCombineThreads);
     switch (head_dim) {
         case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;

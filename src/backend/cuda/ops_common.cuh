@@ -23,34 +23,36 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 /// Quantizes one 32-element block held one element per lane (v of lane i =
-/// element 32b+i) into the QuantizedActivation format (gemv.h), rounding as
-/// quantize_row_ref(Q8_1) and launch_quantize_q8_1: d = amax/127 (IEEE
-/// division; the ops files are built without fast math), q = roundf(v/d).
-/// xq: the row's two planes ([2][K/32][16], plane stride half_k bytes);
-/// xinfo: the row's K/32 records. Whole warp must call it. Returns this
-/// lane's dequantized value d·q (for the residual of a two-level activation).
-__device__ __forceinline__ float quantize_block_q8_1(float v, int lane, int64_t b, int8_t* __restrict__ xq,
-                                                     ActBlockInfo* __restrict__ xinfo, int64_t half_k) {
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
+/// element 32b+i) with the scale d into the QuantizedActivation format
+/// (gemv.h): q = clamp(roundf(v/d), −127, 127) (half away from zero; 1/d by
+/// IEEE division, the ops files are built without fast math), the record
+/// {d, float(Σq)·d, Σq[0..15], Σq[16..31]}. xq: the row's two planes
+/// ([2][K/32][16], plane stride half_k bytes); xinfo: the row's K/32 records.
+/// Whole warp must call it. Returns this lane's code q (as a float).
+__device__ __forceinline__ float quantize_block_q8_1_with(float v, float d, int lane, int64_t b,
+                                                          int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
+                                                          int64_t half_k) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const int q = static_cast<int>(roundf(v * id));
+    const int q = min(max(static_cast<int>(roundf(v * id)), -127), 127);
     int half = q;
 #pragma unroll
     for (int off = 8; off > 0; off >>= 1) half += __shfl_xor_sync(0xFFFFFFFFu, half, off);
     const int other = __shfl_xor_sync(0xFFFFFFFFu, half, 16);
     xq[(lane >> 4) * half_k + 16 * b + (lane & 15)] = static_cast<int8_t>(q);
     if (lane == 0) xinfo[b] = ActBlockInfo{d, static_cast<float>(half + other) * d, half, other};
-    return d * static_cast<float>(q);
+    return static_cast<float>(q);
 }
 
-/// quantize_block_q8_1 and, when xq2 is not null, the residual v - d·q
-/// quantized the same way into (xq2, xinfo2): a two-level activation.
+/// Level 1 of one block, d = amax/127 as quantize_row_ref(Q8_1), and when
+/// xq2 is not null the residual v − d·q (one fused multiply-add, rounded
+/// once) quantized with the fixed scale d/kLevel2Ratio into (xq2, xinfo2):
+/// a two-level activation (gemv.h).
 __device__ __forceinline__ void quantize_block_q8_1_l2(float v, int lane, int64_t b, int8_t* __restrict__ xq,
                                                        ActBlockInfo* __restrict__ xinfo, int8_t* __restrict__ xq2,
                                                        ActBlockInfo* __restrict__ xinfo2, int64_t half_k) {
-    const float dq = quantize_block_q8_1(v, lane, b, xq, xinfo, half_k);
-    if (xq2) quantize_block_q8_1(v - dq, lane, b, xq2, xinfo2, half_k);
+    const float d = warp_max(fabsf(v)) / 127.0f;
+    const float q = quantize_block_q8_1_with(v, d, lane, b, xq, xinfo, half_k);
+    if (xq2) quantize_block_q8_1_with(fmaf(-d, q, v), d / kLevel2Ratio, lane, b, xq2, xinfo2, half_k);
 }
 
 /// Sum over the thread block (blockDim.x a multiple of 32, at most 1024);

@@ -29,21 +29,18 @@ using detail::quantize_block_q8_1_l2;
 //   Bound:   latency (one DRAM round trip per pass-1 load set, two barriers).
 //
 // quantize_chunk_q8_1: the Q8_1 block of 8 lanes (lane & 7 = chunk within the
-// block) holding 4 elements each; same arithmetic as quantize_block_q8_1.
-// Every lane of the warp must call it (inactive lanes with zeros, no store).
-__device__ __forceinline__ void quantize_chunk_q8_1(const float (&v)[4], bool active, int lane, int64_t b,
+// block) holding 4 elements each, with the scale d; same arithmetic as
+// quantize_block_q8_1_with. Every lane of the warp must call it (inactive
+// lanes with zeros, no store).
+__device__ __forceinline__ void quantize_chunk_q8_1(const float (&v)[4], float d, bool active, int lane, int64_t b,
                                                     int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
-                                                    int64_t half_k, float (&dq)[4]) {
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-    for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    const float d = amax / 127.0f;
+                                                    int64_t half_k, float (&qf)[4]) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int q[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-        q[e] = static_cast<int>(roundf(v[e] * id));
-        dq[e] = d * static_cast<float>(q[e]);
+        q[e] = min(max(static_cast<int>(roundf(v[e] * id)), -127), 127);
+        qf[e] = static_cast<float>(q[e]);
     }
     int half = q[0] + q[1] + q[2] + q[3];
 #pragma unroll
@@ -57,17 +54,22 @@ __device__ __forceinline__ void quantize_chunk_q8_1(const float (&v)[4], bool ac
     if (gl == 0) xinfo[b] = ActBlockInfo{d, static_cast<float>(half + other) * d, half, other};
 }
 
-// quantize_chunk_q8_1 and, when xq2 is not null, the residual v - d·q into
-// the second level (two-level activation; gemv.h).
+// Level 1 (d = amax/127 over the 8 lanes) and, when xq2 is not null, the
+// residual v - d·q (fused multiply-add) with the scale d/kLevel2Ratio into the second level
+// (two-level activation; gemv.h).
 __device__ __forceinline__ void quantize_chunk_q8_1_l2(const float (&v)[4], bool active, int lane, int64_t b,
                                                        int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
                                                        int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2,
                                                        int64_t half_k) {
-    float dq[4];
-    quantize_chunk_q8_1(v, active, lane, b, xq, xinfo, half_k, dq);
-    if (xq2) {
-        const float r[4] = {v[0] - dq[0], v[1] - dq[1], v[2] - dq[2], v[3] - dq[3]};
-        quantize_chunk_q8_1(r, active, lane, b, xq2, xinfo2, half_k, dq);
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    const float d = amax / 127.0f;
+    float qf[4];
+    quantize_chunk_q8_1(v, d, active, lane, b, xq, xinfo, half_k, qf);
+    if (xq2) {  // the residual v - d·q by one fused multiply-add, as quantize_block_q8_1_l2
+        const float r[4] = {fmaf(-d, qf[0], v[0]), fmaf(-d, qf[1], v[1]), fmaf(-d, qf[2], v[2]), fmaf(-d, qf[3], v[3])};
+        quantize_chunk_q8_1(r, d / kLevel2Ratio, active, lane, b, xq2, xinfo2, half_k, qf);
     }
 }
 

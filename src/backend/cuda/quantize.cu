@@ -10,32 +10,17 @@
 //            (IEEE division: this file is built without fast math),
 //            id = d ? 1/d : 0, q = roundf(x·id) (half away from zero),
 //            s = float(Σq)·d. Two-level: the residual x - d·q (fp32) is
-//            quantized the same way into the second level. d and s stay fp32 (the reference stores them as
+//            quantized into the second level with the fixed scale d/254
+//            (gemv.h's kLevel2Ratio). d and s stay fp32 (the reference stores them as
 //            fp16; fp16(d), fp16(s) equal its fields bit for bit). Half-block
 //            sums by shuffles within each 16-lane half, then across halves.
 //   Bound:   launch latency (K ≤ a few ten thousand: 4 bytes in, ~1.3 out per element).
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/ops_common.cuh"
 
 namespace quern::cuda {
 namespace {
-
-__device__ __forceinline__ float quantize_one(float v, int lane, int b, int8_t* __restrict__ xq,
-                                              ActBlockInfo* __restrict__ xinfo, int64_t half_k) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const int q = static_cast<int>(roundf(v * id));
-    int half = q;  // sum over this lane's 16-lane half
-#pragma unroll
-    for (int off = 8; off > 0; off >>= 1) half += __shfl_xor_sync(0xFFFFFFFFu, half, off);
-    const int other = __shfl_xor_sync(0xFFFFFFFFu, half, 16);
-    xq[(lane >> 4) * half_k + 16 * static_cast<int64_t>(b) + (lane & 15)] = static_cast<int8_t>(q);
-    if (lane == 0) xinfo[b] = ActBlockInfo{d, static_cast<float>(half + other) * d, half, other};
-    return d * static_cast<float>(q);
-}
 
 __global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __restrict__ xq,
                                      ActBlockInfo* __restrict__ xinfo, int8_t* __restrict__ xq2,
@@ -45,9 +30,7 @@ __global__ void quantize_q8_1_kernel(const float* __restrict__ x, int8_t* __rest
     const int b = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = static_cast<int>(threadIdx.x & 31);
     if (b >= n_blocks) return;  // whole warps leave together
-    const float v = x[32 * static_cast<int64_t>(b) + lane];
-    const float dq = quantize_one(v, lane, b, xq, xinfo, half_k);
-    if (xq2) quantize_one(v - dq, lane, b, xq2, xinfo2, half_k);  // residual level
+    detail::quantize_block_q8_1_l2(x[32 * static_cast<int64_t>(b) + lane], lane, b, xq, xinfo, xq2, xinfo2, half_k);
 }
 
 }  // namespace

@@ -581,6 +581,22 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
             call();
             auto again = down<float>(dout, qn);
             ASSERT_EQ(0, std::memcmp(again.data(), got.data(), got.size() * 4)) << what << ": second call differs";
+            // One split per KV head (the short-context graph's form: every
+            // tile in one block, no combine launch): the same attention.
+            ex.one_split = 1;
+            dout.fill_bytes(0xFF, st());
+            dxq.fill_bytes(0xFF, st());
+            dinfo.fill_bytes(0xFF, st());
+            call();
+            ex.one_split = 0;
+            auto one = down<float>(dout, qn);
+            for (int i = 0; i < qn; ++i)
+                ASSERT_LE(std::fabs(one[i] - ref[i]), 5e-5f) << what << " one split, out " << i << " " << one[i]
+                                                              << " vs " << ref[i];
+            expect_guard(dout, qn);
+            auto oq8 = down<int8_t>(dxq, qn);
+            auto oinfo = down<ActBlockInfo>(dinfo, qn / 32);
+            expect_quantized(one, oq8.data(), oinfo.data(), qn, what + " one split Q8_1");
         }
     }
 }

@@ -582,6 +582,38 @@ TEST(CudaSession, OtherArchitecturesAndHeadSizesVerify) {
 //            within one step and one projection group.
 // Then the same checks on qwen3 (head_dim 128, q/k norms) and phi3 (fused
 // attn_qkv and gate|up) in both types, as the F16 / Q8_0 cases above.
+// Steps at positions below 64 replay a graph of their own whose attention
+// runs as one split per KV head with no combine launch; later steps the
+// split form. Decoding token by token across that boundary must give the
+// logits of a session that never takes the short form (QUERN_CUDA_SHORT_CTX=0)
+// and of the CPU.
+TEST(CudaSession, ShortContextGraphMatchesSplitForm) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    ArchModel am = small_arch_model("llama", "Q8_0", 64, 8, 2);
+    setenv("QUERN_CUDA_SHORT_CTX", "0", 1);
+    auto split = gpu_session(*am.model, 512, false);
+    unsetenv("QUERN_CUDA_SHORT_CTX");
+    auto dflt = gpu_session(*am.model, 512, false);
+    auto cpu = make_cpu_session(*am.model, 512, pool);
+    const int64_t V = am.model->config().n_vocab;
+    std::vector<float> a(static_cast<size_t>(V)), b(a.size()), c(a.size());
+    std::mt19937 rng(3);
+    double worst_split = 1.0, worst_cpu = 1.0;
+    for (int i = 0; i < 200; ++i) {
+        const int32_t t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
+        split->eval(&t, 1, a.data());
+        dflt->eval(&t, 1, b.data());
+        cpu->eval(&t, 1, c.data());
+        worst_split = std::min(worst_split, cosine_similarity(a.data(), b.data(), V));
+        worst_cpu = std::min(worst_cpu, cosine_similarity(b.data(), c.data(), V));
+    }
+    std::printf("short-context graph: worst cosine %.7f against the split form, %.7f against the CPU\n", worst_split,
+                worst_cpu);
+    EXPECT_GE(worst_split, 0.99999);
+    EXPECT_GE(worst_cpu, 0.999);
+}
+
 TEST(CudaSession, Fp8AndNvfp4CheckpointsVerify) {
     REQUIRE_GPU();
     ThreadPool pool(0);

@@ -227,10 +227,13 @@ private:
     /// What a step does after the layers: nothing (a prompt token whose
     /// logits nobody reads), greedy argmax, or sample_token.
     enum Head { kNoHead = 0, kArgmax = 1, kSample = 2 };
-    void enqueue_step(Head head, const TraceFn* trace);
+    void enqueue_step(Head head, const TraceFn* trace, bool short_ctx = false);
     void mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y);
-    /// Replays (capturing on first use) the step graph with or without head.
-    void run_step(Head head);
+    /// Replays (capturing on first use) the step graph with or without head
+    /// for a step at position pos: a graph of its own for pos < short_ctx_,
+    /// whose attention runs as one split per KV head with no combine launch
+    /// (short_ctx: that form).
+    void run_step(Head head, int64_t pos);
     /// Uploads tokens[0..n) to positions n_past_.. and sets the control block
     /// so that the next step evaluates position n_past_.
     void begin(const int32_t* tokens, int64_t n);
@@ -356,7 +359,11 @@ private:
     QuantizedActivation xq_moe_;
     PinnedBuffer host_ctl_, host_tokens_;
 
-    cudaGraphExec_t graph_[3] = {nullptr, nullptr, nullptr};  // [Head]
+    cudaGraphExec_t graph_[3][2] = {};  // [Head][short context]
+    // Steps at positions below this run attention as one split per KV head
+    // with no combine launch (QUERN_CUDA_SHORT_CTX, default 64: one tile,
+    // so no longer chain than the split form's; 0: never).
+    int64_t short_ctx_ = 64;
     DeviceBuffer sampling_;    // one DeviceSampling
     PinnedBuffer host_sampling_;
 
@@ -437,6 +444,7 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     if (c.head_dim == 256 && !opt.f16_kv) fail("the CUDA decode attention needs an f16 KV cache for heads of 256");
     levels_ = model.options().precise_activations ? 2 : 1;
     if (const char* p = std::getenv("QUERN_CUDA_PROFILE"); p && *p && *p != '0') profile_ = true;
+    if (const char* p = std::getenv("QUERN_CUDA_SHORT_CTX"); p && *p) short_ctx_ = std::max(0LL, std::atoll(p));
     if (const char* p = std::getenv("QUERN_CUDA_MOE_GROUPED"); p && *p == '0') moe_grouped_ = false;
     if (const char* p = std::getenv("QUERN_CUDA_BQ_GLU"); p && *p == '0') bq_glu_ = false;
     if (const char* p = std::getenv("QUERN_CUDA_ROPE_FOLD"); p && *p == '0') rope_fold_ = false;
@@ -575,8 +583,9 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
 }
 
 LlamaCudaSession::~LlamaCudaSession() {
-    for (auto& g : graph_)
-        if (g) cudaGraphExecDestroy(g);
+    for (auto& gh : graph_)
+        for (auto& g : gh)
+            if (g) cudaGraphExecDestroy(g);
     clear_batch_graphs();
     if (profile_) {
         print_profile(prof_decode_, "step");
@@ -772,7 +781,7 @@ void LlamaCudaSession::mm(const Piece& p, const float* xf, QuantizedActivation& 
         gemv(ctx_, p.w, xf, y + p.offset);
 }
 
-void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
+void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_ctx) {
     const auto& c = cfg_;
     const cudaStream_t s = ctx_.stream();
     auto* ctl = ctl_.as<DecodeControl>();
@@ -833,6 +842,7 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
         AttentionExtras ex = attention_extras(L);
         ex.window = static_cast<int>(std::min<int64_t>(c.window(il), nctx));
         ex.softcap = c.attn_softcap;
+        ex.one_split = short_ctx ? 1 : 0;
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
         if (!sk("attn")) decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
                               static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
@@ -937,15 +947,16 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace) {
     collect_profile(prof_decode_);
 }
 
-void LlamaCudaSession::run_step(Head head) {
+void LlamaCudaSession::run_step(Head head, int64_t pos) {
     const cudaStream_t s = ctx_.stream();
-    if (!opt_.cuda_graph || profile_) return enqueue_step(head, nullptr);
-    cudaGraphExec_t& ge = graph_[head];
+    const bool sc = pos < short_ctx_;
+    if (!opt_.cuda_graph || profile_) return enqueue_step(head, nullptr, sc);
+    cudaGraphExec_t& ge = graph_[head][sc ? 1 : 0];
     if (!ge) {
         cudaGraph_t g = nullptr;
         QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
         try {
-            enqueue_step(head, nullptr);
+            enqueue_step(head, nullptr, sc);
         } catch (...) {
             cudaStreamEndCapture(s, &g);
             if (g) cudaGraphDestroy(g);
@@ -986,7 +997,7 @@ void LlamaCudaSession::eval(const int32_t* tokens, int64_t n, float* logits) {
     if (n == 0) return;
     if (use_prefill(n) && ensure_prefill_scratch()) return prefill(tokens, n, logits);
     begin(tokens, n);
-    for (int64_t i = 0; i < n; ++i) run_step(i == n - 1 ? kArgmax : kNoHead);
+    for (int64_t i = 0; i < n; ++i) run_step(i == n - 1 ? kArgmax : kNoHead, n_past_ + i);
     n_past_ += n;
     if (logits) {
         QUERN_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.data(), static_cast<size_t>(cfg_.n_vocab) * sizeof(float),
@@ -998,7 +1009,7 @@ void LlamaCudaSession::eval(const int32_t* tokens, int64_t n, float* logits) {
 int32_t LlamaCudaSession::eval_greedy(int32_t token) {
     check_tokens(&token, 1);
     begin(&token, 1);
-    run_step(kArgmax);
+    run_step(kArgmax, n_past_);
     n_past_ += 1;
     auto* hc = host_ctl_.as<DecodeControl>();
     QUERN_CUDA_CHECK(
@@ -1021,7 +1032,7 @@ int32_t LlamaCudaSession::eval_sample(int32_t token, Sampler& sampler) {
     const cudaStream_t s = ctx_.stream();
     QUERN_CUDA_CHECK(cudaMemcpyAsync(sampling_.data(), hp, sizeof(DeviceSampling), cudaMemcpyHostToDevice, s));
     begin(&token, 1);
-    run_step(kSample);
+    run_step(kSample, n_past_);
     n_past_ += 1;
     auto* hc = host_ctl_.as<DecodeControl>();
     QUERN_CUDA_CHECK(cudaMemcpyAsync(hc, ctl_.data(), sizeof(DecodeControl), cudaMemcpyDeviceToHost, s));

@@ -583,7 +583,7 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
         reinterpret_cast<uintptr_t>(scratch) % 16 != 0)
         throw_error(f + ": caches and scratch must be 16-byte aligned");
     const int g = n_head / n_head_kv;
-    const int n_splits = n_splits_for(n_ctx);
+    const int n_splits = rope.ex.one_split ? 1 : n_splits_for(n_ctx);
     float* po = static_cast<float*>(scratch);
     float* pml = po + static_cast<size_t>(n_head) * static_cast<size_t>(n_splits) * static_cast<size_t>(head_dim);
     const bool f16 = kv_type == KvType::F16;
@@ -614,7 +614,7 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
         const char* e = std::getenv("QUERN_CUDA_SKIP");
         return e && std::string(e).find("combine") != std::string::npos;
     }();
-    if (skip_combine) return;
+    if (skip_combine || n_splits == 1) return;  // one split: the split kernel wrote the output
     const dim3 cgrid(static_cast<unsigned>(n_head)), cblock(kCombineThreads);
     switch (head_dim) {
         case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;

@@ -582,7 +582,7 @@ TEST(CudaSession, OtherArchitecturesAndHeadSizesVerify) {
 //            within one step and one projection group.
 // Then the same checks on qwen3 (head_dim 128, q/k norms) and phi3 (fused
 // attn_qkv and gate|up) in both types, as the F16 / Q8_0 cases above.
-// Steps at positions below 64 replay a graph of their own whose attention
+// Steps at positions below 128 replay a graph of their own whose attention
 // runs as one split per KV head with no combine launch; later steps the
 // split form. Decoding token by token across that boundary must give the
 // logits of a session that never takes the short form (QUERN_CUDA_SHORT_CTX=0)

@@ -439,7 +439,6 @@ unsigned gemv_grid(int nt, int groups, bool persistent) {
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, nt, 0);
-        if (const char* e = std::getenv("QUERN_GEMV_PERSIST_BPS")) per_sm = std::min(per_sm, std::max(1, std::atoi(e)));
         return std::max(1, sms * per_sm);
     }();
     return static_cast<unsigned>(std::min(groups, resident));

@@ -361,9 +361,9 @@ private:
 
     cudaGraphExec_t graph_[3][2] = {};  // [Head][short context]
     // Steps at positions below this run attention as one split per KV head
-    // with no combine launch (QUERN_CUDA_SHORT_CTX, default 64: one tile,
-    // so no longer chain than the split form's; 0: never).
-    int64_t short_ctx_ = 64;
+    // with no combine launch (QUERN_CUDA_SHORT_CTX, default 128: at most two
+    // tiles, both requested before the kernel's wait; 0: never).
+    int64_t short_ctx_ = 128;
     DeviceBuffer sampling_;    // one DeviceSampling
     PinnedBuffer host_sampling_;
 

@@ -10,7 +10,7 @@
 //   (short context: one tile each, up to 64·S positions; long context: S
 //   splits of tps tiles). Blocks of splits >= na exit at once.
 //
-// attn_split_kernel<HD, T, G, ROPE>
+// attn_split_kernel<HD, T, G, ROPE, PRE>
 //   Shapes:  q: n_head × HD floats; caches: n_ctx rows × n_head_kv × HD T
 //            (T = float or __half), rows of n_head_kv·HD elements;
 //            part_o: [n_head][S][HD] floats, part_ml: [n_head][S][2]
@@ -44,6 +44,11 @@
 //   One split: when na == 1 (L <= 64·tps, all short contexts) the block
 //            divides by l itself, writes out and quantizes the output
 //            projection's activation; attn_combine_kernel then only waits.
+//            With AttentionExtras::one_split the grid has one split per KV
+//            head (its block takes every tile in turn) and the combine is
+//            not launched at all (the decode graph of positions < 128);
+//            PRE = 2 there: the second tile's rows are requested before
+//            pdl_wait() with the first's.
 //   Order:   *pos is read, inactive blocks leave, the RoPE angles are
 //            computed and the first tile's K/V rows before pos are loaded
 //            before pdl_wait() (launch.cuh): *pos is written only by the
@@ -194,7 +199,7 @@ __device__ __forceinline__ float rotated(const float* x, int e, int rope_dim, in
 // rope_angle: ops_common.cuh (shared with the prefill kernels).
 using detail::rope_angle;
 
-template <int HD, class T, int G, bool ROPE>
+template <int HD, class T, int G, bool ROPE, int PRE>
 __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* __restrict__ q,
                                                                   T* __restrict__ kc, T* __restrict__ vc,
                                                                   const RopeStore rope,
@@ -255,21 +260,25 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     // and are read-only for the whole step, so the first tile's are loaded
     // before pdl_wait(), overlapping the QKV projection's tail; row pos (this
     // launch's store with ROPE, the predecessor's without) after it.
-    uint4 kr[NL], vr[NL];
-    const auto load_rows = [&](int t0, int n) {
+    // PRE = 2 (one split per KV head at short context): the second tile's
+    // rows too, so a two-tile context waits for memory once.
+    uint4 kr[NL], vr[NL], kr2[PRE == 2 ? NL : 1], vr2[PRE == 2 ? NL : 1];
+    const auto load_rows = [&](int t0, int n, uint4* kd, uint4* vd) {
 #pragma unroll
         for (int u = 0; u < NL; ++u) {
             const int row = (u * kNW + warp) * RPW + rsub;
             if (on && row < n && t0 + row < pos && t0 + row >= lo) {
                 const int64_t off = static_cast<int64_t>(t0 + row) * rs + col;
-                kr[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
-                vr[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
+                kd[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
+                vd[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
             } else {
-                kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+                kd[u] = vd[u] = make_uint4(0u, 0u, 0u, 0u);
             }
         }
     };
-    if (tile0 < tile1) load_rows(tile0 * kTile, min(kTile, L - tile0 * kTile));
+    if (tile0 < tile1) load_rows(tile0 * kTile, min(kTile, L - tile0 * kTile), kr, vr);
+    if constexpr (PRE == 2)
+        if (tile0 + 1 < tile1) load_rows((tile0 + 1) * kTile, min(kTile, L - (tile0 + 1) * kTile), kr2, vr2);
     if constexpr (ROPE) {
         // The angles depend on pos and the constant inv_freq only: computed
         // while the QKV projection finishes.
@@ -352,7 +361,14 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     for (int tile = tile0; tile < tile1; ++tile) {
         const int t0 = tile * kTile;
         const int n = min(kTile, L - t0);
-        if (tile != tile0) load_rows(t0, n);
+        if (tile != tile0) {
+            if (PRE == 2 && tile == tile0 + 1) {
+#pragma unroll
+                for (int u = 0; u < NL; ++u) kr[u] = kr2[u], vr[u] = vr2[u];
+            } else {
+                load_rows(t0, n, kr, vr);
+            }
+        }
 #pragma unroll
         for (int u = 0; u < NL; ++u) {
             const int row = (u * kNW + warp) * RPW + rsub;
@@ -541,9 +557,14 @@ template <int HD, class T, int G, bool ROPE>
 void launch_split(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
                   int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv));
-    launch_pdl(attn_split_kernel<HD, T, G, ROPE>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
-               static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
-               out.xinfo, out.xq2, out.xinfo2);
+    if (n_splits == 1 && ROPE)
+        launch_pdl(attn_split_kernel<HD, T, G, ROPE, 2>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
+                   static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
+                   out.xinfo, out.xq2, out.xinfo2);
+    else
+        launch_pdl(attn_split_kernel<HD, T, G, ROPE, 1>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
+                   static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
+                   out.xinfo, out.xq2, out.xinfo2);
 }
 
 template <int HD, class T, bool ROPE>

@@ -26,7 +26,8 @@ inline constexpr float kLevel2Ratio = 254.0f;
 /// Per-block record of a QuantizedActivation (16 bytes, one per 32 elements):
 /// d = amax/127 and s = float(Σq)·d as quantize_row_ref(Q8_1) computes them
 /// before rounding to fp16, and the integer sums of q over elements 0..15 and
-/// 16..31 of the block (Q6_K's −32 offset is applied through them).
+/// 16..31 of the block (Q6_K's −32 offset is applied through them). In
+/// level 2 of a two-level activation d is level 1's d / kLevel2Ratio.
 struct ActBlockInfo {
     float d;
     float s;
@@ -45,8 +46,9 @@ static_assert(sizeof(ActBlockInfo) == 16);
 /// right after level 1) with the fixed scale d/kLevel2Ratio: |x - x8| ≤ d/2,
 /// so its codes fill [−127, 127]. GEMVs then compute W·x8 + W·r8 from one
 /// pass over the weights, an activation error of ~1/(2·127·254) instead of
-/// ~1/254 of each block's maximum (the CPU backend's default scheme;
-/// docs/design-notes.md); and since both scales are in a fixed ratio a
+/// ~1/254 of each block's maximum (the CPU backend's default scheme, which
+/// gives level 2 a scale of its own; docs/design-notes.md); and since both
+/// scales are in a fixed ratio a
 /// kernel may add the two integer dot products as 254·s1 + s2 before one
 /// float scaling.
 class QuantizedActivation {

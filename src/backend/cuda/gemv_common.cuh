@@ -28,8 +28,9 @@
 //            (registers cap the resident warps, hence the configuration table).
 //   Numerics: integer dot products are exact (int32); each unit's sum is scaled
 //            in fp32 and accumulated in fp32 per thread, then tree-reduced. (An
-//            Op's dot2 sum of both levels, 254·s1 + s2, can pass 2^24 and is
-//            rounded to fp32's 24 bits when converted: ~6e-8 relative.)
+//            Op's dot2 sum of both levels, 254·s1 + s2 (Q4_K: 16 times it), can
+//            pass 2^24 and is rounded to fp32's 24 bits when converted: ~6e-8
+//            relative.)
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -205,8 +206,8 @@ struct RowDot {
 // ---------------------------------------------------------------- the kernel
 // L = 2: two-level activations. x = x8 + r8 where x8 is x quantized and r8
 // the residual x - x8 quantized in turn (args.a and a2); each weight vector
-// is loaded once and dotted with both (Op::dot twice on the same W: the
-// weight unpacking is shared by the compiler), so the weight traffic is
+// is loaded once and dotted with both (Op::dot twice on the same W, the
+// weight unpacking shared by the compiler; or the Op's dot2 once), so the weight traffic is
 // unchanged and the activation error drops from ~1/127 to ~1/127² of the
 // block maximum.
 // The deferred RMSNorm scale (ActScale, gemv.h's DeferredNormScale): warp

@@ -114,7 +114,8 @@ struct GemvLaunch {
 };
 
 /// Launches the GEMV kernel for l.type / l.act with configuration kGemvConfigs[config]
-/// (with l.epi: `config` is ignored; gemv_norm_kernel runs with the Op's kNormUnroll, default 2).
+/// (with l.epi: `config` is ignored; gemv_norm_kernel runs with the Op's kNormUnroll, default 2,
+/// or QUERN_GEMV_NORM_UNR=2|3 for every type).
 /// Returns false (and launches nothing) if that kernel does not exist.
 bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream);
 

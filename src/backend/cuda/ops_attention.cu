@@ -43,7 +43,8 @@
 //            replaces a separate rope_kv_store launch per layer.
 //   One split: when na == 1 (L <= 64·tps, all short contexts) the block
 //            divides by l itself, writes out and quantizes the output
-//            projection's activation; attn_combine_kernel then only waits.
+//            projection's activation; attn_combine_kernel then only waits
+//            (or, with one split in the grid, is not launched).
 //            With AttentionExtras::one_split the grid has one split per KV
 //            head (its block takes every tile in turn) and the combine is
 //            not launched at all (the decode graph of positions < 128);
@@ -56,8 +57,9 @@
 //   Align:   cache base pointers 16-byte aligned (cudaMalloc gives 256).
 //   Bound:   bandwidth of the K/V reads at long context (2·L·n_head_kv·HD·
 //            sizeof(T) bytes per layer); at short context latency: a chain
-//            of dependent reads per block (*pos, q, then each tile's K/V, no
-//            prefetch of the next tile) plus two launches.
+//            of dependent reads per block (*pos, q, then each tile's K/V past
+//            the first — the second too with PRE = 2 — loaded in turn) plus
+//            two launches (one with one_split).
 //
 // attn_combine_kernel<HD>
 //   Grid:    one block of 256 threads per query head; reads only the na

@@ -8,7 +8,8 @@
 //            256 threads per block, ceil(K/256) blocks.
 //   Math:    exactly quantize_row_ref(Q8_1): amax by warp max, d = amax/127
 //            (IEEE division: this file is built without fast math),
-//            id = d ? 1/d : 0, q = roundf(x·id) (half away from zero),
+//            id = d ? 1/d : 0, q = roundf(x·id) (half away from zero;
+//            clamped to [-127, 127], which holds level 1's codes anyway),
 //            s = float(Σq)·d. Two-level: the residual x - d·q (fp32) is
 //            quantized into the second level with the fixed scale d/254
 //            (gemv.h's kLevel2Ratio). d and s stay fp32 (the reference stores them as

@@ -48,8 +48,8 @@
 //            With AttentionExtras::one_split the grid has one split per KV
 //            head (its block takes every tile in turn) and the combine is
 //            not launched at all (the decode graph of positions < 128);
-//            PRE = 2 there: the second tile's rows are requested before
-//            pdl_wait() with the first's.
+//            PRE = 2 there (where G·HD <= 1024, G <= 8): the second tile's
+//            rows are requested before pdl_wait() with the first's.
 //   Order:   *pos is read, inactive blocks leave, the RoPE angles are
 //            computed and the first tile's K/V rows before pos are loaded
 //            before pdl_wait() (launch.cuh): *pos is written only by the
@@ -559,14 +559,20 @@ template <int HD, class T, int G, bool ROPE>
 void launch_split(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
                   int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv));
-    if (n_splits == 1 && ROPE)
-        launch_pdl(attn_split_kernel<HD, T, G, ROPE, 2>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
-                   static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
-                   out.xinfo, out.xq2, out.xinfo2);
-    else
-        launch_pdl(attn_split_kernel<HD, T, G, ROPE, 1>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
-                   static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
-                   out.xinfo, out.xq2, out.xinfo2);
+    // PRE = 2 where the second tile's registers fit without spilling (ptxas:
+    // up to 8 query heads per block and 1024 query elements).
+    constexpr bool kPre2 = ROPE && G <= 8 && G * HD <= 1024;
+    if constexpr (kPre2) {
+        if (n_splits == 1) {
+            launch_pdl(attn_split_kernel<HD, T, G, ROPE, 2>, grid, dim3(kAttnThreads), 0, stream, q,
+                       static_cast<T*>(kc), static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po,
+                       pml, out.out, out.xq, out.xinfo, out.xq2, out.xinfo2);
+            return;
+        }
+    }
+    launch_pdl(attn_split_kernel<HD, T, G, ROPE, 1>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
+               static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
+               out.xinfo, out.xq2, out.xinfo2);
 }
 
 template <int HD, class T, bool ROPE>

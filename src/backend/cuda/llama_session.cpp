@@ -227,12 +227,13 @@ private:
     /// What a step does after the layers: nothing (a prompt token whose
     /// logits nobody reads), greedy argmax, or sample_token.
     enum Head { kNoHead = 0, kArgmax = 1, kSample = 2 };
+    /// short_ctx: attention as one split per KV head with no combine launch
+    /// (AttentionExtras::one_split), for steps at positions < short_ctx_.
     void enqueue_step(Head head, const TraceFn* trace, bool short_ctx = false);
     void mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y);
     /// Replays (capturing on first use) the step graph with or without head
-    /// for a step at position pos: a graph of its own for pos < short_ctx_,
-    /// whose attention runs as one split per KV head with no combine launch
-    /// (short_ctx: that form).
+    /// for a step at position pos: a graph of its own for pos < short_ctx_
+    /// (enqueue_step's short_ctx form).
     void run_step(Head head, int64_t pos);
     /// Uploads tokens[0..n) to positions n_past_.. and sets the control block
     /// so that the next step evaluates position n_past_.
@@ -812,8 +813,8 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
         else mm(p, xn, xq_embd_, y);
     };
 
-    // QUERN_CUDA_SKIP=norm,attn,combine,swiglu,qkv,wo,gateup,down,router leaves those
-    // ops out of the step (combine: attention's combine launch; gateup, swiglu and down cover the experts too;
+    // QUERN_CUDA_SKIP=norm,attn,swiglu,qkv,wo,gateup,down,router leaves those
+    // ops out of the step (gateup, swiglu and down cover the experts too;
     // router the expert layers' router GEMV): the output is wrong, the step
     // time tells what each op costs inside the replayed graph
     // (bench/decode-cuda-h200.md).

@@ -74,7 +74,6 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 
-#include <cstdlib>
 #include <string>
 
 namespace quern::cuda {
@@ -561,16 +560,10 @@ void launch_split(const float* q, void* kc, void* vc, const RopeStore& rope, con
     const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv));
     // PRE = 2 where the second tile's registers fit without spilling (ptxas:
     // up to 8 query heads per block and 1024 query elements).
-    constexpr bool kPre2 = ROPE && G <= 8 && G * HD <= 1024;
-    if constexpr (kPre2) {
-        if (n_splits == 1) {
-            launch_pdl(attn_split_kernel<HD, T, G, ROPE, 2>, grid, dim3(kAttnThreads), 0, stream, q,
-                       static_cast<T*>(kc), static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po,
-                       pml, out.out, out.xq, out.xinfo, out.xq2, out.xinfo2);
-            return;
-        }
-    }
-    launch_pdl(attn_split_kernel<HD, T, G, ROPE, 1>, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
+    auto kernel = attn_split_kernel<HD, T, G, ROPE, 1>;
+    if constexpr (ROPE && G <= 8 && G * HD <= 1024)
+        if (n_splits == 1) kernel = attn_split_kernel<HD, T, G, ROPE, 2>;
+    launch_pdl(kernel, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
                static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
                out.xinfo, out.xq2, out.xinfo2);
 }
@@ -639,11 +632,7 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
             break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
-    static const bool skip_combine = [] {
-        const char* e = std::getenv("QUERN_CUDA_SKIP");
-        return e && std::string(e).find("combine") != std::string::npos;
-    }();
-    if (skip_combine || n_splits == 1) return;  // one split: the split kernel wrote the output
+    if (n_splits == 1) return;  // one split: the split kernel wrote the output
     const dim3 cgrid(static_cast<unsigned>(n_head)), cblock(kCombineThreads);
     switch (head_dim) {
         case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;

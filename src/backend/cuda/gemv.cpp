@@ -22,90 +22,25 @@ bool gemv_takes_quantized_activation(DType t) {
     return cuda_weight_type_supported(t) && dtype_is_quantized(t) && t != DType::F8_E4M3_B32;
 }
 
-int gemv_config_count() { return kNumGemvConfigs + kNumGemvStreamConfigs; }
+int gemv_config_count() { return kNumGemvConfigs; }
 
 const char* gemv_config_name(int config) {
     static const std::string* names = [] {
-        auto* v = new std::string[kNumGemvConfigs + kNumGemvStreamConfigs];
+        auto* v = new std::string[kNumGemvConfigs];
         for (int i = 0; i < kNumGemvConfigs; ++i)
             v[i] = fmt::format("R{} T{} U{}{}", kGemvConfigs[i].rows, kGemvConfigs[i].threads,
                                kGemvConfigs[i].unroll, kGemvConfigs[i].persistent ? " P" : "");
-#define QUERN_GEMV_STREAM_NAME(idx, KB) v[kNumGemvConfigs + idx] = fmt::format("S {}K", KB);
-        QUERN_GEMV_STREAM_CONFIGS(QUERN_GEMV_STREAM_NAME)
-#undef QUERN_GEMV_STREAM_NAME
         return v;
     }();
-    return config >= 0 && config < gemv_config_count() ? names[config].c_str() : "?";
-}
-
-namespace kern {
-bool stream_device_supported() {
-    static const bool ok = [] {
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return false;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-        return major >= 9;
-    }();
-    return ok;
-}
-}  // namespace kern
-
-namespace {
-// Weight types with a streamed kernel, and whether rows of K elements suit it
-// (gemv_stream.cuh's stream_supported: the row pieces of every stream
-// 16-byte aligned).
-bool stream_type_supported(DType type, int64_t K) {
-    switch (type) {
-        case DType::Q4_K: return K % 256 == 0;
-        case DType::Q6_K: return K % 2048 == 0;
-        default: return false;
-    }
-}
-
-// QUERN_GEMV_STREAM: unset = streamed variant 0 where the policy below takes
-// it; 0 = never; 1..n = variant n−1 (measurements). QUERN_GEMV_STREAM_MIN_N:
-// the fewest rows a matrix needs for the streamed kernel (default 2048).
-int stream_variant_env() {
-    static const int v = [] {
-        const char* e = std::getenv("QUERN_GEMV_STREAM");
-        if (!e || !*e) return 0;
-        const int n = std::atoi(e);
-        return n <= 0 || n > kNumGemvStreamConfigs ? -1 : n - 1;
-    }();
-    return v;
-}
-int64_t stream_min_rows() {
-    static const int64_t v = [] {
-        const char* e = std::getenv("QUERN_GEMV_STREAM_MIN_N");
-        return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t{2048};
-    }();
-    return v;
-}
-
-// The streamed configuration the defaults take for two-level activations on
-// this device, or -1.
-int default_stream_config(DType type, int64_t N, int64_t K, int levels) {
-    if (levels != 2 || !stream_type_supported(type, K) || !kern::stream_device_supported()) return -1;
-    const int v = stream_variant_env();
-    if (v < 0 || N < stream_min_rows()) return -1;
-    return kNumGemvConfigs + v;
-}
-}  // namespace
-
-int gemv_stream_config_count() { return kNumGemvStreamConfigs; }
-int gemv_stream_config(int v) { return kNumGemvConfigs + v; }
-
-bool gemv_config_supported(DType type, int64_t K, int config) {
-    if (config >= 0 && config < kNumGemvConfigs) return true;
-    return is_stream_config(config) && stream_type_supported(type, K) && kern::stream_device_supported();
+    return config >= 0 && config < kNumGemvConfigs ? names[config].c_str() : "?";
 }
 
 // Chosen from the per-configuration sweep of bench_gemv_cuda on an H200
 // (bench/gemv-cuda-h200.md, 2026-11-30); indices into kGemvConfigs. The
 // quantized kernels want few threads per row (T64: 2 units per thread on
 // K = 4096) and 2-4 rows per block; the float kernels more threads per row.
-namespace {
-int table_default_config(DType type, int64_t N, int64_t K, int levels) {
+int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation, int levels) {
+    (void)float_activation;
     const bool long_rows = K > 8192;  // e.g. the FFN down projection (K = 14336)
     if (levels == 2 && gemv_takes_quantized_activation(type)) {
         // Two-level activations double the activation loads per weight load,
@@ -161,13 +96,6 @@ int table_default_config(DType type, int64_t N, int64_t K, int levels) {
         default: return 3;
     }
 }
-}  // namespace
-
-int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation, int levels) {
-    (void)float_activation;
-    if (const int sc = default_stream_config(type, N, K, levels); sc >= 0) return sc;
-    return table_default_config(type, N, K, levels);
-}
 
 void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& xq) {
     if (xq.K() <= 0) fail("quantize_activation: empty QuantizedActivation");
@@ -206,10 +134,7 @@ void run(CudaContext& ctx, const GemvLaunch& l, const GemvOptions& opt) {
     int config = opt.config;
     if (config < 0) config = config_override(l.type);
     if (config < 0) config = gemv_default_config(l.type, l.N, l.K, float_act, l.xq2 ? 2 : 1);
-    if (config >= gemv_config_count()) fail("gemv: unknown configuration {} (0..{})", config, gemv_config_count() - 1);
-    if (!gemv_config_supported(l.type, l.K, config))
-        fail("gemv: configuration {} ({}) does not take {} weights with K = {} on this device", config,
-             gemv_config_name(config), dtype_name(l.type), l.K);
+    if (config >= kNumGemvConfigs) fail("gemv: unknown configuration {} (0..{})", config, kNumGemvConfigs - 1);
     if (!launch_gemv(l, config, ctx.stream()))
         fail("gemv: no CUDA kernel for {} weights with {} activations", dtype_name(l.type),
              float_act ? "float" : "quantized");
@@ -299,23 +224,14 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 }
 
 void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& a, float* x,
-                        const float* norm_w, QuantizedActivation& xq_next, float* ss_parts, const GemvOptions& opt) {
+                        const float* norm_w, QuantizedActivation& xq_next, float* ss_parts) {
     if (!x || !norm_w || !ss_parts) fail("gemv_residual_norm: null pointer");
     GemvLaunch l = q8_launch("gemv_residual_norm", W, a, x);
     if (W.N % 32 != 0) fail("gemv_residual_norm: N = {} is not a multiple of 32", W.N);
     if (xq_next.K() != W.N) fail("gemv_residual_norm: next activation has {} elements, N = {}", xq_next.K(), W.N);
     const NormEpilogue epi{x, norm_w, xq_next.q(), xq_next.info(), xq_next.q2(), xq_next.info2(), ss_parts};
     l.epi = &epi;
-    // The streamed kernel where the defaults take it (or opt forces it);
-    // any other configuration index means gemv_norm_kernel.
-    int config = opt.config;
-    if (config < 0) config = default_stream_config(W.type, W.N, W.K, a.levels());
-    if (config >= gemv_config_count()) fail("gemv_residual_norm: unknown configuration {}", config);
-    if (is_stream_config(config) && !gemv_config_supported(W.type, W.K, config))
-        fail("gemv_residual_norm: configuration {} ({}) does not take {} weights with K = {} on this device", config,
-             gemv_config_name(config), dtype_name(W.type), W.K);
-    if (!is_stream_config(config)) config = 0;
-    if (!launch_gemv(l, config, ctx.stream())) fail("gemv_residual_norm: no CUDA kernel for {} weights", dtype_name(W.type));
+    if (!launch_gemv(l, 0, ctx.stream())) fail("gemv_residual_norm: no CUDA kernel for {} weights", dtype_name(W.type));
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
@@ -340,7 +256,6 @@ void run_indexed(CudaContext& ctx, GemvLaunch l, int64_t rows, const int32_t* id
     int config = opt.config;
     if (config < 0) config = config_override(l.type);
     if (config < 0) config = gemv_default_config(l.type, l.N, l.K, l.act == ActKind::F32, l.xq2 ? 2 : 1);
-    if (is_stream_config(config)) config = table_default_config(l.type, l.N, l.K, l.xq2 ? 2 : 1);  // no indexed streamed kernel
     if (config >= kNumGemvConfigs) fail("gemv_indexed: unknown configuration {} (0..{})", config, kNumGemvConfigs - 1);
     if (!launch_gemv(l, config, ctx.stream()))
         fail("gemv_indexed: no CUDA kernel for {} weights with {} activations", dtype_name(l.type),

@@ -104,27 +104,14 @@ struct DeferredNormScale {
 bool gemv_takes_quantized_activation(DType t);
 
 /// Launch choice for benchmarks and tests: -1 picks the tuned default for the
-/// shape; 0 .. gemv_config_count()-1 forces one configuration: an entry of
-/// the register kernels' table (rows per block, threads, unroll; see
-/// kernels.h) or, from index kNumGemvConfigs on, a variant of the streamed
-/// kernel (gemv_stream.cuh: Q4_K and Q6_K on sm_90 and later;
-/// gemv_config_supported says where).
+/// shape; 0 .. gemv_config_count()-1 forces one entry of the kernels'
+/// configuration table (rows per block, threads, unroll; see kernels.h).
 struct GemvOptions {
     int config = -1;
 };
 int gemv_config_count();
-/// Human-readable description of configuration `config`, e.g. "R2 T128 U2"
-/// or "S 200K" (streamed: the ring budget).
+/// Human-readable description of configuration `config`, e.g. "R2 T128 U2".
 const char* gemv_config_name(int config);
-/// Whether configuration `config` runs weights of type `type` with rows of K
-/// elements on the current device (every table entry does; a streamed one
-/// needs Q4_K (K % 256 == 0) or Q6_K (K % 2048 == 0) and compute capability
-/// 9.0 or later).
-bool gemv_config_supported(DType type, int64_t K, int config);
-/// Number of streamed configurations, and the index of variant v
-/// (0 .. gemv_stream_config_count() − 1) among all configurations.
-int gemv_stream_config_count();
-int gemv_stream_config(int v);
 /// The configuration the default (-1) picks for this weight type and shape.
 /// `levels`: of the quantized activation (1 or 2).
 int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation, int levels = 1);
@@ -156,15 +143,12 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 ///   ss_parts[b] = Σ_{i in 32b..32b+31} x[i]²  for b < N/32
 /// a: W's quantized input; norm_w: N floats (the next RMSNorm's weight);
 /// ss_parts: N/32 floats; xq_next.K() == N. The consumers read xq_next with
-/// DeferredNormScale{ss_parts, N/32, N, eps}. The streamed kernel where the
-/// defaults take it (opt.config −1) or opt.config names a streamed
-/// configuration; otherwise one thread block per 32 rows (gemv_norm_kernel).
-/// Throws quern::Error for a W that takes float x, N % 32 != 0, mismatched
-/// sizes, or a streamed configuration that does not take W.
+/// DeferredNormScale{ss_parts, N/32, N, eps}. One thread block per 32 rows.
+/// Throws quern::Error for a W that takes float x, N % 32 != 0, or
+/// mismatched sizes.
 /// Asynchronous on ctx's stream.
 void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& a, float* x,
-                        const float* norm_w, QuantizedActivation& xq_next, float* ss_parts,
-                        const GemvOptions& opt = {});
+                        const float* norm_w, QuantizedActivation& xq_next, float* ss_parts);
 
 /// The selected matrices of a bank, for mixture-of-experts decode (the
 /// "indexed" GEMV). W holds n = W.N / rows matrices of `rows` rows × W.K,

@@ -20,7 +20,6 @@
 //            levels: 254·Σq·qx1 + Σq·qx2 in integers, one scaling (dot2).
 //   Bound:   memory: 144 bytes per 256 elements, ~1.5 integer ops per byte.
 #include "backend/cuda/gemv_common.cuh"
-#include "backend/cuda/gemv_stream.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace quern::cuda {
@@ -76,21 +75,6 @@ struct OpQ4_K {
         acc = fmaf(dm.x * (x2.info.x * 0.0625f), static_cast<float>(s), acc);
         return fmaf(-dm.y, x1.info.y + x2.info.y, acc);
     }
-
-    // Streamed form (gemv_stream.cuh): stream 0 the quants (16 bytes per
-    // unit), stream 1 the heads (16 bytes per 8 units); p[i] is the shared
-    // address of a row's piece of stream i in the current chunk, u the unit
-    // within the chunk (chunks start at super-block boundaries).
-    static constexpr int kStreams = 2;
-    static __host__ __device__ constexpr int stream_bytes8(int i) { return i == 0 ? 128 : 16; }
-    static __device__ __forceinline__ const uint8_t* stream_base(const Args& g, int i) { return i == 0 ? g.q : g.head; }
-    static __device__ __forceinline__ W load_w_shared(const uint32_t (&p)[kStreams], int u) {
-        W w;
-        w.q = lds16(p[0] + 16 * u);
-        w.head = lds16(p[1] + 16 * (u >> 3));
-        w.j = u & 7;
-        return w;
-    }
 };
 
 }  // namespace
@@ -99,7 +83,6 @@ bool launch_gemv_q4_k(const GemvLaunch& l, int config, cudaStream_t stream) {
     if (l.act != ActKind::Q8) return false;
     const OpQ4_K::Args g{static_cast<const uint8_t*>(l.w.q), static_cast<const uint8_t*>(l.w.s), l.K / 32, l.K / 256,
                          ActQ8Ptrs{l.xq, l.xinfo, l.K / 2}};
-    if (is_stream_config(config)) return launch_streamed<OpQ4_K>(g, l, config - kNumGemvConfigs, stream);
     return launch_configured<OpQ4_K>(g, l.y, l.N, l.K, config, stream, residual_act(l), &l);
 }
 

@@ -17,7 +17,6 @@
 //            y += d·dx·(sc0·Σ0 + sc1·Σ1) (int32 exact: |Σ| < 2^17).
 //   Bound:   memory: 210 bytes per 256 elements, ~1.5 integer ops per byte.
 #include "backend/cuda/gemv_common.cuh"
-#include "backend/cuda/gemv_stream.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace quern::cuda {
@@ -80,25 +79,6 @@ struct OpQ6_K {
         const int sc1 = static_cast<int>(static_cast<int8_t>((w.sc >> 8) & 0xFFu));
         return half_bits_to_float(w.d) * x.info.x * static_cast<float>(sc0 * s0 + sc1 * s1);
     }
-
-    // Streamed form (gemv_stream.cuh): the four streams ql (16 bytes per
-    // unit), qh (8), sc (2) and d (2 bytes per 8 units); p[i] is the shared
-    // address of a row's piece of stream i in the current chunk, u the unit
-    // within the chunk (chunks start at super-block boundaries).
-    static constexpr int kStreams = 4;
-    static __host__ __device__ constexpr int stream_bytes8(int i) { return i == 0 ? 128 : i == 1 ? 64 : i == 2 ? 16 : 2; }
-    static __device__ __forceinline__ const uint8_t* stream_base(const Args& g, int i) {
-        return i == 0 ? g.ql : i == 1 ? reinterpret_cast<const uint8_t*>(g.qh) : i == 2 ? g.sc
-                                                                               : reinterpret_cast<const uint8_t*>(g.d);
-    }
-    static __device__ __forceinline__ W load_w_shared(const uint32_t (&p)[kStreams], int u) {
-        W w;
-        w.ql = lds16(p[0] + 16 * u);
-        w.qh = lds8(p[1] + 8 * u);
-        w.sc = lds2(p[2] + 2 * u);
-        w.d = lds2(p[3] + 2 * (u >> 3));
-        return w;
-    }
 };
 
 }  // namespace
@@ -110,7 +90,6 @@ bool launch_gemv_q6_k(const GemvLaunch& l, int config, cudaStream_t stream) {
                          l.K / 32,
                          l.K / 256,
                          ActQ8Ptrs{l.xq, l.xinfo, l.K / 2}};
-    if (is_stream_config(config)) return launch_streamed<OpQ6_K>(g, l, config - kNumGemvConfigs, stream);
     return launch_configured<OpQ6_K>(g, l.y, l.N, l.K, config, stream, residual_act(l), &l);
 }
 

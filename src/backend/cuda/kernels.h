@@ -44,22 +44,6 @@ inline constexpr GemvConfig kGemvConfigs[] = {QUERN_GEMV_CONFIGS(QUERN_GEMV_CONF
 #undef QUERN_GEMV_CONFIG_ENTRY
 inline constexpr int kNumGemvConfigs = static_cast<int>(sizeof(kGemvConfigs) / sizeof(kGemvConfigs[0]));
 
-/// Streamed configurations (gemv_stream.cuh: the weights brought into a
-/// shared-memory ring by bulk copies, sm_90 and later, Q4_K and Q6_K):
-/// X(variant, ring budget in KiB). Configuration index kNumGemvConfigs +
-/// variant in gemv.h's GemvOptions.
-#define QUERN_GEMV_STREAM_CONFIGS(X) \
-    X(0, 200)                        \
-    X(1, 108)                        \
-    X(2, 150)
-#define QUERN_GEMV_STREAM_COUNT_ENTRY(idx, KB) +1
-inline constexpr int kNumGemvStreamConfigs = 0 QUERN_GEMV_STREAM_CONFIGS(QUERN_GEMV_STREAM_COUNT_ENTRY);
-#undef QUERN_GEMV_STREAM_COUNT_ENTRY
-/// Whether configuration index `config` is a streamed one.
-inline constexpr bool is_stream_config(int config) {
-    return config >= kNumGemvConfigs && config < kNumGemvConfigs + kNumGemvStreamConfigs;
-}
-
 /// Device pointers of one weight matrix (see weights.h for the layouts).
 struct WeightPtrs {
     const void* q;

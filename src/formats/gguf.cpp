@@ -59,24 +59,6 @@ uint64_t min_encoded_size(GgufType t) {
     return scalar_size(t);
 }
 
-/// A name from a file made safe for an error message: control bytes escaped,
-/// long names shortened.
-std::string printable(std::string_view s, size_t max = 96) {
-    std::string out;
-    for (size_t i = 0; i < s.size(); ++i) {
-        if (i == max) {
-            out += fmt::format("...({} bytes)", s.size());
-            break;
-        }
-        const auto c = static_cast<unsigned char>(s[i]);
-        if (c < 0x20 || c == 0x7f || c == '\\' || c == '\'')
-            out += fmt::format("\\x{:02x}", c);
-        else
-            out += static_cast<char>(c);
-    }
-    return out;
-}
-
 std::string_view plural_type_name(GgufType t) {
     switch (t) {
         case GgufType::STRING: return "strings";

@@ -46,24 +46,6 @@ constexpr int kMaxIndexDepth = 16;
 // Arrays in a header are shapes and offset pairs; no tensor has this many dimensions.
 constexpr size_t kMaxHeaderArrayItems = 1024;
 
-/// A name from a file made safe for an error message: control bytes and quotes
-/// escaped, long names shortened.
-std::string printable(std::string_view s, size_t max = 96) {
-    std::string out;
-    for (size_t i = 0; i < s.size(); ++i) {
-        if (i == max) {
-            out += fmt::format("...({} bytes)", s.size());
-            break;
-        }
-        const auto c = static_cast<unsigned char>(s[i]);
-        if (c < 0x20 || c == 0x7f || c == '\\' || c == '\'')
-            out += fmt::format("\\x{:02x}", c);
-        else
-            out += static_cast<char>(c);
-    }
-    return out;
-}
-
 /// Parses JSON text, rejecting duplicate keys in any object, nesting deeper
 /// than `max_depth` and arrays of more than `max_items` items (which bounds
 /// the memory a header of numbers can take). `where` prefixes every error

@@ -135,9 +135,7 @@ void run(CudaContext& ctx, const GemvLaunch& l, const GemvOptions& opt) {
     if (config < 0) config = config_override(l.type);
     if (config < 0) config = gemv_default_config(l.type, l.N, l.K, float_act, l.xq2 ? 2 : 1);
     if (config >= kNumGemvConfigs) fail("gemv: unknown configuration {} (0..{})", config, kNumGemvConfigs - 1);
-    GemvLaunch lh = l;
-    lh.hand = opt.hand;
-    if (!launch_gemv(lh, config, ctx.stream()))
+    if (!launch_gemv(l, config, ctx.stream()))
         fail("gemv: no CUDA kernel for {} weights with {} activations", dtype_name(l.type),
              float_act ? "float" : "quantized");
     QUERN_CUDA_CHECK_LAUNCH();
@@ -226,14 +224,13 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 }
 
 void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& a, float* x,
-                        const float* norm_w, QuantizedActivation& xq_next, float* ss_parts, const HandOff& hand) {
+                        const float* norm_w, QuantizedActivation& xq_next, float* ss_parts) {
     if (!x || !norm_w || !ss_parts) fail("gemv_residual_norm: null pointer");
     GemvLaunch l = q8_launch("gemv_residual_norm", W, a, x);
     if (W.N % 32 != 0) fail("gemv_residual_norm: N = {} is not a multiple of 32", W.N);
     if (xq_next.K() != W.N) fail("gemv_residual_norm: next activation has {} elements, N = {}", xq_next.K(), W.N);
     const NormEpilogue epi{x, norm_w, xq_next.q(), xq_next.info(), xq_next.q2(), xq_next.info2(), ss_parts};
     l.epi = &epi;
-    l.hand = hand;
     if (!launch_gemv(l, 0, ctx.stream())) fail("gemv_residual_norm: no CUDA kernel for {} weights", dtype_name(W.type));
     QUERN_CUDA_CHECK_LAUNCH();
 }

@@ -97,26 +97,6 @@ struct DeferredNormScale {
     float eps = 0.0f;              ///< RMSNorm epsilon
 };
 
-/// A hand-over between two consecutive decode kernels on one stream that
-/// does not wait for the first grid to complete. Every block of the producer
-/// (`signal` set), after its last global write, adds to a device counter with
-/// release semantics: 1 per block, and block 0 also kHandOffDone − 1 − the
-/// grid's block count, so the counter reaches exactly kHandOffDone when every
-/// block has written. The consumer (`wait` set, launched with programmatic
-/// dependent launch, so its blocks are resident early) polls the counter with
-/// acquire loads from one thread per block instead of griddepcontrol.wait.
-/// Counters start at 0 and are zeroed again by the step's last kernel
-/// (advance_decode_position); each counter serves one producer per step.
-/// Invariant the chain relies on: a producer block signals only after its own
-/// wait (by either means), so data written two or more kernels back is visible
-/// to the consumer by causality. Null pointers: the usual PDL wait / no signal.
-struct HandOff {
-    const unsigned* wait = nullptr;  ///< counter to poll until kHandOffDone
-    unsigned* signal = nullptr;      ///< counter this launch's blocks add to
-    unsigned sleep_ns = 0;           ///< back-off between polls (0: none)
-};
-inline constexpr unsigned kHandOffDone = 1u << 30;
-
 /// Whether GEMVs with weights of type t read the activation quantized (a
 /// QuantizedActivation: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, NVFP4)
 /// rather than as K floats (F32, F16, BF16, F8_E4M3_B32). False for types
@@ -128,7 +108,6 @@ bool gemv_takes_quantized_activation(DType t);
 /// configuration table (rows per block, threads, unroll; see kernels.h).
 struct GemvOptions {
     int config = -1;
-    HandOff hand{};  ///< hand-over with the launches before and after (decode graph)
 };
 int gemv_config_count();
 /// Human-readable description of configuration `config`, e.g. "R2 T128 U2".
@@ -169,8 +148,7 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 /// mismatched sizes.
 /// Asynchronous on ctx's stream.
 void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& a, float* x,
-                        const float* norm_w, QuantizedActivation& xq_next, float* ss_parts,
-                        const HandOff& hand = {});
+                        const float* norm_w, QuantizedActivation& xq_next, float* ss_parts);
 
 /// The selected matrices of a bank, for mixture-of-experts decode (the
 /// "indexed" GEMV). W holds n = W.N / rows matrices of `rows` rows × W.K,

@@ -228,8 +228,7 @@ __device__ __forceinline__ float deferred_scale(const ActScale& sc, int lane) {
 // flight through the reduction. The RMSNorm scale is computed once per block.
 template <class Op, int R, int NT, int UNR, int P, int L>
 __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, const ActQ8Ptrs a2,
-                                                  float* __restrict__ y, int N, int U, const ActScale sc,
-                                                  const HandOff hand) {
+                                                  float* __restrict__ y, int N, int U, const ActScale sc) {
     static_assert(NT % 32 == 0 && R >= 1 && UNR >= 1 && (P == 0 || P == 1) && (L == 1 || L == 2));
     typename Op::Args args2 = args;
     if constexpr (L == 2) args2.a = a2;
@@ -245,7 +244,7 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
     set_rows(g);
     RowDot<Op, R, NT, UNR, L> rd;
     rd.load_first(args, rows, t, U);
-    handoff_wait(hand);
+    pdl_wait();
     pdl_trigger();
     // The scale's partials are read by warp 0 (the writer of y) while the
     // first weights are in flight.
@@ -294,7 +293,6 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
         }
         if (P == 0 || g >= groups) break;
     }
-    handoff_signal(hand);
 }
 
 // ---------------------------------------------------------------- indexed (expert) mode
@@ -390,7 +388,7 @@ __global__ void __launch_bounds__(NT) gemv_indexed_kernel(typename Op::Args args
 template <class Op, int RW, int UNR, int L>
 __global__ void __launch_bounds__(32 * (32 / RW)) gemv_norm_kernel(const typename Op::Args args,
                                                                  const ActQ8Ptrs a2, const NormEpilogue epi,
-                                                                 int N, int U, const HandOff hand) {
+                                                                 int N, int U) {
     static_assert(32 % RW == 0 && (L == 1 || L == 2));
     typename Op::Args args2 = args;
     if constexpr (L == 2) args2.a = a2;
@@ -405,7 +403,7 @@ __global__ void __launch_bounds__(32 * (32 / RW)) gemv_norm_kernel(const typenam
     RowDot<Op, RW, 32, UNR, L> rd;
     rd.load_first(args, rows, lane, U);
     const float nw = warp == 0 ? __ldg(epi.w + rb + lane) : 0.0f;  // a weight: before the wait
-    handoff_wait(hand);
+    pdl_wait();
     pdl_trigger();
     const float x_old = warp == 0 ? epi.x[rb + lane] : 0.0f;
     rd.run(args, args2, rows, lane, U, acc);
@@ -427,7 +425,6 @@ __global__ void __launch_bounds__(32 * (32 / RW)) gemv_norm_kernel(const typenam
         if (lane == 0) epi.ss_parts[blockIdx.x] = ss;
         detail::quantize_block_q8_1_l2(v * nw, lane, blockIdx.x, epi.xq, epi.xinfo, epi.xq2, epi.xinfo2, N / 2);
     }
-    handoff_signal(hand);
 }
 
 /// The residual level of a launch's quantized activation (q == nullptr: one level).
@@ -466,7 +463,6 @@ bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64
     const int n = static_cast<int>(N);
     constexpr bool kQ8 = requires(typename Op::Args g) { g.a; };
     const ActScale sc = l ? l->scale : ActScale{};
-    const HandOff hand = l ? l->hand : HandOff{};
     if (l && l->index) {  // indexed mode: the configuration's shape, never persistent
         const GemvIndex ix = *l->index;
         switch (config) {
@@ -505,11 +501,9 @@ bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64
             const dim3 grid(static_cast<unsigned>(N / 32)), block(32 * (32 / RW));
             const auto go = [&]<int UNR>() {
                 if (a2.q)
-                    launch_pdl(gemv_norm_kernel<Op, RW, UNR, 2>, grid, block, 0, stream, args, a2, *l->epi, n, U,
-                               l->hand);
+                    launch_pdl(gemv_norm_kernel<Op, RW, UNR, 2>, grid, block, 0, stream, args, a2, *l->epi, n, U);
                 else
-                    launch_pdl(gemv_norm_kernel<Op, RW, UNR, 1>, grid, block, 0, stream, args, a2, *l->epi, n, U,
-                               l->hand);
+                    launch_pdl(gemv_norm_kernel<Op, RW, UNR, 1>, grid, block, 0, stream, args, a2, *l->epi, n, U);
             };
             if (unr == 3) go.template operator()<3>();
             else go.template operator()<2>();
@@ -523,13 +517,13 @@ bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64
             if (a2.q) {                                                                                  \
                 constexpr auto kern = gemv_kernel<Op, R, NT, UNR, P, 2>;                                 \
                 launch_pdl(kern, dim3(gemv_grid<kern>(NT, groups, P)), dim3(NT), 0, stream, args, a2, y, \
-                           n, U, sc, hand);                                                              \
+                           n, U, sc);                                                                    \
                 return true;                                                                             \
             }                                                                                            \
         }                                                                                                \
         constexpr auto kern = gemv_kernel<Op, R, NT, UNR, P, 1>;                                         \
         launch_pdl(kern, dim3(gemv_grid<kern>(NT, groups, P)), dim3(NT), 0, stream, args, a2, y, n, U,   \
-                   sc, hand);                                                                            \
+                   sc);                                                                                  \
         return true;                                                                                     \
     }
     switch (config) {

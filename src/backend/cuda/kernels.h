@@ -111,8 +111,6 @@ struct GemvLaunch {
     const NormEpilogue* epi = nullptr;  ///< ActKind::Q8: gemv_residual_norm (N % 32 == 0)
     /// Indexed mode (N = rows per matrix, y = slots × N floats; no scale, no epi).
     const GemvIndex* index = nullptr;
-    /// Hand-over with the neighbouring launches (gemv.h); not in indexed mode.
-    HandOff hand{};
 };
 
 /// Launches the GEMV kernel for l.type / l.act with configuration kGemvConfigs[config]

@@ -17,22 +17,10 @@
 // attribute (or on a GPU before sm_90) both instructions are no-ops, so the
 // same kernels run correctly either way. QUERN_CUDA_PDL=0 in the environment
 // turns the attribute off (for measurements).
-//
-// HandOff (gemv.h) replaces the wait on a predecessor's completion by a
-// counter its blocks bump: handoff_wait() at the point where pdl_wait()
-// would be, handoff_signal() after the block's last global write. Both must
-// be reached by every thread of the block (they contain __syncthreads).
-// Memory ordering as a grid barrier: the producer's barrier orders its
-// threads' writes before thread 0's fence.acq_rel.gpu + relaxed add; the
-// consumer's thread 0 reads the counter with ld.acquire.gpu (which also
-// drops stale lines from the SM's L1, so the activations read after it with
-// ld.global.nc are fresh) and a barrier releases the other threads.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <utility>
-
-#include "backend/cuda/gemv.h"
 
 namespace quern::cuda {
 
@@ -65,42 +53,6 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-
-/// pdl_wait(), or with h.wait set: poll *h.wait until kHandOffDone (one
-/// thread, acquire), then a barrier.
-__device__ __forceinline__ void handoff_wait(const HandOff& h) {
-    if (h.wait == nullptr) {
-        pdl_wait();
-        return;
-    }
-    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-        unsigned v;
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(h.wait) : "memory");
-            if (v >= kHandOffDone) break;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-            if (h.sleep_ns) __nanosleep(h.sleep_ns);
-#endif
-        }
-    }
-    __syncthreads();
-}
-
-/// With h.signal set: after the block's writes, add the block's share to
-/// *h.signal (see HandOff); the counter reaches kHandOffDone once every
-/// block of the grid has passed here.
-__device__ __forceinline__ void handoff_signal(const HandOff& h) {
-    if (h.signal == nullptr) return;
-    __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-        const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
-        const bool first = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
-        const unsigned add = first ? kHandOffDone - blocks + 1u : 1u;
-        asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(h.signal), "r"(add)
-                     : "memory");
-    }
 }
 
 }  // namespace quern::cuda

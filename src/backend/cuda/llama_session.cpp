@@ -283,11 +283,6 @@ private:
     bool fuse_norm_ = false;
     DeviceBuffer ss_parts_;  // n_embd/32 partial sums of x²
 
-    // Hand-over counters of the fused decode step (HandOff, gemv.h): one per
-    // signalling launch, zeroed by advance_decode_position at the step's end.
-    DeviceBuffer handoff_;
-    int n_handoff_ = 0;
-
     std::vector<DeviceBuffer> owned_;  // norm weights, embedding table
     std::vector<LayerWeights> layers_;
     DType embd_type_ = DType::F32;
@@ -523,9 +518,6 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     }
     ctl_ = DeviceBuffer(sizeof(DecodeControl));
     host_ctl_ = PinnedBuffer(sizeof(DecodeControl));
-    n_handoff_ = static_cast<int>(8 * c.n_layer + 8);
-    handoff_ = DeviceBuffer(static_cast<size_t>(n_handoff_) * sizeof(unsigned));
-    QUERN_CUDA_CHECK(cudaMemsetAsync(handoff_.data(), 0, static_cast<size_t>(n_handoff_) * sizeof(unsigned), ctx_.stream()));
     {
         // Batched prefill needs a prefill GEMM for every layer matrix (the
         // output head stays a GEMV: one row) and a head size the prefill
@@ -816,8 +808,8 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
     // norm kernel left them, or (deferred) xq_embd_ without its scale.
     const bool fuse = fuse_norm_;
     const DeferredNormScale dn{ss_parts_.as<float>(), static_cast<int>(c.n_embd / 32), c.n_embd, c.rms_eps};
-    const auto mm_normed = [&](const Piece& p, float* y, bool deferred, const HandOff& h = {}) {
-        if (deferred) gemv(ctx_, p.w, xq_embd_, y + p.offset, dn, GemvOptions{-1, h});
+    const auto mm_normed = [&](const Piece& p, float* y, bool deferred) {
+        if (deferred) gemv(ctx_, p.w, xq_embd_, y + p.offset, dn);
         else mm(p, xn, xq_embd_, y);
     };
 
@@ -831,50 +823,6 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
         return std::string(e ? e : "");
     }();
     const auto sk = [&](const char* what) { return skip.find(what) != std::string::npos; };
-
-    // Hand-overs between the fused dense path's launches (HandOff, gemv.h).
-    // QUERN_CUDA_HANDOFF = "all" or a list of the consumer launches that poll
-    // their predecessor's counter instead of waiting for its grid: qkv (the
-    // first Q|K|V GEMV and the output head after a down projection), attn,
-    // o, gateup, swiglu, down. QUERN_CUDA_HANDOFF_SLEEP: ns between polls.
-    // Off with QUERN_CUDA_SKIP (a skipped producer would never signal).
-    static const std::string hand_env = [] {
-        const char* e = std::getenv("QUERN_CUDA_HANDOFF");
-        return std::string(e ? e : "");
-    }();
-    static const unsigned hand_sleep = [] {
-        const char* e = std::getenv("QUERN_CUDA_HANDOFF_SLEEP");
-        return e ? static_cast<unsigned>(std::atoi(e)) : 0u;
-    }();
-    const bool hand_on = fuse && skip.empty() && !trace && !hand_env.empty();
-    const auto hop_on = [&](const char* hop) {
-        return hand_on && hop && (hand_env == "all" || hand_env.find(hop) != std::string::npos);
-    };
-    auto* counters = handoff_.as<unsigned>();
-    int n_used = 0;
-    const unsigned* pending = nullptr;  // the counter the last launch signals
-    // The HandOff of the next launch: it polls `pending` when wait_hop is on,
-    // and signals a fresh counter when the launch after it (signal_hop) polls.
-    const auto hand = [&](const char* wait_hop, const char* signal_hop) {
-        HandOff h;
-        h.sleep_ns = hand_sleep;
-        if (pending && hop_on(wait_hop)) h.wait = pending;
-        if (hop_on(signal_hop) && n_used < n_handoff_) h.signal = counters + n_used++;
-        pending = h.signal;
-        return h;
-    };
-    const auto no_hand = [&] { pending = nullptr; };
-    // The pieces of a concatenated GEMV: the first polls as wait_hop says,
-    // the last signals for signal_hop (each waits for the one before).
-    const auto mm_pieces = [&](const std::vector<Piece>& ps, float* y, bool deferred, const char* wait_hop,
-                               const char* signal_hop) {
-        for (size_t i = 0; i < ps.size(); ++i) {
-            const HandOff h = deferred ? hand(i == 0 ? wait_hop : nullptr, i + 1 == ps.size() ? signal_hop : nullptr)
-                                       : HandOff{};
-            if (!deferred) no_hand();
-            mm_normed(ps[i], y, deferred, h);
-        }
-    };
     mark("start");
     get_row(embd_type_, embd_, c.n_vocab, c.n_embd, &ctl->cur, x, s);
     if (c.embd_scale > 0.0f) scale_softcap(x, c.n_embd, c.embd_scale, 0.0f, s);
@@ -886,7 +834,8 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
         const bool deferred = fuse && il > 0;  // layer 0's input comes from get_row
         if (!deferred && !sk("norm")) norm(L.attn_norm, il > 0);
         mark("norm");
-        if (!sk("qkv")) mm_pieces(L.qkv, q, deferred, "qkv", "attn");
+        if (!sk("qkv"))
+            for (const Piece& p : L.qkv) mm_normed(p, q, deferred);
         mark("gemv_qkv");
         // RoPE, the KV-cache write and attention in one launch; it also
         // quantizes the output projection's activation.
@@ -896,16 +845,14 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
         ex.softcap = c.attn_softcap;
         ex.one_split = short_ctx ? 1 : 0;
         const float* inv_freq = c.window(il) > 0 ? inv_freq_local_ : inv_freq_;
-        const HandOff ah = hand("attn", "o");
         if (!sk("attn")) decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
                               static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
                               static_cast<int>(c.rope_dim), c.rope_neox, scale, attn_scratch_.data(),
                               attn_.as<float>(), s, qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr,
-                              qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr, ex, ah);
+                              qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr, ex);
         mark("attention");
         if (fuse) {  // x += W_o·a; the FFN norm's activation without its scale
-            gemv_residual_norm(ctx_, L.wo.w, xq_attn_, x, L.ffn_norm, xq_embd_, ss_parts_.as<float>(),
-                               hand("o", "gateup"));
+            gemv_residual_norm(ctx_, L.wo.w, xq_attn_, x, L.ffn_norm, xq_embd_, ss_parts_.as<float>());
             mark("gemv_o");
         } else {
             if (!sk("wo")) mm(L.wo, attn_.as<float>(), xq_attn_, h);
@@ -952,17 +899,17 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
             if (L.post_ffn_norm)
                 rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
         } else {
-            if (!sk("gateup")) mm_pieces(L.gate_up, gate, fuse, "gateup", "swiglu");
+            if (!sk("gateup"))
+                for (const Piece& p : L.gate_up) mm_normed(p, gate, fuse);
             mark("gemv_gate_up");
             if (!sk("swiglu"))
                 swiglu_q8_1(gate, up, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), c.n_ff, s, xq_ff_.q2(),
-                            xq_ff_.info2(), c.gelu_ffn, hand("swiglu", "down"));
+                            xq_ff_.info2(), c.gelu_ffn);
             mark("swiglu");
             if (fuse) {  // x += W_down·f; the next norm's (next layer's or the output's) activation
                 const float* next_norm =
                     il + 1 < c.n_layer ? layers_[static_cast<size_t>(il + 1)].attn_norm : out_norm_;
-                gemv_residual_norm(ctx_, L.down.w, xq_ff_, x, next_norm, xq_embd_, ss_parts_.as<float>(),
-                                   hand("down", "qkv"));
+                gemv_residual_norm(ctx_, L.down.w, xq_ff_, x, next_norm, xq_embd_, ss_parts_.as<float>());
             } else if (!sk("down")) {
                 mm(L.down, ffh_.as<float>(), xq_ff_, h);
                 if (L.post_ffn_norm)
@@ -984,7 +931,7 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
     if (head) {
         if (!fuse) norm(out_norm_, true);
         mark("norm");
-        mm_normed(output_, logits_.as<float>(), fuse, hand("qkv", nullptr));
+        mm_normed(output_, logits_.as<float>(), fuse);
         if (c.final_softcap > 0.0f) scale_softcap(logits_.as<float>(), c.n_vocab, 1.0f, c.final_softcap, s);
         mark("gemv_output");
         if (head == kSample) {
@@ -996,7 +943,7 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
             mark("argmax");
         }
     }
-    advance_decode_position(ctl, tokens_.as<int32_t>(), nctx, s, n_used > 0 ? counters : nullptr, n_used);
+    advance_decode_position(ctl, tokens_.as<int32_t>(), nctx, s);
     mark("advance");
     collect_profile(prof_decode_);
 }

@@ -54,8 +54,7 @@ void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out
 /// gelu = true: GELU (tanh approximation) gating instead of SiLU, as
 /// cpu::geglu_tanh (Gemma's FFN).
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, bool gelu = false,
-                 const HandOff& hand = {});
+                 cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, bool gelu = false);
 
 /// x[i] = s·x[i], then, when cap > 0, cap·tanh(x[i]/cap) (cpu::softcap), for
 /// `count` floats: Gemma's embedding scale (cap 0) and final logit
@@ -147,15 +146,12 @@ void decode_attention(const float* q, const void* k_cache, const void* v_cache, 
 /// (i, i + rope_dim/2); elements past rope_dim pass through); k and v are
 /// stored (as kv_type) in cache row *pos, which the attention then includes.
 /// q, k and v are left unchanged. Other arguments, limits and the scratch as
-/// decode_attention; rope_dim even and <= head_dim. `hand`: how the split
-/// kernel waits for the QKV projection and the launch that writes `out`
-/// signals the next (gemv.h's HandOff).
+/// decode_attention; rope_dim even and <= head_dim.
 void decode_attention_rope(const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
                            KvType kv_type, const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim,
                            const float* inv_freq, int rope_dim, bool neox, float scale, void* scratch, float* out,
                            cudaStream_t stream, int8_t* xq = nullptr, ActBlockInfo* xinfo = nullptr,
-                           int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, const AttentionExtras& ex = {},
-                           const HandOff& hand = {});
+                           int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, const AttentionExtras& ex = {});
 
 // ---------------------------------------------------------------- prefill
 // Row-batched ops of the prompt-processing path (ops_prefill.cu): n
@@ -441,9 +437,6 @@ struct DecodeControl {
 /// Ends a decode step: pos += 1; then cur = tokens[pos] when pos < fixed
 /// (prompt tokens the host uploaded), else tokens[pos] = cur = sampled
 /// (greedy decoding feeds its own output). Nothing else when pos >= n_ctx.
-/// Also zeroes the n_handoff HandOff counters at `handoff` (gemv.h) that the
-/// step's kernels used, so the next step's start from 0.
-void advance_decode_position(DecodeControl* ctl, int32_t* tokens, int n_ctx, cudaStream_t stream,
-                             unsigned* handoff = nullptr, int n_handoff = 0);
+void advance_decode_position(DecodeControl* ctl, int32_t* tokens, int n_ctx, cudaStream_t stream);
 
 }  // namespace quern::cuda

@@ -211,8 +211,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                                                                   float* __restrict__ out, int8_t* __restrict__ xq,
                                                                   ActBlockInfo* __restrict__ xinfo,
                                                                   int8_t* __restrict__ xq2,
-                                                                  ActBlockInfo* __restrict__ xinfo2,
-                                                                  const HandOff hand) {
+                                                                  ActBlockInfo* __restrict__ xinfo2) {
     constexpr int EPL = 16 / static_cast<int>(sizeof(T));
     // Lanes per key row: the row's HD / EPL vectors, rounded up to a power
     // of two (heads of 96: 12 of 16 lanes hold data, the rest add zeros).
@@ -285,9 +284,9 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
         // The angles depend on pos and the constant inv_freq only: computed
         // while the QKV projection finishes.
         for (int i = tid; i < rope.rope_dim / 2; i += kAttnThreads) rope_angle(pos, rope.inv_freq[i], &cs[i], &sn[i]);
-        handoff_wait(hand);  // its barrier publishes cs, sn
+        pdl_wait();
         pdl_trigger();
-        if (hand.wait == nullptr) __syncthreads();
+        __syncthreads();
         const AttentionExtras& ex = rope.ex;
         if (ex.q_bias || ex.q_norm) {
             // Staged: q (+ bias) and the new k (+ bias) into shared memory,
@@ -341,7 +340,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
             }
         }
     } else {
-        handoff_wait(hand);
+        pdl_wait();
         pdl_trigger();
         for (int idx = tid; idx < G * HD; idx += kAttnThreads)
             qs[idx / HD][idx % HD] = idx < g * HD ? q[static_cast<int64_t>(h0) * HD + idx] * scale : 0.0f;
@@ -492,7 +491,6 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
         part_ml[2 * slot] = st_m[tid];
         part_ml[2 * slot + 1] = st_l[tid];
     }
-    handoff_signal(hand);  // given only with one split in the grid (no block left early)
 }
 
 template <int HD>
@@ -504,8 +502,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const flo
                                                                        int8_t* __restrict__ xq,
                                                                        ActBlockInfo* __restrict__ xinfo,
                                                                        int8_t* __restrict__ xq2,
-                                                                       ActBlockInfo* __restrict__ xinfo2,
-                                                                       const HandOff hand) {
+                                                                       ActBlockInfo* __restrict__ xinfo2) {
     constexpr int C4 = HD / 4;                       // float4 columns
     constexpr int NG = kCombineThreads / C4;         // split groups
     __shared__ float wsh[kMaxSplits];
@@ -516,10 +513,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const flo
     const int na = split_plan(L, n_splits).na;
     pdl_wait();
     pdl_trigger();
-    if (na == 1) {  // the split kernel wrote the output (after the wait: keeps the launches ordered)
-        handoff_signal(hand);
-        return;
-    }
+    if (na == 1) return;  // the split kernel wrote the output (after the wait: keeps the launches ordered)
     const float* ml = part_ml + static_cast<int64_t>(h) * n_splits * 2;
     const float ms = tid < na ? ml[2 * tid] : -INFINITY;  // na <= kMaxSplits <= kCombineThreads
     const float ls = tid < na ? ml[2 * tid + 1] : 0.0f;
@@ -553,7 +547,6 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const flo
             detail::quantize_block_q8_1_l2(v, tid & 31, static_cast<int64_t>(h) * (HD / 32) + (tid >> 5), xq, xinfo,
                                            xq2, xinfo2, static_cast<int64_t>(gridDim.x) * HD / 2);
     }
-    handoff_signal(hand);
 }
 
 int n_splits_for(int n_ctx) {
@@ -563,8 +556,7 @@ int n_splits_for(int n_ctx) {
 
 template <int HD, class T, int G, bool ROPE>
 void launch_split(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
-                  int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out,
-                  const HandOff& hand, cudaStream_t stream) {
+                  int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv));
     // PRE = 2 where the second tile's registers fit without spilling (ptxas:
     // up to 8 query heads per block and 1024 query elements).
@@ -573,30 +565,29 @@ void launch_split(const float* q, void* kc, void* vc, const RopeStore& rope, con
         if (n_splits == 1) kernel = attn_split_kernel<HD, T, G, ROPE, 2>;
     launch_pdl(kernel, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
                static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
-               out.xinfo, out.xq2, out.xinfo2, hand);
+               out.xinfo, out.xq2, out.xinfo2);
 }
 
 template <int HD, class T, bool ROPE>
 void dispatch_g(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
-                int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out,
-                const HandOff& hand, cudaStream_t stream) {
+                int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out, cudaStream_t stream) {
     if (g <= 1)
-        launch_split<HD, T, 1, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, hand, stream);
+        launch_split<HD, T, 1, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
     else if (g <= 2)
-        launch_split<HD, T, 2, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, hand, stream);
+        launch_split<HD, T, 2, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
     else if (g <= 4)
-        launch_split<HD, T, 4, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, hand, stream);
+        launch_split<HD, T, 4, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
     else if (g <= 8)
-        launch_split<HD, T, 8, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, hand, stream);
+        launch_split<HD, T, 8, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
     else
-        launch_split<HD, T, 16, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, hand, stream);
+        launch_split<HD, T, 16, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
 }
 
 template <bool ROPE>
 void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStore& rope, KvType kv_type,
                     const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, float scale,
                     void* scratch, float* out, cudaStream_t stream, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2,
-                    ActBlockInfo* xinfo2, const char* fn, const HandOff& hand = {}) {
+                    ActBlockInfo* xinfo2, const char* fn) {
     const std::string f(fn);
     if ((xq == nullptr) != (xinfo == nullptr) || (xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
         throw_error(f + ": give xq with xinfo (and xq2 with xinfo2, only with xq)");
@@ -619,40 +610,36 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     float* pml = po + static_cast<size_t>(n_head) * static_cast<size_t>(n_splits) * static_cast<size_t>(head_dim);
     const bool f16 = kv_type == KvType::F16;
     const AttnOut ao{out, xq, xinfo, xq2, xinfo2};
-    // The split kernel waits as `hand` says; the launch that writes the
-    // output (the split kernel with one split, else the combine) signals.
-    const HandOff split_hand{hand.wait, n_splits == 1 ? hand.signal : nullptr, hand.sleep_ns};
-    const HandOff combine_hand{nullptr, hand.signal, hand.sleep_ns};
     switch (head_dim) {
         case 32:
-            if (f16) dispatch_g<32, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, split_hand, stream);
-            else dispatch_g<32, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, split_hand, stream);
+            if (f16) dispatch_g<32, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<32, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
             break;
         case 64:
-            if (f16) dispatch_g<64, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, split_hand, stream);
-            else dispatch_g<64, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, split_hand, stream);
+            if (f16) dispatch_g<64, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<64, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
             break;
         case 96:
-            if (f16) dispatch_g<96, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, split_hand, stream);
-            else dispatch_g<96, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, split_hand, stream);
+            if (f16) dispatch_g<96, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<96, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
             break;
         case 128:
-            if (f16) dispatch_g<128, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, split_hand, stream);
-            else dispatch_g<128, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, split_hand, stream);
+            if (f16) dispatch_g<128, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<128, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
             break;
         default:  // 256, f16 (checked above)
-            dispatch_g<256, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, split_hand, stream);
+            dispatch_g<256, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
             break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
     if (n_splits == 1) return;  // one split: the split kernel wrote the output
     const dim3 cgrid(static_cast<unsigned>(n_head)), cblock(kCombineThreads);
     switch (head_dim) {
-        case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, combine_hand); break;
-        case 64: launch_pdl(attn_combine_kernel<64>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, combine_hand); break;
-        case 96: launch_pdl(attn_combine_kernel<96>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, combine_hand); break;
-        case 128: launch_pdl(attn_combine_kernel<128>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, combine_hand); break;
-        default: launch_pdl(attn_combine_kernel<256>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, combine_hand); break;
+        case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+        case 64: launch_pdl(attn_combine_kernel<64>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+        case 96: launch_pdl(attn_combine_kernel<96>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+        case 128: launch_pdl(attn_combine_kernel<128>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+        default: launch_pdl(attn_combine_kernel<256>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
 }
@@ -676,13 +663,13 @@ void decode_attention_rope(const float* q, const float* k, const float* v, void*
                            KvType kv_type, const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim,
                            const float* inv_freq, int rope_dim, bool neox, float scale, void* scratch, float* out,
                            cudaStream_t stream, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2, ActBlockInfo* xinfo2,
-                           const AttentionExtras& ex, const HandOff& hand) {
+                           const AttentionExtras& ex) {
     if (!k || !v || (rope_dim > 0 && !inv_freq)) throw_error("decode_attention_rope: null pointer");
     if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > head_dim)
         throw_error("decode_attention_rope: rope_dim must be even and at most head_dim");
     attention_impl<true>(q, k_cache, v_cache, RopeStore{k, v, inv_freq, rope_dim, neox ? 1 : 0, ex}, kv_type, pos, n_ctx,
                          n_head, n_head_kv, head_dim, scale, scratch, out, stream, xq, xinfo, xq2, xinfo2,
-                         "decode_attention_rope", hand);
+                         "decode_attention_rope");
 }
 
 }  // namespace quern::cuda

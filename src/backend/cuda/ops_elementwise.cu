@@ -168,25 +168,6 @@ __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residua
     }
 }
 
-// One 32-element block b of swiglu_q8_1 (lane i: element 32b+i).
-template <bool GELU>
-__device__ __forceinline__ void swiglu_block(const float* __restrict__ gate, const float* __restrict__ up,
-                                             float* __restrict__ h, int8_t* __restrict__ xq,
-                                             ActBlockInfo* __restrict__ xinfo, int8_t* __restrict__ xq2,
-                                             ActBlockInfo* __restrict__ xinfo2, int64_t b, int lane, int64_t half_k) {
-    const int64_t i = 32 * b + lane;
-    const float g = gate[i];
-    float v;
-    if constexpr (GELU) {
-        constexpr float kSqrt2OverPi = 0.7978845608028654f;
-        v = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
-    } else {
-        v = g / (1.0f + expf(-g)) * up[i];
-    }
-    if (h) h[i] = v;
-    if (xq) quantize_block_q8_1_l2(v, lane, b, xq, xinfo, xq2, xinfo2, half_k);
-}
-
 // swiglu_q8_1_kernel
 //   Shapes:  gate, up, h: count floats; xq/xinfo: one row of count elements.
 //   Grid:    one warp per 32-element block (lane i: element 32b+i), 256
@@ -198,13 +179,23 @@ template <bool GELU>
 __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                                    float* __restrict__ h, int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
                                    int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2, int64_t n_blocks,
-                                   int64_t half_k, const HandOff hand) {
-    handoff_wait(hand);
+                                   int64_t half_k) {
+    pdl_wait();
     pdl_trigger();
     const int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
-    if (b < n_blocks) swiglu_block<GELU>(gate, up, h, xq, xinfo, xq2, xinfo2, b, lane, half_k);  // whole warps
-    handoff_signal(hand);
+    if (b >= n_blocks) return;  // whole warps leave together
+    const int64_t i = 32 * b + lane;
+    const float g = gate[i];
+    float v;
+    if constexpr (GELU) {
+        constexpr float kSqrt2OverPi = 0.7978845608028654f;
+        v = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+    } else {
+        v = g / (1.0f + expf(-g)) * up[i];
+    }
+    if (h) h[i] = v;
+    if (xq) quantize_block_q8_1_l2(v, lane, b, xq, xinfo, xq2, xinfo2, half_k);
 }
 
 // add_kernel / add4_kernel
@@ -272,7 +263,7 @@ void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out
 }
 
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2, bool gelu, const HandOff& hand) {
+                 cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2, bool gelu) {
     if (count < 32 || count % 32 != 0) throw_error("swiglu_q8_1: count must be a positive multiple of 32");
     if (!gate || !up) throw_error("swiglu_q8_1: gate and up are required");
     if ((xq == nullptr) != (xinfo == nullptr)) throw_error("swiglu_q8_1: give both xq and xinfo, or neither");
@@ -282,10 +273,10 @@ void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, A
     const unsigned grid = static_cast<unsigned>((n_blocks * 32 + 255) / 256);
     if (gelu)
         launch_pdl(swiglu_q8_1_kernel<true>, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2,
-                   n_blocks, count / 2, hand);
+                   n_blocks, count / 2);
     else
         launch_pdl(swiglu_q8_1_kernel<false>, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2,
-                   n_blocks, count / 2, hand);
+                   n_blocks, count / 2);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

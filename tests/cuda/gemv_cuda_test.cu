@@ -24,6 +24,8 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/context.h"
@@ -540,6 +542,81 @@ TEST_F(CudaTest, ResidualNormFoldedIntoGemvs) {
                  std::runtime_error);
     EXPECT_THROW(gemv_residual_norm(*ctx_, Q, a32, xb.as<float>(), xb.as<float>(), n64, pb.as<float>()),
                  std::runtime_error);
+}
+
+// gemv_pair: Q4_K Q|K with Q6_K V in one launch, bit for bit what two gemv
+// launches with R4 T64 U2 compute (the fused pair's row arithmetic), with and
+// without the deferred RMSNorm scale; other pairs fall back to two launches
+// with the default configurations. Outputs poisoned past N.
+TEST_F(CudaTest, GemvPairMatchesSeparateLaunches) {
+    const int kR4T64U2 = 4;
+    ASSERT_STREQ(gemv_config_name(kR4T64U2), "R4 T64 U2");
+    uint32_t seed = 900;
+    struct Pair {
+        DType t1, t2;
+        bool fused;
+    };
+    for (const Pair pr : {Pair{DType::Q4_K, DType::Q6_K, true}, Pair{DType::Q6_K, DType::Q4_K, false},
+                          Pair{DType::Q8_0, DType::Q6_K, false}})
+        for (int levels : {1, 2})
+            for (const Case& c : {Case{5120, 4096}, Case{640, 512}})
+                for (bool scaled : {false, true}) {
+                    const int64_t N1 = c.N, N2 = c.N / 5, K = c.K;
+                    SCOPED_TRACE(::testing::Message() << dtype_name(pr.t1) << "+" << dtype_name(pr.t2) << " levels "
+                                                      << levels << " N1=" << N1 << " N2=" << N2 << " K=" << K
+                                                      << (scaled ? " scaled" : ""));
+                    std::mt19937 rng(seed++);
+                    std::vector<uint8_t> w1 = random_blocks(pr.t1, N1, K, rng), w2 = random_blocks(pr.t2, N2, K, rng);
+                    DeviceWeight W1 = upload_weight(*ctx_, Tensor::contiguous(pr.t1, {K, N1, 1, 1}, w1.data(), "w1"));
+                    DeviceWeight W2 = upload_weight(*ctx_, Tensor::contiguous(pr.t2, {K, N2, 1, 1}, w2.data(), "w2"));
+                    const std::vector<float> x = random_activation(K, rng);
+                    std::vector<float> sq(static_cast<size_t>(K / 32));
+                    std::uniform_real_distribution<float> u(0.5f, 40.0f);
+                    for (auto& v : sq) v = u(rng);
+                    DeviceBuffer xd = to_device(x, *ctx_), pd = to_device(sq, *ctx_);
+                    QuantizedActivation xq(K, levels);
+                    quantize_activation(*ctx_, xd.as<float>(), xq);
+                    const DeferredNormScale dn{pd.as<float>(), static_cast<int>(K / 32), K, 1e-5f};
+                    DeviceBuffer y1(static_cast<size_t>(N1 + kGuard) * 4), y2(static_cast<size_t>(N2 + kGuard) * 4),
+                        r1(static_cast<size_t>(N1) * 4), r2(static_cast<size_t>(N2) * 4);
+                    y1.fill_bytes(0xFF, ctx_->stream());
+                    y2.fill_bytes(0xFF, ctx_->stream());
+                    gemv_pair(*ctx_, W1, y1.as<float>(), W2, y2.as<float>(), xq, scaled ? &dn : nullptr);
+                    for (auto [W, y] : {std::pair{&W1, &r1}, std::pair{&W2, &r2}}) {
+                        GemvOptions opt;
+                        if (pr.fused) opt.config = kR4T64U2;
+                        if (scaled) gemv(*ctx_, *W, xq, y->as<float>(), dn, opt);
+                        else gemv(*ctx_, *W, xq, y->as<float>(), opt);
+                    }
+                    ctx_->synchronize();
+                    for (auto [yb, rb, n] : {std::tuple{&y1, &r1, N1}, std::tuple{&y2, &r2, N2}}) {
+                        std::vector<float> got(static_cast<size_t>(n + kGuard)), want(static_cast<size_t>(n));
+                        yb->download(got.data(), got.size() * 4, ctx_->stream());
+                        rb->download(want.data(), want.size() * 4, ctx_->stream());
+                        int bad = 0;
+                        for (int64_t i = 0; i < n; ++i)
+                            if (std::memcmp(&got[static_cast<size_t>(i)], &want[static_cast<size_t>(i)], 4) != 0 &&
+                                bad++ < 5)
+                                ADD_FAILURE() << "y[" << i << "] = " << got[static_cast<size_t>(i)] << ", separate launch "
+                                              << want[static_cast<size_t>(i)];
+                        EXPECT_EQ(bad, 0);
+                        for (int64_t i = n; i < n + kGuard; ++i) {
+                            uint32_t bits;
+                            std::memcpy(&bits, &got[static_cast<size_t>(i)], 4);
+                            EXPECT_EQ(bits, kPoison) << "y[" << i << "] past N = " << n << " was written";
+                        }
+                    }
+                }
+    // Errors as gemv's: a float-activation weight, K mismatch.
+    std::vector<float> fw(32 * 64, 0.5f);
+    DeviceWeight F = upload_weight(*ctx_, Tensor::contiguous(DType::F32, {32, 64, 1, 1}, fw.data(), "f"));
+    std::mt19937 rng(11);
+    std::vector<uint8_t> q = random_blocks(DType::Q4_K, 8, 256, rng);
+    DeviceWeight Q = upload_weight(*ctx_, Tensor::contiguous(DType::Q4_K, {256, 8, 1, 1}, q.data(), "q"));
+    QuantizedActivation a32(32), a256(256);
+    DeviceBuffer yb(64 * 4);
+    EXPECT_THROW(gemv_pair(*ctx_, Q, yb.as<float>(), F, yb.as<float>(), a256), std::runtime_error);
+    EXPECT_THROW(gemv_pair(*ctx_, Q, yb.as<float>(), Q, yb.as<float>(), a32), std::runtime_error);
 }
 
 TEST_F(CudaTest, FloatGemvAllConfigs) {

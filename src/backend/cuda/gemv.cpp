@@ -223,6 +223,26 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
     run(ctx, l, opt);
 }
 
+void gemv_pair(CudaContext& ctx, const DeviceWeight& W1, float* y1, const DeviceWeight& W2, float* y2,
+               const QuantizedActivation& xq, const DeferredNormScale* norm) {
+    static const bool pair_on = [] {
+        const char* e = std::getenv("QUERN_GEMV_PAIR");
+        return !(e && std::string(e) == "0");
+    }();
+    if (norm && (!norm->parts || norm->dim <= 0 || static_cast<int64_t>(norm->n_parts) * 32 != norm->dim))
+        fail("gemv: DeferredNormScale needs dim/32 partial sums (dim {}, {} parts)", norm->dim, norm->n_parts);
+    GemvLaunch l1 = q8_launch("gemv", W1, xq, y1), l2 = q8_launch("gemv", W2, xq, y2);
+    if (norm) l1.scale = l2.scale = ActScale{norm->parts, norm->n_parts, 1.0f / static_cast<float>(norm->dim), norm->eps};
+    // The fused kernel runs the default configuration of each matrix only.
+    const bool defaults = config_override(W1.type) < 0 && config_override(W2.type) < 0;
+    if (pair_on && defaults && launch_gemv_pair(l1, l2, ctx.stream())) {
+        QUERN_CUDA_CHECK_LAUNCH();
+        return;
+    }
+    run(ctx, l1, {});
+    run(ctx, l2, {});
+}
+
 void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& a, float* x,
                         const float* norm_w, QuantizedActivation& xq_next, float* ss_parts) {
     if (!x || !norm_w || !ss_parts) fail("gemv_residual_norm: null pointer");

@@ -226,16 +226,19 @@ __device__ __forceinline__ float deferred_scale(const ActScale& sc, int lane) {
 // ... and requests the next group's first trip before reducing the current
 // one, so no block starts or retires mid-kernel and the next loads are in
 // flight through the reduction. The RMSNorm scale is computed once per block.
+//
+// gemv_rows is one block's share: row group g, and with P = 1 also g +
+// stride, g + 2·stride, ...; gemv_kernel calls it with (blockIdx.x,
+// gridDim.x), gemv_pair_kernel with its own split of the grid.
 template <class Op, int R, int NT, int UNR, int P, int L>
-__global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, const ActQ8Ptrs a2,
-                                                  float* __restrict__ y, int N, int U, const ActScale sc) {
+__device__ __forceinline__ void gemv_rows(const typename Op::Args& args, const ActQ8Ptrs& a2, float* __restrict__ y,
+                                          int N, int U, const ActScale& sc, int g, int stride) {
     static_assert(NT % 32 == 0 && R >= 1 && UNR >= 1 && (P == 0 || P == 1) && (L == 1 || L == 2));
     typename Op::Args args2 = args;
     if constexpr (L == 2) args2.a = a2;
     constexpr int NW = NT / 32;
     const int t = static_cast<int>(threadIdx.x);
     const int groups = (N + R - 1) / R;
-    int g = static_cast<int>(blockIdx.x);
     int rows[R];
     const auto set_rows = [&](int grp) {
 #pragma unroll
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
         rd.run(args, args2, rows, t, U, acc);
         const int row0 = g * R;
         if constexpr (P == 1) {
-            g += static_cast<int>(gridDim.x);
+            g += stride;
             if (g < groups) {
                 set_rows(g);
                 rd.load_first(args, rows, t, U);
@@ -293,6 +296,33 @@ __global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, 
         }
         if (P == 0 || g >= groups) break;
     }
+}
+
+template <class Op, int R, int NT, int UNR, int P, int L>
+__global__ void __launch_bounds__(NT) gemv_kernel(const typename Op::Args args, const ActQ8Ptrs a2,
+                                                  float* __restrict__ y, int N, int U, const ActScale sc) {
+    gemv_rows<Op, R, NT, UNR, P, L>(args, a2, y, N, U, sc, static_cast<int>(blockIdx.x),
+                                    static_cast<int>(gridDim.x));
+}
+
+// gemv_pair_kernel<Op1, R1, UNR1, Op2, R2, UNR2, NT, L> — gemv_pair (gemv.h)
+//   Two GEMVs on one activation (same K, same deferred scale) in one launch:
+//   blocks 0 .. blocks1 − 1 run Op1's rows as a persistent gemv_kernel over
+//   blocks1 blocks, the rest Op2's over the remaining ones (both P = 1, so
+//   each path's arithmetic per row is that of its gemv_kernel configuration).
+//   Registers and occupancy are those of the heavier path.
+template <class Op1, int R1, int UNR1, class Op2, int R2, int UNR2, int NT, int L>
+__global__ void __launch_bounds__(NT) gemv_pair_kernel(const typename Op1::Args args1, const ActQ8Ptrs r1,
+                                                       float* __restrict__ y1, int N1, int U1,
+                                                       const typename Op2::Args args2, const ActQ8Ptrs r2,
+                                                       float* __restrict__ y2, int N2, int U2, const ActScale sc,
+                                                       int blocks1) {
+    const int b = static_cast<int>(blockIdx.x);
+    if (b < blocks1)
+        gemv_rows<Op1, R1, NT, UNR1, 1, L>(args1, r1, y1, N1, U1, sc, b, blocks1);
+    else
+        gemv_rows<Op2, R2, NT, UNR2, 1, L>(args2, r2, y2, N2, U2, sc, b - blocks1,
+                                           static_cast<int>(gridDim.x) - blocks1);
 }
 
 // ---------------------------------------------------------------- indexed (expert) mode

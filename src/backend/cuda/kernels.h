@@ -119,6 +119,11 @@ struct GemvLaunch {
 /// Returns false (and launches nothing) if that kernel does not exist.
 bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream);
 
+/// Both launches (same activation and K, quantized, no epilogue or index) as
+/// one gemv_pair_kernel where the pair of types has one (gemv_pair.cu:
+/// Q4_K with Q6_K); false (nothing launched) otherwise.
+bool launch_gemv_pair(const GemvLaunch& l1, const GemvLaunch& l2, cudaStream_t stream);
+
 // Per-file launchers behind launch_gemv.
 bool launch_gemv_q8_0(const GemvLaunch& l, int config, cudaStream_t stream);
 bool launch_gemv_q4_1(const GemvLaunch& l, int config, cudaStream_t stream);

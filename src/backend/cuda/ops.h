@@ -101,9 +101,10 @@ struct AttentionExtras {
     float norm_eps = 1e-6f;
     int window = 0;
     float softcap = 0.0f;  ///< > 0: scaled scores s become softcap·tanh(s/softcap) (Gemma 2)
-    /// 1: one split per KV head whatever n_ctx (its block takes every tile
-    /// in turn) and no combine launch: for steps known to be at short
-    /// context (a CUDA graph captured for them). 0: splits by n_ctx.
+    /// 1: one split per query head whatever n_ctx (its block takes every
+    /// tile in turn) and no combine launch: for steps known to be at short
+    /// context (a CUDA graph captured for them). 0: splits by n_ctx, one
+    /// block per (split, KV head).
     int one_split = 0;
 };
 

@@ -15,11 +15,13 @@
 //            (T = float or __half), rows of n_head_kv·HD elements;
 //            part_o: [n_head][S][HD] floats, part_ml: [n_head][S][2]
 //            floats {max score, Σ exp(score − max)}.
-//   Grid:    (S, n_head_kv) blocks of 256 threads (8 warps); block (s, hk)
-//            handles split s for the g = n_head/n_head_kv query heads
-//            hk·g .. hk·g + g − 1 (G: g rounded up to a power of two, the
-//            register/shared arrays' size), reading each K and V row once
-//            for all g heads.
+//   Grid:    (S, n_head_kv · qsub) blocks of 256 threads (8 warps); block
+//            (s, hk·qsub + i) handles split s for the gb = g/qsub query heads
+//            hk·g + i·gb .. + gb − 1 of KV head hk (g = n_head/n_head_kv; G:
+//            gb rounded up to a power of two, the register/shared arrays'
+//            size), reading each K and V row once for its gb heads. qsub = g
+//            (one query head per block) with AttentionExtras::one_split,
+//            else 1.
 //            Thread mapping: one 16-byte load covers EPL = 16/sizeof(T)
 //            elements of a row; LPR = HD/EPL lanes share a row, a warp reads
 //            RPW = 32/LPR rows per load, and a 64-row tile is NL = 64/(8·RPW)
@@ -37,10 +39,11 @@
 //   ROPE:    q and the new token's k, v arrive unrotated (the QKV GEMV's
 //            output, decode_attention_rope): each block rotates its g query
 //            heads while loading them (angles as cpu::rope up to float
-//            rounding, rope_angle), and the block of the last active split —
-//            whose tiles hold position *pos — rotates k, stores k and v in
-//            cache row *pos and reads that row from shared memory. This
-//            replaces a separate rope_kv_store launch per layer.
+//            rounding, rope_angle), and the blocks of the last active split —
+//            whose tiles hold position *pos — rotate k and read k and v of
+//            that row from shared memory; the first of them per KV head
+//            (i = 0) also stores them in cache row *pos. This replaces a
+//            separate rope_kv_store launch per layer.
 //   One split: when na == 1 (L <= 64·tps, all short contexts) the block
 //            divides by l itself, writes out and quantizes the output
 //            projection's activation; attn_combine_kernel then only waits
@@ -74,6 +77,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 
+#include <cstdlib>
 #include <string>
 
 namespace quern::cuda {
@@ -205,8 +209,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                                                                   T* __restrict__ kc, T* __restrict__ vc,
                                                                   const RopeStore rope,
                                                                   const int32_t* __restrict__ pos_ptr, int n_ctx,
-                                                                  int n_head_kv, int g, float scale, int n_splits,
-                                                                  float* __restrict__ part_o,
+                                                                  int n_head_kv, int g, int qsub, float scale,
+                                                                  int n_splits, float* __restrict__ part_o,
                                                                   float* __restrict__ part_ml,
                                                                   float* __restrict__ out, int8_t* __restrict__ xq,
                                                                   ActBlockInfo* __restrict__ xinfo,
@@ -237,7 +241,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     // leave without waiting (the active ones keep the launch ordered).
     const int L = clamp_pos(pos_ptr, n_ctx) + 1;
     const SplitPlan plan = split_plan(L, n_splits);
-    const int s = blockIdx.x, hk = blockIdx.y;
+    const int s = blockIdx.x, hk = blockIdx.y / qsub, sub = blockIdx.y % qsub;
     if (s >= plan.na) return;
     // Sliding window: keys lo..pos only; tiles wholly before lo are skipped
     // (the first tile processed holds lo, so every processed tile has a key).
@@ -246,7 +250,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     const int tile1 = min(plan.nt, s * plan.tps + plan.tps);
     const int tile0 = max(s * plan.tps, lo / kTile);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int h0 = hk * g;
+    const int h0 = (hk * qsub + sub) * g;
     const int pos = L - 1;
     const int64_t rs = static_cast<int64_t>(n_head_kv) * HD;  // cache row stride (elements)
     // With ROPE, the split holding position pos (the last active one) stores
@@ -333,8 +337,10 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                 const T kt = detail::from_f32<T>(kraw[e]);
                 const T vt = detail::from_f32<T>(rope.v[gi] + (rope.ex.v_bias ? rope.ex.v_bias[gi] : 0.0f));
                 const int64_t off = static_cast<int64_t>(pos) * rs + static_cast<int64_t>(hk) * HD + e;
-                kc[off] = kt;
-                vc[off] = vt;
+                if (sub == 0) {  // one block of the KV head stores the row
+                    kc[off] = kt;
+                    vc[off] = vt;
+                }
                 kn[e] = kt;
                 vn[e] = vt;
             }
@@ -477,7 +483,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                     out[static_cast<int64_t>(hq) * HD + d] = v;
                     if (xq)
                         detail::quantize_block_q8_1_l2(v, lane, (static_cast<int64_t>(hq) * HD + d) / 32, xq, xinfo,
-                                                       xq2, xinfo2, static_cast<int64_t>(n_head_kv) * g * HD / 2);
+                                                       xq2, xinfo2, static_cast<int64_t>(n_head_kv) * qsub * g * HD / 2);
                 } else {
                     const int64_t slot = static_cast<int64_t>(hq) * n_splits + s;
                     part_o[slot * HD + d] = o;
@@ -556,31 +562,33 @@ int n_splits_for(int n_ctx) {
 
 template <int HD, class T, int G, bool ROPE>
 void launch_split(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
-                  int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out, cudaStream_t stream) {
-    const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv));
+                  int n_head_kv, int g, int qsub, float scale, int n_splits, float* po, float* pml, const AttnOut& out,
+                  cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv * qsub));
     // PRE = 2 where the second tile's registers fit without spilling (ptxas:
     // up to 8 query heads per block and 1024 query elements).
     auto kernel = attn_split_kernel<HD, T, G, ROPE, 1>;
     if constexpr (ROPE && G <= 8 && G * HD <= 1024)
         if (n_splits == 1) kernel = attn_split_kernel<HD, T, G, ROPE, 2>;
     launch_pdl(kernel, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
-               static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out.out, out.xq,
+               static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, qsub, scale, n_splits, po, pml, out.out, out.xq,
                out.xinfo, out.xq2, out.xinfo2);
 }
 
 template <int HD, class T, bool ROPE>
 void dispatch_g(const float* q, void* kc, void* vc, const RopeStore& rope, const int32_t* pos, int n_ctx,
-                int n_head_kv, int g, float scale, int n_splits, float* po, float* pml, const AttnOut& out, cudaStream_t stream) {
+                int n_head_kv, int g, int qsub, float scale, int n_splits, float* po, float* pml, const AttnOut& out,
+                cudaStream_t stream) {
     if (g <= 1)
-        launch_split<HD, T, 1, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
+        launch_split<HD, T, 1, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, qsub, scale, n_splits, po, pml, out, stream);
     else if (g <= 2)
-        launch_split<HD, T, 2, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
+        launch_split<HD, T, 2, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, qsub, scale, n_splits, po, pml, out, stream);
     else if (g <= 4)
-        launch_split<HD, T, 4, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
+        launch_split<HD, T, 4, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, qsub, scale, n_splits, po, pml, out, stream);
     else if (g <= 8)
-        launch_split<HD, T, 8, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
+        launch_split<HD, T, 8, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, qsub, scale, n_splits, po, pml, out, stream);
     else
-        launch_split<HD, T, 16, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, out, stream);
+        launch_split<HD, T, 16, ROPE>(q, kc, vc, rope, pos, n_ctx, n_head_kv, g, qsub, scale, n_splits, po, pml, out, stream);
 }
 
 template <bool ROPE>
@@ -605,6 +613,18 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
         reinterpret_cast<uintptr_t>(scratch) % 16 != 0)
         throw_error(f + ": caches and scratch must be 16-byte aligned");
     const int g = n_head / n_head_kv;
+    // Blocks per KV head: with one split per KV head (the short-context
+    // graph) one per query head, so the g heads' chains of dependent steps
+    // run side by side (Llama-3-8B at positions < 128: +3% tok/s); with many
+    // splits one (every block rereading the K/V rows g times costs more at
+    // long context). QUERN_ATTN_QSPLIT=k (a divisor of g) forces k.
+    static const int qsplit_env = [] {
+        const char* e = std::getenv("QUERN_ATTN_QSPLIT");
+        return e ? std::atoi(e) : 0;
+    }();
+    int qsub = rope.ex.one_split ? g : 1;
+    if (qsplit_env >= 1 && g % qsplit_env == 0) qsub = qsplit_env;
+    const int gb = g / qsub;
     const int n_splits = rope.ex.one_split ? 1 : n_splits_for(n_ctx);
     float* po = static_cast<float*>(scratch);
     float* pml = po + static_cast<size_t>(n_head) * static_cast<size_t>(n_splits) * static_cast<size_t>(head_dim);
@@ -612,23 +632,23 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     const AttnOut ao{out, xq, xinfo, xq2, xinfo2};
     switch (head_dim) {
         case 32:
-            if (f16) dispatch_g<32, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
-            else dispatch_g<32, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            if (f16) dispatch_g<32, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, gb, qsub, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<32, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, gb, qsub, scale, n_splits, po, pml, ao, stream);
             break;
         case 64:
-            if (f16) dispatch_g<64, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
-            else dispatch_g<64, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            if (f16) dispatch_g<64, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, gb, qsub, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<64, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, gb, qsub, scale, n_splits, po, pml, ao, stream);
             break;
         case 96:
-            if (f16) dispatch_g<96, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
-            else dispatch_g<96, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            if (f16) dispatch_g<96, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, gb, qsub, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<96, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, gb, qsub, scale, n_splits, po, pml, ao, stream);
             break;
         case 128:
-            if (f16) dispatch_g<128, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
-            else dispatch_g<128, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            if (f16) dispatch_g<128, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, gb, qsub, scale, n_splits, po, pml, ao, stream);
+            else dispatch_g<128, float, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, gb, qsub, scale, n_splits, po, pml, ao, stream);
             break;
         default:  // 256, f16 (checked above)
-            dispatch_g<256, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, g, scale, n_splits, po, pml, ao, stream);
+            dispatch_g<256, __half, ROPE>(q, k_cache, v_cache, rope, pos, n_ctx, n_head_kv, gb, qsub, scale, n_splits, po, pml, ao, stream);
             break;
     }
     QUERN_CUDA_CHECK_LAUNCH();

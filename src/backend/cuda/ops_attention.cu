@@ -52,7 +52,11 @@
 //            head (its block takes every tile in turn) and the combine is
 //            not launched at all (the decode graph of positions < 128);
 //            PRE = 2 there (where G·HD <= 1024, G <= 8): the second tile's
-//            rows are requested before pdl_wait() with the first's.
+//            rows are requested before pdl_wait() with the first's, and the
+//            softmax is online per warp (WSM): each warp keeps its own max
+//            and sum over its rows in registers (no shared memory or barrier
+//            in the tile loop) and the warps' (max, sum, acc) are merged once
+//            at the end.
 //   Order:   *pos is read, inactive blocks leave, the RoPE angles are
 //            computed and the first tile's K/V rows before pos are loaded
 //            before pdl_wait() (launch.cuh): *pos is written only by the
@@ -204,7 +208,7 @@ __device__ __forceinline__ float rotated(const float* x, int e, int rope_dim, in
 // rope_angle: ops_common.cuh (shared with the prefill kernels).
 using detail::rope_angle;
 
-template <int HD, class T, int G, bool ROPE, int PRE>
+template <int HD, class T, int G, bool ROPE, int PRE, bool WSM = false>
 __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* __restrict__ q,
                                                                   T* __restrict__ kc, T* __restrict__ vc,
                                                                   const RopeStore rope,
@@ -364,6 +368,10 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     for (int j = 0; j < G; ++j)
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[j][e] = 0.0f;
+    // WSM: the warp's running max and sum per head (the same in every lane).
+    float wm[G], wl[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) wm[j] = -INFINITY, wl[j] = 0.0f;
 
     for (int tile = tile0; tile < tile1; ++tile) {
         const int t0 = tile * kTile;
@@ -390,66 +398,120 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                 }
             }
         }
-        // ---- scores
+        if constexpr (WSM) {
+            // Online softmax per warp over the warp's own rows, in registers:
+            // no shared memory and no barrier inside the tile loop.
+            float sw[NL][G];
 #pragma unroll
-        for (int u = 0; u < NL; ++u) {
-            const int row = (u * kNW + warp) * RPW + rsub;
-            float kf[EPL];
-            cvt16(kr[u], kf, static_cast<const T*>(nullptr));
+            for (int u = 0; u < NL; ++u) {
+                const int row = (u * kNW + warp) * RPW + rsub;
+                float kf[EPL];
+                cvt16(kr[u], kf, static_cast<const T*>(nullptr));
+                const bool valid = row < n && t0 + row >= lo;
+#pragma unroll
+                for (int j = 0; j < G; ++j) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
+#pragma unroll
+                    for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
+                    if (ROPE && rope.ex.softcap > 0.0f) d = rope.ex.softcap * tanhf(d / rope.ex.softcap);
+                    sw[u][j] = valid ? d : -INFINITY;
+                }
+            }
 #pragma unroll
             for (int j = 0; j < G; ++j) {
-                float d = 0.0f;
+                float mt = sw[0][j];
 #pragma unroll
-                for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
+                for (int u = 1; u < NL; ++u) mt = fmaxf(mt, sw[u][j]);
 #pragma unroll
-                for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
-                if (cl == 0) sc[j][row] = row < n && t0 + row >= lo ? d : -INFINITY;
+                for (int off = LPR; off < 32; off <<= 1) mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, off));
+                const float mn = fmaxf(wm[j], mt);
+                const float a = mn == -INFINITY ? 1.0f : expf(wm[j] - mn);
+                float lt = 0.0f;
+#pragma unroll
+                for (int u = 0; u < NL; ++u) {
+                    sw[u][j] = sw[u][j] == -INFINITY ? 0.0f : expf(sw[u][j] - mn);
+                    lt += sw[u][j];
+                }
+#pragma unroll
+                for (int off = LPR; off < 32; off <<= 1) lt += __shfl_xor_sync(0xFFFFFFFFu, lt, off);
+                wl[j] = wl[j] * a + lt;
+                wm[j] = mn;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) acc[j][e] *= a;
             }
-        }
-        __syncthreads();
-        // ---- online softmax statistics, one warp per head
-        for (int j = warp; j < g; j += kNW) {
-            float s0 = sc[j][lane], s1 = sc[j][lane + 32];
-            if (ROPE && rope.ex.softcap > 0.0f) {  // Gemma 2: s -> cap·tanh(s/cap); masked scores stay −inf
-                const float cap = rope.ex.softcap;
-                if (s0 > -INFINITY) s0 = cap * tanhf(s0 / cap);
-                if (s1 > -INFINITY) s1 = cap * tanhf(s1 / cap);
+#pragma unroll
+            for (int u = 0; u < NL; ++u) {
+                float vf[EPL];
+                cvt16(vr[u], vf, static_cast<const T*>(nullptr));
+#pragma unroll
+                for (int j = 0; j < G; ++j)
+#pragma unroll
+                    for (int e = 0; e < EPL; ++e) acc[j][e] = fmaf(sw[u][j], vf[e], acc[j][e]);
             }
-            const float mt = warp_max(fmaxf(s0, s1));
-            const float mo = st_m[j];
-            const float mn = fmaxf(mo, mt);
-            const float p0 = expf(s0 - mn), p1 = expf(s1 - mn);
-            sc[j][lane] = p0;
-            sc[j][lane + 32] = p1;
-            const float lt = warp_sum(p0 + p1);
-            if (lane == 0) {
-                const float a = expf(mo - mn);  // 0 on the first tile (mo = −inf)
-                st_a[j] = a;
-                st_m[j] = mn;
-                st_l[j] = st_l[j] * a + lt;
+        } else {
+            // ---- scores
+#pragma unroll
+            for (int u = 0; u < NL; ++u) {
+                const int row = (u * kNW + warp) * RPW + rsub;
+                float kf[EPL];
+                cvt16(kr[u], kf, static_cast<const T*>(nullptr));
+#pragma unroll
+                for (int j = 0; j < G; ++j) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
+#pragma unroll
+                    for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
+                    if (cl == 0) sc[j][row] = row < n && t0 + row >= lo ? d : -INFINITY;
+                }
             }
-        }
-        __syncthreads();
-        // ---- p · V
-#pragma unroll
-        for (int j = 0; j < G; ++j) {
-            const float a = j < g ? st_a[j] : 0.0f;
-#pragma unroll
-            for (int e = 0; e < EPL; ++e) acc[j][e] *= a;
-        }
-#pragma unroll
-        for (int u = 0; u < NL; ++u) {
-            const int row = (u * kNW + warp) * RPW + rsub;
-            float vf[EPL];
-            cvt16(vr[u], vf, static_cast<const T*>(nullptr));
+            __syncthreads();
+            // ---- online softmax statistics, one warp per head
+            for (int j = warp; j < g; j += kNW) {
+                float s0 = sc[j][lane], s1 = sc[j][lane + 32];
+                if (ROPE && rope.ex.softcap > 0.0f) {  // Gemma 2: s -> cap·tanh(s/cap); masked scores stay −inf
+                    const float cap = rope.ex.softcap;
+                    if (s0 > -INFINITY) s0 = cap * tanhf(s0 / cap);
+                    if (s1 > -INFINITY) s1 = cap * tanhf(s1 / cap);
+                }
+                const float mt = warp_max(fmaxf(s0, s1));
+                const float mo = st_m[j];
+                const float mn = fmaxf(mo, mt);
+                const float p0 = expf(s0 - mn), p1 = expf(s1 - mn);
+                sc[j][lane] = p0;
+                sc[j][lane + 32] = p1;
+                const float lt = warp_sum(p0 + p1);
+                if (lane == 0) {
+                    const float a = expf(mo - mn);  // 0 on the first tile (mo = −inf)
+                    st_a[j] = a;
+                    st_m[j] = mn;
+                    st_l[j] = st_l[j] * a + lt;
+                }
+            }
+            __syncthreads();
+            // ---- p · V
 #pragma unroll
             for (int j = 0; j < G; ++j) {
-                const float p = j < g ? sc[j][row] : 0.0f;  // rows past L: p = 0 and v = 0
+                const float a = j < g ? st_a[j] : 0.0f;
 #pragma unroll
-                for (int e = 0; e < EPL; ++e) acc[j][e] = fmaf(p, vf[e], acc[j][e]);
+                for (int e = 0; e < EPL; ++e) acc[j][e] *= a;
             }
+#pragma unroll
+            for (int u = 0; u < NL; ++u) {
+                const int row = (u * kNW + warp) * RPW + rsub;
+                float vf[EPL];
+                cvt16(vr[u], vf, static_cast<const T*>(nullptr));
+#pragma unroll
+                for (int j = 0; j < G; ++j) {
+                    const float p = j < g ? sc[j][row] : 0.0f;  // rows past L: p = 0 and v = 0
+#pragma unroll
+                    for (int e = 0; e < EPL; ++e) acc[j][e] = fmaf(p, vf[e], acc[j][e]);
+                }
+            }
+            __syncthreads();  // sc and st_a are rewritten by the next tile
         }
-        __syncthreads();  // sc and st_a are rewritten by the next tile
     }
     // ---- reduce acc over the warp's row groups, then over the warps
 #pragma unroll
@@ -458,6 +520,32 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
         for (int e = 0; e < EPL; ++e)
 #pragma unroll
             for (int off = LPR; off < 32; off <<= 1) acc[j][e] += __shfl_xor_sync(0xFFFFFFFFu, acc[j][e], off);
+    if constexpr (WSM) {
+        // The warps' (max, sum) pairs → the block's M and L per head (st_m,
+        // st_l, as the shared-memory path leaves them); each warp's acc is
+        // rescaled by exp(m_w − M) before the sum over warps below.
+        __shared__ float w_m[kNW][G], w_l[kNW][G];
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < G; ++j) w_m[warp][j] = wm[j], w_l[warp][j] = wl[j];
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            float M = w_m[0][j];
+#pragma unroll
+            for (int w = 1; w < kNW; ++w) M = fmaxf(M, w_m[w][j]);
+            const float f = wm[j] == -INFINITY ? 0.0f : expf(wm[j] - M);
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[j][e] *= f;
+            if (tid == j) {
+                float Ls = 0.0f;
+#pragma unroll
+                for (int w = 0; w < kNW; ++w) Ls += w_m[w][j] == -INFINITY ? 0.0f : w_l[w][j] * expf(w_m[w][j] - M);
+                st_m[j] = M;
+                st_l[j] = Ls;
+            }
+        }
+    }
 #pragma unroll
     for (int jb = 0; jb < G; jb += GB) {
         if (jb >= g) break;  // uniform
@@ -567,9 +655,13 @@ void launch_split(const float* q, void* kc, void* vc, const RopeStore& rope, con
     const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(n_head_kv * qsub));
     // PRE = 2 where the second tile's registers fit without spilling (ptxas:
     // up to 8 query heads per block and 1024 query elements).
+    // With one split (the short-context graph) also the per-warp online
+    // softmax (WSM): no barrier inside the tile loop. With many splits the
+    // shared-memory form is faster (WSM computes each exp in all LPR lanes
+    // of a row: Llama-3-8B at depth 4096 392 against 475 tok/s).
     auto kernel = attn_split_kernel<HD, T, G, ROPE, 1>;
     if constexpr (ROPE && G <= 8 && G * HD <= 1024)
-        if (n_splits == 1) kernel = attn_split_kernel<HD, T, G, ROPE, 2>;
+        if (n_splits == 1) kernel = attn_split_kernel<HD, T, G, ROPE, 2, true>;
     launch_pdl(kernel, grid, dim3(kAttnThreads), 0, stream, q, static_cast<T*>(kc),
                static_cast<T*>(vc), rope, pos, n_ctx, n_head_kv, g, qsub, scale, n_splits, po, pml, out.out, out.xq,
                out.xinfo, out.xq2, out.xinfo2);

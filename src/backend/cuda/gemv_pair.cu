@@ -38,7 +38,7 @@ bool launch_q4k_q6k(const GemvLaunch& l1, const GemvLaunch& l2, cudaStream_t str
     // The split that minimizes the longer side's rounds of row groups, a
     // round weighted by its bytes (per 256 elements: Q4_K 144, Q6_K 210):
     // e.g. Llama-3-8B's 1280 Q|K and 256 V groups on 792 resident blocks run
-    // as 640 + 152 blocks, two rounds each.
+    // as 664 + 128 blocks, two rounds each.
     int blocks1 = 1, blocks2 = 1;
     int64_t best = -1;
     for (int64_t b2 = 1; b2 <= std::min<int64_t>(groups2, resident - 1); ++b2) {

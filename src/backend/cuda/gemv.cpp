@@ -187,6 +187,13 @@ GemvLaunch q8_launch(const char* fn, const DeviceWeight& W, const QuantizedActiv
     return l;
 }
 
+/// The kernels' form of a DeferredNormScale, after checking it.
+ActScale act_scale(const DeferredNormScale& norm) {
+    if (!norm.parts || norm.dim <= 0 || static_cast<int64_t>(norm.n_parts) * 32 != norm.dim)
+        fail("gemv: DeferredNormScale needs dim/32 partial sums (dim {}, {} parts)", norm.dim, norm.n_parts);
+    return ActScale{norm.parts, norm.n_parts, 1.0f / static_cast<float>(norm.dim), norm.eps};
+}
+
 }  // namespace
 
 bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream) {
@@ -216,10 +223,9 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 
 void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq, float* y,
           const DeferredNormScale& norm, const GemvOptions& opt) {
-    if (!norm.parts || norm.dim <= 0 || static_cast<int64_t>(norm.n_parts) * 32 != norm.dim)
-        fail("gemv: DeferredNormScale needs dim/32 partial sums (dim {}, {} parts)", norm.dim, norm.n_parts);
+    const ActScale sc = act_scale(norm);
     GemvLaunch l = q8_launch("gemv", W, xq, y);
-    l.scale = ActScale{norm.parts, norm.n_parts, 1.0f / static_cast<float>(norm.dim), norm.eps};
+    l.scale = sc;
     run(ctx, l, opt);
 }
 
@@ -229,10 +235,9 @@ void gemv_pair(CudaContext& ctx, const DeviceWeight& W1, float* y1, const Device
         const char* e = std::getenv("QUERN_GEMV_PAIR");
         return !(e && std::string(e) == "0");
     }();
-    if (norm && (!norm->parts || norm->dim <= 0 || static_cast<int64_t>(norm->n_parts) * 32 != norm->dim))
-        fail("gemv: DeferredNormScale needs dim/32 partial sums (dim {}, {} parts)", norm->dim, norm->n_parts);
+    const ActScale sc = norm ? act_scale(*norm) : ActScale{};
     GemvLaunch l1 = q8_launch("gemv", W1, xq, y1), l2 = q8_launch("gemv", W2, xq, y2);
-    if (norm) l1.scale = l2.scale = ActScale{norm->parts, norm->n_parts, 1.0f / static_cast<float>(norm->dim), norm->eps};
+    l1.scale = l2.scale = sc;
     // The fused kernel runs the default configuration of each matrix only.
     const bool defaults = config_override(W1.type) < 0 && config_override(W2.type) < 0;
     if (pair_on && defaults && launch_gemv_pair(l1, l2, ctx.stream())) {

@@ -464,9 +464,11 @@ inline ActQ8Ptrs residual_act(const GemvLaunch& l) { return ActQ8Ptrs{l.xq2, l.x
 /// persistent configuration as many as are resident at once (the occupancy
 /// of `kernel` times the SM count, both cached per instantiation), at most
 /// one per group.
+/// Blocks of `Kernel` (nt threads each) resident at once on the current
+/// device: its occupancy times the SM count (at least 1), cached per
+/// instantiation.
 template <auto Kernel>
-unsigned gemv_grid(int nt, int groups, bool persistent) {
-    if (!persistent) return static_cast<unsigned>(groups);
+int resident_blocks(int nt) {
     static const int resident = [nt] {
         int dev = 0, sms = 0, per_sm = 0;
         cudaGetDevice(&dev);
@@ -474,7 +476,13 @@ unsigned gemv_grid(int nt, int groups, bool persistent) {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, nt, 0);
         return std::max(1, sms * per_sm);
     }();
-    return static_cast<unsigned>(std::min(groups, resident));
+    return resident;
+}
+
+template <auto Kernel>
+unsigned gemv_grid(int nt, int groups, bool persistent) {
+    if (!persistent) return static_cast<unsigned>(groups);
+    return static_cast<unsigned>(std::min(groups, resident_blocks<Kernel>(nt)));
 }
 
 /// Launches gemv_kernel<Op, ...> with kGemvConfigs[config] (the list is

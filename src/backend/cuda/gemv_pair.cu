@@ -27,13 +27,7 @@ template <int L>
 bool launch_q4k_q6k(const GemvLaunch& l1, const GemvLaunch& l2, cudaStream_t stream) {
     constexpr auto kern =
         gemv_pair_kernel<OpQ4_K, kPairRows1, kPairUnroll1, OpQ6_K, kPairRows2, kPairUnroll2, kPairThreads, L>;
-    static const int resident = [] {
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kPairThreads, 0);
-        return std::max(2, sms * per_sm);
-    }();
+    const int resident = std::max(2, resident_blocks<kern>(kPairThreads));
     const int64_t groups1 = (l1.N + kPairRows1 - 1) / kPairRows1, groups2 = (l2.N + kPairRows2 - 1) / kPairRows2;
     // The split that minimizes the longer side's rounds of row groups, a
     // round weighted by its bytes (per 256 elements: Q4_K 144, Q6_K 210):

@@ -834,15 +834,14 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
         const bool deferred = fuse && il > 0;  // layer 0's input comes from get_row
         if (!deferred && !sk("norm")) norm(L.attn_norm, il > 0);
         mark("norm");
-        if (sk("qkv")) {
-        } else if (L.qkv.size() == 2 && gemv_takes_quantized_activation(L.qkv[0].w.type) &&
-                   gemv_takes_quantized_activation(L.qkv[1].w.type)) {
-            // Q|K and V of different types (Q4_K_M): one launch where a fused kernel exists.
+        // Q|K and V of different types (Q4_K_M): one launch where a fused kernel exists.
+        const bool pair = L.qkv.size() == 2 && gemv_takes_quantized_activation(L.qkv[0].w.type) &&
+                          gemv_takes_quantized_activation(L.qkv[1].w.type);
+        if (!sk("qkv") && pair)
             gemv_pair(ctx_, L.qkv[0].w, q + L.qkv[0].offset, L.qkv[1].w, q + L.qkv[1].offset, xq_embd_,
                       deferred ? &dn : nullptr);
-        } else {
+        else if (!sk("qkv"))
             for (const Piece& p : L.qkv) mm_normed(p, q, deferred);
-        }
         mark("gemv_qkv");
         // RoPE, the KV-cache write and attention in one launch; it also
         // quantizes the output projection's activation.

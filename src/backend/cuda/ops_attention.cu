@@ -368,6 +368,16 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     for (int j = 0; j < G; ++j)
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[j][e] = 0.0f;
+    // q·k of head j for the row whose EPL elements this lane holds, summed
+    // over the row's LPR lanes (every one of them gets the score).
+    const auto row_score = [&](const float (&kf)[EPL], int j) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
+#pragma unroll
+        for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
+        return d;
+    };
     // WSM: the warp's running max and sum per head (the same in every lane).
     float wm[G], wl[G];
 #pragma unroll
@@ -410,11 +420,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                 const bool valid = row < n && t0 + row >= lo;
 #pragma unroll
                 for (int j = 0; j < G; ++j) {
-                    float d = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
-#pragma unroll
-                    for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
+                    float d = row_score(kf, j);
                     if (ROPE && rope.ex.softcap > 0.0f) d = rope.ex.softcap * tanhf(d / rope.ex.softcap);
                     sw[u][j] = valid ? d : -INFINITY;
                 }
@@ -459,11 +465,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                 cvt16(kr[u], kf, static_cast<const T*>(nullptr));
 #pragma unroll
                 for (int j = 0; j < G; ++j) {
-                    float d = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < EPL; ++e) d = fmaf(qr[j][e], kf[e], d);
-#pragma unroll
-                    for (int off = LPR / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xFFFFFFFFu, d, off);
+                    const float d = row_score(kf, j);
                     if (cl == 0) sc[j][row] = row < n && t0 + row >= lo ? d : -INFINITY;
                 }
             }

@@ -26,6 +26,8 @@ for b in "$@"; do
   ldd "$b" | awk '$2 == "=>" && $1 ~ /^lib(fmt|pcre2-8|cpp-httplib|brotli(dec|enc|common)|cudart)\.so/ {print $3}' |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 done
-XZ_OPT=${XZ_OPT:--T0} tar -C "$stage" -cJf "$out" .
+# One xz stream with a window larger than a binary: the CUDA kernels every
+# binary carries are stored once (quern + three test binaries: ~25 MiB).
+tar -C "$stage" -cf - . | xz -T1 --lzma2=preset=6,dict=400MiB >"$out"
 [ -t 1 ] && echo "pack_cuda: $(du -h "$out" | cut -f1) in $out: $(cd "$stage" && ls | grep -v '^lib$' | tr '\n' ' ')lib/($(ls "$stage/lib" | wc -l) libraries)"
 exit 0

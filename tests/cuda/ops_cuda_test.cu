@@ -21,7 +21,10 @@
 //              <= 5e-5 against cpu::rope + cpu::attention, its Q8_1 row
 //              bit-exact, and a second identical call bit-identical.
 //   get_row    bit-exact against dequantize_row_ref.
-//   argmax     exact index.
+//   argmax     exact index; argmax_advance also the control block, the
+//              token array and the mapped host slot exactly.
+//   get_row_norm  x bit-exact as get_row; both quantized levels byte for byte
+//              as quantize_activation of x·w; partial sums within 1e-5.
 //   sample     the CPU Sampler's token for the same logits, history and draw.
 #include <gtest/gtest.h>
 
@@ -740,6 +743,60 @@ TEST_F(OpsCuda, GetRow) {
     }
 }
 
+// get_row_norm: x as get_row (bit-exact), the partial sums of x² per 32
+// elements, and both levels of x ⊙ w byte for byte as quantize_activation
+// makes them from the same floats (x·w rounded to float on the host).
+TEST_F(OpsCuda, GetRowNorm) {
+    for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+        for (int64_t dim : {256, 4096}) {
+            const int64_t rows = 20;
+            auto table = random_table(t, rows, dim, rng_);
+            auto dt = up(table);
+            auto w = randv(dim, rng_, 0.5f, 1.5f);
+            auto dw = up(w);
+            for (int id : {3, 19, 25}) {
+                const std::string what = std::string(dtype_info(t).name) + " dim " + std::to_string(dim) + " id " +
+                                         std::to_string(id);
+                auto did = up(std::vector<int32_t>{id});
+                auto dx = poisoned<float>(dim);
+                auto dss = poisoned<float>(dim / 32);
+                QuantizedActivation a(dim, 2), b(dim, 2);
+                a.buffer().fill_bytes(0xFF, st());
+                get_row_norm(t, dt.data(), rows, dim, did.as<int32_t>(), dx.as<float>(), dw.as<float>(), a.q(),
+                             a.info(), a.q2(), a.info2(), dss.as<float>(), st());
+                const int eff = std::min<int>(id, static_cast<int>(rows - 1));
+                std::vector<float> ref(static_cast<size_t>(dim));
+                dequantize_row_ref(t, table.data() + row_size(t, dim) * static_cast<size_t>(eff), ref.data(), dim);
+                const auto gx = down<float>(dx, dim);
+                for (int64_t i = 0; i < dim; ++i) ASSERT_EQ(gx[static_cast<size_t>(i)], ref[static_cast<size_t>(i)]) << what << " x " << i;
+                expect_guard(dx, dim);
+                const auto gss = down<float>(dss, dim / 32);
+                for (int64_t k = 0; k < dim / 32; ++k) {
+                    double want = 0.0;
+                    for (int64_t i = 32 * k; i < 32 * k + 32; ++i) want += static_cast<double>(ref[static_cast<size_t>(i)]) * ref[static_cast<size_t>(i)];
+                    ASSERT_LE(std::fabs(gss[static_cast<size_t>(k)] - want), 1e-5 * want + 1e-30) << what << " part " << k;
+                }
+                expect_guard(dss, dim / 32);
+                std::vector<float> xw(static_cast<size_t>(dim));
+                for (size_t i = 0; i < xw.size(); ++i) xw[i] = ref[i] * w[i];
+                auto dxw = up(xw);
+                quantize_activation(*ctx_, dxw.as<float>(), b);
+                const auto bytes = static_cast<int64_t>(2 * a.level_bytes());
+                const auto ga = down<uint8_t>(a.buffer(), bytes), gb = down<uint8_t>(b.buffer(), bytes);
+                ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size())) << what;
+            }
+        }
+    }
+    DeviceBuffer b(1 << 12);
+    float* f = b.as<float>();
+    EXPECT_THROW(get_row_norm(DType::F32, f, 1, 48, b.as<int32_t>(), f, f, b.as<int8_t>(), b.as<ActBlockInfo>(),
+                              nullptr, nullptr, f, st()),
+                 std::exception);  // dim not a multiple of 32
+    EXPECT_THROW(get_row_norm(DType::F32, f, 1, 64, b.as<int32_t>(), f, nullptr, b.as<int8_t>(),
+                              b.as<ActBlockInfo>(), nullptr, nullptr, f, st()),
+                 std::exception);
+}
+
 // ------------------------------------------------------------------ argmax
 
 TEST_F(OpsCuda, Argmax) {
@@ -767,6 +824,67 @@ TEST_F(OpsCuda, Argmax) {
             ASSERT_EQ(got[0], want) << "n " << n << " variant " << variant;
         }
     }
+}
+
+// argmax_advance ends a greedy step: the argmax into ctl->sampled, then
+// advance_decode_position's update (a prompt position takes the uploaded
+// token, a free one the sampled token, a full cache only moves pos), and the
+// token in the mapped host slot of the evaluated position.
+TEST_F(OpsCuda, ArgmaxAdvance) {
+    const int64_t n = 128256;
+    const int n_ctx = 16;
+    int32_t* host = nullptr;
+    ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&host), 2 * sizeof(int32_t), cudaHostAllocMapped), cudaSuccess);
+    int32_t* host_dev = nullptr;
+    ASSERT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0), cudaSuccess);
+    struct Case {
+        int pos, fixed;
+        bool fold;  // argmax_advance, or argmax then advance_decode_position
+    };
+    for (const Case c : {Case{4, 9, true}, Case{8, 9, true}, Case{11, 9, true}, Case{15, 9, true}, Case{6, 3, false},
+                         Case{2, 5, false}}) {
+        auto x = randv(n, rng_, -10.0f, 10.0f);
+        const int64_t want = (c.pos * 7919) % n;
+        x[static_cast<size_t>(want)] = 20.0f;
+        std::vector<int32_t> toks(static_cast<size_t>(n_ctx + 1));
+        for (size_t i = 0; i < toks.size(); ++i) toks[i] = 1000 + static_cast<int32_t>(i);
+        auto dx = up(x), dtok = up(toks);
+        auto dctl = up(std::vector<DecodeControl>{DecodeControl{c.pos, 77, c.fixed, -1}});
+        DeviceBuffer scratch(argmax_scratch_bytes(n));
+        host[0] = host[1] = -5;
+        auto* ctl = dctl.as<DecodeControl>();
+        if (c.fold) {
+            argmax_advance(dx.as<float>(), n, scratch.data(), ctl, dtok.as<int32_t>(), n_ctx, host_dev, st());
+        } else {
+            argmax(dx.as<float>(), n, scratch.data(), &ctl->sampled, st());
+            advance_decode_position(ctl, dtok.as<int32_t>(), n_ctx, st(), host_dev);
+        }
+        const auto got = down<DecodeControl>(dctl, 1)[0];
+        const auto gt = down<int32_t>(dtok, n_ctx + 1);
+        const std::string what = "pos " + std::to_string(c.pos) + " fixed " + std::to_string(c.fixed);
+        const int np = c.pos + 1;
+        EXPECT_EQ(got.sampled, want) << what;
+        EXPECT_EQ(got.pos, np) << what;
+        EXPECT_EQ(host[c.pos & 1], want) << what;
+        EXPECT_EQ(host[(c.pos + 1) & 1], -5) << what << ": the other slot";
+        auto wt = toks;
+        int32_t cur = 77;
+        if (np < n_ctx) {
+            if (np < c.fixed) {
+                cur = toks[static_cast<size_t>(np)];
+            } else {
+                cur = static_cast<int32_t>(want);
+                wt[static_cast<size_t>(np)] = cur;
+            }
+        }
+        EXPECT_EQ(got.cur, cur) << what;
+        EXPECT_EQ(got.fixed, c.fixed) << what;
+        EXPECT_EQ(gt, wt) << what;
+    }
+    cudaFreeHost(host);
+    DeviceBuffer b(64);
+    EXPECT_THROW(argmax_advance(b.as<float>(), 8, b.data(), nullptr, b.as<int32_t>(), 4, nullptr, st()),
+                 std::exception);
 }
 
 // argmax_rows: each row's index equals argmax's on that row (rows with ties,

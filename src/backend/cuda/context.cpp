@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_check.h"
 
 #include <cstdlib>
+#include <string>
 #include "core/error.h"
 
 namespace quern::cuda {
@@ -63,5 +64,13 @@ bool pdl_enabled() {
         return !(e && e[0] == '0');
     }();
     return on;
+}
+bool pdl_early(const char* what) {
+    // Default: every decode kernel that may trigger early does (launch.cuh).
+    static const std::string list = [] {
+        const char* e = std::getenv("QUERN_PDL_EARLY");
+        return std::string(e ? e : "swiglu,attn,gemv,combine,argmax");
+    }();
+    return pdl_enabled() && list.find(what) != std::string::npos;
 }
 }  // namespace quern::cuda

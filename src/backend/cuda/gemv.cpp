@@ -51,8 +51,11 @@ int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation,
         // decode step won (Q8_0: R2 T64 U2 P is not the best alone on any
         // shape but gives the fastest step, 426.8 vs 417.8 tok/s).
         switch (type) {
+            // With early PDL triggers (launch.cuh) R4 T128 U1 P also for
+            // the large K = 4096 matrices (Q|K|V 6144, gate|up 28672 rows):
+            // Q4_K_M 605.4 against 602.9 tok/s (2026-12-04).
             case DType::Q4_K:
-                return long_rows ? 14 : 10;     // R4 T128 U1 P : R4 T64 U2 P
+                return long_rows || (N > 4096 && N < 65536) ? 14 : 10;  // R4 T128 U1 P : R4 T64 U2 P
             case DType::Q6_K:
                 if (long_rows) return 2;        // R4 T128 U1
                 if (N >= 65536) return 10;      // R4 T64 U2 P (output)
@@ -107,8 +110,9 @@ namespace {
 
 // QUERN_GEMV_CONFIG="Q4_K=11,Q6_K=12": a configuration index per weight type
 // in place of the tuned defaults (for measuring a configuration inside a
-// whole decode step; indices as bench_gemv_cuda lists them).
-int config_override(DType type) {
+// whole decode step; indices as bench_gemv_cuda lists them); "Q4_K@28672=14"
+// only for matrices of that many rows.
+int config_override(DType type, int64_t N = -1) {
     static const std::vector<std::pair<std::string, int>> table = [] {
         std::vector<std::pair<std::string, int>> v;
         const char* e = std::getenv("QUERN_GEMV_CONFIG");
@@ -124,15 +128,16 @@ int config_override(DType type) {
         }
         return v;
     }();
+    const std::string t(dtype_name(type)), tn = t + "@" + std::to_string(N);
     for (const auto& [name, idx] : table)
-        if (name == dtype_name(type)) return idx;
+        if (name == t || name == tn) return idx;
     return -1;
 }
 
 void run(CudaContext& ctx, const GemvLaunch& l, const GemvOptions& opt) {
     const bool float_act = l.act == ActKind::F32;
     int config = opt.config;
-    if (config < 0) config = config_override(l.type);
+    if (config < 0) config = config_override(l.type, l.N);
     if (config < 0) config = gemv_default_config(l.type, l.N, l.K, float_act, l.xq2 ? 2 : 1);
     if (config >= kNumGemvConfigs) fail("gemv: unknown configuration {} (0..{})", config, kNumGemvConfigs - 1);
     if (!launch_gemv(l, config, ctx.stream()))
@@ -191,7 +196,7 @@ GemvLaunch q8_launch(const char* fn, const DeviceWeight& W, const QuantizedActiv
 ActScale act_scale(const DeferredNormScale& norm) {
     if (!norm.parts || norm.dim <= 0 || static_cast<int64_t>(norm.n_parts) * 32 != norm.dim)
         fail("gemv: DeferredNormScale needs dim/32 partial sums (dim {}, {} parts)", norm.dim, norm.n_parts);
-    return ActScale{norm.parts, norm.n_parts, 1.0f / static_cast<float>(norm.dim), norm.eps};
+    return ActScale{norm.parts, norm.n_parts, 1.0f / static_cast<float>(norm.dim), norm.eps, pdl_early("gemv")};
 }
 
 }  // namespace
@@ -239,7 +244,7 @@ void gemv_pair(CudaContext& ctx, const DeviceWeight& W1, float* y1, const Device
     GemvLaunch l1 = q8_launch("gemv", W1, xq, y1), l2 = q8_launch("gemv", W2, xq, y2);
     l1.scale = l2.scale = sc;
     // The fused kernel runs the default configuration of each matrix only.
-    const bool defaults = config_override(W1.type) < 0 && config_override(W2.type) < 0;
+    const bool defaults = config_override(W1.type, W1.N) < 0 && config_override(W2.type, W2.N) < 0;
     if (pair_on && defaults && launch_gemv_pair(l1, l2, ctx.stream())) {
         QUERN_CUDA_CHECK_LAUNCH();
         return;
@@ -254,7 +259,8 @@ void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const Quantized
     GemvLaunch l = q8_launch("gemv_residual_norm", W, a, x);
     if (W.N % 32 != 0) fail("gemv_residual_norm: N = {} is not a multiple of 32", W.N);
     if (xq_next.K() != W.N) fail("gemv_residual_norm: next activation has {} elements, N = {}", xq_next.K(), W.N);
-    const NormEpilogue epi{x, norm_w, xq_next.q(), xq_next.info(), xq_next.q2(), xq_next.info2(), ss_parts};
+    const NormEpilogue epi{x, norm_w, xq_next.q(), xq_next.info(), xq_next.q2(), xq_next.info2(), ss_parts,
+                           pdl_early("gemv")};
     l.epi = &epi;
     if (!launch_gemv(l, 0, ctx.stream())) fail("gemv_residual_norm: no CUDA kernel for {} weights", dtype_name(W.type));
     QUERN_CUDA_CHECK_LAUNCH();

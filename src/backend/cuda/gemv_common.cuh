@@ -247,8 +247,7 @@ __device__ __forceinline__ void gemv_rows(const typename Op::Args& args, const A
     set_rows(g);
     RowDot<Op, R, NT, UNR, L> rd;
     rd.load_first(args, rows, t, U);
-    pdl_wait();
-    pdl_trigger();
+    pdl_wait_trigger(sc.early);
     // The scale's partials are read by warp 0 (the writer of y) while the
     // first weights are in flight.
     float scale = 1.0f;
@@ -433,8 +432,7 @@ __global__ void __launch_bounds__(32 * (32 / RW)) gemv_norm_kernel(const typenam
     RowDot<Op, RW, 32, UNR, L> rd;
     rd.load_first(args, rows, lane, U);
     const float nw = warp == 0 ? __ldg(epi.w + rb + lane) : 0.0f;  // a weight: before the wait
-    pdl_wait();
-    pdl_trigger();
+    pdl_wait_trigger(epi.early);
     const float x_old = warp == 0 ? epi.x[rb + lane] : 0.0f;
     rd.run(args, args2, rows, lane, U, acc);
     __shared__ float ys[32];

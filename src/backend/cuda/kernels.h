@@ -64,6 +64,7 @@ struct ActScale {
     int n = 0;
     float inv_dim = 0.0f;
     float eps = 0.0f;
+    bool early = false;  ///< trigger the successor before the PDL wait (pdl_early("gemv"))
 };
 
 /// gemv_residual_norm's epilogue (gemv.h): x += y, next activation, partial sums.
@@ -75,6 +76,7 @@ struct NormEpilogue {
     int8_t* xq2;           ///< level 2, or nullptr
     ActBlockInfo* xinfo2;
     float* ss_parts;       ///< N/32 floats
+    bool early = false;    ///< trigger the successor before the PDL wait (pdl_early("gemv"))
 };
 
 /// The indexed ("expert") mode of a GEMV (gemv.h's gemv_indexed): W is a

@@ -4,19 +4,29 @@
 // them the GPU would otherwise drain the first grid completely before it
 // starts launching the second. Launched with PDL, a kernel's blocks may be
 // scheduled while its predecessor's last blocks still run: each decode kernel
-// starts with pdl_wait() (griddepcontrol.wait: returns once the predecessor
-// grid has completed and its memory is visible) before it reads anything the
-// predecessor wrote or writes anything, and then calls pdl_trigger() so that
-// its own successor may be launched early. Only data that no kernel of the
-// step writes (weights) may be read before pdl_wait(), with one exception:
-// since every kernel triggers only after its own wait, a kernel is launched
-// only once its predecessor's predecessor has completed, so the decode
-// position (written by the kernel that ends a step, advance_decode_position)
-// may be read early by kernels that run at least two launches into the next
-// step (the attention kernels do). Without the launch
-// attribute (or on a GPU before sm_90) both instructions are no-ops, so the
-// same kernels run correctly either way. QUERN_CUDA_PDL=0 in the environment
-// turns the attribute off (for measurements).
+// calls pdl_wait() (griddepcontrol.wait: returns once the predecessor grid
+// has completed and its memory is visible) before it reads anything the
+// predecessor wrote or writes anything, and pdl_trigger()
+// (griddepcontrol.launch_dependents) so that its own successor may be
+// launched early: after its wait, or (pdl_wait_trigger(true), the decode
+// kernels named by pdl_early) before it, so that the successor's blocks are
+// launched while this grid's predecessor still runs and start loading their
+// weights as soon as they fit on a multiprocessor. Since every kernel waits
+// for its predecessor, which waited for its own, a kernel past its wait sees
+// everything earlier in the stream completed.
+//
+// Only data that no kernel of the step writes (weights) may be read before
+// pdl_wait(), with one exception: the first kernel of a decode step
+// (get_row / get_row_norm) and the kernels that end one (argmax's final
+// launch, advance_decode_position) trigger only after their wait, so every
+// kernel of a step is launched after the previous step has completed, and
+// the decode position (written by the kernel that ends a step) and the KV
+// rows of earlier positions may be read early by the kernels of the step
+// after its first (the attention kernels do). Without the launch attribute
+// (or on a GPU before sm_90) both instructions are no-ops, so the same
+// kernels run correctly either way. QUERN_CUDA_PDL=0 in the environment
+// turns the attribute off, QUERN_PDL_EARLY=none the early triggers (for
+// measurements; default "swiglu,attn,gemv,combine,argmax").
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,6 +36,11 @@ namespace quern::cuda {
 
 /// Whether launches carry the PDL attribute (default yes; QUERN_CUDA_PDL=0: no).
 bool pdl_enabled();
+
+/// Whether the decode kernel named `what` (a word of QUERN_PDL_EARLY,
+/// default "swiglu,attn,gemv,combine,argmax") triggers its successor's
+/// launch before its own wait; false without PDL.
+bool pdl_early(const char* what);
 
 /// kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when
 /// enabled. Launch errors surface through cudaGetLastError as usual.
@@ -53,6 +68,15 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+/// pdl_wait() and pdl_trigger() in the usual order, or (early) the trigger
+/// first: the successor may then be launched as soon as every block of this
+/// grid runs, before this grid's own predecessor has completed.
+__device__ __forceinline__ void pdl_wait_trigger(bool early) {
+    if (early) pdl_trigger();
+    pdl_wait();
+    if (!early) pdl_trigger();
 }
 
 }  // namespace quern::cuda

@@ -31,15 +31,19 @@
 //     y_s = W_down[ids[s]] · fq_s                         gemv_indexed with per-slot activations
 //     h = Σ_s w_s · y_s                                   moe_weighted_sum (h added by the next norm)
 //   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax or sample_token
-//   pos += 1; cur = next prompt token or sampled          advance_decode_position
+//   pos += 1; cur = next prompt token or sampled          advance_decode_position (greedy: in
+//                                                           argmax's final launch, argmax_advance)
+//   The sampled token also goes to mapped host memory, which the host reads
+//   after the step; a step whose token the device fed back needs no upload.
 //
 // When every matrix reads the quantized activation (fuse_norm_; not F32 /
 // F16 / BF16 / F8_E4M3_B32 matrices; never with expert layers), the RMSNorms
-// after the first have no launch of their own: the output and down
-// projections run as gemv_residual_norm (x += W·a in their epilogue, the next
-// norm's activation quantized without its scale, Σx² in partial sums) and the
-// GEMVs that read that activation apply the scale (DeferredNormScale,
-// gemv.h); h is unused.
+// have no launch of their own: the lookup (get_row_norm) and the output and
+// down projections (gemv_residual_norm: x += W·a in their epilogue) leave the
+// next norm's activation quantized without its scale and Σx² in partial
+// sums, and the GEMVs that read that activation apply the scale
+// (DeferredNormScale, gemv.h); h is unused. Most decode kernels trigger
+// their successor's launch before their own PDL wait (launch.cuh).
 //
 // With precise activations (the default, as on the CPU) every quantized
 // activation has two levels (gemv.h), keeping the logits within cosine
@@ -145,7 +149,9 @@ struct LayerWeights {
 class PinnedBuffer {
 public:
     PinnedBuffer() = default;
-    explicit PinnedBuffer(size_t bytes) { QUERN_CUDA_CHECK(cudaMallocHost(&p_, bytes)); }
+    explicit PinnedBuffer(size_t bytes, unsigned flags = cudaHostAllocDefault) {
+        QUERN_CUDA_CHECK(cudaHostAlloc(&p_, bytes, flags));
+    }
     ~PinnedBuffer() {
         if (p_) cudaFreeHost(p_);
     }
@@ -174,7 +180,10 @@ public:
     std::string backend_name() const override { return ctx_.name(); }
     int64_t n_ctx() const override { return n_ctx_; }
     int64_t size() const override { return n_past_; }
-    void truncate(int64_t n) override { n_past_ = std::clamp<int64_t>(n, 0, n_past_); }
+    void truncate(int64_t n) override {
+        n_past_ = std::clamp<int64_t>(n, 0, n_past_);
+        fed_ = false;
+    }
     void eval(const int32_t* tokens, int64_t n, float* logits) override;
     int32_t eval_greedy(int32_t token) override;
     int32_t eval_sample(int32_t token, Sampler& sampler) override;
@@ -238,6 +247,15 @@ private:
     /// Uploads tokens[0..n) to positions n_past_.. and sets the control block
     /// so that the next step evaluates position n_past_.
     void begin(const int32_t* tokens, int64_t n);
+    /// LongRoPE: the frequencies for a call whose last position is `last`.
+    void select_rope(int64_t last);
+    /// Readies the device for one decode step of `token` at n_past_: nothing
+    /// when the previous step fed it itself (fed_), else begin().
+    void begin_one(int32_t token);
+    /// After a synchronized greedy or sampled step at position p (n_past_ now
+    /// p + 1): the token it picked, from the mapped host slot; the device has
+    /// fed it back (fed_).
+    int32_t took_step(int64_t p);
 
     /// Batched prefill (see the top of the file): whether eval of n tokens
     /// takes it, the whole eval, and one chunk of n rows at positions pos0..
@@ -359,6 +377,17 @@ private:
     DeviceBuffer moe_logits_, moe_ids_, moe_w_, moe_y_;
     QuantizedActivation xq_moe_;
     PinnedBuffer host_ctl_, host_tokens_;
+    // The sampled token of each step, written by the step's last kernel into
+    // mapped host memory (slot pos & 1; advance_decode_position): read after
+    // the step without a copy in the stream.
+    PinnedBuffer host_out_;
+    int32_t* host_out_dev_ = nullptr;
+    // fed_: the device's control block already holds position fed_pos_ with
+    // token fed_tok_ (a greedy or sampled step fed its own output back), so
+    // the next step of that token needs no upload.
+    bool fed_ = false;
+    int64_t fed_pos_ = 0;
+    int32_t fed_tok_ = 0;
 
     cudaGraphExec_t graph_[3][2] = {};  // [Head][short context]
     // Steps at positions below this run attention as one split per KV head
@@ -518,6 +547,8 @@ LlamaCudaSession::LlamaCudaSession(const Model& model, const SessionOptions& opt
     }
     ctl_ = DeviceBuffer(sizeof(DecodeControl));
     host_ctl_ = PinnedBuffer(sizeof(DecodeControl));
+    host_out_ = PinnedBuffer(2 * sizeof(int32_t), cudaHostAllocMapped);
+    QUERN_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_out_dev_), host_out_.as<void>(), 0));
     {
         // Batched prefill needs a prefill GEMM for every layer matrix (the
         // output head stays a GEMV: one row) and a head size the prefill
@@ -824,14 +855,21 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
     }();
     const auto sk = [&](const char* what) { return skip.find(what) != std::string::npos; };
     mark("start");
-    get_row(embd_type_, embd_, c.n_vocab, c.n_embd, &ctl->cur, x, s);
+    // Layer 0's RMSNorm deferred like the others' where the GEMVs defer it:
+    // the lookup leaves the activation as gemv_residual_norm would.
+    const bool norm0 = fuse && c.embd_scale <= 0.0f && c.n_layer > 0;
+    if (norm0)
+        get_row_norm(embd_type_, embd_, c.n_vocab, c.n_embd, &ctl->cur, x, layers_[0].attn_norm, xq_embd_.q(),
+                     xq_embd_.info(), xq_embd_.q2(), xq_embd_.info2(), ss_parts_.as<float>(), s);
+    else
+        get_row(embd_type_, embd_, c.n_vocab, c.n_embd, &ctl->cur, x, s);
     if (c.embd_scale > 0.0f) scale_softcap(x, c.n_embd, c.embd_scale, 0.0f, s);
     mark("embed");
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const LayerWeights& L = layers_[static_cast<size_t>(il)];
         auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
         auto* vc = kc + kv_layer_bytes_;
-        const bool deferred = fuse && il > 0;  // layer 0's input comes from get_row
+        const bool deferred = fuse && (il > 0 || norm0);  // else layer 0's input comes from get_row
         if (!deferred && !sk("norm")) norm(L.attn_norm, il > 0);
         mark("norm");
         // Q|K and V of different types (Q4_K_M): one launch where a fused kernel exists.
@@ -944,12 +982,15 @@ void LlamaCudaSession::enqueue_step(Head head, const TraceFn* trace, bool short_
             sample_token(logits_.as<float>(), c.n_vocab, tokens_.as<int32_t>(), pos, nctx,
                          sampling_.as<DeviceSampling>(), &ctl->sampled, s);
             mark("sample");
-        } else {
-            argmax(logits_.as<float>(), c.n_vocab, argmax_scratch_.data(), &ctl->sampled, s);
+        } else {  // argmax's final launch also ends the step
+            argmax_advance(logits_.as<float>(), c.n_vocab, argmax_scratch_.data(), ctl, tokens_.as<int32_t>(), nctx,
+                           host_out_dev_, s);
             mark("argmax");
+            collect_profile(prof_decode_);
+            return;
         }
     }
-    advance_decode_position(ctl, tokens_.as<int32_t>(), nctx, s);
+    advance_decode_position(ctl, tokens_.as<int32_t>(), nctx, s, host_out_dev_);
     mark("advance");
     collect_profile(prof_decode_);
 }
@@ -978,10 +1019,10 @@ void LlamaCudaSession::run_step(Head head, int64_t pos) {
     QUERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
 }
 
-void LlamaCudaSession::begin(const int32_t* tokens, int64_t n) {
+void LlamaCudaSession::select_rope(int64_t last) {
     const auto& c = cfg_;
     if (c.longrope()) {  // the call's last position decides, as the CPU forward pass
-        const bool lg = (rope_call_last_ >= 0 ? rope_call_last_ : n_past_ + n - 1) >= c.rope_orig_ctx;
+        const bool lg = (rope_call_last_ >= 0 ? rope_call_last_ : last) >= c.rope_orig_ctx;
         if (lg != rope_long_live_) {
             QUERN_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(inv_freq_), lg ? rope_long_ : rope_short_,
                                              static_cast<size_t>(c.rope_dim / 2) * sizeof(float),
@@ -989,6 +1030,11 @@ void LlamaCudaSession::begin(const int32_t* tokens, int64_t n) {
             rope_long_live_ = lg;
         }
     }
+}
+
+void LlamaCudaSession::begin(const int32_t* tokens, int64_t n) {
+    fed_ = false;
+    select_rope(n_past_ + n - 1);
     auto* ht = host_tokens_.as<int32_t>();
     std::memcpy(ht, tokens, static_cast<size_t>(n) * sizeof(int32_t));
     const cudaStream_t s = ctx_.stream();
@@ -1002,6 +1048,7 @@ void LlamaCudaSession::begin(const int32_t* tokens, int64_t n) {
 void LlamaCudaSession::eval(const int32_t* tokens, int64_t n, float* logits) {
     check_tokens(tokens, n);
     if (n == 0) return;
+    fed_ = false;
     if (use_prefill(n) && ensure_prefill_scratch()) return prefill(tokens, n, logits);
     begin(tokens, n);
     for (int64_t i = 0; i < n; ++i) run_step(i == n - 1 ? kArgmax : kNoHead, n_past_ + i);
@@ -1013,16 +1060,30 @@ void LlamaCudaSession::eval(const int32_t* tokens, int64_t n, float* logits) {
     ctx_.synchronize();
 }
 
+void LlamaCudaSession::begin_one(int32_t token) {
+    if (fed_ && fed_pos_ == n_past_ && fed_tok_ == token) {
+        select_rope(n_past_);
+        return;
+    }
+    begin(&token, 1);
+}
+
 int32_t LlamaCudaSession::eval_greedy(int32_t token) {
     check_tokens(&token, 1);
-    begin(&token, 1);
-    run_step(kArgmax, n_past_);
-    n_past_ += 1;
-    auto* hc = host_ctl_.as<DecodeControl>();
-    QUERN_CUDA_CHECK(
-        cudaMemcpyAsync(hc, ctl_.data(), sizeof(DecodeControl), cudaMemcpyDeviceToHost, ctx_.stream()));
+    begin_one(token);
+    const int64_t p = n_past_;
+    run_step(kArgmax, p);
+    n_past_ = p + 1;
     ctx_.synchronize();
-    return hc->sampled;
+    return took_step(p);
+}
+
+int32_t LlamaCudaSession::took_step(int64_t p) {
+    const int32_t t = *reinterpret_cast<volatile int32_t*>(host_out_.as<int32_t>() + (p & 1));
+    fed_ = true;
+    fed_pos_ = n_past_;
+    fed_tok_ = t;
+    return t;
 }
 
 int32_t LlamaCudaSession::eval_sample(int32_t token, Sampler& sampler) {
@@ -1038,13 +1099,12 @@ int32_t LlamaCudaSession::eval_sample(int32_t token, Sampler& sampler) {
     if (sp.temperature > 0.0f) hp->u = sampler.draw();  // Sampler::sample draws only then
     const cudaStream_t s = ctx_.stream();
     QUERN_CUDA_CHECK(cudaMemcpyAsync(sampling_.data(), hp, sizeof(DeviceSampling), cudaMemcpyHostToDevice, s));
-    begin(&token, 1);
-    run_step(kSample, n_past_);
-    n_past_ += 1;
-    auto* hc = host_ctl_.as<DecodeControl>();
-    QUERN_CUDA_CHECK(cudaMemcpyAsync(hc, ctl_.data(), sizeof(DecodeControl), cudaMemcpyDeviceToHost, s));
+    begin_one(token);
+    const int64_t p = n_past_;
+    run_step(kSample, p);
+    n_past_ = p + 1;
     ctx_.synchronize();
-    return hc->sampled;
+    return took_step(p);
 }
 
 void LlamaCudaSession::eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) {

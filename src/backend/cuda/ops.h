@@ -304,6 +304,19 @@ void get_row(DType type, const void* table, int64_t n_rows, int64_t dim, const i
              cudaStream_t stream);
 bool cuda_get_row_type_supported(DType t);
 
+/// get_row, and the row's RMSNorm left to its consumers as
+/// gemv_residual_norm's epilogue leaves the residual stream (gemv.h,
+/// DeferredNormScale): x = row *id (dim floats, get_row's values);
+/// ss_parts[b] = Σ x[i]² over i in 32b .. 32b+31 (dim/32 floats); x ⊙ w
+/// (w: dim floats, the norm's weight) quantized into the QuantizedActivation
+/// planes xq/xinfo (and the residual level xq2/xinfo2, or both null) without
+/// the 1/rms scale. A decode step's first kernel, so that layer 0 reads its
+/// activation as later layers do (one launch instead of get_row +
+/// rms_norm_q8_1). dim a multiple of 32 and of the type's block size.
+void get_row_norm(DType type, const void* table, int64_t n_rows, int64_t dim, const int32_t* id, float* x,
+                  const float* w, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2, ActBlockInfo* xinfo2, float* ss_parts,
+                  cudaStream_t stream);
+
 /// get_row for n ids at once (the prefill's embedding lookup): row r of out
 /// (out + r·dim) = row ids[r] of `table`, the same values bit for bit. ids:
 /// n device int32, each clamped to [0, n_rows). 1 <= n <= 65535; other
@@ -438,6 +451,16 @@ struct DecodeControl {
 /// Ends a decode step: pos += 1; then cur = tokens[pos] when pos < fixed
 /// (prompt tokens the host uploaded), else tokens[pos] = cur = sampled
 /// (greedy decoding feeds its own output). Nothing else when pos >= n_ctx.
-void advance_decode_position(DecodeControl* ctl, int32_t* tokens, int n_ctx, cudaStream_t stream);
+/// host_out (optional): two int32 slots of mapped pinned host memory
+/// (cudaHostAllocMapped, its device pointer); the step's sampled token goes
+/// to slot p & 1, p the position evaluated, so the host reads it after the
+/// step without a copy, also while the next step runs.
+void advance_decode_position(DecodeControl* ctl, int32_t* tokens, int n_ctx, cudaStream_t stream,
+                             int32_t* host_out = nullptr);
+
+/// argmax (above) into ctl->sampled, and advance_decode_position in argmax's
+/// final launch: a greedy step's end in two launches instead of three.
+void argmax_advance(const float* x, int64_t n, void* scratch, DecodeControl* ctl, int32_t* tokens, int n_ctx,
+                    int32_t* host_out, cudaStream_t stream);
 
 }  // namespace quern::cuda

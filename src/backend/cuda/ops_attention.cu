@@ -148,6 +148,7 @@ struct RopeStore {
     int rope_dim;
     int neox;
     AttentionExtras ex;     // biases, q/k norms, window (ops.h)
+    bool early = false;     // trigger the successor before the wait (pdl_early("attn"))
 };
 
 // Rotates the g heads of xs (rows of HD floats in shared memory) in place by
@@ -292,8 +293,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
         // The angles depend on pos and the constant inv_freq only: computed
         // while the QKV projection finishes.
         for (int i = tid; i < rope.rope_dim / 2; i += kAttnThreads) rope_angle(pos, rope.inv_freq[i], &cs[i], &sn[i]);
-        pdl_wait();
-        pdl_trigger();
+        pdl_wait_trigger(rope.early);
         __syncthreads();
         const AttentionExtras& ex = rope.ex;
         if (ex.q_bias || ex.q_norm) {
@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const flo
                                                                        int8_t* __restrict__ xq,
                                                                        ActBlockInfo* __restrict__ xinfo,
                                                                        int8_t* __restrict__ xq2,
-                                                                       ActBlockInfo* __restrict__ xinfo2) {
+                                                                       ActBlockInfo* __restrict__ xinfo2, bool early) {
     constexpr int C4 = HD / 4;                       // float4 columns
     constexpr int NG = kCombineThreads / C4;         // split groups
     __shared__ float wsh[kMaxSplits];
@@ -607,8 +607,7 @@ __global__ void __launch_bounds__(kCombineThreads) attn_combine_kernel(const flo
     const int h = blockIdx.x, tid = threadIdx.x;
     const int L = clamp_pos(pos_ptr, n_ctx) + 1;  // before the wait: see attn_split_kernel
     const int na = split_plan(L, n_splits).na;
-    pdl_wait();
-    pdl_trigger();
+    pdl_wait_trigger(early);
     if (na == 1) return;  // the split kernel wrote the output (after the wait: keeps the launches ordered)
     const float* ml = part_ml + static_cast<int64_t>(h) * n_splits * 2;
     const float ms = tid < na ? ml[2 * tid] : -INFINITY;  // na <= kMaxSplits <= kCombineThreads
@@ -748,12 +747,13 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     QUERN_CUDA_CHECK_LAUNCH();
     if (n_splits == 1) return;  // one split: the split kernel wrote the output
     const dim3 cgrid(static_cast<unsigned>(n_head)), cblock(kCombineThreads);
+    const bool ce = pdl_early("combine");
     switch (head_dim) {
-        case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
-        case 64: launch_pdl(attn_combine_kernel<64>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
-        case 96: launch_pdl(attn_combine_kernel<96>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
-        case 128: launch_pdl(attn_combine_kernel<128>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
-        default: launch_pdl(attn_combine_kernel<256>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2); break;
+        case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, ce); break;
+        case 64: launch_pdl(attn_combine_kernel<64>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, ce); break;
+        case 96: launch_pdl(attn_combine_kernel<96>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, ce); break;
+        case 128: launch_pdl(attn_combine_kernel<128>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, ce); break;
+        default: launch_pdl(attn_combine_kernel<256>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, ce); break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
 }
@@ -781,7 +781,7 @@ void decode_attention_rope(const float* q, const float* k, const float* v, void*
     if (!k || !v || (rope_dim > 0 && !inv_freq)) throw_error("decode_attention_rope: null pointer");
     if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > head_dim)
         throw_error("decode_attention_rope: rope_dim must be even and at most head_dim");
-    attention_impl<true>(q, k_cache, v_cache, RopeStore{k, v, inv_freq, rope_dim, neox ? 1 : 0, ex}, kv_type, pos, n_ctx,
+    attention_impl<true>(q, k_cache, v_cache, RopeStore{k, v, inv_freq, rope_dim, neox ? 1 : 0, ex, pdl_early("attn")}, kv_type, pos, n_ctx,
                          n_head, n_head_kv, head_dim, scale, scratch, out, stream, xq, xinfo, xq2, xinfo2,
                          "decode_attention_rope");
 }

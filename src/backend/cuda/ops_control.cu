@@ -8,29 +8,22 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_common.cuh"
 
 namespace quern::cuda {
 namespace {
 
-__global__ void advance_kernel(DecodeControl* ctl, int32_t* tokens, int n_ctx) {
+__global__ void advance_kernel(DecodeControl* ctl, int32_t* tokens, int n_ctx, int32_t* host_out) {
     pdl_wait();
     pdl_trigger();
-    const int pos = ctl->pos + 1;
-    ctl->pos = pos;
-    if (pos >= n_ctx) return;  // the cache is full; the host stops before using it
-    if (pos < ctl->fixed) {
-        ctl->cur = tokens[pos];
-    } else {
-        tokens[pos] = ctl->sampled;
-        ctl->cur = ctl->sampled;
-    }
+    detail::advance_control(ctl, tokens, n_ctx, host_out);
 }
 
 }  // namespace
 
-void advance_decode_position(DecodeControl* ctl, int32_t* tokens, int n_ctx, cudaStream_t stream) {
+void advance_decode_position(DecodeControl* ctl, int32_t* tokens, int n_ctx, cudaStream_t stream, int32_t* host_out) {
     if (!ctl || !tokens || n_ctx < 1) throw_error("advance_decode_position: null pointer or empty context");
-    launch_pdl(advance_kernel, dim3(1), dim3(1), 0, stream, ctl, tokens, n_ctx);
+    launch_pdl(advance_kernel, dim3(1), dim3(1), 0, stream, ctl, tokens, n_ctx, host_out);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -179,9 +179,8 @@ template <bool GELU>
 __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                                    float* __restrict__ h, int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
                                    int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2, int64_t n_blocks,
-                                   int64_t half_k) {
-    pdl_wait();
-    pdl_trigger();
+                                   int64_t half_k, bool early) {
+    pdl_wait_trigger(early);
     const int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;  // whole warps leave together
@@ -271,12 +270,13 @@ void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, A
         throw_error("swiglu_q8_1: a residual level (xq2, xinfo2) needs both pointers and a first level");
     const int64_t n_blocks = count / 32;
     const unsigned grid = static_cast<unsigned>((n_blocks * 32 + 255) / 256);
+    static const bool early = pdl_early("swiglu");
     if (gelu)
         launch_pdl(swiglu_q8_1_kernel<true>, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2,
-                   n_blocks, count / 2);
+                   n_blocks, count / 2, early);
     else
         launch_pdl(swiglu_q8_1_kernel<false>, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2,
-                   n_blocks, count / 2);
+                   n_blocks, count / 2, early);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

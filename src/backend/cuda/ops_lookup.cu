@@ -108,6 +108,32 @@ __global__ void get_row_kernel(DType type, const uint8_t* __restrict__ table, in
     out[e] = dequant_one(type, table + id * row_bytes, e);
 }
 
+// get_row_norm_kernel (get_row_norm): get_row_kernel's values, one warp per
+// 32-element block b (lane i: element 32b+i), 256 threads per block; then
+// as gemv_norm_kernel's epilogue: ss_parts[b] = the warp's butterfly sum of
+// x², and x·w quantized as block b (quantize_block_q8_1_l2).
+__global__ void get_row_norm_kernel(DType type, const uint8_t* __restrict__ table, int64_t n_rows, int64_t row_bytes,
+                                    int64_t dim, const int32_t* __restrict__ id_ptr, float* __restrict__ x,
+                                    const float* __restrict__ w, int8_t* __restrict__ xq,
+                                    ActBlockInfo* __restrict__ xinfo, int8_t* __restrict__ xq2,
+                                    ActBlockInfo* __restrict__ xinfo2, float* __restrict__ ss_parts) {
+    const int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    const bool on = b < dim / 32;
+    const float wi = on ? __ldg(w + 32 * b + lane) : 0.0f;  // a weight: before the wait
+    pdl_wait();
+    pdl_trigger();
+    if (!on) return;  // whole warps leave together
+    const int64_t e = 32 * b + lane;
+    int64_t id = *id_ptr;
+    id = id < 0 ? 0 : (id >= n_rows ? n_rows - 1 : id);
+    const float v = dequant_one(type, table + id * row_bytes, e);
+    x[e] = v;
+    const float ss = detail::warp_sum(v * v);
+    if (lane == 0) ss_parts[b] = ss;
+    detail::quantize_block_q8_1_l2(v * wi, lane, b, xq, xinfo, xq2, xinfo2, dim / 2);
+}
+
 // get_rows_kernel (the prefill's lookup of n tokens)
 //   Shapes:  table as get_row_kernel; ids: n int32 (device); out: n rows of
 //            dim floats, row r at out + r·dim.
@@ -161,9 +187,9 @@ __device__ Best block_best(Best b) {
     return b;  // valid in thread 0
 }
 
-__global__ void argmax_partial_kernel(const float* __restrict__ x, int64_t n, Best* __restrict__ partial) {
-    pdl_wait();
-    pdl_trigger();
+__global__ void argmax_partial_kernel(const float* __restrict__ x, int64_t n, Best* __restrict__ partial,
+                                      bool early) {
+    pdl_wait_trigger(early);
     Best b{0.0f, INT32_MAX};
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -174,13 +200,26 @@ __global__ void argmax_partial_kernel(const float* __restrict__ x, int64_t n, Be
     if (threadIdx.x == 0) partial[blockIdx.x] = b;
 }
 
-__global__ void argmax_final_kernel(const Best* __restrict__ partial, int n_partial, int32_t* __restrict__ out) {
+// adv (argmax_advance): thread 0 then ends the decode step as
+// advance_decode_position does, out being &adv.ctl->sampled.
+struct Advance {
+    DecodeControl* ctl = nullptr;
+    int32_t* tokens = nullptr;
+    int n_ctx = 0;
+    int32_t* host_out = nullptr;
+};
+
+__global__ void argmax_final_kernel(const Best* __restrict__ partial, int n_partial, int32_t* __restrict__ out,
+                                    Advance adv) {
     pdl_wait();
     pdl_trigger();
     Best b{0.0f, INT32_MAX};
     for (int i = threadIdx.x; i < n_partial; i += blockDim.x) b = better(b, partial[i]);
     b = block_best(b);
-    if (threadIdx.x == 0) *out = b.i == INT32_MAX ? 0 : b.i;
+    if (threadIdx.x == 0) {
+        *out = b.i == INT32_MAX ? 0 : b.i;
+        if (adv.ctl) detail::advance_control(adv.ctl, adv.tokens, adv.n_ctx, adv.host_out);
+    }
 }
 
 // argmax_rows_kernel: block (p, r) scans part p of kArgmaxRowParts of row r
@@ -241,6 +280,22 @@ void get_row(DType type, const void* table, int64_t n_rows, int64_t dim, const i
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
+void get_row_norm(DType type, const void* table, int64_t n_rows, int64_t dim, const int32_t* id, float* x,
+                  const float* w, int8_t* xq, ActBlockInfo* xinfo, int8_t* xq2, ActBlockInfo* xinfo2, float* ss_parts,
+                  cudaStream_t stream) {
+    if (!cuda_get_row_type_supported(type)) throw_error("get_row_norm: unsupported table type");
+    const int64_t bs = dtype_info(type).block_size;
+    if (dim < 32 || dim % 32 != 0 || dim % bs != 0 || n_rows < 1)
+        throw_error("get_row_norm: dim must be a positive multiple of 32 and of the block size");
+    if (!table || !id || !x || !w || !xq || !xinfo || !ss_parts) throw_error("get_row_norm: null pointer");
+    if ((xq2 == nullptr) != (xinfo2 == nullptr)) throw_error("get_row_norm: give both xq2 and xinfo2, or neither");
+    if (reinterpret_cast<uintptr_t>(table) % 4 != 0) throw_error("get_row_norm: table must be 4-byte aligned");
+    const int64_t rb = static_cast<int64_t>(row_size(type, dim));
+    launch_pdl(get_row_norm_kernel, dim3(static_cast<unsigned>((dim + 255) / 256)), dim3(256), 0, stream, type,
+               static_cast<const uint8_t*>(table), n_rows, rb, dim, id, x, w, xq, xinfo, xq2, xinfo2, ss_parts);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
 void get_rows(DType type, const void* table, int64_t n_rows, int64_t dim, const int32_t* ids, int64_t n, float* out,
               cudaStream_t stream) {
     if (!cuda_get_row_type_supported(type)) throw_error("get_rows: unsupported table type");
@@ -257,16 +312,30 @@ void get_rows(DType type, const void* table, int64_t n_rows, int64_t dim, const 
 
 size_t argmax_scratch_bytes(int64_t) { return kArgmaxBlocks * sizeof(Best); }
 
-void argmax(const float* x, int64_t n, void* scratch, int32_t* out_id, cudaStream_t stream) {
-    if (n < 1 || n > INT32_MAX) throw_error("argmax: need 1 <= n < 2^31");
-    if (!x || !scratch || !out_id) throw_error("argmax: null pointer");
+namespace {
+void argmax_impl(const float* x, int64_t n, void* scratch, int32_t* out_id, const Advance& adv, cudaStream_t stream) {
     const int64_t want = (n + 1023) / 1024;
     const int blocks = static_cast<int>(want < kArgmaxBlocks ? want : kArgmaxBlocks);
     Best* partial = static_cast<Best*>(scratch);
-    launch_pdl(argmax_partial_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kArgmaxThreads), 0, stream, x, n, partial);
+    launch_pdl(argmax_partial_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kArgmaxThreads), 0, stream, x, n, partial,
+               pdl_early("argmax"));
     QUERN_CUDA_CHECK_LAUNCH();
-    launch_pdl(argmax_final_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, partial, blocks, out_id);
+    launch_pdl(argmax_final_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, partial, blocks, out_id, adv);
     QUERN_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void argmax(const float* x, int64_t n, void* scratch, int32_t* out_id, cudaStream_t stream) {
+    if (n < 1 || n > INT32_MAX) throw_error("argmax: need 1 <= n < 2^31");
+    if (!x || !scratch || !out_id) throw_error("argmax: null pointer");
+    argmax_impl(x, n, scratch, out_id, Advance{}, stream);
+}
+
+void argmax_advance(const float* x, int64_t n, void* scratch, DecodeControl* ctl, int32_t* tokens, int n_ctx,
+                    int32_t* host_out, cudaStream_t stream) {
+    if (n < 1 || n > INT32_MAX) throw_error("argmax_advance: need 1 <= n < 2^31");
+    if (!x || !scratch || !ctl || !tokens || n_ctx < 1) throw_error("argmax_advance: null pointer or empty context");
+    argmax_impl(x, n, scratch, &ctl->sampled, Advance{ctl, tokens, n_ctx, host_out}, stream);
 }
 
 size_t argmax_rows_scratch_bytes(int64_t m) { return static_cast<size_t>(m) * kArgmaxRowParts * sizeof(Best); }

@@ -69,8 +69,8 @@ bool pdl_early(const char* what) {
     // Default: every decode kernel that may trigger early does (launch.cuh).
     static const std::string list = [] {
         const char* e = std::getenv("QUERN_PDL_EARLY");
-        return std::string(e ? e : "swiglu,attn,gemv,combine,argmax");
+        return "," + std::string(e ? e : "swiglu,attn,gemv,combine,argmax") + ",";
     }();
-    return pdl_enabled() && list.find(what) != std::string::npos;
+    return pdl_enabled() && list.find("," + std::string(what) + ",") != std::string::npos;
 }
 }  // namespace quern::cuda

@@ -53,9 +53,10 @@ int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation,
         switch (type) {
             // With early PDL triggers (launch.cuh) R4 T128 U1 P also for
             // the large K = 4096 matrices (Q|K|V 6144, gate|up 28672 rows):
-            // Q4_K_M 605.4 against 602.9 tok/s (2026-12-04).
+            // Q4_K_M 605.4 against 602.9 tok/s (2026-12-04; measured on
+            // K = 4096 only, hence K >= 4096).
             case DType::Q4_K:
-                return long_rows || (N > 4096 && N < 65536) ? 14 : 10;  // R4 T128 U1 P : R4 T64 U2 P
+                return long_rows || (K >= 4096 && N > 4096 && N < 65536) ? 14 : 10;  // R4 T128 U1 P : R4 T64 U2 P
             case DType::Q6_K:
                 if (long_rows) return 2;        // R4 T128 U1
                 if (N >= 65536) return 10;      // R4 T64 U2 P (output)
@@ -128,6 +129,7 @@ int config_override(DType type, int64_t N = -1) {
         }
         return v;
     }();
+    if (table.empty()) return -1;
     const std::string t(dtype_name(type)), tn = t + "@" + std::to_string(N);
     for (const auto& [name, idx] : table)
         if (name == t || name == tn) return idx;

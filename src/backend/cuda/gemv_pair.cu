@@ -4,8 +4,10 @@
 // otherwise cost a second launch per layer for a 1024-row matrix.
 //
 // Pairs with a fused kernel: (Q4_K, Q6_K), one or two activation levels.
-//   Rows:  Q4_K as its tuned Q|K configuration R4 T64 U2 P; Q6_K as R4 T64
-//          U2 (its two-level default for V) — same NT, so one block size.
+//   Rows:  Q4_K as R4 T64 U2 P (the Q|K configuration this pair was tuned
+//          with; gemv() now runs larger Q4_K matrices as R4 T128 U1 P, not
+//          tried here); Q6_K as R4 T64 U2 (its two-level default for V) —
+//          same NT, so one block size.
 //   Grid:  at most one wave of resident blocks (occupancy × SMs), split
 //          between the two matrices so that the side with more rounds of row
 //          groups (weighted by bytes) has as few as possible.

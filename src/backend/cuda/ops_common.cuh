@@ -133,12 +133,12 @@ __device__ __forceinline__ __half from_f32<__half>(float x) {
     return __float2half_rn(x);
 }
 
-/// advance_decode_position's update, by one thread (ops.h): host_out (mapped
-/// host memory, or null) gets the step's sampled token in slot pos & 1 of
-/// the position just evaluated.
-__device__ __forceinline__ void advance_control(DecodeControl* ctl, int32_t* tokens, int n_ctx, int32_t* host_out) {
+/// advance_decode_position's update, by one thread (ops.h), for the step's
+/// sampled token `sampled` (ctl->sampled): host_out (mapped host memory, or
+/// null) gets it in slot pos & 1 of the position just evaluated.
+__device__ __forceinline__ void advance_control(DecodeControl* ctl, int32_t* tokens, int n_ctx, int32_t* host_out,
+                                                int32_t sampled) {
     const int pos = ctl->pos + 1;
-    const int32_t sampled = ctl->sampled;
     if (host_out) *reinterpret_cast<volatile int32_t*>(host_out + ((pos - 1) & 1)) = sampled;
     ctl->pos = pos;
     if (pos >= n_ctx) return;  // the cache is full; the host stops before using it

@@ -16,7 +16,7 @@ namespace {
 __global__ void advance_kernel(DecodeControl* ctl, int32_t* tokens, int n_ctx, int32_t* host_out) {
     pdl_wait();
     pdl_trigger();
-    detail::advance_control(ctl, tokens, n_ctx, host_out);
+    detail::advance_control(ctl, tokens, n_ctx, host_out, ctl->sampled);
 }
 
 }  // namespace

@@ -217,8 +217,9 @@ __global__ void argmax_final_kernel(const Best* __restrict__ partial, int n_part
     for (int i = threadIdx.x; i < n_partial; i += blockDim.x) b = better(b, partial[i]);
     b = block_best(b);
     if (threadIdx.x == 0) {
-        *out = b.i == INT32_MAX ? 0 : b.i;
-        if (adv.ctl) detail::advance_control(adv.ctl, adv.tokens, adv.n_ctx, adv.host_out);
+        const int32_t id = b.i == INT32_MAX ? 0 : b.i;
+        *out = id;  // with adv, out is &adv.ctl->sampled: the id is passed on, not read back
+        if (adv.ctl) detail::advance_control(adv.ctl, adv.tokens, adv.n_ctx, adv.host_out, id);
     }
 }
 

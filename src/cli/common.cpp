@@ -250,9 +250,14 @@ void print_verify(const VerifyResult& v, const std::string& backend) {
     std::string worst_name;
     for (const auto& [name, c] : v.cosines)
         if (c < worst) worst = c, worst_name = name;
+    // Different top tokens: how close a call it was on the reference's logits.
+    const std::string gap = v.argmax_ref == v.argmax_test
+                                ? ""
+                                : fmt::format(" (CPU scores {} {:.4g} below {})", v.argmax_test, v.argmax_gap,
+                                              v.argmax_ref);
     if (v.ok) {
-        std::fprintf(stderr, "quern: verify passed: CPU vs %s logits cosine %.7f (>= %.3f), argmax %d / %d%s\n",
-                     backend.c_str(), v.logits_cosine, v.threshold, v.argmax_ref, v.argmax_test,
+        std::fprintf(stderr, "quern: verify passed: CPU vs %s logits cosine %.7f (>= %.3f), argmax %d / %d%s%s\n",
+                     backend.c_str(), v.logits_cosine, v.threshold, v.argmax_ref, v.argmax_test, gap.c_str(),
                      worst_name.empty() ? "" : fmt::format(", lowest layer cosine {:.7f} ({})", worst, worst_name).c_str());
         return;
     }

@@ -59,6 +59,8 @@ VerifyResult verify_sessions(Session& ref, Session& test, const std::vector<int3
     r.logits_cosine = cosine_similarity(la.data(), lb.data(), static_cast<int64_t>(n_vocab));
     r.argmax_ref = static_cast<int32_t>(std::max_element(la.begin(), la.end()) - la.begin());
     r.argmax_test = static_cast<int32_t>(std::max_element(lb.begin(), lb.end()) - lb.begin());
+    r.argmax_gap = static_cast<double>(la[static_cast<size_t>(r.argmax_ref)]) -
+                   static_cast<double>(la[static_cast<size_t>(r.argmax_test)]);
     r.ok = r.logits_cosine >= threshold;
     return r;
 }

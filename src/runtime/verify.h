@@ -16,6 +16,10 @@ struct VerifyResult {
     double threshold = 0.999;
     double logits_cosine = 0;
     int32_t argmax_ref = -1, argmax_test = -1;
+    /// How far below its own top the reference scores the test's pick:
+    /// ref_logits[argmax_ref] − ref_logits[argmax_test] (0 when they agree),
+    /// in logit units; a near-zero gap means the picks differ over a near-tie.
+    double argmax_gap = 0;
     /// Cosine of every traced tensor, in evaluation order ("blk.0", ..., "logits").
     std::vector<std::pair<std::string, double>> cosines;
     /// The first traced tensor below the threshold ("" when none).

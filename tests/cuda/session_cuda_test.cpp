@@ -291,8 +291,10 @@ VerifyResult expect_verify(Session& cpu, Session& gpu, const std::vector<int32_t
     const VerifyResult v = verify_sessions(cpu, gpu, ids);
     double worst = 1;
     for (const auto& [n, c] : v.cosines) worst = std::min(worst, c);
-    std::printf("%s verify: logits cosine %.7f, worst traced %.7f, argmax %d/%d\n", label.c_str(), v.logits_cosine,
+    std::printf("%s verify: logits cosine %.7f, worst traced %.7f, argmax %d/%d", label.c_str(), v.logits_cosine,
                 worst, v.argmax_ref, v.argmax_test);
+    if (v.argmax_ref != v.argmax_test) std::printf(" (the CPU scores %d %.3g below %d)", v.argmax_test, v.argmax_gap, v.argmax_ref);
+    std::printf("\n");
     EXPECT_TRUE(v.ok) << label << " first diverging: " << v.first_diverging;
     return v;
 }

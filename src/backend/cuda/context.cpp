@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 #include "core/error.h"
 
 namespace quern::cuda {
@@ -67,10 +68,25 @@ bool pdl_enabled() {
 }
 bool pdl_early(const char* what) {
     // Default: every decode kernel that may trigger early does (launch.cuh).
-    static const std::string list = [] {
+    // The list is split once; a lookup (one per launch) allocates nothing.
+    static const std::vector<std::string> words = [] {
         const char* e = std::getenv("QUERN_PDL_EARLY");
-        return "," + std::string(e ? e : "swiglu,attn,gemv,combine,argmax") + ",";
+        std::vector<std::string> v;
+        std::string w;
+        for (const char* c = e ? e : "swiglu,attn,gemv,combine,argmax";; ++c) {
+            if (*c == ',' || *c == '\0') {
+                if (!w.empty()) v.push_back(w);
+                w.clear();
+                if (*c == '\0') break;
+            } else {
+                w += *c;
+            }
+        }
+        return v;
     }();
-    return pdl_enabled() && list.find("," + std::string(what) + ",") != std::string::npos;
+    if (!pdl_enabled()) return false;
+    for (const auto& w : words)
+        if (w == what) return true;
+    return false;
 }
 }  // namespace quern::cuda

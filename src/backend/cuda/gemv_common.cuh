@@ -458,10 +458,6 @@ __global__ void __launch_bounds__(32 * (32 / RW)) gemv_norm_kernel(const typenam
 /// The residual level of a launch's quantized activation (q == nullptr: one level).
 inline ActQ8Ptrs residual_act(const GemvLaunch& l) { return ActQ8Ptrs{l.xq2, l.xinfo2, l.K / 2}; }
 
-/// Grid of a gemv_kernel launch: one block per row group, or for a
-/// persistent configuration as many as are resident at once (the occupancy
-/// of `kernel` times the SM count, both cached per instantiation), at most
-/// one per group.
 /// Blocks of `Kernel` (nt threads each) resident at once on the current
 /// device: its occupancy times the SM count (at least 1), cached per
 /// instantiation.
@@ -477,6 +473,9 @@ int resident_blocks(int nt) {
     return resident;
 }
 
+/// Grid of a gemv_kernel launch: one block per row group, or for a
+/// persistent configuration as many as are resident at once
+/// (resident_blocks), at most one per group.
 template <auto Kernel>
 unsigned gemv_grid(int nt, int groups, bool persistent) {
     if (!persistent) return static_cast<unsigned>(groups);

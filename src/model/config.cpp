@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "model/arch/arch.h"
 
 namespace quern {
 
@@ -13,111 +14,56 @@ float ModelConfig::qk_scale() const {
     return s * rope_attn_factor * rope_attn_factor;
 }
 
+int64_t GgufKeys::get_int(std::string_view key) const { return f.get_int(prefix + std::string(key)); }
+int64_t GgufKeys::get_int(std::string_view key, int64_t def) const { return f.get_int(prefix + std::string(key), def); }
+double GgufKeys::get_float(std::string_view key, double def) const {
+    return f.get_float(prefix + std::string(key), def);
+}
+bool GgufKeys::get_bool(std::string_view key, bool def) const { return f.get_bool(prefix + std::string(key), def); }
+std::string GgufKeys::get_string(std::string_view key, std::string_view def) const {
+    return f.get_string(prefix + std::string(key), def);
+}
+bool GgufKeys::has_tensor(std::string_view name) const { return f.find_tensor(name) != nullptr; }
+
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     ModelConfig c;
     c.arch = f.get_string("general.architecture");
-    const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "phi3" && c.arch != "qwen3moe" &&
-        !gemma)
-        fail("model architecture '{}' is not supported yet (supported: llama — Llama, Mistral, SmolLM, Mixtral; "
-             "qwen2; qwen3; phi3; qwen3moe; gemma2, gemma3)",
-             c.arch);
+    const ArchDef* def = find_arch(c.arch);
+    if (!def) fail("model architecture '{}' is not supported yet (supported: {})", c.arch, supported_archs(false));
     c.name = f.get_string("general.name", "");
-    const std::string a = c.arch + ".";
-    c.n_embd = f.get_int(a + "embedding_length");
-    c.n_layer = f.get_int(a + "block_count");
-    c.n_head = f.get_int(a + "attention.head_count");
-    c.n_head_kv = f.get_int(a + "attention.head_count_kv", c.n_head);
-    if (c.arch == "qwen3moe") {
-        c.n_ff_exp = f.get_int(a + "expert_feed_forward_length");
-        c.n_ff = f.get_int(a + "feed_forward_length", c.n_ff_exp);
-    } else {
-        c.n_ff = f.get_int(a + "feed_forward_length");
-    }
-    c.n_ctx_train = f.get_int(a + "context_length", 4096);
-    if (c.n_head <= 0) fail("gguf key '{}attention.head_count' must be positive, got {}", a, c.n_head);
-    c.head_dim = f.get_int(a + "attention.key_length", c.n_embd / c.n_head);
-    const int64_t vdim = f.get_int(a + "attention.value_length", c.head_dim);
+    const GgufKeys k{f, c.arch + "."};
+    // The keys every family has, as llama.cpp writes them (llama-model.cpp).
+    c.n_embd = k.get_int("embedding_length");
+    c.n_layer = k.get_int("block_count");
+    c.n_head = k.get_int("attention.head_count");
+    c.n_head_kv = k.get_int("attention.head_count_kv", c.n_head);
+    // Expert models may give their experts' width apart (qwen3moe); llama's
+    // experts (Mixtral) have feed_forward_length.
+    c.n_ff_exp = k.get_int("expert_feed_forward_length", 0);
+    c.n_ff = c.n_ff_exp > 0 ? k.get_int("feed_forward_length", c.n_ff_exp) : k.get_int("feed_forward_length");
+    c.n_ctx_train = k.get_int("context_length", 4096);
+    if (c.n_head <= 0) fail("gguf key '{}attention.head_count' must be positive, got {}", k.prefix, c.n_head);
+    c.head_dim = k.get_int("attention.key_length", c.n_embd / c.n_head);
+    const int64_t vdim = k.get_int("attention.value_length", c.head_dim);
     if (vdim != c.head_dim) fail("key length {} != value length {} is not supported", c.head_dim, vdim);
-    c.rope_dim = f.get_int(a + "rope.dimension_count", c.head_dim);
-    c.rope_base = static_cast<float>(f.get_float(a + "rope.freq_base", 10000.0));
-    c.rms_eps = static_cast<float>(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
+    c.rope_dim = k.get_int("rope.dimension_count", c.head_dim);
+    c.rope_base = static_cast<float>(k.get_float("rope.freq_base", 10000.0));
+    c.rms_eps = static_cast<float>(k.get_float("attention.layer_norm_rms_epsilon", 1e-5));
     if (const auto* t = f.find_tensor("token_embd.weight")) c.n_vocab = t->ne[1];
     else fail("tensor 'token_embd.weight' is missing");
     c.rope_neox = false;
-    // Mixture of experts (llama.cpp's build_moe_ffn with softmax gating): the
-    // llama architecture's experts have width feed_forward_length.
-    c.n_expert = f.get_int(a + "expert_count", 0);
+    // Mixture of experts (llama.cpp's build_moe_ffn with softmax gating).
+    c.n_expert = k.get_int("expert_count", 0);
     if (c.n_expert > 0) {
-        c.n_expert_used = f.get_int(a + "expert_used_count");
+        c.n_expert_used = k.get_int("expert_used_count");
         if (c.n_ff_exp == 0) c.n_ff_exp = c.n_ff;
-        c.expert_weights_norm = f.get_bool(a + "expert_weights_norm", true);
-        const int64_t shared = f.get_int(a + "expert_shared_count", 0);
-        if (shared != 0) fail("gguf key '{}expert_shared_count' = {}: shared experts are not supported", a, shared);
-    } else if (c.arch == "qwen3moe") {
-        fail("gguf key '{}expert_count' is missing or 0 (a qwen3moe file needs experts)", a);
+        c.expert_weights_norm = k.get_bool("expert_weights_norm", true);
+        const int64_t shared = k.get_int("expert_shared_count", 0);
+        if (shared != 0) fail("gguf key '{}expert_shared_count' = {}: shared experts are not supported", k.prefix, shared);
+    } else {
+        c.n_ff_exp = 0;
     }
-    if (c.arch == "qwen3moe" || c.arch == "qwen3") {
-        // llama.cpp: LLM_ARCH_QWEN3 / QWEN3MOE use NeoX RoPE and per-head q/k RMSNorm.
-        c.rope_neox = true;
-        c.qk_norm = true;
-    }
-    if (c.arch == "qwen2") {
-        // llama.cpp: LLM_ARCH_QWEN2 uses NeoX RoPE and biases on q, k and v.
-        c.rope_neox = true;
-        c.qkv_bias = true;
-    }
-    if (c.arch == "phi3") {
-        // llama.cpp: LLM_ARCH_PHI3 uses NeoX RoPE, a fused QKV projection
-        // (attn_qkv) and gate/up in one ffn_up (gate rows first).
-        c.rope_neox = true;
-        c.fused_qkv = true;
-        c.fused_gate_up = true;
-        for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"})
-            if (f.find_tensor(t))
-                fail("tensor '{}': Phi-3 LongRoPE (su) scaling is not supported (only plain RoPE: the 4k-context "
-                     "Phi-3 models)",
-                     t);
-        c.sliding_window = f.get_int(a + "attention.sliding_window", 0);
-        if (c.sliding_window < 0) fail("gguf key '{}attention.sliding_window' must not be negative", a);
-        if (c.sliding_window > 0) c.swa_layers.assign(static_cast<size_t>(std::max<int64_t>(c.n_layer, 0)), 1);
-    }
-    if (gemma) {
-        // llama.cpp: LLM_ARCH_GEMMA2 / LLM_ARCH_GEMMA3 use NeoX RoPE, scale the
-        // embeddings by sqrt(n_embd), and norm both sides of each sub-block.
-        c.rope_neox = true;
-        c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-        c.post_norms = true;
-        c.gelu_ffn = true;
-        c.qk_norm = c.arch == "gemma3";
-        // The 27B models scale queries by 1/sqrt(n_embd / n_head) (their
-        // query_pre_attn_scalar), the others by 1/sqrt(head_dim).
-        const bool big = (c.arch == "gemma2" && c.n_layer == 46) || (c.arch == "gemma3" && c.n_layer == 62);
-        c.attn_scale = 1.0f / std::sqrt(static_cast<float>(big ? c.n_embd / c.n_head : c.head_dim));
-        c.sliding_window = f.get_int(a + "attention.sliding_window", c.arch == "gemma2" ? 4096 : 0);
-        const int64_t pattern = f.get_int(a + "attention.sliding_window_pattern", c.arch == "gemma2" ? 2 : 6);
-        if (c.sliding_window < 0) fail("gguf key '{}attention.sliding_window' must not be negative", a);
-        if (pattern <= 0) fail("gguf key '{}attention.sliding_window_pattern' must be positive, got {}", a, pattern);
-        if (c.sliding_window > 0) {
-            c.swa_layers.resize(static_cast<size_t>(std::max<int64_t>(c.n_layer, 0)));
-            for (int64_t il = 0; il < c.n_layer; ++il) c.swa_layers[static_cast<size_t>(il)] = il % pattern < pattern - 1;
-        }
-        c.rope_base_local = static_cast<float>(
-            f.get_float(a + "rope.freq_base_swa", c.arch == "gemma3" ? 10000.0 : static_cast<double>(c.rope_base)));
-        if (c.arch == "gemma2") {
-            c.attn_softcap = static_cast<float>(f.get_float(a + "attn_logit_softcapping", 50.0));
-            c.final_softcap = static_cast<float>(f.get_float(a + "final_logit_softcapping", 30.0));
-        }
-        const std::string st = f.get_string(a + "rope.scaling.type", "none");
-        const double factor = f.get_float(a + "rope.scaling.factor", 1.0);
-        if (st == "linear" && factor != 1.0) {
-            if (!(factor > 0)) fail("gguf key '{}rope.scaling.factor' must be positive, got {}", a, factor);
-            c.rope_freq_factors.assign(static_cast<size_t>(std::max<int64_t>(c.rope_dim / 2, 0)), static_cast<float>(factor));
-            c.rope_factors_global_only = c.arch == "gemma3";
-        } else if (st != "none" && st != "linear") {
-            fail("gguf key '{}rope.scaling.type' = '{}' is not supported for {}", a, st, c.arch);
-        }
-    }
+    def->gguf_config(k, c);
     c.validate();
     return c;
 }

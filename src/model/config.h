@@ -91,47 +91,28 @@ struct ModelConfig {
     int64_t q_dim() const { return n_head * head_dim; }
     int64_t kv_dim() const { return n_head_kv * head_dim; }
 
-    /// Reads and validates the hyper-parameters of a GGUF file with
-    /// general.architecture "llama" (with {arch}.expert_count /
-    /// expert_used_count: Mixtral), "qwen2" (NeoX RoPE, q/k/v biases),
-    /// "qwen3" (NeoX RoPE, q/k norms), "qwen3moe" (NeoX RoPE, q/k norms,
-    /// {arch}.expert_feed_forward_length, routing weights renormalised as
-    /// llama.cpp does), "phi3" (fused attn_qkv and gate/up in ffn_up, NeoX
-    /// RoPE, {arch}.attention.sliding_window on every layer; files with
-    /// rope_factors_long/short tensors — LongRoPE — are refused), "gemma2" or "gemma3", with llama.cpp's
-    /// keys and conventions (llama-model.cpp): for Gemma, NeoX RoPE, embeddings
-    /// scaled by sqrt(n_embd), post-norms, GELU-tanh FFN, {arch}.attention.
-    /// sliding_window on the local layers (gemma2: even layers; gemma3: all
-    /// but every 6th, or {arch}.attention.sliding_window_pattern), the local
-    /// RoPE base {arch}.rope.freq_base_swa (gemma3 default 10000), gemma2's
-    /// {arch}.attn_logit_softcapping / final_logit_softcapping, and the query
-    /// scale 1/sqrt(head_dim) (1/sqrt(n_embd/n_head) for the 27B models, as
-    /// llama.cpp). Norm weights are used as stored: llama.cpp's converter has
-    /// already added Gemma's 1. Throws quern::Error naming the key for
-    /// missing or inconsistent values, and for unsupported architectures.
+    /// Reads and validates the hyper-parameters of a GGUF file: the keys
+    /// every family has ({arch}.embedding_length, block_count,
+    /// attention.head_count(_kv), feed_forward_length, key/value_length,
+    /// rope.dimension_count, rope.freq_base, layer_norm_rms_epsilon,
+    /// context_length, expert_count / expert_used_count /
+    /// expert_feed_forward_length / expert_weights_norm) with llama.cpp's
+    /// defaults, then the family's own (its ArchDef::gguf_config in
+    /// model/arch/). Throws quern::Error naming the key for missing or
+    /// inconsistent values, and for an architecture no family reads.
     static ModelConfig from_gguf(const GgufFile& f);
-    /// Reads a Hugging Face config.json (its text) for model_type llama,
-    /// qwen2, qwen3, gemma2, gemma3_text, mixtral (num_local_experts,
-    /// num_experts_per_tok, intermediate_size per expert; arch "llama"),
-    /// qwen3_moe (num_experts, num_experts_per_tok, moe_intermediate_size,
-    /// norm_topk_prob; every layer sparse: decoder_sparse_step 1, no
-    /// mlp_only_layers; arch "qwen3moe") or phi3 (partial_rotary_factor;
-    /// sliding_window on every layer; longrope/su scaling refused)
-    /// (transformers' LlamaConfig,
-    /// Qwen2Config, Qwen3Config, Gemma2Config, Gemma3TextConfig; for Gemma
-    /// also query_pre_attn_scalar, sliding_window, layer_types or
-    /// sliding_window_pattern, rope_local_base_freq or per-layer-type
-    /// rope_parameters, attn_logit_softcapping, final_logit_softcapping,
-    /// hidden_activation gelu_pytorch_tanh):
-    /// hidden_size, num_hidden_layers, num_attention_heads,
-    /// num_key_value_heads, intermediate_size, head_dim, rope_theta (or
-    /// rope_parameters.rope_theta), rms_norm_eps, max_position_embeddings,
-    /// vocab_size, tie_word_embeddings, attention_bias, rope_scaling (none,
-    /// "default", "linear" or "llama3"). RoPE is NeoX-ordered (HF's
-    /// rotate_half). `where` names the file in errors. Throws quern::Error
-    /// naming the key and the file for a missing or malformed key, an unknown
-    /// model_type and every option quern does not compute (other rope
-    /// scalings, sliding windows, activations other than silu, MLP biases).
+    /// Reads a Hugging Face config.json (its text): model_type picks the
+    /// family (model/arch/), the keys of transformers' PretrainedConfig every
+    /// family has (hidden_size, num_hidden_layers, num_attention_heads,
+    /// num_key_value_heads, intermediate_size, head_dim, rms_norm_eps,
+    /// max_position_embeddings, vocab_size, tie_word_embeddings,
+    /// attention_bias) with the family's defaults, the family's own keys
+    /// (ArchDef::hf_config), then RoPE: rope_theta, rope_scaling or
+    /// rope_parameters (none, "default", "linear", "llama3", "longrope"/"su";
+    /// partial_rotary_factor). RoPE is NeoX-ordered (HF's rotate_half).
+    /// `where` names the file in errors. Throws quern::Error naming the key
+    /// and the file for a missing or malformed key, an unknown model_type and
+    /// every option quern does not compute.
     static ModelConfig from_hf_config(std::string_view json_text, const std::string& where);
     /// Checks internal consistency (positive sizes, head counts divide, ...).
     void validate() const;

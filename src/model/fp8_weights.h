@@ -8,6 +8,7 @@
 
 #include "core/thread_pool.h"
 #include "model/weights.h"
+#include "quant/fp8.h"  // round_fp8_activation_rows
 
 namespace quern {
 
@@ -27,10 +28,5 @@ bool is_fp8_layer_matrix(const std::string& name);
 /// are owned by the returned store. Rows are converted on `pool`.
 WeightStore fp8_per_channel_weights(const WeightStore& ws, ThreadPool& pool);
 
-/// The activations of the CUDA FP8 prefill, on the CPU: each of `rows` rows
-/// of K floats (x, row-major) is rounded to BF16 (the GEMM input), then
-/// quantized to E4M3 with one scale per row (quantize_fp8_rows: absmax/448)
-/// and written back dequantized, scale · e4m3(code), to `out` (may be x).
-void round_fp8_activation_rows(const float* x, int64_t rows, int64_t K, float* out);
 
 }  // namespace quern

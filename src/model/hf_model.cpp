@@ -1,9 +1,7 @@
-// Hugging Face checkpoint → Model (see hf_model.h). Tensor names follow
-// transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
-// Gemma2ForCausalLM / Gemma3ForCausalLM / MixtralForCausalLM /
-// Qwen3MoeForCausalLM / Phi3ForCausalLM state dicts (as save_pretrained
-// writes them: one 2-D tensor per expert); they are renamed to the
-// GGUF names the llama forward pass binds.
+// Hugging Face checkpoint → Model (see hf_model.h). The architecture's tensor
+// table (model/arch/) names each tensor as transformers' state dict holds it
+// (as save_pretrained writes it: one 2-D tensor per expert) and the GGUF name
+// the program binds it under.
 #include "model/hf_model.h"
 
 #include <fmt/format.h>
@@ -18,6 +16,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "formats/safetensors.h"
+#include "model/arch/arch.h"
 #include "model/hf_quant.h"
 
 namespace quern {
@@ -38,77 +37,31 @@ std::string read_text(const std::string& path) {
     return ss.str();
 }
 
-/// One tensor the architecture expects.
+/// One tensor of the checkpoint the architecture's table names.
 struct Want {
-    std::string hf;             // name in the checkpoint
-    std::string gguf;           // name the forward pass binds
-    std::vector<int64_t> shape; // as stored, outermost first
+    std::string hf;              // name in the checkpoint
+    std::string gguf;            // name the forward pass binds
+    std::vector<int64_t> shape;  // as stored, outermost first
+    bool add_one = false;        // a norm weight used as 1 + w
 };
 
-/// True for the Gemma architectures, whose RMSNorms multiply by (1 + w):
-/// their norm weights get the 1 added at load (as llama.cpp's converter does).
-bool gemma_arch(const ModelConfig& c) { return c.arch == "gemma2" || c.arch == "gemma3"; }
-
-/// The tensors of a llama / qwen2 / qwen3 / gemma2 / gemma3 / mixtral /
-/// qwen3_moe / phi3 checkpoint with config `c`.
+/// The tensors a checkpoint of config `c` holds, from its architecture's
+/// table: matrices and vectors as named, expert banks one tensor per expert
+/// (bound under llama.cpp's per-expert names, blk.N.ffn_gate.E.weight, ...).
 std::vector<Want> expected_tensors(const ModelConfig& c) {
-    const int64_t E = c.n_embd, V = c.n_vocab, F = c.n_ff, Q = c.q_dim(), K = c.kv_dim();
-    std::vector<Want> w{{"model.embed_tokens.weight", "token_embd.weight", {V, E}},
-                        {"model.norm.weight", "output_norm.weight", {E}}};
-    if (!c.tie_embeddings) w.push_back({"lm_head.weight", "output.weight", {V, E}});
-    for (int64_t i = 0; i < c.n_layer; ++i) {
-        const std::string p = fmt::format("model.layers.{}.", i), b = fmt::format("blk.{}.", i);
-        auto add = [&](const std::string& hf, const std::string& gguf, std::vector<int64_t> shape) {
-            w.push_back({p + hf, b + gguf, std::move(shape)});
-        };
-        add("input_layernorm.weight", "attn_norm.weight", {E});
-        if (c.fused_qkv) {
-            add("self_attn.qkv_proj.weight", "attn_qkv.weight", {Q + 2 * K, E});  // Phi3Attention
+    const ArchDef* def = find_arch(c.arch);
+    if (!def) fail("model architecture '{}' is not supported", c.arch);
+    TensorTable table;
+    def->tensors(c, table);
+    std::vector<Want> w;
+    for (const TensorEntry& e : table.entries()) {
+        if (e.hf.empty()) continue;  // derived from the config
+        const std::vector<int64_t> stored(e.shape.rbegin(), e.shape.rend());
+        if (e.kind == TensorKind::Experts) {
+            for (int64_t x = 0; x < e.n_expert; ++x)
+                w.push_back({fmt::format(fmt::runtime(e.hf), x), fmt::format(fmt::runtime(e.gguf_expert), x), stored});
         } else {
-            add("self_attn.q_proj.weight", "attn_q.weight", {Q, E});
-            add("self_attn.k_proj.weight", "attn_k.weight", {K, E});
-            add("self_attn.v_proj.weight", "attn_v.weight", {K, E});
-        }
-        add("self_attn.o_proj.weight", "attn_output.weight", {E, Q});
-        if (c.qkv_bias) {
-            add("self_attn.q_proj.bias", "attn_q.bias", {Q});
-            add("self_attn.k_proj.bias", "attn_k.bias", {K});
-            add("self_attn.v_proj.bias", "attn_v.bias", {K});
-        }
-        if (c.out_bias) add("self_attn.o_proj.bias", "attn_output.bias", {E});
-        if (c.qk_norm) {
-            add("self_attn.q_norm.weight", "attn_q_norm.weight", {c.head_dim});
-            add("self_attn.k_norm.weight", "attn_k_norm.weight", {c.head_dim});
-        }
-        if (gemma_arch(c)) {
-            // Gemma2DecoderLayer / Gemma3DecoderLayer: four norms per block.
-            add("post_attention_layernorm.weight", "post_attention_norm.weight", {E});
-            add("pre_feedforward_layernorm.weight", "ffn_norm.weight", {E});
-            add("post_feedforward_layernorm.weight", "post_ffw_norm.weight", {E});
-        } else {
-            add("post_attention_layernorm.weight", "ffn_norm.weight", {E});
-        }
-        if (c.moe()) {
-            // One 2-D tensor per expert, bound under llama.cpp's per-expert names
-            // (blk.N.ffn_gate.E.weight, ...). Mixtral: block_sparse_moe with
-            // w1 (gate), w3 (up), w2 (down); Qwen3-MoE: mlp with *_proj.
-            const int64_t X = c.n_expert, Fe = c.n_ff_exp;
-            const bool mixtral = c.arch == "llama";
-            const std::string m = mixtral ? "block_sparse_moe." : "mlp.";
-            add(m + "gate.weight", "ffn_gate_inp.weight", {X, E});
-            for (int64_t e = 0; e < X; ++e) {
-                const std::string x = fmt::format("{}experts.{}.", m, e);
-                add(x + (mixtral ? "w1.weight" : "gate_proj.weight"), fmt::format("ffn_gate.{}.weight", e), {Fe, E});
-                add(x + (mixtral ? "w3.weight" : "up_proj.weight"), fmt::format("ffn_up.{}.weight", e), {Fe, E});
-                add(x + (mixtral ? "w2.weight" : "down_proj.weight"), fmt::format("ffn_down.{}.weight", e), {E, Fe});
-            }
-        } else if (c.fused_gate_up) {
-            add("mlp.gate_up_proj.weight", "ffn_up.weight", {2 * F, E});  // Phi3MLP: gate rows, then up rows
-            add("mlp.down_proj.weight", "ffn_down.weight", {E, F});
-        } else {
-            add("mlp.gate_proj.weight", "ffn_gate.weight", {F, E});
-            add("mlp.up_proj.weight", "ffn_up.weight", {F, E});
-            add("mlp.down_proj.weight", "ffn_down.weight", {E, F});
+            w.push_back({e.hf, e.gguf, stored, e.hf_add_one});
         }
     }
     return w;
@@ -175,7 +128,6 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
 
     WeightStore w;
     std::set<std::string> used;
-    const bool norm_plus_one = gemma_arch(cfg);
     for (const Want& want : expected_tensors(cfg)) {
         const SafetensorsModel::Entry* e = st->find(hf_quant_stored_name(quant, *st, want.hf));
         if (!e) fail("tensor '{}' is missing from {} (model_type {})", want.hf, where, cfg.arch);
@@ -205,7 +157,7 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
             const uint8_t* src = e->file->data(info);
             const size_t es = static_cast<size_t>(dtype_info(info.type).type_size);
             for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = to_f32(info.type, src + static_cast<size_t>(i) * es);
-            if (norm_plus_one && ends_with(want.gguf, "norm.weight"))
+            if (want.add_one)
                 for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] += 1.0f;  // Gemma's (1 + w)
             w.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), want.gguf),
                   std::shared_ptr<const void>(buf, buf.get()));
@@ -218,13 +170,6 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
             !(quant.kind != HfQuantKind::None && hf_quant_unused_tensor(e.info->name)))
             fail("tensor '{}' in {} is not part of a {} model with this config ({}); refusing to ignore it",
                  e.info->name, e.file->path(), cfg.arch, folder.config);
-    if (!cfg.rope_freq_factors.empty()) {
-        const int64_t n = static_cast<int64_t>(cfg.rope_freq_factors.size());
-        auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(n)]);
-        std::copy(cfg.rope_freq_factors.begin(), cfg.rope_freq_factors.end(), buf.get());
-        w.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), "rope_freqs.weight"),
-              std::shared_ptr<const void>(buf, buf.get()));
-    }
     return Model::from_weights(cfg, std::move(w));
 }
 

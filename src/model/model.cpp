@@ -3,18 +3,48 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cpu/program_runner.h"
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "model/arch/arch.h"
 
 namespace quern {
-
-std::unique_ptr<Model> make_llama(const ModelConfig& cfg, WeightStore w);  // arch/llama.cpp
 
 const std::vector<DType>& matmul_weight_types() {
     static const std::vector<DType> k{DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,        DType::Q4_1,
                                       DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,        DType::Q3_K,
                                       DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F8_E4M3_B32, DType::NVFP4};
     return k;
+}
+
+Model::Model(ModelConfig cfg, WeightStore w) : cfg_(std::move(cfg)), weights_(std::move(w)) {
+    const ArchDef* def = find_arch(cfg_.arch);
+    if (!def) fail("model architecture '{}' is not supported (supported: {})", cfg_.arch, supported_archs(false));
+    TensorTable table;
+    def->tensors(cfg_, table);
+    program_ = def->build(cfg_, BoundWeights(table, weights_));
+}
+
+Model::~Model() = default;
+
+void Model::set_options(const ModelOptions& o) {
+    opts_ = o;
+    if (runner_) runner_->set_options(o);
+}
+
+void Model::set_trace(TraceFn t) {
+    trace_ = std::move(t);
+    if (runner_) runner_->set_trace(trace_);
+}
+
+void Model::forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
+                    ThreadPool& pool) {
+    if (!runner_) {
+        runner_ = std::make_unique<cpu::ProgramRunner>(program_);
+        runner_->set_options(opts_);
+        runner_->set_trace(trace_);
+    }
+    runner_->forward(tokens, n, cache, logits, all_logits, pool);
 }
 
 int64_t Model::n_params() const {
@@ -33,28 +63,22 @@ std::unique_ptr<Model> Model::from_gguf(std::shared_ptr<GgufFile> file) {
     ModelConfig cfg = ModelConfig::from_gguf(*file);
     WeightStore w;
     for (const auto& info : file->tensors()) w.add(file->tensor_view(info), file);
-    if (!cfg.rope_freq_factors.empty() && !w.find("rope_freqs.weight")) {
-        // RoPE scaling given by keys (Gemma 3's rope.scaling.type linear): the
-        // forward pass reads the per-pair divisors as a tensor.
-        const int64_t n = static_cast<int64_t>(cfg.rope_freq_factors.size());
-        auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(n)]);
-        std::copy(cfg.rope_freq_factors.begin(), cfg.rope_freq_factors.end(), buf.get());
-        w.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), "rope_freqs.weight"),
-              std::shared_ptr<const void>(buf, buf.get()));
-    }
     return from_weights(cfg, std::move(w));
 }
 
 std::unique_ptr<Model> Model::from_weights(const ModelConfig& cfg, WeightStore weights) {
     cfg.validate();
-    if (cfg.arch == "llama" || cfg.arch == "qwen2" || cfg.arch == "qwen3" || cfg.arch == "qwen3moe" ||
-        cfg.arch == "phi3" || cfg.arch == "gemma2" || cfg.arch == "gemma3")
-        return make_llama(cfg, std::move(weights));
-    fail("model architecture '{}' is not supported", cfg.arch);
-}
-
-void Model::forward_batch(const SeqBatch*, int, PagedKvPool&, ThreadPool&) {
-    fail("the '{}' architecture has no batched forward pass (serving is not supported for it yet)", cfg_.arch);
+    if (!cfg.rope_freq_factors.empty() && !weights.find("rope_freqs.weight")) {
+        // RoPE scaling given by config keys (llama3 / linear scaling of
+        // checkpoints, Gemma 3's rope.scaling.type): the per-pair divisors as
+        // the tensor llama.cpp's files carry, which the CUDA session reads.
+        const int64_t n = static_cast<int64_t>(cfg.rope_freq_factors.size());
+        auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(n)]);
+        std::copy(cfg.rope_freq_factors.begin(), cfg.rope_freq_factors.end(), buf.get());
+        weights.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), "rope_freqs.weight"),
+                    std::shared_ptr<const void>(buf, buf.get()));
+    }
+    return std::unique_ptr<Model>(new Model(cfg, std::move(weights)));
 }
 
 }  // namespace quern

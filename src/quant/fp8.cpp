@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/error.h"
+#include "core/fp16.h"
 
 namespace quern {
 
@@ -159,6 +161,17 @@ void dequantize_nvfp4(const uint8_t* packed, const uint8_t* block_scale, float g
                 out[2 * i + 1] = fp4_e2m1_to_float(in[i] >> 4) * d;
             }
         }
+}
+
+void round_fp8_activation_rows(const float* x, int64_t rows, int64_t K, float* out) {
+    std::vector<float> b(static_cast<size_t>(K));
+    std::vector<uint8_t> q(static_cast<size_t>(K));
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < K; ++k) b[static_cast<size_t>(k)] = bf16_to_fp32(fp32_to_bf16(x[r * K + k]));
+        float scale = 1.0f;
+        quantize_fp8_rows(b.data(), 1, K, q.data(), &scale);
+        for (int64_t k = 0; k < K; ++k) out[r * K + k] = scale * fp8_e4m3_to_float(q[static_cast<size_t>(k)]);
+    }
 }
 
 }  // namespace quern

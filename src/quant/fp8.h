@@ -84,4 +84,10 @@ void quantize_nvfp4(const float* w, int64_t rows, int64_t cols, uint8_t* packed,
 void dequantize_nvfp4(const uint8_t* packed, const uint8_t* block_scale, float global_scale, int64_t rows,
                       int64_t cols, float* w);
 
+/// The activations of the CUDA FP8 prefill, on the CPU: each of `rows` rows
+/// of K floats (x, row-major) is rounded to BF16 (the GEMM input), then
+/// quantized to E4M3 with one scale per row (quantize_fp8_rows: absmax/448)
+/// and written back dequantized, scale · e4m3(code), to `out` (may be x).
+void round_fp8_activation_rows(const float* x, int64_t rows, int64_t K, float* out);
+
 }  // namespace quern

@@ -1,12 +1,13 @@
 // BatchRunner: where the engine's batched forward passes run (the CPU, or a
 // GPU's memory and kernels). It evaluates several sequences' new tokens in
-// one pass over a paged KV cache with Model::forward_batch's contract, and
-// makes the pool that cache lives in.
+// one pass over a paged KV cache with cpu::ProgramRunner::forward_batch's
+// contract, and makes the pool that cache lives in.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "backend/forward_batch.h"
 #include "model/model.h"
 #include "runtime/paged_kv.h"
 
@@ -24,11 +25,11 @@ public:
     /// storage where forward_batch reads it. quern::Error (naming `flag`, the
     /// option that sized it) when it does not fit in memory.
     virtual std::unique_ptr<PagedKvPool> make_kv_pool(int64_t n_blocks, int64_t block_size, const char* flag) = 0;
-    /// Model::forward_batch on this runner's device, over a pool made by
+    /// cpu::ProgramRunner::forward_batch's contract on this runner's device, over a pool made by
     /// make_kv_pool: the sequences' new tokens, their keys and values written
     /// into their blocks, logits (n_vocab floats on the host) for the
-    /// sequences that ask. Batch-invariant as Model::forward_batch is, up to
-    /// the device's arithmetic.
+    /// sequences that ask. Batch-invariant as the CPU's pass is, up to the
+    /// device's arithmetic.
     virtual void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) = 0;
 };
 
@@ -36,7 +37,7 @@ public:
 /// made one after another share one loaded runner (benchmarks).
 std::unique_ptr<BatchRunner> borrow_runner(BatchRunner& r);
 
-/// The CPU runner: model.forward_batch on `pool`'s threads, the KV cache in
+/// The CPU runner: the model's program on `pool`'s threads, the KV cache in
 /// host memory (floats). `model` and `pool` must outlive it.
 std::unique_ptr<BatchRunner> make_cpu_batch_runner(Model& model, ThreadPool& pool);
 

@@ -5,7 +5,7 @@
 //
 // Storage, per layer: K and V each [n_blocks][block_size][kv_dim] floats, so
 // position p of a sequence is row block_table[p / block_size] * block_size +
-// p % block_size (cpu::PagedKv).
+// p % block_size (PagedKvStore, core/kv_cache.h).
 //
 // Prefix cache: a full block is identified by a hash chained over all tokens
 // from position 0 through the block's end (so equal hashes mean equal
@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cpu/ops.h"
+#include "core/kv_cache.h"
 
 namespace quern {
 
@@ -28,25 +28,17 @@ public:
     /// floats per position (quern::Error for non-positive sizes or an
     /// allocation that fails). host_storage false: the pool only allocates
     /// blocks and keeps the prefix cache; the keys and values live elsewhere
-    /// (a GPU's memory, cuda::make_batch_runner) and k(), v(), k_row(),
-    /// v_row() and view() must not be called.
+    /// (a GPU's memory, cuda::make_batch_runner) and store() must not be
+    /// called.
     PagedKvPool(int64_t n_layer, int64_t kv_dim, int64_t n_blocks, int64_t block_size = 16, bool host_storage = true);
 
     int64_t block_size() const { return block_size_; }
     int64_t n_blocks() const { return n_blocks_; }
     int64_t kv_dim() const { return kv_dim_; }
     int64_t n_layer() const { return n_layer_; }
-    float* k(int64_t layer) { return k_.data() + layer * n_blocks_ * block_size_ * kv_dim_; }
-    float* v(int64_t layer) { return v_.data() + layer * n_blocks_ * block_size_ * kv_dim_; }
-    /// Row of position `pos` of a sequence with this block table, in layer `layer`.
-    float* k_row(int64_t layer, const int32_t* table, int64_t pos) {
-        return k(layer) + (table[pos / block_size_] * block_size_ + pos % block_size_) * kv_dim_;
-    }
-    float* v_row(int64_t layer, const int32_t* table, int64_t pos) {
-        return v(layer) + (table[pos / block_size_] * block_size_ + pos % block_size_) * kv_dim_;
-    }
-    cpu::PagedKv view(int64_t layer, const int32_t* table) {
-        return cpu::PagedKv{k(layer), v(layer), table, block_size_, kv_dim_};
+    /// Where the keys and values live (host storage only).
+    PagedKvStore store() {
+        return PagedKvStore{k_.data(), v_.data(), n_blocks_ * block_size_ * kv_dim_, block_size_, kv_dim_, n_layer_};
     }
 
     /// A block with one reference, or -1 when none is free (cached blocks

@@ -35,7 +35,7 @@
 #include "backend/cuda/weights.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "model/moe.h"
+#include "backend/cpu/moe_route.h"
 #include "quant/blocks.h"
 #include "quant/reference.h"
 #include "gemv_test_util.h"

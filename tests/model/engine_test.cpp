@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/model.h"
+#include "runtime/batch_runner.h"
 #include "runtime/engine.h"
 #include "runtime/paged_kv.h"
 #include "runtime/verify.h"
@@ -113,6 +114,7 @@ TEST(Engine, BatchedForwardMatchesSingleSequence) {
     for (int i = 0; i < 4; ++i) tb.push_back(kv.allocate());
     for (int i = 0; i < 6; ++i) ta.push_back(kv.allocate());
     std::swap(ta[0], ta[3]);
+    auto runner = make_cpu_batch_runner(m, pool);
     KvCache ref = m.make_cache(128);
     std::vector<float> la(nv), lb(nv), lr(nv);
     m.forward(a.data(), static_cast<int64_t>(a.size()), ref, lr.data(), false, pool);
@@ -120,21 +122,21 @@ TEST(Engine, BatchedForwardMatchesSingleSequence) {
     const int64_t h = 7;
     SeqBatch first[2] = {{b.data(), static_cast<int64_t>(b.size()), tb.data(), 0, false, lb.data()},
                          {a.data(), h, ta.data(), 0, false, nullptr}};
-    m.forward_batch(first, 2, kv, pool);
+    runner->forward_batch(first, 2, kv);
     SeqBatch second[1] = {{a.data() + h, static_cast<int64_t>(a.size()) - h, ta.data(), h, false, la.data()}};
-    m.forward_batch(second, 1, kv, pool);
+    runner->forward_batch(second, 1, kv);
     EXPECT_GE(cosine_similarity(la.data(), lr.data(), static_cast<int64_t>(nv)), 0.99999);
     // A decode step of both.
     const int32_t xa = 11, xb = 12;
     SeqBatch dec[2] = {{&xa, 1, ta.data(), static_cast<int64_t>(a.size()), true, la.data()},
                        {&xb, 1, tb.data(), static_cast<int64_t>(b.size()), true, lb.data()}};
-    m.forward_batch(dec, 2, kv, pool);
+    runner->forward_batch(dec, 2, kv);
     m.forward(&xa, 1, ref, lr.data(), false, pool);
     EXPECT_GE(cosine_similarity(la.data(), lr.data(), static_cast<int64_t>(nv)), 0.99999);
     // Bad ids are refused before anything runs.
     const int32_t oob = static_cast<int32_t>(nv);
     SeqBatch bad2[1] = {{&oob, 1, ta.data(), 0, true, nullptr}};
-    EXPECT_THROW(m.forward_batch(bad2, 1, kv, pool), Error);
+    EXPECT_THROW(runner->forward_batch(bad2, 1, kv), Error);
 }
 
 // A generated token (decode entry) and the same token given in a prompt get
@@ -155,29 +157,34 @@ TEST(Engine, DecodeRowsEqualPromptRows) {
         for (int i = 0; i < n; ++i) t.push_back(kv.allocate());
         return t;
     };
+    auto runner = make_cpu_batch_runner(m, pool);
     const std::vector<int32_t> t1 = blocks(4), t2 = blocks(4), t3 = blocks(6), t4 = blocks(6);
     std::vector<float> l1(nv), l2(nv), lo(nv);
     // 1: the prompt alone, then token x as a decode entry placed after a prompt entry of another sequence.
     SeqBatch s1[1] = {{p.data(), L, t1.data(), 0, false, nullptr}};
-    m.forward_batch(s1, 1, kv, pool);
+    runner->forward_batch(s1, 1, kv);
     const int32_t x = 42;
     SeqBatch s2[2] = {{other.data(), static_cast<int64_t>(other.size()), t3.data(), 0, false, lo.data()},
                       {&x, 1, t1.data(), L, true, l1.data()}};
-    m.forward_batch(s2, 2, kv, pool);
+    runner->forward_batch(s2, 2, kv);
     // 2: prompt + x as one prompt, in two chunks, next to another sequence's prompt.
     p.push_back(x);
     SeqBatch s3[2] = {{p.data(), 5, t2.data(), 0, false, nullptr},
                       {other.data(), 9, t4.data(), 0, false, nullptr}};
-    m.forward_batch(s3, 2, kv, pool);
+    runner->forward_batch(s3, 2, kv);
     SeqBatch s4[1] = {{p.data() + 5, L + 1 - 5, t2.data(), 5, false, l2.data()}};
-    m.forward_batch(s4, 1, kv, pool);
+    runner->forward_batch(s4, 1, kv);
     EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), nv * sizeof(float)));
+    const PagedKvStore st = kv.store();
+    const auto row = [&](float* base, const std::vector<int32_t>& t, int64_t pos) {
+        return base + st.row(t.data(), pos) * c.kv_dim();
+    };
     for (int64_t il = 0; il < c.n_layer; il += 7)
         for (int64_t pos : {int64_t(0), L - 1, L}) {
-            EXPECT_EQ(0, std::memcmp(kv.k_row(il, t1.data(), pos), kv.k_row(il, t2.data(), pos),
+            EXPECT_EQ(0, std::memcmp(row(st.k_layer(il), t1, pos), row(st.k_layer(il), t2, pos),
                                      static_cast<size_t>(c.kv_dim()) * sizeof(float)))
                 << "layer " << il << " position " << pos;
-            EXPECT_EQ(0, std::memcmp(kv.v_row(il, t1.data(), pos), kv.v_row(il, t2.data(), pos),
+            EXPECT_EQ(0, std::memcmp(row(st.v_layer(il), t1, pos), row(st.v_layer(il), t2, pos),
                                      static_cast<size_t>(c.kv_dim()) * sizeof(float)))
                 << "layer " << il << " position " << pos;
         }

@@ -20,6 +20,7 @@
 #include "chat/chat.h"
 #include "formats/gguf.h"
 #include "model/model.h"
+#include "runtime/batch_runner.h"
 #include "runtime/paged_kv.h"
 #include "tokenizer/tokenizer.h"
 
@@ -111,6 +112,7 @@ TEST_F(Gemma3_270m, MatchesTransformersOnTheSameGguf) {
     PagedKvPool kv(c.n_layer, c.kv_dim(), 8, 16);
     std::vector<int32_t> blocks{3, 1, 6, 0, 2, 7, 4, 5};
     std::vector<float> last(static_cast<size_t>(V));
+    auto runner = make_cpu_batch_runner(*model_, pool);
     for (int64_t p = 0; p < n;) {
         const int64_t len = std::min<int64_t>(p == 0 ? 9 : 13, n - p);
         SeqBatch b;
@@ -119,7 +121,7 @@ TEST_F(Gemma3_270m, MatchesTransformersOnTheSameGguf) {
         b.block_table = blocks.data();
         b.n_past = p;
         b.logits = last.data();
-        model_->forward_batch(&b, 1, kv, pool);
+        runner->forward_batch(&b, 1, kv);
         p += len;
         const float* r = logits.data() + (p - 1) * V;
         EXPECT_EQ(std::max_element(last.begin(), last.end()) - last.begin(), std::max_element(r, r + V) - r)

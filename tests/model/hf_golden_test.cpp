@@ -22,6 +22,7 @@
 #include "hf_test_util.h"
 #include "model/hf_model.h"
 #include "runtime/verify.h"
+#include "runtime/batch_runner.h"
 #include "runtime/paged_kv.h"
 
 using namespace quern;
@@ -105,6 +106,7 @@ TEST_P(HfGolden, BatchedForwardMatches) {
     PagedKvPool kv(cfg.n_layer, cfg.kv_dim(), 2, 16);
     std::vector<int32_t> blocks{0, 1};
     std::vector<float> logits(static_cast<size_t>(V));
+    auto runner = make_cpu_batch_runner(*model, pool);
     for (int64_t p = 0; p < n;) {
         const int64_t len = std::min<int64_t>(p == 0 ? 5 : 7, n - p);
         SeqBatch b;
@@ -113,7 +115,7 @@ TEST_P(HfGolden, BatchedForwardMatches) {
         b.block_table = blocks.data();
         b.n_past = p;
         b.logits = logits.data();
-        model->forward_batch(&b, 1, kv, pool);
+        runner->forward_batch(&b, 1, kv);
         p += len;
         const float* r = ref.data() + (p - 1) * V;
         EXPECT_GE(cosine_similarity(logits.data(), r, V), c.min_cos) << "position " << p - 1;

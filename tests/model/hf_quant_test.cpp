@@ -36,6 +36,7 @@
 #include "hf_test_util.h"
 #include "model/hf_model.h"
 #include "quant/reference.h"
+#include "runtime/batch_runner.h"
 #include "runtime/paged_kv.h"
 #include "runtime/verify.h"
 
@@ -135,7 +136,7 @@ TEST_P(HfQuant, BatchedSequencesMatchAlone) {
         s[1].block_table = other_blocks.data();
         s[1].n_past = 0;
         s[1].logits = b.data();
-        model->forward_batch(s, with_other ? 2 : 1, kv, pool);
+        make_cpu_batch_runner(*model, pool)->forward_batch(s, with_other ? 2 : 1, kv);
         return a;
     };
     const std::vector<float> alone = run(false), batched = run(true);

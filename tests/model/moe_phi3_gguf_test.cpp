@@ -21,7 +21,7 @@
 #include "formats/gguf.h"
 #include "model/hf_model.h"
 #include "runtime/verify.h"
-#include "model/moe.h"
+#include "backend/cpu/moe_route.h"
 
 using namespace quern;
 namespace fs = std::filesystem;

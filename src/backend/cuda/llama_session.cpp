@@ -104,7 +104,7 @@
 #include "backend/cuda/session.h"
 #include "backend/cuda/weights.h"
 #include "core/error.h"
-#include "model/moe.h"
+#include "backend/cpu/moe_route.h"
 #include "core/fp16.h"
 #include "quant/reference.h"
 #include "runtime/batch_runner.h"

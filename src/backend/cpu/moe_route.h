@@ -1,5 +1,5 @@
-// Mixture-of-experts routing shared by the architectures with expert FFNs
-// (Mixtral, Qwen3-MoE): router logits → softmax over all experts → top-k →
+// Mixture-of-experts routing (the moe op of a program, backend/program.h):
+// router logits → softmax over all experts → top-k →
 // optional renormalisation, and the grouping of (row, slot) pairs by expert so
 // each expert's weights are read once per batch.
 #pragma once

@@ -1,4 +1,4 @@
-#include "model/moe.h"
+#include "backend/cpu/moe_route.h"
 
 #include <algorithm>
 #include <cmath>

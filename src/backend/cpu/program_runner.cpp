@@ -1,0 +1,537 @@
+// The CPU interpreter of a layer program (program_runner.h).
+//
+// Values live in slots (float buffers of rows × width), assigned once when
+// the runner is made: a slot is reused as soon as the value in it has had its
+// last reader, and the elementwise ops (RMSNorm, add, scale, soft-cap, the
+// GLU) write over an input they are its last reader of. A Linear op of
+// several matrices keeps each piece's output in a slot of its own
+// ("planar"), so that attention reads q, k and v and the GLU reads gate and
+// up as the separate arrays the kernels take; any other reader of such a
+// value gets its rows gathered.
+#include "backend/cpu/program_runner.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "backend/cpu/moe_route.h"
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "quant/fp8.h"
+#include "quant/traits.h"
+
+namespace quern::cpu {
+
+namespace {
+
+constexpr int64_t kPassRows = 512;  // tokens per pass of forward()
+
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+/// y[r] += b for n rows of dim floats.
+void add_bias(float* y, const Tensor& b, int64_t n, int64_t dim) {
+    const auto* bv = static_cast<const float*>(b.data);
+    for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < dim; ++i) y[r * dim + i] += bv[i];
+}
+
+}  // namespace
+
+struct ProgramRunner::State {
+    // The plan: each value's slots (one per piece) and piece widths, and the
+    // last op that reads it.
+    std::vector<std::vector<int>> slots_of;
+    std::vector<std::vector<int64_t>> widths;
+    std::vector<int> last_use;
+    std::vector<uint8_t> attn_in_place;  // per op: attention may rotate its q and k input in place
+    std::vector<std::vector<float>> slots;
+
+    // Scratch.
+    std::vector<float> gathered[2];       // multi-piece values read as rows
+    std::vector<float> qs, ks, vs;        // attention input copies
+    std::vector<float> xr, yr, xf8;       // mm(): two-level split, FP8 rounding
+    DType xr_act = DType::F32;
+    std::vector<PagedAttnSeq> attn_seqs;
+    std::vector<float> router, selw, xe, ge, ue, ye, eo;
+    std::vector<int32_t> sel;
+    std::vector<int64_t> moe_off, moe_ent;
+    std::vector<int32_t> toks, pos;
+    std::vector<int64_t> seq_last;  // per row: its sequence's last position in this call (LongRoPE)
+    std::vector<int64_t> head;      // rows whose logits are wanted
+
+    float* slot(int s, int64_t n) {
+        auto& b = slots[sz(s)];
+        if (b.size() < sz(n)) b.resize(sz(n));
+        return b.data();
+    }
+};
+
+/// One pass of the program over `rows` rows.
+struct ProgramRunner::Pass {
+    int64_t rows = 0;
+    MatmulPath path = MatmulPath::Auto;
+    bool fp8_act = false;
+    bool trace = false;
+    // One sequence over a contiguous cache (forward) ...
+    KvCache* cache = nullptr;
+    int64_t p0 = 0;
+    // ... or several over a paged one (forward_batch).
+    const SeqBatch* seqs = nullptr;
+    int n_seqs = 0;
+    const PagedKvStore* store = nullptr;
+};
+
+ProgramRunner::ProgramRunner(const Program& program) : p_(program), st_(std::make_unique<State>()) {
+    State& s = *st_;
+    const size_t nv = p_.values.size();
+    s.slots_of.resize(nv);
+    s.widths.resize(nv);
+    s.last_use.assign(nv, -1);
+    s.attn_in_place.assign(p_.ops.size(), 0);
+    for (size_t i = 0; i < p_.ops.size(); ++i)
+        for (const Value& v : p_.ops[i].in)
+            if (v.valid()) s.last_use[sz(v.id)] = static_cast<int>(i);
+    if (p_.logits.valid()) s.last_use[sz(p_.logits.id)] = INT_MAX;
+    std::vector<int> free_slots;
+    const auto take = [&] {
+        if (free_slots.empty()) {
+            s.slots.emplace_back();
+            return static_cast<int>(s.slots.size() - 1);
+        }
+        const int k = free_slots.back();
+        free_slots.pop_back();
+        return k;
+    };
+    for (size_t i = 0; i < p_.ops.size(); ++i) {
+        const Op& op = p_.ops[i];
+        const int ii = static_cast<int>(i);
+        std::vector<int> dying;  // distinct inputs read for the last time here
+        for (const Value& v : op.in)
+            if (v.valid() && s.last_use[sz(v.id)] == ii && std::find(dying.begin(), dying.end(), v.id) == dying.end())
+                dying.push_back(v.id);
+        const auto dies = [&](Value v) {
+            return v.valid() && std::find(dying.begin(), dying.end(), v.id) != dying.end();
+        };
+        std::vector<int> reused;  // slots of dying inputs the output takes over
+        if (op.out.valid()) {
+            auto& out_slots = s.slots_of[sz(op.out.id)];
+            auto& out_w = s.widths[sz(op.out.id)];
+            const Value a = op.in[0], b = op.in[1];
+            const auto single = [&](Value v) { return v.valid() && s.slots_of[sz(v.id)].size() == 1; };
+            switch (op.kind) {
+                case OpKind::Linear:
+                    for (const LinearPiece& pc : op.pieces) {
+                        out_slots.push_back(take());
+                        out_w.push_back(pc.w->ne[1]);
+                    }
+                    break;
+                case OpKind::RmsNorm:
+                case OpKind::Scale:
+                case OpKind::Softcap:
+                case OpKind::Add:
+                    if (dies(a) && single(a)) reused.push_back(s.slots_of[sz(a.id)][0]);
+                    else if (op.kind == OpKind::Add && dies(b) && single(b)) reused.push_back(s.slots_of[sz(b.id)][0]);
+                    break;
+                case OpKind::Glu:  // out may alias the gate
+                    if (dies(a) && s.slots_of[sz(a.id)].size() == 2) reused.push_back(s.slots_of[sz(a.id)][0]);
+                    break;
+                case OpKind::Attention: {
+                    const AttentionSpec& sp = p_.attention[sz(op.spec)];
+                    const auto& w = s.widths[sz(a.id)];
+                    s.attn_in_place[i] = dies(a) && w.size() == 3 && w[0] == sp.q_dim() && w[1] == sp.kv_dim();
+                    break;
+                }
+                default:
+                    break;
+            }
+            if (op.kind != OpKind::Linear) {
+                out_slots.push_back(reused.empty() ? take() : reused[0]);
+                out_w.push_back(p_.width(op.out));
+            }
+        }
+        for (int v : dying)
+            for (int k : s.slots_of[sz(v)])
+                if (std::find(reused.begin(), reused.end(), k) == reused.end()) free_slots.push_back(k);
+    }
+}
+
+ProgramRunner::~ProgramRunner() = default;
+
+void ProgramRunner::mm(const Tensor& W, const float* x, int64_t n, float* y, int64_t ldy, ThreadPool& pool,
+                       bool same_input, MatmulPath path, bool fp8_act) {
+    State& s = *st_;
+    const DType act = quant_traits(W.type).vec_dot_type;
+    if (fp8_act && W.type == DType::F8_E4M3_B32) {
+        const int64_t K = W.ne[0];
+        s.xf8.resize(sz(n * K));
+        pool.parallel_for(n, 1, [&](int64_t r0, int64_t r1, int) {
+            round_fp8_activation_rows(x + r0 * K, r1 - r0, K, s.xf8.data() + r0 * K);
+        });
+        return matmul(W, s.xf8.data(), n, y, ldy, pool, path);
+    }
+    if (!opts_.precise_activations || act == DType::F32) return matmul(W, x, n, y, ldy, pool, path);
+    // Two-level activations: x split into its 8-bit quantization x8 and the
+    // residual x - x8 (quantized in turn), both products summed: activation
+    // error ~1/127² instead of ~1/127, for one extra activation row per row.
+    const int64_t K = W.ne[0], M = W.ne[1];
+    // The split and the sum are row by row; over the pool when there is
+    // enough of them to pay for a parallel region.
+    const auto rows = [&](int64_t width, auto&& fn) {
+        const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(width, 1));
+        pool.parallel_for(n, grain, [&](int64_t r0, int64_t r1, int) {
+            for (int64_t i = r0; i < r1; ++i) fn(i);
+        });
+    };
+    if (!same_input || s.xr_act != act || s.xr.size() != sz(2 * n * K)) {
+        s.xr.resize(sz(2 * n * K));
+        const size_t qb = row_size(act, K);
+        std::copy(x, x + n * K, s.xr.begin());
+        rows(K, [&](int64_t i) {
+            thread_local std::vector<uint8_t> q;
+            q.resize(qb);
+            quantize_act_with_residual(act, x + i * K, K, q.data(), s.xr.data() + (n + i) * K);
+        });
+        s.xr_act = act;
+    }
+    s.yr.resize(sz(2 * n * M));
+    matmul(W, s.xr.data(), 2 * n, s.yr.data(), M, pool, path);
+    rows(M, [&](int64_t i) {
+        const float* a = s.yr.data() + i * M;
+        const float* b = s.yr.data() + (n + i) * M;
+        for (int64_t j = 0; j < M; ++j) y[i * ldy + j] = a[j] + b[j];
+    });
+}
+
+void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
+    State& s = *st_;
+    const int64_t T = pass.rows, m = static_cast<int64_t>(s.head.size());
+    const auto rows_of = [&](Value v) { return p_.values[sz(v.id)].head ? m : T; };
+    const auto piece = [&](Value v, size_t j) { return s.slots[sz(s.slots_of[sz(v.id)][j])].data(); };
+    // A value's rows as one row-major array (gathered when it has pieces).
+    const auto rows = [&](Value v, int which) -> const float* {
+        const auto& sl = s.slots_of[sz(v.id)];
+        if (sl.size() == 1) return piece(v, 0);
+        const int64_t n = rows_of(v), w = p_.width(v);
+        auto& g = s.gathered[which];
+        g.resize(sz(n * w));
+        int64_t col = 0;
+        for (size_t j = 0; j < sl.size(); ++j) {
+            const int64_t pw = s.widths[sz(v.id)][j];
+            const float* src = piece(v, j);
+            for (int64_t r = 0; r < n; ++r) std::copy_n(src + r * pw, pw, g.data() + r * w + col);
+            col += pw;
+        }
+        return g.data();
+    };
+    // The output's buffer, sized for its rows (in place when it took over an input's slot).
+    const auto out = [&](const Op& op) { return s.slot(s.slots_of[sz(op.out.id)][0], rows_of(op.out) * p_.width(op.out)); };
+    const auto same_slot = [&](Value a, Value b) {
+        return s.slots_of[sz(a.id)].size() == 1 && s.slots_of[sz(a.id)][0] == s.slots_of[sz(b.id)][0];
+    };
+    for (const Op& op : p_.ops) {
+        const Value in = op.in[0];
+        if (in.valid() && p_.values[sz(in.id)].head && m == 0) continue;  // no rows want logits in this pass
+        switch (op.kind) {
+            case OpKind::Embed:
+                get_rows(*op.weight, s.toks.data(), T, out(op));
+                break;
+            case OpKind::RmsNorm: {
+                float* y = out(op);
+                rms_norm(rows(in, 0), static_cast<const float*>(op.weight->data), y, rows_of(in), p_.width(in), op.eps);
+                break;
+            }
+            case OpKind::Linear: {
+                const int64_t n = rows_of(in);
+                const float* x = rows(in, 0);
+                for (size_t j = 0; j < op.pieces.size(); ++j) {
+                    const LinearPiece& pc = op.pieces[j];
+                    const int64_t N = pc.w->ne[1];
+                    float* y = s.slot(s.slots_of[sz(op.out.id)][j], n * N);
+                    mm(*pc.w, x, n, y, N, pool, j > 0, pass.path, pass.fp8_act);
+                    if (pc.bias) add_bias(y, *pc.bias, n, N);
+                }
+                break;
+            }
+            case OpKind::Attention:
+                run_attention(op, pass, pool);
+                break;
+            case OpKind::Glu: {
+                const int64_t n = rows_of(in), F = p_.width(op.out);
+                float* y = out(op);
+                const auto glu = [&](const float* g, const float* u, float* o, int64_t count) {
+                    if (op.act == GluAct::GeluTanh) geglu_tanh(g, u, o, count);
+                    else swiglu(g, u, o, count);
+                };
+                if (s.slots_of[sz(in.id)].size() == 2 && s.widths[sz(in.id)][0] == F) {
+                    glu(piece(in, 0), piece(in, 1), y, n * F);
+                } else {
+                    const float* x = rows(in, 0);
+                    for (int64_t r = 0; r < n; ++r) glu(x + r * 2 * F, x + r * 2 * F + F, y + r * F, F);
+                }
+                break;
+            }
+            case OpKind::Moe:
+                run_moe(op, pass, pool);
+                break;
+            case OpKind::Add: {
+                const int64_t count = rows_of(op.out) * p_.width(op.out);
+                float* y = out(op);
+                const Value a = op.in[0], b = op.in[1];
+                if (same_slot(op.out, a)) {
+                    add_inplace(y, rows(b, 1), count);
+                } else if (same_slot(op.out, b)) {
+                    add_inplace(y, rows(a, 0), count);
+                } else {
+                    std::copy_n(rows(a, 0), count, y);
+                    add_inplace(y, rows(b, 1), count);
+                }
+                break;
+            }
+            case OpKind::Scale:
+            case OpKind::Softcap: {
+                const int64_t count = rows_of(op.out) * p_.width(op.out);
+                float* y = out(op);
+                if (!same_slot(op.out, in)) std::copy_n(rows(in, 0), count, y);
+                if (op.kind == OpKind::Scale) scale(y, count, op.scalar);
+                else softcap(y, count, op.scalar);
+                break;
+            }
+            case OpKind::SelectRows: {
+                const int64_t w = p_.width(in);
+                float* y = out(op);
+                const float* x = rows(in, 0);
+                for (int64_t i = 0; i < m; ++i) std::copy_n(x + s.head[sz(i)] * w, w, y + i * w);
+                break;
+            }
+            case OpKind::Trace:
+                if (pass.trace && trace_) {
+                    const int64_t w = p_.width(in);
+                    trace_(op.name, rows(in, 0) + (rows_of(in) - 1) * w, w);
+                }
+                break;
+        }
+    }
+}
+
+void ProgramRunner::run_attention(const Op& op, Pass& pass, ThreadPool& pool) {
+    State& s = *st_;
+    const AttentionSpec& sp = p_.attention[sz(op.spec)];
+    const int64_t T = pass.rows, qd = sp.q_dim(), kvd = sp.kv_dim();
+    const Value in = op.in[0];
+    float *q, *k, *v;
+    const auto& sl = s.slots_of[sz(in.id)];
+    if (s.attn_in_place[sz(&op - p_.ops.data())]) {
+        q = s.slots[sz(sl[0])].data();
+        k = s.slots[sz(sl[1])].data();
+        v = s.slots[sz(sl[2])].data();
+    } else {  // q and k are rotated in place: work on copies
+        s.qs.resize(sz(T * qd));
+        s.ks.resize(sz(T * kvd));
+        s.vs.resize(sz(T * kvd));
+        int64_t col = 0;
+        for (size_t j = 0; j < sl.size(); ++j) {
+            const int64_t pw = s.widths[sz(in.id)][j];
+            const float* src = s.slots[sz(sl[j])].data();
+            for (int64_t r = 0; r < T; ++r)
+                for (int64_t c = 0; c < pw; ++c) {
+                    const int64_t g = col + c;
+                    const float x = src[r * pw + c];
+                    if (g < qd) s.qs[sz(r * qd + g)] = x;
+                    else if (g < qd + kvd) s.ks[sz(r * kvd + g - qd)] = x;
+                    else s.vs[sz(r * kvd + g - qd - kvd)] = x;
+                }
+            col += pw;
+        }
+        q = s.qs.data(), k = s.ks.data(), v = s.vs.data();
+    }
+    if (sp.q_norm) rms_norm(q, static_cast<const float*>(sp.q_norm->data), q, T * sp.n_head, sp.head_dim, sp.norm_eps);
+    if (sp.k_norm)
+        rms_norm(k, static_cast<const float*>(sp.k_norm->data), k, T * sp.n_head_kv, sp.head_dim, sp.norm_eps);
+    // Rows in runs of one factor set (LongRoPE picks short or long per sequence).
+    const RopeSpec& rp = sp.rope;
+    for (int64_t r0 = 0; r0 < T;) {
+        int64_t r1 = T;
+        const float* ff = rp.factors;
+        if (rp.long_factors) {
+            const auto lg = [&](int64_t r) { return s.seq_last[sz(r)] >= rp.long_from; };
+            r1 = r0 + 1;
+            while (r1 < T && lg(r1) == lg(r0)) ++r1;
+            if (lg(r0)) ff = rp.long_factors;
+        }
+        rope(q + r0 * qd, s.pos.data() + r0, r1 - r0, sp.n_head, sp.head_dim, rp.dim, rp.base, rp.neox, ff);
+        rope(k + r0 * kvd, s.pos.data() + r0, r1 - r0, sp.n_head_kv, sp.head_dim, rp.dim, rp.base, rp.neox, ff);
+        r0 = r1;
+    }
+    float* o = s.slot(s.slots_of[sz(op.out.id)][0], T * qd);
+    if (pass.cache) {
+        KvCache& c = *pass.cache;
+        std::copy_n(k, T * kvd, c.k(sp.kv_layer, pass.p0));
+        std::copy_n(v, T * kvd, c.v(sp.kv_layer, pass.p0));
+        attention(q, c.k(sp.kv_layer), c.v(sp.kv_layer), kvd, s.pos.data(), T, sp.n_head, sp.n_head_kv, sp.head_dim,
+                  sp.scale, o, pool, sp.window, sp.softcap);
+        return;
+    }
+    const PagedKvStore& st = *pass.store;
+    float* kl = st.k_layer(sp.kv_layer);
+    float* vl = st.v_layer(sp.kv_layer);
+    s.attn_seqs.clear();
+    int64_t r = 0;
+    for (int i = 0; i < pass.n_seqs; ++i) {
+        const SeqBatch& b = pass.seqs[i];
+        for (int64_t j = 0; j < b.n; ++j) {
+            const int64_t row = st.row(b.block_table, b.n_past + j);
+            std::copy_n(k + (r + j) * kvd, kvd, kl + row * kvd);
+            std::copy_n(v + (r + j) * kvd, kvd, vl + row * kvd);
+        }
+        s.attn_seqs.push_back(PagedAttnSeq{q + r * qd, PagedKv{kl, vl, b.block_table, st.block_size, kvd},
+                                           s.pos.data() + r, b.n, o + r * qd});
+        r += b.n;
+    }
+    // One parallel region for every sequence's rows.
+    attention_paged_batch(s.attn_seqs.data(), pass.n_seqs, sp.n_head, sp.n_head_kv, sp.head_dim, sp.scale, pool,
+                          sp.window, sp.softcap);
+}
+
+void ProgramRunner::run_moe(const Op& op, Pass& pass, ThreadPool& pool) {
+    // Route every row, then for each expert with rows: gather them, run its
+    // gated FFN once for all of them and scatter the results; a row's output
+    // is the sum over its k slots (in slot order) of weight × expert output.
+    // Every row's arithmetic is independent of the others when the matmul
+    // path is (MatmulPath::Gemm).
+    State& s = *st_;
+    const MoeSpec& sp = p_.moe[sz(op.spec)];
+    const Value in = op.in[0];
+    const int64_t nb = p_.values[sz(in.id)].head ? static_cast<int64_t>(s.head.size()) : pass.rows;
+    const int64_t X = sp.n_expert, k = sp.n_used, E = p_.width(in), F = sp.n_ff;
+    float* out = s.slot(s.slots_of[sz(op.out.id)][0], nb * E);
+    const auto& isl = s.slots_of[sz(in.id)];
+    if (isl.size() != 1) fail("program: an expert layer's input must be one matrix product's output");
+    const float* h = s.slots[sz(isl[0])].data();
+    const auto mat = [&](const Tensor& W, const float* x, int64_t rows, float* y, int64_t ld, bool same) {
+        mm(W, x, rows, y, ld, pool, same, pass.path, pass.fp8_act);
+    };
+    s.router.resize(sz(nb * X));
+    mat(*sp.router, h, nb, s.router.data(), X, false);
+    s.sel.resize(sz(nb * k));
+    s.selw.resize(sz(nb * k));
+    moe_route(s.router.data(), nb, X, k, sp.renormalize, s.sel.data(), s.selw.data());
+    moe_group(s.sel.data(), nb, k, X, s.moe_off, s.moe_ent);
+    s.eo.resize(sz(nb * k * E));
+    s.xe.resize(sz(nb * E));
+    s.ye.resize(sz(nb * E));
+    s.ge.resize(sz(nb * F));
+    s.ue.resize(sz(nb * F));
+    for (int64_t x = 0; x < X; ++x) {
+        const int64_t b = s.moe_off[sz(x)], cnt = s.moe_off[sz(x + 1)] - b;
+        if (cnt == 0) continue;
+        for (int64_t j = 0; j < cnt; ++j) std::copy_n(h + s.moe_ent[sz(b + j)] / k * E, E, s.xe.data() + j * E);
+        mat(*sp.gate.experts[sz(x)], s.xe.data(), cnt, s.ge.data(), F, false);
+        mat(*sp.up.experts[sz(x)], s.xe.data(), cnt, s.ue.data(), F, true);
+        if (sp.act == GluAct::GeluTanh) geglu_tanh(s.ge.data(), s.ue.data(), s.ge.data(), cnt * F);
+        else swiglu(s.ge.data(), s.ue.data(), s.ge.data(), cnt * F);
+        mat(*sp.down.experts[sz(x)], s.ge.data(), cnt, s.ye.data(), E, false);
+        for (int64_t j = 0; j < cnt; ++j)
+            std::copy_n(s.ye.data() + j * E, E, s.eo.data() + s.moe_ent[sz(b + j)] * E);
+    }
+    for (int64_t r = 0; r < nb; ++r) {
+        float* o = out + r * E;
+        for (int64_t slot = 0; slot < k; ++slot) {
+            const float w = s.selw[sz(r * k + slot)];
+            const float* y = s.eo.data() + (r * k + slot) * E;
+            if (slot == 0)
+                for (int64_t i = 0; i < E; ++i) o[i] = w * y[i];
+            else
+                for (int64_t i = 0; i < E; ++i) o[i] += w * y[i];
+        }
+    }
+}
+
+void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
+                            ThreadPool& pool) {
+    State& s = *st_;
+    const int64_t V = p_.n_vocab;
+    if (n <= 0) return;
+    if (cache.kv_dim() != p_.kv_dim)
+        fail("KV cache row size {} does not match the model ({})", cache.kv_dim(), p_.kv_dim);
+    if (cache.size() + n > cache.n_ctx())
+        fail("context is full: {} tokens in the cache + {} new > context size {} (raise -c)", cache.size(), n,
+             cache.n_ctx());
+    for (int64_t i = 0; i < n; ++i)
+        if (tokens[i] < 0 || tokens[i] >= V) fail("token id {} is outside the vocabulary [0, {})", tokens[i], V);
+    // LongRoPE decides once per call, from the call's last position.
+    const int64_t last_pos = cache.size() + n - 1;
+    for (int64_t b0 = 0; b0 < n; b0 += kPassRows) {
+        const int64_t nb = std::min(kPassRows, n - b0);
+        const bool last = b0 + nb == n;
+        Pass pass;
+        pass.rows = nb;
+        pass.path = MatmulPath::Auto;
+        pass.fp8_act = opts_.fp8_activation_rows > 0 && nb >= opts_.fp8_activation_rows;
+        pass.trace = last;
+        pass.cache = &cache;
+        pass.p0 = cache.size();
+        s.toks.assign(tokens + b0, tokens + b0 + nb);
+        s.pos.resize(sz(nb));
+        for (int64_t i = 0; i < nb; ++i) s.pos[sz(i)] = static_cast<int32_t>(pass.p0 + i);
+        s.seq_last.assign(sz(nb), last_pos);
+        s.head.clear();
+        if (all_logits)
+            for (int64_t i = 0; i < nb; ++i) s.head.push_back(i);
+        else if (last)
+            s.head.push_back(nb - 1);
+        run(pass, pool);
+        cache.set_size(pass.p0 + nb);
+        if (!s.head.empty()) {
+            const float* l = s.slots[sz(s.slots_of[sz(p_.logits.id)][0])].data();
+            std::copy_n(l, static_cast<int64_t>(s.head.size()) * V, all_logits ? logits + b0 * V : logits);
+        }
+    }
+}
+
+void ProgramRunner::forward_batch(const SeqBatch* seqs, int n_seqs, const PagedKvStore& kv, ThreadPool& pool) {
+    State& s = *st_;
+    if (n_seqs <= 0) return;
+    if (kv.kv_dim != p_.kv_dim || kv.n_layer != p_.n_kv_layers)
+        fail("paged KV cache shape ({} layers × {}) does not match the model ({} × {})", kv.n_layer, kv.kv_dim,
+             p_.n_kv_layers, p_.kv_dim);
+    // Validate everything before evaluating anything.
+    int64_t T = 0;
+    for (int i = 0; i < n_seqs; ++i) {
+        const SeqBatch& b = seqs[i];
+        if (b.n <= 0 || !b.tokens || !b.block_table || b.n_past < 0) fail("forward_batch: entry {} is empty", i);
+        for (int64_t j = 0; j < b.n; ++j)
+            if (b.tokens[j] < 0 || b.tokens[j] >= p_.n_vocab)
+                fail("token id {} is outside the vocabulary [0, {})", b.tokens[j], p_.n_vocab);
+        T += b.n;
+    }
+    s.toks.resize(sz(T));
+    s.pos.resize(sz(T));
+    s.seq_last.resize(sz(T));
+    s.head.clear();
+    int64_t r = 0;
+    for (int i = 0; i < n_seqs; ++i) {
+        const SeqBatch& b = seqs[i];
+        for (int64_t j = 0; j < b.n; ++j, ++r) {
+            s.toks[sz(r)] = b.tokens[j];
+            s.pos[sz(r)] = static_cast<int32_t>(b.n_past + j);
+            s.seq_last[sz(r)] = b.n_past + b.n - 1;  // LongRoPE: per sequence, from its last position
+        }
+        if (b.logits) s.head.push_back(r - 1);
+    }
+    Pass pass;
+    pass.rows = T;
+    pass.path = MatmulPath::Gemm;
+    pass.fp8_act = opts_.fp8_activation_rows > 0 && T >= opts_.fp8_activation_rows;
+    pass.seqs = seqs;
+    pass.n_seqs = n_seqs;
+    pass.store = &kv;
+    run(pass, pool);
+    if (s.head.empty()) return;
+    const int64_t V = p_.n_vocab;
+    const float* l = s.slots[sz(s.slots_of[sz(p_.logits.id)][0])].data();
+    int64_t i = 0;
+    for (int q = 0; q < n_seqs; ++q)
+        if (seqs[q].logits) std::copy_n(l + (i++) * V, V, seqs[q].logits);
+}
+
+}  // namespace quern::cpu

@@ -1,0 +1,53 @@
+// Host KV-cache layouts the CPU backend reads and writes: a contiguous cache
+// of one sequence (KvCache) and the storage of a paged pool shared by many
+// (PagedKvStore; the pool's bookkeeping is runtime/paged_kv.h). Both hold
+// per layer one row of K and one of V per position (n_head_kv * head_dim
+// floats each).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace quern {
+
+class KvCache {
+public:
+    KvCache(int64_t n_layer, int64_t n_ctx, int64_t kv_dim)
+        : n_layer_(n_layer), n_ctx_(n_ctx), kv_dim_(kv_dim),
+          k_(static_cast<size_t>(n_layer * n_ctx * kv_dim)), v_(k_.size()) {}
+
+    int64_t n_ctx() const { return n_ctx_; }
+    int64_t kv_dim() const { return kv_dim_; }
+    /// Number of positions filled (the next token goes at position size()).
+    int64_t size() const { return n_past_; }
+    void set_size(int64_t n) { n_past_ = n; }
+    void clear() { n_past_ = 0; }
+
+    float* k(int64_t layer, int64_t pos = 0) { return k_.data() + (layer * n_ctx_ + pos) * kv_dim_; }
+    float* v(int64_t layer, int64_t pos = 0) { return v_.data() + (layer * n_ctx_ + pos) * kv_dim_; }
+    size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
+
+private:
+    int64_t n_layer_, n_ctx_, kv_dim_;
+    int64_t n_past_ = 0;
+    std::vector<float> k_, v_;
+};
+
+/// The keys and values of a paged pool in host memory: layer l's K rows start
+/// at k + l · layer_stride (V likewise), position p of a sequence with block
+/// table t is row t[p / block_size] · block_size + p % block_size.
+struct PagedKvStore {
+    float* k = nullptr;
+    float* v = nullptr;
+    int64_t layer_stride = 0;  ///< floats per layer
+    int64_t block_size = 0;
+    int64_t kv_dim = 0;
+    int64_t n_layer = 0;
+    float* k_layer(int64_t layer) const { return k + layer * layer_stride; }
+    float* v_layer(int64_t layer) const { return v + layer * layer_stride; }
+    int64_t row(const int32_t* table, int64_t pos) const {
+        return table[pos / block_size] * block_size + pos % block_size;
+    }
+};
+
+}  // namespace quern

@@ -76,7 +76,8 @@ Value ProgramBuilder::emit(Op op, int64_t width, bool head) {
 Value ProgramBuilder::embed(const Tensor& table) {
     if (table.ne[1] != p_.n_vocab || table.ne[2] != 1 || table.ne[3] != 1)
         fail("embedding '{}' has {} rows, expected the vocabulary size {}", table.name, table.ne[1], p_.n_vocab);
-    Op op{OpKind::Embed};
+    Op op;
+    op.kind = OpKind::Embed;
     op.weight = &table;
     return emit(std::move(op), table.ne[0], false);
 }
@@ -85,7 +86,8 @@ Value ProgramBuilder::rms_norm(Value x, const Tensor& w, float eps) {
     const ValueInfo& xi = info(x);
     require_f32_vector(w, xi.width, "RMSNorm weight");
     if (!(eps > 0.0f)) fail("RMSNorm '{}': epsilon must be positive, got {}", w.name, eps);
-    Op op{OpKind::RmsNorm};
+    Op op;
+    op.kind = OpKind::RmsNorm;
     op.in[0] = x;
     op.weight = &w;
     op.eps = eps;
@@ -104,7 +106,8 @@ Value ProgramBuilder::linear(Value x, std::vector<LinearPiece> pieces) {
         if (p.bias) require_f32_vector(*p.bias, p.w->ne[1], "bias");
         n += p.w->ne[1];
     }
-    Op op{OpKind::Linear};
+    Op op;
+    op.kind = OpKind::Linear;
     op.in[0] = x;
     op.pieces = std::move(pieces);
     return emit(std::move(op), n, xi.head);
@@ -130,7 +133,8 @@ Value ProgramBuilder::attention(Value qkv, const AttentionSpec& s) {
     if (s.window < 0 || s.softcap < 0.0f || !(s.scale > 0.0f))
         fail("attention of layer {}: window {}, soft-cap {} and scale {} out of range", layer_, s.window, s.softcap,
              s.scale);
-    Op op{OpKind::Attention};
+    Op op;
+    op.kind = OpKind::Attention;
     op.in[0] = qkv;
     op.spec = static_cast<int>(p_.attention.size());
     p_.attention.push_back(s);
@@ -140,7 +144,8 @@ Value ProgramBuilder::attention(Value qkv, const AttentionSpec& s) {
 Value ProgramBuilder::glu(Value gate_up, GluAct act) {
     const ValueInfo& xi = info(gate_up);
     if (xi.width % 2 != 0) fail("program: a gated FFN's input [gate | up] has odd width {}", xi.width);
-    Op op{OpKind::Glu};
+    Op op;
+    op.kind = OpKind::Glu;
     op.in[0] = gate_up;
     op.act = act;
     return emit(std::move(op), xi.width / 2, xi.head);
@@ -162,7 +167,8 @@ Value ProgramBuilder::moe(Value x, MoeSpec s) {
     bank(s.gate, xi.width, s.n_ff, "gate");
     bank(s.up, xi.width, s.n_ff, "up");
     bank(s.down, s.n_ff, xi.width, "down");
-    Op op{OpKind::Moe};
+    Op op;
+    op.kind = OpKind::Moe;
     op.in[0] = x;
     op.spec = static_cast<int>(p_.moe.size());
     op.act = s.act;
@@ -175,7 +181,8 @@ Value ProgramBuilder::add(Value a, Value b) {
     const ValueInfo& bi = info(b);
     if (ai.width != bi.width || ai.head != bi.head)
         fail("program: add of values of width {} and {} (layer {})", ai.width, bi.width, layer_);
-    Op op{OpKind::Add};
+    Op op;
+    op.kind = OpKind::Add;
     op.in[0] = a;
     op.in[1] = b;
     return emit(std::move(op), ai.width, ai.head);
@@ -183,7 +190,8 @@ Value ProgramBuilder::add(Value a, Value b) {
 
 Value ProgramBuilder::scale(Value x, float s) {
     const ValueInfo& xi = info(x);
-    Op op{OpKind::Scale};
+    Op op;
+    op.kind = OpKind::Scale;
     op.in[0] = x;
     op.scalar = s;
     return emit(std::move(op), xi.width, xi.head);
@@ -192,7 +200,8 @@ Value ProgramBuilder::scale(Value x, float s) {
 Value ProgramBuilder::softcap(Value x, float cap) {
     const ValueInfo& xi = info(x);
     if (!(cap > 0.0f)) fail("program: soft-cap {} must be positive", cap);
-    Op op{OpKind::Softcap};
+    Op op;
+    op.kind = OpKind::Softcap;
     op.in[0] = x;
     op.scalar = cap;
     return emit(std::move(op), xi.width, xi.head);
@@ -201,14 +210,16 @@ Value ProgramBuilder::softcap(Value x, float cap) {
 Value ProgramBuilder::select_rows(Value x) {
     const ValueInfo& xi = info(x);
     if (xi.head) fail("program: rows selected twice");
-    Op op{OpKind::SelectRows};
+    Op op;
+    op.kind = OpKind::SelectRows;
     op.in[0] = x;
     return emit(std::move(op), xi.width, true);
 }
 
 void ProgramBuilder::trace(Value x, std::string name) {
     info(x);
-    Op op{OpKind::Trace};
+    Op op;
+    op.kind = OpKind::Trace;
     op.in[0] = x;
     op.name = std::move(name);
     emit(std::move(op), 0, false);

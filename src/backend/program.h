@@ -136,7 +136,7 @@ struct MoeSpec {
 };
 
 struct Op {
-    OpKind kind;
+    OpKind kind = OpKind::Embed;
     Value out;                      ///< invalid for Trace
     Value in[2];
     int layer = -1;                 ///< the decoder layer the op belongs to (-1: embedding or head)

@@ -1,6 +1,6 @@
 #include "cli/common.h"
 
-#include "backend/gpu_support.h"
+#include "backend/block_plan.h"
 
 #include <unistd.h>
 
@@ -168,10 +168,8 @@ bool use_cuda(const DeviceOptions& opts) {
 #endif
 }
 
-std::string gpu_unsupported(const ModelConfig& c) { return cuda_unsupported_feature(c); }
-
 std::string gpu_unsupported(const Model& m) {
-    if (std::string why = gpu_unsupported(m.config()); !why.empty()) return why;
+    if (std::string why = cuda_unsupported(m.program()); !why.empty()) return why;
 #ifdef QUERN_HAVE_CUDA
     // Every weight type the CPU runs has a CUDA kernel (FP8 / NVFP4
     // checkpoints' F8_E4M3_B32 and NVFP4 included); this names any that ever lacks one.
@@ -222,8 +220,9 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
     so.gpu_mem_fraction = opts.gpu_mem;
     so.cuda_graph = !opts.no_graph;
     so.fp8_weights = opts.gpu_weights == "fp8";
+    so.precise_activations = model.options().precise_activations;
     so.verbose = verbose;
-    return cuda::make_session(model, so);
+    return make_executor_session(model, cuda::make_sequence_executor(model.program(), so));
 #else
     return nullptr;  // unreachable: use_cuda() failed
 #endif
@@ -236,8 +235,9 @@ std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOpt
     cuda::SessionOptions so;
     so.fp8_weights = opts.gpu_weights == "fp8";
     so.cuda_graph = !opts.no_graph;  // decode passes as graphs
+    so.precise_activations = model.options().precise_activations;
     so.verbose = verbose;
-    return cuda::make_batch_runner(model, so);
+    return make_executor_runner(model, cuda::make_batch_executor(model.program(), so));
 #else
     (void)opts;
     (void)verbose;

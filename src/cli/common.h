@@ -86,11 +86,10 @@ void warn_gpu_options_ignored(const DeviceOptions& opts);
 /// Prints a warning on stderr when n_ctx exceeds the model's trained context
 /// (ModelConfig::n_ctx_train, when known).
 void warn_past_trained_context(const ModelConfig& c, int64_t n_ctx);
-/// What in `c` the CUDA backend does not compute ("" when it runs the model).
-std::string gpu_unsupported(const ModelConfig& c);
-/// The same for a loaded model: its config, then (in CUDA builds) any weight
-/// type without a CUDA kernel (none of the types the CPU runs, F8_E4M3_B32
-/// and NVFP4 of FP8 / NVFP4 checkpoints included).
+/// What in a loaded model the CUDA backend does not compute ("" when it runs
+/// it): its program (cuda_unsupported, backend/block_plan.h), then (in CUDA
+/// builds) any weight type without a CUDA kernel (none of the types the CPU
+/// runs, F8_E4M3_B32 and NVFP4 of FP8 / NVFP4 checkpoints included).
 std::string gpu_unsupported(const Model& m);
 /// A session for `model` with n_ctx positions on the device `opts` selects
 /// (CPU sessions use `pool`; --device auto runs on the CPU, with a note, a
@@ -102,7 +101,7 @@ std::string gpu_unsupported(const Model& m);
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose = true);
 
-/// The serving engine's runner on the GPU (cuda::make_batch_runner) for
+/// The serving engine's runner on the GPU (cuda::make_batch_executor) for
 /// `model`; quern::Error when the build has no CUDA backend or the model is
 /// not supported there (saying to use --device cpu).
 std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOptions& opts, bool verbose);

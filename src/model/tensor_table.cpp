@@ -7,19 +7,32 @@
 
 namespace quern {
 
+namespace {
+
+TensorEntry entry(std::string gguf, std::string hf, std::vector<int64_t> shape, TensorKind kind) {
+    TensorEntry e;
+    e.gguf = std::move(gguf);
+    e.hf = std::move(hf);
+    e.shape = std::move(shape);
+    e.kind = kind;
+    return e;
+}
+
+}  // namespace
+
 TensorEntry& TensorTable::matrix(std::string gguf, std::string hf, std::vector<int64_t> shape) {
-    entries_.push_back(TensorEntry{std::move(gguf), std::move(hf), std::move(shape), TensorKind::Matrix});
+    entries_.push_back(entry(std::move(gguf), std::move(hf), std::move(shape), TensorKind::Matrix));
     return entries_.back();
 }
 
 TensorEntry& TensorTable::vector(std::string gguf, std::string hf, int64_t n) {
-    entries_.push_back(TensorEntry{std::move(gguf), std::move(hf), {n}, TensorKind::Vector});
+    entries_.push_back(entry(std::move(gguf), std::move(hf), {n}, TensorKind::Vector));
     return entries_.back();
 }
 
 TensorEntry& TensorTable::experts(std::string gguf, std::string gguf_expert, std::string hf, std::vector<int64_t> shape,
                                   int64_t n_expert) {
-    TensorEntry e{std::move(gguf), std::move(hf), std::move(shape), TensorKind::Experts};
+    TensorEntry e = entry(std::move(gguf), std::move(hf), std::move(shape), TensorKind::Experts);
     e.n_expert = n_expert;
     e.gguf_expert = std::move(gguf_expert);
     entries_.push_back(std::move(e));

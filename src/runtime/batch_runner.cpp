@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "backend/cpu/program_runner.h"
+#include "core/error.h"
 #include "runtime/memory.h"
 
 namespace quern {
@@ -48,6 +49,29 @@ private:
     std::vector<SeqBatch> batch_;          // the step's rows with those buffers (kept between steps)
 };
 
+class ExecutorRunner final : public BatchRunner {
+public:
+    ExecutorRunner(const Model& m, std::unique_ptr<BatchExecutor> x) : cfg_(m.config()), x_(std::move(x)) {}
+    const ModelConfig& config() const override { return cfg_; }
+    std::string backend_name() const override { return x_->device_name(); }
+    std::unique_ptr<PagedKvPool> make_kv_pool(int64_t n_blocks, int64_t block_size, const char* flag) override {
+        x_->make_kv_storage(n_blocks, block_size, flag);
+        blocks_ = n_blocks, block_size_ = block_size;
+        return std::make_unique<PagedKvPool>(cfg_.n_layer, cfg_.kv_dim(), n_blocks, block_size, /*host_storage=*/false);
+    }
+    void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override {
+        if (kv.n_blocks() != blocks_ || kv.block_size() != block_size_)
+            fail("forward_batch: the KV pool was not made by this runner's make_kv_pool");
+        x_->forward_batch(seqs, n_seqs);
+    }
+    int64_t graph_replays() const override { return x_->graph_replays(); }
+
+private:
+    ModelConfig cfg_;
+    std::unique_ptr<BatchExecutor> x_;
+    int64_t blocks_ = 0, block_size_ = 0;
+};
+
 class BorrowedRunner final : public BatchRunner {
 public:
     explicit BorrowedRunner(BatchRunner& r) : r_(r) {}
@@ -59,12 +83,17 @@ public:
     void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override {
         r_.forward_batch(seqs, n_seqs, kv);
     }
+    int64_t graph_replays() const override { return r_.graph_replays(); }
 
 private:
     BatchRunner& r_;
 };
 
 }  // namespace
+
+std::unique_ptr<BatchRunner> make_executor_runner(const Model& model, std::unique_ptr<BatchExecutor> executor) {
+    return std::make_unique<ExecutorRunner>(model, std::move(executor));
+}
 
 std::unique_ptr<BatchRunner> borrow_runner(BatchRunner& r) { return std::make_unique<BorrowedRunner>(r); }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/executor.h"
 #include "backend/forward_batch.h"
 #include "model/model.h"
 #include "runtime/paged_kv.h"
@@ -31,11 +32,19 @@ public:
     /// sequences that ask. Batch-invariant as the CPU's pass is, up to the
     /// device's arithmetic.
     virtual void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) = 0;
+    /// Passes replayed from CUDA graphs so far (0 for runners without graphs):
+    /// for tests and benchmarks.
+    virtual int64_t graph_replays() const { return 0; }
 };
 
 /// A runner that forwards to `r` (which must outlive it), so that engines
 /// made one after another share one loaded runner (benchmarks).
 std::unique_ptr<BatchRunner> borrow_runner(BatchRunner& r);
+
+/// A runner on a device backend's executor (cuda::make_batch_executor over
+/// model.program()), whose storage holds the pool's keys and values; `model`
+/// must outlive it.
+std::unique_ptr<BatchRunner> make_executor_runner(const Model& model, std::unique_ptr<BatchExecutor> executor);
 
 /// The CPU runner: the model's program on `pool`'s threads, the KV cache in
 /// host memory (floats). `model` and `pool` must outlive it.

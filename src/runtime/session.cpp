@@ -70,7 +70,47 @@ private:
     std::vector<float> scratch_;
 };
 
+class ExecutorSession final : public Session {
+public:
+    ExecutorSession(const Model& m, std::unique_ptr<SequenceExecutor> x) : cfg_(m.config()), x_(std::move(x)) {}
+    const ModelConfig& config() const override { return cfg_; }
+    std::string backend_name() const override { return x_->device_name(); }
+    int64_t n_ctx() const override { return x_->n_ctx(); }
+    int64_t size() const override { return x_->size(); }
+    void truncate(int64_t n) override { x_->truncate(n); }
+    void eval(const int32_t* tokens, int64_t n, float* logits) override {
+        check_tokens(tokens, n);
+        x_->eval(tokens, n, logits);
+    }
+    int32_t eval_greedy(int32_t token) override {
+        check_tokens(&token, 1);
+        return x_->eval_greedy(token);
+    }
+    int32_t eval_sample(int32_t token, Sampler& sampler) override {
+        const SamplingParams& p = sampler.params();
+        SamplingSpec s{p.temperature,    p.top_k,          p.top_p,           p.min_p,
+                       p.repeat_penalty, p.presence_penalty, p.frequency_penalty, p.repeat_last_n};
+        if (!x_->samples_on_device(s)) return Session::eval_sample(token, sampler);
+        check_tokens(&token, 1);
+        if (p.temperature > 0.0f) s.u = sampler.draw();  // Sampler::sample draws only then
+        return x_->eval_sample(token, s);
+    }
+    void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) override {
+        check_tokens(tokens, n);
+        x_->eval_traced(tokens, n, logits, trace);
+    }
+    int64_t fp8_activation_rows() const override { return x_->fp8_activation_rows(); }
+
+private:
+    ModelConfig cfg_;
+    std::unique_ptr<SequenceExecutor> x_;
+};
+
 }  // namespace
+
+std::unique_ptr<Session> make_executor_session(const Model& model, std::unique_ptr<SequenceExecutor> executor) {
+    return std::make_unique<ExecutorSession>(model, std::move(executor));
+}
 
 std::unique_ptr<Session> make_cpu_session(Model& model, int64_t n_ctx, ThreadPool& pool) {
     if (n_ctx < 1) fail("context size must be at least 1 (got {})", n_ctx);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/executor.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
@@ -68,5 +69,12 @@ protected:
 
 /// A session on the CPU backend: `model` and `pool` must outlive it.
 std::unique_ptr<Session> make_cpu_session(Model& model, int64_t n_ctx, ThreadPool& pool);
+
+/// A session on a device backend's executor (cuda::make_sequence_executor
+/// over model.program()); `model` must outlive it. Tokens are checked here;
+/// sampling runs on the device where the executor can run the sampler's
+/// chain (SequenceExecutor::samples_on_device), with the sampler's own
+/// seeded draws, else on the host.
+std::unique_ptr<Session> make_executor_session(const Model& model, std::unique_ptr<SequenceExecutor> executor);
 
 }  // namespace quern

@@ -1,4 +1,4 @@
-// The GPU BatchRunner (cuda::make_batch_runner): several sequences' rows per
+// The GPU BatchRunner (cuda::make_batch_executor): several sequences' rows per
 // pass over a paged KV cache in device memory, against the CPU runner on the
 // same model and the same batches (prompt chunks of different sizes, decode
 // rows next to prompt rows, a prompt cut across passes), and the engine
@@ -18,7 +18,8 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/session.h"
-#include "backend/gpu_support.h"
+#include "backend/block_plan.h"
+#include "cuda_test_util.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
@@ -53,7 +54,7 @@ double compare_batches(Model& model, ThreadPool& pool, const cuda::SessionOption
                        int64_t& argmax_agree, int64_t& argmax_total) {
     Runners r;
     r.cpu = make_cpu_batch_runner(model, pool);
-    r.gpu = cuda::make_batch_runner(model, so);
+    r.gpu = test::cuda_runner(model, so);
     r.kc = r.cpu->make_kv_pool(64, 16, "test");
     r.kg = r.gpu->make_kv_pool(64, 16, "test");
     const int64_t V = model.config().n_vocab;
@@ -139,7 +140,7 @@ double compare_batches(Model& model, ThreadPool& pool, const cuda::SessionOption
         step(b, d == 3 || d == 4 ? "decode of 3" : "decode");
     }
     if (const char* e = std::getenv("QUERN_CUDA_BATCH_GRAPH"); so.cuda_graph && !(e && *e == '0')) {
-        EXPECT_EQ(cuda::batch_graph_replays(*r.gpu), 28) << what << ": passes replayed from graphs";
+        EXPECT_EQ(r.gpu->graph_replays(), 28) << what << ": passes replayed from graphs";
     }
     return worst;
 }
@@ -170,8 +171,8 @@ TEST(CudaBatch, RunnerMatchesTheCpuRunner) {
         p.cfg.head_dim = p.cfg.rope_dim = 96;
         p.cfg.n_embd = 384;
         SynthModel sm = make_synthetic(p, scheme, 63);
-        ASSERT_EQ(cuda_unsupported_feature(sm.cfg), "");
         auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
+        ASSERT_EQ(cuda_unsupported(model->program()), "");
         cuda::SessionOptions so;
         so.verbose = false;
         int64_t agree = 0, total = 0;
@@ -216,7 +217,7 @@ TEST(CudaBatch, LongBatchesAreCutIntoPasses) {
     auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
     cuda::SessionOptions so;
     so.verbose = false;
-    auto gpu = cuda::make_batch_runner(*model, so);
+    auto gpu = test::cuda_runner(*model, so);
     auto cpu = make_cpu_batch_runner(*model, pool);
     auto kg = gpu->make_kv_pool(400, 16, "test");
     auto kc = cpu->make_kv_pool(400, 16, "test");
@@ -262,7 +263,7 @@ TEST(CudaBatch, EngineRunsOnTheGpu) {
     so.verbose = false;
     auto run = [&](bool gpu) {
         std::unique_ptr<Engine> e =
-            gpu ? make_engine([&](ThreadPool&) { return cuda::make_batch_runner(*model, so); },
+            gpu ? make_engine([&](ThreadPool&) { return test::cuda_runner(*model, so); },
                               *tok, eo)
                 : make_engine(*model, *tok, eo);
         std::vector<std::vector<int32_t>> out(12);

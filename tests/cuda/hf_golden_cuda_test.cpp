@@ -7,7 +7,7 @@
 // call, its last position), and the FP8 / NVFP4 checkpoints made from
 // them match transformers on their dequantized weights (0.9999). A fixture
 // folder that is absent, or an architecture the CUDA path refuses
-// (cuda_unsupported_feature), is skipped with the reason.
+// (cuda_unsupported), is skipped with the reason.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +20,8 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/session.h"
-#include "backend/gpu_support.h"
+#include "backend/block_plan.h"
+#include "cuda_test_util.h"
 #include "model/hf_model.h"
 #include "runtime/verify.h"
 #include "../model/hf_test_util.h"
@@ -60,12 +61,12 @@ TEST_P(HfGoldenCuda, LogitsMatchTransformersAtEveryPosition) {
 
     auto model = load_hf_model(root + ck["folder"].get<std::string>());
     ASSERT_EQ(model->config().n_vocab, V);
-    if (const std::string why = cuda_unsupported_feature(model->config()); !why.empty())
+    if (const std::string why = cuda_unsupported(model->program()); !why.empty())
         GTEST_SKIP() << "the CUDA path does not compute " << why << " yet";
     cuda::SessionOptions o;
     o.n_ctx = 64;
     o.verbose = false;
-    auto s = cuda::make_session(*model, o);
+    auto s = test::cuda_session(*model, o);
     std::vector<float> out(static_cast<size_t>(V));
     double worst = 1.0;
     if (c.arch == "phi3_longrope") {

@@ -22,7 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/gpu_support.h"
+#include "backend/block_plan.h"
+#include "cuda_test_util.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
@@ -251,7 +252,7 @@ std::unique_ptr<Session> gpu_session(const Model& m, int64_t n_ctx = 512, bool b
     o.verbose = false;
     o.batched_prefill = batched_prefill;
     o.prefill_chunk = prefill_chunk;
-    return cuda::make_session(m, o);
+    return test::cuda_session(m, o);
 }
 
 TEST(CudaSession, DefaultModelMatchesGoldenLogits) {
@@ -828,7 +829,7 @@ TEST(CudaSession, Fp8WeightsPrefillAndDecode) {
                 o.verbose = false;
                 o.batched_prefill = batched;
                 o.fp8_weights = true;
-                return cuda::make_session(*model, o);
+                return test::cuda_session(*model, o);
             };
             auto cpu = make_cpu_session(*model, 64, pool);
             // The CPU on the same FP8 weights: with float activations (as the
@@ -984,12 +985,16 @@ TEST(CudaSession, MoeVerify) {
 
 // The refusals that remain for expert models name the limit.
 TEST(CudaSession, MoeLimitsAreRefusedByName) {
-    ModelConfig c = synth_tiny(synth_preset("qwen3-30b-a3b")).cfg;
-    EXPECT_EQ(cuda_unsupported_feature(c), "");
-    c.n_expert = 64;
-    c.n_expert_used = 17;
-    EXPECT_NE(cuda_unsupported_feature(c).find("17 experts per token"), std::string::npos);
-    c.n_expert_used = 8;
-    c.n_ff_exp = 48;
-    EXPECT_NE(cuda_unsupported_feature(c).find("expert FFN width of 48"), std::string::npos);
+    SynthPreset p = synth_tiny(synth_preset("qwen3-30b-a3b"));
+    const auto why = [&] {
+        SynthModel sm = make_synthetic(p, "F32", 1);
+        return cuda_unsupported(Model::from_weights(sm.cfg, std::move(sm.weights))->program());
+    };
+    EXPECT_EQ(why(), "");
+    p.cfg.n_expert = 64;
+    p.cfg.n_expert_used = 17;
+    EXPECT_NE(why().find("17 experts per token"), std::string::npos) << why();
+    p.cfg.n_expert_used = 8;
+    p.cfg.n_ff_exp = 48;
+    EXPECT_NE(why().find("expert FFN width of 48"), std::string::npos) << why();
 }

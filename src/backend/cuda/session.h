@@ -1,17 +1,20 @@
-// The CUDA backend as the command-line tools see it: a Session (runtime/
-// session.h) that evaluates a Llama-family model on one GPU. Free of CUDA
-// headers so that host-only code can include it.
+// The CUDA backend as the runtime sees it: executors (backend/executor.h)
+// that run a layer program on one GPU, one sequence at a time or in batches.
+// Free of CUDA headers so that host-only code can include it.
 #pragma once
 #include <cstdint>
 #include <memory>
 
-#include "runtime/batch_runner.h"
-#include "runtime/session.h"
+#include "backend/executor.h"
+#include "backend/program.h"
 
 namespace quern::cuda {
 
 struct SessionOptions {
     int device = 0;
+    /// Two-level 8-bit activations (ModelOptions::precise_activations);
+    /// false: one level, as llama.cpp does (--fast-act).
+    bool precise_activations = true;
     /// KV-cache positions (the sequence's context size).
     int64_t n_ctx = 4096;
     /// When > 0: cap n_ctx to what fits in this fraction of the GPU's memory
@@ -48,12 +51,12 @@ struct SessionOptions {
 /// Prompts shorter than this go through the decode step token by token.
 inline constexpr int64_t kPrefillMinTokens = 8;
 
-/// A BatchRunner on the GPU (the engine behind `quern serve --device cuda`):
+/// A BatchExecutor on the GPU (the engine behind `quern serve --device cuda`):
 /// the model's weights resident (dense matrices also as BF16 copies, as
 /// memory allows), each forward_batch one pass of GEMMs over all the batch's
 /// rows (decode tokens and prompt chunks alike, 2048 rows at a time), RoPE
 /// and attention per row over a paged f16 KV cache in device memory
-/// (make_kv_pool). opt.n_ctx, gpu_mem_fraction and batched_prefill are
+/// (make_kv_storage). opt.n_ctx, gpu_mem_fraction and batched_prefill are
 /// ignored. quern::Error when no GPU, the model or its batched path is not
 /// supported, or memory runs out.
 ///
@@ -66,22 +69,19 @@ inline constexpr int64_t kPrefillMinTokens = 8;
 /// (opt.cuda_graph false or QUERN_CUDA_BATCH_GRAPH=0: none). Used when every
 /// dense layer matrix has a resident BF16 copy or FP8 form (or, up to 64
 /// rows, a bq layout) and expert layers group on the device.
-std::unique_ptr<BatchRunner> make_batch_runner(const Model& model, const SessionOptions& opt);
-
-/// How many passes a runner made by make_batch_runner replayed from CUDA
-/// graphs so far (0 for any other runner): for tests and benchmarks.
-int64_t batch_graph_replays(const BatchRunner& runner);
+std::unique_ptr<BatchExecutor> make_batch_executor(const Program& program, const SessionOptions& opt);
 
 /// Number of usable CUDA devices (0 without a driver or GPU; never throws).
 int device_count();
 
-/// A session running `model` (its config and host weights; it must outlive
-/// the session) on the GPU: weights are uploaded once and stay resident, the
-/// KV cache lives in device memory, and each token is one replay of a
-/// captured decode step (CUDA graph) whose only host synchronisation is
-/// reading the sampled token or the logits.
-/// Throws quern::Error when there is no GPU, the architecture or a shape is
-/// not supported by the CUDA kernels, or the model does not fit.
-std::unique_ptr<Session> make_session(const Model& model, const SessionOptions& opt);
+/// An executor running `program` (and the host tensors it names, which must
+/// outlive it) for one sequence on the GPU: weights are uploaded once and stay
+/// resident, the KV cache lives in device memory, and each token is one
+/// replay of a captured decode step (CUDA graph) whose only host
+/// synchronisation is reading the sampled token or the logits.
+/// Throws quern::Error when there is no GPU, the program or a shape is not
+/// supported by the CUDA kernels (cuda_unsupported, backend/block_plan.h), or
+/// the model does not fit.
+std::unique_ptr<SequenceExecutor> make_sequence_executor(const Program& program, const SessionOptions& opt);
 
 }  // namespace quern::cuda

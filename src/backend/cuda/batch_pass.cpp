@@ -1,0 +1,401 @@
+// Batches of many sequences (BatchExecutor, the serving engine's GPU
+// runner): resident copies of the weights for passes of many rows, the paged
+// KV storage, and each pass — its rows laid out on the device, replayed from
+// a CUDA graph when every sequence brings one row (decode steps), the output
+// head on the rows that want logits.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/executor.h"
+#include "core/error.h"
+#include <chrono>
+
+namespace quern::cuda {
+
+void CudaExecutor::prepare_batches() {
+    if (batches_ready_) return;
+    batch_runner_ = true;
+    if (!prefill_supported_ || !ensure_prefill_scratch())
+        fail("no batched GPU path for this model (a weight type without a GPU GEMM, heads of {} elements, or no "
+             "GPU memory for the pass scratch); serve it with --device cpu",
+             plan_.head_dim);
+    // The head's buffers (up to 256 rows at a time) before the copies below.
+    bhead_x_ = DeviceBuffer(static_cast<size_t>(kHeadRows * plan_.n_embd) * 2);
+    // Scratch for attention with the keys split across blocks (up to 8
+    // ranges for passes of up to kSplitRows rows: decode steps).
+    bsplit_floats_ = kSplitRows * plan_.n_head * 8 * (plan_.head_dim + 2);
+    bsplit_ = DeviceBuffer(static_cast<size_t>(bsplit_floats_) * 4);
+    blogits_ = DeviceBuffer(static_cast<size_t>(kHeadRows * plan_.n_vocab) * 4);
+    bgreedy_ = DeviceBuffer(kHeadRows * 4);
+    bargmax_ = DeviceBuffer(argmax_rows_scratch_bytes(kHeadRows));
+    hgreedy_ = PinnedBuffer(kHeadRows * 4);
+    // Resident BF16 copies of the dense matrices and the output head: every
+    // pass multiplies them directly instead of dequantizing the model again
+    // (expert banks stay quantized: too large to double). A quarter of the
+    // GPU's memory stays free for the KV cache and the passes' scratch; the
+    // copies stop at the first that would not leave it, and the rest are
+    // dequantized per pass as the prefill does.
+    size_t free_b = 0, total_b = 0;
+    QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t keep = total_b / 4;
+    size_t bytes = 0, bq_total = 0;  // all copies; the bq layouts among them
+    // First the small-batch (bq) layouts of the quantized matrices (5.5 or
+    // 11 bits per weight): passes of few rows read those instead of the
+    // 16-bit copies (PrefillGemm::uses_bq says up to how many; on an H200
+    // decode of one sequence in a batch runs 1.3× faster, of 8 1.26×), and
+    // where no BF16 copy fits, passes of up to 64 rows. QUERN_CUDA_BQ=0:
+    // none.
+    // Makes one more copy of `need` bytes with make() while a quarter of the
+    // memory stays free; the first that does not fit (or fails) clears `room`.
+    const auto copy_if_room = [&](bool& room, size_t need, const auto& make) {
+        if (!room) return;
+        if (bytes + need + keep > free_b) {
+            room = false;
+            return;
+        }
+        try {
+            make();
+            bytes += need;
+        } catch (const Error&) {
+            cudaGetLastError();
+            room = false;
+        }
+    };
+    const char* bq_env = std::getenv("QUERN_CUDA_BQ");
+    if (!(bq_env && *bq_env == '0')) {
+        bool room = true;
+        const auto small = [&](DeviceWeight& w) {
+            if (!w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K)) return;
+            copy_if_room(room, bq_bytes(w), [&] { make_resident_bq(w, ctx_.stream()); });
+        };
+        for_each_layer_matrix(small, /*experts=*/false);
+        small(output_.w);
+    }
+    bq_total = bytes;
+    bool full = true;
+    // The Q|K|V and the gate|up pieces of a layer share one copy, rows
+    // stacked in output order: one GEMM per group instead of one per piece
+    // (at 32 rows the three products of 4096, 1024 and 1024 rows cost ~2.4×
+    // one of 6144). Passes the pieces' bq layouts take multiply piece by
+    // piece, except Q|K|V past 16 rows (layer_rows).
+    const auto fuse = [&](std::vector<Piece>& ps, DeviceWeight& fused) {
+        if (!full || ps.size() < 2) return;
+        int64_t rows = 0;
+        for (const Piece& p : ps) {
+            if (!p.w.q || p.w.bf16 || p.w.fp8_row_scaled || !gemm_weight_type_supported(p.w.type) ||
+                p.w.K != ps[0].w.K || p.offset != rows)
+                return;
+            rows += p.w.N;
+        }
+        const int64_t K = ps[0].w.K;
+        copy_if_room(full, static_cast<size_t>(rows * K) * 2, [&] {
+            DeviceBuffer b(static_cast<size_t>(rows * K) * 2);
+            for (Piece& p : ps) {
+                uint16_t* at = b.as<uint16_t>() + p.offset * K;
+                dequantize_weight_bf16(p.w, 0, p.w.N, at, ctx_.stream());
+                p.w.bf16 = at;  // owned by `fused`
+            }
+            ctx_.synchronize();
+            fused.type = DType::BF16;
+            fused.K = K;
+            fused.N = rows;
+            fused.bf16_buf = std::move(b);
+            fused.bf16 = fused.bf16_buf.as<uint16_t>();
+            fused.q = fused.bf16_buf.data();
+        });
+    };
+    for (auto& L : layers_) {
+        fuse(L.qkv, L.qkv_bf16);
+        fuse(L.gate_up, L.gate_up_bf16);
+    }
+    const auto resident = [&](DeviceWeight& w) {
+        if (!w.q || w.bf16 || w.fp8_row_scaled || !gemm_weight_type_supported(w.type)) return;
+        copy_if_room(full, static_cast<size_t>(w.N * w.K) * 2, [&] { make_resident_bf16(w, ctx_.stream()); });
+    };
+    for_each_layer_matrix(resident, /*experts=*/false);
+    for (auto& L : layers_)
+        if (L.moe) resident(L.router.w);
+    resident(output_.w);
+    // Graphs for passes of single rows, where no product of such a pass
+    // dequantizes tiles on the second stream (the products' own streams and
+    // events would fall outside the graph) and expert layers group on the
+    // device (no host round trip inside).
+    {
+        const char* e = std::getenv("QUERN_CUDA_BATCH_GRAPH");
+        bool copies = true, small = true;
+        const auto check = [&](DeviceWeight& w) {
+            if (!w.q || w.fp8_row_scaled) return;
+            copies = copies && w.bf16;
+            small = small && (w.bf16 || w.bq);
+        };
+        for_each_layer_matrix(check, /*experts=*/false);
+        bool grouped = true;
+        for (auto& L : layers_) {
+            if (!L.moe) continue;
+            check(L.router.w);
+            grouped = grouped && moe_on_device(L);
+        }
+        graph_rows_ = (!opt_.cuda_graph || (e && *e == '0') || !grouped) ? 0 : copies ? kGraphRows : small ? kBqMaxRows : 0;
+        graph_rows_ = std::min(graph_rows_, prefill_rows_);
+        if (graph_rows_ > 0) bgints_ = DeviceBuffer(static_cast<size_t>(kGraphInts) * 4);
+    }
+    if (opt_.verbose && bq_total > 0)
+        std::fprintf(stderr, "quern: %.2f GiB of small-batch weight layouts on the GPU\n", gib(static_cast<double>(bq_total)));
+    if (opt_.verbose)
+        std::fprintf(stderr, "quern: %.2f GiB of BF16 weight copies on the GPU for batches%s\n", gib(static_cast<double>(bytes - bq_total)),
+                     full ? "" : " (no more fit beside a free quarter of GPU memory: the rest are dequantized per pass)");
+    batches_ready_ = true;
+}
+
+void CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, const char* flag) {
+    const auto& c = plan_;
+    if (n_blocks < 1 || block_size < 1) fail("paged KV cache: bad sizes ({} blocks of {})", n_blocks, block_size);
+    // One block more than the pool hands out: the padding rows of captured
+    // passes write their keys there (block n_blocks, owned by no sequence).
+    const size_t layer = static_cast<size_t>((n_blocks + 1) * block_size * c.kv_dim()) * 2;  // f16
+    clear_batch_graphs();  // they name the old pool
+    try {
+        pkv_ = DeviceBuffer();  // an earlier pool's memory first (engines made in turn on one runner)
+        pkv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_layer) * layer);
+    } catch (const Error&) {
+        cudaGetLastError();
+        fail("the KV cache of {} positions needs {:.2f} GiB of GPU memory, more than is free; lower {}",
+             n_blocks * block_size, gib(2.0 * static_cast<double>(c.n_layer) * static_cast<double>(layer)), flag);
+    }
+    pkv_layer_bytes_ = layer;
+    pkv_blocks_ = n_blocks;
+    pkv_block_size_ = block_size;
+}
+
+void CudaExecutor::forward_batch(const SeqBatch* seqs, int n_seqs) {
+    if (!batches_ready_ || !pkv_.data()) fail("forward_batch: no KV storage (make_kv_storage first)");
+    const auto& c = plan_;
+    const int64_t bs = pkv_block_size_;
+    // Everything is checked before anything runs (as on the CPU).
+    for (int i = 0; i < n_seqs; ++i) {
+        const SeqBatch& q = seqs[i];
+        if (q.n < 1 || !q.tokens || !q.block_table || q.n_past < 0) fail("forward_batch: sequence {} is empty", i);
+        for (int64_t j = 0; j < q.n; ++j)
+            if (q.tokens[j] < 0 || q.tokens[j] >= c.n_vocab)
+                fail("token id {} is outside the vocabulary [0, {})", q.tokens[j], c.n_vocab);
+        for (int64_t b = 0; b < (q.n_past + q.n + bs - 1) / bs; ++b)
+            if (q.block_table[b] < 0 || q.block_table[b] >= pkv_blocks_)
+                fail("forward_batch: sequence {} names block {} of {}", i, q.block_table[b], pkv_blocks_);
+    }
+    // Passes of at most prefill_rows_ rows; a long prompt chunk may span
+    // passes (its later rows see the keys the earlier pass stored).
+    std::vector<BatchSegment> segs;
+    int64_t rows = 0;
+    for (int i = 0; i < n_seqs; ++i)
+        for (int64_t off = 0; off < seqs[i].n;) {
+            const int64_t take = std::min(seqs[i].n - off, prefill_rows_ - rows);
+            segs.push_back({i, off, take});
+            rows += take;
+            off += take;
+            if (rows == prefill_rows_) {
+                batch_pass(seqs, segs);
+                segs.clear();
+                rows = 0;
+            }
+        }
+    if (!segs.empty()) batch_pass(seqs, segs);
+}
+
+namespace {
+
+// The padded row count of a graph pass of n single rows: 1, 2, 4, 8, then
+// multiples of 8 up to 64 and of 32 up to 256 (few graphs, at most a
+// quarter of a pass wasted beyond 8 rows).
+int64_t graph_bucket(int64_t n) {
+    if (n <= 8) {
+        int64_t b = 1;
+        while (b < n) b *= 2;
+        return b;
+    }
+    return n <= 64 ? (n + 7) / 8 * 8 : (n + 31) / 32 * 32;
+}
+
+}  // namespace
+
+void CudaExecutor::clear_batch_graphs() {
+    for (auto& [key, g] : bgraphs_)
+        if (g.first) cudaGraphExecDestroy(g.first);
+    bgraphs_.clear();
+}
+
+bool CudaExecutor::replay_layers(const int32_t* d, int64_t n, int64_t keys, const PagedRows& pr) {
+    auto& [ge, seen] = bgraphs_[{n, keys}];
+    if (!ge) {
+        // The first pass of a pair runs uncaptured: whatever a product sets
+        // up on its first call (plans, kernel attributes) happens outside
+        // the graph. A pair whose capture failed (seen < 0) stays uncaptured.
+        if (seen < 0 || seen++ == 0) return false;
+        const cudaStream_t s = ctx_.stream();
+        cudaGraph_t g = nullptr;
+        bool ok = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+        if (ok) {
+            try {
+                layer_rows(d, n, 0, &pr);
+            } catch (const Error&) {
+                ok = false;
+            }
+            ok = cudaStreamEndCapture(s, &g) == cudaSuccess && ok && g;
+            ok = ok && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess;
+            if (g) cudaGraphDestroy(g);
+        }
+        if (!ok) {  // e.g. a product that falls back to tiles on the second stream at this size
+            cudaGetLastError();
+            ge = nullptr;
+            seen = -1;
+            if (opt_.verbose)
+                std::fprintf(stderr, "quern: a batch pass of %lld rows could not be captured as a CUDA graph; such passes "
+                                     "run uncaptured\n", static_cast<long long>(n));
+            return false;
+        }
+    }
+    QUERN_CUDA_CHECK(cudaGraphLaunch(ge, ctx_.stream()));
+    ++graph_replays_;
+    return true;
+}
+
+void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegment>& segs) {
+    const auto t_start = std::chrono::steady_clock::now();
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    const int64_t bs = pkv_block_size_, E = c.n_embd, V = c.n_vocab;
+    // The pass's integers, one host buffer (kept between passes) in the
+    // device layout: ids (n) | positions (n) | table offsets (n) | rows whose
+    // logits are read (nh) | the segments' block tables.
+    const auto wants_head = [&](const BatchSegment& g) {
+        const SeqBatch& q = seqs[g.seq];
+        return (q.logits || q.greedy) && g.off + g.n == q.n;
+    };
+    const auto blocks_of = [&](const BatchSegment& g) { return (seqs[g.seq].n_past + g.off + g.n + bs - 1) / bs; };
+    int64_t n = 0, nh = 0, nt = 0;
+    bool single = true;  // every segment one row: the pass may run as a graph
+    for (const BatchSegment& g : segs) n += g.n, nh += wants_head(g), nt += blocks_of(g), single = single && g.n == 1;
+    const bool lr = rope_live_ != nullptr;  // LongRoPE: the rows' choices follow the head rows
+    // A graph pass pads its rows to np (graph_bucket) and its integers sit at
+    // fixed places of bgints_; padding rows read token 0 at position 0 from a
+    // one-entry table naming the pool's spare block.
+    int64_t np = 0;
+    if (single && n <= graph_rows_ && !profile_) {
+        np = graph_bucket(n);
+        if (np > prefill_rows_) np = 0;  // the passes' scratch holds prefill_rows_ rows
+        if (4 * np + (lr ? np : 0) + nt + 1 > kGraphInts) np = 0;
+    }
+    const int64_t nr = np ? np : n, hc = np ? np : nh;  // rows and head slots laid out
+    // The pass's integers, one host buffer (kept between passes) in the
+    // device layout: ids (nr) | positions (nr) | table offsets (nr) | rows
+    // whose logits are read (hc) | LongRoPE choices (nr, LongRoPE only) |
+    // the segments' block tables (| the spare block's one-entry table).
+    bhost_.resize(static_cast<size_t>(3 * nr + hc + (lr ? nr : 0) + nt + (np ? 1 : 0)));
+    int32_t* ids = bhost_.data();
+    int32_t* pos = ids + nr;
+    int32_t* toff = pos + nr;
+    int32_t* head = toff + nr;
+    int32_t* lrow = head + hc;
+    int32_t* tables = lrow + (lr ? nr : 0);
+    head_seq_.clear();
+    int64_t r = 0, t0 = 0;
+    for (const BatchSegment& g : segs) {
+        const SeqBatch& q = seqs[g.seq];
+        const int64_t nb = blocks_of(g);
+        std::copy(q.block_table, q.block_table + nb, tables + t0);
+        // LongRoPE: per sequence, from its last position in this call (the CPU's rule).
+        const int32_t lg = lr && q.n_past + q.n - 1 >= rope_long_from_ ? 1 : 0;
+        for (int64_t j = g.off; j < g.off + g.n; ++j, ++r) {
+            ids[r] = q.tokens[j];
+            pos[r] = static_cast<int32_t>(q.n_past + j);
+            toff[r] = static_cast<int32_t>(t0);
+            if (lr) lrow[r] = lg;
+        }
+        if (wants_head(g)) {
+            head[head_seq_.size()] = static_cast<int32_t>(r - 1);
+            head_seq_.push_back(&q);
+        }
+        t0 += nb;
+    }
+    if (np) {
+        tables[t0] = static_cast<int32_t>(pkv_blocks_);
+        for (; r < np; ++r) {  // padding rows: token 0 at position 0 (head slots past nh go unread)
+            ids[r] = pos[r] = 0;
+            toff[r] = static_cast<int32_t>(t0);
+            if (lr) lrow[r] = 0;
+        }
+    }
+    const size_t bytes = bhost_.size() * 4;
+    if (!np && bints_.size() < bytes) bints_ = DeviceBuffer(bytes * 2);
+    DeviceBuffer& dints = np ? bgints_ : bints_;
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(dints.data(), bhost_.data(), bytes, cudaMemcpyHostToDevice, s));
+    const int32_t* d = dints.as<int32_t>();
+    PagedRows pr;
+    pr.pos = d + nr;
+    pr.table_off = d + 2 * nr;
+    pr.tables = d + 3 * nr + hc + (lr ? nr : 0);
+    pr.block_size = static_cast<int>(bs);
+    pr.one_row_per_seq = single;
+    pr.split_ws = bsplit_.as<float>();
+    pr.split_ws_floats = bsplit_floats_;
+    const int max_keys = n > 0 ? *std::max_element(pos, pos + n) + 1 : 0;
+    // A graph's attention is planned for a power of two of keys (from 64):
+    // any row of fewer keys is attended alike (its splits shorter).
+    int keys = max_keys;
+    if (np) {
+        keys = 64;
+        while (keys < max_keys) keys *= 2;
+    }
+    pr.max_keys = keys;
+    if (lr) {
+        pr.rope_long = d + 3 * nr + hc;
+        pr.inv_freq_long = rope_long_;
+    }
+    if (!np || !replay_layers(d, np, keys, pr)) layer_rows(d, nr, 0, &pr);
+    if (nh > 0) {
+        // The final norm on every row (the last residual added in), then the
+        // rows that need logits gathered and multiplied by the output head,
+        // at most 256 at a time.
+        float* X = px_.as<float>();
+        const float* HRES = c.post_norms ? phpost_.as<float>() : ph_.as<float>();
+        uint16_t* xb = gemm_->act_bf16();
+        rms_norm_bf16(X, HRES, out_norm_, xb, n, E, c.rms_eps, s);
+        for (int64_t h0 = 0; h0 < nh; h0 += kHeadRows) {
+            const int64_t m = std::min(kHeadRows, nh - h0);
+            gather_rows_bf16(xb, E, d + 3 * nr + h0, m, bhead_x_.as<uint16_t>(), s);
+            gemm_->run_bf16(output_.w, bhead_x_.as<uint16_t>(), m, blogits_.as<float>(), V, s);
+            if (c.final_softcap > 0.0f) scale_softcap(blogits_.as<float>(), m * V, 1.0f, c.final_softcap, s);
+            bool greedy = false;
+            for (int64_t j = 0; j < m; ++j) {
+                const SeqBatch& q = *head_seq_[static_cast<size_t>(h0 + j)];
+                if (q.logits)
+                    QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits, blogits_.as<float>() + j * V, static_cast<size_t>(V) * 4,
+                                                     cudaMemcpyDeviceToHost, s));
+                greedy = greedy || q.greedy;
+            }
+            if (greedy) {  // every row's argmax in one launch (the others' go unread)
+                argmax_rows(blogits_.as<float>(), m, V, V, bargmax_.data(), bgreedy_.as<int32_t>(), s);
+                QUERN_CUDA_CHECK(cudaMemcpyAsync(hgreedy_.as<int32_t>(), bgreedy_.data(), static_cast<size_t>(m) * 4,
+                                                 cudaMemcpyDeviceToHost, s));
+            }
+            ctx_.synchronize();  // blogits_ and hgreedy_ are reused
+            for (int64_t j = 0; j < m; ++j)
+                if (int32_t* gdst = head_seq_[static_cast<size_t>(h0 + j)]->greedy) *gdst = hgreedy_.as<int32_t>()[j];
+        }
+        mark("head");
+    }
+    ctx_.synchronize();
+    if (profile_) {
+        Profile& prof = single ? prof_batch_ : prof_batch_prompt_;
+        collect_profile(prof);
+        prof.rows += n;
+        if (single) batch_wall_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+    }
+}
+
+}  // namespace quern::cuda

@@ -1,0 +1,387 @@
+// The decode step: one token of one sequence through a program's decoder
+// blocks (BlockPlan, backend/block_plan.h), as one captured CUDA graph. A
+// block's q/k/v biases, q/k norms, window and soft-cap are applied inside the
+// attention kernel (AttentionExtras, ops.h); row slices of one fused matrix
+// are uploaded as that matrix.
+//
+// One decode step, for the token in DecodeControl::cur at DecodeControl::pos
+// (all kernels read both from device memory, so the step is captured once as
+// a CUDA graph and replayed for every token):
+//
+//   x = token_embd[cur]                                   get_row
+//   per layer:
+//     xn, xq = RMSNorm(x (+= h), attn_norm)               rms_norm_q8_1 (residual folded in)
+//     [q | k | v] = W_qkv · xq                            one GEMV per run of equal weight types
+//     rotate q, k; store k, v at pos;                     decode_attention_rope (split-K with RoPE and
+//     a, aq = attention(q, cache[0..pos]), Q8_1(a)          the KV write fused; quantizes in its combine,
+//                                                           or in the split kernel when one split covers pos)
+//     h = W_o · aq                                        gemv
+//     xn, xq = RMSNorm(x += h, ffn_norm)                  rms_norm_q8_1
+//     [gate | up] = W_gate_up · xq                        one GEMV when the types match
+//     fq = Q8_1(SiLU(gate) · up)                          swiglu_q8_1
+//     h = W_down · fq                                     gemv
+//   (mixture-of-experts layers, Mixtral / Qwen3-MoE: in place of the FFN
+//    above, with every expert id on the device)
+//     r = W_router · xq                                   gemv (float or quantized router)
+//     ids[k], w[k] = top-k of softmax(r), renormalised    moe_route (one block, as the CPU's moe_route)
+//     g_s, u_s = W_gate/up[ids[s]] · xq for slots s < k   gemv_indexed: one launch per bank, grid.y = slot
+//     fq = Q8_1(SiLU(g) · u) over the k·n_ff_exp values   swiglu_q8_1 (one row; slot s at s·n_ff_exp)
+//     y_s = W_down[ids[s]] · fq_s                         gemv_indexed with per-slot activations
+//     h = Σ_s w_s · y_s                                   moe_weighted_sum (h added by the next norm)
+//   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax or sample_token
+//   pos += 1; cur = next prompt token or sampled          advance_decode_position (greedy: in
+//                                                           argmax's final launch, argmax_advance)
+//   The sampled token also goes to mapped host memory, which the host reads
+//   after the step; a step whose token the device fed back needs no upload.
+//
+// When every matrix reads the quantized activation (fuse_norm_; not F32 /
+// F16 / BF16 / F8_E4M3_B32 matrices; never with expert layers), the RMSNorms
+// have no launch of their own: the lookup (get_row_norm) and the output and
+// down projections (gemv_residual_norm: x += W·a in their epilogue) leave the
+// next norm's activation quantized without its scale and Σx² in partial
+// sums, and the GEMVs that read that activation apply the scale
+// (DeferredNormScale, gemv.h); h is unused. Most decode kernels trigger
+// their successor's launch before their own PDL wait (launch.cuh).
+//
+// With precise activations (the default, as on the CPU) every quantized
+// activation has two levels (gemv.h), keeping the logits within cosine
+// ~0.9999 of a float reference; --fast-act uses one.
+// Weight matrices that share an input and a type are concatenated at upload
+// (Q|K|V, gate|up) so that one launch reads them all. Every weight type the
+// CPU runs has a GEMV (FP8 / NVFP4 checkpoints' F8_E4M3_B32 and NVFP4
+// included: the first reads the float activation, the second the quantized
+// one, gemv_takes_quantized_activation); an embedding table of a type get_row
+// lacks is dequantized to F16 at upload.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/executor.h"
+#include "core/error.h"
+
+namespace quern::cuda {
+
+void CudaExecutor::mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y) {
+    if (gemv_takes_quantized_activation(p.w.type))
+        gemv(ctx_, p.w, xq, y + p.offset);
+    else
+        gemv(ctx_, p.w, xf, y + p.offset);
+}
+
+void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx) {
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    auto* ctl = ctl_.as<DecodeControl>();
+    const int32_t* pos = &ctl->pos;
+    float* x = x_.as<float>();
+    float* h = h_.as<float>();
+    float* xn = xn_.as<float>();
+    float* q = qkv_.as<float>();
+    float* k = q + c.q_dim();
+    float* v = k + c.kv_dim();
+    float* gate = gu_.as<float>();
+    float* up = gate + c.n_ff;
+    const int nctx = static_cast<int>(n_ctx_);
+    // The vector added to the residual stream: h, or (post-norms) its
+    // normalized copy.
+    float* hres = c.post_norms ? hpost_.as<float>() : h;
+    const auto norm = [&](const float* w, bool residual) {
+        rms_norm_q8_1(x, residual ? hres : nullptr, w, xn, xq_embd_.q(), xq_embd_.info(), 1, c.n_embd, c.rms_eps, s,
+                      xq_embd_.q2(), xq_embd_.info2());
+    };
+    // A GEMV reading the normalized residual stream: xn / xq_embd_ as the
+    // norm kernel left them, or (deferred) xq_embd_ without its scale.
+    const bool fuse = fuse_norm_;
+    const DeferredNormScale dn{ss_parts_.as<float>(), static_cast<int>(c.n_embd / 32), c.n_embd, c.rms_eps};
+    const auto mm_normed = [&](const Piece& p, float* y, bool deferred) {
+        if (deferred) gemv(ctx_, p.w, xq_embd_, y + p.offset, dn);
+        else mm(p, xn, xq_embd_, y);
+    };
+
+    // QUERN_CUDA_SKIP=norm,attn,swiglu,qkv,wo,gateup,down,router leaves those
+    // ops out of the step (gateup, swiglu and down cover the experts too;
+    // router the expert layers' router GEMV): the output is wrong, the step
+    // time tells what each op costs inside the replayed graph
+    // (bench/decode-cuda-h200.md).
+    static const std::string skip = [] {
+        const char* e = std::getenv("QUERN_CUDA_SKIP");
+        return std::string(e ? e : "");
+    }();
+    const auto sk = [&](const char* what) { return skip.find(what) != std::string::npos; };
+    mark("start");
+    // Layer 0's RMSNorm deferred like the others' where the GEMVs defer it:
+    // the lookup leaves the activation as gemv_residual_norm would.
+    const bool norm0 = fuse && c.embd_scale <= 0.0f && c.n_layer > 0;
+    if (norm0)
+        get_row_norm(embd_type_, embd_, c.n_vocab, c.n_embd, &ctl->cur, x, layers_[0].attn_norm, xq_embd_.q(),
+                     xq_embd_.info(), xq_embd_.q2(), xq_embd_.info2(), ss_parts_.as<float>(), s);
+    else
+        get_row(embd_type_, embd_, c.n_vocab, c.n_embd, &ctl->cur, x, s);
+    if (c.embd_scale > 0.0f) scale_softcap(x, c.n_embd, c.embd_scale, 0.0f, s);
+    mark("embed");
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        const LayerWeights& L = layers_[static_cast<size_t>(il)];
+        const BlockPlanLayer& P = c.layers[static_cast<size_t>(il)];
+        const AttentionSpec& A = *P.attn;
+        auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
+        auto* vc = kc + kv_layer_bytes_;
+        const bool deferred = fuse && (il > 0 || norm0);  // else layer 0's input comes from get_row
+        if (!deferred && !sk("norm")) norm(L.attn_norm, il > 0);
+        mark("norm");
+        // Q|K and V of different types (Q4_K_M): one launch where a fused kernel exists.
+        const bool pair = L.qkv.size() == 2 && gemv_takes_quantized_activation(L.qkv[0].w.type) &&
+                          gemv_takes_quantized_activation(L.qkv[1].w.type);
+        if (!sk("qkv") && pair)
+            gemv_pair(ctx_, L.qkv[0].w, q + L.qkv[0].offset, L.qkv[1].w, q + L.qkv[1].offset, xq_embd_,
+                      deferred ? &dn : nullptr);
+        else if (!sk("qkv"))
+            for (const Piece& p : L.qkv) mm_normed(p, q, deferred);
+        mark("gemv_qkv");
+        // RoPE, the KV-cache write and attention in one launch; it also
+        // quantizes the output projection's activation.
+        const bool qo = gemv_takes_quantized_activation(L.wo.w.type);
+        AttentionExtras ex = attention_extras(L, P);
+        ex.window = static_cast<int>(std::min<int64_t>(A.window, nctx));
+        ex.softcap = A.softcap;
+        ex.one_split = short_ctx ? 1 : 0;
+        if (!sk("attn")) decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
+                              static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                              inv_freq_[static_cast<size_t>(il)], A.rope.dim, A.rope.neox, A.scale,
+                              attn_scratch_.data(),
+                              attn_.as<float>(), s, qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr,
+                              qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr, ex);
+        mark("attention");
+        if (fuse) {  // x += W_o·a; the FFN norm's activation without its scale
+            gemv_residual_norm(ctx_, L.wo.w, xq_attn_, x, L.ffn_norm, xq_embd_, ss_parts_.as<float>());
+            mark("gemv_o");
+        } else {
+            if (!sk("wo")) mm(L.wo, attn_.as<float>(), xq_attn_, h);
+            if (L.post_attn_norm)
+                rms_norm_q8_1(h, nullptr, L.post_attn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
+            mark("gemv_o");
+            if (!sk("norm")) norm(L.ffn_norm, true);
+            mark("norm");
+        }
+        if (L.moe) {
+            // Mixture of experts, all on the device (the CPU's moe_ffn for one
+            // row): router logits, moe_route writes the k ids and weights,
+            // the indexed GEMVs read the ids, h = Σ_j w_j · expert_j.
+            const int k = static_cast<int>(c.n_expert_used);
+            const int64_t F = c.n_ff_exp;
+            auto* ids = moe_ids_.as<int32_t>();
+            float* eg = gu_.as<float>();  // k rows of F: the chosen experts' gate outputs
+            float* eu = eg + k * F;       // and their up outputs
+            float* ef = ffh_.as<float>();
+            if (!sk("router")) mm(L.router, xn, xq_embd_, moe_logits_.as<float>());
+            moe_route(moe_logits_.as<float>(), static_cast<int>(c.n_expert), k, P.moe->renormalize, ids,
+                      moe_w_.as<float>(), s);
+            mark("moe_route");
+            if (!sk("gateup")) {
+                for (const auto& [bank, out] : {std::pair{&L.exp_gate, eg}, std::pair{&L.exp_up, eu}}) {
+                    if (gemv_takes_quantized_activation(bank->type)) gemv_indexed(ctx_, *bank, F, xq_embd_, false, ids, k, out);
+                    else gemv_indexed(ctx_, *bank, F, xn, false, ids, k, out);
+                }
+            }
+            mark("gemv_gate_up");
+            // One SwiGLU over the k·F elements; quantized as one row whose
+            // slot s is elements s·F .. (gemv_indexed's per-slot layout).
+            const bool qd = gemv_takes_quantized_activation(L.exp_down.type);
+            if (!sk("swiglu"))
+                swiglu_q8_1(eg, eu, ef, qd ? xq_moe_.q() : nullptr, qd ? xq_moe_.info() : nullptr, k * F, s,
+                            qd ? xq_moe_.q2() : nullptr, qd ? xq_moe_.info2() : nullptr, P.act == GluAct::GeluTanh);
+            mark("swiglu");
+            float* ey = moe_y_.as<float>();
+            if (!sk("down")) {
+                if (qd) gemv_indexed(ctx_, L.exp_down, c.n_embd, xq_moe_, true, ids, k, ey);
+                else gemv_indexed(ctx_, L.exp_down, c.n_embd, ef, true, ids, k, ey);
+            }
+            moe_weighted_sum(ey, moe_w_.as<float>(), k, c.n_embd, h, s);
+            if (L.post_ffn_norm)
+                rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
+        } else {
+            if (!sk("gateup"))
+                for (const Piece& p : L.gate_up) mm_normed(p, gate, fuse);
+            mark("gemv_gate_up");
+            if (!sk("swiglu"))
+                swiglu_q8_1(gate, up, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), c.n_ff, s, xq_ff_.q2(),
+                            xq_ff_.info2(), P.act == GluAct::GeluTanh);
+            mark("swiglu");
+            if (fuse) {  // x += W_down·f; the next norm's (next layer's or the output's) activation
+                const float* next_norm =
+                    il + 1 < c.n_layer ? layers_[static_cast<size_t>(il + 1)].attn_norm : out_norm_;
+                gemv_residual_norm(ctx_, L.down.w, xq_ff_, x, next_norm, xq_embd_, ss_parts_.as<float>());
+            } else if (!sk("down")) {
+                mm(L.down, ffh_.as<float>(), xq_ff_, h);
+                if (L.post_ffn_norm)
+                    rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
+            }
+        }
+        mark("gemv_down");
+        if (trace && !P.trace.empty()) {  // residual stream after the layer: x (+ h when the add is folded into the next norm)
+            std::vector<float> hx(static_cast<size_t>(c.n_embd)), hh(hx.size());
+            x_.download(hx.data(), hx.size() * 4, s);
+            if (!fuse) {
+                QUERN_CUDA_CHECK(cudaMemcpyAsync(hh.data(), hres, hh.size() * 4, cudaMemcpyDeviceToHost, s));
+                QUERN_CUDA_CHECK(cudaStreamSynchronize(s));
+            }
+            for (size_t i = 0; i < hx.size(); ++i) hx[i] += hh[i];
+            (*trace)(P.trace, hx.data(), c.n_embd);
+        }
+    }
+    if (head) {
+        if (!fuse) norm(out_norm_, true);
+        mark("norm");
+        mm_normed(output_, logits_.as<float>(), fuse);
+        if (c.final_softcap > 0.0f) scale_softcap(logits_.as<float>(), c.n_vocab, 1.0f, c.final_softcap, s);
+        mark("gemv_output");
+        if (head == kSample) {
+            sample_token(logits_.as<float>(), c.n_vocab, tokens_.as<int32_t>(), pos, nctx,
+                         sampling_.as<DeviceSampling>(), &ctl->sampled, s);
+            mark("sample");
+        } else {  // argmax's final launch also ends the step
+            argmax_advance(logits_.as<float>(), c.n_vocab, argmax_scratch_.data(), ctl, tokens_.as<int32_t>(), nctx,
+                           host_out_dev_, s);
+            mark("argmax");
+            collect_profile(prof_decode_);
+            return;
+        }
+    }
+    advance_decode_position(ctl, tokens_.as<int32_t>(), nctx, s, host_out_dev_);
+    mark("advance");
+    collect_profile(prof_decode_);
+}
+
+void CudaExecutor::run_step(Head head, int64_t pos) {
+    const cudaStream_t s = ctx_.stream();
+    const bool sc = pos < short_ctx_;
+    if (!opt_.cuda_graph || profile_) return enqueue_step(head, nullptr, sc);
+    cudaGraphExec_t& ge = graph_[head][sc ? 1 : 0];
+    if (!ge) {
+        cudaGraph_t g = nullptr;
+        QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        try {
+            enqueue_step(head, nullptr, sc);
+        } catch (...) {
+            cudaStreamEndCapture(s, &g);
+            if (g) cudaGraphDestroy(g);
+            cudaGetLastError();
+            throw;
+        }
+        QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+        const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
+        cudaGraphDestroy(g);
+        QUERN_CUDA_CHECK(e);
+    }
+    QUERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+}
+
+void CudaExecutor::select_rope(int64_t last) {
+    if (rope_live_) {  // the call's last position decides, as the CPU forward pass
+        const bool lg = (rope_call_last_ >= 0 ? rope_call_last_ : last) >= rope_long_from_;
+        if (lg != rope_long_live_) {
+            QUERN_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(rope_live_), lg ? rope_long_ : rope_short_,
+                                             static_cast<size_t>(rope_long_dim_ / 2) * sizeof(float),
+                                             cudaMemcpyDeviceToDevice, ctx_.stream()));
+            rope_long_live_ = lg;
+        }
+    }
+}
+
+void CudaExecutor::begin(const int32_t* tokens, int64_t n) {
+    fed_ = false;
+    select_rope(n_past_ + n - 1);
+    auto* ht = host_tokens_.as<int32_t>();
+    std::memcpy(ht, tokens, static_cast<size_t>(n) * sizeof(int32_t));
+    const cudaStream_t s = ctx_.stream();
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(tokens_.as<int32_t>() + n_past_, ht, static_cast<size_t>(n) * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, s));
+    auto* hc = host_ctl_.as<DecodeControl>();
+    *hc = DecodeControl{static_cast<int32_t>(n_past_), tokens[0], static_cast<int32_t>(n_past_ + n), 0};
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(ctl_.data(), hc, sizeof(DecodeControl), cudaMemcpyHostToDevice, s));
+}
+
+void CudaExecutor::eval(const int32_t* tokens, int64_t n, float* logits) {
+    if (n == 0) return;
+    fed_ = false;
+    if (use_prefill(n) && ensure_prefill_scratch()) return prefill(tokens, n, logits);
+    begin(tokens, n);
+    for (int64_t i = 0; i < n; ++i) run_step(i == n - 1 ? kArgmax : kNoHead, n_past_ + i);
+    n_past_ += n;
+    if (logits) {
+        QUERN_CUDA_CHECK(cudaMemcpyAsync(logits, logits_.data(), static_cast<size_t>(plan_.n_vocab) * sizeof(float),
+                                         cudaMemcpyDeviceToHost, ctx_.stream()));
+    }
+    ctx_.synchronize();
+}
+
+void CudaExecutor::begin_one(int32_t token) {
+    if (fed_ && fed_pos_ == n_past_ && fed_tok_ == token) {
+        select_rope(n_past_);
+        return;
+    }
+    begin(&token, 1);
+}
+
+int32_t CudaExecutor::eval_greedy(int32_t token) {
+    begin_one(token);
+    const int64_t p = n_past_;
+    run_step(kArgmax, p);
+    n_past_ = p + 1;
+    ctx_.synchronize();
+    return took_step(p);
+}
+
+int32_t CudaExecutor::took_step(int64_t p) {
+    const int32_t t = *reinterpret_cast<volatile int32_t*>(host_out_.as<int32_t>() + (p & 1));
+    fed_ = true;
+    fed_pos_ = n_past_;
+    fed_tok_ = t;
+    return t;
+}
+
+bool CudaExecutor::samples_on_device(const SamplingSpec& sp) const {
+    const bool pen = sp.repeat_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f;
+    // Else (top-k off or too large, or a long penalty window) the host samples.
+    return device_sampling_supported(sp.top_k, sp.repeat_last_n, pen) && !std::getenv("QUERN_CUDA_HOST_SAMPLING");
+}
+
+int32_t CudaExecutor::eval_sample(int32_t token, const SamplingSpec& sp) {
+    auto* hp = host_sampling_.as<DeviceSampling>();
+    *hp = DeviceSampling{sp.temperature,      sp.top_k,          sp.top_p,
+                         sp.min_p,            sp.repeat_penalty, sp.presence_penalty,
+                         sp.frequency_penalty, sp.repeat_last_n, sp.u};
+    const cudaStream_t s = ctx_.stream();
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(sampling_.data(), hp, sizeof(DeviceSampling), cudaMemcpyHostToDevice, s));
+    begin_one(token);
+    const int64_t p = n_past_;
+    run_step(kSample, p);
+    n_past_ = p + 1;
+    ctx_.synchronize();
+    return took_step(p);
+}
+
+void CudaExecutor::eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) {
+    if (n == 0) return;
+    rope_call_last_ = n_past_ + n - 1;  // LongRoPE: one choice for the whole call, as the CPU
+    try {
+        if (n > 1) eval(tokens, n - 1, nullptr);
+        begin(tokens + n - 1, 1);
+    } catch (...) {
+        rope_call_last_ = -1;
+        throw;
+    }
+    rope_call_last_ = -1;
+    enqueue_step(kArgmax, &trace);
+    n_past_ += 1;
+    std::vector<float> host(static_cast<size_t>(plan_.n_vocab));
+    logits_.download(host.data(), host.size() * sizeof(float), ctx_.stream());
+    if (!plan_.logits_trace.empty()) trace(plan_.logits_trace, host.data(), plan_.n_vocab);
+    if (logits) std::copy(host.begin(), host.end(), logits);
+}
+
+}  // namespace quern::cuda

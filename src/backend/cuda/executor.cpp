@@ -1,0 +1,442 @@
+// CudaExecutor set-up (executor.h): the plan's weights uploaded and kept
+// resident (Q|K|V and gate|up runs of one type concatenated so that one
+// launch reads them; an embedding table of a type get_row lacks dequantized
+// to F16), RoPE tables, FP8 conversion (--gpu-weights fp8), expert bq
+// layouts, the profile, and the factories of session.h.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/executor.h"
+#include "core/error.h"
+#include <tuple>
+
+#include "backend/cpu/ops.h"
+#include "core/fp16.h"
+#include "quant/reference.h"
+
+namespace quern::cuda {
+
+int device_count() { return CudaContext::device_count(); }
+
+void CudaExecutor::mark(const char* what) {
+    if (!profile_) return;
+    cudaEvent_t e;
+    QUERN_CUDA_CHECK(cudaEventCreate(&e));
+    QUERN_CUDA_CHECK(cudaEventRecord(e, ctx_.stream()));
+    marks_.emplace_back(what, e);
+}
+
+void CudaExecutor::collect_profile(Profile& prof) {
+    if (marks_.empty()) return;
+    QUERN_CUDA_CHECK(cudaEventSynchronize(marks_.back().second));
+    for (size_t i = 1; i < marks_.size(); ++i) {
+        float ms = 0;
+        QUERN_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second));
+        const std::string name = marks_[i].first;
+        auto it = std::find_if(prof.ms.begin(), prof.ms.end(), [&](const auto& p) { return p.first == name; });
+        if (it == prof.ms.end()) prof.ms.emplace_back(name, ms);
+        else it->second += ms;
+    }
+    for (auto& m : marks_) cudaEventDestroy(m.second);
+    marks_.clear();
+    ++prof.count;
+}
+
+void CudaExecutor::print_profile(const Profile& p, const char* what) {
+    if (p.count == 0) return;
+    double total = 0;
+    for (const auto& e : p.ms) total += e.second;
+    std::fprintf(stderr, "quern: CUDA profile over %lld %s (kernel time between events, us per %s):\n",
+                 static_cast<long long>(p.count), what, what);
+    for (const auto& e : p.ms)
+        std::fprintf(stderr, "  %-12s %9.1f us  %5.1f%%\n", e.first.c_str(), 1000.0 * e.second / p.count,
+                     100.0 * e.second / total);
+    std::fprintf(stderr, "  %-12s %9.1f us\n", "total", 1000.0 * total / p.count);
+    if (p.rows > 0)
+        std::fprintf(stderr, "  %lld positions: %.1f tok/s of kernel time\n", static_cast<long long>(p.rows),
+                     p.rows / (total / 1000.0));
+}
+
+CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : opt_(opt), ctx_(opt.device) {
+    if (const std::string why = cuda_unsupported(program); !why.empty())
+        fail("the CUDA backend does not compute {} yet (use --device cpu)", why);
+    plan_ = plan_blocks(program);
+    const auto& c = plan_;
+    if (c.head_dim == 256 && !opt.f16_kv) fail("the CUDA decode attention needs an f16 KV cache for heads of 256");
+    levels_ = opt.precise_activations ? 2 : 1;
+    if (const char* p = std::getenv("QUERN_CUDA_PROFILE"); p && *p && *p != '0') profile_ = true;
+    if (const char* p = std::getenv("QUERN_CUDA_SHORT_CTX"); p && *p) short_ctx_ = std::max(0LL, std::atoll(p));
+    if (const char* p = std::getenv("QUERN_CUDA_MOE_GROUPED"); p && *p == '0') moe_grouped_ = false;
+    if (const char* p = std::getenv("QUERN_CUDA_BQ_GLU"); p && *p == '0') bq_glu_ = false;
+    if (const char* p = std::getenv("QUERN_CUDA_ROPE_FOLD"); p && *p == '0') rope_fold_ = false;
+    kv_type_ = opt.f16_kv ? KvType::F16 : KvType::F32;
+    if (opt.n_ctx < 1 || opt.n_ctx > (int64_t{1} << 24)) fail("KV-cache size {} out of range", opt.n_ctx);
+
+    upload_weights();
+    make_rope_tables();
+    if (opt.fp8_weights) {
+        // FP8 with per-channel scales (--gpu-weights fp8), converted on the
+        // device one matrix at a time.
+        // A matrix that does not fit twice (old and new during its
+        // conversion) stays as it is, with a note.
+        bool kept = false;
+        const auto fp8 = [&](DeviceWeight& w) {
+            if (!w.q || !gemm_weight_type_supported(w.type) || w.K % 32 != 0) return;
+            try {
+                w = to_fp8_rows(w, ctx_.stream());
+            } catch (const Error&) {
+                cudaGetLastError();
+                if (!kept && opt.verbose)
+                    std::fprintf(stderr, "quern: not enough GPU memory to convert every matrix to FP8; some keep "
+                                         "their own type\n");
+                kept = true;
+            }
+        };
+        for_each_layer_matrix(fp8, /*experts=*/true);
+    }
+    if (c.moe) make_expert_bq();
+
+    // Activations and scratch.
+    const auto fbuf = [](int64_t n) { return DeviceBuffer(static_cast<size_t>(n) * sizeof(float)); };
+    x_ = fbuf(c.n_embd);
+    h_ = fbuf(c.n_embd);
+    if (c.post_norms) hpost_ = fbuf(c.n_embd);
+    xn_ = fbuf(c.n_embd);
+    qkv_ = fbuf(c.q_dim() + 2 * c.kv_dim());
+    attn_ = fbuf(c.q_dim());
+    const int64_t moe_ff = c.moe ? c.n_expert_used * c.n_ff_exp : 0;  // gate (or up) of all chosen experts
+    gu_ = fbuf(2 * std::max(moe_ff, c.n_ff));
+    ffh_ = fbuf(std::max(moe_ff, c.n_ff));
+    if (c.moe) {
+        moe_logits_ = fbuf(c.n_expert);
+        moe_ids_ = DeviceBuffer(static_cast<size_t>(c.n_expert_used) * sizeof(int32_t));
+        moe_w_ = fbuf(c.n_expert_used);
+        moe_y_ = fbuf(c.n_expert_used * c.n_embd);
+        xq_moe_ = QuantizedActivation(moe_ff, levels_);
+    }
+    logits_ = fbuf(c.n_vocab);
+    argmax_scratch_ = DeviceBuffer(argmax_scratch_bytes(c.n_vocab));
+    xq_embd_ = QuantizedActivation(c.n_embd, levels_);
+    xq_attn_ = QuantizedActivation(c.q_dim(), levels_);
+    if (c.n_ff > 0) xq_ff_ = QuantizedActivation(c.n_ff, levels_);
+    {
+        // Every GEMV must read the quantized activation (F8_E4M3_B32, like
+        // the float types, reads floats: FP8 models keep the norm launches).
+        const auto q8 = [](const Piece& p) { return gemv_takes_quantized_activation(p.w.type); };
+        bool all_q = q8(output_);
+        for (const auto& L : layers_) {
+            for (const auto* ps : {&L.qkv, &L.gate_up})
+                for (const Piece& p : *ps) all_q = all_q && q8(p);
+            all_q = all_q && q8(L.wo) && q8(L.down);
+        }
+        const char* e = std::getenv("QUERN_CUDA_FUSE_NORM");
+        // Post-norms (Gemma) normalize a branch's output before its residual
+        // add, which the GEMV epilogue cannot do: those models keep the
+        // launches. So do expert layers, whose output is a weighted sum of
+        // several GEMVs (moe_weighted_sum) rather than one GEMV's epilogue.
+        fuse_norm_ = all_q && !c.post_norms && !c.moe && !(e && std::string(e) == "0");
+        ss_parts_ = fbuf(c.n_embd / 32);
+    }
+    ctl_ = DeviceBuffer(sizeof(DecodeControl));
+    host_ctl_ = PinnedBuffer(sizeof(DecodeControl));
+    host_out_ = PinnedBuffer(2 * sizeof(int32_t), cudaHostAllocMapped);
+    QUERN_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_out_dev_), host_out_.as<void>(), 0));
+    {
+        // Batched prefill needs a prefill GEMM for every layer matrix (the
+        // output head stays a GEMV: one row) and a head size the prefill
+        // attention takes; other models evaluate prompts token by token.
+        // Expert layers group their rows by expert (prefill_moe).
+        const auto g = [](const Piece& p) { return gemm_weight_type_supported(p.w.type); };
+        bool ok = opt.batched_prefill && prefill_attention_head_dim_supported(static_cast<int>(c.head_dim)) &&
+                  opt.prefill_chunk >= 1;
+        for (const auto& L : layers_) {
+            for (const Piece& p : L.qkv) ok = ok && g(p);
+            ok = ok && g(L.wo);
+            if (L.moe) {
+                ok = ok && g(L.router) && gemm_weight_type_supported(L.exp_gate.type) &&
+                     gemm_weight_type_supported(L.exp_up.type) && gemm_weight_type_supported(L.exp_down.type);
+            } else {
+                for (const Piece& p : L.gate_up) ok = ok && g(p);
+                ok = ok && g(L.down);
+            }
+        }
+        const char* e = std::getenv("QUERN_CUDA_PREFILL");
+        prefill_supported_ = ok && !(e && std::string(e) == "0");
+    }
+
+    // KV cache: as requested, capped by --gpu-mem.
+    const size_t elem = kv_type_ == KvType::F16 ? 2 : 4;
+    const size_t per_token = 2 * static_cast<size_t>(c.n_layer * c.kv_dim()) * elem;
+    int64_t n_ctx = opt.n_ctx;
+    if (opt.gpu_mem_fraction > 0) {
+        size_t free_b = 0, total_b = 0;
+        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        const double used = static_cast<double>(total_b - free_b);
+        const double budget = opt.gpu_mem_fraction * static_cast<double>(total_b) - used;
+        // Attention scratch grows with n_ctx too (partials per split), bounded by 128 splits.
+        const double scratch = static_cast<double>(decode_attention_scratch_bytes(1 << 20, static_cast<int>(c.n_head),
+                                                                                  static_cast<int>(c.head_dim)));
+        const auto fit = static_cast<int64_t>((budget - scratch) / static_cast<double>(per_token));
+        if (fit < 1)
+            fail("--gpu-mem {}: the weights already use {:.2f} of {:.2f} GiB; nothing is left for the KV cache",
+                 opt.gpu_mem_fraction, gib(used), gib(static_cast<double>(total_b)));
+        n_ctx = std::min(n_ctx, fit);
+    }
+    n_ctx_ = n_ctx;
+    kv_layer_bytes_ = static_cast<size_t>(n_ctx) * static_cast<size_t>(c.kv_dim()) * elem;
+    try {
+        kv_ = DeviceBuffer(2 * kv_layer_bytes_ * static_cast<size_t>(c.n_layer));
+    } catch (const Error&) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        fail("the KV cache for {} tokens needs {:.2f} GiB but the GPU has {:.2f} GiB free (lower -c or use --gpu-mem)",
+             n_ctx, gib(static_cast<double>(2 * kv_layer_bytes_ * static_cast<size_t>(c.n_layer))),
+             gib(static_cast<double>(free_b)));
+    }
+    attn_scratch_ = DeviceBuffer(
+        decode_attention_scratch_bytes(static_cast<int>(n_ctx), static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));
+    tokens_ = DeviceBuffer(static_cast<size_t>(n_ctx + 1) * sizeof(int32_t));
+    sampling_ = DeviceBuffer(sizeof(DeviceSampling));
+    host_sampling_ = PinnedBuffer(sizeof(DeviceSampling));
+    host_tokens_ = PinnedBuffer(static_cast<size_t>(n_ctx + 1) * sizeof(int32_t));
+    if (opt.verbose)
+        std::fprintf(stderr, "quern: CUDA %s: KV cache %lld tokens (%s, %.2f GiB)\n", ctx_.name().c_str(),
+                     static_cast<long long>(n_ctx), kv_type_ == KvType::F16 ? "f16" : "f32",
+                     gib(static_cast<double>(kv_.size())));
+}
+
+CudaExecutor::~CudaExecutor() {
+    for (auto& gh : graph_)
+        for (auto& g : gh)
+            if (g) cudaGraphExecDestroy(g);
+    clear_batch_graphs();
+    if (profile_) {
+        print_profile(prof_decode_, "step");
+        print_profile(prof_prefill_, "chunk");
+        print_profile(prof_batch_, "decode batch pass");
+        print_profile(prof_batch_prompt_, "prompt batch pass");
+        if (prof_batch_.count > 0)
+            std::fprintf(stderr, "  host wall time %.1f us per decode batch pass\n", 1000.0 * batch_wall_ms_ / prof_batch_.count);
+    }
+}
+
+std::vector<Piece> CudaExecutor::upload_group(const std::vector<const Tensor*>& ts) {
+    // Runs of consecutive matrices of one type become one concatenated matrix.
+    std::vector<Piece> out;
+    int64_t offset = 0;
+    for (size_t i = 0; i < ts.size();) {
+        size_t j = i + 1;
+        while (j < ts.size() && ts[j]->type == ts[i]->type && ts[j]->ne[0] == ts[i]->ne[0]) ++j;
+        Piece p;
+        p.offset = offset;
+        if (j == i + 1) {
+            p.w = upload_weight(ctx_, *ts[i]);
+        } else {
+            int64_t rows = 0;
+            for (size_t k = i; k < j; ++k) rows += ts[k]->nrows();
+            const size_t rb = ts[i]->row_bytes();
+            std::vector<uint8_t> cat(rb * static_cast<size_t>(rows));
+            size_t at = 0;
+            std::string name;
+            for (size_t k = i; k < j; ++k) {
+                for (int64_t r = 0; r < ts[k]->nrows(); ++r, at += rb) std::memcpy(cat.data() + at, ts[k]->row(r), rb);
+                name += (name.empty() ? "" : "+") + ts[k]->name;
+            }
+            p.w = upload_weight(ctx_, Tensor::contiguous(ts[i]->type, {ts[i]->ne[0], rows, 1, 1}, cat.data(), name));
+        }
+        offset += p.w.N;
+        out.push_back(std::move(p));
+        i = j;
+    }
+    return out;
+}
+
+DeviceWeight CudaExecutor::upload_bank(const ExpertBank& b, int64_t il, const char* what) {
+    if (b.stacked) return upload_weight(ctx_, *b.stacked);  // ne[2] flattened into N: expert e's rows at e·rows
+    std::vector<Piece> ps = upload_group(b.experts);
+    if (ps.size() != 1)
+        fail("layer {}: the {} experts' matrices have different types; the CUDA backend needs one type per bank", il,
+             what);
+    return std::move(ps[0].w);
+}
+
+const float* CudaExecutor::upload_f32(const Tensor& t) {
+    DeviceBuffer b(t.nbytes());
+    b.upload(t.data, t.nbytes(), ctx_.stream());
+    owned_.push_back(std::move(b));
+    return owned_.back().as<float>();
+}
+
+void CudaExecutor::upload_weights() {
+    const auto& c = plan_;
+    const Tensor& emb = *c.embd;
+    if (cuda_get_row_type_supported(emb.type)) {
+        DeviceBuffer b(emb.nbytes());
+        b.upload(emb.data, emb.nbytes(), ctx_.stream());
+        embd_type_ = emb.type;
+        owned_.push_back(std::move(b));
+    } else {
+        std::vector<uint16_t> f16(static_cast<size_t>(emb.nelements()));
+        std::vector<float> row(static_cast<size_t>(emb.ne[0]));
+        for (int64_t r = 0; r < emb.nrows(); ++r) {
+            dequantize_row_ref(emb.type, emb.row(r), row.data(), emb.ne[0]);
+            for (int64_t i = 0; i < emb.ne[0]; ++i)
+                f16[static_cast<size_t>(r * emb.ne[0] + i)] = fp32_to_fp16(row[static_cast<size_t>(i)]);
+        }
+        DeviceBuffer b(f16.size() * 2);
+        b.upload(f16.data(), f16.size() * 2, ctx_.stream());
+        embd_type_ = DType::F16;
+        owned_.push_back(std::move(b));
+    }
+    embd_ = owned_.back().data();
+    out_norm_ = upload_f32(*c.out_norm);
+    output_.w = upload_weight(ctx_, *c.output);
+
+    layers_.resize(static_cast<size_t>(c.n_layer));
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        const BlockPlanLayer& P = c.layers[static_cast<size_t>(il)];
+        LayerWeights& L = layers_[static_cast<size_t>(il)];
+        L.attn_norm = upload_f32(*P.attn_norm);
+        L.ffn_norm = upload_f32(*P.ffn_norm);
+        // Row slices of one fused matrix (Phi-3's attn_qkv, ffn_up) become
+        // that matrix again: runs of one type are concatenated.
+        std::vector<const Tensor*> qkv;
+        for (const LinearPiece& pc : P.qkv) qkv.push_back(pc.w);
+        L.qkv = upload_group(qkv);
+        L.wo.w = upload_weight(ctx_, *P.wo);
+        if (P.moe) {
+            L.moe = true;
+            L.router.w = upload_weight(ctx_, *P.moe->router);
+            L.exp_gate = upload_bank(P.moe->gate, il, "gate");
+            L.exp_up = upload_bank(P.moe->up, il, "up");
+            L.exp_down = upload_bank(P.moe->down, il, "down");
+        } else {
+            std::vector<const Tensor*> gu;
+            for (const LinearPiece& pc : P.gate_up) gu.push_back(pc.w);
+            L.gate_up = upload_group(gu);
+            L.down.w = upload_weight(ctx_, *P.down);
+        }
+        if (P.qkv_bias()) {
+            std::vector<float> b;
+            for (const LinearPiece& pc : P.qkv) {
+                const auto* d = static_cast<const float*>(pc.bias->data);
+                b.insert(b.end(), d, d + pc.bias->nelements());
+            }
+            DeviceBuffer db(b.size() * sizeof(float));
+            db.upload(b.data(), b.size() * sizeof(float), ctx_.stream());
+            owned_.push_back(std::move(db));
+            L.qkv_bias = owned_.back().as<float>();
+        }
+        if (P.attn->q_norm) L.q_norm = upload_f32(*P.attn->q_norm);
+        if (P.attn->k_norm) L.k_norm = upload_f32(*P.attn->k_norm);
+        if (P.post_attn_norm) L.post_attn_norm = upload_f32(*P.post_attn_norm);
+        if (P.post_ffn_norm) L.post_ffn_norm = upload_f32(*P.post_ffn_norm);
+    }
+}
+
+void CudaExecutor::make_rope_tables() {
+    // One device table per distinct (dim, base, factors); LongRoPE layers
+    // share one live table that select_rope() fills with the short or the
+    // long one.
+    std::map<std::tuple<int, float, const float*>, const float*> tables;
+    const auto table = [&](int dim, float base, const float* factors) {
+        const float*& t = tables[{dim, base, factors}];
+        if (!t) {
+            std::vector<float> inv(static_cast<size_t>(std::max(1, dim / 2)), 0.0f);
+            cpu::rope_inv_freq(dim, base, factors, inv.data());
+            DeviceBuffer b(inv.size() * sizeof(float));
+            b.upload(inv.data(), inv.size() * sizeof(float), ctx_.stream());
+            owned_.push_back(std::move(b));
+            t = owned_.back().as<float>();
+        }
+        return t;
+    };
+    for (const BlockPlanLayer& P : plan_.layers) {
+        const RopeSpec& r = P.attn->rope;
+        if (!r.long_factors) {
+            inv_freq_.push_back(table(r.dim, r.base, r.factors));
+            continue;
+        }
+        const float* sh = table(r.dim, r.base, r.factors);
+        const float* lg = table(r.dim, r.base, r.long_factors);
+        if (rope_live_ && (sh != rope_short_ || lg != rope_long_ || r.long_from != rope_long_from_))
+            fail("layers with different LongRoPE tables are not supported by the CUDA backend");
+        if (!rope_live_) {
+            rope_short_ = sh, rope_long_ = lg, rope_long_from_ = r.long_from, rope_long_dim_ = r.dim;
+            DeviceBuffer b(static_cast<size_t>(std::max(1, r.dim / 2)) * sizeof(float));
+            QUERN_CUDA_CHECK(cudaMemcpyAsync(b.data(), sh, b.size(), cudaMemcpyDeviceToDevice, ctx_.stream()));
+            owned_.push_back(std::move(b));
+            rope_live_ = owned_.back().as<float>();
+        }
+        inv_freq_.push_back(rope_live_);
+    }
+}
+
+// bq layouts of the expert banks (5.5 or 11 bits per weight, on top of the
+// banks themselves), which the grouped expert products of a prompt chunk
+// read instead of decoding the bank's own layout (prefill_moe: on an H200
+// bq_gemm_grouped is the faster of the two for the types it takes). Made
+// after every weight is uploaded, bank by bank while half of the GPU's
+// memory stays free (for the KV cache and the rest); a bank without one
+// (another type, or no room) goes through dq_gemm_grouped.
+// QUERN_CUDA_MOE_BQ=0: none.
+void CudaExecutor::make_expert_bq() {
+    const auto& c = plan_;
+    const char* e = std::getenv("QUERN_CUDA_MOE_BQ");
+    if (e && *e == '0') return;
+    for (auto& L : layers_) {
+        const std::pair<DeviceWeight*, int64_t> banks[] = {
+            {&L.exp_gate, c.n_ff_exp}, {&L.exp_up, c.n_ff_exp}, {&L.exp_down, c.n_embd}};
+        for (const auto& [b, rows] : banks) {
+            if (!b->q || b->bq || rows % 16 != 0 || !bq_supported(b->type, b->K)) continue;
+            size_t free_b = 0, total_b = 0;
+            QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+            if (free_b < bq_bytes(*b) + total_b / 2) return;
+            try {
+                make_resident_bq(*b, ctx_.stream());
+            } catch (const Error&) {
+                cudaGetLastError();
+                b->bq_buf = DeviceBuffer(), b->bq = nullptr, b->bq_bits = 0;
+                return;
+            }
+        }
+    }
+}
+
+namespace {
+
+/// quern::Error unless GPU opt.device exists (saying what to do instead).
+void require_device(const SessionOptions& opt) {
+    const int found = CudaContext::device_count();
+    if (found < opt.device + 1)
+        fail("{}; use --device cpu (or --device auto, which runs on the CPU when there is no GPU)",
+             found == 0 ? std::string("no CUDA GPU found")
+                        : fmt::format("CUDA device {} is not available ({} found)", opt.device, found));
+}
+
+}  // namespace
+
+std::unique_ptr<BatchExecutor> make_batch_executor(const Program& program, const SessionOptions& opt) {
+    require_device(opt);
+    SessionOptions o = opt;
+    o.n_ctx = 16;  // the single-sequence cache goes unused: batches use the paged storage
+    o.gpu_mem_fraction = 0;
+    o.batched_prefill = true;
+    auto s = std::make_unique<CudaExecutor>(program, o);
+    s->prepare_batches();
+    return s;
+}
+
+std::unique_ptr<SequenceExecutor> make_sequence_executor(const Program& program, const SessionOptions& opt) {
+    require_device(opt);
+    return std::make_unique<CudaExecutor>(program, opt);
+}
+
+}  // namespace quern::cuda

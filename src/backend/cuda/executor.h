@@ -1,0 +1,345 @@
+// The CUDA executor: a layer program's weights resident on one GPU and the
+// passes that run it — the decode step (decode_step.cpp), passes of many rows
+// for prompts and batches (rows_pass.cpp, batch_pass.cpp) — behind the
+// backend's SequenceExecutor and BatchExecutor (session.h makes them). Set-up
+// and weight upload: executor.cpp. Private to src/backend/cuda.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/block_plan.h"
+#include "backend/cuda/bq_gemm.h"
+#include "backend/cuda/context.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/session.h"
+#include "backend/cuda/weights.h"
+
+namespace quern::cuda {
+
+/// A matrix (or several concatenated along N) and where its rows land in the
+/// output vector.
+struct Piece {
+    DeviceWeight w;
+    int64_t offset = 0;  // first output element
+};
+
+struct LayerWeights {
+    const float* attn_norm = nullptr;
+    const float* ffn_norm = nullptr;
+    const float* qkv_bias = nullptr;  // [q | k | v] biases (Qwen2), or null
+    const float* q_norm = nullptr;    // head_dim weights (Qwen3), or null
+    const float* k_norm = nullptr;
+    const float* post_attn_norm = nullptr;  // Gemma: RMSNorm of the attention / FFN output
+    const float* post_ffn_norm = nullptr;   //   before its residual add, or null
+    std::vector<Piece> qkv;      // outputs into [q | k | v]
+    Piece wo;
+    std::vector<Piece> gate_up;  // outputs into [gate | up]
+    Piece down;
+    // Mixture of experts (gate_up and down empty): the router (n_expert
+    // rows) and the three expert banks, each one matrix of n_expert × rows
+    // (expert e's rows first at e · rows; gemv_indexed).
+    bool moe = false;
+    Piece router;
+    DeviceWeight exp_gate, exp_up, exp_down;
+    // Batches: one BF16 copy of all Q|K|V (gate|up) pieces, rows stacked in
+    // output order (type BF16, owning the pieces' copies), or empty.
+    DeviceWeight qkv_bf16, gate_up_bf16;
+};
+
+/// Host memory pinned for asynchronous copies (freed with cudaFreeHost).
+class PinnedBuffer {
+public:
+    PinnedBuffer() = default;
+    explicit PinnedBuffer(size_t bytes, unsigned flags = cudaHostAllocDefault) {
+        QUERN_CUDA_CHECK(cudaHostAlloc(&p_, bytes, flags));
+    }
+    ~PinnedBuffer() {
+        if (p_) cudaFreeHost(p_);
+    }
+    PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+    PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+        std::swap(p_, o.p_);
+        return *this;
+    }
+    template <class T>
+    T* as() const {
+        return static_cast<T*>(p_);
+    }
+
+private:
+    void* p_ = nullptr;
+};
+
+inline double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+class CudaExecutor final : public SequenceExecutor, public BatchExecutor {
+public:
+    CudaExecutor(const Program& program, const SessionOptions& opt);
+    ~CudaExecutor() override;
+
+    std::string device_name() const override { return ctx_.name(); }
+    int64_t n_ctx() const override { return n_ctx_; }
+    int64_t size() const override { return n_past_; }
+    void truncate(int64_t n) override {
+        n_past_ = std::clamp<int64_t>(n, 0, n_past_);
+        fed_ = false;
+    }
+    void eval(const int32_t* tokens, int64_t n, float* logits) override;
+    int32_t eval_greedy(int32_t token) override;
+    bool samples_on_device(const SamplingSpec& sp) const override;
+    int32_t eval_sample(int32_t token, const SamplingSpec& sp) override;
+    void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) override;
+    int64_t fp8_activation_rows() const override {
+        return opt_.fp8_weights && prefill_supported_ ? kPrefillMinTokens : 0;
+    }
+
+    // BatchExecutor (make_batch_executor): several sequences' rows per pass over
+    // a paged KV cache in device memory (see the top of the file).
+    void make_kv_storage(int64_t n_blocks, int64_t block_size, const char* flag) override;
+    void forward_batch(const SeqBatch* seqs, int n_seqs) override;
+    /// Readies the session for batches: the row scratch, and resident BF16
+    /// copies of the dense matrices (as memory allows). quern::Error when the
+    /// model has no batched path on this GPU.
+    void prepare_batches();
+    int64_t graph_replays() const override { return graph_replays_; }
+
+private:
+    void upload_weights();
+    /// The RoPE inverse-frequency table of each layer (rope_tables()).
+    void make_rope_tables();
+    /// f(w) for every layer matrix (Q/K/V, output, gate/up, down; with
+    /// `experts`, the expert banks too), in layer order.
+    template <class F>
+    void for_each_layer_matrix(F&& f, bool experts) {
+        for (auto& L : layers_) {
+            for (auto& p : L.qkv) f(p.w);
+            f(L.wo.w);
+            for (auto& p : L.gate_up) f(p.w);
+            f(L.down.w);
+            if (experts) {
+                f(L.exp_gate);
+                f(L.exp_up);
+                f(L.exp_down);
+            }
+        }
+    }
+    std::vector<Piece> upload_group(const std::vector<const Tensor*>& ts);
+    /// bq layouts of the expert banks (bq_gemm.h), once every weight is on
+    /// the device; see its definition.
+    void make_expert_bq();
+    /// An expert bank: its 3-D tensor, or its per-expert 2-D tensors
+    /// concatenated (one type).
+    DeviceWeight upload_bank(const ExpertBank& b, int64_t il, const char* what);
+    const float* upload_f32(const Tensor& t);
+
+    /// Queues one decode step on the stream (head: the output projection and
+    /// argmax too). With `trace`, synchronizes after each layer and reports
+    /// the residual stream (never during capture).
+    /// What a step does after the layers: nothing (a prompt token whose
+    /// logits nobody reads), greedy argmax, or sample_token.
+    enum Head { kNoHead = 0, kArgmax = 1, kSample = 2 };
+    /// short_ctx: attention as one split per KV head with no combine launch
+    /// (AttentionExtras::one_split), for steps at positions < short_ctx_.
+    void enqueue_step(Head head, const TraceFn* trace, bool short_ctx = false);
+    void mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y);
+    /// Replays (capturing on first use) the step graph with or without head
+    /// for a step at position pos: a graph of its own for pos < short_ctx_
+    /// (enqueue_step's short_ctx form).
+    void run_step(Head head, int64_t pos);
+    /// Uploads tokens[0..n) to positions n_past_.. and sets the control block
+    /// so that the next step evaluates position n_past_.
+    void begin(const int32_t* tokens, int64_t n);
+    /// LongRoPE: the frequencies for a call whose last position is `last`.
+    void select_rope(int64_t last);
+    /// Readies the device for one decode step of `token` at n_past_: nothing
+    /// when the previous step fed it itself (fed_), else begin().
+    void begin_one(int32_t token);
+    /// After a synchronized greedy or sampled step at position p (n_past_ now
+    /// p + 1): the token it picked, from the mapped host slot; the device has
+    /// fed it back (fed_).
+    int32_t took_step(int64_t p);
+
+    /// Batched prefill (see the top of the file): whether eval of n tokens
+    /// takes it, the whole eval, and one chunk of n rows at positions pos0..
+    /// (tokens already on the device; head: logits of the last row into logits_).
+    bool use_prefill(int64_t n) const;
+    void prefill(const int32_t* tokens, int64_t n, float* logits);
+    void prefill_chunk(int64_t pos0, int64_t n, bool head);
+    /// The layers over n rows whose token ids are on the device (dtokens):
+    /// one sequence's positions pos0 .. pos0+n−1 over the session's cache
+    /// (paged null), or rows of several sequences over the paged cache. The
+    /// residual stream is left in px_ (+ the last HRES not yet added).
+    void layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, const PagedRows* paged);
+    struct BatchSegment {
+        int seq;
+        int64_t off, n;  // rows off .. off+n−1 of the sequence's new tokens
+    };
+    void batch_pass(const SeqBatch* seqs, const std::vector<BatchSegment>& segs);
+    /// Layer L's q/k/v biases and q/k norms for the RoPE kernels (window and
+    /// soft-cap left at their defaults).
+    AttentionExtras attention_extras(const LayerWeights& L, const BlockPlanLayer& P) const;
+    /// The expert FFN of layer L for n prefill rows: xb (n × n_embd BF16,
+    /// normalized) → out (n × n_embd floats). See the top of the file.
+    void prefill_moe(const LayerWeights& L, const MoeSpec& spec, const uint16_t* xb, int64_t n, float* out);
+    /// Whether prefill_moe routes layer L's rows on the device and multiplies
+    /// each bank in one grouped launch (bq or dq), with no host round trip.
+    bool moe_on_device(const LayerWeights& L) const;
+    /// Allocates the prefill scratch on first use; false (and the batched
+    /// path off for this session) when the GPU has no room for it.
+    bool ensure_prefill_scratch();
+
+    BlockPlan plan_;
+    SessionOptions opt_;
+    CudaContext ctx_;
+    int levels_ = 2;
+    int64_t n_ctx_ = 0;
+    int64_t n_past_ = 0;
+    KvType kv_type_ = KvType::F16;
+
+    // RMSNorms folded into the GEMVs around them (gemv_residual_norm and
+    // DeferredNormScale, gemv.h) when every matrix reads the quantized
+    // activation; else one rms_norm_q8_1 launch per norm.
+    // QUERN_CUDA_FUSE_NORM=0 turns it off.
+    bool fuse_norm_ = false;
+    DeviceBuffer ss_parts_;  // n_embd/32 partial sums of x²
+
+    std::vector<DeviceBuffer> owned_;  // norm weights, embedding table
+    std::vector<LayerWeights> layers_;
+    DType embd_type_ = DType::F32;
+    const void* embd_ = nullptr;
+    const float* out_norm_ = nullptr;
+    // Each layer's RoPE inverse frequencies (dim/2 floats: cpu::rope_inv_freq),
+    // one device table per distinct (base, factors). LongRoPE layers read a
+    // live copy of the short or the long table (rope_live_), which
+    // select_rope() overwrites when the choice changes; the batch runner's
+    // rows pick theirs (PagedRows).
+    std::vector<const float*> inv_freq_;
+    const float* rope_live_ = nullptr;
+    const float* rope_short_ = nullptr;
+    const float* rope_long_ = nullptr;
+    int64_t rope_long_from_ = 0;
+    int rope_long_dim_ = 0;
+    bool rope_long_live_ = false;
+    int64_t rope_call_last_ = -1;  // eval_traced: its whole call's last position (begin() is called twice)
+    Piece output_;
+
+    // Batched prefill: whether the model allows it (weight types with a
+    // prefill GEMM, a supported head size), rows per chunk, and its scratch
+    // (allocated on first use: decode-only sessions never pay for it).
+    bool prefill_supported_ = false;
+    int64_t prefill_rows_ = 0;
+    std::unique_ptr<PrefillGemm> gemm_;
+    DeviceBuffer px_, ph_, phpost_, pqkv_, pattn_, pgu_;
+    // Expert prefill (n·k grouped rows, + 16 rows of padding): router logits,
+    // the grouped rows' inputs (BF16), gate|up outputs, gated values (BF16)
+    // and down outputs; the routing (grouped row of each entry, row of each
+    // grouped row, weights) on the device and its host staging.
+    DeviceBuffer pmoe_logits_, pmoe_xg_, pmoe_gu_, pmoe_g_, pmoe_y_, pmoe_route_;
+    PinnedBuffer hmoe_logits_, hmoe_route_;
+
+    DeviceBuffer kv_;  // per layer: K then V, n_ctx rows of kv_dim elements
+    size_t kv_layer_bytes_ = 0;
+    // Batches (BatchExecutor): the paged cache (per layer: K then V, f16, rows
+    // of kv_dim; row = block · block_size + offset), its geometry, the
+    // pass's ids/positions/tables on the device, and the head's rows and logits.
+    DeviceBuffer pkv_;
+    size_t pkv_layer_bytes_ = 0;
+    int64_t pkv_blocks_ = 0, pkv_block_size_ = 0;
+    // The output head runs on at most kHeadRows rows at a time: its BF16
+    // inputs, logits and argmaxes (device and pinned host copies).
+    static constexpr int64_t kHeadRows = 256;
+    static constexpr int64_t kSplitRows = 128;  // passes up to this long may split attention keys
+    DeviceBuffer bints_, bhead_x_, blogits_, bgreedy_, bargmax_, bsplit_;
+    int64_t bsplit_floats_ = 0;
+    PinnedBuffer hgreedy_;
+    std::vector<int32_t> bhost_;              // the pass's integers on the host (batch_pass)
+    // Passes of single rows replayed as CUDA graphs (make_batch_executor):
+    // the most rows a captured pass takes (0: none), the graphs by (padded
+    // rows, key bucket) with the times each pair was seen before capture,
+    // and the fixed device buffer their integers live in.
+    static constexpr int64_t kGraphRows = 256;
+    static constexpr int64_t kGraphInts = int64_t{1} << 20;
+    int64_t graph_rows_ = 0;
+    std::map<std::pair<int64_t, int64_t>, std::pair<cudaGraphExec_t, int>> bgraphs_;
+    DeviceBuffer bgints_;
+    int64_t graph_replays_ = 0;
+    void clear_batch_graphs();
+    /// Runs layer_rows(d, n, 0, pr) as the graph of (n, keys), capturing it
+    /// on the pair's second pass; false (nothing ran) on its first pass and
+    /// when its capture failed (the pair then always runs uncaptured).
+    bool replay_layers(const int32_t* d, int64_t n, int64_t keys, const PagedRows& pr);
+    std::vector<const SeqBatch*> head_seq_;   // the sequence of each head row
+    bool batches_ready_ = false;
+    bool batch_runner_ = false;  // made by make_batch_executor (prepare_batches)
+
+    // Per-step activations.
+    DeviceBuffer x_, h_, hpost_, xn_, qkv_, attn_, gu_, ffh_, logits_, attn_scratch_, argmax_scratch_, tokens_, ctl_;
+    QuantizedActivation xq_embd_, xq_attn_, xq_ff_;
+    // Mixture of experts: router logits (n_expert), the chosen ids and
+    // weights (n_expert_used each, written by moe_route on the device), the
+    // experts' outputs (n_expert_used rows of n_embd) and the SwiGLU
+    // activation of all chosen experts as ONE quantized row of
+    // n_expert_used × n_ff_exp elements (slot s's elements at s·n_ff_exp).
+    DeviceBuffer moe_logits_, moe_ids_, moe_w_, moe_y_;
+    QuantizedActivation xq_moe_;
+    PinnedBuffer host_ctl_, host_tokens_;
+    // The sampled token of each step, written by the step's last kernel into
+    // mapped host memory (slot pos & 1; advance_decode_position): read after
+    // the step without a copy in the stream.
+    PinnedBuffer host_out_;
+    int32_t* host_out_dev_ = nullptr;
+    // fed_: the device's control block already holds position fed_pos_ with
+    // token fed_tok_ (a greedy or sampled step fed its own output back), so
+    // the next step of that token needs no upload.
+    bool fed_ = false;
+    int64_t fed_pos_ = 0;
+    int32_t fed_tok_ = 0;
+
+    cudaGraphExec_t graph_[3][2] = {};  // [Head][short context]
+    // Steps at positions below this run attention as one split per KV head
+    // with no combine launch (QUERN_CUDA_SHORT_CTX, default 128: at most two
+    // tiles, both requested before the kernel's wait; 0: never).
+    int64_t short_ctx_ = 128;
+    DeviceBuffer sampling_;    // one DeviceSampling
+    PinnedBuffer host_sampling_;
+
+    // QUERN_CUDA_PROFILE=1: steps run uncaptured with CUDA events between the
+    // ops; the destructor prints the GPU time per op kind (µs per decode
+    // step, and µs per batched-prefill chunk with the GEMMs' dequantization
+    // and cuBLASLt time apart).
+    struct Profile {
+        std::vector<std::pair<std::string, double>> ms;  // op name -> total ms
+        int64_t count = 0;                               // steps or chunks
+        int64_t rows = 0;                                // prefill: positions
+    };
+    bool profile_ = false;
+    // Expert layers of a prompt chunk route on the device and multiply each
+    // bank in one grouped launch (QUERN_CUDA_MOE_GROUPED=0: host routing and
+    // one GEMM per expert, for comparison).
+    bool moe_grouped_ = true;
+    // Passes whose gate|up products run on bq_gemm compute the gated values
+    // in that launch (bq_gemm_glu; QUERN_CUDA_BQ_GLU=0: the products, then
+    // glu_rows_bf16, for comparison).
+    bool bq_glu_ = true;
+    // Decode passes of the batch runner fold RoPE and the KV write into the
+    // paged attention (paged_rope_attention; QUERN_CUDA_ROPE_FOLD=0: two
+    // launches, for comparison).
+    bool rope_fold_ = true;
+    std::vector<std::pair<const char*, cudaEvent_t>> marks_;
+    Profile prof_decode_, prof_prefill_, prof_batch_, prof_batch_prompt_;  // batch: passes of one row per sequence, others
+    double batch_wall_ms_ = 0;  // host time of the profiled decode batch passes
+    void mark(const char* what);
+    void collect_profile(Profile& p);
+    static void print_profile(const Profile& p, const char* what);
+};
+
+}  // namespace quern::cuda

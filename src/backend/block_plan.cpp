@@ -116,7 +116,16 @@ BlockPlan plan_blocks(const Program& p) {
         same(b.head_dim, L.attn->head_dim, "heads of", il);
         b.post_norms = b.post_norms || L.post_attn_norm || L.post_ffn_norm;
         b.moe = b.moe || L.moe;
-        b.longrope = b.longrope || L.attn->rope.long_factors;
+        if (const RopeSpec& rp = L.attn->rope; rp.long_factors) {
+            // One LongRoPE switch for the whole model (it is made per pass, from the sequence's last position).
+            for (const BlockPlanLayer& E : b.layers) {
+                const RopeSpec& e = E.attn->rope;
+                if (e.long_factors && (e.long_factors != rp.long_factors || e.factors != rp.factors ||
+                                       e.long_from != rp.long_from || e.dim != rp.dim || e.base != rp.base))
+                    fail("layer {} has LongRoPE factors of its own", il);
+            }
+            b.longrope = true;
+        }
         b.layers.push_back(std::move(L));
     }
     b.n_layer = static_cast<int64_t>(b.layers.size());

@@ -248,6 +248,8 @@ const Tensor& ProgramBuilder::rows_view(const Tensor& t, int64_t i2, int64_t r0,
 }
 
 const float* ProgramBuilder::constant(std::vector<float> v) {
+    for (const auto& c : p_.constants)  // one copy of each table: backends key their own copies by address
+        if (c == v) return c.data();
     p_.constants.push_back(std::move(v));
     return p_.constants.back().data();
 }

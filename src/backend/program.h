@@ -212,7 +212,8 @@ public:
     /// tensor owned by the program (a fused Q|K|V or gate|up matrix split
     /// into its parts; one expert of a 3-D bank).
     const Tensor& rows_view(const Tensor& t, int64_t i2, int64_t r0, int64_t rows, std::string name);
-    /// A constant table owned by the program.
+    /// A constant table owned by the program (the same address for equal
+    /// tables).
     const float* constant(std::vector<float> v);
 
 private:

@@ -60,7 +60,7 @@ enum class OpKind : uint8_t {
     Moe,         ///< out = Σ_slots w · expert(in0) over the router's top-k (MoeSpec)
     Add,         ///< out = in0 + in1
     Scale,       ///< out = in0 · scalar
-    Softcap,     ///< out = scalar · tanh(in0 / scalar) (Gemma 2)
+    Softcap,     ///< out = scalar · tanh(in0 / scalar)
     SelectRows,  ///< out = the rows of in0 whose logits the pass wants (the head runs on those)
     Trace,       ///< reports in0's last row under `name` (TraceFn); no output
 };
@@ -68,7 +68,7 @@ enum class OpKind : uint8_t {
 /// The gate activation of a gated FFN.
 enum class GluAct : uint8_t {
     SiLU,      ///< SwiGLU (Shazeer 2020): silu(g) · u
-    GeluTanh,  ///< GeGLU with GELU's tanh approximation (Gemma; transformers' gelu_pytorch_tanh)
+    GeluTanh,  ///< GeGLU with GELU's tanh approximation (transformers' gelu_pytorch_tanh)
 };
 
 /// One matrix of a Linear op: w has ne = {K, N} (K the input width, N its
@@ -122,7 +122,7 @@ struct ExpertBank {
     std::vector<const Tensor*> experts;
 };
 
-/// A mixture-of-experts FFN (Mixtral, Qwen3-MoE): router logits
+/// A mixture-of-experts FFN (Shazeer et al. 2017; top-k routing): router logits
 /// r = in0 · routerᵀ, p = softmax(r), the n_used experts of largest p
 /// (ties: lower index first), weights p_j (divided by their sum when
 /// renormalize); out = Σ_j w_j · down_j(act(gate_j · x) · up_j · x).

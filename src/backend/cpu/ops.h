@@ -34,12 +34,12 @@ void rope_inv_freq(int rope_dim, float base, const float* freq_factors, float* i
 /// SwiGLU (Shazeer 2020): out = silu(gate) * up elementwise, count elements.
 void swiglu(const float* gate, const float* up, float* out, int64_t count);
 
-/// GeGLU with the tanh approximation of GELU (Shazeer 2020; Gemma's FFN,
-/// transformers' gelu_pytorch_tanh): out = gelu(gate) * up elementwise,
+/// GeGLU with the tanh approximation of GELU (Shazeer 2020; transformers'
+/// gelu_pytorch_tanh): out = gelu(gate) * up elementwise,
 /// gelu(x) = 0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³))). out may alias gate.
 void geglu_tanh(const float* gate, const float* up, float* out, int64_t count);
 
-/// Soft-capping (Gemma 2): x = cap * tanh(x / cap) elementwise, in place; cap > 0.
+/// Soft-capping: x = cap * tanh(x / cap) elementwise, in place; cap > 0.
 void softcap(float* x, int64_t count, float cap);
 
 /// x *= s elementwise.
@@ -64,7 +64,7 @@ void get_rows(const Tensor& table, const int32_t* ids, int64_t n, float* out);
 ///     of transformers' sliding_attention layers and llama.cpp's
 ///     LLAMA_SWA_TYPE_STANDARD); 0: the whole prefix.
 ///   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap)
-///     before the softmax (Gemma 2's attn_logit_softcapping); 0: none.
+///     before the softmax (transformers' attn_logit_softcapping); 0: none.
 void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
                int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
                ThreadPool& pool, int64_t window = 0, float softcap = 0.0f);

@@ -20,7 +20,7 @@
 //     [gate | up] = W_gate_up · xq                        one GEMV when the types match
 //     fq = Q8_1(SiLU(gate) · up)                          swiglu_q8_1
 //     h = W_down · fq                                     gemv
-//   (mixture-of-experts layers, Mixtral / Qwen3-MoE: in place of the FFN
+//   (mixture-of-experts layers: in place of the FFN
 //    above, with every expert id on the device)
 //     r = W_router · xq                                   gemv (float or quantized router)
 //     ids[k], w[k] = top-k of softmax(r), renormalised    moe_route (one block, as the CPU's moe_route)

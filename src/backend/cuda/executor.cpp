@@ -136,7 +136,7 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
             all_q = all_q && q8(L.wo) && q8(L.down);
         }
         const char* e = std::getenv("QUERN_CUDA_FUSE_NORM");
-        // Post-norms (Gemma) normalize a branch's output before its residual
+        // Post-norms normalize a branch's output before its residual
         // add, which the GEMV epilogue cannot do: those models keep the
         // launches. So do expert layers, whose output is a weighted sum of
         // several GEMVs (moe_weighted_sum) rather than one GEMV's epilogue.

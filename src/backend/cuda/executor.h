@@ -35,10 +35,10 @@ struct Piece {
 struct LayerWeights {
     const float* attn_norm = nullptr;
     const float* ffn_norm = nullptr;
-    const float* qkv_bias = nullptr;  // [q | k | v] biases (Qwen2), or null
-    const float* q_norm = nullptr;    // head_dim weights (Qwen3), or null
+    const float* qkv_bias = nullptr;  // [q | k | v] biases, or null
+    const float* q_norm = nullptr;    // head_dim weights of the per-head q/k norms, or null
     const float* k_norm = nullptr;
-    const float* post_attn_norm = nullptr;  // Gemma: RMSNorm of the attention / FFN output
+    const float* post_attn_norm = nullptr;  // RMSNorm of the attention / FFN output
     const float* post_ffn_norm = nullptr;   //   before its residual add, or null
     std::vector<Piece> qkv;      // outputs into [q | k | v]
     Piece wo;

@@ -52,13 +52,12 @@ void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out
 ///   into (xq, xinfo) as one row of `count` elements (if not null); the
 ///   residual into (xq2, xinfo2) when given (two-level, as rms_norm_q8_1).
 /// gelu = true: GELU (tanh approximation) gating instead of SiLU, as
-/// cpu::geglu_tanh (Gemma's FFN).
+/// cpu::geglu_tanh.
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
                  cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, bool gelu = false);
 
 /// x[i] = s·x[i], then, when cap > 0, cap·tanh(x[i]/cap) (cpu::softcap), for
-/// `count` floats: Gemma's embedding scale (cap 0) and final logit
-/// soft-capping (s 1). Throws for a null x, count < 0 or cap < 0.
+/// `count` floats: a program's scale op (cap 0) and soft-cap op (s 1). Throws for a null x, count < 0 or cap < 0.
 void scale_softcap(float* x, int64_t count, float scale, float cap, cudaStream_t stream);
 
 /// y[i] += x[i] for `count` floats (any count; 16-byte alignment of both
@@ -81,17 +80,17 @@ void rope_kv_store(float* q, const float* k, const float* v, void* k_cache, void
                    const int32_t* pos, int n_ctx, int n_head, int n_head_kv, int head_dim, int rope_dim, float base,
                    bool neox, const float* freq_factors, cudaStream_t stream);
 
-/// What decode_attention_rope adds for architectures beyond Llama (all
-/// optional; device pointers of floats):
+/// The optional parts of an attention op (AttentionSpec, backend/program.h)
+/// that decode_attention_rope computes (device pointers of floats):
 ///   q_bias, k_bias, v_bias: n_head·head_dim / n_head_kv·head_dim / same,
-///     added to q, k, v as the QKV projection left them (Qwen2; all three or none)
+///     added to q, k, v as the QKV projection left them (all three or none)
 ///   q_norm, k_norm: head_dim weights of a per-head RMSNorm of q and k after
-///     the bias and before RoPE, epsilon norm_eps (Qwen3; both or neither)
+///     the bias and before RoPE, epsilon norm_eps (both or neither)
 ///   window > 0: the query sees keys pos − window + 1 .. pos only (sliding-
-///     window layers: Phi-3, Gemma; cpu::attention's window)
+///     window layers; cpu::attention's window)
 ///   softcap > 0: scores (already scaled) s → softcap·tanh(s/softcap) before
-///     the softmax (Gemma 2; cpu::attention's softcap)
-/// The order follows the CPU forward pass (src/model/arch/llama.cpp).
+///     the softmax (cpu::attention's softcap)
+/// The order follows the CPU's (cpu::ProgramRunner).
 struct AttentionExtras {
     const float* q_bias = nullptr;
     const float* k_bias = nullptr;
@@ -100,7 +99,7 @@ struct AttentionExtras {
     const float* k_norm = nullptr;
     float norm_eps = 1e-6f;
     int window = 0;
-    float softcap = 0.0f;  ///< > 0: scaled scores s become softcap·tanh(s/softcap) (Gemma 2)
+    float softcap = 0.0f;  ///< > 0: scaled scores s become softcap·tanh(s/softcap)
     /// 1: one split per query head whatever n_ctx (its block takes every
     /// tile in turn) and no combine launch: for steps known to be at short
     /// context (a CUDA graph captured for them). 0: splits by n_ctx, one

@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
             // ---- online softmax statistics, one warp per head
             for (int j = warp; j < g; j += kNW) {
                 float s0 = sc[j][lane], s1 = sc[j][lane + 32];
-                if (ROPE && rope.ex.softcap > 0.0f) {  // Gemma 2: s -> cap·tanh(s/cap); masked scores stay −inf
+                if (ROPE && rope.ex.softcap > 0.0f) {  // soft-cap: s -> cap·tanh(s/cap); masked scores stay −inf
                     const float cap = rope.ex.softcap;
                     if (s0 > -INFINITY) s0 = cap * tanhf(s0 / cap);
                     if (s1 > -INFINITY) s1 = cap * tanhf(s1 / cap);

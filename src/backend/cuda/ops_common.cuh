@@ -90,7 +90,7 @@ __device__ __forceinline__ float add_residual_sum_squares(float* xr, const float
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 /// The gated value of a GLU feed-forward layer from its gate g and up u:
-/// SiLU(g)·u = g/(1 + e^−g)·u, or GELU(g)·u with GELU's tanh form (Gemma),
+/// SiLU(g)·u = g/(1 + e^−g)·u, or GELU(g)·u with GELU's tanh form,
 /// as the CPU's swiglu / geglu.
 __device__ __forceinline__ float glu_value(float g, float u, bool gelu) {
     if (gelu) {

@@ -173,7 +173,7 @@ __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residua
 //   Grid:    one warp per 32-element block (lane i: element 32b+i), 256
 //            threads per block, ceil(count/256) blocks.
 //   Bound:   latency (count ≤ ~50k: 8 bytes in, ~5.3 out per element).
-// GELU = true: GELU (tanh approximation) gating instead of SiLU (Gemma), as
+// GELU = true: GELU (tanh approximation) gating instead of SiLU, as
 // cpu::geglu_tanh: 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))·up.
 template <bool GELU>
 __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* __restrict__ up,

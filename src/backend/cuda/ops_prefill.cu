@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(32 * kPrefillAttnWarps)
 //            out: n rows at stride ldo of Out (float, or BF16 bit patterns
 //            for the down projection's GEMM input).
 //   Grid:    one thread per output element, grid-stride, 256 per block.
-//   Math:    as swiglu_q8_1: SiLU(g)·up, or GELU-tanh(g)·up (Gemma).
+//   Math:    as swiglu_q8_1: SiLU(g)·up, or GELU-tanh(g)·up.
 //   Bound:   memory.
 template <bool GELU, class Out>
 __global__ void __launch_bounds__(256) glu_rows_kernel(const float* __restrict__ gu, int64_t ld, int64_t n,

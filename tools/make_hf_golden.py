@@ -61,9 +61,10 @@ architectures (LongRoPE excepted) with every head of 32 elements and every
 width a multiple of 32 (and of 64 where NVFP4 blocks meet it), the sizes the
 CUDA decode path takes; tests/cuda/hf_golden_cuda_test.cpp reads them on
 the GPU, and tests/model/hf_golden_test.cpp (HfGoldenGpuShapes) on the CPU.
-The committed fixtures come from transformers 5.24.0 and torch 2.15.0 (CPU);
+The committed fixtures come from transformers 5.24.0 and torch 2.15.0 (CPU),
+granite's from transformers 5.17.0 and torch 2.11.0 (the GPU machine's);
 transformers 5.17.0 computed Gemma 2's logits differently from the second
-position on (same weights), so make all of them with one version.
+position on (same weights), so remake the others with one version.
 
 Each one's golden logits come from transformers' float model with the
 dequantized weights loaded into it (float64, as above), not from
@@ -92,7 +93,8 @@ import shutil
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GraniteConfig,
+                          GraniteForCausalLM, LlamaConfig,
                           LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM)
@@ -157,6 +159,12 @@ MODELS = {
     # for one pass), 12 stay within it (the short factors).
     "phi3_longrope": (Phi3Config, Phi3ForCausalLM, dict(LONGROPE)),
     "phi3_longrope_short": (Phi3Config, Phi3ForCausalLM, dict(LONGROPE)),
+    # Llama's block with Granite's four multipliers: embeddings x 12, each
+    # branch x 0.22 before its residual add, scores x 0.09 (not
+    # 1/sqrt(head_dim)), logits / 8.
+    "granite": (GraniteConfig, GraniteForCausalLM, dict(
+        tie_word_embeddings=False, rope_theta=10000.0, embedding_multiplier=12.0, residual_multiplier=0.22,
+        attention_multiplier=0.09, logits_scaling=8.0)),
 }
 N_TOKENS_OF = {"gemma2": 32, "gemma3": 32, "phi3_longrope": 24, "phi3_longrope_short": 12}
 
@@ -178,6 +186,7 @@ GPU_SHAPES = {
     # Heads of 32, all rotated: 16 factors each.
     "phi3_longrope": dict(intermediate_size=128, rope_parameters=LONGROPE_GPU),
     "phi3_longrope_short": dict(intermediate_size=128, rope_parameters=LONGROPE_GPU),
+    "granite": {},
 }
 
 

@@ -3,6 +3,7 @@
 // config.json (hf_config.cpp).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -79,6 +80,10 @@ struct ModelConfig {
     // then up rows; no blk.N.ffn_gate).
     bool fused_qkv = false;
     bool fused_gate_up = false;
+
+    /// Hyper-parameters of one family alone, by name: set and read by that
+    /// family's file in model/arch/ (e.g. granite's "residual_scale").
+    std::map<std::string, float> extra;
 
     /// The attention window of layer il in positions (0: the whole causal prefix).
     int64_t window(int64_t il) const {

@@ -132,6 +132,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden,
                                            Case{"mixtral", "fp32", 0.9999}, Case{"mixtral", "bf16", 0.999},
                                            Case{"qwen3_moe", "fp32", 0.9999}, Case{"qwen3_moe", "bf16", 0.999},
                                            Case{"phi3", "fp32", 0.9999}, Case{"phi3", "bf16", 0.999},
+                                           Case{"granite", "fp32", 0.9999}, Case{"granite", "bf16", 0.999},
                                            // LongRoPE: past the original context (long factors) and within it
                                            Case{"phi3_longrope", "fp32", 0.9999}, Case{"phi3_longrope", "bf16", 0.999},
                                            Case{"phi3_longrope_short", "fp32", 0.9999},

@@ -152,6 +152,7 @@ TEST(ProgramEquivalence, HfCheckpoints) {
     const fs::path root = fs::path(QUERN_SOURCE_DIR) / "tests/data/hf";
     int n = 0;
     for (const auto& arch : fs::directory_iterator(root)) {
+        if (arch.path().filename() == "granite") continue;  // added with the program: the old pass never ran it
         for (const auto& v : fs::directory_iterator(arch.path())) {
             if (!v.is_directory()) continue;
             auto m = load_hf_model(v.path().string());

@@ -165,11 +165,12 @@ Value moe_ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, in
 
 void trace_layer(ProgramBuilder& b, int64_t il, Value x) { b.trace(x, fmt::format("blk.{}", il)); }
 
-Program output_head(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, Value x) {
+Program output_head(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, Value x, float logit_scale) {
     b.set_layer(-1);
     Value h = b.rms_norm(b.select_rows(x), w.get("output_norm.weight"), c.rms_eps);
     const Tensor* out = w.find("output.weight");
     Value logits = b.linear(h, out ? *out : w.get("token_embd.weight"));  // tied embeddings
+    if (logit_scale != 1.0f) logits = b.scale(logits, logit_scale);
     if (c.final_softcap > 0.0f) logits = b.softcap(logits, c.final_softcap);
     b.trace(logits, "logits");
     return b.finish(logits);

@@ -60,9 +60,9 @@ Value moe_ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, in
 /// The residual stream after layer il, traced as "blk.il".
 void trace_layer(ProgramBuilder& b, int64_t il, Value x);
 /// The output head: the selected rows of x, output_norm, the output matrix
-/// (token_embd when tied), × soft-cap when c.final_softcap; traced as
-/// "logits". Finishes the program.
-Program output_head(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, Value x);
+/// (token_embd when tied), × logit_scale when not 1, soft-capped when
+/// c.final_softcap; traced as "logits". Finishes the program.
+Program output_head(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, Value x, float logit_scale = 1.0f);
 
 /// The Llama family's program (llama.cpp's llm_build_llama): pre-norm blocks
 /// of attention and a SwiGLU FFN or expert FFN, each added to the residual

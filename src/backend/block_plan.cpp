@@ -81,6 +81,10 @@ BlockPlan plan_blocks(const Program& p) {
             o = wo.out;
         }
         if (r.next_is(OpKind::RmsNorm, o)) L.post_attn_norm = norm(o, "", o);
+        if (r.next_is(OpKind::Scale, o)) {
+            L.attn_out_scale = p.ops[r.i].scalar;
+            o = r.take(OpKind::Scale, o, "").out;
+        }
         const Op& add1 = r.take(OpKind::Add, x, "the attention residual add");
         if (add1.in[1].id != o.id) r.misfit("the attention residual add");
         x = add1.out;
@@ -107,6 +111,10 @@ BlockPlan plan_blocks(const Program& p) {
             L.down = r.single(glu.out, "the FFN down projection", f);
         }
         if (r.next_is(OpKind::RmsNorm, f)) L.post_ffn_norm = norm(f, "", f);
+        if (r.next_is(OpKind::Scale, f)) {
+            L.ffn_out_scale = p.ops[r.i].scalar;
+            f = r.take(OpKind::Scale, f, "").out;
+        }
         const Op& add2 = r.take(OpKind::Add, x, "the FFN residual add");
         if (add2.in[1].id != f.id) r.misfit("the FFN residual add");
         x = add2.out;
@@ -115,6 +123,7 @@ BlockPlan plan_blocks(const Program& p) {
         same(b.n_head_kv, L.attn->n_head_kv, "KV heads:", il);
         same(b.head_dim, L.attn->head_dim, "heads of", il);
         b.post_norms = b.post_norms || L.post_attn_norm || L.post_ffn_norm;
+        b.branch_scales = b.branch_scales || L.attn_out_scale != 1.0f || L.ffn_out_scale != 1.0f;
         b.moe = b.moe || L.moe;
         if (const RopeSpec& rp = L.attn->rope; rp.long_factors) {
             // One LongRoPE switch for the whole model (it is made per pass, from the sequence's last position).
@@ -134,6 +143,10 @@ BlockPlan plan_blocks(const Program& p) {
     y = r.take(OpKind::SelectRows, x, "the selection of the head's rows (or another decoder block)").out;
     b.out_norm = norm(y, "the output norm", z);
     b.output = r.single(z, "the output projection", l);
+    if (r.next_is(OpKind::Scale, l)) {
+        b.logit_scale = p.ops[r.i].scalar;
+        l = r.take(OpKind::Scale, l, "").out;
+    }
     if (r.next_is(OpKind::Softcap, l)) {
         b.final_softcap = p.ops[r.i].scalar;
         l = r.take(OpKind::Softcap, l, "").out;

@@ -2,10 +2,10 @@
 // compute: an embedding (optionally scaled), a stack of pre-norm decoder
 // blocks, and an output head. Each block is
 //
-//   h = RMSNorm(x); a = Linear_o(Attention(Linear_qkv(h))); [a = RMSNorm(a)]; x = x + a
-//   h = RMSNorm(x); f = Linear_down(Glu(Linear_gate|up(h))) or Moe(h); [f = RMSNorm(f)]; x = x + f
+//   h = RMSNorm(x); a = Linear_o(Attention(Linear_qkv(h))); [a = RMSNorm(a)]; [a = s·a]; x = x + a
+//   h = RMSNorm(x); f = Linear_down(Glu(Linear_gate|up(h))) or Moe(h); [f = RMSNorm(f)]; [f = s·f]; x = x + f
 //
-// and the head RMSNorm → Linear → [Softcap] on the selected rows. Which
+// and the head RMSNorm → Linear → [Scale] → [Softcap] on the selected rows. Which
 // kernels run it — a norm folded into the next GEMV's activation, a GEMV
 // adding its output into the residual stream and leaving the next norm's
 // activation, Q|K|V and gate|up read in one launch, RoPE + KV write +
@@ -26,12 +26,14 @@ struct BlockPlanLayer {
     const AttentionSpec* attn = nullptr;
     const Tensor* wo = nullptr;
     const Tensor* post_attn_norm = nullptr;  ///< or null
+    float attn_out_scale = 1.0f;             ///< the attention branch's factor before its residual add
     const Tensor* ffn_norm = nullptr;
     std::vector<LinearPiece> gate_up;    ///< dense FFN: gate rows then up rows (no biases)
     const Tensor* down = nullptr;        ///< dense FFN
     GluAct act = GluAct::SiLU;           ///< dense FFN, or the experts' (moe->act)
     const MoeSpec* moe = nullptr;        ///< expert FFN instead of gate_up/down
     const Tensor* post_ffn_norm = nullptr;   ///< or null
+    float ffn_out_scale = 1.0f;              ///< the FFN branch's factor before its residual add
     std::string trace;                   ///< the name the program traces the residual stream under, or ""
     bool qkv_bias() const { return qkv.front().bias != nullptr; }
 };
@@ -42,6 +44,7 @@ struct BlockPlan {
     std::vector<BlockPlanLayer> layers;
     const Tensor* out_norm = nullptr;
     const Tensor* output = nullptr;
+    float logit_scale = 1.0f;    ///< logits × this before the soft-cap
     float final_softcap = 0.0f;  ///< 0: none
     std::string logits_trace;    ///< "" when the program does not trace its logits
 
@@ -52,6 +55,7 @@ struct BlockPlan {
     int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0;  ///< expert layers' (0: none)
     float rms_eps = 0.0f;         ///< of every RMSNorm of the blocks and the head
     bool post_norms = false;      ///< some block normalizes a branch's output
+    bool branch_scales = false;   ///< some block scales a branch's output
     bool moe = false;             ///< some block has an expert FFN
     bool longrope = false;        ///< some layer's RoPE has LongRoPE factors
     int64_t q_dim() const { return n_head * head_dim; }

@@ -101,6 +101,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gemma3", "bf16", 0.999}, Case{"mixtral", "fp32", 0.9999}, Case{"mixtral", "bf16", 0.999},
                       Case{"qwen3_moe", "fp32", 0.9999}, Case{"qwen3_moe", "bf16", 0.999},
                       Case{"phi3", "fp32", 0.9999}, Case{"phi3", "bf16", 0.999},
+                      Case{"granite", "fp32", 0.9999}, Case{"granite", "bf16", 0.999},
                       Case{"phi3_longrope", "fp32", 0.9999}, Case{"phi3_longrope", "bf16", 0.999},
                       Case{"phi3_longrope_short", "fp32", 0.9999}, Case{"phi3_longrope_short", "bf16", 0.999},
                       Case{"llama", "fp8_block", 0.9999}, Case{"llama", "fp8_channel", 0.9999},

@@ -74,7 +74,7 @@ TEST(Program, EveryPresetLowersToDecoderBlocks) {
 // program of another shape is refused by name.
 TEST(Program, CheckpointsLowerAndOtherShapesAreRefused) {
     namespace fs = std::filesystem;
-    for (const char* dir : {"llama/fp32", "phi3_longrope/fp32", "gemma3/fp32", "qwen3_moe/fp32"}) {
+    for (const char* dir : {"llama/fp32", "phi3_longrope/fp32", "gemma3/fp32", "qwen3_moe/fp32", "granite/fp32"}) {
         auto m = load_hf_model((fs::path(QUERN_SOURCE_DIR) / "tests/data/hf_gpu" / dir).string());
         EXPECT_EQ(cuda_unsupported(m->program()), "") << dir;
     }

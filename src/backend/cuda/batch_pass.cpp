@@ -369,7 +369,8 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
             const int64_t m = std::min(kHeadRows, nh - h0);
             gather_rows_bf16(xb, E, d + 3 * nr + h0, m, bhead_x_.as<uint16_t>(), s);
             gemm_->run_bf16(output_.w, bhead_x_.as<uint16_t>(), m, blogits_.as<float>(), V, s);
-            if (c.final_softcap > 0.0f) scale_softcap(blogits_.as<float>(), m * V, 1.0f, c.final_softcap, s);
+            if (c.logit_scale != 1.0f || c.final_softcap > 0.0f)
+                scale_softcap(blogits_.as<float>(), m * V, c.logit_scale, c.final_softcap, s);
             bool greedy = false;
             for (int64_t j = 0; j < m; ++j) {
                 const SeqBatch& q = *head_seq_[static_cast<size_t>(h0 + j)];

@@ -163,6 +163,7 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
             if (!sk("wo")) mm(L.wo, attn_.as<float>(), xq_attn_, h);
             if (L.post_attn_norm)
                 rms_norm_q8_1(h, nullptr, L.post_attn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
+            if (P.attn_out_scale != 1.0f) scale_softcap(hres, c.n_embd, P.attn_out_scale, 0.0f, s);
             mark("gemv_o");
             if (!sk("norm")) norm(L.ffn_norm, true);
             mark("norm");
@@ -203,6 +204,7 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
             moe_weighted_sum(ey, moe_w_.as<float>(), k, c.n_embd, h, s);
             if (L.post_ffn_norm)
                 rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
+            if (P.ffn_out_scale != 1.0f) scale_softcap(hres, c.n_embd, P.ffn_out_scale, 0.0f, s);
         } else {
             if (!sk("gateup"))
                 for (const Piece& p : L.gate_up) mm_normed(p, gate, fuse);
@@ -219,6 +221,7 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
                 mm(L.down, ffh_.as<float>(), xq_ff_, h);
                 if (L.post_ffn_norm)
                     rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
+                if (P.ffn_out_scale != 1.0f) scale_softcap(hres, c.n_embd, P.ffn_out_scale, 0.0f, s);
             }
         }
         mark("gemv_down");
@@ -237,7 +240,8 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
         if (!fuse) norm(out_norm_, true);
         mark("norm");
         mm_normed(output_, logits_.as<float>(), fuse);
-        if (c.final_softcap > 0.0f) scale_softcap(logits_.as<float>(), c.n_vocab, 1.0f, c.final_softcap, s);
+        if (c.logit_scale != 1.0f || c.final_softcap > 0.0f)
+            scale_softcap(logits_.as<float>(), c.n_vocab, c.logit_scale, c.final_softcap, s);
         mark("gemv_output");
         if (head == kSample) {
             sample_token(logits_.as<float>(), c.n_vocab, tokens_.as<int32_t>(), pos, nctx,

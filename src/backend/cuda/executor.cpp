@@ -137,10 +137,10 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
         }
         const char* e = std::getenv("QUERN_CUDA_FUSE_NORM");
         // Post-norms normalize a branch's output before its residual
-        // add, which the GEMV epilogue cannot do: those models keep the
-        // launches. So do expert layers, whose output is a weighted sum of
+        // add, which the GEMV epilogue cannot do, nor scale it: those
+        // models keep the launches. So do expert layers, whose output is a weighted sum of
         // several GEMVs (moe_weighted_sum) rather than one GEMV's epilogue.
-        fuse_norm_ = all_q && !c.post_norms && !c.moe && !(e && std::string(e) == "0");
+        fuse_norm_ = all_q && !c.post_norms && !c.branch_scales && !c.moe && !(e && std::string(e) == "0");
         ss_parts_ = fbuf(c.n_embd / 32);
     }
     ctl_ = DeviceBuffer(sizeof(DecodeControl));

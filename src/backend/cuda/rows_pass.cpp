@@ -133,7 +133,8 @@ void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head) {
         rms_norm_q8_1(xl, hl, out_norm_, xn_.as<float>(), xq_embd_.q(), xq_embd_.info(), 1, E, c.rms_eps, s,
                       xq_embd_.q2(), xq_embd_.info2());
         mm(output_, xn_.as<float>(), xq_embd_, logits_.as<float>());
-        if (c.final_softcap > 0.0f) scale_softcap(logits_.as<float>(), c.n_vocab, 1.0f, c.final_softcap, s);
+        if (c.logit_scale != 1.0f || c.final_softcap > 0.0f)
+            scale_softcap(logits_.as<float>(), c.n_vocab, c.logit_scale, c.final_softcap, s);
         mark("head");
     }
     if (profile_) {
@@ -224,6 +225,7 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
         if (paged) gemm_->run_bf16(L.wo.w, xb, n, H, E, s);
         else gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
         if (L.post_attn_norm) rms_norm_q8_1(H, nullptr, L.post_attn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
+        if (P.attn_out_scale != 1.0f) scale_softcap(HRES, n * E, P.attn_out_scale, 0.0f, s);
         rms_norm_bf16(X, HRES, L.ffn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");
         if (L.moe) {
@@ -253,6 +255,7 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
             }
         }
         if (L.post_ffn_norm) rms_norm_q8_1(H, nullptr, L.post_ffn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
+        if (P.ffn_out_scale != 1.0f) scale_softcap(HRES, n * E, P.ffn_out_scale, 0.0f, s);
         mark("norm");
     }
 }

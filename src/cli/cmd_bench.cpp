@@ -2,7 +2,7 @@
 // llama-bench measures them: pp<N> evaluates N random tokens in one batch from
 // an empty cache; tg<N> generates N tokens one at a time from an empty cache.
 // On a GPU, pp<N> is one Session::eval of the N tokens: the batched prefill
-// (GEMMs; llama_session.cpp) where the model allows it, else N decode steps.
+// (GEMMs; backend/cuda/rows_pass.cpp) where the model allows it, else N decode steps.
 // Each test runs once to warm up, then -r times; mean ± stdev is reported with
 // the achieved weight bandwidth (tg) and arithmetic rate (pp) at the mean, and
 // --json adds the median and every sample.

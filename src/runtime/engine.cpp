@@ -14,7 +14,7 @@
 //   3. runs the runner's forward_batch, publishes the blocks it completed to the
 //      prefix cache, samples every sequence that produced logits and reports
 //      the events.
-// Model::forward_batch is batch-invariant (a row's result depends only on its
+// The CPU's batched pass (cpu::ProgramRunner::forward_batch) is batch-invariant (a row's result depends only on its
 // sequence's tokens, and a generated token is computed exactly as the same
 // token in a prompt), so a request produces the same tokens alone or in a
 // crowd, with or without a prefix-cache hit, preempted or not, for a given

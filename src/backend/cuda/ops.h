@@ -375,7 +375,7 @@ inline constexpr int kMaxExperts = 1024;
 inline constexpr int kMaxExpertsUsed = 16;
 
 /// Mixture-of-experts routing of one token, on the device, as moe_route
-/// (src/model/moe.h) computes it (softmax gating of Shazeer et al. 2017,
+/// (backend/cpu/moe_route.h) computes it (softmax gating of Shazeer et al. 2017,
 /// "Outrageously Large Neural Networks", top-k as in Mixtral, Jiang et al.
 /// 2024; renormalised weights are Mixtral's softmax over the top-k logits and
 /// Qwen3-MoE's norm_topk_prob):
@@ -398,7 +398,7 @@ void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32
 void moe_route_rows(const float* logits, int64_t n, int n_expert, int k, bool renormalise, int32_t* ids,
                     float* weights, cudaStream_t stream);
 
-/// The grouping of moe_group (model/moe.h) on the device, for the prefill's
+/// The grouping of moe_group (backend/cpu/moe_route.h) on the device, for the prefill's
 /// mixture-of-experts path without a host round trip: from the m = n·k
 /// expert ids of n rows (ids[r·k + j] in [0, n_expert)), offsets[0..n_expert]
 /// = the start of each expert's group of rows (exclusive prefix sum of the
@@ -421,7 +421,7 @@ void moe_group_rows(const int32_t* ids, int64_t n, int k, int n_expert, int32_t*
 void moe_weighted_sum(const float* y, const float* weights, int k, int64_t n, float* out, cudaStream_t stream);
 
 /// Mixture-of-experts prefill (rows grouped by expert, on the host with
-/// moe_route / moe_group, model/moe.h, or on the device with moe_route_rows /
+/// moe_route / moe_group, backend/cpu/moe_route.h, or on the device with moe_route_rows /
 /// moe_group_rows):
 /// gather_rows_bf16: out row i (K BF16 values) = x row src[i], i < m (the
 /// activation rows of each expert's entries back to back). src: m device

@@ -7,7 +7,7 @@
 //   Shapes:  logits: rows of n_expert floats; ids, weights: rows of k.
 //   Grid:    one block of 256 threads per row; thread t handles experts t,
 //            t + 256, ...
-//   Math:    as moe_route (src/model/moe.cpp) step by step: the max (thread 0,
+//   Math:    as moe_route (src/backend/cpu/moe_route.cpp) step by step: the max (thread 0,
 //            in order), p_x = exp(double(l_x − max)) (the float difference
 //            widened, as the CPU), Σp in double by thread 0 in expert order,
 //            p_x /= Σ; the rank of x = #{y : p_y > p_x or (p_y == p_x and

@@ -28,7 +28,7 @@ import json, sys
 for x in json.load(open(sys.argv[1])): print(sys.argv[2], x['parallel'], round(x['decode_tps_median'], 1), round(x['gen_tps_median'], 1))" \
     "$OUT/batch-$w.json" $w
 done
-QUERN_CUDA_PROFILE=1 "$BIN/quern" bench --device cuda -m "$M" --batch 64 -p 128 -n 128 -r 1 2>&1 \
+"$BIN/quern" bench --cuda-profile --device cuda -m "$M" --batch 64 -p 128 -n 128 -r 1 2>&1 \
   | grep -E "^  " | tee "$OUT/profile.txt"
 PORT=18080
 "$BIN/quern" serve -m "$M" --device cuda --port $PORT --parallel 256 -c 1024 --token-budget 2048 -q \

@@ -64,6 +64,6 @@ if has variants; then  # one-level activations; kernels launched one by one
 fi
 if has profile; then  # GPU time per op kind (events between ops, uncaptured)
   for q in Q4_K_M Q8_0; do
-    QUERN_CUDA_PROFILE=1 "$BIN/quern" bench --device cuda --synthetic llama3-8b --quant $q -p 0 -n 32 -r 1 2>&1 | tee -a "$OUT/profile.log"
+    "$BIN/quern" bench --cuda-profile --device cuda --synthetic llama3-8b --quant $q -p 0 -n 32 -r 1 2>&1 | tee -a "$OUT/profile.log"
   done
 fi

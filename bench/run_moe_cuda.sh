@@ -2,10 +2,10 @@
 # Mixture-of-experts prefill on a GPU machine, from prebuilt binaries:
 # synthetic qwen3-30b-a3b prompts (pp512, pp2048; medians of 3, JSON) with
 # expert banks in Q8_0, NVFP4 and Q4_K_M, each bank multiplied by its grouped
-# kernel (the default), by one GEMM per expert with host routing
-# (QUERN_CUDA_MOE_GROUPED=0), and for Q4_K_M by the decoding grouped kernel in
-# place of the bq layouts (QUERN_CUDA_MOE_BQ=0); Q8_0 also with token tiles of
-# 64 rows only (QUERN_CUDA_DQ_TOKENS=64); then llama3-8b's dense prompts.
+# kernel; Q8_0 also with token tiles of 64 rows only (QUERN_CUDA_DQ_TOKENS=64);
+# then llama3-8b's dense prompts. (The host-routed per-expert GEMMs and the
+# decoding grouped kernel in place of the bq layouts, measured slower in
+# bench/models-cuda-h200.md, have no switch any more.)
 #   bench/run_moe_cuda.sh BIN_DIR OUT_DIR
 # BIN_DIR holds quern and lib/ (libfmt, libpcre2-8, libcpp-httplib,
 # libcudart from the build machine; cuBLASLt is found in the machine's
@@ -27,11 +27,8 @@ for x in json.load(open(sys.argv[1])): print(sys.argv[2], x.get('test', ''), rou
 }
 run q8-grouped Q8_0
 run q8-grouped-t64 Q8_0 QUERN_CUDA_DQ_TOKENS=64
-run q8-per-expert Q8_0 QUERN_CUDA_MOE_GROUPED=0
 run nvfp4-grouped NVFP4
-run nvfp4-per-expert NVFP4 QUERN_CUDA_MOE_GROUPED=0
 run q4km-bq Q4_K_M
-run q4km-dq Q4_K_M QUERN_CUDA_MOE_BQ=0
 # Dense prompts (the per-chunk BF16 dequantization shares the decoders).
 PRESET=llama3-8b run l8-q4km Q4_K_M
 PRESET=llama3-8b run l8-q8 Q8_0

@@ -28,5 +28,5 @@ if [ -n "$LB" ]; then
     "$LB" -m "$f" -p 512,2048 -n 0 -r 3 -ngl 99 -o jsonl 2>/dev/null | tee -a "$OUT/prefill-llamacpp.jsonl"
   done
 fi
-QUERN_CUDA_PROFILE=1 "$BIN/quern" bench --device cuda --synthetic llama3-8b -p 2048 -n 0 -r 1 2>&1 \
+"$BIN/quern" bench --cuda-profile --device cuda --synthetic llama3-8b -p 2048 -n 0 -r 1 2>&1 \
   | grep -E "^  " | tee "$OUT/profile.txt"

@@ -146,6 +146,9 @@ void add_device_options(CLI::App* cmd, DeviceOptions& opts) {
     cmd->add_option("--gpu-mem", opts.gpu_mem, "Cap the GPU KV cache to what fits in this fraction of GPU memory")
         ->check(CLI::Range(0.01, 1.0));
     cmd->add_flag("--no-cuda-graph", opts.no_graph, "Launch the GPU kernels one by one (for debugging and timing)");
+    cmd->add_flag("--cuda-profile", opts.cuda_profile,
+                  "Time every GPU op kind with CUDA events (kernels launched one by one) and print the time per op "
+                  "kind of decode steps, prompt chunks and batch passes at exit");
     cmd->add_option("--gpu-weights", opts.gpu_weights,
                     "Weights on the GPU: native (as the file stores them) or fp8 (every layer matrix converted at "
                     "load to FP8 E4M3 with one scale per output channel; prefill in FP8 on the tensor cores)")
@@ -196,6 +199,7 @@ void warn_gpu_options_ignored(const DeviceOptions& opts) {
     if (opts.gpu_mem > 0) given += ", --gpu-mem";
     if (opts.no_graph) given += ", --no-cuda-graph";
     if (opts.gpu_weights != "native") given += ", --gpu-weights";
+    if (opts.cuda_profile) given += ", --cuda-profile";
     if (given.empty() || warned) return;
     warned = true;
     std::fprintf(stderr, "quern: warning: running on the CPU, which ignores the GPU-only option%s %s\n",
@@ -221,6 +225,7 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
     so.cuda_graph = !opts.no_graph;
     so.fp8_weights = opts.gpu_weights == "fp8";
     so.precise_activations = model.options().precise_activations;
+    so.profile = opts.cuda_profile;
     so.verbose = verbose;
     return make_executor_session(model, cuda::make_sequence_executor(model.program(), so));
 #else
@@ -236,6 +241,7 @@ std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOpt
     so.fp8_weights = opts.gpu_weights == "fp8";
     so.cuda_graph = !opts.no_graph;  // decode passes as graphs
     so.precise_activations = model.options().precise_activations;
+    so.profile = opts.cuda_profile;
     so.verbose = verbose;
     return make_executor_runner(model, cuda::make_batch_executor(model.program(), so));
 #else

@@ -72,8 +72,9 @@ struct DeviceOptions {
     double gpu_mem = 0;           ///< cap the GPU KV cache to this fraction of GPU memory (0: off)
     bool no_graph = false;        ///< launch kernels one by one instead of a CUDA graph
     std::string gpu_weights = "native";  ///< native | fp8 (--gpu-weights)
+    bool cuda_profile = false;    ///< GPU time per op kind, printed at exit (--cuda-profile)
 };
-/// Adds --device, --kv-tokens, --gpu-mem, --no-cuda-graph and --gpu-weights to a command.
+/// Adds --device, --kv-tokens, --gpu-mem, --no-cuda-graph, --gpu-weights and --cuda-profile to a command.
 void add_device_options(CLI::App* cmd, DeviceOptions& opts);
 /// Whether `opts` selects the GPU (auto: when this build has CUDA and a GPU is
 /// present). quern::Error for --device cuda without a GPU or without the CUDA

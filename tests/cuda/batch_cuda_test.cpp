@@ -139,7 +139,7 @@ double compare_batches(Model& model, ThreadPool& pool, const cuda::SessionOption
         }
         step(b, d == 3 || d == 4 ? "decode of 3" : "decode");
     }
-    if (const char* e = std::getenv("QUERN_CUDA_BATCH_GRAPH"); so.cuda_graph && !(e && *e == '0')) {
+    if (so.cuda_graph) {
         EXPECT_EQ(r.gpu->graph_replays(), 28) << what << ": passes replayed from graphs";
     }
     return worst;

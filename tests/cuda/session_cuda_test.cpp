@@ -588,15 +588,18 @@ TEST(CudaSession, OtherArchitecturesAndHeadSizesVerify) {
 // Steps at positions below 128 replay a graph of their own whose attention
 // runs as one split per KV head with no combine launch; later steps the
 // split form. Decoding token by token across that boundary must give the
-// logits of a session that never takes the short form (QUERN_CUDA_SHORT_CTX=0)
+// logits of a session that never takes the short form (short_ctx 0)
 // and of the CPU.
 TEST(CudaSession, ShortContextGraphMatchesSplitForm) {
     REQUIRE_GPU();
     ThreadPool pool(0);
     ArchModel am = small_arch_model("llama", "Q8_0", 64, 8, 2);
-    setenv("QUERN_CUDA_SHORT_CTX", "0", 1);
-    auto split = gpu_session(*am.model, 512, false);
-    unsetenv("QUERN_CUDA_SHORT_CTX");
+    cuda::SessionOptions so;
+    so.n_ctx = 512;
+    so.verbose = false;
+    so.batched_prefill = false;
+    so.short_ctx = 0;
+    auto split = test::cuda_session(*am.model, so);
     auto dflt = gpu_session(*am.model, 512, false);
     auto cpu = make_cpu_session(*am.model, 512, pool);
     const int64_t V = am.model->config().n_vocab;

@@ -49,8 +49,7 @@ void CudaExecutor::prepare_batches() {
     // 11 bits per weight): passes of few rows read those instead of the
     // 16-bit copies (PrefillGemm::uses_bq says up to how many; on an H200
     // decode of one sequence in a batch runs 1.3× faster, of 8 1.26×), and
-    // where no BF16 copy fits, passes of up to 64 rows. QUERN_CUDA_BQ=0:
-    // none.
+    // where no BF16 copy fits, passes of up to 64 rows.
     // Makes one more copy of `need` bytes with make() while a quarter of the
     // memory stays free; the first that does not fit (or fails) clears `room`.
     const auto copy_if_room = [&](bool& room, size_t need, const auto& make) {
@@ -67,8 +66,7 @@ void CudaExecutor::prepare_batches() {
             room = false;
         }
     };
-    const char* bq_env = std::getenv("QUERN_CUDA_BQ");
-    if (!(bq_env && *bq_env == '0')) {
+    {
         bool room = true;
         const auto small = [&](DeviceWeight& w) {
             if (!w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K)) return;
@@ -127,7 +125,6 @@ void CudaExecutor::prepare_batches() {
     // events would fall outside the graph) and expert layers group on the
     // device (no host round trip inside).
     {
-        const char* e = std::getenv("QUERN_CUDA_BATCH_GRAPH");
         bool copies = true, small = true;
         const auto check = [&](DeviceWeight& w) {
             if (!w.q || w.fp8_row_scaled) return;
@@ -141,7 +138,7 @@ void CudaExecutor::prepare_batches() {
             check(L.router.w);
             grouped = grouped && moe_on_device(L);
         }
-        graph_rows_ = (!opt_.cuda_graph || (e && *e == '0') || !grouped) ? 0 : copies ? kGraphRows : small ? kBqMaxRows : 0;
+        graph_rows_ = (!opt_.cuda_graph || !grouped) ? 0 : copies ? kGraphRows : small ? kBqMaxRows : 0;
         graph_rows_ = std::min(graph_rows_, prefill_rows_);
         if (graph_rows_ > 0) bgints_ = DeviceBuffer(static_cast<size_t>(kGraphInts) * 4);
     }

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "backend/cuda/tuning.h"
 #include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
@@ -793,16 +794,16 @@ struct ClusterLaunch {
 // How many thread block clusters of s blocks (s = 1 .. kMaxSplits; index s)
 // of `kernel` (kThreads threads, smem bytes) the device runs at once: the
 // residency of a cluster is bounded by one GPC's SMs, so this is at most,
-// and often less than, blocks per SM × SMs / s. QUERN_CUDA_BQ_BLOCKS_PER_SM=N
+// and often less than, blocks per SM × SMs / s. Tuning::bq_blocks_per_sm = N
 // sets blocks per SM × SMs / s instead.
 template <class Kernel>
 std::array<int, kMaxSplits + 1> active_clusters(Kernel kernel, int smem) {
     QUERN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     std::array<int, kMaxSplits + 1> a{};
-    const char* e = std::getenv("QUERN_CUDA_BQ_BLOCKS_PER_SM");
+    const int forced = tuning().bq_blocks_per_sm;
     for (int s = 1; s <= kMaxSplits; ++s) {
-        if (e && std::atoi(e) > 0) {
-            a[static_cast<size_t>(s)] = std::max(1, std::atoi(e) * CudaContext::current_sm_count() / s);
+        if (forced > 0) {
+            a[static_cast<size_t>(s)] = std::max(1, forced * CudaContext::current_sm_count() / s);
             continue;
         }
         const ClusterLaunch l(dim3(1, static_cast<unsigned>(s)), static_cast<unsigned>(s), smem, nullptr);
@@ -914,7 +915,7 @@ int form_now() {
     int f = g_form.load(std::memory_order_relaxed);
     if (f >= 0) return f;
     f = 1;
-    if (const char* e = std::getenv("QUERN_CUDA_BQ_WGMMA"); e && *e) f = std::clamp(std::atoi(e), 0, kBqLastForm);
+    if (tuning().bq_wgmma >= 0) f = std::clamp(tuning().bq_wgmma, 0, kBqLastForm);
     if (!device_has_wgmma()) f = 0;
     int unset = -1;  // a concurrent bq_gemm_set_form wins
     return g_form.compare_exchange_strong(unset, f, std::memory_order_relaxed) ? f : unset;

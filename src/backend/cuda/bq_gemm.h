@@ -126,7 +126,7 @@ inline constexpr int kBqLastForm = 4;
 ///      operand straight from registers);
 ///   2, 3, 4  the wgmma kernel only: two or four chunks of weights in flight
 ///      per warp, or two 64-row groups per warpgroup (17-32 rows).
-/// QUERN_CUDA_BQ_WGMMA=N in the environment sets it at the first product;
+/// Tuning::bq_wgmma (tuning.h) sets it at the first product;
 /// the setter (for tests and benchmarks) clamps to 0 .. kBqLastForm;
 /// devices without sm_90a code (or a build without it) always get 0.
 void bq_gemm_set_form(int form);

@@ -58,35 +58,3 @@ void CudaContext::synchronize() const { QUERN_CUDA_CHECK(cudaStreamSynchronize(s
 
 }  // namespace quern::cuda
 
-namespace quern::cuda {
-bool pdl_enabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("QUERN_CUDA_PDL");
-        return !(e && e[0] == '0');
-    }();
-    return on;
-}
-bool pdl_early(const char* what) {
-    // Default: every decode kernel that may trigger early does (launch.cuh).
-    // The list is split once; a lookup (one per launch) allocates nothing.
-    static const std::vector<std::string> words = [] {
-        const char* e = std::getenv("QUERN_PDL_EARLY");
-        std::vector<std::string> v;
-        std::string w;
-        for (const char* c = e ? e : "swiglu,attn,gemv,combine,argmax";; ++c) {
-            if (*c == ',' || *c == '\0') {
-                if (!w.empty()) v.push_back(w);
-                w.clear();
-                if (*c == '\0') break;
-            } else {
-                w += *c;
-            }
-        }
-        return v;
-    }();
-    if (!pdl_enabled()) return false;
-    for (const auto& w : words)
-        if (w == what) return true;
-    return false;
-}
-}  // namespace quern::cuda

@@ -56,9 +56,4 @@ private:
     std::string name_;
 };
 
-/// Whether the decode kernel named `what` (a word of QUERN_PDL_EARLY, e.g.
-/// "swiglu,attn,gemv") triggers its successor's launch before its own PDL
-/// wait (launch.cuh, pdl_wait_trigger).
-bool pdl_early(const char* what);
-
 }  // namespace quern::cuda

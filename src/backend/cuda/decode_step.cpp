@@ -62,6 +62,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/executor.h"
+#include "backend/cuda/tuning.h"
 #include "core/error.h"
 
 namespace quern::cuda {
@@ -103,15 +104,10 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
         else mm(p, xn, xq_embd_, y);
     };
 
-    // QUERN_CUDA_SKIP=norm,attn,swiglu,qkv,wo,gateup,down,router leaves those
-    // ops out of the step (gateup, swiglu and down cover the experts too;
-    // router the expert layers' router GEMV): the output is wrong, the step
-    // time tells what each op costs inside the replayed graph
-    // (bench/decode-cuda-h200.md).
-    static const std::string skip = [] {
-        const char* e = std::getenv("QUERN_CUDA_SKIP");
-        return std::string(e ? e : "");
-    }();
+    // Tuning::skip leaves ops out of the step (gateup, swiglu and down cover
+    // the experts too; router the expert layers' router GEMV): the output is
+    // wrong, the step time tells what each op costs in the replayed graph.
+    const std::string& skip = tuning().skip;
     const auto sk = [&](const char* what) { return skip.find(what) != std::string::npos; };
     mark("start");
     // Layer 0's RMSNorm deferred like the others' where the GEMVs defer it:
@@ -351,7 +347,7 @@ int32_t CudaExecutor::took_step(int64_t p) {
 bool CudaExecutor::samples_on_device(const SamplingSpec& sp) const {
     const bool pen = sp.repeat_penalty != 1.0f || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f;
     // Else (top-k off or too large, or a long penalty window) the host samples.
-    return device_sampling_supported(sp.top_k, sp.repeat_last_n, pen) && !std::getenv("QUERN_CUDA_HOST_SAMPLING");
+    return device_sampling_supported(sp.top_k, sp.repeat_last_n, pen);
 }
 
 int32_t CudaExecutor::eval_sample(int32_t token, const SamplingSpec& sp) {

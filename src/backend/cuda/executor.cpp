@@ -70,11 +70,8 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
     const auto& c = plan_;
     if (c.head_dim == 256 && !opt.f16_kv) fail("the CUDA decode attention needs an f16 KV cache for heads of 256");
     levels_ = opt.precise_activations ? 2 : 1;
-    if (const char* p = std::getenv("QUERN_CUDA_PROFILE"); p && *p && *p != '0') profile_ = true;
-    if (const char* p = std::getenv("QUERN_CUDA_SHORT_CTX"); p && *p) short_ctx_ = std::max(0LL, std::atoll(p));
-    if (const char* p = std::getenv("QUERN_CUDA_MOE_GROUPED"); p && *p == '0') moe_grouped_ = false;
-    if (const char* p = std::getenv("QUERN_CUDA_BQ_GLU"); p && *p == '0') bq_glu_ = false;
-    if (const char* p = std::getenv("QUERN_CUDA_ROPE_FOLD"); p && *p == '0') rope_fold_ = false;
+    profile_ = opt.profile;
+    short_ctx_ = std::max<int64_t>(0, opt.short_ctx);
     kv_type_ = opt.f16_kv ? KvType::F16 : KvType::F32;
     if (opt.n_ctx < 1 || opt.n_ctx > (int64_t{1} << 24)) fail("KV-cache size {} out of range", opt.n_ctx);
 
@@ -135,12 +132,11 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
                 for (const Piece& p : *ps) all_q = all_q && q8(p);
             all_q = all_q && q8(L.wo) && q8(L.down);
         }
-        const char* e = std::getenv("QUERN_CUDA_FUSE_NORM");
         // Post-norms normalize a branch's output before its residual
         // add, which the GEMV epilogue cannot do, nor scale it: those
         // models keep the launches. So do expert layers, whose output is a weighted sum of
         // several GEMVs (moe_weighted_sum) rather than one GEMV's epilogue.
-        fuse_norm_ = all_q && !c.post_norms && !c.branch_scales && !c.moe && !(e && std::string(e) == "0");
+        fuse_norm_ = all_q && !c.post_norms && !c.branch_scales && !c.moe;
         ss_parts_ = fbuf(c.n_embd / 32);
     }
     ctl_ = DeviceBuffer(sizeof(DecodeControl));
@@ -166,8 +162,7 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
                 ok = ok && g(L.down);
             }
         }
-        const char* e = std::getenv("QUERN_CUDA_PREFILL");
-        prefill_supported_ = ok && !(e && std::string(e) == "0");
+        prefill_supported_ = ok;
     }
 
     // KV cache: as requested, capped by --gpu-mem.
@@ -386,11 +381,8 @@ void CudaExecutor::make_rope_tables() {
 // after every weight is uploaded, bank by bank while half of the GPU's
 // memory stays free (for the KV cache and the rest); a bank without one
 // (another type, or no room) goes through dq_gemm_grouped.
-// QUERN_CUDA_MOE_BQ=0: none.
 void CudaExecutor::make_expert_bq() {
     const auto& c = plan_;
-    const char* e = std::getenv("QUERN_CUDA_MOE_BQ");
-    if (e && *e == '0') return;
     for (auto& L : layers_) {
         const std::pair<DeviceWeight*, int64_t> banks[] = {
             {&L.exp_gate, c.n_ff_exp}, {&L.exp_up, c.n_ff_exp}, {&L.exp_down, c.n_embd}};

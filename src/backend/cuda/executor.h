@@ -208,7 +208,6 @@ private:
     // RMSNorms folded into the GEMVs around them (gemv_residual_norm and
     // DeferredNormScale, gemv.h) when every matrix reads the quantized
     // activation; else one rms_norm_q8_1 launch per norm.
-    // QUERN_CUDA_FUSE_NORM=0 turns it off.
     bool fuse_norm_ = false;
     DeviceBuffer ss_parts_;  // n_embd/32 partial sums of x²
 
@@ -306,13 +305,12 @@ private:
 
     cudaGraphExec_t graph_[3][2] = {};  // [Head][short context]
     // Steps at positions below this run attention as one split per KV head
-    // with no combine launch (QUERN_CUDA_SHORT_CTX, default 128: at most two
-    // tiles, both requested before the kernel's wait; 0: never).
+    // with no combine launch (SessionOptions::short_ctx).
     int64_t short_ctx_ = 128;
     DeviceBuffer sampling_;    // one DeviceSampling
     PinnedBuffer host_sampling_;
 
-    // QUERN_CUDA_PROFILE=1: steps run uncaptured with CUDA events between the
+    // SessionOptions::profile: steps run uncaptured with CUDA events between the
     // ops; the destructor prints the GPU time per op kind (µs per decode
     // step, and µs per batched-prefill chunk with the GEMMs' dequantization
     // and cuBLASLt time apart).
@@ -322,18 +320,6 @@ private:
         int64_t rows = 0;                                // prefill: positions
     };
     bool profile_ = false;
-    // Expert layers of a prompt chunk route on the device and multiply each
-    // bank in one grouped launch (QUERN_CUDA_MOE_GROUPED=0: host routing and
-    // one GEMM per expert, for comparison).
-    bool moe_grouped_ = true;
-    // Passes whose gate|up products run on bq_gemm compute the gated values
-    // in that launch (bq_gemm_glu; QUERN_CUDA_BQ_GLU=0: the products, then
-    // glu_rows_bf16, for comparison).
-    bool bq_glu_ = true;
-    // Decode passes of the batch runner fold RoPE and the KV write into the
-    // paged attention (paged_rope_attention; QUERN_CUDA_ROPE_FOLD=0: two
-    // launches, for comparison).
-    bool rope_fold_ = true;
     std::vector<std::pair<const char*, cudaEvent_t>> marks_;
     Profile prof_decode_, prof_prefill_, prof_batch_, prof_batch_prompt_;  // batch: passes of one row per sequence, others
     double batch_wall_ms_ = 0;  // host time of the profiled decode batch passes

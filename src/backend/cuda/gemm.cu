@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/tuning.h"
 #include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
@@ -299,7 +300,7 @@ struct PrefillGemm::Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    // QUERN_CUDA_GEMM_TUNE=1: the heuristic's first candidates, timed on the
+    // Tuning::gemm_tune: the heuristic's first candidates, timed on the
     // first product of the shape (then `algo` is the fastest).
     cublasLtMatmulAlgo_t candidates[8]{};  // (a fixed array: nvcc 13.0's front end
     int n_candidates = 0;                  //  fails on a std::vector of them here)
@@ -319,7 +320,7 @@ constexpr int kTuneCandidates = 8;
 
 PrefillGemm::PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems)
     : max_n_(max_n), max_k_(max_k), max_tile_(max_tile_elems) {
-    if (const char* e = std::getenv("QUERN_CUDA_GEMM_TUNE"); e && *e && *e != '0') tune_ = true;
+    tune_ = tuning().gemm_tune;
     if (max_n < 1 || max_k < 1 || max_tile_elems < max_k) throw_error("PrefillGemm: bad scratch sizes");
     cublasLtHandle_t h = nullptr;
     check_lt(cublasLtCreate(&h), "cublasLtCreate");
@@ -504,11 +505,8 @@ bool PrefillGemm::uses_bq(const DeviceWeight& w, int64_t n) {
     if (!w.bq || n > kBqMaxRows) return false;
     // Up to how many rows bq_gemm beats the BF16 copy + cuBLASLt on an H200
     // (bench/batched-cuda-h200.md): 16 with its mma.sync kernels, 32 with the
-    // wgmma ones; QUERN_CUDA_BQ_ROWS=N sets it (for measurements).
-    static const int64_t limit = [] {
-        if (const char* e = std::getenv("QUERN_CUDA_BQ_ROWS"); e && *e) return static_cast<int64_t>(std::atoi(e));
-        return int64_t{-1};
-    }();
+    // wgmma ones; Tuning::bq_rows sets it (for measurements).
+    const int64_t limit = tuning().bq_rows;
     const int64_t rows = limit >= 0 ? limit : bq_gemm_form() > 0 ? 32 : 16;
     return !w.bf16 || w.N >= 65536 || n <= rows;
 }

@@ -88,7 +88,7 @@ public:
     /// handle cannot be had. Descriptors and the algorithm choice are cached
     /// per (shape, alignment): at most a few per matrix and chunk length.
     /// The algorithm is cuBLASLt's first heuristic choice; with
-    /// QUERN_CUDA_GEMM_TUNE=1 in the environment, the fastest of its first
+    /// Tuning::gemm_tune (tuning.h), the fastest of its first
     /// eight, timed on the first product of each shape.
     PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems = int64_t{16} << 20);
     ~PrefillGemm();
@@ -115,7 +115,7 @@ public:
     /// n is at most where bq_gemm is faster than the copy with cuBLASLt on an
     /// H200 (32 rows with its wgmma form, 16 without; all kBqMaxRows for
     /// matrices of 64k rows or more, the output head;
-    /// bench/batched-cuda-h200.md). QUERN_CUDA_BQ_ROWS=N sets the row limit.
+    /// bench/batched-cuda-h200.md). Tuning::bq_rows sets the row limit.
     static bool uses_bq(const DeviceWeight& w, int64_t n);
 
     /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank
@@ -166,7 +166,7 @@ private:
     void release_streams();
 
     int64_t max_n_, max_k_, max_tile_;
-    bool tune_ = false;  // QUERN_CUDA_GEMM_TUNE=1: time the heuristic's candidates per shape
+    bool tune_ = false;  // Tuning::gemm_tune: time the heuristic's candidates per shape
     void* handle_ = nullptr;  // cublasLtHandle_t
     DeviceBuffer workspace_, wtile_[2], xact_;
     DeviceBuffer qx_, sx_;  // the activations in E4M3 and their per-row scales (FP8 path)

@@ -8,6 +8,7 @@
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tuning.h"
 #include "core/error.h"
 
 namespace quern::cuda {
@@ -35,70 +36,88 @@ const char* gemv_config_name(int config) {
     return config >= 0 && config < kNumGemvConfigs ? names[config].c_str() : "?";
 }
 
-// Chosen from the per-configuration sweep of bench_gemv_cuda on an H200
-// (bench/gemv-cuda-h200.md, 2026-11-30); indices into kGemvConfigs. The
-// quantized kernels want few threads per row (T64: 2 units per thread on
-// K = 4096) and 2-4 rows per block; the float kernels more threads per row.
+namespace {
+
+constexpr int64_t kAny = INT64_MAX;
+
+// A launch configuration rule: matrices of `type` (kAnyType: any type whose
+// GEMV reads the quantized activation) with K in [k_min, k_max] and N in
+// [n_min, n_max], under two-level activations (levels 2) or one level (0),
+// get kGemvConfigs[config]. The first rule that matches wins; the last is the catch-all.
+struct GemvRule {
+    DType type;
+    int levels;
+    int64_t k_min, k_max, n_min, n_max;
+    int config;
+};
+constexpr auto kAnyType = static_cast<DType>(0xffffffffu);  // no GGUF type has this id
+
+// From bench_gemv_cuda's sweeps of every configuration on an H200 and, where a
+// sweep and a whole decode step disagreed, the step (bench/gemv-cuda-h200.md,
+// bench/decode-cuda-h200.md). The quantized kernels want few threads per row
+// and 2-4 rows per block; the float kernels more threads per row. Two-level
+// activations double the activation loads per weight load, so more rows per
+// block (sharing them) pay off. Rows longer than 8192 (the FFN down
+// projection) and the output head (N >= 65536) get their own rules.
+// R rows per block, T threads per row, U units per thread, P persistent.
+constexpr GemvRule kGemvRules[] = {
+    {DType::Q4_K, 2, 8193, kAny, 0, kAny, 14},      // R4 T128 U1 P
+    {DType::Q4_K, 2, 4096, kAny, 4097, 65535, 14},  // R4 T128 U1 P (fused Q|K|V, gate|up)
+    {DType::Q4_K, 2, 0, kAny, 0, kAny, 10},         // R4 T64 U2 P
+    {DType::Q6_K, 2, 8193, kAny, 0, kAny, 2},       // R4 T128 U1
+    {DType::Q6_K, 2, 0, kAny, 65536, kAny, 10},     // R4 T64 U2 P (output)
+    {DType::Q6_K, 2, 0, kAny, 2049, 8191, 7},       // R4 T32 U4 (q, o)
+    {DType::Q6_K, 2, 0, kAny, 0, kAny, 4},          // R4 T64 U2
+    {DType::Q8_0, 2, 8193, kAny, 0, kAny, 1},       // R2 T128 U2
+    {DType::Q8_0, 2, 0, kAny, 0, kAny, 11},         // R2 T64 U2 P (fastest step, not alone)
+    {kAnyType, 2, 8193, kAny, 0, kAny, 3},          // R2 T64 U2 (not swept)
+    {kAnyType, 2, 0, kAny, 0, kAny, 4},             // R4 T64 U2 (not swept)
+    // One level, or float activations.
+    {DType::Q4_1, 0, 8193, kAny, 0, kAny, 4},       // R4 T64 U2
+    {DType::Q4_1, 0, 0, kAny, 0, kAny, 3},          // R2 T64 U2
+    {DType::Q8_0, 0, 8193, kAny, 0, kAny, 5},       // R1 T256 U2
+    {DType::Q8_0, 0, 0, kAny, 0, kAny, 2},          // R4 T128 U1
+    {DType::Q4_K, 0, 0, kAny, 0, 2048, 2},          // R4 T128 U1
+    {DType::Q4_K, 0, 0, kAny, 0, kAny, 4},          // R4 T64 U2
+    {DType::Q6_K, 0, 8193, kAny, 0, kAny, 1},       // R2 T128 U2
+    {DType::Q6_K, 0, 0, kAny, 0, 8191, 7},          // R4 T32 U4
+    {DType::Q6_K, 0, 0, kAny, 0, kAny, 3},          // R2 T64 U2
+    {DType::Q4_0, 0, 0, kAny, 0, kAny, 2},          // R4 T128 U1
+    {DType::Q5_1, 0, 0, kAny, 0, kAny, 2},          // R4 T128 U1
+    {DType::Q5_0, 0, 0, kAny, 2049, 8192, 8},       // R2 T32 U4
+    {DType::Q5_0, 0, 0, kAny, 0, kAny, 2},          // R4 T128 U1
+    {DType::Q5_K, 0, 0, kAny, 8193, kAny, 3},       // R2 T64 U2
+    {DType::Q5_K, 0, 0, kAny, 0, kAny, 2},          // R4 T128 U1
+    {DType::Q2_K, 0, 0, kAny, 0, 2048, 3},          // R2 T64 U2
+    {DType::Q2_K, 0, 0, kAny, 0, kAny, 4},          // R4 T64 U2
+    {DType::Q3_K, 0, 0, kAny, 0, kAny, 4},          // R4 T64 U2
+    {DType::F16, 0, 0, kAny, 0, 2048, 5},           // R1 T256 U2: few rows, many blocks
+    {DType::F16, 0, 0, 8192, 8192, kAny, 7},        // R4 T32 U4
+    {DType::F16, 0, 0, kAny, 0, kAny, 0},           // R1 T128 U4
+    {DType::BF16, 0, 0, kAny, 0, 2048, 5},          // as F16
+    {DType::BF16, 0, 0, 8192, 8192, kAny, 7},
+    {DType::BF16, 0, 0, kAny, 0, kAny, 0},
+    {DType::F32, 0, 0, kAny, 0, kAny, 5},           // R1 T256 U2
+    // Not swept: NVFP4 reads 18 bytes per 32-element unit like Q4_0;
+    // F8_E4M3_B32 one 16-byte load per unit like F16, with twice its elements.
+    {DType::NVFP4, 0, 0, kAny, 0, kAny, 2},         // R4 T128 U1 (as Q4_0)
+    {DType::F8_E4M3_B32, 0, 0, kAny, 0, 2048, 5},   // R1 T256 U2
+    {DType::F8_E4M3_B32, 0, 8193, kAny, 0, kAny, 0},  // R1 T128 U4
+    {DType::F8_E4M3_B32, 0, 0, kAny, 0, kAny, 1},   // R2 T128 U2
+    {kAnyType, 0, 0, kAny, 0, kAny, 3},             // R2 T64 U2
+};
+
+}  // namespace
+
 int gemv_default_config(DType type, int64_t N, int64_t K, bool float_activation, int levels) {
     (void)float_activation;
-    const bool long_rows = K > 8192;  // e.g. the FFN down projection (K = 14336)
-    if (levels == 2 && gemv_takes_quantized_activation(type)) {
-        // Two-level activations double the activation loads per weight load,
-        // so more rows per block (sharing them) pay off. From the --levels 2
-        // sweep of bench_gemv_cuda on the H200 with the persistent
-        // configurations, checked by whole decode steps (2026-11-30, 8B
-        // shapes; bench/gemv-cuda-h200.md): where the two disagreed, the
-        // decode step won (Q8_0: R2 T64 U2 P is not the best alone on any
-        // shape but gives the fastest step, 426.8 vs 417.8 tok/s).
-        switch (type) {
-            // With early PDL triggers (launch.cuh) R4 T128 U1 P also for
-            // the large K = 4096 matrices (Q|K|V 6144, gate|up 28672 rows):
-            // Q4_K_M 605.4 against 602.9 tok/s (2026-12-04; measured on
-            // K = 4096 only, hence K >= 4096).
-            case DType::Q4_K:
-                return long_rows || (K >= 4096 && N > 4096 && N < 65536) ? 14 : 10;  // R4 T128 U1 P : R4 T64 U2 P
-            case DType::Q6_K:
-                if (long_rows) return 2;        // R4 T128 U1
-                if (N >= 65536) return 10;      // R4 T64 U2 P (output)
-                return N > 2048 && N < 8192 ? 7 : 4;  // R4 T32 U4 (q/o) : R4 T64 U2
-            case DType::Q8_0:
-                return long_rows ? 1 : 11;      // R2 T128 U2 : R2 T64 U2 P
-            default: return long_rows ? 3 : 4;  // R2 T64 U2 : R4 T64 U2 (not swept)
-        }
-    }
-    switch (type) {
-        case DType::Q4_1: return long_rows ? 4 : 3;  // R4 T64 U2 : R2 T64 U2
-        // Q8_0, Q4_K, Q6_K: re-swept after the kernels gained PDL and the
-        // weight preload (H200, 2026-11-30; bench/gemv-cuda-h200.md).
-        case DType::Q8_0: return long_rows ? 5 : 2;  // R1 T256 U2 : R4 T128 U1
-        case DType::Q4_K: return N <= 2048 ? 2 : 4;  // R4 T128 U1 : R4 T64 U2
-        case DType::Q6_K:
-            if (long_rows) return 1;                 // R2 T128 U2
-            return N < 8192 ? 7 : 3;                 // R4 T32 U4 : R2 T64 U2
-        // Q4_0 .. Q3_K: one sweep on the H200 with PDL and the weight preload
-        // (2026-11-30, one activation level; bench/gemv-cuda-h200.md), each
-        // default within 4% of that sweep's best.
-        case DType::Q4_0:
-        case DType::Q5_1: return 2;                  // R4 T128 U1
-        case DType::Q5_0: return N > 2048 && N <= 8192 ? 8 : 2;  // R2 T32 U4 : R4 T128 U1
-        case DType::Q5_K: return N > 8192 ? 3 : 2;   // R2 T64 U2 : R4 T128 U1
-        case DType::Q2_K: return N <= 2048 ? 3 : 4;  // R2 T64 U2 : R4 T64 U2
-        case DType::Q3_K: return 4;                  // R4 T64 U2
-        case DType::F16:
-        case DType::BF16:
-            if (N <= 2048) return 5;                 // R1 T256 U2: few rows, many blocks
-            if (N >= 8192 && !long_rows) return 7;   // R4 T32 U4
-            return 0;                                // R1 T128 U4
-        case DType::F32: return 5;                   // R1 T256 U2
-        // NVFP4, F8_E4M3_B32: not swept yet (no H200 run). NVFP4 reads 18
-        // bytes per 32-element unit like Q4_0; F8_E4M3_B32 one 16-byte load
-        // per unit like F16, with twice its elements (activation registers).
-        case DType::NVFP4: return 2;                 // R4 T128 U1 (as Q4_0)
-        case DType::F8_E4M3_B32:
-            if (N <= 2048) return 5;                 // R1 T256 U2
-            return long_rows ? 0 : 1;                // R1 T128 U4 : R2 T128 U2
-        default: return 3;
-    }
+    // Two-level rules for two-level activations of the quantized types, else one-level rules.
+    const int regime = levels == 2 && gemv_takes_quantized_activation(type) ? 2 : 0;
+    for (const GemvRule& r : kGemvRules)
+        if (r.levels == regime && (r.type == type || r.type == kAnyType) && K >= r.k_min && K <= r.k_max &&
+            N >= r.n_min && N <= r.n_max)
+            return r.config;
+    return 3;  // unreachable: each regime ends with a catch-all
 }
 
 void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& xq) {
@@ -109,26 +128,10 @@ void quantize_activation(CudaContext& ctx, const float* x, QuantizedActivation& 
 
 namespace {
 
-// QUERN_GEMV_CONFIG="Q4_K=11,Q6_K=12": a configuration index per weight type
-// in place of the tuned defaults (for measuring a configuration inside a
-// whole decode step; indices as bench_gemv_cuda lists them); "Q4_K@28672=14"
-// only for matrices of that many rows.
+// Tuning::gemv_config (QUERN_GEMV_CONFIG): a configuration index per weight
+// type in place of the rules, or -1.
 int config_override(DType type, int64_t N = -1) {
-    static const std::vector<std::pair<std::string, int>> table = [] {
-        std::vector<std::pair<std::string, int>> v;
-        const char* e = std::getenv("QUERN_GEMV_CONFIG");
-        std::string s = e ? e : "";
-        size_t i = 0;
-        while (i < s.size()) {
-            size_t j = s.find(',', i);
-            if (j == std::string::npos) j = s.size();
-            const std::string item = s.substr(i, j - i);
-            if (const size_t eq = item.find('='); eq != std::string::npos)
-                v.emplace_back(item.substr(0, eq), std::atoi(item.c_str() + eq + 1));
-            i = j + 1;
-        }
-        return v;
-    }();
+    const auto& table = tuning().gemv_config;
     if (table.empty()) return -1;
     const std::string t(dtype_name(type)), tn = t + "@" + std::to_string(N);
     for (const auto& [name, idx] : table)
@@ -198,7 +201,7 @@ GemvLaunch q8_launch(const char* fn, const DeviceWeight& W, const QuantizedActiv
 ActScale act_scale(const DeferredNormScale& norm) {
     if (!norm.parts || norm.dim <= 0 || static_cast<int64_t>(norm.n_parts) * 32 != norm.dim)
         fail("gemv: DeferredNormScale needs dim/32 partial sums (dim {}, {} parts)", norm.dim, norm.n_parts);
-    return ActScale{norm.parts, norm.n_parts, 1.0f / static_cast<float>(norm.dim), norm.eps, pdl_early("gemv")};
+    return ActScale{norm.parts, norm.n_parts, 1.0f / static_cast<float>(norm.dim), norm.eps, true};
 }
 
 }  // namespace
@@ -238,16 +241,12 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 
 void gemv_pair(CudaContext& ctx, const DeviceWeight& W1, float* y1, const DeviceWeight& W2, float* y2,
                const QuantizedActivation& xq, const DeferredNormScale* norm) {
-    static const bool pair_on = [] {
-        const char* e = std::getenv("QUERN_GEMV_PAIR");
-        return !(e && std::string(e) == "0");
-    }();
     const ActScale sc = norm ? act_scale(*norm) : ActScale{};
     GemvLaunch l1 = q8_launch("gemv", W1, xq, y1), l2 = q8_launch("gemv", W2, xq, y2);
     l1.scale = l2.scale = sc;
     // The fused kernel runs the default configuration of each matrix only.
     const bool defaults = config_override(W1.type, W1.N) < 0 && config_override(W2.type, W2.N) < 0;
-    if (pair_on && defaults && launch_gemv_pair(l1, l2, ctx.stream())) {
+    if (defaults && launch_gemv_pair(l1, l2, ctx.stream())) {
         QUERN_CUDA_CHECK_LAUNCH();
         return;
     }
@@ -262,7 +261,7 @@ void gemv_residual_norm(CudaContext& ctx, const DeviceWeight& W, const Quantized
     if (W.N % 32 != 0) fail("gemv_residual_norm: N = {} is not a multiple of 32", W.N);
     if (xq_next.K() != W.N) fail("gemv_residual_norm: next activation has {} elements, N = {}", xq_next.K(), W.N);
     const NormEpilogue epi{x, norm_w, xq_next.q(), xq_next.info(), xq_next.q2(), xq_next.info2(), ss_parts,
-                           pdl_early("gemv")};
+                           true};
     l.epi = &epi;
     if (!launch_gemv(l, 0, ctx.stream())) fail("gemv_residual_norm: no CUDA kernel for {} weights", dtype_name(W.type));
     QUERN_CUDA_CHECK_LAUNCH();

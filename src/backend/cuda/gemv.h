@@ -143,7 +143,7 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 /// Q6_K: both matrices' rows computed as gemv's R4 T64 U2 configuration
 /// computes them — Q4_K's tuned one for Q|K, Q6_K's two-level one for V),
 /// else two gemv launches with their default configurations.
-/// QUERN_GEMV_PAIR=0 in the environment always takes the two launches.
+/// (Tuning::gemv_config forcing either matrix's configuration takes the two launches.)
 /// Throws quern::Error as gemv for either matrix.
 void gemv_pair(CudaContext& ctx, const DeviceWeight& W1, float* y1, const DeviceWeight& W2, float* y2,
                const QuantizedActivation& xq, const DeferredNormScale* norm = nullptr);

@@ -521,27 +521,18 @@ bool launch_configured(const typename Op::Args& args, float* y, int64_t N, int64
     }
     if constexpr (kQ8) {
         if (l && l->epi) {
-            // Loads in flight per row: 2, or the Op's kNormUnroll (Q8_0: 3);
-            // QUERN_GEMV_NORM_UNR=2|3 overrides it for every type (measurement).
+            // Loads in flight per row: 2, or the Op's kNormUnroll (Q8_0: 3;
+            // 3 for every type measured slower, bench/decode-cuda-h200.md).
             constexpr int RW = 2;
-            constexpr int kDefaultUnr = [] {
+            constexpr int UNR = [] {
                 if constexpr (requires { Op::kNormUnroll; }) return Op::kNormUnroll;
                 return 2;
             }();
-            static const int env_unr = [] {
-                const char* e = std::getenv("QUERN_GEMV_NORM_UNR");
-                return e ? std::atoi(e) : 0;
-            }();
-            const int unr = env_unr == 2 || env_unr == 3 ? env_unr : kDefaultUnr;
             const dim3 grid(static_cast<unsigned>(N / 32)), block(32 * (32 / RW));
-            const auto go = [&]<int UNR>() {
-                if (a2.q)
-                    launch_pdl(gemv_norm_kernel<Op, RW, UNR, 2>, grid, block, 0, stream, args, a2, *l->epi, n, U);
-                else
-                    launch_pdl(gemv_norm_kernel<Op, RW, UNR, 1>, grid, block, 0, stream, args, a2, *l->epi, n, U);
-            };
-            if (unr == 3) go.template operator()<3>();
-            else go.template operator()<2>();
+            if (a2.q)
+                launch_pdl(gemv_norm_kernel<Op, RW, UNR, 2>, grid, block, 0, stream, args, a2, *l->epi, n, U);
+            else
+                launch_pdl(gemv_norm_kernel<Op, RW, UNR, 1>, grid, block, 0, stream, args, a2, *l->epi, n, U);
             return true;
         }
     }

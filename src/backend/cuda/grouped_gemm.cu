@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/tuning.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.h"
@@ -183,15 +184,12 @@ void launch_dq(const DeqArgs& a, int64_t rows, const int32_t* off, int64_t n_exp
 }
 
 // Token tiles of 64 rows, or 128 where the groups average more than 96 rows
-// (each expert's weights are then decoded half as often); QUERN_CUDA_DQ_TOKENS
+// (each expert's weights are then decoded half as often); Tuning::dq_tokens
 // = 64 or 128 forces one.
 template <DType T>
 void launch_dq_n(const DeqArgs& a, int64_t rows, const int32_t* off, int64_t n_expert, int64_t max_rows,
                  int64_t mean_rows, const uint16_t* xb, float* y, int64_t ldy, cudaStream_t stream) {
-    static const int forced = [] {
-        const char* e = std::getenv("QUERN_CUDA_DQ_TOKENS");
-        return e ? std::atoi(e) : 0;
-    }();
+    const int forced = tuning().dq_tokens;
     const bool wide = forced ? forced == 128 : mean_rows > 96;
     if (wide) launch_dq<T, 8>(a, rows, off, n_expert, max_rows, xb, y, ldy, stream);
     else launch_dq<T, 4>(a, rows, off, n_expert, max_rows, xb, y, ldy, stream);

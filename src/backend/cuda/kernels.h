@@ -64,7 +64,7 @@ struct ActScale {
     int n = 0;
     float inv_dim = 0.0f;
     float eps = 0.0f;
-    bool early = false;  ///< trigger the successor before the PDL wait (pdl_early("gemv"))
+    bool early = false;  ///< trigger the successor before the PDL wait (the decode step's GEMVs)
 };
 
 /// gemv_residual_norm's epilogue (gemv.h): x += y, next activation, partial sums.
@@ -76,7 +76,7 @@ struct NormEpilogue {
     int8_t* xq2;           ///< level 2, or nullptr
     ActBlockInfo* xinfo2;
     float* ss_parts;       ///< N/32 floats
-    bool early = false;    ///< trigger the successor before the PDL wait (pdl_early("gemv"))
+    bool early = false;    ///< trigger the successor before the PDL wait (the decode step's GEMVs)
 };
 
 /// The indexed ("expert") mode of a GEMV (gemv.h's gemv_indexed): W is a
@@ -116,8 +116,7 @@ struct GemvLaunch {
 };
 
 /// Launches the GEMV kernel for l.type / l.act with configuration kGemvConfigs[config]
-/// (with l.epi: `config` is ignored; gemv_norm_kernel runs with the Op's kNormUnroll, default 2,
-/// or QUERN_GEMV_NORM_UNR=2|3 for every type).
+/// (with l.epi: `config` is ignored; gemv_norm_kernel runs with the Op's kNormUnroll, default 2).
 /// Returns false (and launches nothing) if that kernel does not exist.
 bool launch_gemv(const GemvLaunch& l, int config, cudaStream_t stream);
 

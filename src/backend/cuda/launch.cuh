@@ -8,8 +8,9 @@
 // has completed and its memory is visible) before it reads anything the
 // predecessor wrote or writes anything, and pdl_trigger()
 // (griddepcontrol.launch_dependents) so that its own successor may be
-// launched early: after its wait, or (pdl_wait_trigger(true), the decode
-// kernels named by pdl_early) before it, so that the successor's blocks are
+// launched early: after its wait, or (pdl_wait_trigger(true): the GEMVs,
+// attention and its combine, SwiGLU and argmax's partial launches) before it,
+// so that the successor's blocks are
 // launched while this grid's predecessor still runs and start loading their
 // weights as soon as they fit on a multiprocessor. Since every kernel waits
 // for its predecessor, which waited for its own, a kernel past its wait sees
@@ -24,23 +25,14 @@
 // rows of earlier positions may be read early by the kernels of the step
 // after its first (the attention kernels do). Without the launch attribute
 // (or on a GPU before sm_90) both instructions are no-ops, so the same
-// kernels run correctly either way. QUERN_CUDA_PDL=0 in the environment
-// turns the attribute off, QUERN_PDL_EARLY=none the early triggers (for
-// measurements; default "swiglu,attn,gemv,combine,argmax").
+// kernels run correctly either way (bench/decode-cuda-h200.md has the
+// figures without the attribute and without the early triggers).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <utility>
 
 namespace quern::cuda {
-
-/// Whether launches carry the PDL attribute (default yes; QUERN_CUDA_PDL=0: no).
-bool pdl_enabled();
-
-/// Whether the decode kernel named `what` (a word of QUERN_PDL_EARLY,
-/// default "swiglu,attn,gemv,combine,argmax") triggers its successor's
-/// launch before its own wait; false without PDL.
-bool pdl_early(const char* what);
 
 /// kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when
 /// enabled. Launch errors surface through cudaGetLastError as usual.
@@ -55,7 +47,7 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = 1;
     (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...);
 }
 

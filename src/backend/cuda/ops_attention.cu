@@ -148,7 +148,7 @@ struct RopeStore {
     int rope_dim;
     int neox;
     AttentionExtras ex;     // biases, q/k norms, window (ops.h)
-    bool early = false;     // trigger the successor before the wait (pdl_early("attn"))
+    bool early = false;     // trigger the successor before the wait (the decode step sets it)
 };
 
 // Rotates the g heads of xs (rows of HD floats in shared memory) in place by
@@ -710,13 +710,8 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     // graph) one per query head, so the g heads' chains of dependent steps
     // run side by side (Llama-3-8B at positions < 128: +3% tok/s); with many
     // splits one (every block rereading the K/V rows g times costs more at
-    // long context). QUERN_ATTN_QSPLIT=k (a divisor of g) forces k.
-    static const int qsplit_env = [] {
-        const char* e = std::getenv("QUERN_ATTN_QSPLIT");
-        return e ? std::atoi(e) : 0;
-    }();
-    int qsub = rope.ex.one_split ? g : 1;
-    if (qsplit_env >= 1 && g % qsplit_env == 0) qsub = qsplit_env;
+    // long context).
+    const int qsub = rope.ex.one_split ? g : 1;
     const int gb = g / qsub;
     const int n_splits = rope.ex.one_split ? 1 : n_splits_for(n_ctx);
     float* po = static_cast<float*>(scratch);
@@ -747,7 +742,7 @@ void attention_impl(const float* q, void* k_cache, void* v_cache, const RopeStor
     QUERN_CUDA_CHECK_LAUNCH();
     if (n_splits == 1) return;  // one split: the split kernel wrote the output
     const dim3 cgrid(static_cast<unsigned>(n_head)), cblock(kCombineThreads);
-    const bool ce = pdl_early("combine");
+    const bool ce = true;  // the combine triggers its successor before its wait (launch.cuh)
     switch (head_dim) {
         case 32: launch_pdl(attn_combine_kernel<32>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, ce); break;
         case 64: launch_pdl(attn_combine_kernel<64>, cgrid, cblock, 0, stream, po, pml, pos, n_ctx, n_splits, out, xq, xinfo, xq2, xinfo2, ce); break;
@@ -781,7 +776,7 @@ void decode_attention_rope(const float* q, const float* k, const float* v, void*
     if (!k || !v || (rope_dim > 0 && !inv_freq)) throw_error("decode_attention_rope: null pointer");
     if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > head_dim)
         throw_error("decode_attention_rope: rope_dim must be even and at most head_dim");
-    attention_impl<true>(q, k_cache, v_cache, RopeStore{k, v, inv_freq, rope_dim, neox ? 1 : 0, ex, pdl_early("attn")}, kv_type, pos, n_ctx,
+    attention_impl<true>(q, k_cache, v_cache, RopeStore{k, v, inv_freq, rope_dim, neox ? 1 : 0, ex, true}, kv_type, pos, n_ctx,
                          n_head, n_head_kv, head_dim, scale, scratch, out, stream, xq, xinfo, xq2, xinfo2,
                          "decode_attention_rope");
 }

@@ -270,7 +270,7 @@ void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, A
         throw_error("swiglu_q8_1: a residual level (xq2, xinfo2) needs both pointers and a first level");
     const int64_t n_blocks = count / 32;
     const unsigned grid = static_cast<unsigned>((n_blocks * 32 + 255) / 256);
-    static const bool early = pdl_early("swiglu");
+    constexpr bool early = true;  // trigger the successor before the wait (launch.cuh)
     if (gelu)
         launch_pdl(swiglu_q8_1_kernel<true>, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2,
                    n_blocks, count / 2, early);

@@ -319,7 +319,7 @@ void argmax_impl(const float* x, int64_t n, void* scratch, int32_t* out_id, cons
     const int blocks = static_cast<int>(want < kArgmaxBlocks ? want : kArgmaxBlocks);
     Best* partial = static_cast<Best*>(scratch);
     launch_pdl(argmax_partial_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kArgmaxThreads), 0, stream, x, n, partial,
-               pdl_early("argmax"));
+               true);
     QUERN_CUDA_CHECK_LAUNCH();
     launch_pdl(argmax_final_kernel, dim3(1), dim3(kArgmaxThreads), 0, stream, partial, blocks, out_id, adv);
     QUERN_CUDA_CHECK_LAUNCH();

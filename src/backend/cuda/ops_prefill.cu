@@ -13,6 +13,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/tuning.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -653,10 +654,7 @@ void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc,
         }();
         const int64_t blocks = static_cast<int64_t>(n) * n_head_kv;
         const int64_t resident = static_cast<int64_t>(per_sm) * CudaContext::current_sm_count();
-        static const int64_t forced = [] {  // QUERN_CUDA_PAGED_SPLITS=N: N ranges (for measurements)
-            const char* e = std::getenv("QUERN_CUDA_PAGED_SPLITS");
-            return static_cast<int64_t>(e && *e ? std::atoi(e) : 0);
-        }();
+        const int64_t forced = tuning().paged_splits;  // N ranges (for measurements)
         const int64_t want =
             forced > 0 ? forced
             : 4 * blocks > resident
@@ -762,12 +760,8 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
     if (pos0 < 0 || pos0 + n > n_ctx) throw_error("prefill_attention: rows out of range");
     check_attention("prefill_attention", q, ldq, k_cache, v_cache, n, n_head, n_head_kv, head_dim, window, softcap, out,
                     ldo);
-    // The tensor-core kernel where it applies (QUERN_CUDA_FLASH=0: never).
-    static const bool flash_off = [] {
-        const char* e = std::getenv("QUERN_CUDA_FLASH");
-        return e && std::string(e) == "0";
-    }();
-    if (!flash_off && prefill_flash_supported(kv_type, head_dim, ldq, ldo) &&
+    // The tensor-core kernel where it applies.
+    if (prefill_flash_supported(kv_type, head_dim, ldq, ldo) &&
         reinterpret_cast<uintptr_t>(q) % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
         prefill_flash_attention(q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, head_dim, scale, window, softcap,
                                 out, ldo, stream);
@@ -785,15 +779,10 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
 namespace {
 
 // Whether paged_attention takes the grouped kernel: f16, heads of 32 .. 128,
-// at most 16 query heads per KV head, n <= 65535 rows
-// (QUERN_CUDA_PAGED_SCALAR=1 keeps the scalar one, for comparison).
+// at most 16 query heads per KV head, n <= 65535 rows.
 bool grouped_applies(const PagedRows& pr, KvType kv_type, int n, int n_head, int n_head_kv, int head_dim) {
-    static const bool scalar_only = [] {
-        const char* e = std::getenv("QUERN_CUDA_PAGED_SCALAR");
-        return e && std::string(e) == "1";
-    }();
     const int g = n_head / n_head_kv;
-    return !scalar_only && !pr.scalar && kv_type == KvType::F16 && g <= kGroupWarps * kGroupMaxPerWarp &&
+    return !pr.scalar && kv_type == KvType::F16 && g <= kGroupWarps * kGroupMaxPerWarp &&
            n <= 65535 && (head_dim == 32 || head_dim == 64 || head_dim == 128);
 }
 

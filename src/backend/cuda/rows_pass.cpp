@@ -31,6 +31,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/executor.h"
+#include "backend/cuda/tuning.h"
 #include "core/error.h"
 #include <vector>
 
@@ -45,9 +46,9 @@ bool CudaExecutor::ensure_prefill_scratch() {
     try {
         const auto& c = plan_;
         // (65535: the prefill kernels' grid.y limit on rows.)
-        // QUERN_CUDA_PREFILL_CHUNK=N overrides the rows per chunk (for measuring).
+        // Tuning::prefill_chunk overrides the rows per chunk (for measuring).
         int64_t chunk = opt_.prefill_chunk;
-        if (const char* e = std::getenv("QUERN_CUDA_PREFILL_CHUNK"); e && std::atoll(e) > 0) chunk = std::atoll(e);
+        if (tuning().prefill_chunk > 0) chunk = tuning().prefill_chunk;
         // A batch runner's passes hold many sequences: its own (unused) cache
         // does not bound them.
         const int64_t R = std::min<int64_t>({chunk, batch_runner_ ? chunk : n_ctx_, 65535});
@@ -78,11 +79,11 @@ bool CudaExecutor::ensure_prefill_scratch() {
         // elements (two tiles of 128 MB at most): one GEMM per matrix rather
         // than one per 16·2^20-element tile (H200, llama3-8b Q4_K_M pp512:
         // 19.6k tok/s with 16·2^20, 21.9k with 64·2^20).
-        // QUERN_CUDA_PREFILL_TILE=M: tiles of M·2^20 elements (for measuring).
+        // Tuning::prefill_tile: tiles of M·2^20 elements (for measuring).
         const int64_t max_k = std::max({c.n_embd, c.q_dim(), c.n_ff, c.n_ff_exp});
         const int64_t max_rows = std::max({c.q_dim() + 2 * c.kv_dim(), c.n_embd, c.n_ff, c.n_ff_exp});
         int64_t tile = std::min(int64_t{64} << 20, (max_rows + 255) / 256 * 256 * max_k);
-        if (const char* e = std::getenv("QUERN_CUDA_PREFILL_TILE"); e && std::atoll(e) > 0) tile = std::atoll(e) << 20;
+        if (tuning().prefill_tile > 0) tile = tuning().prefill_tile << 20;
         gemm_ = std::make_unique<PrefillGemm>(R, max_k, std::max(tile, max_k));
         if (profile_) gemm_->set_phase_hook([this](const char* phase) { mark(phase); });
         gemm_->set_verbose(opt_.verbose);
@@ -197,7 +198,7 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
         // projection's input (no separate rounding pass).
         PagedRows pr = paged ? *paged : PagedRows{};
         pr.out_bf16 = xb;
-        if (paged && paged->one_row_per_seq && rope_fold_) {
+        if (paged && paged->one_row_per_seq) {
             // Decode rows: RoPE, the KV write and the attention in one launch.
             paged_rope_attention(QKV, LQ, kc, vc, KvType::F16, rows, pr, static_cast<int>(c.n_head),
                                  static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), A.scale, window,
@@ -236,7 +237,7 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
             // GU's memory as the down projection's BF16 input.
             const std::vector<Piece>& gu = L.gate_up;
             const bool glu_bq =
-                bq_glu_ && !fused(L.gate_up_bf16, gu, false) &&
+                !fused(L.gate_up_bf16, gu, false) &&
                 std::all_of(gu.begin(), gu.end(), [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); }) &&
                 ((gu.size() == 1 && gu[0].w.N == 2 * FF && FF % 16 == 0) ||
                  (gu.size() == 2 && gu[0].w.N == FF && gu[1].w.N == FF)) &&
@@ -262,7 +263,7 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
 
 bool CudaExecutor::moe_on_device(const LayerWeights& L) const {
     const auto grouped = [](const DeviceWeight& b) { return b.bq || dq_grouped_supported(b.type, b.K); };
-    return moe_grouped_ && grouped(L.exp_gate) && grouped(L.exp_up) && grouped(L.exp_down);
+    return grouped(L.exp_gate) && grouped(L.exp_up) && grouped(L.exp_down);
 }
 
 void CudaExecutor::prefill_moe(const LayerWeights& L, const MoeSpec& spec, const uint16_t* xb, int64_t n,
@@ -311,7 +312,7 @@ void CudaExecutor::prefill_moe(const LayerWeights& L, const MoeSpec& spec, const
         mark("moe_experts");
         return;
     }
-    // Otherwise (QUERN_CUDA_MOE_GROUPED=0, or a float bank with rows of K %
+    // Otherwise (a float bank with rows of K %
     // 32 != 0) one GEMM per expert, whose sizes the host needs: the router
     // logits go to the host and are routed and grouped there by the CPU's own
     // moe_route / moe_group (one synchronisation per layer).

@@ -29,14 +29,13 @@ struct SessionOptions {
     /// Evaluate prompts of at least kPrefillMinTokens tokens in one batched
     /// pass (GEMMs on the tensor cores, prefill_chunk positions at a time)
     /// instead of one decode step per token, where the model allows it
-    /// (weight types with a prefill GEMM, gemm.h). QUERN_CUDA_PREFILL=0 in the
-    /// environment turns it off too.
+    /// (weight types with a prefill GEMM, gemm.h).
     bool batched_prefill = true;
     /// Positions per batched-prefill pass: its scratch grows with it (about
     /// 0.6 GB at 2048 for an 8B model); longer passes spread each weight
     /// matrix's dequantization over more rows (H200, llama3-8b Q4_K_M pp2048:
-    /// 17.7k tok/s with 512, 28.0k with 2048). QUERN_CUDA_PREFILL_CHUNK=N
-    /// in the environment overrides it.
+    /// 17.7k tok/s with 512, 28.0k with 2048). Tuning::prefill_chunk
+    /// (tuning.h) overrides it.
     int64_t prefill_chunk = 2048;
     /// --gpu-weights fp8: every layer matrix (not the embeddings, the output
     /// head or an expert router) converted at load to FP8 E4M3 with one scale
@@ -46,6 +45,14 @@ struct SessionOptions {
     bool fp8_weights = false;
     /// Notes on stderr (the KV-cache size).
     bool verbose = true;
+    /// Steps at positions below this run attention as one split (one block
+    /// per query head) with no combine launch, from a graph of their own: at
+    /// most two tiles, both requested before the kernel's wait (0: never).
+    int64_t short_ctx = 128;
+    /// Time every op kind with CUDA events (steps run uncaptured) and print
+    /// the GPU time per op kind, per decode step, prefill chunk and batch
+    /// pass, when the executor is destroyed (--cuda-profile).
+    bool profile = false;
 };
 
 /// Prompts shorter than this go through the decode step token by token.
@@ -66,7 +73,7 @@ inline constexpr int64_t kPrefillMinTokens = 8;
 /// write their keys into a spare block of the pool that no sequence owns),
 /// the longest context to the next power of two from 64; one graph per pair,
 /// captured the second time a pair is seen and replayed after that
-/// (opt.cuda_graph false or QUERN_CUDA_BATCH_GRAPH=0: none). Used when every
+/// (opt.cuda_graph false: none). Used when every
 /// dense layer matrix has a resident BF16 copy or FP8 form (or, up to 64
 /// rows, a bq layout) and expert layers group on the device.
 std::unique_ptr<BatchExecutor> make_batch_executor(const Program& program, const SessionOptions& opt);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "model/arch/arch.h"
 #include "quant/reference.h"
 #include "tokenizer/unicode.h"
 
@@ -136,6 +137,20 @@ ModelConfig phi3_shape(std::string name, int64_t vocab, int64_t embd, int64_t la
     return c;
 }
 
+/// Granite 3 shapes (llama.cpp arch "granite"): the Llama block with its four
+/// multipliers (embedding, residual, attention, logits).
+ModelConfig granite_shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads,
+                          int64_t kv_heads, int64_t ff, int64_t ctx, float rope_base, float embedding, float residual,
+                          float attention, float logits) {
+    ModelConfig c = shape(std::move(name), vocab, embd, layers, heads, kv_heads, ff, ctx, rope_base, 1e-5f);
+    c.arch = "granite";
+    c.embd_scale = embedding;
+    c.attn_scale = attention;
+    c.extra["residual_scale"] = residual;
+    c.extra["logit_scale"] = logits;
+    return c;
+}
+
 // llama.cpp's rule for giving some layers more bits in the _M mixes.
 bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
@@ -175,6 +190,11 @@ const std::vector<SynthPreset>& synth_presets() {
          true},
         {"phi3-mini", "Phi-3-mini-4k shape: fused attn_qkv and gate/up, window 2047 (3.82B parameters)",
          phi3_shape("synthetic phi3-mini", 32064, 3072, 32, 32, 32, 8192, 4096, 2047), false},
+        {"granite-3.1-2b", "Granite-3.1-2B shape: embeddings x 12, branches x 0.22, scores x 1/64, logits / 8, tied "
+                           "output (2.53B parameters)",
+         granite_shape("synthetic granite-3.1-2b", 49155, 2048, 40, 32, 8, 8192, 131072, 5000000.0f, 12.0f, 0.22f,
+                       0.015625f, 8.0f),
+         true},
     };
     return k;
 }
@@ -301,6 +321,12 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
     m.scheme = synth_scheme(scheme, false);
     m.tied = p.tied;
     const auto& c = m.cfg;
+    // The architecture's tensor table in its GGUF layout (expert banks as one
+    // 3-D tensor each), in table order; the output projection only when untied.
+    const ArchDef* def = find_arch(c.arch);
+    if (!def) fail("synthetic model of unknown architecture '{}'", c.arch);
+    TensorTable table;
+    def->tensors(c, table);
     struct Spec {
         std::string name;
         int64_t ne0, ne1;
@@ -311,47 +337,15 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         bool bias = false;     // F32, around 0 (ne0 values)
     };
     std::vector<Spec> specs;
-    specs.push_back({"token_embd.weight", c.n_embd, c.n_vocab, -1, false});
-    for (int64_t i = 0; i < c.n_layer; ++i) {
-        auto n = [&](const char* s) { return fmt::format("blk.{}.{}.weight", i, s); };
-        specs.push_back({n("attn_norm"), c.n_embd, 1, i, true});
-        if (c.fused_qkv) {
-            specs.push_back({n("attn_qkv"), c.n_embd, c.q_dim() + 2 * c.kv_dim(), i, false});
-        } else {
-            specs.push_back({n("attn_q"), c.n_embd, c.q_dim(), i, false});
-            specs.push_back({n("attn_k"), c.n_embd, c.kv_dim(), i, false});
-            specs.push_back({n("attn_v"), c.n_embd, c.kv_dim(), i, false});
-        }
-        if (c.qkv_bias) {
-            auto b = [&](const char* s) { return fmt::format("blk.{}.{}.bias", i, s); };
-            specs.push_back({b("attn_q"), c.q_dim(), 1, i, false, 1, true, true});
-            specs.push_back({b("attn_k"), c.kv_dim(), 1, i, false, 1, true, true});
-            specs.push_back({b("attn_v"), c.kv_dim(), 1, i, false, 1, true, true});
-        }
-        specs.push_back({n("attn_output"), c.q_dim(), c.n_embd, i, false});
-        if (c.qk_norm) {
-            specs.push_back({n("attn_q_norm"), c.head_dim, 1, i, true});
-            specs.push_back({n("attn_k_norm"), c.head_dim, 1, i, true});
-        }
-        if (c.post_norms) specs.push_back({n("post_attention_norm"), c.n_embd, 1, i, true});
-        specs.push_back({n("ffn_norm"), c.n_embd, 1, i, true});
-        if (c.moe()) {
-            specs.push_back({n("ffn_gate_inp"), c.n_embd, c.n_expert, i, false, 1, true});
-            specs.push_back({n("ffn_gate_exps"), c.n_embd, c.n_ff_exp, i, false, c.n_expert});
-            specs.push_back({n("ffn_up_exps"), c.n_embd, c.n_ff_exp, i, false, c.n_expert});
-            specs.push_back({n("ffn_down_exps"), c.n_ff_exp, c.n_embd, i, false, c.n_expert});
-        } else if (c.fused_gate_up) {
-            specs.push_back({n("ffn_up"), c.n_embd, 2 * c.n_ff, i, false});  // gate rows, then up rows
-            specs.push_back({n("ffn_down"), c.n_ff, c.n_embd, i, false});
-        } else {
-            specs.push_back({n("ffn_gate"), c.n_embd, c.n_ff, i, false});
-            specs.push_back({n("ffn_up"), c.n_embd, c.n_ff, i, false});
-            specs.push_back({n("ffn_down"), c.n_ff, c.n_embd, i, false});
-        }
-        if (c.post_norms) specs.push_back({n("post_ffw_norm"), c.n_embd, 1, i, true});
+    for (const TensorEntry& e : table.entries()) {
+        if (e.optional && (e.gguf != "output.weight" || p.tied)) continue;  // rope_freqs: in memory only, below
+        int64_t layer = -1;
+        if (e.gguf.rfind("blk.", 0) == 0) layer = std::stoll(e.gguf.substr(4));
+        const bool bias = e.gguf.ends_with(".bias");
+        const int64_t ne1 = e.shape.size() > 1 ? e.shape[1] : 1;
+        specs.push_back({e.gguf, e.shape[0], ne1, layer, e.kind == TensorKind::Vector && !bias,
+                         e.kind == TensorKind::Experts ? e.n_expert : 1, e.keep_float || e.kind == TensorKind::Vector, bias});
     }
-    specs.push_back({"output_norm.weight", c.n_embd, 1, -1, true});
-    if (!p.tied) specs.push_back({"output.weight", c.n_embd, c.n_vocab, -1, false});
 
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> gauss(0.0f, 0.02f);
@@ -430,32 +424,17 @@ void write_synthetic_gguf(const SynthModel& m, const std::string& path,
     w.set_u32(a + "feed_forward_length", static_cast<uint32_t>(c.n_ff));
     w.set_u32(a + "attention.head_count", static_cast<uint32_t>(c.n_head));
     w.set_u32(a + "attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));
-    const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
-    // llama.cpp's converter writes the head size for Gemma and Qwen3 always
-    // (their configs give head_dim), for the others when it is not n_embd / n_head.
-    if (gemma || c.arch == "qwen3" || c.head_dim != c.n_embd / c.n_head) {
-        w.set_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
-        w.set_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
-    }
-    if (!gemma) w.set_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.rope_dim));
     w.set_f32(a + "rope.freq_base", c.rope_base);
     w.set_f32(a + "attention.layer_norm_rms_epsilon", c.rms_eps);
     if (c.sliding_window > 0) w.set_u32(a + "attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
-    if (c.arch == "gemma2") {
-        w.set_f32(a + "attn_logit_softcapping", c.attn_softcap);
-        w.set_f32(a + "final_logit_softcapping", c.final_softcap);
-    }
-    if (c.arch == "gemma3" && !c.rope_freq_factors.empty()) {
-        w.set_string(a + "rope.scaling.type", "linear");
-        w.set_f32(a + "rope.scaling.factor", c.rope_freq_factors[0]);
-    }
-    if (c.arch == "phi3") w.set_u32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(c.n_ctx_train));
     w.set_u32(a + "vocab_size", static_cast<uint32_t>(c.n_vocab));
     if (c.moe()) {
         w.set_u32(a + "expert_count", static_cast<uint32_t>(c.n_expert));
         w.set_u32(a + "expert_used_count", static_cast<uint32_t>(c.n_expert_used));
-        if (c.arch != "llama") w.set_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(c.n_ff_exp));
     }
+    const ArchDef* def = find_arch(c.arch);
+    if (!def) fail("synthetic model of unknown architecture '{}'", c.arch);
+    def->gguf_write(c, w, a);  // the family's own keys
 
     // Byte-level BPE vocabulary: the 256 byte characters, three specials, then
     // reserved control tokens up to n_vocab. No merges: text encodes to bytes.

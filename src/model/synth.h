@@ -26,8 +26,9 @@ struct SynthPreset {
 /// llama3-8b, qwen2-7b (arch qwen2: q/k/v biases), qwen3-30b-a3b (arch qwen3moe),
 /// mixtral-8x7b (arch llama with experts), qwen3-8b (arch qwen3),
 /// gemma2-2b (gemma2), gemma3-270m and gemma3-4b (gemma3), phi3-mini (phi3,
-/// fused attn_qkv and gate/up). Each config is the one ModelConfig::from_gguf
-/// reads back from the file write_synthetic_gguf writes for it.
+/// fused attn_qkv and gate/up), granite-3.1-2b (granite). Each config is the
+/// one ModelConfig::from_gguf reads back from the file write_synthetic_gguf
+/// writes for it.
 const std::vector<SynthPreset>& synth_presets();
 /// Throws quern::Error listing the known presets when `name` is not one.
 const SynthPreset& synth_preset(const std::string& name);
@@ -70,7 +71,8 @@ struct SynthModel {
     bool tied = false;
 };
 
-/// Builds random weights (Gaussian, std 0.02, quantized with the reference
+/// Builds random weights for every tensor of the family's table (model/arch/;
+/// Gaussian, std 0.02, quantized with the reference
 /// quantizers; a pool of distinct rows is reused across each tensor to keep
 /// building fast; in 3-D expert banks the reused rows are picked by a hash of
 /// the whole row index, so that no two experts are the same matrix). `progress(done, total)` is called per tensor.
@@ -78,17 +80,10 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
                           const std::function<void(int64_t, int64_t)>& progress = {});
 
 /// Writes `m` as a GGUF v3 file (quern::Error for weights of quern's own
-/// F8_E4M3_B32 / NVFP4 layouts, which GGUF cannot hold) with {arch}.* metadata as llama.cpp reads it
-/// (expert_count, expert_used_count and, for qwen3moe,
-/// expert_feed_forward_length for expert models; key_length/value_length when
-/// head_dim is not n_embd / n_head and always for qwen3 and Gemma;
-/// attention.sliding_window for Gemma and Phi-3; gemma2's
-/// attn_logit_softcapping / final_logit_softcapping; gemma3's
-/// rope.scaling.type linear and rope.scaling.factor; phi3's
-/// rope.scaling.original_context_length; no rope.dimension_count for Gemma,
-/// as llama.cpp's converter), the tensors in m.order (llama.cpp's names:
-/// blk.N.attn_qkv for fused QKV, gate and up rows in blk.N.ffn_up for Phi-3,
-/// blk.N.post_attention_norm / post_ffw_norm for Gemma), and a byte-level BPE
+/// F8_E4M3_B32 / NVFP4 layouts, which GGUF cannot hold) with {arch}.*
+/// metadata as llama.cpp reads it — the keys every family has, then the
+/// family's own (ArchDef::gguf_write, model/arch/) — the tensors in m.order
+/// (the family's tensor table, llama.cpp's names), and a byte-level BPE
 /// tokenizer (256 byte tokens, specials, reserved tokens up to n_vocab).
 void write_synthetic_gguf(const SynthModel& m, const std::string& path,
                           const std::function<void(uint64_t, uint64_t)>& progress = {});

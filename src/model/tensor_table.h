@@ -32,6 +32,7 @@ struct TensorEntry {
     TensorKind kind = TensorKind::Matrix;
     bool optional = false;           ///< a GGUF file may lack it (the builder copes)
     bool hf_add_one = false;         ///< Vector: checkpoints store w, the model uses 1 + w (Gemma's RMSNorms)
+    bool keep_float = false;         ///< Matrix: llama.cpp's quantizer leaves it in float (expert routers)
     int64_t n_expert = 0;            ///< Experts
     std::string gguf_expert;         ///< Experts
 };

@@ -136,6 +136,7 @@ TEST(ProgramEquivalence, DefaultModel) {
 
 TEST(ProgramEquivalence, SynthPresets) {
     for (const SynthPreset& full : synth_presets()) {
+        if (full.cfg.arch == "granite") continue;  // added with the program: the old pass never ran it
         const SynthPreset p = synth_tiny(full);
         for (const char* scheme : {"F32", "Q8_0", "Q4_K_M", "F8_E4M3_B32", "NVFP4"}) {
             SynthModel sm = make_synthetic(p, scheme, 3);

@@ -198,6 +198,7 @@ TEST_P(SynthPresets, TinyCopyWritesLoadsAndRuns) {
     EXPECT_EQ(got.n_expert, want.n_expert);
     EXPECT_EQ(got.n_expert_used, want.n_expert_used);
     EXPECT_EQ(got.n_ff_exp, want.n_ff_exp);
+    EXPECT_EQ(got.extra, want.extra);
     EXPECT_EQ(f->tensors().size(), m.order.size());
     EXPECT_EQ(f->find_tensor("output.weight") == nullptr, p.tied);
 
@@ -255,16 +256,16 @@ TEST_P(SynthPresets, MissingTensorFailsNamingIt) {
 INSTANTIATE_TEST_SUITE_P(All, SynthPresets,
                          ::testing::Values("smollm2-135m", "llama3-1b", "llama3-8b", "qwen2-7b", "qwen3-30b-a3b",
                                            "mixtral-8x7b", "qwen3-8b", "gemma2-2b", "gemma3-270m", "gemma3-4b",
-                                           "phi3-mini"),
+                                           "phi3-mini", "granite-3.1-2b"),
                          [](const auto& info) {
                              std::string s = info.param;
                              for (char& ch : s)
-                                 if (ch == '-') ch = '_';
+                                 if (ch == '-' || ch == '.') ch = '_';
                              return s;
                          });
 
 TEST(Synth, EveryPresetIsTested) {
-    EXPECT_EQ(synth_presets().size(), 11u) << "add the new preset to SynthPresets' list";
+    EXPECT_EQ(synth_presets().size(), 12u) << "add the new preset to SynthPresets' list";
 }
 
 TEST(Synth, Gemma3_270mQ4KMTypesAreLlamaCpps) {

@@ -17,6 +17,7 @@
 namespace quern {
 
 class GgufFile;
+class GgufWriter;
 
 /// Typed reads of a GGUF file's `{arch}.` keys (the prefix added here).
 struct GgufKeys {
@@ -76,6 +77,10 @@ struct ArchDef {
     void (*tensors)(const ModelConfig& c, TensorTable& t);
     /// The layer program over the bound tensors.
     Program (*build)(const ModelConfig& c, const BoundWeights& w);
+    /// The family's own `{arch}.` keys of a GGUF file for `c` (as llama.cpp's
+    /// converter writes them; the inverse of gguf_config), after the shared
+    /// ones (synthetic models: model/synth.cpp).
+    void (*gguf_write)(const ModelConfig& c, GgufWriter& w, const std::string& prefix);
 };
 
 /// The family with this general.architecture, or null.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "formats/gguf.h"
 
 namespace quern::arch {
 
@@ -57,7 +58,7 @@ void table_moe(const ModelConfig& c, TensorTable& t, int64_t il, const char* hf_
                const char* hf_gate, const char* hf_up, const char* hf_down) {
     const int64_t E = c.n_embd, F = c.n_ff_exp, X = c.n_expert;
     const std::string hb = hf_layer(il, hf_block);
-    t.matrix(blk(il, "ffn_gate_inp.weight"), hb + hf_router, {E, X});
+    t.matrix(blk(il, "ffn_gate_inp.weight"), hb + hf_router, {E, X}).keep_float = true;
     const auto bank = [&](const char* name, const char* hf, std::vector<int64_t> shape) {
         t.experts(fmt::format("blk.{}.{}_exps.weight", il, name), fmt::format("blk.{}.{}.{{}}.weight", il, name),
                   hb + "experts.{}." + hf, std::move(shape), X);
@@ -211,6 +212,16 @@ void hf_experts(const HfKeys& k, ModelConfig& c) {
     if (k.get_int("num_shared_experts", 0) != 0 || k.get_int("shared_expert_intermediate_size", 0) != 0)
         fail("{}: shared experts are not supported", k.where);
 }
+
+void gguf_write_heads(const ModelConfig& c, GgufWriter& w, const std::string& a, bool key_length, bool rope_dim) {
+    if (key_length || c.head_dim != c.n_embd / c.n_head) {
+        w.set_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));
+        w.set_u32(a + "attention.value_length", static_cast<uint32_t>(c.head_dim));
+    }
+    if (rope_dim) w.set_u32(a + "rope.dimension_count", static_cast<uint32_t>(c.rope_dim));
+}
+
+void gguf_write_llama(const ModelConfig& c, GgufWriter& w, const std::string& a) { gguf_write_heads(c, w, a); }
 
 ProgramBuilder make_builder(const ModelConfig& c) {
     return ProgramBuilder(c.n_vocab, static_cast<int>(c.n_layer), c.kv_dim());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "formats/gguf.h"
 #include "model/arch/arch.h"
 
 namespace quern::arch {
@@ -79,6 +80,14 @@ void hf_require_silu(const HfKeys& k);
 void hf_full_attention(const HfKeys& k);
 void hf_uniform_window(const HfKeys& k, ModelConfig& c);
 void hf_experts(const HfKeys& k, ModelConfig& c);
+
+/// GGUF keys of the heads as llama.cpp's converter writes them:
+/// attention.key_length / value_length when `key_length` (the config gives
+/// head_dim) or head_dim is not n_embd / n_head, rope.dimension_count unless
+/// not `rope_dim`. gguf_write_llama: those alone (the Llama family's hook).
+void gguf_write_heads(const ModelConfig& c, GgufWriter& w, const std::string& a, bool key_length = false,
+                      bool rope_dim = true);
+void gguf_write_llama(const ModelConfig& c, GgufWriter& w, const std::string& a);
 
 /// A builder sized for c's KV cache (one cache layer per decoder layer).
 ProgramBuilder make_builder(const ModelConfig& c);

@@ -107,6 +107,19 @@ void hf_config(const HfKeys& k, const std::string& model_type, ModelConfig& c) {
     }
 }
 
+void gguf_write(const ModelConfig& c, GgufWriter& w, const std::string& a) {
+    // llama.cpp's converter: the head size always, no rope.dimension_count.
+    gguf_write_heads(c, w, a, /*key_length=*/true, /*rope_dim=*/false);
+    if (c.arch == "gemma2") {
+        w.set_f32(a + "attn_logit_softcapping", c.attn_softcap);
+        w.set_f32(a + "final_logit_softcapping", c.final_softcap);
+    }
+    if (c.arch == "gemma3" && !c.rope_freq_factors.empty()) {
+        w.set_string(a + "rope.scaling.type", "linear");
+        w.set_f32(a + "rope.scaling.factor", c.rope_freq_factors[0]);
+    }
+}
+
 void tensors(const ModelConfig& c, TensorTable& t) {
     table_embedding(c, t);
     for (int64_t il = 0; il < c.n_layer; ++il) {
@@ -147,7 +160,7 @@ constexpr HfDefaults kGemma3Hf{.head_dim = 256,
 
 }  // namespace
 
-extern const ArchDef kGemma2{"gemma2", {"gemma2"}, gguf_config, kGemma2Hf, hf_config, {}, tensors, build};
+extern const ArchDef kGemma2{"gemma2", {"gemma2"}, gguf_config, kGemma2Hf, hf_config, {}, tensors, build, gguf_write};
 extern const ArchDef kGemma3{"gemma3",
                              {"gemma3_text"},
                              gguf_config,
@@ -156,6 +169,7 @@ extern const ArchDef kGemma3{"gemma3",
                              {{"gemma3", "is the multimodal Gemma3ForConditionalGeneration; quern reads text-only "
                                          "checkpoints (model_type gemma3_text, Gemma3ForCausalLM)"}},
                              tensors,
-                             build};
+                             build,
+                             gguf_write};
 
 }  // namespace quern::arch

@@ -35,6 +35,14 @@ void hf_config(const HfKeys& k, const std::string&, ModelConfig& c) {
     c.extra["logit_scale"] = static_cast<float>(ls);
 }
 
+void gguf_write(const ModelConfig& c, GgufWriter& w, const std::string& a) {
+    gguf_write_heads(c, w, a);
+    if (c.embd_scale > 0.0f) w.set_f32(a + "embedding_scale", c.embd_scale);
+    if (c.attn_scale > 0.0f) w.set_f32(a + "attention.scale", c.attn_scale);
+    w.set_f32(a + "residual_scale", c.extra.at("residual_scale"));
+    w.set_f32(a + "logit_scale", c.extra.at("logit_scale"));
+}
+
 void tensors(const ModelConfig& c, TensorTable& t) {
     table_embedding(c, t);
     for (int64_t il = 0; il < c.n_layer; ++il) {
@@ -63,6 +71,6 @@ Program build(const ModelConfig& c, const BoundWeights& w) {
 
 }  // namespace
 
-extern const ArchDef kGranite{"granite", {"granite"}, gguf_config, {}, hf_config, {}, tensors, build};
+extern const ArchDef kGranite{"granite", {"granite"}, gguf_config, {}, hf_config, {}, tensors, build, gguf_write};
 
 }  // namespace quern::arch

@@ -32,6 +32,11 @@ void hf_config(const HfKeys& k, const std::string&, ModelConfig& c) {
     hf_uniform_window(k, c);
 }
 
+void gguf_write(const ModelConfig& c, GgufWriter& w, const std::string& a) {
+    gguf_write_heads(c, w, a);
+    w.set_u32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(c.n_ctx_train));
+}
+
 void tensors(const ModelConfig& c, TensorTable& t) {
     table_embedding(c, t);
     for (int64_t il = 0; il < c.n_layer; ++il) {
@@ -58,6 +63,6 @@ Program build(const ModelConfig& c, const BoundWeights& w) {
 
 }  // namespace
 
-extern const ArchDef kPhi3{"phi3", {"phi3"}, gguf_config, {}, hf_config, {}, tensors, build};
+extern const ArchDef kPhi3{"phi3", {"phi3"}, gguf_config, {}, hf_config, {}, tensors, build, gguf_write};
 
 }  // namespace quern::arch

@@ -48,6 +48,13 @@ void hf_config(const HfKeys& k, const std::string& model_type, ModelConfig& c) {
     }
 }
 
+void gguf_write_qwen2(const ModelConfig& c, GgufWriter& w, const std::string& a) { gguf_write_heads(c, w, a); }
+
+void gguf_write_qwen3(const ModelConfig& c, GgufWriter& w, const std::string& a) {
+    gguf_write_heads(c, w, a, /*key_length=*/true);  // Qwen3Config gives head_dim
+    if (c.moe()) w.set_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(c.n_ff_exp));
+}
+
 void tensors(const ModelConfig& c, TensorTable& t) {
     table_embedding(c, t);
     for (int64_t il = 0; il < c.n_layer; ++il) {
@@ -64,8 +71,9 @@ constexpr HfDefaults kQwen3Hf{.head_dim = 128, .n_ctx = 32768};
 
 }  // namespace
 
-extern const ArchDef kQwen2{"qwen2", {"qwen2"}, gguf_qwen2, kQwenHf, hf_config, {}, tensors, build_llama};
-extern const ArchDef kQwen3{"qwen3", {"qwen3"}, gguf_qwen3, kQwen3Hf, hf_config, {}, tensors, build_llama};
-extern const ArchDef kQwen3Moe{"qwen3moe", {"qwen3_moe"}, gguf_qwen3, kQwen3Hf, hf_config, {}, tensors, build_llama};
+extern const ArchDef kQwen2{"qwen2", {"qwen2"}, gguf_qwen2, kQwenHf, hf_config, {}, tensors, build_llama, gguf_write_qwen2};
+extern const ArchDef kQwen3{"qwen3", {"qwen3"}, gguf_qwen3, kQwen3Hf, hf_config, {}, tensors, build_llama, gguf_write_qwen3};
+extern const ArchDef kQwen3Moe{"qwen3moe", {"qwen3_moe"}, gguf_qwen3, kQwen3Hf, hf_config, {},
+                               tensors,    build_llama,   gguf_write_qwen3};
 
 }  // namespace quern::arch

@@ -15,7 +15,7 @@ second, which would otherwise cap the measured throughput.
 
 Usage:
   python3 bench/loadgen.py --base-url http://127.0.0.1:8080/v1 --concurrency 1,4,16,64 \\
-      --requests 64 --max-tokens 64 --json bench/results/serve-cpu.json
+      --requests 64 --max-tokens 64 --json /tmp/serve-cpu.json   # then: bench/append_results.py serve-cpu /tmp/serve-cpu.json
 Needs the `openai` package (pip install openai).
 """
 

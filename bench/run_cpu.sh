@@ -5,10 +5,11 @@
 # measured on the same files). With LLAMA_BENCH=/path/to/llama-bench set, the
 # same files are also run through llama.cpp's llama-bench.
 #
-#   bash bench/run_cpu.sh [OUTDIR]     (default bench/results)
+#   bash bench/run_cpu.sh [OUTDIR]     (default /tmp/quern-bench-out; record the run with
+#   bench/append_results.py cpu OUTDIR/cpu-DATE.json --commit ... --machine ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/results}
+OUT=${1:-/tmp/quern-bench-out}
 REPS=${REPS:-5}
 THREADS=${THREADS:-$(nproc)}
 mkdir -p "$OUT" /tmp/quern-bench

@@ -11,7 +11,8 @@
 # "quern_old quern" — over the files synth left in /tmp). The
 # default model is read from $QUERN_HOME; test fixtures from the tree the
 # test binaries were built in (link it to this checkout). Logs go to OUT_DIR;
-# bench/results/program-cuda-h200.jsonl takes the JSON lines of bench.log.
+# bench/append_results.py program-before-after OUT/bench.log --commit ... appends them
+# to bench/results/program-before-after.jsonl.
 set -u
 BIN=$1
 OUT=$2

@@ -2,7 +2,7 @@
 """Prints a markdown table from a bench/run_cpu.sh result file (quern and, when
 present, llama.cpp's llama-bench on the same files).
 
-Usage: python3 bench/summarize_cpu.py bench/results/cpu-YYYYMMDD.json
+Usage: python3 bench/summarize_cpu.py OUT/cpu-YYYYMMDD.json   (then bench/append_results.py cpu it)
 """
 import json
 import sys

@@ -60,7 +60,20 @@ BlockPlan plan_blocks(const Program& p) {
         out = op.out;
         return op.weight;
     };
+    // A branch's tail: [RMSNorm] [Scale] then the add into the residual stream x.
+    Value x_in;
+    const auto residual = [&](Value branch, const Tensor*& post_norm, float& scale, const char* add) {
+        if (r.next_is(OpKind::RmsNorm, branch)) post_norm = norm(branch, "", branch);
+        if (r.next_is(OpKind::Scale, branch)) {
+            scale = p.ops[r.i].scalar;
+            branch = r.take(OpKind::Scale, branch, "").out;
+        }
+        const Op& op = r.take(OpKind::Add, x_in, add);
+        if (op.in[1].id != branch.id) r.misfit(add);
+        return op.out;
+    };
     while (r.next_is(OpKind::RmsNorm, x)) {
+        x_in = x;
         const size_t il = b.layers.size();
         BlockPlanLayer L;
         Value h, a, o;
@@ -80,14 +93,8 @@ BlockPlan plan_blocks(const Program& p) {
             L.wo = wo.pieces[0].w;
             o = wo.out;
         }
-        if (r.next_is(OpKind::RmsNorm, o)) L.post_attn_norm = norm(o, "", o);
-        if (r.next_is(OpKind::Scale, o)) {
-            L.attn_out_scale = p.ops[r.i].scalar;
-            o = r.take(OpKind::Scale, o, "").out;
-        }
-        const Op& add1 = r.take(OpKind::Add, x, "the attention residual add");
-        if (add1.in[1].id != o.id) r.misfit("the attention residual add");
-        x = add1.out;
+        x = residual(o, L.post_attn_norm, L.attn_out_scale, "the attention residual add");
+        x_in = x;
         L.ffn_norm = norm(x, "the FFN norm", h);
         Value f;
         if (r.next_is(OpKind::Moe, h)) {
@@ -110,14 +117,7 @@ BlockPlan plan_blocks(const Program& p) {
                 fail("layer {}: gate|up in {} pieces", il, L.gate_up.size());
             L.down = r.single(glu.out, "the FFN down projection", f);
         }
-        if (r.next_is(OpKind::RmsNorm, f)) L.post_ffn_norm = norm(f, "", f);
-        if (r.next_is(OpKind::Scale, f)) {
-            L.ffn_out_scale = p.ops[r.i].scalar;
-            f = r.take(OpKind::Scale, f, "").out;
-        }
-        const Op& add2 = r.take(OpKind::Add, x, "the FFN residual add");
-        if (add2.in[1].id != f.id) r.misfit("the FFN residual add");
-        x = add2.out;
+        x = residual(f, L.post_ffn_norm, L.ffn_out_scale, "the FFN residual add");
         if (r.next_is(OpKind::Trace, x)) L.trace = p.ops[r.i++].name;
         same(b.n_head, L.attn->n_head, "query heads:", il);
         same(b.n_head_kv, L.attn->n_head_kv, "KV heads:", il);

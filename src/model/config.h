@@ -53,9 +53,6 @@ struct ModelConfig {
     float attn_scale = 0.0f;      ///< query·key scale (0: 1/sqrt(head_dim)); Gemma: query_pre_attn_scalar^-1/2
     float attn_softcap = 0.0f;    ///< > 0: scaled scores s become c·tanh(s/c) before the softmax (Gemma 2)
     float final_softcap = 0.0f;   ///< > 0: logits l become c·tanh(l/c) (Gemma 2)
-    bool post_norms = false;      ///< RMSNorm of the attention and FFN outputs before their residual adds
-                                  ///< (blk.N.post_attention_norm, blk.N.post_ffw_norm)
-    bool gelu_ffn = false;        ///< FFN gate activation GELU (tanh approximation) instead of SiLU
     int64_t sliding_window = 0;   ///< keys a local layer's query sees, itself included (0: no local layers)
     std::vector<uint8_t> swa_layers;  ///< per layer: 1 = local (sliding-window) layer; empty: all global
     float rope_base_local = 0.0f; ///< RoPE base of local layers (0: rope_base)
@@ -74,12 +71,6 @@ struct ModelConfig {
     /// (Mixtral always; Qwen3-MoE when norm_topk_prob). false: used as they are.
     bool expert_weights_norm = true;
     bool moe() const { return n_expert > 0; }
-
-    // Phi-3: one fused projection for q, k and v (blk.N.attn_qkv: q rows, then
-    // k rows, then v rows) and one for gate and up (blk.N.ffn_up: gate rows,
-    // then up rows; no blk.N.ffn_gate).
-    bool fused_qkv = false;
-    bool fused_gate_up = false;
 
     /// Hyper-parameters of one family alone, by name: set and read by that
     /// family's file in model/arch/ (e.g. granite's "residual_scale").

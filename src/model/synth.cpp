@@ -93,8 +93,6 @@ ModelConfig gemma_shape(std::string arch, std::string name, int64_t vocab, int64
     c.rope_neox = true;
     c.embd_scale = std::sqrt(static_cast<float>(embd));
     c.attn_scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    c.post_norms = true;
-    c.gelu_ffn = true;
     c.qk_norm = g3;
     c.sliding_window = window;
     const int64_t pattern = g3 ? 6 : 2;
@@ -130,8 +128,6 @@ ModelConfig phi3_shape(std::string name, int64_t vocab, int64_t embd, int64_t la
     ModelConfig c = shape(std::move(name), vocab, embd, layers, heads, kv_heads, ff, ctx, 10000.0f, 1e-5f);
     c.arch = "phi3";
     c.rope_neox = true;
-    c.fused_qkv = true;
-    c.fused_gate_up = true;
     c.sliding_window = window;
     c.swa_layers.assign(static_cast<size_t>(layers), 1);
     return c;

@@ -533,7 +533,6 @@ ArchModel small_arch_model(const std::string& arch, const std::string& scheme, i
         }
     }
     if (phi3) {
-        c.fused_qkv = c.fused_gate_up = true;
         c.sliding_window = 6;  // shorter than the 10-token prompt below
         c.swa_layers.assign(static_cast<size_t>(c.n_layer), 1);
     }

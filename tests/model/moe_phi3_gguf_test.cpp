@@ -120,7 +120,6 @@ TEST_P(MoePhi3Gguf, LogitsMatchTransformers) {
     EXPECT_EQ(a.expert_weights_norm, b.expert_weights_norm);
     EXPECT_EQ(a.rope_dim, b.rope_dim);
     EXPECT_EQ(a.qk_norm, b.qk_norm);
-    EXPECT_EQ(a.fused_qkv, b.fused_qkv);
     EXPECT_EQ(a.qkv_bias, b.qkv_bias);
     EXPECT_EQ(a.window(0), b.window(0));
     EXPECT_EQ(a.rope_neox, arch != "mixtral");

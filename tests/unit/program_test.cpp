@@ -61,7 +61,7 @@ TEST(Program, EveryPresetLowersToDecoderBlocks) {
         const BlockPlan plan = plan_blocks(prog);
         EXPECT_EQ(plan.n_layer, p.cfg.n_layer) << p.name;
         EXPECT_EQ(plan.moe, p.cfg.moe()) << p.name;
-        EXPECT_EQ(plan.post_norms, p.cfg.post_norms) << p.name;
+        EXPECT_EQ(plan.post_norms, p.cfg.arch == "gemma2" || p.cfg.arch == "gemma3") << p.name;
         EXPECT_EQ(plan.final_softcap, p.cfg.final_softcap) << p.name;
         EXPECT_EQ(plan.layers.back().trace, "blk." + std::to_string(p.cfg.n_layer - 1)) << p.name;
         const std::string d = prog.describe();

@@ -19,8 +19,6 @@ void gguf_config(const GgufKeys& k, ModelConfig& c) {
     const bool g2 = c.arch == "gemma2";
     c.rope_neox = true;
     c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-    c.post_norms = true;
-    c.gelu_ffn = true;
     c.qk_norm = !g2;
     // The 27B models scale queries by 1/sqrt(n_embd / n_head) (their
     // query_pre_attn_scalar), the others by 1/sqrt(head_dim).
@@ -58,12 +56,10 @@ void hf_config(const HfKeys& k, const std::string& model_type, ModelConfig& c) {
         k.has("hidden_activation") ? k.get_string("hidden_activation", "") : k.get_string("hidden_act", "gelu_pytorch_tanh");
     if (act != "gelu_pytorch_tanh" && act != "gelu_new")
         fail("{}: hidden_activation '{}' is not supported (quern computes gelu_pytorch_tanh)", k.where, act);
-    c.gelu_ffn = true;
     c.qk_norm = !g2;
     // Embeddings × sqrt(hidden_size) (in the activation dtype: float here),
     // scores scaled by query_pre_attn_scalar^-1/2, optional soft-capping.
     c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-    c.post_norms = true;
     const double qpas = k.get_float("query_pre_attn_scalar", 256.0);
     if (!(qpas > 0)) fail("{}: query_pre_attn_scalar must be positive, got {}", k.where, qpas);
     c.attn_scale = static_cast<float>(1.0 / std::sqrt(qpas));

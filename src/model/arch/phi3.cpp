@@ -12,8 +12,6 @@ namespace {
 
 void gguf_config(const GgufKeys& k, ModelConfig& c) {
     c.rope_neox = true;
-    c.fused_qkv = true;
-    c.fused_gate_up = true;
     for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"})
         if (k.has_tensor(t))
             fail("tensor '{}': Phi-3 LongRoPE (su) scaling is not supported in GGUF files (only plain RoPE: the "
@@ -27,8 +25,6 @@ void gguf_config(const GgufKeys& k, ModelConfig& c) {
 void hf_config(const HfKeys& k, const std::string&, ModelConfig& c) {
     hf_require_silu(k);
     hf_full_attention(k);
-    c.fused_qkv = true;
-    c.fused_gate_up = true;
     hf_uniform_window(k, c);
 }
 

@@ -133,7 +133,6 @@ BlockPlan plan_blocks(const Program& p) {
                                        e.long_from != rp.long_from || e.dim != rp.dim || e.base != rp.base))
                     fail("layer {} has LongRoPE factors of its own", il);
             }
-            b.longrope = true;
         }
         b.layers.push_back(std::move(L));
     }

@@ -57,7 +57,6 @@ struct BlockPlan {
     bool post_norms = false;      ///< some block normalizes a branch's output
     bool branch_scales = false;   ///< some block scales a branch's output
     bool moe = false;             ///< some block has an expert FFN
-    bool longrope = false;        ///< some layer's RoPE has LongRoPE factors
     int64_t q_dim() const { return n_head * head_dim; }
     int64_t kv_dim() const { return n_head_kv * head_dim; }
 };

@@ -38,8 +38,8 @@ HfFolder resolve_hf_folder(const std::string& path);
 /// hf_quant_config.json: hf_quant.h) are repacked with their scales into the
 /// weight-only F8_E4M3_B32 / NVFP4 types (or F32 where their shape does not
 /// allow it), their activation and KV-cache scales left unused; norm
-/// weights and biases are widened to F32; llama3/linear RoPE scaling becomes
-/// a rope_freqs.weight tensor. Tensors get llama.cpp's GGUF names
+/// weights and biases are widened to F32; llama3/linear RoPE scaling stays in
+/// the config (ModelConfig::rope_freq_factors). Tensors get llama.cpp's GGUF names
 /// (model.layers.N.self_attn.q_proj.weight → blk.N.attn_q.weight, ...). q/k
 /// rows are not permuted: the model uses NeoX-ordered RoPE, as transformers'
 /// rotate_half does.

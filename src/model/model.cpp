@@ -68,16 +68,6 @@ std::unique_ptr<Model> Model::from_gguf(std::shared_ptr<GgufFile> file) {
 
 std::unique_ptr<Model> Model::from_weights(const ModelConfig& cfg, WeightStore weights) {
     cfg.validate();
-    if (!cfg.rope_freq_factors.empty() && !weights.find("rope_freqs.weight")) {
-        // RoPE scaling given by config keys (llama3 / linear scaling of
-        // checkpoints, Gemma 3's rope.scaling.type): the per-pair divisors as
-        // the tensor llama.cpp's files carry, which the CUDA session reads.
-        const int64_t n = static_cast<int64_t>(cfg.rope_freq_factors.size());
-        auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(n)]);
-        std::copy(cfg.rope_freq_factors.begin(), cfg.rope_freq_factors.end(), buf.get());
-        weights.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), "rope_freqs.weight"),
-                    std::shared_ptr<const void>(buf, buf.get()));
-    }
     return std::unique_ptr<Model>(new Model(cfg, std::move(weights)));
 }
 

@@ -334,7 +334,7 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
     };
     std::vector<Spec> specs;
     for (const TensorEntry& e : table.entries()) {
-        if (e.optional && (e.gguf != "output.weight" || p.tied)) continue;  // rope_freqs: in memory only, below
+        if (e.optional && (e.gguf != "output.weight" || p.tied)) continue;  // rope_freqs: the builder takes the config's factors
         int64_t layer = -1;
         if (e.gguf.rfind("blk.", 0) == 0) layer = std::stoll(e.gguf.substr(4));
         const bool bias = e.gguf.ends_with(".bias");
@@ -387,15 +387,6 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         m.weights.add(Tensor::contiguous(t, ne, buf.get(), s.name), std::shared_ptr<const void>(buf, buf.get()));
         m.order.push_back(s.name);
         if (progress) progress(++done, static_cast<int64_t>(specs.size()));
-    }
-    if (!c.rope_freq_factors.empty()) {
-        // RoPE scaling given by keys (Gemma 3's linear scaling), as
-        // Model::from_gguf supplies it: in memory only, not in m.order.
-        const int64_t n = static_cast<int64_t>(c.rope_freq_factors.size());
-        auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(n)]);
-        std::copy(c.rope_freq_factors.begin(), c.rope_freq_factors.end(), buf.get());
-        m.weights.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), "rope_freqs.weight"),
-                      std::shared_ptr<const void>(buf, buf.get()));
     }
     return m;
 }

@@ -94,8 +94,8 @@ TEST_P(GemmaGguf, SameConfigAndTransformersLogits) {
     EXPECT_FLOAT_EQ(g.attn_scale, 1.0f / std::sqrt(static_cast<float>(g.head_dim)));  // llama.cpp's rule
     g.attn_scale = h.attn_scale;  // the fixture's query_pre_attn_scalar
 
-    // The file's weights, as Model::from_gguf binds them (with the
-    // rope_freqs tensor it makes from the scaling keys).
+    // The file's weights, as Model::from_gguf binds them (the scaling keys'
+    // factors come with the config).
     auto from_file = Model::from_gguf(file);
     WeightStore ws;
     for (const auto& [name, t] : from_file->weights().all()) {

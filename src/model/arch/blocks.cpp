@@ -68,6 +68,17 @@ void table_moe(const ModelConfig& c, TensorTable& t, int64_t il, const char* hf_
     bank("ffn_down", hf_down, {F, E});
 }
 
+void table_llama(const ModelConfig& c, TensorTable& t, const HfMoeNames& moe) {
+    table_embedding(c, t);
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        table_attention(c, t, il);
+        t.vector(blk(il, "ffn_norm.weight"), hf_layer(il, "post_attention_layernorm.weight"), c.n_embd);
+        if (c.moe()) table_moe(c, t, il, moe.block, moe.router, moe.gate, moe.up, moe.down);
+        else table_ffn(c, t, il);
+    }
+    table_head(c, t);
+}
+
 RopeSpec rope_spec(const ModelConfig& c, const BoundWeights& w, ProgramBuilder& b, int64_t il) {
     RopeSpec r;
     r.dim = static_cast<int>(c.rope_dim);

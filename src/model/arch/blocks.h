@@ -36,6 +36,15 @@ void table_ffn(const ModelConfig& c, TensorTable& t, int64_t il, bool fused_gate
 void table_moe(const ModelConfig& c, TensorTable& t, int64_t il, const char* hf_block, const char* hf_router,
                const char* hf_gate, const char* hf_up, const char* hf_down);
 
+/// Hugging Face names of an expert layer: the block ("mlp."), its router
+/// and the experts' gate, up and down matrices (see table_moe).
+struct HfMoeNames {
+    const char *block, *router, *gate, *up, *down;
+};
+/// The Llama family's table: embedding; per layer attention, ffn_norm
+/// (post_attention_layernorm) and a SwiGLU or expert FFN; head.
+void table_llama(const ModelConfig& c, TensorTable& t, const HfMoeNames& moe);
+
 /// The RoPE of layer il: c.rope_dim, its base (rope_base_local on local
 /// layers when set), its frequency divisors (rope_freqs, or the config's,
 /// none on local layers when they scale global layers only) and LongRoPE.

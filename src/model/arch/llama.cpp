@@ -27,14 +27,8 @@ void hf_config(const HfKeys& k, const std::string& model_type, ModelConfig& c) {
 }
 
 void tensors(const ModelConfig& c, TensorTable& t) {
-    table_embedding(c, t);
-    for (int64_t il = 0; il < c.n_layer; ++il) {
-        table_attention(c, t, il);
-        t.vector(blk(il, "ffn_norm.weight"), hf_layer(il, "post_attention_layernorm.weight"), c.n_embd);
-        if (c.moe()) table_moe(c, t, il, "block_sparse_moe.", "gate.weight", "w1.weight", "w3.weight", "w2.weight");
-        else table_ffn(c, t, il);
-    }
-    table_head(c, t);
+    // MixtralSparseMoeBlock: w1 gate, w3 up, w2 down.
+    table_llama(c, t, {"block_sparse_moe.", "gate.weight", "w1.weight", "w3.weight", "w2.weight"});
 }
 
 }  // namespace

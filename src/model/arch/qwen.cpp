@@ -56,14 +56,7 @@ void gguf_write_qwen3(const ModelConfig& c, GgufWriter& w, const std::string& a)
 }
 
 void tensors(const ModelConfig& c, TensorTable& t) {
-    table_embedding(c, t);
-    for (int64_t il = 0; il < c.n_layer; ++il) {
-        table_attention(c, t, il);
-        t.vector(blk(il, "ffn_norm.weight"), hf_layer(il, "post_attention_layernorm.weight"), c.n_embd);
-        if (c.moe()) table_moe(c, t, il, "mlp.", "gate.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight");
-        else table_ffn(c, t, il);
-    }
-    table_head(c, t);
+    table_llama(c, t, {"mlp.", "gate.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight"});
 }
 
 constexpr HfDefaults kQwenHf{.head_dim = 0, .n_ctx = 32768};

@@ -1,12 +1,28 @@
-// A batched forward pass as the serving engine hands it to a backend: for
-// each sequence its new tokens, where its keys and values live (a block table
-// of a paged cache) and whether it wants the last token's logits.
+// A forward pass as the runtime hands it to a backend (backend/executor.h):
+// for each sequence its new tokens, where its keys and values live (a block
+// table of the executor's paged KV storage), and what it wants back — the
+// last token's logits, its most likely next token, or the token a sampling
+// chain picks. A Session's decode step is one such pass of one row.
 #pragma once
 #include <cstdint>
 
+#include "backend/program.h"
+
 namespace quern {
 
-/// One sequence's part of a batched forward pass.
+/// The sampling chain a device may run after a pass's last row (penalties →
+/// top-k → top-p → min-p → temperature → draw), with the uniform draw u in
+/// [0, 1) the host's seeded generator gave for this token.
+struct SamplingSpec {
+    float temperature = 1.0f;
+    int top_k = 0;
+    float top_p = 1.0f, min_p = 0.0f;
+    float repeat_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+    int repeat_last_n = 0;
+    double u = 0.0;
+};
+
+/// One sequence's part of a forward pass.
 struct SeqBatch {
     const int32_t* tokens = nullptr;       ///< n token ids, at positions n_past .. n_past + n - 1
     int64_t n = 0;
@@ -15,11 +31,30 @@ struct SeqBatch {
     bool decode = false;                   ///< a generated token rather than prompt tokens (informative: both
                                            ///< are computed alike)
     float* logits = nullptr;               ///< n_vocab floats for the last token, or null
-    /// Receives the index of the last token's largest logit (lowest on ties),
-    /// with or without `logits` (a GPU then hands over 4 bytes instead of
-    /// n_vocab floats). The CPU backend ignores it (its runner asks for
-    /// logits and picks on the host).
-    int32_t* greedy = nullptr;
+    /// Receives the last token's next token, with or without `logits` (a GPU
+    /// then hands over 4 bytes instead of n_vocab floats): the index of the
+    /// largest logit (lowest on ties), or with `sampling` the chain's pick.
+    int32_t* next = nullptr;
+    /// With `next`: the chain to run (Executor::samples_on_device must have
+    /// accepted it; only for a pass of one sequence whose tokens from
+    /// position 0 all went through this executor, which its penalties read).
+    const SamplingSpec* sampling = nullptr;
+};
+
+/// A forward pass of one or more sequences.
+struct ForwardBatch {
+    const SeqBatch* seqs = nullptr;
+    int n_seqs = 0;
+    /// true: every row's arithmetic is independent of the rest of the pass
+    /// (what else is batched, how a prompt was cut into chunks) — the
+    /// serving engine's passes, whose outputs must not depend on load.
+    /// false: a lone sequence whose block table is 0, 1, 2, ... (its cache
+    /// contiguous from the storage's first row) may take the backend's
+    /// fastest kernels for its row count — a Session's passes.
+    bool invariant = true;
+    /// A pass of one sequence: reports the program's traced values of its
+    /// last token (slow; verification only). Null: off.
+    const TraceFn* trace = nullptr;
 };
 
 }  // namespace quern

@@ -67,7 +67,7 @@ Stats stats(const std::vector<double>& v) {
 // --batch N,...: N requests of n_prompt random tokens, each generating n_gen
 // tokens (greedy, EOS ignored), submitted at once to the serving engine
 // (continuous batching, paged KV cache) in-process; aggregate tok/s. On a GPU
-// the engine runs on cuda::make_batch_executor (loaded once for all N), with a
+// the engine runs on cuda::make_executor with batches (loaded once for all N), with a
 // token budget of 2048 rows per step.
 void bench_batched(const BenchOptions& o) {
     const bool gpu = use_cuda(o.dev);

@@ -220,14 +220,14 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
     }
 #ifdef QUERN_HAVE_CUDA
     cuda::SessionOptions so;
-    so.n_ctx = opts.kv_tokens > 0 ? opts.kv_tokens : n_ctx;
     so.gpu_mem_fraction = opts.gpu_mem;
     so.cuda_graph = !opts.no_graph;
     so.fp8_weights = opts.gpu_weights == "fp8";
     so.precise_activations = model.options().precise_activations;
     so.profile = opts.cuda_profile;
     so.verbose = verbose;
-    return make_executor_session(model, cuda::make_sequence_executor(model.program(), so));
+    return make_executor_session(model, cuda::make_executor(model.program(), so),
+                                 opts.kv_tokens > 0 ? opts.kv_tokens : n_ctx);
 #else
     return nullptr;  // unreachable: use_cuda() failed
 #endif
@@ -243,7 +243,8 @@ std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOpt
     so.precise_activations = model.options().precise_activations;
     so.profile = opts.cuda_profile;
     so.verbose = verbose;
-    return make_executor_runner(model, cuda::make_batch_executor(model.program(), so));
+    so.batches = true;
+    return make_executor_runner(model, cuda::make_executor(model.program(), so));
 #else
     (void)opts;
     (void)verbose;

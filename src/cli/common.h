@@ -102,7 +102,7 @@ std::string gpu_unsupported(const Model& m);
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose = true);
 
-/// The serving engine's runner on the GPU (cuda::make_batch_executor) for
+/// The serving engine's runner on the GPU (cuda::make_executor with batches) for
 /// `model`; quern::Error when the build has no CUDA backend or the model is
 /// not supported there (saying to use --device cpu).
 std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOptions& opts, bool verbose);

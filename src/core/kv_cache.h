@@ -6,15 +6,32 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace quern {
 
 class KvCache {
 public:
+    /// A cache of its own: n_ctx positions of every layer.
     KvCache(int64_t n_layer, int64_t n_ctx, int64_t kv_dim)
-        : n_layer_(n_layer), n_ctx_(n_ctx), kv_dim_(kv_dim),
-          k_(static_cast<size_t>(n_layer * n_ctx * kv_dim)), v_(k_.size()) {}
+        : n_ctx_(n_ctx), kv_dim_(kv_dim), layer_stride_(n_ctx * kv_dim),
+          own_k_(static_cast<size_t>(n_layer * n_ctx * kv_dim)), own_v_(own_k_.size()),
+          k_(own_k_.data()), v_(own_v_.data()) {}
+    /// A view of storage kept elsewhere (a paged pool whose sequence holds
+    /// consecutive rows): position p of layer l at k + l · layer_stride +
+    /// p · kv_dim (v likewise), p < n_ctx.
+    KvCache(float* k, float* v, int64_t layer_stride, int64_t n_ctx, int64_t kv_dim)
+        : n_ctx_(n_ctx), kv_dim_(kv_dim), layer_stride_(layer_stride), k_(k), v_(v) {}
+    KvCache(KvCache&& o) noexcept { *this = std::move(o); }
+    KvCache& operator=(KvCache&& o) noexcept {
+        const bool owned = o.k_ == o.own_k_.data();
+        n_ctx_ = o.n_ctx_, kv_dim_ = o.kv_dim_, layer_stride_ = o.layer_stride_, n_past_ = o.n_past_;
+        own_k_ = std::move(o.own_k_), own_v_ = std::move(o.own_v_);
+        k_ = owned ? own_k_.data() : o.k_;
+        v_ = owned ? own_v_.data() : o.v_;
+        return *this;
+    }
 
     int64_t n_ctx() const { return n_ctx_; }
     int64_t kv_dim() const { return kv_dim_; }
@@ -23,14 +40,17 @@ public:
     void set_size(int64_t n) { n_past_ = n; }
     void clear() { n_past_ = 0; }
 
-    float* k(int64_t layer, int64_t pos = 0) { return k_.data() + (layer * n_ctx_ + pos) * kv_dim_; }
-    float* v(int64_t layer, int64_t pos = 0) { return v_.data() + (layer * n_ctx_ + pos) * kv_dim_; }
-    size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
+    float* k(int64_t layer, int64_t pos = 0) { return k_ + layer * layer_stride_ + pos * kv_dim_; }
+    float* v(int64_t layer, int64_t pos = 0) { return v_ + layer * layer_stride_ + pos * kv_dim_; }
+    /// Bytes this cache owns (0 for a view).
+    size_t bytes() const { return (own_k_.size() + own_v_.size()) * sizeof(float); }
 
 private:
-    int64_t n_layer_, n_ctx_, kv_dim_;
+    int64_t n_ctx_ = 0, kv_dim_ = 0, layer_stride_ = 0;
     int64_t n_past_ = 0;
-    std::vector<float> k_, v_;
+    std::vector<float> own_k_, own_v_;
+    float* k_ = nullptr;
+    float* v_ = nullptr;
 };
 
 /// The keys and values of a paged pool in host memory: layer l's K rows start

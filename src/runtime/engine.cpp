@@ -22,7 +22,7 @@
 // repeats a conversation (prompt + reply) reuses them, and a preempted
 // sequence finds its own blocks again if they have not been evicted.
 #include "runtime/engine.h"
-#include "runtime/memory.h"
+#include "core/memory.h"
 
 #include <algorithm>
 #include <atomic>
@@ -75,7 +75,7 @@ struct Slot {
 
 /// Greedy decoding with nothing that needs the logits on the host (no bias,
 /// penalties or log-probabilities): the runner hands over the argmax only
-/// (SeqBatch::greedy), the Sampler's choice (its first maximum).
+/// (SeqBatch::next), the Sampler's choice (its first maximum).
 bool plain_greedy(const GenerationRequest& r) {
     const SamplingParams& p = r.sampling;
     return p.temperature <= 0.0f && r.logit_bias.empty() && r.top_logprobs < 0 && p.repeat_penalty == 1.0f &&
@@ -90,7 +90,11 @@ public:
         : tok_(tok), opts_(checked(o)), pool_(o.n_threads), runner_(make_runner(pool_)), cfg_(runner_->config()) {
         const int64_t bs = 16;
         const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
-        kv_ = runner_->make_kv_pool((kv_tokens + bs - 1) / bs, bs, o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel");
+        const char* flag = o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel";
+        kv_ = runner_->make_kv_pool((kv_tokens + bs - 1) / bs, bs, flag);
+        if (kv_->n_blocks() * bs < o.n_ctx)  // a memory budget (--gpu-mem) made fewer blocks
+            fail("the KV cache that fits ({} tokens) holds less than one full context ({}); lower -c or raise --gpu-mem",
+                 kv_->n_blocks() * bs, o.n_ctx);
         slots_.resize(static_cast<size_t>(o.n_parallel));
         worker_ = std::thread([this] { loop(); });
     }

@@ -128,7 +128,7 @@ class ThreadPool;
 /// runner may use; it outlives the runner).
 using RunnerFactory = std::function<std::unique_ptr<BatchRunner>(ThreadPool&)>;
 /// An engine whose forward passes run on the runner `make_runner` returns
-/// (make_cpu_batch_runner, make_executor_runner over cuda::make_batch_executor); quern::Error from the
+/// (make_cpu_batch_runner, make_executor_runner over cuda::make_executor); quern::Error from the
 /// factory propagates.
 std::unique_ptr<Engine> make_engine(const RunnerFactory& make_runner, const Tokenizer& tokenizer,
                                     const EngineOptions& opts);

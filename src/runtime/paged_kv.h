@@ -28,7 +28,7 @@ public:
     /// floats per position (quern::Error for non-positive sizes or an
     /// allocation that fails). host_storage false: the pool only allocates
     /// blocks and keeps the prefix cache; the keys and values live elsewhere
-    /// (a GPU's memory, cuda::make_batch_executor) and store() must not be
+    /// (a GPU's memory, cuda::make_executor) and store() must not be
     /// called.
     PagedKvPool(int64_t n_layer, int64_t kv_dim, int64_t n_blocks, int64_t block_size = 16, bool host_storage = true);
 

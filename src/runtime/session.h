@@ -1,10 +1,13 @@
-// Session: one sequence being evaluated on one backend — the model's weights
-// as that backend holds them, the sequence's KV cache, and the scratch of a
-// forward pass. The command-line tools drive generation through it, so the
-// same loop runs on the CPU and on a GPU.
+// Session: one sequence being evaluated on one backend's Executor — the
+// model's weights as that backend holds them, the sequence's KV cache (a
+// paged storage the sequence owns whole, its blocks 0, 1, 2, ...) and the
+// scratch of a forward pass. Each call is one ForwardBatch of this sequence
+// (a decode step: one row), marked non-invariant so that the backend takes
+// its fastest kernels for the row count. The command-line tools drive
+// generation through it, so the same loop runs on the CPU and on a GPU.
 #pragma once
+#include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,63 +21,73 @@ namespace quern {
 
 class Session {
 public:
-    virtual ~Session() = default;
-    virtual const ModelConfig& config() const = 0;
+    /// A session of up to n_ctx positions on `executor` (which makes the
+    /// storage; a memory budget it was given may lower n_ctx). quern::Error
+    /// naming `flag` when not even one position fits.
+    Session(const ModelConfig& cfg, std::unique_ptr<Executor> executor, int64_t n_ctx, const char* flag = "-c");
+
+    const ModelConfig& config() const { return cfg_; }
     /// "CPU" or the GPU's name.
-    virtual std::string backend_name() const = 0;
+    std::string backend_name() const { return x_->device_name(); }
     /// Positions the KV cache holds at most.
-    virtual int64_t n_ctx() const = 0;
+    int64_t n_ctx() const { return n_ctx_; }
     /// Positions filled (the next token goes at position size()).
-    virtual int64_t size() const = 0;
+    int64_t size() const { return n_past_; }
     /// Forgets the sequence (the cache becomes empty).
     void clear() { truncate(0); }
     /// Keeps the first n positions (n <= size()) and forgets the rest, e.g.
     /// to reuse a shared prefix of the next prompt.
-    virtual void truncate(int64_t n) = 0;
+    void truncate(int64_t n) { n_past_ = std::clamp<int64_t>(n, 0, n_past_); }
 
     /// Evaluates n tokens at positions size() .. size()+n-1; when `logits` is
     /// not null, writes the last token's logits (n_vocab floats) to it.
     /// Throws quern::Error when the cache would overflow or an id is out of
     /// the vocabulary (nothing is evaluated then).
-    virtual void eval(const int32_t* tokens, int64_t n, float* logits) = 0;
+    void eval(const int32_t* tokens, int64_t n, float* logits);
 
     /// Evaluates one token and returns the most likely next token (greedy),
     /// without handing logits to the host where the backend can avoid it.
-    virtual int32_t eval_greedy(int32_t token);
+    int32_t eval_greedy(int32_t token);
 
     /// Evaluates one token and returns the next token chosen by `sampler`
     /// (its parameters and generator; the caller accept()s tokens as usual,
-    /// the token passed here included). The default evaluates on the
-    /// backend and samples on the host; a GPU session runs the same chain on
-    /// the device where it can (cuda::sample_token) and hands only the id
-    /// over. Its penalties then read the session's own tokens, so the sampler
-    /// must have accepted exactly the sequence's tokens (prompt and output).
-    virtual int32_t eval_sample(int32_t token, Sampler& sampler);
+    /// the token passed here included). Where the executor runs the chain
+    /// (Executor::samples_on_device: a GPU, cuda::sample_token) only the id
+    /// comes back, and its penalties read the session's own tokens, so the
+    /// sampler must have accepted exactly the sequence's tokens (prompt and
+    /// output); else the host samples the logits.
+    int32_t eval_sample(int32_t token, Sampler& sampler);
 
     /// As eval(), calling `trace` with the intermediate tensors of the last
-    /// token (see TraceFn in model.h). Slow; for verification only.
-    virtual void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) = 0;
+    /// token (see TraceFn in backend/program.h). Slow; for verification only.
+    void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace);
 
     /// Evaluating at least this many tokens at once rounds the activations of
     /// the layer matrices to FP8 E4M3 per token (the CUDA prefill with
     /// --gpu-weights fp8); 0: never. A CPU reference for this session sets
     /// ModelOptions::fp8_activation_rows to it.
-    virtual int64_t fp8_activation_rows() const { return 0; }
+    int64_t fp8_activation_rows() const { return x_->fp8_activation_rows(); }
 
-protected:
+private:
     /// Checks that n tokens fit and are in the vocabulary (quern::Error if not).
     void check_tokens(const int32_t* tokens, int64_t n) const;
-    std::vector<float> greedy_logits_;  ///< eval_greedy's buffer, kept between tokens
+    /// One pass of n tokens at size(); then size() += n.
+    void run(const int32_t* tokens, int64_t n, float* logits, int32_t* next, const SamplingSpec* sampling,
+             const TraceFn* trace);
+
+    ModelConfig cfg_;
+    std::unique_ptr<Executor> x_;
+    int64_t n_ctx_ = 0, n_past_ = 0;
+    std::vector<int32_t> table_;  // 0, 1, 2, ...: the whole storage, in order
+    std::vector<float> logits_;   // eval_sample's host logits, kept between tokens
 };
 
-/// A session on the CPU backend: `model` and `pool` must outlive it.
+/// A session on the CPU backend (cpu::make_executor with the model's
+/// options): `model` and `pool` must outlive it.
 std::unique_ptr<Session> make_cpu_session(Model& model, int64_t n_ctx, ThreadPool& pool);
 
-/// A session on a device backend's executor (cuda::make_sequence_executor
-/// over model.program()); `model` must outlive it. Tokens are checked here;
-/// sampling runs on the device where the executor can run the sampler's
-/// chain (SequenceExecutor::samples_on_device), with the sampler's own
-/// seeded draws, else on the host.
-std::unique_ptr<Session> make_executor_session(const Model& model, std::unique_ptr<SequenceExecutor> executor);
+/// A session on a device backend's executor (cuda::make_executor over
+/// model.program()); `model` must outlive it.
+std::unique_ptr<Session> make_executor_session(const Model& model, std::unique_ptr<Executor> executor, int64_t n_ctx);
 
 }  // namespace quern

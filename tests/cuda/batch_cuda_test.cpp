@@ -1,4 +1,4 @@
-// The GPU BatchRunner (cuda::make_batch_executor): several sequences' rows per
+// The GPU BatchRunner (cuda::make_executor with batches): several sequences' rows per
 // pass over a paged KV cache in device memory, against the CPU runner on the
 // same model and the same batches (prompt chunks of different sizes, decode
 // rows next to prompt rows, a prompt cut across passes), and the engine
@@ -82,7 +82,7 @@ double compare_batches(Model& model, ThreadPool& pool, const cuda::SessionOption
         for (size_t i = 0; i < b.size(); ++i)
             if (const int seq = seq_of(b[i].logits); seq >= 0) {
                 bg[i].logits = lg[static_cast<size_t>(seq)].data();
-                bg[i].greedy = &greedy[static_cast<size_t>(seq)];
+                bg[i].next = &greedy[static_cast<size_t>(seq)];
             }
         r.cpu->forward_batch(b.data(), static_cast<int>(b.size()), *r.kc);
         r.gpu->forward_batch(bg.data(), static_cast<int>(bg.size()), *r.kg);

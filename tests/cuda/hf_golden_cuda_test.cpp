@@ -64,9 +64,8 @@ TEST_P(HfGoldenCuda, LogitsMatchTransformersAtEveryPosition) {
     if (const std::string why = cuda_unsupported(model->program()); !why.empty())
         GTEST_SKIP() << "the CUDA path does not compute " << why << " yet";
     cuda::SessionOptions o;
-    o.n_ctx = 64;
     o.verbose = false;
-    auto s = test::cuda_session(*model, o);
+    auto s = test::cuda_session(*model, o, 64);
     std::vector<float> out(static_cast<size_t>(V));
     double worst = 1.0;
     if (c.arch == "phi3_longrope") {

@@ -248,11 +248,10 @@ int32_t argmax_of(const std::vector<float>& v) {
 std::unique_ptr<Session> gpu_session(const Model& m, int64_t n_ctx = 512, bool batched_prefill = true,
                                      int64_t prefill_chunk = 512) {
     cuda::SessionOptions o;
-    o.n_ctx = n_ctx;
     o.verbose = false;
     o.batched_prefill = batched_prefill;
     o.prefill_chunk = prefill_chunk;
-    return test::cuda_session(m, o);
+    return test::cuda_session(m, o, n_ctx);
 }
 
 TEST(CudaSession, DefaultModelMatchesGoldenLogits) {
@@ -594,11 +593,10 @@ TEST(CudaSession, ShortContextGraphMatchesSplitForm) {
     ThreadPool pool(0);
     ArchModel am = small_arch_model("llama", "Q8_0", 64, 8, 2);
     cuda::SessionOptions so;
-    so.n_ctx = 512;
     so.verbose = false;
     so.batched_prefill = false;
     so.short_ctx = 0;
-    auto split = test::cuda_session(*am.model, so);
+    auto split = test::cuda_session(*am.model, so, 512);
     auto dflt = gpu_session(*am.model, 512, false);
     auto cpu = make_cpu_session(*am.model, 512, pool);
     const int64_t V = am.model->config().n_vocab;
@@ -827,11 +825,10 @@ TEST(CudaSession, Fp8WeightsPrefillAndDecode) {
             const int64_t V = model->config().n_vocab;
             auto fp8 = [&](bool batched) {
                 cuda::SessionOptions o;
-                o.n_ctx = 64;
                 o.verbose = false;
                 o.batched_prefill = batched;
                 o.fp8_weights = true;
-                return test::cuda_session(*model, o);
+                return test::cuda_session(*model, o, 64);
             };
             auto cpu = make_cpu_session(*model, 64, pool);
             // The CPU on the same FP8 weights: with float activations (as the

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/model.h"
+#include "backend/cpu/program_runner.h"
 #include "runtime/batch_runner.h"
 #include "runtime/engine.h"
 #include "runtime/paged_kv.h"
@@ -108,13 +109,14 @@ TEST(Engine, BatchedForwardMatchesSingleSequence) {
     const auto nv = static_cast<size_t>(c.n_vocab);
     const std::vector<int32_t> a = loaded().tok->encode(prompts()[5], true, true);
     const std::vector<int32_t> b = loaded().tok->encode(prompts()[0], true, true);
-    PagedKvPool kv(c.n_layer, c.kv_dim(), 32, 16);
+    auto runner = make_cpu_batch_runner(m, pool);
+    auto pkv = runner->make_kv_pool(32, 16, "test");
+    PagedKvPool& kv = *pkv;
     // Block tables in scrambled order, to exercise the indirection.
     std::vector<int32_t> ta, tb;
     for (int i = 0; i < 4; ++i) tb.push_back(kv.allocate());
     for (int i = 0; i < 6; ++i) ta.push_back(kv.allocate());
     std::swap(ta[0], ta[3]);
-    auto runner = make_cpu_batch_runner(m, pool);
     KvCache ref = m.make_cache(128);
     std::vector<float> la(nv), lb(nv), lr(nv);
     m.forward(a.data(), static_cast<int64_t>(a.size()), ref, lr.data(), false, pool);
@@ -157,7 +159,14 @@ TEST(Engine, DecodeRowsEqualPromptRows) {
         for (int i = 0; i < n; ++i) t.push_back(kv.allocate());
         return t;
     };
-    auto runner = make_cpu_batch_runner(m, pool);
+    // The program's batched pass itself, over a pool whose storage the test reads.
+    cpu::ProgramRunner prog(m.program());
+    prog.set_options(m.options());
+    struct {
+        cpu::ProgramRunner& p;
+        ThreadPool& pool;
+        void forward_batch(const SeqBatch* s, int n, PagedKvPool& kv) { p.forward_batch(s, n, kv.store(), pool); }
+    } run{prog, pool}, *runner = &run;
     const std::vector<int32_t> t1 = blocks(4), t2 = blocks(4), t3 = blocks(6), t4 = blocks(6);
     std::vector<float> l1(nv), l2(nv), lo(nv);
     // 1: the prompt alone, then token x as a decode entry placed after a prompt entry of another sequence.

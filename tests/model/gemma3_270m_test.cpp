@@ -109,10 +109,10 @@ TEST_F(Gemma3_270m, MatchesTransformersOnTheSameGguf) {
 
     // The serving engine's batched pass: the prompt in chunks over a paged cache.
     const ModelConfig& c = model_->config();
-    PagedKvPool kv(c.n_layer, c.kv_dim(), 8, 16);
+    auto runner = make_cpu_batch_runner(*model_, pool);
+    auto kv = runner->make_kv_pool(8, 16, "test");
     std::vector<int32_t> blocks{3, 1, 6, 0, 2, 7, 4, 5};
     std::vector<float> last(static_cast<size_t>(V));
-    auto runner = make_cpu_batch_runner(*model_, pool);
     for (int64_t p = 0; p < n;) {
         const int64_t len = std::min<int64_t>(p == 0 ? 9 : 13, n - p);
         SeqBatch b;
@@ -121,7 +121,7 @@ TEST_F(Gemma3_270m, MatchesTransformersOnTheSameGguf) {
         b.block_table = blocks.data();
         b.n_past = p;
         b.logits = last.data();
-        runner->forward_batch(&b, 1, kv);
+        runner->forward_batch(&b, 1, *kv);
         p += len;
         const float* r = logits.data() + (p - 1) * V;
         EXPECT_EQ(std::max_element(last.begin(), last.end()) - last.begin(), std::max_element(r, r + V) - r)

@@ -103,10 +103,10 @@ TEST_P(HfGolden, BatchedForwardMatches) {
     auto model = load_hf_model(kDir + c.arch + "/" + ck["folder"].get<std::string>());
     const auto& cfg = model->config();
     ThreadPool pool(2);
-    PagedKvPool kv(cfg.n_layer, cfg.kv_dim(), 2, 16);
+    auto runner = make_cpu_batch_runner(*model, pool);
+    auto kv = runner->make_kv_pool(2, 16, "test");
     std::vector<int32_t> blocks{0, 1};
     std::vector<float> logits(static_cast<size_t>(V));
-    auto runner = make_cpu_batch_runner(*model, pool);
     for (int64_t p = 0; p < n;) {
         const int64_t len = std::min<int64_t>(p == 0 ? 5 : 7, n - p);
         SeqBatch b;
@@ -115,7 +115,7 @@ TEST_P(HfGolden, BatchedForwardMatches) {
         b.block_table = blocks.data();
         b.n_past = p;
         b.logits = logits.data();
-        runner->forward_batch(&b, 1, kv);
+        runner->forward_batch(&b, 1, *kv);
         p += len;
         const float* r = ref.data() + (p - 1) * V;
         EXPECT_GE(cosine_similarity(logits.data(), r, V), c.min_cos) << "position " << p - 1;

@@ -122,7 +122,8 @@ TEST_P(HfQuant, BatchedSequencesMatchAlone) {
     const int64_t V = cfg.n_vocab, n = 9;
     ThreadPool pool(2);
     auto run = [&](bool with_other) {
-        PagedKvPool kv(cfg.n_layer, cfg.kv_dim(), 4, 16);
+        auto runner = make_cpu_batch_runner(*model, pool);
+        auto kv = runner->make_kv_pool(4, 16, "test");
         std::vector<int32_t> blocks{0, 1}, other_blocks{2, 3};
         std::vector<float> a(static_cast<size_t>(V)), b(static_cast<size_t>(V));
         SeqBatch s[2];
@@ -136,7 +137,7 @@ TEST_P(HfQuant, BatchedSequencesMatchAlone) {
         s[1].block_table = other_blocks.data();
         s[1].n_past = 0;
         s[1].logits = b.data();
-        make_cpu_batch_runner(*model, pool)->forward_batch(s, with_other ? 2 : 1, kv);
+        runner->forward_batch(s, with_other ? 2 : 1, *kv);
         return a;
     };
     const std::vector<float> alone = run(false), batched = run(true);

@@ -15,7 +15,7 @@
 
 #include <unistd.h>
 
-#include "runtime/memory.h"
+#include "core/memory.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
-// Batches of many sequences (BatchExecutor, the serving engine's GPU
-// runner): resident copies of the weights for passes of many rows, the paged
-// KV storage, and each pass — its rows laid out on the device, replayed from
+// Batches of many sequences (the serving engine's passes through
+// Executor::forward): resident copies of the weights for passes of many rows,
+// and each pass — its rows laid out on the device, replayed from
 // a CUDA graph when every sequence brings one row (decode steps), the output
 // head on the rows that want logits.
 #include <cuda_runtime.h>
@@ -150,41 +150,8 @@ void CudaExecutor::prepare_batches() {
     batches_ready_ = true;
 }
 
-void CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, const char* flag) {
-    const auto& c = plan_;
-    if (n_blocks < 1 || block_size < 1) fail("paged KV cache: bad sizes ({} blocks of {})", n_blocks, block_size);
-    // One block more than the pool hands out: the padding rows of captured
-    // passes write their keys there (block n_blocks, owned by no sequence).
-    const size_t layer = static_cast<size_t>((n_blocks + 1) * block_size * c.kv_dim()) * 2;  // f16
-    clear_batch_graphs();  // they name the old pool
-    try {
-        pkv_ = DeviceBuffer();  // an earlier pool's memory first (engines made in turn on one runner)
-        pkv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_layer) * layer);
-    } catch (const Error&) {
-        cudaGetLastError();
-        fail("the KV cache of {} positions needs {:.2f} GiB of GPU memory, more than is free; lower {}",
-             n_blocks * block_size, gib(2.0 * static_cast<double>(c.n_layer) * static_cast<double>(layer)), flag);
-    }
-    pkv_layer_bytes_ = layer;
-    pkv_blocks_ = n_blocks;
-    pkv_block_size_ = block_size;
-}
-
 void CudaExecutor::forward_batch(const SeqBatch* seqs, int n_seqs) {
-    if (!batches_ready_ || !pkv_.data()) fail("forward_batch: no KV storage (make_kv_storage first)");
-    const auto& c = plan_;
-    const int64_t bs = pkv_block_size_;
-    // Everything is checked before anything runs (as on the CPU).
-    for (int i = 0; i < n_seqs; ++i) {
-        const SeqBatch& q = seqs[i];
-        if (q.n < 1 || !q.tokens || !q.block_table || q.n_past < 0) fail("forward_batch: sequence {} is empty", i);
-        for (int64_t j = 0; j < q.n; ++j)
-            if (q.tokens[j] < 0 || q.tokens[j] >= c.n_vocab)
-                fail("token id {} is outside the vocabulary [0, {})", q.tokens[j], c.n_vocab);
-        for (int64_t b = 0; b < (q.n_past + q.n + bs - 1) / bs; ++b)
-            if (q.block_table[b] < 0 || q.block_table[b] >= pkv_blocks_)
-                fail("forward_batch: sequence {} names block {} of {}", i, q.block_table[b], pkv_blocks_);
-    }
+    // forward() has checked the ids and tables.
     // Passes of at most prefill_rows_ rows; a long prompt chunk may span
     // passes (its later rows see the keys the earlier pass stored).
     std::vector<BatchSegment> segs;
@@ -265,13 +232,13 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
     const auto t_start = std::chrono::steady_clock::now();
     const auto& c = plan_;
     const cudaStream_t s = ctx_.stream();
-    const int64_t bs = pkv_block_size_, E = c.n_embd, V = c.n_vocab;
+    const int64_t bs = kv_block_size_, E = c.n_embd, V = c.n_vocab;
     // The pass's integers, one host buffer (kept between passes) in the
     // device layout: ids (n) | positions (n) | table offsets (n) | rows whose
     // logits are read (nh) | the segments' block tables.
     const auto wants_head = [&](const BatchSegment& g) {
         const SeqBatch& q = seqs[g.seq];
-        return (q.logits || q.greedy) && g.off + g.n == q.n;
+        return (q.logits || q.next) && g.off + g.n == q.n;
     };
     const auto blocks_of = [&](const BatchSegment& g) { return (seqs[g.seq].n_past + g.off + g.n + bs - 1) / bs; };
     int64_t n = 0, nh = 0, nt = 0;
@@ -320,7 +287,7 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
         t0 += nb;
     }
     if (np) {
-        tables[t0] = static_cast<int32_t>(pkv_blocks_);
+        tables[t0] = static_cast<int32_t>(kv_blocks_);
         for (; r < np; ++r) {  // padding rows: token 0 at position 0 (head slots past nh go unread)
             ids[r] = pos[r] = 0;
             toff[r] = static_cast<int32_t>(t0);
@@ -374,7 +341,7 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
                 if (q.logits)
                     QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits, blogits_.as<float>() + j * V, static_cast<size_t>(V) * 4,
                                                      cudaMemcpyDeviceToHost, s));
-                greedy = greedy || q.greedy;
+                greedy = greedy || q.next;
             }
             if (greedy) {  // every row's argmax in one launch (the others' go unread)
                 argmax_rows(blogits_.as<float>(), m, V, V, bargmax_.data(), bgreedy_.as<int32_t>(), s);
@@ -383,7 +350,7 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
             }
             ctx_.synchronize();  // blogits_ and hgreedy_ are reused
             for (int64_t j = 0; j < m; ++j)
-                if (int32_t* gdst = head_seq_[static_cast<size_t>(h0 + j)]->greedy) *gdst = hgreedy_.as<int32_t>()[j];
+                if (int32_t* gdst = head_seq_[static_cast<size_t>(h0 + j)]->next) *gdst = hgreedy_.as<int32_t>()[j];
         }
         mark("head");
     }

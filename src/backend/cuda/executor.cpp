@@ -73,7 +73,6 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
     profile_ = opt.profile;
     short_ctx_ = std::max<int64_t>(0, opt.short_ctx);
     kv_type_ = opt.f16_kv ? KvType::F16 : KvType::F32;
-    if (opt.n_ctx < 1 || opt.n_ctx > (int64_t{1} << 24)) fail("KV-cache size {} out of range", opt.n_ctx);
 
     upload_weights();
     make_rope_tables();
@@ -165,46 +164,121 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
         prefill_supported_ = ok;
     }
 
-    // KV cache: as requested, capped by --gpu-mem.
-    const size_t elem = kv_type_ == KvType::F16 ? 2 : 4;
-    const size_t per_token = 2 * static_cast<size_t>(c.n_layer * c.kv_dim()) * elem;
-    int64_t n_ctx = opt.n_ctx;
-    if (opt.gpu_mem_fraction > 0) {
-        size_t free_b = 0, total_b = 0;
-        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        const double used = static_cast<double>(total_b - free_b);
-        const double budget = opt.gpu_mem_fraction * static_cast<double>(total_b) - used;
-        // Attention scratch grows with n_ctx too (partials per split), bounded by 128 splits.
-        const double scratch = static_cast<double>(decode_attention_scratch_bytes(1 << 20, static_cast<int>(c.n_head),
-                                                                                  static_cast<int>(c.head_dim)));
-        const auto fit = static_cast<int64_t>((budget - scratch) / static_cast<double>(per_token));
-        if (fit < 1)
-            fail("--gpu-mem {}: the weights already use {:.2f} of {:.2f} GiB; nothing is left for the KV cache",
-                 opt.gpu_mem_fraction, gib(used), gib(static_cast<double>(total_b)));
-        n_ctx = std::min(n_ctx, fit);
-    }
-    n_ctx_ = n_ctx;
-    kv_layer_bytes_ = static_cast<size_t>(n_ctx) * static_cast<size_t>(c.kv_dim()) * elem;
-    try {
-        kv_ = DeviceBuffer(2 * kv_layer_bytes_ * static_cast<size_t>(c.n_layer));
-    } catch (const Error&) {
-        size_t free_b = 0, total_b = 0;
-        cudaGetLastError();
-        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        fail("the KV cache for {} tokens needs {:.2f} GiB but the GPU has {:.2f} GiB free (lower -c or use --gpu-mem)",
-             n_ctx, gib(static_cast<double>(2 * kv_layer_bytes_ * static_cast<size_t>(c.n_layer))),
-             gib(static_cast<double>(free_b)));
-    }
-    attn_scratch_ = DeviceBuffer(
-        decode_attention_scratch_bytes(static_cast<int>(n_ctx), static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));
-    tokens_ = DeviceBuffer(static_cast<size_t>(n_ctx + 1) * sizeof(int32_t));
     sampling_ = DeviceBuffer(sizeof(DeviceSampling));
     host_sampling_ = PinnedBuffer(sizeof(DeviceSampling));
-    host_tokens_ = PinnedBuffer(static_cast<size_t>(n_ctx + 1) * sizeof(int32_t));
-    if (opt.verbose)
+}
+
+int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, const char* flag) {
+    const auto& c = plan_;
+    if (n_blocks < 1 || block_size < 1 || n_blocks * block_size > (int64_t{1} << 30))
+        fail("KV cache of {} blocks of {} positions out of range (lower {})", n_blocks, block_size, flag);
+    const size_t row = static_cast<size_t>(c.kv_dim()) * (kv_type_ == KvType::F16 ? 2 : 4);
+    const auto block_bytes = [&](int64_t blocks) {  // K and V of every layer, + the spare block
+        return 2.0 * static_cast<double>(c.n_layer) * static_cast<double>((blocks + 1) * block_size) *
+               static_cast<double>(row);
+    };
+    // The graphs and scratch name the old storage; its memory goes first
+    // (engines made in turn on one executor).
+    for (auto& gh : graph_)
+        for (auto& g : gh)
+            if (g) cudaGraphExecDestroy(g), g = nullptr;
+    clear_batch_graphs();
+    kv_ = DeviceBuffer();
+    attn_scratch_ = DeviceBuffer();
+    n_past_ = 0;
+    fed_ = false;
+    size_t free_b = 0, total_b = 0;
+    QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (opt_.gpu_mem_fraction > 0) {
+        // --gpu-mem: what is left of that share of the GPU after the weights
+        // and scratch; decode attention's partials grow with the context too
+        // (bounded by 128 splits).
+        const double used = static_cast<double>(total_b - free_b);
+        const double budget = opt_.gpu_mem_fraction * static_cast<double>(total_b) - used;
+        const double scratch = static_cast<double>(
+            decode_attention_scratch_bytes(1 << 20, static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));
+        const double per_block = block_bytes(1) / 2.0;
+        const auto fit = static_cast<int64_t>((budget - scratch) / per_block) - 1;
+        if (fit < 1)
+            fail("--gpu-mem {}: the weights already use {:.2f} of {:.2f} GiB; nothing is left for the KV cache",
+                 opt_.gpu_mem_fraction, gib(used), gib(static_cast<double>(total_b)));
+        n_blocks = std::min(n_blocks, fit);
+    }
+    const size_t layer = static_cast<size_t>((n_blocks + 1) * block_size) * row;
+    try {
+        kv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_layer) * layer);
+    } catch (const Error&) {
+        cudaGetLastError();
+        fail("the KV cache of {} positions needs {:.2f} GiB but the GPU has {:.2f} GiB free (lower {}{})",
+             n_blocks * block_size, gib(block_bytes(n_blocks)), gib(static_cast<double>(free_b)), flag,
+             opt_.gpu_mem_fraction > 0 ? "" : " or use --gpu-mem");
+    }
+    kv_layer_bytes_ = layer;
+    kv_blocks_ = n_blocks;
+    kv_block_size_ = block_size;
+    n_ctx_ = std::min(n_blocks * block_size, int64_t{1} << 24);  // a lone sequence's positions are int32 on the device
+    attn_scratch_ = DeviceBuffer(
+        decode_attention_scratch_bytes(static_cast<int>(n_ctx_), static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));
+    tokens_ = DeviceBuffer(static_cast<size_t>(n_ctx_ + 1) * sizeof(int32_t));
+    host_tokens_ = PinnedBuffer(static_cast<size_t>(n_ctx_ + 1) * sizeof(int32_t));
+    if (opt_.verbose)
         std::fprintf(stderr, "quern: CUDA %s: KV cache %lld tokens (%s, %.2f GiB)\n", ctx_.name().c_str(),
-                     static_cast<long long>(n_ctx), kv_type_ == KvType::F16 ? "f16" : "f32",
+                     static_cast<long long>(n_ctx_), kv_type_ == KvType::F16 ? "f16" : "f32",
                      gib(static_cast<double>(kv_.size())));
+    return n_blocks;
+}
+
+void CudaExecutor::forward(const ForwardBatch& fb) {
+    if (!kv_.data()) fail("forward: no KV storage (make_kv_storage first)");
+    const auto& c = plan_;
+    const int64_t bs = kv_block_size_;
+    // Everything is checked before anything runs (as on the CPU).
+    bool zero_based = fb.n_seqs == 1;
+    for (int i = 0; i < fb.n_seqs; ++i) {
+        const SeqBatch& q = fb.seqs[i];
+        if (q.n < 1 || !q.tokens || !q.block_table || q.n_past < 0) fail("forward: sequence {} is empty", i);
+        for (int64_t j = 0; j < q.n; ++j)
+            if (q.tokens[j] < 0 || q.tokens[j] >= c.n_vocab)
+                fail("token id {} is outside the vocabulary [0, {})", q.tokens[j], c.n_vocab);
+        for (int64_t b = 0; b < (q.n_past + q.n + bs - 1) / bs; ++b) {
+            if (q.block_table[b] < 0 || q.block_table[b] >= kv_blocks_)
+                fail("forward: sequence {} names block {} of {}", i, q.block_table[b], kv_blocks_);
+            zero_based = zero_based && q.block_table[b] == b;
+        }
+    }
+    if (fb.n_seqs == 1 && !fb.invariant && zero_based) return forward_lone(fb.seqs[0], fb.trace);
+    if (fb.trace) fail("forward: a trace needs a lone sequence over blocks 0, 1, 2, ...");
+    for (int i = 0; i < fb.n_seqs; ++i)
+        if (fb.seqs[i].sampling) fail("forward: device sampling needs a lone sequence over blocks 0, 1, 2, ...");
+    if (!batches_ready_) fail("forward: this executor runs one sequence (make it with SessionOptions::batches)");
+    if (kv_type_ != KvType::F16) fail("forward: batched passes need an f16 KV cache");
+    forward_batch(fb.seqs, fb.n_seqs);
+}
+
+void CudaExecutor::forward_lone(const SeqBatch& q, const TraceFn* trace) {
+    if (q.n_past + q.n > n_ctx_)
+        fail("context is full: {} tokens in the cache + {} new > context size {} (raise -c)", q.n_past, q.n, n_ctx_);
+    if (q.sampling && (q.logits || q.n != 1 || trace))
+        fail("forward: device sampling takes one row and returns only the token");
+    if (q.n_past != n_past_) {  // the caller truncated (or another pass wrote) the sequence
+        n_past_ = q.n_past;
+        fed_ = false;
+    }
+    float* logits = q.logits;
+    if (q.next && !logits && (q.n != 1 || trace)) {
+        host_logits_.resize(static_cast<size_t>(plan_.n_vocab));
+        logits = host_logits_.data();
+    }
+    if (trace) {
+        eval_traced(q.tokens, q.n, logits, *trace);
+    } else if (q.n == 1 && q.next) {
+        *q.next = q.sampling ? eval_sample(q.tokens[0], *q.sampling) : eval_greedy(q.tokens[0]);
+        if (logits) logits_.download(logits, static_cast<size_t>(plan_.n_vocab) * sizeof(float), ctx_.stream());
+        return;
+    } else {
+        eval(q.tokens, q.n, logits);
+    }
+    if (q.next) *q.next = static_cast<int32_t>(std::max_element(logits, logits + plan_.n_vocab) - logits);
 }
 
 CudaExecutor::~CudaExecutor() {
@@ -415,20 +489,13 @@ void require_device(const SessionOptions& opt) {
 
 }  // namespace
 
-std::unique_ptr<BatchExecutor> make_batch_executor(const Program& program, const SessionOptions& opt) {
+std::unique_ptr<Executor> make_executor(const Program& program, const SessionOptions& opt) {
     require_device(opt);
     SessionOptions o = opt;
-    o.n_ctx = 16;  // the single-sequence cache goes unused: batches use the paged storage
-    o.gpu_mem_fraction = 0;
-    o.batched_prefill = true;
+    if (o.batches) o.batched_prefill = true;
     auto s = std::make_unique<CudaExecutor>(program, o);
-    s->prepare_batches();
+    if (o.batches) s->prepare_batches();
     return s;
-}
-
-std::unique_ptr<SequenceExecutor> make_sequence_executor(const Program& program, const SessionOptions& opt) {
-    require_device(opt);
-    return std::make_unique<CudaExecutor>(program, opt);
 }
 
 }  // namespace quern::cuda

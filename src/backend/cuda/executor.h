@@ -1,8 +1,8 @@
 // The CUDA executor: a layer program's weights resident on one GPU and the
 // passes that run it — the decode step (decode_step.cpp), passes of many rows
 // for prompts and batches (rows_pass.cpp, batch_pass.cpp) — behind the
-// backend's SequenceExecutor and BatchExecutor (session.h makes them). Set-up
-// and weight upload: executor.cpp. Private to src/backend/cuda.
+// backend's Executor (session.h makes it). Set-up, weight upload, the KV
+// storage and forward's dispatch: executor.cpp. Private to src/backend/cuda.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -81,36 +81,39 @@ private:
 
 inline double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
-class CudaExecutor final : public SequenceExecutor, public BatchExecutor {
+class CudaExecutor final : public Executor {
 public:
     CudaExecutor(const Program& program, const SessionOptions& opt);
     ~CudaExecutor() override;
 
     std::string device_name() const override { return ctx_.name(); }
-    int64_t n_ctx() const override { return n_ctx_; }
-    int64_t size() const override { return n_past_; }
-    void truncate(int64_t n) override {
-        n_past_ = std::clamp<int64_t>(n, 0, n_past_);
-        fed_ = false;
-    }
-    void eval(const int32_t* tokens, int64_t n, float* logits) override;
-    int32_t eval_greedy(int32_t token) override;
+    int64_t make_kv_storage(int64_t n_blocks, int64_t block_size, const char* flag) override;
+    /// A lone sequence over blocks 0, 1, 2, ... (ForwardBatch::invariant
+    /// false) runs the single-sequence passes below (decode step graphs,
+    /// batched prefill); anything else forward_batch (executors made with
+    /// SessionOptions::batches).
+    void forward(const ForwardBatch& batch) override;
     bool samples_on_device(const SamplingSpec& sp) const override;
-    int32_t eval_sample(int32_t token, const SamplingSpec& sp) override;
-    void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace) override;
     int64_t fp8_activation_rows() const override {
         return opt_.fp8_weights && prefill_supported_ ? kPrefillMinTokens : 0;
     }
-
-    // BatchExecutor (make_batch_executor): several sequences' rows per pass over
-    // a paged KV cache in device memory (see the top of the file).
-    void make_kv_storage(int64_t n_blocks, int64_t block_size, const char* flag) override;
-    void forward_batch(const SeqBatch* seqs, int n_seqs) override;
-    /// Readies the session for batches: the row scratch, and resident BF16
+    /// Readies the executor for batches: the row scratch, and resident BF16
     /// copies of the dense matrices (as memory allows). quern::Error when the
     /// model has no batched path on this GPU.
     void prepare_batches();
     int64_t graph_replays() const override { return graph_replays_; }
+
+private:
+    // One sequence whose cache is the storage's first n_ctx_ rows, at
+    // position n_past_ (forward's lone passes).
+    void forward_lone(const SeqBatch& q, const TraceFn* trace);
+    void eval(const int32_t* tokens, int64_t n, float* logits);
+    int32_t eval_greedy(int32_t token);
+    int32_t eval_sample(int32_t token, const SamplingSpec& sp);
+    void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace);
+    // Several sequences' rows per pass over the paged storage (see the top
+    // of batch_pass.cpp).
+    void forward_batch(const SeqBatch* seqs, int n_seqs);
 
 private:
     void upload_weights();
@@ -201,8 +204,8 @@ private:
     SessionOptions opt_;
     CudaContext ctx_;
     int levels_ = 2;
-    int64_t n_ctx_ = 0;
-    int64_t n_past_ = 0;
+    int64_t n_ctx_ = 0;   // rows of the storage a lone sequence may fill (kv_blocks_ · kv_block_size_)
+    int64_t n_past_ = 0;  // the lone sequence's positions computed
     KvType kv_type_ = KvType::F16;
 
     // RMSNorms folded into the GEMVs around them (gemv_residual_norm and
@@ -245,14 +248,15 @@ private:
     DeviceBuffer pmoe_logits_, pmoe_xg_, pmoe_gu_, pmoe_g_, pmoe_y_, pmoe_route_;
     PinnedBuffer hmoe_logits_, hmoe_route_;
 
-    DeviceBuffer kv_;  // per layer: K then V, n_ctx rows of kv_dim elements
+    // The paged KV storage (make_kv_storage): per layer K then V, each
+    // kv_layer_bytes_ of rows of kv_dim elements (kv_type_); row = block ·
+    // block_size + offset. One block more than asked for: the padding rows
+    // of captured batch passes write their keys there (block kv_blocks_,
+    // owned by no sequence). The batch pass's ids, positions and tables are
+    // on the device (bints_).
+    DeviceBuffer kv_;
     size_t kv_layer_bytes_ = 0;
-    // Batches (BatchExecutor): the paged cache (per layer: K then V, f16, rows
-    // of kv_dim; row = block · block_size + offset), its geometry, the
-    // pass's ids/positions/tables on the device, and the head's rows and logits.
-    DeviceBuffer pkv_;
-    size_t pkv_layer_bytes_ = 0;
-    int64_t pkv_blocks_ = 0, pkv_block_size_ = 0;
+    int64_t kv_blocks_ = 0, kv_block_size_ = 0;
     // The output head runs on at most kHeadRows rows at a time: its BF16
     // inputs, logits and argmaxes (device and pinned host copies).
     static constexpr int64_t kHeadRows = 256;
@@ -261,7 +265,7 @@ private:
     int64_t bsplit_floats_ = 0;
     PinnedBuffer hgreedy_;
     std::vector<int32_t> bhost_;              // the pass's integers on the host (batch_pass)
-    // Passes of single rows replayed as CUDA graphs (make_batch_executor):
+    // Passes of single rows replayed as CUDA graphs (SessionOptions::batches):
     // the most rows a captured pass takes (0: none), the graphs by (padded
     // rows, key bucket) with the times each pair was seen before capture,
     // and the fixed device buffer their integers live in.
@@ -278,7 +282,7 @@ private:
     bool replay_layers(const int32_t* d, int64_t n, int64_t keys, const PagedRows& pr);
     std::vector<const SeqBatch*> head_seq_;   // the sequence of each head row
     bool batches_ready_ = false;
-    bool batch_runner_ = false;  // made by make_batch_executor (prepare_batches)
+    bool batch_runner_ = false;  // made with SessionOptions::batches (prepare_batches)
 
     // Per-step activations.
     DeviceBuffer x_, h_, hpost_, xn_, qkv_, attn_, gu_, ffh_, logits_, attn_scratch_, argmax_scratch_, tokens_, ctl_;
@@ -309,6 +313,7 @@ private:
     int64_t short_ctx_ = 128;
     DeviceBuffer sampling_;    // one DeviceSampling
     PinnedBuffer host_sampling_;
+    std::vector<float> host_logits_;  // forward_lone's logits of a row that asked only for the next token
 
     // SessionOptions::profile: steps run uncaptured with CUDA events between the
     // ops; the destructor prints the GPU time per op kind (µs per decode

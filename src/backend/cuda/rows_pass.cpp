@@ -166,9 +166,8 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
         const BlockPlanLayer& P = c.layers[static_cast<size_t>(il)];
         const AttentionSpec& A = *P.attn;
         const bool gelu = P.act == GluAct::GeluTanh;
-        auto* kc = paged ? pkv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * pkv_layer_bytes_
-                         : kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
-        auto* vc = kc + (paged ? pkv_layer_bytes_ : kv_layer_bytes_);
+        auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
+        auto* vc = kc + kv_layer_bytes_;
         // Layer 0 reads the embeddings; later layers add the previous FFN output first.
         // The norms write the GEMM input in BF16 themselves (one rounding for
         // all Q|K|V or gate|up pieces), and so does the FFN gating.

@@ -1,5 +1,5 @@
-// The CUDA backend as the runtime sees it: executors (backend/executor.h)
-// that run a layer program on one GPU, one sequence at a time or in batches.
+// The CUDA backend as the runtime sees it: an Executor (backend/executor.h)
+// that runs a layer program on one GPU, one sequence at a time or in batches.
 // Free of CUDA headers so that host-only code can include it.
 #pragma once
 #include <cstdint>
@@ -15,10 +15,13 @@ struct SessionOptions {
     /// Two-level 8-bit activations (ModelOptions::precise_activations);
     /// false: one level, as llama.cpp does (--fast-act).
     bool precise_activations = true;
-    /// KV-cache positions (the sequence's context size).
-    int64_t n_ctx = 4096;
-    /// When > 0: cap n_ctx to what fits in this fraction of the GPU's memory
-    /// after the weights and scratch (--gpu-mem).
+    /// Ready for batches of many sequences (the serving engine): resident
+    /// BF16 copies or small-batch layouts of the dense matrices, the row
+    /// scratch; batched_prefill on. quern::Error at load when the model has
+    /// no batched path on this GPU.
+    bool batches = false;
+    /// When > 0: make_kv_storage makes only the blocks that fit in this
+    /// fraction of the GPU's memory after the weights and scratch (--gpu-mem).
     double gpu_mem_fraction = 0;
     /// Keys and values stored as fp16 (default) or fp32.
     bool f16_kv = true;
@@ -58,14 +61,22 @@ struct SessionOptions {
 /// Prompts shorter than this go through the decode step token by token.
 inline constexpr int64_t kPrefillMinTokens = 8;
 
-/// A BatchExecutor on the GPU (the engine behind `quern serve --device cuda`):
+/// Number of usable CUDA devices (0 without a driver or GPU; never throws).
+int device_count();
+
+/// An executor running `program` (and the host tensors it names, which must
+/// outlive it) on the GPU: weights are uploaded once and stay resident, the
+/// paged KV storage lives in device memory. A lone sequence over blocks 0,
+/// 1, 2, ... (a Session) runs each token as one replay of a captured decode
+/// step (CUDA graph) whose only host synchronisation is reading the next
+/// token or the logits, and prompts of kPrefillMinTokens or more as batched
+/// prefill passes.
+///
+/// With opt.batches (the engine behind `quern serve --device cuda`):
 /// the model's weights resident (dense matrices also as BF16 copies, as
-/// memory allows), each forward_batch one pass of GEMMs over all the batch's
+/// memory allows), each other pass one pass of GEMMs over all the batch's
 /// rows (decode tokens and prompt chunks alike, 2048 rows at a time), RoPE
-/// and attention per row over a paged f16 KV cache in device memory
-/// (make_kv_storage). opt.n_ctx, gpu_mem_fraction and batched_prefill are
-/// ignored. quern::Error when no GPU, the model or its batched path is not
-/// supported, or memory runs out.
+/// and attention per row over the paged f16 KV storage.
 ///
 /// Passes whose sequences each bring one row (decode steps) run as CUDA
 /// graphs: the row count is padded to the next of 1, 2, 4, 8, multiples of 8
@@ -76,19 +87,10 @@ inline constexpr int64_t kPrefillMinTokens = 8;
 /// (opt.cuda_graph false: none). Used when every
 /// dense layer matrix has a resident BF16 copy or FP8 form (or, up to 64
 /// rows, a bq layout) and expert layers group on the device.
-std::unique_ptr<BatchExecutor> make_batch_executor(const Program& program, const SessionOptions& opt);
-
-/// Number of usable CUDA devices (0 without a driver or GPU; never throws).
-int device_count();
-
-/// An executor running `program` (and the host tensors it names, which must
-/// outlive it) for one sequence on the GPU: weights are uploaded once and stay
-/// resident, the KV cache lives in device memory, and each token is one
-/// replay of a captured decode step (CUDA graph) whose only host
-/// synchronisation is reading the sampled token or the logits.
+///
 /// Throws quern::Error when there is no GPU, the program or a shape is not
 /// supported by the CUDA kernels (cuda_unsupported, backend/block_plan.h), or
 /// the model does not fit.
-std::unique_ptr<SequenceExecutor> make_sequence_executor(const Program& program, const SessionOptions& opt);
+std::unique_ptr<Executor> make_executor(const Program& program, const SessionOptions& opt);
 
 }  // namespace quern::cuda

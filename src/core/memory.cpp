@@ -1,4 +1,4 @@
-#include "runtime/memory.h"
+#include "core/memory.h"
 
 #include <unistd.h>
 

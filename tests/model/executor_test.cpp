@@ -30,7 +30,7 @@ std::unique_ptr<Model> tiny(const std::string& preset, const std::string& quant)
 }
 
 TEST(Executor, CpuSessionMatchesModelForwardBitForBit) {
-    for (const char* preset : {"llama3-8b", "gemma3-4b", "qwen3-30b-a3b"}) {
+    for (const char* preset : {"llama3-8b", "gemma3-4b", "qwen3-30b-a3b", "phi3-mini", "qwen2-7b"}) {
         SCOPED_TRACE(preset);
         auto m = tiny(preset, "Q8_0");
         const auto V = static_cast<size_t>(m->config().n_vocab);

@@ -55,10 +55,15 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/executor.h"
@@ -278,6 +283,65 @@ void CudaExecutor::run_step(Head head, int64_t pos) {
         QUERN_CUDA_CHECK(e);
     }
     QUERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+}
+
+std::vector<std::string> CudaExecutor::decode_kernels() {
+    if (!kv_.data()) fail("decode_kernels: no KV storage (make_kv_storage first)");
+    const cudaStream_t s = ctx_.stream();
+    const bool prof = profile_;
+    profile_ = false;  // no event marks in the listing
+    cudaGraph_t g = nullptr;
+    QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    try {
+        enqueue_step(kArgmax, nullptr, false);
+    } catch (...) {
+        cudaStreamEndCapture(s, &g);
+        if (g) cudaGraphDestroy(g);
+        profile_ = prof;
+        throw;
+    }
+    profile_ = prof;
+    QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    size_t n = 0, ne = 0;
+    QUERN_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    QUERN_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+    QUERN_CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &ne));
+    std::vector<cudaGraphNode_t> from(ne), to(ne);
+    std::vector<cudaGraphEdgeData> edge(ne);  // PDL edges carry data: asking without it is refused as lossy
+    if (ne > 0) QUERN_CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), edge.data(), &ne));
+    // One stream: a chain. Stream order is the order of a topological walk
+    // from the nodes without predecessors (Kahn's, ties by node order).
+    std::map<cudaGraphNode_t, int> indeg;
+    std::map<cudaGraphNode_t, std::vector<cudaGraphNode_t>> succ;
+    for (auto* v : nodes) indeg[v] = 0;
+    for (size_t i = 0; i < ne; ++i) ++indeg[to[i]], succ[from[i]].push_back(to[i]);
+    std::vector<cudaGraphNode_t> ready;
+    for (auto* v : nodes)
+        if (indeg[v] == 0) ready.push_back(v);
+    std::vector<std::string> out;
+    for (size_t i = 0; i < ready.size(); ++i) {
+        cudaGraphNode_t v = ready[i];
+        cudaGraphNodeType type{};
+        QUERN_CUDA_CHECK(cudaGraphNodeGetType(v, &type));
+        if (type == cudaGraphNodeTypeKernel) {
+            cudaKernelNodeParams kp{};
+            QUERN_CUDA_CHECK(cudaGraphKernelNodeGetParams(v, &kp));
+            const char* name = nullptr;
+            QUERN_CUDA_CHECK(cudaFuncGetName(&name, kp.func));
+            int st = 0;
+            char* dm = abi::__cxa_demangle(name, nullptr, nullptr, &st);
+            std::string k = st == 0 && dm ? dm : name;
+            std::free(dm);
+            out.push_back(k.substr(0, k.find('(')));  // the name without its parameter list
+        } else {
+            out.push_back(type == cudaGraphNodeTypeMemcpy ? "memcpy" : type == cudaGraphNodeTypeMemset ? "memset" : "other");
+        }
+        for (auto* w : succ[v])
+            if (--indeg[w] == 0) ready.push_back(w);
+    }
+    cudaGraphDestroy(g);
+    return out;
 }
 
 void CudaExecutor::select_rope(int64_t last) {

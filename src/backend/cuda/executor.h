@@ -16,6 +16,7 @@
 #include "backend/block_plan.h"
 #include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/context.h"
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/grouped_gemm.h"
@@ -102,6 +103,12 @@ public:
     /// model has no batched path on this GPU.
     void prepare_batches();
     int64_t graph_replays() const override { return graph_replays_; }
+    /// The lowered decode step of a lone sequence (with the greedy head), as
+    /// the kernels its CUDA graph launches in stream order: demangled names
+    /// ("quern::cuda::...::kernel<...>"), "memcpy" and "memset" for copy
+    /// nodes. Captured, not run; needs the KV storage (make_kv_storage).
+    /// Tests compare it per model shape with a committed listing.
+    std::vector<std::string> decode_kernels();
 
 private:
     // One sequence whose cache is the storage's first n_ctx_ rows, at

@@ -285,6 +285,28 @@ void CudaExecutor::run_step(Head head, int64_t pos) {
     QUERN_CUDA_CHECK(cudaGraphLaunch(ge, s));
 }
 
+namespace {
+
+/// A demangled kernel signature without its return type and parameter list
+/// ("void ns::k<4>(float*, int)" -> "ns::k<4>"); "(anonymous namespace)"
+/// inside the name stays.
+std::string kernel_label(std::string k) {
+    if (!k.empty() && k.back() == ')') {
+        int depth = 0;
+        for (size_t i = k.size(); i-- > 0;) {
+            if (k[i] == ')') ++depth;
+            if (k[i] == '(' && --depth == 0) {
+                k.resize(i);
+                break;
+            }
+        }
+    }
+    if (k.rfind("void ", 0) == 0) k.erase(0, 5);
+    return k;
+}
+
+}  // namespace
+
 std::vector<std::string> CudaExecutor::decode_kernels() {
     if (!kv_.data()) fail("decode_kernels: no KV storage (make_kv_storage first)");
     const cudaStream_t s = ctx_.stream();
@@ -331,9 +353,8 @@ std::vector<std::string> CudaExecutor::decode_kernels() {
             QUERN_CUDA_CHECK(cudaFuncGetName(&name, kp.func));
             int st = 0;
             char* dm = abi::__cxa_demangle(name, nullptr, nullptr, &st);
-            std::string k = st == 0 && dm ? dm : name;
+            out.push_back(kernel_label(st == 0 && dm ? dm : name));
             std::free(dm);
-            out.push_back(k.substr(0, k.find('(')));  // the name without its parameter list
         } else {
             out.push_back(type == cudaGraphNodeTypeMemcpy ? "memcpy" : type == cudaGraphNodeTypeMemset ? "memset" : "other");
         }

@@ -62,7 +62,8 @@ width a multiple of 32 (and of 64 where NVFP4 blocks meet it), the sizes the
 CUDA decode path takes; tests/cuda/hf_golden_cuda_test.cpp reads them on
 the GPU, and tests/model/hf_golden_test.cpp (HfGoldenGpuShapes) on the CPU.
 The committed fixtures come from transformers 5.24.0 and torch 2.15.0 (CPU),
-granite's from transformers 5.17.0 and torch 2.11.0 (the GPU machine's);
+granite's from transformers 5.17.0 and torch 2.11.0 (the GPU machine's),
+qwen3_5's from transformers 5.25.0 and torch 2.15.0 (CPU; it needs >= 5.2);
 transformers 5.17.0 computed Gemma 2's logits differently from the second
 position on (same weights), so remake the others with one version.
 
@@ -98,6 +99,11 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
                           LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM)
+
+try:  # transformers >= 5.2
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+except ImportError:
+    Qwen3_5ForCausalLM = Qwen3_5TextConfig = None
 
 VOCAB = 256
 N_TOKENS = 24
@@ -166,7 +172,16 @@ MODELS = {
         tie_word_embeddings=False, rope_theta=10000.0, embedding_multiplier=12.0, residual_multiplier=0.22,
         attention_multiplier=0.09, logits_scaling=8.0)),
 }
-N_TOKENS_OF = {"gemma2": 32, "gemma3": 32, "phi3_longrope": 24, "phi3_longrope_short": 12}
+if Qwen3_5TextConfig is not None:
+    # Qwen3.5: layers linear, linear, linear, full (full_attention_interval 4);
+    # Gated DeltaNet with 2 key heads and 4 value heads of 8 (each key head
+    # serves two value heads), conv kernel 4; gated full attention with heads
+    # of 16, a quarter of each rotated. 64 tokens: the recurrence runs long.
+    MODELS["qwen3_5"] = (Qwen3_5TextConfig, Qwen3_5ForCausalLM, dict(
+        num_hidden_layers=4, head_dim=16, tie_word_embeddings=False, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}))
+N_TOKENS_OF = {"gemma2": 32, "gemma3": 32, "phi3_longrope": 24, "phi3_longrope_short": 12, "qwen3_5": 64}
 
 LONGROPE_GPU = {**LONGROPE["rope_parameters"],
                 "short_factor": [1.0, 1.05, 1.1, 1.2, 1.3, 1.45, 1.6, 1.8, 2.0, 2.2, 2.5, 2.8, 3.1, 3.4, 3.8, 4.2],
@@ -192,11 +207,13 @@ GPU_SHAPES = {
 
 def randomise(model, seed):
     g = torch.Generator().manual_seed(seed)
-    gemma = model.config.model_type.startswith("gemma")
+    # Norms that multiply by 1 + w (Gemma's, Qwen3.5's but its DeltaNet output norm) draw w around 0.
+    zero_centred = model.config.model_type.startswith("gemma") or model.config.model_type == "qwen3_5_text"
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_((0.0 if gemma else 1.0) + 0.2 * torch.randn(p.shape, generator=g))
+                zc = zero_centred and not name.endswith("linear_attn.norm.weight")
+                p.copy_((0.0 if zc else 1.0) + 0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
             elif name.endswith("embed_tokens.weight"):
@@ -205,6 +222,18 @@ def randomise(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
         if model.config.tie_word_embeddings:
             model.tie_weights()
+
+
+# Architectures whose golden.json also holds transformers' greedy continuation
+# of the prompt (this many new tokens, float64, with its cache).
+GREEDY = {"qwen3_5": 16}
+
+
+def greedy_continuation(path, cls, ids, n):
+    model = cls.from_pretrained(path, dtype=torch.float32).double().eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return [int(x) for x in out[0, len(ids):]]
 
 
 def reference_logits(path, cls, ids):
@@ -498,6 +527,8 @@ def main():
                 "files": sorted(os.listdir(d))}
             model.float()
         make_quantized(name, cls, root, ids, meta)
+        if name in GREEDY:
+            meta["greedy"] = greedy_continuation(os.path.join(root, "fp32"), cls, ids, GREEDY[name])
         with open(os.path.join(root, "golden.json"), "w") as f:
             json.dump(meta, f, indent=1)
             f.write("\n")

@@ -157,6 +157,9 @@ BlockPlan plan_blocks(const Program& p) {
 }
 
 std::string cuda_unsupported(const Program& p) {
+    if (!p.delta_net.empty()) return "Gated DeltaNet (linear-attention) layers";
+    for (const Op& op : p.ops)
+        if (op.kind == OpKind::Gate) return "gated attention outputs";
     BlockPlan b;
     try {
         b = plan_blocks(p);

@@ -15,6 +15,8 @@ const char* kind_name(OpKind k) {
         case OpKind::Linear: return "linear";
         case OpKind::Attention: return "attention";
         case OpKind::Glu: return "glu";
+        case OpKind::Gate: return "gate";
+        case OpKind::DeltaNet: return "delta_net";
         case OpKind::Moe: return "moe";
         case OpKind::Add: return "add";
         case OpKind::Scale: return "scale";
@@ -52,6 +54,19 @@ std::string Program::describe() const {
     return s;
 }
 
+int64_t Program::state_floats() const {
+    int64_t n = 0;
+    for (const DeltaNetSpec& d : delta_net) n += d.state_floats();
+    return n;
+}
+
+int64_t Program::state_offset(int layer) const {
+    int64_t n = 0;
+    for (const DeltaNetSpec& d : delta_net)
+        if (d.state_layer < layer) n += d.state_floats();
+    return n;
+}
+
 ProgramBuilder::ProgramBuilder(int64_t n_vocab, int n_kv_layers, int64_t kv_dim) {
     p_.n_vocab = n_vocab;
     p_.n_kv_layers = n_kv_layers;
@@ -82,15 +97,18 @@ Value ProgramBuilder::embed(const Tensor& table) {
     return emit(std::move(op), table.ne[0], false);
 }
 
-Value ProgramBuilder::rms_norm(Value x, const Tensor& w, float eps) {
+Value ProgramBuilder::rms_norm(Value x, const Tensor& w, float eps, int64_t group) {
     const ValueInfo& xi = info(x);
-    require_f32_vector(w, xi.width, "RMSNorm weight");
+    if (group < 0 || (group > 0 && xi.width % group != 0))
+        fail("RMSNorm '{}': groups of {} do not divide the width {}", w.name, group, xi.width);
+    require_f32_vector(w, group > 0 ? group : xi.width, "RMSNorm weight");
     if (!(eps > 0.0f)) fail("RMSNorm '{}': epsilon must be positive, got {}", w.name, eps);
     Op op;
     op.kind = OpKind::RmsNorm;
     op.in[0] = x;
     op.weight = &w;
     op.eps = eps;
+    op.group = group == xi.width ? 0 : group;
     return emit(std::move(op), xi.width, xi.head);
 }
 
@@ -149,6 +167,42 @@ Value ProgramBuilder::glu(Value gate_up, GluAct act) {
     op.in[0] = gate_up;
     op.act = act;
     return emit(std::move(op), xi.width / 2, xi.head);
+}
+
+Value ProgramBuilder::gate(Value x, Value g, GluAct act) {
+    const ValueInfo& xi = info(x);
+    if (info(g).width != xi.width) fail("program: gate of width {} for a value of width {}", info(g).width, xi.width);
+    if (act == GluAct::GeluTanh) fail("program: an output gate is SiLU or sigmoid");
+    Op op;
+    op.kind = OpKind::Gate;
+    op.in[0] = x;
+    op.in[1] = g;
+    op.act = act;
+    return emit(std::move(op), xi.width, xi.head);
+}
+
+Value ProgramBuilder::delta_net(Value qkv, Value ba, DeltaNetSpec s) {
+    const ValueInfo& xi = info(qkv);
+    if (s.n_k_heads <= 0 || s.n_v_heads <= 0 || s.n_v_heads % s.n_k_heads != 0 || s.head_k <= 0 || s.head_v <= 0 ||
+        s.conv_kernel < 1)
+        fail("delta-net layer {}: {} key heads of {}, {} value heads of {}, conv kernel {}", layer_, s.n_k_heads,
+             s.head_k, s.n_v_heads, s.head_v, s.conv_kernel);
+    if (xi.width != s.conv_dim()) fail("delta-net layer {}: q|k|v of width {}, expected {}", layer_, xi.width, s.conv_dim());
+    if (info(ba).width != 2 * s.n_v_heads)
+        fail("delta-net layer {}: [b | a] of width {}, expected {}", layer_, info(ba).width, 2 * s.n_v_heads);
+    if (!s.conv || s.conv->type != DType::F32 || s.conv->ne[0] != s.conv_kernel || s.conv->ne[1] != s.conv_dim())
+        fail("delta-net layer {}: the conv1d weight must be F32 {} × {}", layer_, s.conv_kernel, s.conv_dim());
+    require_f32_vector(*s.a_coef, s.n_v_heads, "delta-net A");
+    require_f32_vector(*s.dt_bias, s.n_v_heads, "delta-net dt bias");
+    if (s.state_layer < 0) s.state_layer = static_cast<int>(p_.delta_net.size());
+    Op op;
+    op.kind = OpKind::DeltaNet;
+    op.in[0] = qkv;
+    op.in[1] = ba;
+    op.spec = static_cast<int>(p_.delta_net.size());
+    const int64_t out = s.value_dim();
+    p_.delta_net.push_back(s);
+    return emit(std::move(op), out, xi.head);
 }
 
 Value ProgramBuilder::moe(Value x, MoeSpec s) {

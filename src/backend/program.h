@@ -53,10 +53,13 @@ struct Value {
 
 enum class OpKind : uint8_t {
     Embed,       ///< out[r] = dequantize(table row tokens[r])
-    RmsNorm,     ///< out = in0 / sqrt(mean(in0²) + eps) · weight (Zhang & Sennrich 2019)
+    RmsNorm,     ///< out = in0 / sqrt(mean(in0²) + eps) · weight (Zhang & Sennrich 2019), per group of
+                 ///< `group` elements when group > 0 (weight: group floats)
     Linear,      ///< out = in0 · [W_0 | W_1 | ...]ᵀ (+ bias_i): piece i's outputs at its offset
     Attention,   ///< in0 = [q | k | v]; out = causal GQA attention (AttentionSpec), keys/values cached
     Glu,         ///< in0 = [gate | up]; out = act(gate) · up
+    Gate,        ///< out = in0 · act(in1) (an output gate: gated attention, a gated norm)
+    DeltaNet,    ///< in0 = [q | k | v] pre-convolution, in1 = [b | a]; out = gated delta rule (DeltaNetSpec)
     Moe,         ///< out = Σ_slots w · expert(in0) over the router's top-k (MoeSpec)
     Add,         ///< out = in0 + in1
     Scale,       ///< out = in0 · scalar
@@ -69,6 +72,7 @@ enum class OpKind : uint8_t {
 enum class GluAct : uint8_t {
     SiLU,      ///< SwiGLU (Shazeer 2020): silu(g) · u
     GeluTanh,  ///< GeGLU with GELU's tanh approximation (transformers' gelu_pytorch_tanh)
+    Sigmoid,   ///< Gate only: x · sigmoid(g)
 };
 
 /// One matrix of a Linear op: w has ne = {K, N} (K the input width, N its
@@ -135,6 +139,37 @@ struct MoeSpec {
     GluAct act = GluAct::SiLU;
 };
 
+/// Gated DeltaNet linear attention (Yang et al. 2024, "Gated Delta Networks:
+/// Improving Mamba2 with Delta Rule"; transformers' Qwen3_5GatedDeltaNet).
+/// Per row, in order:
+///   1. a causal depthwise conv1d of kernel `conv_kernel` over the row's
+///      [q | k | v] (conv_dim = 2·n_k_heads·head_k + n_v_heads·head_v
+///      channels) and the conv_kernel − 1 rows before it (the sequence's conv
+///      state; zeros before position 0), then SiLU;
+///   2. q and k of each key head L2-normalised (x · rsqrt(Σx² + 1e-6)), q
+///      scaled by 1/sqrt(head_k);
+///   3. per value head h (its key head: h / (n_v/n_k), or h % n_k with
+///      kv_tiled, llama.cpp's GGUF order): β = sigmoid(b_h), decay
+///      g = a_coef_h · softplus(a_h + dt_bias_h) (a_coef = −exp(A_log)), then
+///      the state S_h (head_k × head_v) becomes S·exp(g); S += k ⊗ β(v − Sᵀk);
+///      the output is Sᵀq (head_v floats).
+/// The conv and delta-rule states are the sequence's recurrent state, slot
+/// `state_layer` (DeltaNetSpec::state_floats() floats).
+struct DeltaNetSpec {
+    int state_layer = 0;
+    int n_k_heads = 0, n_v_heads = 0, head_k = 0, head_v = 0, conv_kernel = 0;
+    bool kv_tiled = false;
+    const Tensor* conv = nullptr;     ///< ne = {conv_kernel, conv_dim}, F32 (channel c's taps, oldest first)
+    const Tensor* a_coef = nullptr;   ///< n_v_heads F32: −exp(A_log)
+    const Tensor* dt_bias = nullptr;  ///< n_v_heads F32
+    int64_t key_dim() const { return int64_t{n_k_heads} * head_k; }
+    int64_t value_dim() const { return int64_t{n_v_heads} * head_v; }
+    int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+    int64_t state_floats() const {
+        return (conv_kernel - 1) * conv_dim() + int64_t{n_v_heads} * head_k * head_v;
+    }
+};
+
 struct Op {
     OpKind kind = OpKind::Embed;
     Value out;                      ///< invalid for Trace
@@ -142,10 +177,11 @@ struct Op {
     int layer = -1;                 ///< the decoder layer the op belongs to (-1: embedding or head)
     const Tensor* weight = nullptr; ///< Embed: the table; RmsNorm: the weight (F32, width floats)
     float eps = 0.0f;               ///< RmsNorm
+    int64_t group = 0;              ///< RmsNorm: elements per normalised group (0: the whole row)
     float scalar = 0.0f;            ///< Scale: the factor; Softcap: the cap
-    GluAct act = GluAct::SiLU;      ///< Glu
+    GluAct act = GluAct::SiLU;      ///< Glu, Gate
     std::vector<LinearPiece> pieces;  ///< Linear
-    int spec = -1;                  ///< Attention: index into Program::attention; Moe: into Program::moe
+    int spec = -1;                  ///< index into Program::attention (Attention), moe (Moe), delta_net (DeltaNet)
     std::string name;               ///< Trace
 };
 
@@ -166,10 +202,16 @@ struct Program {
     std::vector<ValueInfo> values;
     std::vector<AttentionSpec> attention;
     std::vector<MoeSpec> moe;
+    std::vector<DeltaNetSpec> delta_net;
     Value logits;          ///< n_vocab floats per selected row
     int64_t n_vocab = 0;
     int n_kv_layers = 0;   ///< KV-cache layers the attention ops write (kv_layer < n_kv_layers)
     int64_t kv_dim = 0;    ///< floats per position of one KV-cache layer (K or V)
+    /// Floats of a sequence's recurrent state (the DeltaNet ops' slots back
+    /// to back, in state_layer order); 0: the program keeps none.
+    int64_t state_floats() const;
+    /// Where state slot `layer` starts in that state.
+    int64_t state_offset(int layer) const;
     /// Row slices and per-expert views of the model's tensors, and constant
     /// tables (RoPE factors), owned by the program.
     std::deque<Tensor> views;
@@ -192,13 +234,20 @@ public:
     void set_layer(int il) { layer_ = il; }
 
     Value embed(const Tensor& table);
-    Value rms_norm(Value x, const Tensor& w, float eps);
+    /// group > 0: each group of `group` elements normalised on its own, w of
+    /// group floats (a per-head norm).
+    Value rms_norm(Value x, const Tensor& w, float eps, int64_t group = 0);
     Value linear(Value x, std::vector<LinearPiece> pieces);
     Value linear(Value x, const Tensor& w, const Tensor* bias = nullptr) {
         return linear(x, std::vector<LinearPiece>{LinearPiece{&w, bias}});
     }
     Value attention(Value qkv, const AttentionSpec& spec);
     Value glu(Value gate_up, GluAct act);
+    /// x · act(gate), elementwise; equal widths. act: SiLU or Sigmoid.
+    Value gate(Value x, Value gate, GluAct act);
+    /// The gated delta rule of `spec` (its state_layer the next free slot
+    /// when < 0): qkv of spec.conv_dim() floats, ba of 2 · n_v_heads.
+    Value delta_net(Value qkv, Value ba, DeltaNetSpec spec);
     Value moe(Value x, MoeSpec spec);
     Value add(Value a, Value b);
     Value scale(Value x, float s);

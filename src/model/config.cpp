@@ -87,6 +87,18 @@ void ModelConfig::validate() const {
     if (!swa_layers.empty() && static_cast<int64_t>(swa_layers.size()) != n_layer)
         fail("{} sliding-window layer flags for {} layers", swa_layers.size(), n_layer);
     if (sliding_window < 0) fail("sliding window {} must not be negative", sliding_window);
+    if (!recurrent_layers.empty() && static_cast<int64_t>(recurrent_layers.size()) != n_layer)
+        fail("{} linear-attention layer flags for {} layers", recurrent_layers.size(), n_layer);
+    if (has_recurrent_state()) {
+        pos("ssm conv_kernel", ssm_conv_kernel);
+        pos("ssm state_size", ssm_state_size);
+        pos("ssm group_count", ssm_group_count);
+        pos("ssm time_step_rank", ssm_time_step_rank);
+        pos("ssm inner_size", ssm_inner_size);
+        if (ssm_time_step_rank % ssm_group_count != 0 || ssm_inner_size % ssm_time_step_rank != 0)
+            fail("linear attention: {} value heads ({} elements in all) must split evenly over {} key heads", ssm_time_step_rank,
+                 ssm_inner_size, ssm_group_count);
+    }
     if (n_expert < 0 || n_expert > 4096) fail("expert count {} is out of range", n_expert);
     if (n_expert > 0) {
         if (n_expert_used <= 0 || n_expert_used > n_expert)

@@ -72,6 +72,21 @@ struct ModelConfig {
     bool expert_weights_norm = true;
     bool moe() const { return n_expert > 0; }
 
+    // Linear-attention (state-space) layers, as llama.cpp's ssm.* keys name
+    // them: Gated DeltaNet (Qwen3.5) — a conv of ssm_conv_kernel taps, key
+    // heads ssm_group_count of ssm_state_size, value heads
+    // ssm_time_step_rank of ssm_inner_size / ssm_time_step_rank.
+    std::vector<uint8_t> recurrent_layers;  ///< per layer: 1 = linear attention; empty: none
+    int64_t ssm_conv_kernel = 0, ssm_state_size = 0, ssm_group_count = 0, ssm_time_step_rank = 0, ssm_inner_size = 0;
+    bool recurrent(int64_t il) const {
+        return !recurrent_layers.empty() && recurrent_layers[static_cast<size_t>(il)] != 0;
+    }
+    /// Whether a sequence carries recurrent state (truncating it recomputes).
+    bool has_recurrent_state() const {
+        for (uint8_t r : recurrent_layers)
+            if (r) return true;
+        return false;
+    }
     /// Hyper-parameters of one family alone, by name: set and read by that
     /// family's file in model/arch/ (e.g. granite's "residual_scale").
     std::map<std::string, float> extra;

@@ -96,6 +96,16 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
     ModelConfig c;
     const std::string model_type = k.get_string("model_type", "");
     if (model_type.empty()) fail("{}: key 'model_type' is missing", where);
+    // A multimodal wrapper (Qwen3.5's qwen3_5: a vision tower beside the text
+    // model) keeps the text model's keys in text_config: quern reads those
+    // (tie_word_embeddings may sit at the top).
+    if (!find_hf_arch(model_type) && hf_refusal(model_type).empty() && k.has("text_config") &&
+        j["text_config"].is_object()) {
+        json t = j["text_config"];
+        if (!t.contains("tie_word_embeddings") && j.contains("tie_word_embeddings"))
+            t["tie_word_embeddings"] = j["tie_word_embeddings"];
+        return from_hf_config(t.dump(), where + " (text_config)");
+    }
     if (const std::string_view why = hf_refusal(model_type); !why.empty())
         fail("{}: model_type '{}' {}", where, model_type, why);
     const ArchDef* def = find_hf_arch(model_type);
@@ -167,7 +177,7 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
     if (!(base > 0)) fail("{}: rope_theta must be positive, got {}", where, base);
     // partial_rotary_factor (Phi3Config; rope_parameters in transformers 5):
     // only the first head_dim · factor elements of a head rotate.
-    double partial = k.get_float("partial_rotary_factor", 1.0);
+    double partial = k.get_float("partial_rotary_factor", d.partial_rotary);
     if (rs.is_object() && rs.contains("partial_rotary_factor"))
         partial = k.get_float(rs, "partial_rotary_factor", rs_key + ".partial_rotary_factor");
     if (partial != 1.0) {

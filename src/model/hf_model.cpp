@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <array>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +45,14 @@ struct Want {
     std::string gguf;            // name the forward pass binds
     std::vector<int64_t> shape;  // as stored, outermost first
     bool add_one = false;        // a norm weight used as 1 + w
+    bool neg_exp = false;        // stored as log(−a), used as a
+    bool floats = false;         // a Vector entry: widened to F32
+    int64_t elements() const {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        return n;
+    }
+    std::vector<int64_t> ne;     // the model's shape (innermost first)
 };
 
 /// The tensors a checkpoint of config `c` holds, from its architecture's
@@ -56,12 +66,13 @@ std::vector<Want> expected_tensors(const ModelConfig& c) {
     std::vector<Want> w;
     for (const TensorEntry& e : table.entries()) {
         if (e.hf.empty()) continue;  // derived from the config
-        const std::vector<int64_t> stored(e.shape.rbegin(), e.shape.rend());
+        const std::vector<int64_t> stored = e.hf_shape.empty() ? std::vector<int64_t>(e.shape.rbegin(), e.shape.rend())
+                                                               : e.hf_shape;
         if (e.kind == TensorKind::Experts) {
             for (int64_t x = 0; x < e.n_expert; ++x)
                 w.push_back({fmt::format(fmt::runtime(e.hf), x), fmt::format(fmt::runtime(e.gguf_expert), x), stored});
         } else {
-            w.push_back({e.hf, e.gguf, stored, e.hf_add_one});
+            w.push_back({e.hf, e.gguf, stored, e.hf_add_one, e.hf_neg_exp, e.kind == TensorKind::Vector, e.shape});
         }
     }
     return w;
@@ -70,6 +81,9 @@ std::vector<Want> expected_tensors(const ModelConfig& c) {
 /// Tensors a checkpoint may hold that quern has no use for.
 bool ignorable(const std::string& name, const ModelConfig& c) {
     if (ends_with(name, ".rotary_emb.inv_freq")) return true;  // a buffer older checkpoints saved
+    // A multimodal wrapper's vision tower; Qwen3.5's multi-token-prediction
+    // head (not used yet: no speculative decoding).
+    if (name.starts_with("model.visual.") || (c.has_recurrent_state() && name.starts_with("mtp."))) return true;
     return c.tie_embeddings && name == "lm_head.weight";        // tied: transformers uses the embedding
 }
 
@@ -128,8 +142,12 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
 
     WeightStore w;
     std::set<std::string> used;
-    for (const Want& want : expected_tensors(cfg)) {
+    for (Want& want : expected_tensors(cfg)) {
         const SafetensorsModel::Entry* e = st->find(hf_quant_stored_name(quant, *st, want.hf));
+        if (!e && want.hf.starts_with("model.")) {  // a multimodal wrapper's text model: model.language_model.*
+            const std::string wrapped = "model.language_model." + want.hf.substr(6);
+            if ((e = st->find(hf_quant_stored_name(quant, *st, wrapped)))) want.hf = wrapped;
+        }
         if (!e) fail("tensor '{}' is missing from {} (model_type {})", want.hf, where, cfg.arch);
         const SafetensorsTensorInfo& info = *e->info;
         const std::string& file = e->file->path();
@@ -150,16 +168,20 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
         used.insert(want.hf);
         Tensor t = e->file->tensor_view(info);
         t.name = want.gguf;
-        if (want.shape.size() == 1) {
-            // Norm weights and biases: widened to F32 (the ops read floats).
-            const int64_t n = want.shape[0];
+        if (want.floats) {
+            // Norm weights, biases, small tables: widened to F32 (the ops read floats).
+            const int64_t n = want.elements();
             auto buf = std::shared_ptr<float[]>(new float[static_cast<size_t>(n)]);
             const uint8_t* src = e->file->data(info);
             const size_t es = static_cast<size_t>(dtype_info(info.type).type_size);
             for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = to_f32(info.type, src + static_cast<size_t>(i) * es);
             if (want.add_one)
                 for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] += 1.0f;  // Gemma's (1 + w)
-            w.add(Tensor::contiguous(DType::F32, {n, 1, 1, 1}, buf.get(), want.gguf),
+            if (want.neg_exp)
+                for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = -std::exp(buf[static_cast<size_t>(i)]);
+            std::array<int64_t, 4> ne{1, 1, 1, 1};
+            for (size_t d = 0; d < want.ne.size() && d < 4; ++d) ne[d] = want.ne[d];
+            w.add(Tensor::contiguous(DType::F32, {ne[0], ne[1], ne[2], ne[3]}, buf.get(), want.gguf),
                   std::shared_ptr<const void>(buf, buf.get()));
         } else {
             w.add(std::move(t), st);

@@ -37,7 +37,9 @@ public:
     void set_trace(TraceFn t);
 
     /// A KV cache for one sequence of up to n_ctx positions.
-    KvCache make_cache(int64_t n_ctx) const { return KvCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
+    KvCache make_cache(int64_t n_ctx) const {
+        return KvCache(program_.n_kv_layers, n_ctx, program_.kv_dim, program_.state_floats());
+    }
 
     /// Runs n tokens of one sequence on the CPU (cpu::ProgramRunner::forward):
     /// positions cache.size() .. cache.size()+n-1, their keys/values appended

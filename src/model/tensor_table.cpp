@@ -30,6 +30,11 @@ TensorEntry& TensorTable::vector(std::string gguf, std::string hf, int64_t n) {
     return entries_.back();
 }
 
+TensorEntry& TensorTable::floats(std::string gguf, std::string hf, std::vector<int64_t> shape) {
+    entries_.push_back(entry(std::move(gguf), std::move(hf), std::move(shape), TensorKind::Vector));
+    return entries_.back();
+}
+
 TensorEntry& TensorTable::experts(std::string gguf, std::string gguf_expert, std::string hf, std::vector<int64_t> shape,
                                   int64_t n_expert) {
     TensorEntry e = entry(std::move(gguf), std::move(hf), std::move(shape), TensorKind::Experts);

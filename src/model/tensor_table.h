@@ -16,7 +16,8 @@ namespace quern {
 
 enum class TensorKind : uint8_t {
     Matrix,  ///< a weight matrix or embedding table: any type the CPU's matmul reads
-    Vector,  ///< a norm weight or a bias: F32 in GGUF files, widened to F32 from checkpoints
+    Vector,  ///< a norm weight, a bias or another small float table: F32 in GGUF files, widened to F32
+             ///< from checkpoints
     Experts, ///< one bank of an expert layer (see TensorEntry)
 };
 
@@ -32,6 +33,10 @@ struct TensorEntry {
     TensorKind kind = TensorKind::Matrix;
     bool optional = false;           ///< a GGUF file may lack it (the builder copes)
     bool hf_add_one = false;         ///< Vector: checkpoints store w, the model uses 1 + w (Gemma's RMSNorms)
+    bool hf_neg_exp = false;         ///< Vector: checkpoints store log(−a), the model uses a = −exp (A_log)
+    /// The checkpoint's shape (outermost first) when it differs from `shape`
+    /// by axes of size 1 (a depthwise conv1d's (C, 1, K)); empty: `shape`.
+    std::vector<int64_t> hf_shape;
     bool keep_float = false;         ///< Matrix: llama.cpp's quantizer leaves it in float (expert routers)
     int64_t n_expert = 0;            ///< Experts
     std::string gguf_expert;         ///< Experts
@@ -43,6 +48,8 @@ public:
     TensorEntry& matrix(std::string gguf, std::string hf, std::vector<int64_t> shape);
     /// A norm weight or bias of n floats.
     TensorEntry& vector(std::string gguf, std::string hf, int64_t n);
+    /// A small F32 table of ne = shape (a conv1d's taps).
+    TensorEntry& floats(std::string gguf, std::string hf, std::vector<int64_t> shape);
     /// An expert bank of n_expert matrices of ne = {K, N} (see TensorEntry).
     TensorEntry& experts(std::string gguf, std::string gguf_expert, std::string hf, std::vector<int64_t> shape,
                          int64_t n_expert);

@@ -22,6 +22,19 @@ Session::Session(const ModelConfig& cfg, std::unique_ptr<Executor> executor, int
     for (int64_t b = 0; b < made; ++b) table_[static_cast<size_t>(b)] = static_cast<int32_t>(b);
 }
 
+void Session::truncate(int64_t n) {
+    n = std::clamp<int64_t>(n, 0, n_past_);
+    if (n == n_past_) return;
+    if (!cfg_.has_recurrent_state()) {
+        n_past_ = n;
+        return;
+    }
+    n_past_ = 0;
+    const std::vector<int32_t> keep(history_.begin(), history_.begin() + n);
+    history_.clear();
+    if (n > 0) run(keep.data(), n, nullptr, nullptr, nullptr, nullptr);
+}
+
 void Session::check_tokens(const int32_t* tokens, int64_t n) const {
     if (n < 0) fail("negative token count {}", n);
     if (size() + n > n_ctx())
@@ -51,6 +64,10 @@ void Session::run(const int32_t* tokens, int64_t n, float* logits, int32_t* next
     b.invariant = false;
     b.trace = trace;
     x_->forward(b);
+    if (cfg_.has_recurrent_state()) {
+        history_.resize(static_cast<size_t>(n_past_));
+        history_.insert(history_.end(), tokens, tokens + n);
+    }
     n_past_ += n;
 }
 

@@ -37,7 +37,10 @@ public:
     void clear() { truncate(0); }
     /// Keeps the first n positions (n <= size()) and forgets the rest, e.g.
     /// to reuse a shared prefix of the next prompt.
-    void truncate(int64_t n) { n_past_ = std::clamp<int64_t>(n, 0, n_past_); }
+    /// A model with recurrent (linear-attention) state recomputes the kept
+    /// positions from the tokens the session saw: its state cannot be rolled
+    /// back.
+    void truncate(int64_t n);
 
     /// Evaluates n tokens at positions size() .. size()+n-1; when `logits` is
     /// not null, writes the last token's logits (n_vocab floats) to it.
@@ -80,6 +83,7 @@ private:
     int64_t n_ctx_ = 0, n_past_ = 0;
     std::vector<int32_t> table_;  // 0, 1, 2, ...: the whole storage, in order
     std::vector<float> logits_;   // eval_sample's host logits, kept between tokens
+    std::vector<int32_t> history_;  // the sequence's tokens (recurrent models: truncate replays them)
 };
 
 /// A session on the CPU backend (cpu::make_executor with the model's

@@ -32,6 +32,7 @@ public:
         const auto floats = static_cast<size_t>(p_.n_kv_layers * n_blocks * block_size * p_.kv_dim);
         k_.assign(floats, 0.0f);
         v_.assign(floats, 0.0f);
+        state_.assign(static_cast<size_t>(p_.state_floats()), 0.0f);  // the lone sequence's (Program::state_floats)
         store_ = PagedKvStore{k_.data(), v_.data(), n_blocks * block_size * p_.kv_dim, block_size, p_.kv_dim,
                               p_.n_kv_layers};
         n_blocks_ = n_blocks;
@@ -70,7 +71,8 @@ private:
     /// One sequence over the storage's first rows, as Model::forward runs it.
     void forward_lone(const SeqBatch& q, const TraceFn* trace) {
         if (q.n == 0) return;
-        KvCache view(store_.k, store_.v, store_.layer_stride, n_blocks_ * store_.block_size, p_.kv_dim);
+        KvCache view(store_.k, store_.v, store_.layer_stride, n_blocks_ * store_.block_size, p_.kv_dim,
+                     state_.data(), p_.state_floats());
         view.set_size(q.n_past);
         float* logits = q.logits ? q.logits : scratch(0);
         runner_.set_trace(trace ? *trace : TraceFn{});
@@ -94,7 +96,7 @@ private:
     const Program& p_;
     ThreadPool& pool_;
     ProgramRunner runner_;
-    std::vector<float> k_, v_;
+    std::vector<float> k_, v_, state_;
     PagedKvStore store_;
     int64_t n_blocks_ = 0;
     std::vector<std::vector<float>> tmp_;  // logits of rows that asked for the next token only

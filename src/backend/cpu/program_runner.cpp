@@ -126,6 +126,7 @@ ProgramRunner::ProgramRunner(const Program& program) : p_(program), st_(std::mak
                     }
                     break;
                 case OpKind::RmsNorm:
+                case OpKind::Gate:
                 case OpKind::Scale:
                 case OpKind::Softcap:
                 case OpKind::Add:
@@ -237,9 +238,24 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
                 break;
             case OpKind::RmsNorm: {
                 float* y = out(op);
-                rms_norm(rows(in, 0), static_cast<const float*>(op.weight->data), y, rows_of(in), p_.width(in), op.eps);
+                const int64_t w = p_.width(in), g = op.group > 0 ? op.group : w;
+                rms_norm(rows(in, 0), static_cast<const float*>(op.weight->data), y, rows_of(in) * (w / g), g, op.eps);
                 break;
             }
+            case OpKind::Gate: {
+                const int64_t count = rows_of(op.out) * p_.width(op.out);
+                float* y = out(op);
+                const float* x = rows(in, 0);
+                const float* g = rows(op.in[1], 1);
+                if (op.act == GluAct::Sigmoid)
+                    for (int64_t i = 0; i < count; ++i) y[i] = x[i] / (1.0f + std::exp(-g[i]));
+                else
+                    for (int64_t i = 0; i < count; ++i) y[i] = x[i] * (g[i] / (1.0f + std::exp(-g[i])));
+                break;
+            }
+            case OpKind::DeltaNet:
+                run_delta_net(op, pass, pool);
+                break;
             case OpKind::Linear: {
                 const int64_t n = rows_of(in);
                 const float* x = rows(in, 0);
@@ -446,6 +462,110 @@ void ProgramRunner::run_moe(const Op& op, Pass& pass, ThreadPool& pool) {
     }
 }
 
+void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
+    State& s = *st_;
+    const DeltaNetSpec& sp = p_.delta_net[sz(op.spec)];
+    if (!pass.cache || !pass.cache->state() || pass.cache->state_floats() != p_.state_floats())
+        fail("delta-net layer {}: no recurrent state for this pass", op.layer);
+    const int64_t T = pass.rows, C = sp.conv_dim(), K = sp.conv_kernel, dk = sp.head_k, dv = sp.head_v;
+    const int64_t nk = sp.n_k_heads, nv = sp.n_v_heads, kd = sp.key_dim();
+    float* conv_state = pass.cache->state() + p_.state_offset(sp.state_layer);  // K-1 rows of C, oldest first
+    float* S = conv_state + (K - 1) * C;                                          // nv × dk × dv
+    const float* w = static_cast<const float*>(sp.conv->data);                    // channel c: taps c·K .. c·K+K-1
+    const float* a_coef = static_cast<const float*>(sp.a_coef->data);
+    const float* dt_bias = static_cast<const float*>(sp.dt_bias->data);
+    const float* x = [&] {  // the input rows, copied: the output slot may be the input's
+        const Value in = op.in[0];
+        const auto& sl = s.slots_of[sz(in.id)];
+        if (sl.size() == 1) return static_cast<const float*>(s.slots[sz(sl[0])].data());
+        return static_cast<const float*>(nullptr);
+    }();
+    std::vector<float> xin;
+    if (!x) {  // gather [q | k | v] pieces into rows
+        xin.resize(sz(T * C));
+        int64_t col = 0;
+        const Value in = op.in[0];
+        for (size_t j = 0; j < s.slots_of[sz(in.id)].size(); ++j) {
+            const int64_t pw = s.widths[sz(in.id)][j];
+            const float* src = s.slots[sz(s.slots_of[sz(in.id)][j])].data();
+            for (int64_t r = 0; r < T; ++r) std::copy_n(src + r * pw, pw, xin.data() + r * C + col);
+            col += pw;
+        }
+        x = xin.data();
+    }
+    std::vector<float> ba(sz(T * 2 * nv));
+    {
+        const Value in = op.in[1];
+        int64_t col = 0;
+        for (size_t j = 0; j < s.slots_of[sz(in.id)].size(); ++j) {
+            const int64_t pw = s.widths[sz(in.id)][j];
+            const float* src = s.slots[sz(s.slots_of[sz(in.id)][j])].data();
+            for (int64_t r = 0; r < T; ++r) std::copy_n(src + r * pw, pw, ba.data() + r * 2 * nv + col);
+            col += pw;
+        }
+    }
+    float* y = s.slot(s.slots_of[sz(op.out.id)][0], T * sp.value_dim());
+    std::vector<float> c(sz(C));
+    const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
+    for (int64_t r = 0; r < T; ++r) {
+        // Causal depthwise conv over the state's K-1 rows and this one, SiLU.
+        const float* xr = x + r * C;
+        for (int64_t ch = 0; ch < C; ++ch) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < K - 1; ++j) acc += conv_state[j * C + ch] * w[ch * K + j];
+            acc += xr[ch] * w[ch * K + K - 1];
+            c[sz(ch)] = acc / (1.0f + std::exp(-acc));
+        }
+        if (K > 1) {
+            std::copy(conv_state + C, conv_state + (K - 1) * C, conv_state);
+            std::copy_n(xr, C, conv_state + (K - 2) * C);
+        }
+        // L2-normalised q and k per key head; q scaled by 1/sqrt(dk).
+        for (int64_t h = 0; h < 2 * nk; ++h) {
+            float* v = c.data() + h * dk;
+            float ss = 0.0f;
+            for (int64_t i = 0; i < dk; ++i) ss += v[i] * v[i];
+            const float inv = 1.0f / std::sqrt(ss + 1e-6f) * (h < nk ? qscale : 1.0f);
+            for (int64_t i = 0; i < dk; ++i) v[i] *= inv;
+        }
+        const float* b = ba.data() + r * 2 * nv;
+        const float* a = b + nv;
+        float* yr = y + r * sp.value_dim();
+        pool.parallel_for(nv, 1, [&](int64_t h0, int64_t h1, int) {
+            std::vector<float> mem(sz(dv));
+            for (int64_t h = h0; h < h1; ++h) {
+                const int64_t kh = sp.kv_tiled ? h % nk : h / (nv / nk);
+                const float* q = c.data() + kh * dk;
+                const float* k = c.data() + kd + kh * dk;
+                const float* v = c.data() + 2 * kd + h * dv;
+                const float beta = 1.0f / (1.0f + std::exp(-b[h]));
+                const float u = a[h] + dt_bias[h];
+                const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));
+                const float decay = std::exp(a_coef[h] * softplus);
+                float* Sh = S + h * dk * dv;  // row i (a key element) of dv floats
+                std::fill(mem.begin(), mem.end(), 0.0f);
+                for (int64_t i = 0; i < dk; ++i) {
+                    float* row = Sh + i * dv;
+                    for (int64_t j = 0; j < dv; ++j) {
+                        row[j] *= decay;
+                        mem[sz(j)] += row[j] * k[i];
+                    }
+                }
+                for (int64_t j = 0; j < dv; ++j) mem[sz(j)] = (v[j] - mem[sz(j)]) * beta;  // the delta
+                float* o = yr + h * dv;
+                std::fill(o, o + dv, 0.0f);
+                for (int64_t i = 0; i < dk; ++i) {
+                    float* row = Sh + i * dv;
+                    for (int64_t j = 0; j < dv; ++j) {
+                        row[j] += k[i] * mem[sz(j)];
+                        o[j] += row[j] * q[i];
+                    }
+                }
+            }
+        });
+    }
+}
+
 void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
                             ThreadPool& pool) {
     State& s = *st_;
@@ -458,6 +578,10 @@ void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, fl
              cache.n_ctx());
     for (int64_t i = 0; i < n; ++i)
         if (tokens[i] < 0 || tokens[i] >= V) fail("token id {} is outside the vocabulary [0, {})", tokens[i], V);
+    if (cache.state_floats() != p_.state_floats())
+        fail("recurrent state of {} floats does not match the model ({})", cache.state_floats(), p_.state_floats());
+    // A sequence's recurrent state describes its positions so far: none at 0.
+    if (cache.size() == 0 && cache.state()) std::fill_n(cache.state(), cache.state_floats(), 0.0f);
     // LongRoPE decides once per call, from the call's last position.
     const int64_t last_pos = cache.size() + n - 1;
     for (int64_t b0 = 0; b0 < n; b0 += kPassRows) {
@@ -491,6 +615,9 @@ void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, fl
 void ProgramRunner::forward_batch(const SeqBatch* seqs, int n_seqs, const PagedKvStore& kv, ThreadPool& pool) {
     State& s = *st_;
     if (n_seqs <= 0) return;
+    if (!p_.delta_net.empty())
+        fail("batched passes of a model with linear-attention layers are not implemented yet (quern run, chat "
+             "and bench -p/-n run it; serve does not)");
     if (kv.kv_dim != p_.kv_dim || kv.n_layer != p_.n_kv_layers)
         fail("paged KV cache shape ({} layers × {}) does not match the model ({} × {})", kv.n_layer, kv.kv_dim,
              p_.n_kv_layers, p_.kv_dim);

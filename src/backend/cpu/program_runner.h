@@ -57,6 +57,9 @@ private:
     void run(Pass& pass, ThreadPool& pool);
     void run_attention(const Op& op, Pass& pass, ThreadPool& pool);
     void run_moe(const Op& op, Pass& pass, ThreadPool& pool);
+    /// The gated delta rule of a DeltaNet op over the pass's rows, in order,
+    /// on the sequence's recurrent state.
+    void run_delta_net(const Op& op, Pass& pass, ThreadPool& pool);
     /// y = x · Wᵀ over `rows` rows with ModelOptions' activation handling
     /// (two-level activations, FP8 rounding); `same_input` reuses the
     /// previous call's split of x (the pieces of one Linear op).

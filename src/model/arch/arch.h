@@ -57,6 +57,7 @@ struct HfDefaults {
     /// rope_theta becomes ModelConfig::rope_base_local.
     bool per_layer_rope = false;
     bool rope_local = false;
+    double partial_rotary = 1.0;    ///< partial_rotary_factor when the config omits it (Qwen3.5: 0.25)
 };
 
 struct ArchDef {

@@ -1,0 +1,181 @@
+// Qwen3.5 / Qwen3.6 dense text models: a hybrid stack where most layers are
+// Gated DeltaNet linear attention (a recurrent state per sequence) and every
+// full_attention_interval-th layer is gated full attention (q projects to
+// [query | gate] per head, sigmoid(gate) scales the attention output; q/k
+// RMSNorm; NeoX RoPE on the first partial_rotary_factor of each head). Every
+// RMSNorm but the DeltaNet output's scales by (1 + w) in checkpoints, which
+// GGUF files store with the 1 added. transformers' Qwen3_5ForCausalLM
+// (model_type qwen3_5_text, or the qwen3_5 wrapper's text_config);
+// llama.cpp's qwen35. The MTP head (mtp.* / nextn) is not used yet.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "formats/gguf.h"
+#include "model/arch/blocks.h"
+
+namespace quern::arch {
+
+namespace {
+
+/// Whether layer il is linear attention when every interval-th is full.
+std::vector<uint8_t> interval_layers(int64_t n_layer, int64_t interval) {
+    std::vector<uint8_t> r(static_cast<size_t>(n_layer));
+    for (int64_t il = 0; il < n_layer; ++il) r[static_cast<size_t>(il)] = (il + 1) % interval != 0;
+    return r;
+}
+
+void gguf_config(const GgufKeys& k, ModelConfig& c) {
+    c.rope_neox = true;
+    c.qk_norm = true;
+    c.ssm_conv_kernel = k.get_int("ssm.conv_kernel");
+    c.ssm_state_size = k.get_int("ssm.state_size");
+    c.ssm_group_count = k.get_int("ssm.group_count");
+    c.ssm_time_step_rank = k.get_int("ssm.time_step_rank");
+    c.ssm_inner_size = k.get_int("ssm.inner_size");
+    // llama.cpp counts the MTP (NextN) blocks appended after the trunk in
+    // block_count; their tensors are not read yet.
+    c.n_layer -= k.get_int("nextn_predict_layers", 0);
+    c.recurrent_layers = interval_layers(c.n_layer, k.get_int("full_attention_interval", 4));
+    c.extra["v_heads_tiled"] = 1;  // the converter reorders value heads: head h reads key head h % n_k
+}
+
+void hf_config(const HfKeys& k, const std::string&, ModelConfig& c) {
+    hf_require_silu(k);
+    c.qk_norm = true;
+    c.ssm_conv_kernel = k.get_int("linear_conv_kernel_dim", 4);
+    c.ssm_state_size = k.get_int("linear_key_head_dim", 128);
+    c.ssm_group_count = k.get_int("linear_num_key_heads", 16);
+    c.ssm_time_step_rank = k.get_int("linear_num_value_heads", 32);
+    c.ssm_inner_size = k.get_int("linear_value_head_dim", 128) * c.ssm_time_step_rank;
+    if (k.has("layer_types")) {
+        const auto& lt = k.j["layer_types"];
+        if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.n_layer)
+            fail("{}: key 'layer_types' must list {} layer types", k.where, c.n_layer);
+        for (const auto& t : lt) {
+            const std::string s = t.is_string() ? t.get<std::string>() : "";
+            if (s != "linear_attention" && s != "full_attention")
+                fail("{}: layer type '{}' (linear_attention or full_attention)", k.where, t.dump());
+            c.recurrent_layers.push_back(s == "linear_attention");
+        }
+    } else {
+        c.recurrent_layers = interval_layers(c.n_layer, k.get_int("full_attention_interval", 4));
+    }
+}
+
+void tensors(const ModelConfig& c, TensorTable& t) {
+    const int64_t E = c.n_embd, Q = c.q_dim(), K = c.kv_dim(), nv = c.ssm_time_step_rank;
+    const int64_t CD = 2 * c.ssm_group_count * c.ssm_state_size + c.ssm_inner_size, VD = c.ssm_inner_size;
+    table_embedding(c, t);
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        t.vector(blk(il, "attn_norm.weight"), hf_layer(il, "input_layernorm.weight"), E).hf_add_one = true;
+        t.vector(blk(il, "post_attention_norm.weight"), hf_layer(il, "post_attention_layernorm.weight"), E)
+            .hf_add_one = true;
+        if (c.recurrent(il)) {
+            t.matrix(blk(il, "attn_qkv.weight"), hf_layer(il, "linear_attn.in_proj_qkv.weight"), {E, CD});
+            t.matrix(blk(il, "attn_gate.weight"), hf_layer(il, "linear_attn.in_proj_z.weight"), {E, VD});
+            t.matrix(blk(il, "ssm_beta.weight"), hf_layer(il, "linear_attn.in_proj_b.weight"), {E, nv});
+            t.matrix(blk(il, "ssm_alpha.weight"), hf_layer(il, "linear_attn.in_proj_a.weight"), {E, nv});
+            t.floats(blk(il, "ssm_conv1d.weight"), hf_layer(il, "linear_attn.conv1d.weight"), {c.ssm_conv_kernel, CD})
+                .hf_shape = {CD, 1, c.ssm_conv_kernel};
+            t.vector(blk(il, "ssm_dt.bias"), hf_layer(il, "linear_attn.dt_bias"), nv);
+            t.vector(blk(il, "ssm_a"), hf_layer(il, "linear_attn.A_log"), nv).hf_neg_exp = true;
+            t.vector(blk(il, "ssm_norm.weight"), hf_layer(il, "linear_attn.norm.weight"), VD / nv);
+            t.matrix(blk(il, "ssm_out.weight"), hf_layer(il, "linear_attn.out_proj.weight"), {VD, E});
+        } else {
+            t.matrix(blk(il, "attn_q.weight"), hf_layer(il, "self_attn.q_proj.weight"), {E, 2 * Q});
+            t.matrix(blk(il, "attn_k.weight"), hf_layer(il, "self_attn.k_proj.weight"), {E, K});
+            t.matrix(blk(il, "attn_v.weight"), hf_layer(il, "self_attn.v_proj.weight"), {E, K});
+            t.matrix(blk(il, "attn_output.weight"), hf_layer(il, "self_attn.o_proj.weight"), {Q, E});
+            t.vector(blk(il, "attn_q_norm.weight"), hf_layer(il, "self_attn.q_norm.weight"), c.head_dim).hf_add_one = true;
+            t.vector(blk(il, "attn_k_norm.weight"), hf_layer(il, "self_attn.k_norm.weight"), c.head_dim).hf_add_one = true;
+        }
+        t.matrix(blk(il, "ffn_gate.weight"), hf_layer(il, "mlp.gate_proj.weight"), {E, c.n_ff});
+        t.matrix(blk(il, "ffn_up.weight"), hf_layer(il, "mlp.up_proj.weight"), {E, c.n_ff});
+        t.matrix(blk(il, "ffn_down.weight"), hf_layer(il, "mlp.down_proj.weight"), {c.n_ff, E});
+    }
+    table_head(c, t);
+    for (TensorEntry& e : t.entries())
+        if (e.gguf == "output_norm.weight") e.hf_add_one = true;
+}
+
+/// Layer il's Gated DeltaNet mixer over the normed input h.
+Value linear_attention(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, Value h) {
+    DeltaNetSpec s;
+    s.state_layer = -1;  // the next slot
+    s.n_k_heads = static_cast<int>(c.ssm_group_count);
+    s.n_v_heads = static_cast<int>(c.ssm_time_step_rank);
+    s.head_k = static_cast<int>(c.ssm_state_size);
+    s.head_v = static_cast<int>(c.ssm_inner_size / c.ssm_time_step_rank);
+    s.conv_kernel = static_cast<int>(c.ssm_conv_kernel);
+    s.kv_tiled = c.extra.count("v_heads_tiled") && c.extra.at("v_heads_tiled") != 0.0f;
+    s.conv = &w.get(blk(il, "ssm_conv1d.weight"));
+    s.a_coef = &w.get(blk(il, "ssm_a"));
+    s.dt_bias = &w.get(blk(il, "ssm_dt.bias"));
+    const Value qkv = b.linear(h, w.get(blk(il, "attn_qkv.weight")));
+    const Value z = b.linear(h, w.get(blk(il, "attn_gate.weight")));
+    const Value ba = b.linear(h, {{&w.get(blk(il, "ssm_beta.weight"))}, {&w.get(blk(il, "ssm_alpha.weight"))}});
+    Value o = b.delta_net(qkv, ba, s);
+    o = b.rms_norm(o, w.get(blk(il, "ssm_norm.weight")), c.rms_eps, s.head_v);  // per value head
+    o = b.gate(o, z, GluAct::SiLU);
+    return b.linear(o, w.get(blk(il, "ssm_out.weight")));
+}
+
+/// Layer il's gated full attention over h, writing KV-cache layer kv_layer.
+Value gated_attention(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, int kv_layer,
+                      Value h) {
+    const Tensor& q = w.get(blk(il, "attn_q.weight"));  // per head: head_dim query rows, then head_dim gate rows
+    const int64_t hd = c.head_dim;
+    std::vector<LinearPiece> qkv, gate;
+    for (int64_t hh = 0; hh < c.n_head; ++hh) {
+        qkv.push_back({&b.rows_view(q, 0, 2 * hh * hd, hd, fmt::format("{}[q{}]", q.name, hh))});
+        gate.push_back({&b.rows_view(q, 0, 2 * hh * hd + hd, hd, fmt::format("{}[gate{}]", q.name, hh))});
+    }
+    qkv.push_back({&w.get(blk(il, "attn_k.weight"))});
+    qkv.push_back({&w.get(blk(il, "attn_v.weight"))});
+    AttentionSpec s = attention_spec(c, w, b, il);
+    s.kv_layer = kv_layer;
+    Value a = b.attention(b.linear(h, std::move(qkv)), s);
+    a = b.gate(a, b.linear(h, std::move(gate)), GluAct::Sigmoid);
+    return b.linear(a, w.get(blk(il, "attn_output.weight")));
+}
+
+Program build(const ModelConfig& c, const BoundWeights& w) {
+    int n_full = 0;
+    for (int64_t il = 0; il < c.n_layer; ++il) n_full += !c.recurrent(il);
+    ProgramBuilder b(c.n_vocab, n_full, c.kv_dim());
+    Value x = embed(b, c, w);
+    int kv = 0;
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        b.set_layer(static_cast<int>(il));
+        const Value h = b.rms_norm(x, w.get(blk(il, "attn_norm.weight")), c.rms_eps);
+        const Value mixed = c.recurrent(il) ? linear_attention(b, c, w, il, h) : gated_attention(b, c, w, il, kv++, h);
+        x = b.add(x, mixed);
+        const Value h2 = b.rms_norm(x, w.get(blk(il, "post_attention_norm.weight")), c.rms_eps);
+        x = b.add(x, gated_ffn(b, c, w, il, h2, GluAct::SiLU));
+        trace_layer(b, il, x);
+    }
+    b.set_layer(-1);
+    return output_head(b, c, w, x);
+}
+
+void gguf_write(const ModelConfig& c, GgufWriter& w, const std::string& a) {
+    gguf_write_heads(c, w, a, /*key_length=*/true);
+    w.set_u32(a + "ssm.conv_kernel", static_cast<uint32_t>(c.ssm_conv_kernel));
+    w.set_u32(a + "ssm.state_size", static_cast<uint32_t>(c.ssm_state_size));
+    w.set_u32(a + "ssm.group_count", static_cast<uint32_t>(c.ssm_group_count));
+    w.set_u32(a + "ssm.time_step_rank", static_cast<uint32_t>(c.ssm_time_step_rank));
+    w.set_u32(a + "ssm.inner_size", static_cast<uint32_t>(c.ssm_inner_size));
+    int64_t interval = 0;
+    for (int64_t il = 0; il < c.n_layer && interval == 0; ++il)
+        if (!c.recurrent(il)) interval = il + 1;
+    w.set_u32(a + "full_attention_interval", static_cast<uint32_t>(interval > 0 ? interval : c.n_layer + 1));
+}
+
+constexpr HfDefaults kHf{.head_dim = 256, .n_ctx = 32768, .partial_rotary = 0.25};
+
+}  // namespace
+
+extern const ArchDef kQwen35{"qwen35", {"qwen3_5_text"}, gguf_config, kHf, hf_config, {}, tensors, build, gguf_write};
+
+}  // namespace quern::arch

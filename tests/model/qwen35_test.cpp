@@ -1,0 +1,147 @@
+// Qwen3.5 (hybrid Gated DeltaNet) on the CPU beyond the golden logits
+// (hf_golden_test.cpp): the recurrent state carried across calls — decoding
+// token by token and a prompt cut into chunks give what one pass gives, the
+// greedy continuation is transformers', truncating a session recomputes the
+// state — and what is not there yet (batched passes, the GPU) says so.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/block_plan.h"
+#include "core/error.h"
+#include "hf_test_util.h"
+#include "model/hf_model.h"
+#include "runtime/batch_runner.h"
+#include "runtime/session.h"
+#include "runtime/verify.h"
+
+namespace quern {
+namespace {
+
+using hf_test::argmax;
+using hf_test::kDir;
+namespace fs = std::filesystem;
+
+struct Fixture {
+    std::unique_ptr<Model> model;
+    std::vector<int32_t> tokens, greedy;
+    std::vector<float> ref;  // transformers' logits at every position
+};
+
+Fixture load() {
+    Fixture f;
+    std::ifstream in(kDir + "qwen3_5/golden.json");
+    const nlohmann::json meta = nlohmann::json::parse(in);
+    f.tokens = meta["tokens"].get<std::vector<int32_t>>();
+    f.greedy = meta["greedy"].get<std::vector<int32_t>>();
+    f.ref = hf_test::read_logits(kDir + "qwen3_5/fp32.logits");
+    f.model = load_hf_model(kDir + "qwen3_5/fp32");
+    return f;
+}
+
+TEST(Qwen35, DecodeTokenByTokenAndChunksMatchOnePass) {
+    Fixture f = load();
+    const int64_t n = static_cast<int64_t>(f.tokens.size()), V = f.model->config().n_vocab;
+    ASSERT_EQ(n, 64);
+    ThreadPool pool(2);
+    auto s = make_cpu_session(*f.model, 128, pool);
+    std::vector<float> l(static_cast<size_t>(V));
+    for (int64_t t = 0; t < n; ++t) {  // one token per call: the state carries everything before it
+        s->eval(&f.tokens[static_cast<size_t>(t)], 1, l.data());
+        const float* r = f.ref.data() + t * V;
+        EXPECT_GE(cosine_similarity(l.data(), r, V), 0.9999) << "position " << t;
+        EXPECT_EQ(argmax(l.data(), V), argmax(r, V)) << "position " << t;
+    }
+    for (int64_t cut : {1, 20, 63}) {  // two chunks
+        s->clear();
+        s->eval(f.tokens.data(), cut, nullptr);
+        s->eval(f.tokens.data() + cut, n - cut, l.data());
+        EXPECT_GE(cosine_similarity(l.data(), f.ref.data() + (n - 1) * V, V), 0.9999) << "cut at " << cut;
+    }
+}
+
+TEST(Qwen35, GreedyContinuationIsTransformers) {
+    Fixture f = load();
+    ThreadPool pool(2);
+    auto s = make_cpu_session(*f.model, 128, pool);
+    std::vector<float> l(static_cast<size_t>(f.model->config().n_vocab));
+    s->eval(f.tokens.data(), static_cast<int64_t>(f.tokens.size()), l.data());
+    std::vector<int32_t> got{static_cast<int32_t>(argmax(l.data(), static_cast<int64_t>(l.size())))};
+    while (got.size() < f.greedy.size()) got.push_back(s->eval_greedy(got.back()));
+    EXPECT_EQ(got, f.greedy);
+}
+
+TEST(Qwen35, TruncateRecomputesTheState) {
+    Fixture f = load();
+    const int64_t n = static_cast<int64_t>(f.tokens.size()), V = f.model->config().n_vocab;
+    ThreadPool pool(2);
+    auto s = make_cpu_session(*f.model, 128, pool);
+    std::vector<float> l(static_cast<size_t>(V));
+    s->eval(f.tokens.data(), n, nullptr);
+    s->truncate(30);  // keep the first 30 positions, as chat does with a shared prefix
+    EXPECT_EQ(s->size(), 30);
+    s->eval(f.tokens.data() + 30, n - 30, l.data());
+    EXPECT_GE(cosine_similarity(l.data(), f.ref.data() + (n - 1) * V, V), 0.9999);
+    EXPECT_EQ(argmax(l.data(), V), argmax(f.ref.data() + (n - 1) * V, V));
+}
+
+// Released checkpoints are the multimodal wrapper: model_type qwen3_5 with
+// the text model's keys in text_config, its weights under
+// model.language_model., a vision tower (model.visual.*) and the MTP head
+// (mtp.*) beside it. The text model loads from it as from the text-only folder.
+class Qwen35Wrapper : public hf_test::HfCheckpointCopy {};
+
+TEST_F(Qwen35Wrapper, LoadsTheTextModelOfTheMultimodalCheckpoint) {
+    const fs::path d = copy("qwen3_5", "fp32");
+    nlohmann::json cfg;
+    std::ifstream(d / "config.json") >> cfg;
+    const nlohmann::json wrapper = {{"model_type", "qwen3_5"},
+                                    {"architectures", {"Qwen3_5ForConditionalGeneration"}},
+                                    {"tie_word_embeddings", false},
+                                    {"vision_config", {{"depth", 1}}},
+                                    {"text_config", cfg}};
+    std::ofstream(d / "config.json") << wrapper.dump(1);
+    hf_test::StFile st = hf_test::read_st(d / "model.safetensors");
+    nlohmann::ordered_json h;
+    for (auto& [name, info] : st.header.items())
+        h[name.rfind("model.", 0) == 0 ? "model.language_model." + name.substr(6) : name] = info;
+    const size_t end = st.data.size();
+    for (const char* extra : {"model.visual.patch_embed.proj.weight", "mtp.fc.weight"}) {
+        h[extra] = {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {st.data.size(), st.data.size() + 8}}};
+        st.data.append(8, '\0');
+    }
+    ASSERT_GT(st.data.size(), end);
+    st.header = h;
+    hf_test::write_st(d / "model.safetensors", st);
+
+    auto wrapped = load_hf_model(d.string());
+    auto plain = load_hf_model(kDir + "qwen3_5/fp32");
+    ThreadPool pool(1);
+    const std::vector<int32_t> toks{5, 17, 200, 3, 99};
+    const auto V = static_cast<size_t>(plain->config().n_vocab);
+    std::vector<float> a(V), b(V);
+    KvCache ca = wrapped->make_cache(8);
+    KvCache cb = plain->make_cache(8);
+    wrapped->forward(toks.data(), 5, ca, a.data(), false, pool);
+    plain->forward(toks.data(), 5, cb, b.data(), false, pool);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), V * sizeof(float)));
+}
+
+TEST(Qwen35, WhatIsNotThereYetSaysSo) {
+    Fixture f = load();
+    EXPECT_NE(cuda_unsupported(f.model->program()).find("DeltaNet"), std::string::npos);
+    ThreadPool pool(1);
+    auto runner = make_cpu_batch_runner(*f.model, pool);
+    auto kv = runner->make_kv_pool(4, 16, "test");
+    const std::vector<int32_t> blocks{0, 1, 2, 3};
+    SeqBatch b;
+    b.tokens = f.tokens.data();
+    b.n = 4;
+    b.block_table = blocks.data();
+    EXPECT_THROW(runner->forward_batch(&b, 1, *kv), Error);
+}
+
+}  // namespace
+}  // namespace quern

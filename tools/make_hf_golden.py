@@ -101,7 +101,7 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
                           Qwen3MoeForCausalLM)
 
 try:  # transformers >= 5.2
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 except ImportError:
     Qwen3_5ForCausalLM = Qwen3_5TextConfig = None
 
@@ -181,7 +181,15 @@ if Qwen3_5TextConfig is not None:
         num_hidden_layers=4, head_dim=16, tie_word_embeddings=False, linear_num_key_heads=2,
         linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}))
-N_TOKENS_OF = {"gemma2": 32, "gemma3": 32, "phi3_longrope": 24, "phi3_longrope_short": 12, "qwen3_5": 64}
+    # Qwen3.5-MoE: the same hybrid stack, every FFN 8 experts of 16 (2 per
+    # token, renormalised) plus a shared expert of 32 behind a sigmoid gate.
+    MODELS["qwen3_5_moe"] = (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM, dict(
+        num_hidden_layers=4, head_dim=16, tie_word_embeddings=False, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}))
+N_TOKENS_OF = {"gemma2": 32, "gemma3": 32, "phi3_longrope": 24, "phi3_longrope_short": 12, "qwen3_5": 64,
+               "qwen3_5_moe": 64}
 
 LONGROPE_GPU = {**LONGROPE["rope_parameters"],
                 "short_factor": [1.0, 1.05, 1.1, 1.2, 1.3, 1.45, 1.6, 1.8, 2.0, 2.2, 2.5, 2.8, 3.1, 3.4, 3.8, 4.2],
@@ -208,7 +216,7 @@ GPU_SHAPES = {
 def randomise(model, seed):
     g = torch.Generator().manual_seed(seed)
     # Norms that multiply by 1 + w (Gemma's, Qwen3.5's but its DeltaNet output norm) draw w around 0.
-    zero_centred = model.config.model_type.startswith("gemma") or model.config.model_type == "qwen3_5_text"
+    zero_centred = model.config.model_type.startswith("gemma") or model.config.model_type.startswith("qwen3_5")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -226,11 +234,12 @@ def randomise(model, seed):
 
 # Architectures whose golden.json also holds transformers' greedy continuation
 # of the prompt (this many new tokens, float64, with its cache).
-GREEDY = {"qwen3_5": 16}
+GREEDY = {"qwen3_5": 16, "qwen3_5_moe": 16}
 
 
 def greedy_continuation(path, cls, ids, n):
-    model = cls.from_pretrained(path, dtype=torch.float32).double().eval()
+    extra = {"experts_implementation": "eager"} if "moe" in path else {}
+    model = cls.from_pretrained(path, dtype=torch.float32, **extra).double().eval()
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
     return [int(x) for x in out[0, len(ids):]]

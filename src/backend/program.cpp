@@ -171,7 +171,8 @@ Value ProgramBuilder::glu(Value gate_up, GluAct act) {
 
 Value ProgramBuilder::gate(Value x, Value g, GluAct act) {
     const ValueInfo& xi = info(x);
-    if (info(g).width != xi.width) fail("program: gate of width {} for a value of width {}", info(g).width, xi.width);
+    if (info(g).width != xi.width && info(g).width != 1)
+        fail("program: gate of width {} for a value of width {}", info(g).width, xi.width);
     if (act == GluAct::GeluTanh) fail("program: an output gate is SiLU or sigmoid");
     Op op;
     op.kind = OpKind::Gate;

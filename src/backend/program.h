@@ -58,7 +58,8 @@ enum class OpKind : uint8_t {
     Linear,      ///< out = in0 · [W_0 | W_1 | ...]ᵀ (+ bias_i): piece i's outputs at its offset
     Attention,   ///< in0 = [q | k | v]; out = causal GQA attention (AttentionSpec), keys/values cached
     Glu,         ///< in0 = [gate | up]; out = act(gate) · up
-    Gate,        ///< out = in0 · act(in1) (an output gate: gated attention, a gated norm)
+    Gate,        ///< out = in0 · act(in1) (an output gate: gated attention, a gated norm); in1 of width 1
+                 ///< gates each row as a whole
     DeltaNet,    ///< in0 = [q | k | v] pre-convolution, in1 = [b | a]; out = gated delta rule (DeltaNetSpec)
     Moe,         ///< out = Σ_slots w · expert(in0) over the router's top-k (MoeSpec)
     Add,         ///< out = in0 + in1
@@ -243,7 +244,8 @@ public:
     }
     Value attention(Value qkv, const AttentionSpec& spec);
     Value glu(Value gate_up, GluAct act);
-    /// x · act(gate), elementwise; equal widths. act: SiLU or Sigmoid.
+    /// x · act(gate), elementwise (equal widths), or each row of x times
+    /// act of its one gate value (gate width 1). act: SiLU or Sigmoid.
     Value gate(Value x, Value gate, GluAct act);
     /// The gated delta rule of `spec` (its state_layer the next free slot
     /// when < 0): qkv of spec.conv_dim() floats, ba of 2 · n_v_heads.

@@ -120,7 +120,7 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
     c.n_embd = k.get_int("hidden_size");
     c.n_layer = k.get_int("num_hidden_layers");
     c.n_head = k.get_int("num_attention_heads");
-    c.n_ff = k.get_int("intermediate_size");
+    c.n_ff = d.no_intermediate ? k.get_int("intermediate_size", 0) : k.get_int("intermediate_size");
     if (c.n_head <= 0) fail("{}: key 'num_attention_heads' must be positive, got {}", where, c.n_head);
     c.n_head_kv = k.get_int("num_key_value_heads", c.n_head);
     c.head_dim = k.get_int("head_dim", d.head_dim > 0 ? d.head_dim : c.n_embd / c.n_head);

@@ -30,19 +30,22 @@ struct Fixture {
     std::vector<float> ref;  // transformers' logits at every position
 };
 
-Fixture load() {
+/// The dense or the MoE checkpoint (fp32).
+Fixture load(const std::string& arch) {
     Fixture f;
-    std::ifstream in(kDir + "qwen3_5/golden.json");
+    std::ifstream in(kDir + arch + "/golden.json");
     const nlohmann::json meta = nlohmann::json::parse(in);
     f.tokens = meta["tokens"].get<std::vector<int32_t>>();
     f.greedy = meta["greedy"].get<std::vector<int32_t>>();
-    f.ref = hf_test::read_logits(kDir + "qwen3_5/fp32.logits");
-    f.model = load_hf_model(kDir + "qwen3_5/fp32");
+    f.ref = hf_test::read_logits(kDir + arch + "/fp32.logits");
+    f.model = load_hf_model(kDir + arch + "/fp32");
     return f;
 }
 
-TEST(Qwen35, DecodeTokenByTokenAndChunksMatchOnePass) {
-    Fixture f = load();
+class Qwen35 : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Qwen35, DecodeTokenByTokenAndChunksMatchOnePass) {
+    Fixture f = load(GetParam());
     const int64_t n = static_cast<int64_t>(f.tokens.size()), V = f.model->config().n_vocab;
     ASSERT_EQ(n, 64);
     ThreadPool pool(2);
@@ -62,8 +65,8 @@ TEST(Qwen35, DecodeTokenByTokenAndChunksMatchOnePass) {
     }
 }
 
-TEST(Qwen35, GreedyContinuationIsTransformers) {
-    Fixture f = load();
+TEST_P(Qwen35, GreedyContinuationIsTransformers) {
+    Fixture f = load(GetParam());
     ThreadPool pool(2);
     auto s = make_cpu_session(*f.model, 128, pool);
     std::vector<float> l(static_cast<size_t>(f.model->config().n_vocab));
@@ -73,8 +76,8 @@ TEST(Qwen35, GreedyContinuationIsTransformers) {
     EXPECT_EQ(got, f.greedy);
 }
 
-TEST(Qwen35, TruncateRecomputesTheState) {
-    Fixture f = load();
+TEST_P(Qwen35, TruncateRecomputesTheState) {
+    Fixture f = load(GetParam());
     const int64_t n = static_cast<int64_t>(f.tokens.size()), V = f.model->config().n_vocab;
     ThreadPool pool(2);
     auto s = make_cpu_session(*f.model, 128, pool);
@@ -129,8 +132,8 @@ TEST_F(Qwen35Wrapper, LoadsTheTextModelOfTheMultimodalCheckpoint) {
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), V * sizeof(float)));
 }
 
-TEST(Qwen35, WhatIsNotThereYetSaysSo) {
-    Fixture f = load();
+TEST_P(Qwen35, WhatIsNotThereYetSaysSo) {
+    Fixture f = load(GetParam());
     EXPECT_NE(cuda_unsupported(f.model->program()).find("DeltaNet"), std::string::npos);
     ThreadPool pool(1);
     auto runner = make_cpu_batch_runner(*f.model, pool);
@@ -142,6 +145,8 @@ TEST(Qwen35, WhatIsNotThereYetSaysSo) {
     b.block_table = blocks.data();
     EXPECT_THROW(runner->forward_batch(&b, 1, *kv), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, Qwen35, ::testing::Values("qwen3_5", "qwen3_5_moe"));
 
 }  // namespace
 }  // namespace quern

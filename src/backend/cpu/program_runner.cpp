@@ -243,14 +243,16 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
                 break;
             }
             case OpKind::Gate: {
-                const int64_t count = rows_of(op.out) * p_.width(op.out);
+                const int64_t w = p_.width(op.out), count = rows_of(op.out) * w;
                 float* y = out(op);
                 const float* x = rows(in, 0);
                 const float* g = rows(op.in[1], 1);
-                if (op.act == GluAct::Sigmoid)
-                    for (int64_t i = 0; i < count; ++i) y[i] = x[i] / (1.0f + std::exp(-g[i]));
-                else
-                    for (int64_t i = 0; i < count; ++i) y[i] = x[i] * (g[i] / (1.0f + std::exp(-g[i])));
+                const bool per_row = p_.width(op.in[1]) == 1 && w != 1;
+                const auto act = [&](float v) {
+                    const float sg = 1.0f / (1.0f + std::exp(-v));
+                    return op.act == GluAct::Sigmoid ? sg : v * sg;
+                };
+                for (int64_t i = 0; i < count; ++i) y[i] = x[i] * act(g[per_row ? i / w : i]);
                 break;
             }
             case OpKind::DeltaNet:

@@ -58,6 +58,7 @@ struct HfDefaults {
     bool per_layer_rope = false;
     bool rope_local = false;
     double partial_rotary = 1.0;    ///< partial_rotary_factor when the config omits it (Qwen3.5: 0.25)
+    bool no_intermediate = false;   ///< intermediate_size may be absent (every FFN an expert layer; the hook sets n_ff)
 };
 
 struct ArchDef {

@@ -1,12 +1,15 @@
-// Qwen3.5 / Qwen3.6 dense text models: a hybrid stack where most layers are
+// Qwen3.5 / Qwen3.6 text models, dense and MoE: a hybrid stack where most layers are
 // Gated DeltaNet linear attention (a recurrent state per sequence) and every
 // full_attention_interval-th layer is gated full attention (q projects to
 // [query | gate] per head, sigmoid(gate) scales the attention output; q/k
 // RMSNorm; NeoX RoPE on the first partial_rotary_factor of each head). Every
 // RMSNorm but the DeltaNet output's scales by (1 + w) in checkpoints, which
-// GGUF files store with the 1 added. transformers' Qwen3_5ForCausalLM
-// (model_type qwen3_5_text, or the qwen3_5 wrapper's text_config);
-// llama.cpp's qwen35. The MTP head (mtp.* / nextn) is not used yet.
+// GGUF files store with the 1 added. The MoE sizes replace every FFN by
+// routed experts (softmax, top-k, renormalised) plus a shared expert scaled
+// by sigmoid(x · w) per token. transformers' Qwen3_5ForCausalLM /
+// Qwen3_5MoeForCausalLM (model_type qwen3_5_text / qwen3_5_moe_text, or a
+// wrapper's text_config); llama.cpp's qwen35 / qwen35moe. The MTP head
+// (mtp.* / nextn) is not used yet.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -38,10 +41,22 @@ void gguf_config(const GgufKeys& k, ModelConfig& c) {
     c.n_layer -= k.get_int("nextn_predict_layers", 0);
     c.recurrent_layers = interval_layers(c.n_layer, k.get_int("full_attention_interval", 4));
     c.extra["v_heads_tiled"] = 1;  // the converter reorders value heads: head h reads key head h % n_k
+    if (c.moe()) {
+        c.n_ff_exp = k.get_int("expert_feed_forward_length");
+        c.n_ff = k.get_int("expert_shared_feed_forward_length");
+        c.expert_weights_norm = true;
+    }
 }
 
-void hf_config(const HfKeys& k, const std::string&, ModelConfig& c) {
+void hf_config(const HfKeys& k, const std::string& model_type, ModelConfig& c) {
     hf_require_silu(k);
+    if (model_type == "qwen3_5_moe_text") {
+        c.n_expert = k.get_int("num_experts");
+        c.n_expert_used = k.get_int("num_experts_per_tok");
+        c.n_ff_exp = k.get_int("moe_intermediate_size");
+        c.n_ff = k.get_int("shared_expert_intermediate_size");  // n_ff: the shared expert's width
+        c.expert_weights_norm = true;                            // Qwen3_5MoeTopKRouter always renormalises
+    }
     c.qk_norm = true;
     c.ssm_conv_kernel = k.get_int("linear_conv_kernel_dim", 4);
     c.ssm_state_size = k.get_int("linear_key_head_dim", 128);
@@ -90,9 +105,18 @@ void tensors(const ModelConfig& c, TensorTable& t) {
             t.vector(blk(il, "attn_q_norm.weight"), hf_layer(il, "self_attn.q_norm.weight"), c.head_dim).hf_add_one = true;
             t.vector(blk(il, "attn_k_norm.weight"), hf_layer(il, "self_attn.k_norm.weight"), c.head_dim).hf_add_one = true;
         }
-        t.matrix(blk(il, "ffn_gate.weight"), hf_layer(il, "mlp.gate_proj.weight"), {E, c.n_ff});
-        t.matrix(blk(il, "ffn_up.weight"), hf_layer(il, "mlp.up_proj.weight"), {E, c.n_ff});
-        t.matrix(blk(il, "ffn_down.weight"), hf_layer(il, "mlp.down_proj.weight"), {c.n_ff, E});
+        if (c.moe()) {
+            table_moe(c, t, il, "mlp.", "gate.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight");
+            t.matrix(blk(il, "ffn_gate_shexp.weight"), hf_layer(il, "mlp.shared_expert.gate_proj.weight"), {E, c.n_ff});
+            t.matrix(blk(il, "ffn_up_shexp.weight"), hf_layer(il, "mlp.shared_expert.up_proj.weight"), {E, c.n_ff});
+            t.matrix(blk(il, "ffn_down_shexp.weight"), hf_layer(il, "mlp.shared_expert.down_proj.weight"), {c.n_ff, E});
+            t.matrix(blk(il, "ffn_gate_inp_shexp.weight"), hf_layer(il, "mlp.shared_expert_gate.weight"), {E, 1})
+                .keep_float = true;
+        } else {
+            t.matrix(blk(il, "ffn_gate.weight"), hf_layer(il, "mlp.gate_proj.weight"), {E, c.n_ff});
+            t.matrix(blk(il, "ffn_up.weight"), hf_layer(il, "mlp.up_proj.weight"), {E, c.n_ff});
+            t.matrix(blk(il, "ffn_down.weight"), hf_layer(il, "mlp.down_proj.weight"), {c.n_ff, E});
+        }
     }
     table_head(c, t);
     for (TensorEntry& e : t.entries())
@@ -140,6 +164,17 @@ Value gated_attention(ProgramBuilder& b, const ModelConfig& c, const BoundWeight
     return b.linear(a, w.get(blk(il, "attn_output.weight")));
 }
 
+/// Layer il's FFN over h: SwiGLU, or routed experts plus the gated shared expert.
+Value ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, Value h) {
+    if (!c.moe()) return gated_ffn(b, c, w, il, h, GluAct::SiLU);
+    const Value routed = moe_ffn(b, c, w, il, h, GluAct::SiLU);
+    Value shared = b.glu(b.linear(h, {{&w.get(blk(il, "ffn_gate_shexp.weight"))}, {&w.get(blk(il, "ffn_up_shexp.weight"))}}),
+                         GluAct::SiLU);
+    shared = b.linear(shared, w.get(blk(il, "ffn_down_shexp.weight")));
+    shared = b.gate(shared, b.linear(h, w.get(blk(il, "ffn_gate_inp_shexp.weight"))), GluAct::Sigmoid);
+    return b.add(routed, shared);
+}
+
 Program build(const ModelConfig& c, const BoundWeights& w) {
     int n_full = 0;
     for (int64_t il = 0; il < c.n_layer; ++il) n_full += !c.recurrent(il);
@@ -152,7 +187,7 @@ Program build(const ModelConfig& c, const BoundWeights& w) {
         const Value mixed = c.recurrent(il) ? linear_attention(b, c, w, il, h) : gated_attention(b, c, w, il, kv++, h);
         x = b.add(x, mixed);
         const Value h2 = b.rms_norm(x, w.get(blk(il, "post_attention_norm.weight")), c.rms_eps);
-        x = b.add(x, gated_ffn(b, c, w, il, h2, GluAct::SiLU));
+        x = b.add(x, ffn(b, c, w, il, h2));
         trace_layer(b, il, x);
     }
     b.set_layer(-1);
@@ -170,12 +205,19 @@ void gguf_write(const ModelConfig& c, GgufWriter& w, const std::string& a) {
     for (int64_t il = 0; il < c.n_layer && interval == 0; ++il)
         if (!c.recurrent(il)) interval = il + 1;
     w.set_u32(a + "full_attention_interval", static_cast<uint32_t>(interval > 0 ? interval : c.n_layer + 1));
+    if (c.moe()) {
+        w.set_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(c.n_ff_exp));
+        w.set_u32(a + "expert_shared_feed_forward_length", static_cast<uint32_t>(c.n_ff));
+    }
 }
 
 constexpr HfDefaults kHf{.head_dim = 256, .n_ctx = 32768, .partial_rotary = 0.25};
+constexpr HfDefaults kMoeHf{.head_dim = 256, .n_ctx = 32768, .partial_rotary = 0.25, .no_intermediate = true};
 
 }  // namespace
 
 extern const ArchDef kQwen35{"qwen35", {"qwen3_5_text"}, gguf_config, kHf, hf_config, {}, tensors, build, gguf_write};
+extern const ArchDef kQwen35Moe{"qwen35moe", {"qwen3_5_moe_text"}, gguf_config, kMoeHf, hf_config, {},
+                                tensors,     build,                gguf_write};
 
 }  // namespace quern::arch

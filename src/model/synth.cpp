@@ -52,6 +52,34 @@ ModelConfig qwen3moe_shape(std::string name, int64_t vocab, int64_t embd, int64_
     return c;
 }
 
+/// Qwen3.5 / 3.6 shapes (llama.cpp arch "qwen35", with experts "qwen35moe"):
+/// three Gated DeltaNet layers (key heads nk of 128, value heads nv of 128,
+/// conv kernel 4) per gated full-attention layer (heads of 256, a quarter
+/// rotated), q/k norms; experts > 0: that many of width ff_exp, `used` per
+/// token, plus a shared expert of width ff. Value heads in the converter's
+/// tiled order, as GGUF files hold them.
+ModelConfig qwen35_shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads,
+                         int64_t kv_heads, int64_t ff, int64_t nk, int64_t nv, int64_t experts = 0,
+                         int64_t ff_exp = 0, int64_t used = 0) {
+    ModelConfig c = shape(std::move(name), vocab, embd, layers, heads, kv_heads, ff, 262144, 10000000.0f, 1e-6f);
+    c.arch = experts > 0 ? "qwen35moe" : "qwen35";
+    c.head_dim = 256;
+    c.rope_dim = 64;
+    c.rope_neox = true;
+    c.qk_norm = true;
+    c.ssm_conv_kernel = 4;
+    c.ssm_state_size = 128;
+    c.ssm_group_count = nk;
+    c.ssm_time_step_rank = nv;
+    c.ssm_inner_size = nv * 128;
+    for (int64_t il = 0; il < layers; ++il) c.recurrent_layers.push_back((il + 1) % 4 != 0);
+    c.extra["v_heads_tiled"] = 1;
+    c.n_expert = experts;
+    c.n_expert_used = used;
+    c.n_ff_exp = ff_exp;
+    return c;
+}
+
 /// Mixtral shapes (llama.cpp arch "llama" with experts of width ff).
 ModelConfig mixtral_shape(std::string name, int64_t vocab, int64_t embd, int64_t layers, int64_t heads,
                           int64_t kv_heads, int64_t ff, int64_t experts, int64_t used, int64_t ctx) {
@@ -186,6 +214,12 @@ const std::vector<SynthPreset>& synth_presets() {
          true},
         {"phi3-mini", "Phi-3-mini-4k shape: fused attn_qkv and gate/up, window 2047 (3.82B parameters)",
          phi3_shape("synthetic phi3-mini", 32064, 3072, 32, 32, 32, 8192, 4096, 2047), false},
+        {"qwen3.5-27b", "Qwen3.5-27B / Qwen3.6-27B text shape: 48 Gated DeltaNet layers (16 key, 48 value heads) "
+                        "and 16 gated-attention layers (24 heads of 256, 4 KV heads)",
+         qwen35_shape("synthetic qwen3.5-27b", 248320, 5120, 64, 24, 4, 17408, 16, 48), false},
+        {"qwen3.5-35b-a3b", "Qwen3.5-35B-A3B / Qwen3.6-35B-A3B text shape: 30 Gated DeltaNet and 10 gated-attention "
+                            "layers, 256 experts of width 512, 8 per token, a shared expert of 512",
+         qwen35_shape("synthetic qwen3.5-35b-a3b", 248320, 2048, 40, 16, 2, 512, 16, 32, 256, 512, 8), false},
         {"granite-3.1-2b", "Granite-3.1-2B shape: embeddings x 12, branches x 0.22, scores x 1/64, logits / 8, tied "
                            "output (2.53B parameters)",
          granite_shape("synthetic granite-3.1-2b", 49155, 2048, 40, 32, 8, 8192, 131072, 5000000.0f, 12.0f, 0.22f,
@@ -225,6 +259,13 @@ SynthPreset synth_tiny(const SynthPreset& p) {
     if (o.sliding_window > 0) c.sliding_window = std::min<int64_t>(o.sliding_window, 4);
     if (!o.swa_layers.empty()) c.swa_layers.resize(static_cast<size_t>(c.n_layer));  // the pattern starts at layer 0
     if (!o.rope_freq_factors.empty()) c.rope_freq_factors.assign(static_cast<size_t>(c.rope_dim / 2), o.rope_freq_factors[0]);
+    if (o.has_recurrent_state()) {  // 2 key heads and 4 value heads of 32; the layer pattern kept
+        c.ssm_group_count = 2;
+        c.ssm_state_size = 32;
+        c.ssm_time_step_rank = 4;
+        c.ssm_inner_size = 4 * 32;
+        c.recurrent_layers.resize(static_cast<size_t>(c.n_layer));
+    }
     if (o.moe()) {
         c.n_expert = std::min<int64_t>(o.n_expert, 8);
         c.n_expert_used = std::min<int64_t>(o.n_expert_used, 2);
@@ -331,6 +372,7 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         int64_t ne2 = 1;       // experts (3-D expert banks)
         bool f32 = false;      // kept in F32 (the router, as llama.cpp's quantizer keeps it)
         bool bias = false;     // F32, around 0 (ne0 values)
+        bool negative = false; // F32, around −1 (stored as −exp(x): a decay rate)
     };
     std::vector<Spec> specs;
     for (const TensorEntry& e : table.entries()) {
@@ -340,7 +382,8 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         const bool bias = e.gguf.ends_with(".bias");
         const int64_t ne1 = e.shape.size() > 1 ? e.shape[1] : 1;
         specs.push_back({e.gguf, e.shape[0], ne1, layer, e.kind == TensorKind::Vector && !bias,
-                         e.kind == TensorKind::Experts ? e.n_expert : 1, e.keep_float || e.kind == TensorKind::Vector, bias});
+                         e.kind == TensorKind::Experts ? e.n_expert : 1, e.keep_float || e.kind == TensorKind::Vector, bias,
+                         e.hf_neg_exp});
     }
 
     std::mt19937_64 rng(seed);
@@ -356,9 +399,10 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
         const size_t rb = row_size(t, s.ne0);
         const int64_t rows = s.ne1 * s.ne2;
         auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[rb * static_cast<size_t>(rows)]);
-        if (s.norm || s.bias) {
+        if (s.norm || s.bias) {  // every value of the table (a conv1d's taps: ne0 × ne1)
             float* f = reinterpret_cast<float*>(buf.get());
-            for (int64_t i = 0; i < s.ne0; ++i) f[i] = (s.norm ? 1.0f : 0.0f) + gauss(rng);
+            const float mean = s.negative ? -1.0f : s.norm ? 1.0f : 0.0f;
+            for (int64_t i = 0; i < s.ne0 * s.ne1; ++i) f[i] = mean + gauss(rng);
         } else {
             const int64_t pool = std::min(kPool, rows);
             row.resize(static_cast<size_t>(s.ne0));

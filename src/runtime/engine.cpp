@@ -88,6 +88,10 @@ public:
     // the model onto the device).
     BatchEngine(const RunnerFactory& make_runner, const Tokenizer& tok, const EngineOptions& o)
         : tok_(tok), opts_(checked(o)), pool_(o.n_threads), runner_(make_runner(pool_)), cfg_(runner_->config()) {
+        if (cfg_.has_recurrent_state())
+            fail("serving a model with linear-attention layers ({}) is not implemented yet: its per-sequence state "
+                 "has no slots in batched passes; quern run and chat run it",
+                 cfg_.arch);
         const int64_t bs = 16;
         const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
         const char* flag = o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel";

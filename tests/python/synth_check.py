@@ -37,11 +37,13 @@ def tensor_patterns(arch):
     return {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[a]}
 
 def known_tensor(name, patterns):
-    stem = name.rsplit(".", 1)[0]  # without .weight / .bias
-    parts = stem.split(".")
-    if len(parts) >= 2 and parts[0] == "blk" and parts[1].isdigit():
-        stem = ".".join(["blk", "{bid}"] + parts[2:])
-    return stem in patterns
+    def generic(n):
+        parts = n.split(".")
+        if len(parts) >= 2 and parts[0] == "blk" and parts[1].isdigit():
+            return ".".join(["blk", "{bid}"] + parts[2:])
+        return n
+    # Without .weight / .bias, or whole (ssm_a has no suffix).
+    return generic(name.rsplit(".", 1)[0]) in patterns or generic(name) in patterns
 
 keys = known_keys(arch)
 patterns = tensor_patterns(arch)

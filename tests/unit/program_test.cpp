@@ -57,6 +57,10 @@ TEST(Program, EveryPresetLowersToDecoderBlocks) {
         SynthModel sm = make_synthetic(p, "Q8_0", 2);
         auto m = Model::from_weights(sm.cfg, std::move(sm.weights));
         const Program& prog = m->program();
+        if (p.cfg.has_recurrent_state()) {  // no CUDA lowering of linear attention yet: refused by name
+            EXPECT_EQ(cuda_unsupported(prog), "Gated DeltaNet (linear-attention) layers") << p.name;
+            continue;
+        }
         EXPECT_EQ(cuda_unsupported(prog), "") << p.name;
         const BlockPlan plan = plan_blocks(prog);
         EXPECT_EQ(plan.n_layer, p.cfg.n_layer) << p.name;

@@ -142,6 +142,7 @@ std::vector<float> last_logits(Model& m, const std::vector<int32_t>& ids) {
 /// name alike: removing it must make loading fail naming it.
 std::string arch_tensor(const ModelConfig& c) {
     if (c.arch == "phi3") return "blk.1.attn_qkv.weight";
+    if (c.has_recurrent_state()) return "blk.0.ssm_conv1d.weight";
     if (c.arch == "gemma2" || c.arch == "gemma3") return "blk.1.post_ffw_norm.weight";
     if (c.qk_norm) return "blk.1.attn_k_norm.weight";
     if (c.moe()) return "blk.1.ffn_down_exps.weight";
@@ -194,6 +195,12 @@ TEST_P(SynthPresets, TinyCopyWritesLoadsAndRuns) {
     EXPECT_EQ(got.n_expert_used, want.n_expert_used);
     EXPECT_EQ(got.n_ff_exp, want.n_ff_exp);
     EXPECT_EQ(got.extra, want.extra);
+    EXPECT_EQ(got.recurrent_layers, want.recurrent_layers);
+    EXPECT_EQ(got.ssm_conv_kernel, want.ssm_conv_kernel);
+    EXPECT_EQ(got.ssm_state_size, want.ssm_state_size);
+    EXPECT_EQ(got.ssm_group_count, want.ssm_group_count);
+    EXPECT_EQ(got.ssm_time_step_rank, want.ssm_time_step_rank);
+    EXPECT_EQ(got.ssm_inner_size, want.ssm_inner_size);
     EXPECT_EQ(f->tensors().size(), m.order.size());
     EXPECT_EQ(f->find_tensor("output.weight") == nullptr, p.tied);
 
@@ -251,7 +258,7 @@ TEST_P(SynthPresets, MissingTensorFailsNamingIt) {
 INSTANTIATE_TEST_SUITE_P(All, SynthPresets,
                          ::testing::Values("smollm2-135m", "llama3-1b", "llama3-8b", "qwen2-7b", "qwen3-30b-a3b",
                                            "mixtral-8x7b", "qwen3-8b", "gemma2-2b", "gemma3-270m", "gemma3-4b",
-                                           "phi3-mini", "granite-3.1-2b"),
+                                           "phi3-mini", "granite-3.1-2b", "qwen3.5-27b", "qwen3.5-35b-a3b"),
                          [](const auto& info) {
                              std::string s = info.param;
                              for (char& ch : s)
@@ -260,7 +267,7 @@ INSTANTIATE_TEST_SUITE_P(All, SynthPresets,
                          });
 
 TEST(Synth, EveryPresetIsTested) {
-    EXPECT_EQ(synth_presets().size(), 12u) << "add the new preset to SynthPresets' list";
+    EXPECT_EQ(synth_presets().size(), 14u) << "add the new preset to SynthPresets' list";
 }
 
 TEST(Synth, Gemma3_270mQ4KMTypesAreLlamaCpps) {

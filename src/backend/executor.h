@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backend/forward_batch.h"
+#include "core/error.h"
 
 namespace quern {
 
@@ -22,6 +23,12 @@ public:
     /// given a memory budget (--gpu-mem). quern::Error naming `flag`, the
     /// option that sized it, when not even one block fits.
     virtual int64_t make_kv_storage(int64_t n_blocks, int64_t block_size, const char* flag) = 0;
+    /// Recurrent state for n sequences of batched passes (SeqBatch::state_slot)
+    /// of a program with linear-attention layers (Program::state_floats each).
+    /// quern::Error where the backend keeps none.
+    virtual void make_state_slots(int64_t n) {
+        if (n > 0) fail("this backend runs no batched passes of models with linear-attention layers");
+    }
     /// One forward pass over that storage: the sequences' new tokens, their
     /// keys and values written into their blocks, logits (host floats) or
     /// the next token for the sequences that ask. quern::Error (before

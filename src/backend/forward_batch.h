@@ -39,6 +39,10 @@ struct SeqBatch {
     /// accepted it; only for a pass of one sequence whose tokens from
     /// position 0 all went through this executor, which its penalties read).
     const SamplingSpec* sampling = nullptr;
+    /// The sequence's recurrent-state slot (Executor::make_state_slots) for
+    /// programs with linear-attention layers; a pass at n_past 0 starts it
+    /// from zeros. -1: none (a program without recurrent state).
+    int32_t state_slot = -1;
 };
 
 /// A forward pass of one or more sequences.

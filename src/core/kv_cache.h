@@ -78,6 +78,10 @@ struct PagedKvStore {
     int64_t block_size = 0;
     int64_t kv_dim = 0;
     int64_t n_layer = 0;
+    /// Recurrent state: n_state_slots slots of state_floats floats (programs
+    /// with linear-attention layers; SeqBatch::state_slot picks one).
+    float* state = nullptr;
+    int64_t state_floats = 0, n_state_slots = 0;
     float* k_layer(int64_t layer) const { return k + layer * layer_stride; }
     float* v_layer(int64_t layer) const { return v + layer * layer_stride; }
     int64_t row(const int32_t* table, int64_t pos) const {

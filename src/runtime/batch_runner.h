@@ -26,6 +26,9 @@ public:
     /// forward_batch reads it. quern::Error (naming `flag`, the option that
     /// sized it) when it does not fit in memory.
     virtual std::unique_ptr<PagedKvPool> make_kv_pool(int64_t n_blocks, int64_t block_size, const char* flag) = 0;
+    /// Recurrent-state slots for n sequences (models with linear-attention
+    /// layers: Executor::make_state_slots).
+    virtual void make_state_slots(int64_t n) = 0;
     /// Executor::forward of a batch-invariant pass, over a pool made by
     /// make_kv_pool: the sequences' new tokens, their keys and values written
     /// into their blocks, logits (n_vocab floats on the host) or the next

@@ -88,10 +88,6 @@ public:
     // the model onto the device).
     BatchEngine(const RunnerFactory& make_runner, const Tokenizer& tok, const EngineOptions& o)
         : tok_(tok), opts_(checked(o)), pool_(o.n_threads), runner_(make_runner(pool_)), cfg_(runner_->config()) {
-        if (cfg_.has_recurrent_state())
-            fail("serving a model with linear-attention layers ({}) is not implemented yet: its per-sequence state "
-                 "has no slots in batched passes; quern run and chat run it",
-                 cfg_.arch);
         const int64_t bs = 16;
         const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
         const char* flag = o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel";
@@ -100,6 +96,9 @@ public:
             fail("the KV cache that fits ({} tokens) holds less than one full context ({}); lower -c or raise --gpu-mem",
                  kv_->n_blocks() * bs, o.n_ctx);
         slots_.resize(static_cast<size_t>(o.n_parallel));
+        // Linear-attention layers: one recurrent-state slot per engine slot
+        // (SeqBatch::state_slot is the slot's index).
+        if (cfg_.has_recurrent_state()) runner_->make_state_slots(o.n_parallel);
         worker_ = std::thread([this] { loop(); });
     }
     ~BatchEngine() override { shutdown(); }
@@ -317,7 +316,9 @@ private:
     void prefix_lookup(Slot& s) {
         s.fresh = false;
         int64_t hit = 0;
-        if (opts_.prefix_cache) {
+        // A recurrent model's state cannot resume from cached blocks (no
+        // snapshots yet): its prompts are recomputed from position 0.
+        if (opts_.prefix_cache && !cfg_.has_recurrent_state()) {
             const int64_t bs = kv_->block_size();
             const int64_t L = static_cast<int64_t>(s.tokens.size());
             for (size_t b = 0; b < s.hashes.size(); ++b) {
@@ -417,7 +418,8 @@ private:
                 if (e.logits && !greedy) s.logits.resize(nv);
                 batch.push_back(SeqBatch{s.tokens.data() + s.computed, e.n, s.blocks.data(), s.computed, e.decode,
                                          e.logits && !greedy ? s.logits.data() : nullptr,
-                                         greedy ? &s.greedy_tok : nullptr});
+                                         greedy ? &s.greedy_tok : nullptr, nullptr,
+                                         static_cast<int32_t>(&s - slots_.data())});
                 used.push_back(e);
             }
         if (batch.empty()) return;

@@ -96,7 +96,6 @@ TEST_P(HfGolden, BatchedForwardMatches) {
     // before the original context with the short factors, where one pass over
     // the whole prompt (the reference) uses the long ones everywhere.
     if (c.arch == "phi3_longrope") GTEST_SKIP() << "chunks cross the original context (see comment)";
-    if (c.arch.starts_with("qwen3_5")) GTEST_SKIP() << "batched passes of linear-attention models are not implemented yet";
     const Fixture fx = load_fixture(c.arch);
     const auto& ck = fx.meta["checkpoints"][c.dtype];
     const std::vector<float> ref = read_logits(kDir + c.arch + "/" + ck["logits_file"].get<std::string>());
@@ -105,8 +104,9 @@ TEST_P(HfGolden, BatchedForwardMatches) {
     const auto& cfg = model->config();
     ThreadPool pool(2);
     auto runner = make_cpu_batch_runner(*model, pool);
-    auto kv = runner->make_kv_pool(2, 16, "test");
-    std::vector<int32_t> blocks{0, 1};
+    auto kv = runner->make_kv_pool((n + 15) / 16, 16, "test");
+    runner->make_state_slots(1);  // Qwen3.5's recurrent state (others have none)
+    std::vector<int32_t> blocks{0, 1, 2, 3};
     std::vector<float> logits(static_cast<size_t>(V));
     for (int64_t p = 0; p < n;) {
         const int64_t len = std::min<int64_t>(p == 0 ? 5 : 7, n - p);
@@ -116,6 +116,7 @@ TEST_P(HfGolden, BatchedForwardMatches) {
         b.block_table = blocks.data();
         b.n_past = p;
         b.logits = logits.data();
+        b.state_slot = 0;
         runner->forward_batch(&b, 1, *kv);
         p += len;
         const float* r = ref.data() + (p - 1) * V;

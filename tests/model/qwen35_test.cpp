@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 
 #include "backend/block_plan.h"
@@ -14,6 +15,8 @@
 #include "hf_test_util.h"
 #include "model/hf_model.h"
 #include "runtime/batch_runner.h"
+#include "runtime/engine.h"
+#include "tokenizer/tokenizer.h"
 #include "runtime/session.h"
 #include "runtime/verify.h"
 
@@ -132,18 +135,55 @@ TEST_F(Qwen35Wrapper, LoadsTheTextModelOfTheMultimodalCheckpoint) {
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), V * sizeof(float)));
 }
 
-TEST_P(Qwen35, WhatIsNotThereYetSaysSo) {
+// The serving engine: each sequence's recurrent state in its slot. Requests
+// of mixed lengths, some sharing a prompt start, in steps of a small token
+// budget over a KV pool too small for all of them (preemption recomputes a
+// sequence from position 0) give exactly the tokens each gives alone.
+TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     Fixture f = load(GetParam());
     EXPECT_NE(cuda_unsupported(f.model->program()).find("DeltaNet"), std::string::npos);
-    ThreadPool pool(1);
-    auto runner = make_cpu_batch_runner(*f.model, pool);
-    auto kv = runner->make_kv_pool(4, 16, "test");
-    const std::vector<int32_t> blocks{0, 1, 2, 3};
-    SeqBatch b;
-    b.tokens = f.tokens.data();
-    b.n = 4;
-    b.block_table = blocks.data();
-    EXPECT_THROW(runner->forward_batch(&b, 1, *kv), Error);
+    const fs::path tj = fs::temp_directory_path() / ("quern_qwen35_tok_" + GetParam() + ".json");
+    std::ofstream(tj) << hf_test::byte_tokenizer_json();
+    auto tok = Tokenizer::from_file(tj.string());
+    fs::remove(tj);
+    const auto request = [&](int i) {
+        GenerationRequest r;
+        const size_t len = 5 + static_cast<size_t>(i) * 7 % 40;
+        r.prompt.assign(f.tokens.begin() + (i % 3 == 0 ? 0 : i), f.tokens.begin() + (i % 3 == 0 ? 0 : i) + len);
+        r.max_tokens = 6 + i % 5;
+        r.ignore_eos = true;
+        r.sampling.temperature = 0;
+        return r;
+    };
+    const auto run = [&](Engine& e, int n) {
+        std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
+        std::vector<std::promise<void>> done(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i)
+            e.submit(request(i), [&, i](const TokenEvent& ev) {
+                if (ev.token >= 0) out[static_cast<size_t>(i)].push_back(ev.token);
+                if (ev.last) done[static_cast<size_t>(i)].set_value();
+                return true;
+            });
+        for (auto& d : done) d.get_future().wait();
+        return out;
+    };
+    EngineOptions o;
+    o.n_ctx = 64;
+    o.n_parallel = 1;
+    o.n_threads = 2;
+    std::vector<std::vector<int32_t>> alone;
+    {
+        auto e = make_engine(*f.model, *tok, o);  // one sequence at a time
+        alone = run(*e, 12);
+    }
+    o.n_parallel = 6;
+    o.token_budget = 9;
+    o.kv_tokens = 160;  // 10 blocks for 6 sequences of up to 55 positions: preemption
+    auto e = make_engine(*f.model, *tok, o);
+    const auto together = run(*e, 12);
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(together[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
+    EXPECT_GT(e->stats().preemptions, 0);
+    EXPECT_EQ(e->stats().prompt_tokens_cached, 0);  // recomputed from position 0 (no state snapshots yet)
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, Qwen35, ::testing::Values("qwen3_5", "qwen3_5_moe"));

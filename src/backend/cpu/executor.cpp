@@ -35,8 +35,15 @@ public:
         state_.assign(static_cast<size_t>(p_.state_floats()), 0.0f);  // the lone sequence's (Program::state_floats)
         store_ = PagedKvStore{k_.data(), v_.data(), n_blocks * block_size * p_.kv_dim, block_size, p_.kv_dim,
                               p_.n_kv_layers};
+        link_state_slots();
         n_blocks_ = n_blocks;
         return n_blocks;
+    }
+
+    void make_state_slots(int64_t n) override {
+        slots_.assign(static_cast<size_t>(n * p_.state_floats()), 0.0f);
+        n_slots_ = n;
+        link_state_slots();
     }
 
     void forward(const ForwardBatch& fb) override {
@@ -68,6 +75,11 @@ public:
     }
 
 private:
+    void link_state_slots() {
+        store_.state = slots_.data();
+        store_.state_floats = p_.state_floats();
+        store_.n_state_slots = n_slots_;
+    }
     /// One sequence over the storage's first rows, as Model::forward runs it.
     void forward_lone(const SeqBatch& q, const TraceFn* trace) {
         if (q.n == 0) return;
@@ -97,6 +109,8 @@ private:
     ThreadPool& pool_;
     ProgramRunner runner_;
     std::vector<float> k_, v_, state_;
+    std::vector<float> slots_;  // batched passes' recurrent state (make_state_slots)
+    int64_t n_slots_ = 0;
     PagedKvStore store_;
     int64_t n_blocks_ = 0;
     std::vector<std::vector<float>> tmp_;  // logits of rows that asked for the next token only

@@ -467,12 +467,22 @@ void ProgramRunner::run_moe(const Op& op, Pass& pass, ThreadPool& pool) {
 void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
     State& s = *st_;
     const DeltaNetSpec& sp = p_.delta_net[sz(op.spec)];
-    if (!pass.cache || !pass.cache->state() || pass.cache->state_floats() != p_.state_floats())
-        fail("delta-net layer {}: no recurrent state for this pass", op.layer);
     const int64_t T = pass.rows, C = sp.conv_dim(), K = sp.conv_kernel, dk = sp.head_k, dv = sp.head_v;
     const int64_t nk = sp.n_k_heads, nv = sp.n_v_heads, kd = sp.key_dim();
-    float* conv_state = pass.cache->state() + p_.state_offset(sp.state_layer);  // K-1 rows of C, oldest first
-    float* S = conv_state + (K - 1) * C;                                          // nv × dk × dv
+    // Each row's sequence state: the one sequence's (forward), or its
+    // sequence's slot (forward_batch, rows grouped by sequence in order).
+    std::vector<float*> row_state(sz(T));
+    if (pass.cache) {
+        if (!pass.cache->state() || pass.cache->state_floats() != p_.state_floats())
+            fail("delta-net layer {}: no recurrent state for this pass", op.layer);
+        std::fill(row_state.begin(), row_state.end(), pass.cache->state());
+    } else {
+        int64_t r = 0;
+        for (int i = 0; i < pass.n_seqs; ++i)
+            for (int64_t j = 0; j < pass.seqs[i].n; ++j)
+                row_state[sz(r++)] = pass.store->state + pass.seqs[i].state_slot * pass.store->state_floats;
+    }
+    const int64_t off = p_.state_offset(sp.state_layer);
     const float* w = static_cast<const float*>(sp.conv->data);                    // channel c: taps c·K .. c·K+K-1
     const float* a_coef = static_cast<const float*>(sp.a_coef->data);
     const float* dt_bias = static_cast<const float*>(sp.dt_bias->data);
@@ -510,6 +520,8 @@ void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
     std::vector<float> c(sz(C));
     const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
     for (int64_t r = 0; r < T; ++r) {
+        float* conv_state = row_state[sz(r)] + off;  // K-1 rows of C, oldest first
+        float* S = conv_state + (K - 1) * C;           // nv × dk × dv
         // Causal depthwise conv over the state's K-1 rows and this one, SiLU.
         const float* xr = x + r * C;
         for (int64_t ch = 0; ch < C; ++ch) {
@@ -617,9 +629,6 @@ void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, fl
 void ProgramRunner::forward_batch(const SeqBatch* seqs, int n_seqs, const PagedKvStore& kv, ThreadPool& pool) {
     State& s = *st_;
     if (n_seqs <= 0) return;
-    if (!p_.delta_net.empty())
-        fail("batched passes of a model with linear-attention layers are not implemented yet (quern run, chat "
-             "and bench -p/-n run it; serve does not)");
     if (kv.kv_dim != p_.kv_dim || kv.n_layer != p_.n_kv_layers)
         fail("paged KV cache shape ({} layers × {}) does not match the model ({} × {})", kv.n_layer, kv.kv_dim,
              p_.n_kv_layers, p_.kv_dim);
@@ -628,6 +637,9 @@ void ProgramRunner::forward_batch(const SeqBatch* seqs, int n_seqs, const PagedK
     for (int i = 0; i < n_seqs; ++i) {
         const SeqBatch& b = seqs[i];
         if (b.n <= 0 || !b.tokens || !b.block_table || b.n_past < 0) fail("forward_batch: entry {} is empty", i);
+        if (!p_.delta_net.empty() && (b.state_slot < 0 || b.state_slot >= kv.n_state_slots ||
+                                      kv.state_floats != p_.state_floats()))
+            fail("forward_batch: entry {} has no recurrent-state slot ({} of {})", i, b.state_slot, kv.n_state_slots);
         for (int64_t j = 0; j < b.n; ++j)
             if (b.tokens[j] < 0 || b.tokens[j] >= p_.n_vocab)
                 fail("token id {} is outside the vocabulary [0, {})", b.tokens[j], p_.n_vocab);
@@ -647,6 +659,9 @@ void ProgramRunner::forward_batch(const SeqBatch* seqs, int n_seqs, const PagedK
         }
         if (b.logits) s.head.push_back(r - 1);
     }
+    if (!p_.delta_net.empty())  // a sequence's state describes its positions so far: none at 0
+        for (int i = 0; i < n_seqs; ++i)
+            if (seqs[i].n_past == 0) std::fill_n(kv.state + seqs[i].state_slot * kv.state_floats, kv.state_floats, 0.0f);
     Pass pass;
     pass.rows = T;
     pass.path = MatmulPath::Gemm;

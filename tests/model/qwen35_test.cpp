@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -184,6 +185,29 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     for (int i = 0; i < 12; ++i) EXPECT_EQ(together[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
     EXPECT_GT(e->stats().preemptions, 0);
     EXPECT_EQ(e->stats().prompt_tokens_cached, 0);  // recomputed from position 0 (no state snapshots yet)
+}
+
+// Malformed configs fail at load with the key and what is wrong.
+TEST_F(Qwen35Wrapper, MalformedConfigsAreRefusedByName) {
+    const auto with = [&](const std::string& tag, const std::function<void(nlohmann::json&)>& change) {
+        const fs::path d = copy("qwen3_5", "fp32", tag);
+        nlohmann::json cfg;
+        std::ifstream(d / "config.json") >> cfg;
+        change(cfg);
+        std::ofstream(d / "config.json") << cfg.dump(1);
+        return load_error(d);
+    };
+    EXPECT_NE(with("a", [](nlohmann::json& c) { c["layer_types"] = {"linear_attention", "full_attention"}; })
+                  .find("must list 4 layer types"),
+              std::string::npos);
+    EXPECT_NE(with("b", [](nlohmann::json& c) { c["layer_types"][1] = "sliding_attention"; }).find("layer type"),
+              std::string::npos);
+    EXPECT_NE(with("c", [](nlohmann::json& c) { c["linear_num_value_heads"] = 3; }).find("value heads"),
+              std::string::npos);
+    EXPECT_NE(with("d", [](nlohmann::json& c) { c["hidden_act"] = "gelu"; }).find("hidden_act"), std::string::npos);
+    // A conv1d of the wrong kernel size: the tensor and both shapes are named.
+    const std::string e = with("e", [](nlohmann::json& c) { c["linear_conv_kernel_dim"] = 3; });
+    EXPECT_NE(e.find("linear_attn.conv1d.weight"), std::string::npos) << e;
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, Qwen35, ::testing::Values("qwen3_5", "qwen3_5_moe"));

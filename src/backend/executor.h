@@ -29,6 +29,11 @@ public:
     virtual void make_state_slots(int64_t n) {
         if (n > 0) fail("this backend runs no batched passes of models with linear-attention layers");
     }
+    /// Copies recurrent-state slot `from` over slot `to` (snapshots of a
+    /// prefix's state for the prefix cache).
+    virtual void copy_state_slot(int32_t from, int32_t to) {
+        fail("this backend keeps no recurrent-state slots ({} -> {})", from, to);
+    }
     /// One forward pass over that storage: the sequences' new tokens, their
     /// keys and values written into their blocks, logits (host floats) or
     /// the next token for the sequences that ask. quern::Error (before

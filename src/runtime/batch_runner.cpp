@@ -21,6 +21,7 @@ public:
         return std::make_unique<PagedKvPool>(cfg_.n_layer, cfg_.kv_dim(), blocks_, block_size, /*host_storage=*/false);
     }
     void make_state_slots(int64_t n) override { x_->make_state_slots(n); }
+    void copy_state_slot(int32_t from, int32_t to) override { x_->copy_state_slot(from, to); }
     void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override {
         if (kv.n_blocks() != blocks_ || kv.block_size() != block_size_)
             fail("forward_batch: the KV pool was not made by this runner's make_kv_pool");
@@ -47,6 +48,7 @@ public:
         return r_.make_kv_pool(n_blocks, block_size, flag);
     }
     void make_state_slots(int64_t n) override { r_.make_state_slots(n); }
+    void copy_state_slot(int32_t from, int32_t to) override { r_.copy_state_slot(from, to); }
     void forward_batch(const SeqBatch* seqs, int n_seqs, PagedKvPool& kv) override {
         r_.forward_batch(seqs, n_seqs, kv);
     }

@@ -29,6 +29,8 @@ public:
     /// Recurrent-state slots for n sequences (models with linear-attention
     /// layers: Executor::make_state_slots).
     virtual void make_state_slots(int64_t n) = 0;
+    /// Executor::copy_state_slot.
+    virtual void copy_state_slot(int32_t from, int32_t to) = 0;
     /// Executor::forward of a batch-invariant pass, over a pool made by
     /// make_kv_pool: the sequences' new tokens, their keys and values written
     /// into their blocks, logits (n_vocab floats on the host) or the next

@@ -31,8 +31,10 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <list>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -97,8 +99,13 @@ public:
                  kv_->n_blocks() * bs, o.n_ctx);
         slots_.resize(static_cast<size_t>(o.n_parallel));
         // Linear-attention layers: one recurrent-state slot per engine slot
-        // (SeqBatch::state_slot is the slot's index).
-        if (cfg_.has_recurrent_state()) runner_->make_state_slots(o.n_parallel);
+        // (SeqBatch::state_slot is the slot's index), and as many more for
+        // snapshots of a cached prefix's state (see snapshot()).
+        if (cfg_.has_recurrent_state()) {
+            n_snaps_ = opts_.prefix_cache ? o.n_parallel : 0;
+            runner_->make_state_slots(o.n_parallel + n_snaps_);
+            for (int64_t i = n_snaps_; i-- > 0;) free_snaps_.push_back(static_cast<int32_t>(o.n_parallel + i));
+        }
         worker_ = std::thread([this] { loop(); });
     }
     ~BatchEngine() override { shutdown(); }
@@ -316,9 +323,9 @@ private:
     void prefix_lookup(Slot& s) {
         s.fresh = false;
         int64_t hit = 0;
-        // A recurrent model's state cannot resume from cached blocks (no
-        // snapshots yet): its prompts are recomputed from position 0.
-        if (opts_.prefix_cache && !cfg_.has_recurrent_state()) {
+        if (opts_.prefix_cache && cfg_.has_recurrent_state()) {
+            hit = recurrent_lookup(s);
+        } else if (opts_.prefix_cache) {
             const int64_t bs = kv_->block_size();
             const int64_t L = static_cast<int64_t>(s.tokens.size());
             for (size_t b = 0; b < s.hashes.size(); ++b) {
@@ -335,6 +342,49 @@ private:
             std::lock_guard<std::mutex> lk(mu_);
             stats_.prompt_tokens_cached += hit;
         }
+    }
+
+    /// A recurrent model resumes from a cached prefix only where the state
+    /// after it was kept (a snapshot at that block boundary): the longest
+    /// such prefix (keeping the last token to compute), its blocks taken and
+    /// its state copied into the slot's. Returns the positions taken.
+    int64_t recurrent_lookup(Slot& s) {
+        const int64_t bs = kv_->block_size(), L = static_cast<int64_t>(s.tokens.size());
+        int64_t best = 0;
+        for (size_t b = 0; b < s.hashes.size(); ++b) {
+            if (static_cast<int64_t>(b + 1) * bs > L - 1 || !kv_->cached(s.hashes[b])) break;
+            if (snap_of_.count(s.hashes[b])) best = static_cast<int64_t>(b) + 1;
+        }
+        if (best == 0) return 0;
+        for (int64_t b = 0; b < best; ++b) s.blocks.push_back(kv_->lookup(s.hashes[static_cast<size_t>(b)]));
+        const uint64_t h = s.hashes[static_cast<size_t>(best - 1)];
+        runner_->copy_state_slot(snap_of_.at(h), state_slot(s));
+        snap_lru_.splice(snap_lru_.end(), snap_lru_, snap_pos_.at(h));
+        return best * bs;
+    }
+
+    int32_t state_slot(const Slot& s) const { return static_cast<int32_t>(&s - slots_.data()); }
+
+    /// Keeps a copy of s's recurrent state, which now describes exactly the
+    /// full blocks of its tokens, under the last block's prefix hash
+    /// (evicting the least recently used copy when all are taken).
+    void snapshot(const Slot& s) {
+        const int64_t bs = kv_->block_size();
+        if (n_snaps_ == 0 || s.computed == 0 || s.computed % bs != 0) return;
+        const uint64_t h = s.hashes[static_cast<size_t>(s.computed / bs - 1)];
+        if (snap_of_.count(h)) return;
+        if (free_snaps_.empty()) {
+            const uint64_t old = snap_lru_.front();
+            snap_lru_.pop_front();
+            free_snaps_.push_back(snap_of_.at(old));
+            snap_of_.erase(old);
+            snap_pos_.erase(old);
+        }
+        const int32_t slot = free_snaps_.back();
+        free_snaps_.pop_back();
+        runner_->copy_state_slot(state_slot(s), slot);
+        snap_of_[h] = slot;
+        snap_pos_[h] = snap_lru_.insert(snap_lru_.end(), h);
     }
 
     /// Gives s blocks for positions [0, upto); frees newer sequences' blocks
@@ -394,6 +444,13 @@ private:
             int64_t n = end - s->computed;
             if (n <= 0) continue;
             if (any_chunk) n = std::min(n, budget);
+            // A recurrent model's chunk that crosses a block boundary stops at
+            // the last one it reaches, where its state is kept (snapshot());
+            // the rest of the block follows in the next step.
+            if (n_snaps_ > 0) {
+                const int64_t bs = kv_->block_size(), cut = (s->computed + n) / bs * bs - s->computed;
+                if (cut > 0 && cut < n) n = cut;
+            }
             if (n <= 0) continue;
             if (!reserve(*s, s->computed + n)) {
                 // Use what blocks it has; if none beyond computed, wait.
@@ -419,7 +476,7 @@ private:
                 batch.push_back(SeqBatch{s.tokens.data() + s.computed, e.n, s.blocks.data(), s.computed, e.decode,
                                          e.logits && !greedy ? s.logits.data() : nullptr,
                                          greedy ? &s.greedy_tok : nullptr, nullptr,
-                                         static_cast<int32_t>(&s - slots_.data())});
+                                         state_slot(s)});
                 used.push_back(e);
             }
         if (batch.empty()) return;
@@ -435,6 +492,7 @@ private:
             }
             for (int64_t b = 0; b < static_cast<int64_t>(s.hashes.size()) && (b + 1) * bs <= s.computed; ++b)
                 kv_->publish(s.blocks[static_cast<size_t>(b)], s.hashes[static_cast<size_t>(b)]);
+            snapshot(s);
         }
         {
             std::lock_guard<std::mutex> lk(mu_);
@@ -544,6 +602,14 @@ private:
     const ModelConfig& cfg_;
     std::unique_ptr<PagedKvPool> kv_;
     std::vector<Slot> slots_;
+    // Recurrent models: state slots n_parallel .. n_parallel + n_snaps_ - 1
+    // hold snapshots of a prefix's state by its last block's hash, least
+    // recently used first out.
+    int64_t n_snaps_ = 0;
+    std::vector<int32_t> free_snaps_;
+    std::unordered_map<uint64_t, int32_t> snap_of_;
+    std::list<uint64_t> snap_lru_;
+    std::unordered_map<uint64_t, std::list<uint64_t>::iterator> snap_pos_;
 
     mutable std::mutex mu_;
     std::condition_variable cv_;

@@ -52,6 +52,8 @@ public:
     /// The cached block holding the prefix with this hash (one reference
     /// added), or -1.
     int32_t lookup(uint64_t hash);
+    /// Whether a block with this prefix hash is cached (no reference taken).
+    bool cached(uint64_t hash) const { return by_hash_.count(hash) != 0; }
     /// Publishes block b (computed, referenced) under `hash`; no-op when the
     /// hash is already cached or b already published.
     void publish(int32_t b, uint64_t hash);

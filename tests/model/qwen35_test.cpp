@@ -136,10 +136,11 @@ TEST_F(Qwen35Wrapper, LoadsTheTextModelOfTheMultimodalCheckpoint) {
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), V * sizeof(float)));
 }
 
-// The serving engine: each sequence's recurrent state in its slot. Requests
-// of mixed lengths, some sharing a prompt start, in steps of a small token
-// budget over a KV pool too small for all of them (preemption recomputes a
-// sequence from position 0) give exactly the tokens each gives alone.
+// The serving engine: each sequence's recurrent state in its slot, snapshots
+// of it at block boundaries for the prefix cache. Requests of mixed lengths,
+// some sharing a prompt start, in steps of a small token budget over a KV
+// pool too small for all of them (preemption recomputes a sequence) give
+// exactly the tokens each gives alone, with and without the prefix cache.
 TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     Fixture f = load(GetParam());
     EXPECT_NE(cuda_unsupported(f.model->program()).find("DeltaNet"), std::string::npos);
@@ -179,12 +180,20 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     }
     o.n_parallel = 6;
     o.token_budget = 9;
-    o.kv_tokens = 160;  // 10 blocks for 6 sequences of up to 55 positions: preemption
+    o.kv_tokens = 64;  // 4 blocks for 6 sequences of up to 55 positions: preemption
     auto e = make_engine(*f.model, *tok, o);
     const auto together = run(*e, 12);
     for (int i = 0; i < 12; ++i) EXPECT_EQ(together[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
     EXPECT_GT(e->stats().preemptions, 0);
-    EXPECT_EQ(e->stats().prompt_tokens_cached, 0);  // recomputed from position 0 (no state snapshots yet)
+    // Requests sharing a prompt start resume from a snapshot of the state
+    // at a block boundary of it.
+    EXPECT_GT(e->stats().prompt_tokens_cached, 0);
+    // Without the prefix cache, the same tokens again.
+    o.prefix_cache = false;
+    auto cold = make_engine(*f.model, *tok, o);
+    const auto recomputed = run(*cold, 12);
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(recomputed[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
+    EXPECT_EQ(cold->stats().prompt_tokens_cached, 0);
 }
 
 // Malformed configs fail at load with the key and what is wrong.

@@ -46,6 +46,13 @@ public:
         link_state_slots();
     }
 
+    void copy_state_slot(int32_t from, int32_t to) override {
+        const int64_t f = p_.state_floats();
+        if (from < 0 || to < 0 || from >= n_slots_ || to >= n_slots_)
+            fail("recurrent-state slot {} -> {} outside the {} slots", from, to, n_slots_);
+        if (from != to) std::copy_n(slots_.data() + from * f, f, slots_.data() + to * f);
+    }
+
     void forward(const ForwardBatch& fb) override {
         if (!store_.k) fail("forward: no KV storage (make_kv_storage first)");
         const int64_t bs = store_.block_size;

@@ -55,6 +55,8 @@ write:
                           that these narrow matrices have several blocks each way
   OUT/qwen3/nvfp4         ModelOpt NVFP4 (o_proj has 32 input columns: fewer
                           than quern's 64-element NVFP4 blocks)
+  OUT/qwen3_5/fp8_block   the same two for Qwen3.5, its DeltaNet in_proj_qkv,
+  OUT/qwen3_5/nvfp4       in_proj_z and out_proj quantized too
 
 GPU shapes (--gpu-shapes, default OUT tests/data/hf_gpu): the same
 architectures (LongRoPE excepted) with every head of 32 elements and every
@@ -353,7 +355,10 @@ def fnv1a64(a):
     return f"{h:016x}"
 
 
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Qwen3.5's DeltaNet projections too (in_proj_b / in_proj_a, one row per
+# value head, stay in bf16, as in the published FP8 checkpoints' ignore lists).
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj_qkv", "in_proj_z",
+          "out_proj")
 
 FINE_GRAINED = {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head"]}
 CT_FP8_CHANNEL = {
@@ -380,6 +385,11 @@ QUANT_FIXTURES = {
         ("nvfp4", {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"],
                    "kv_cache_scheme": None, "producer": MODELOPT_PRODUCER},
          {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": ["lm_head"]}),
+    ],
+    "qwen3_5": [
+        ("fp8_block", dict(FINE_GRAINED, weight_block_size=[32, 32]), None),
+        ("nvfp4", {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"],
+                   "producer": MODELOPT_PRODUCER}, None),
     ],
     "qwen3": [
         ("fp8_block", dict(FINE_GRAINED, weight_block_size=[32, 32]), None),

@@ -146,7 +146,8 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden,
                                            Case{"llama", "fp8_block", 0.9999}, Case{"llama", "fp8_channel", 0.9999},
                                            Case{"llama", "fp8_tensor", 0.9999}, Case{"llama", "nvfp4", 0.9999},
                                            Case{"llama", "nvfp4_ct", 0.9999},
-                                           Case{"qwen3", "fp8_block", 0.9999}, Case{"qwen3", "nvfp4", 0.9999}),
+                                           Case{"qwen3", "fp8_block", 0.9999}, Case{"qwen3", "nvfp4", 0.9999},
+                                           Case{"qwen3_5", "fp8_block", 0.9999}, Case{"qwen3_5", "nvfp4", 0.9999}),
                          [](const auto& info) { return info.param.arch + "_" + info.param.dtype; });
 
 // The GPU suite's fixtures (tests/data/hf_gpu: the same architectures with

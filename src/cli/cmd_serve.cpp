@@ -69,6 +69,13 @@ int serve(ServeOptions& o) {
                  tmpl->origin().c_str());
 
     warn_past_trained_context(cfg, o.engine.n_ctx);
+    if (const int64_t sf = m.model->program().state_floats(); sf > 0)  // what each running sequence holds beside its KV
+        std::fprintf(stderr,
+                     "quern: recurrent state %.1f MiB per sequence (+ as many prefix-cache snapshots as --parallel); "
+                     "KV cache %.1f KiB per token (%d attention layers)\n",
+                     static_cast<double>(sf) * 4 / (1 << 20),
+                     2.0 * static_cast<double>(m.model->program().n_kv_layers * m.model->program().kv_dim) * 4 / 1024,
+                     m.model->program().n_kv_layers);
     // The GPU when there is one (--device auto) and it runs the model; else the CPU.
     std::unique_ptr<Engine> engine;
     std::string backend = "CPU";

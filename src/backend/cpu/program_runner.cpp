@@ -53,6 +53,8 @@ struct ProgramRunner::State {
     DType xr_act = DType::F32;
     std::vector<PagedAttnSeq> attn_seqs;
     std::vector<float> router, selw, xe, ge, ue, ye, eo;
+    std::vector<float> dn_conv, dn_mem;  // delta-net: one row's conv output, each head's delta
+    std::vector<float*> dn_rows;         // delta-net: each row's sequence state
     std::vector<int32_t> sel;
     std::vector<int64_t> moe_off, moe_ent;
     std::vector<int32_t> toks, pos;
@@ -203,27 +205,29 @@ void ProgramRunner::mm(const Tensor& W, const float* x, int64_t n, float* y, int
     });
 }
 
+const float* ProgramRunner::gather(Value v, int64_t n, int which) {
+    State& s = *st_;
+    const auto& sl = s.slots_of[sz(v.id)];
+    if (sl.size() == 1) return s.slots[sz(sl[0])].data();
+    const int64_t w = p_.width(v);
+    auto& g = s.gathered[which];
+    g.resize(sz(n * w));
+    int64_t col = 0;
+    for (size_t j = 0; j < sl.size(); ++j) {
+        const int64_t pw = s.widths[sz(v.id)][j];
+        const float* src = s.slots[sz(sl[j])].data();
+        for (int64_t r = 0; r < n; ++r) std::copy_n(src + r * pw, pw, g.data() + r * w + col);
+        col += pw;
+    }
+    return g.data();
+}
+
 void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
     State& s = *st_;
     const int64_t T = pass.rows, m = static_cast<int64_t>(s.head.size());
     const auto rows_of = [&](Value v) { return p_.values[sz(v.id)].head ? m : T; };
     const auto piece = [&](Value v, size_t j) { return s.slots[sz(s.slots_of[sz(v.id)][j])].data(); };
-    // A value's rows as one row-major array (gathered when it has pieces).
-    const auto rows = [&](Value v, int which) -> const float* {
-        const auto& sl = s.slots_of[sz(v.id)];
-        if (sl.size() == 1) return piece(v, 0);
-        const int64_t n = rows_of(v), w = p_.width(v);
-        auto& g = s.gathered[which];
-        g.resize(sz(n * w));
-        int64_t col = 0;
-        for (size_t j = 0; j < sl.size(); ++j) {
-            const int64_t pw = s.widths[sz(v.id)][j];
-            const float* src = piece(v, j);
-            for (int64_t r = 0; r < n; ++r) std::copy_n(src + r * pw, pw, g.data() + r * w + col);
-            col += pw;
-        }
-        return g.data();
-    };
+    const auto rows = [&](Value v, int which) { return gather(v, rows_of(v), which); };
     // The output's buffer, sized for its rows (in place when it took over an input's slot).
     const auto out = [&](const Op& op) { return s.slot(s.slots_of[sz(op.out.id)][0], rows_of(op.out) * p_.width(op.out)); };
     const auto same_slot = [&](Value a, Value b) {
@@ -471,7 +475,8 @@ void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
     const int64_t nk = sp.n_k_heads, nv = sp.n_v_heads, kd = sp.key_dim();
     // Each row's sequence state: the one sequence's (forward), or its
     // sequence's slot (forward_batch, rows grouped by sequence in order).
-    std::vector<float*> row_state(sz(T));
+    std::vector<float*>& row_state = s.dn_rows;
+    row_state.resize(sz(T));
     if (pass.cache) {
         if (!pass.cache->state() || pass.cache->state_floats() != p_.state_floats())
             fail("delta-net layer {}: no recurrent state for this pass", op.layer);
@@ -486,38 +491,14 @@ void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
     const float* w = static_cast<const float*>(sp.conv->data);                    // channel c: taps c·K .. c·K+K-1
     const float* a_coef = static_cast<const float*>(sp.a_coef->data);
     const float* dt_bias = static_cast<const float*>(sp.dt_bias->data);
-    const float* x = [&] {  // the input rows, copied: the output slot may be the input's
-        const Value in = op.in[0];
-        const auto& sl = s.slots_of[sz(in.id)];
-        if (sl.size() == 1) return static_cast<const float*>(s.slots[sz(sl[0])].data());
-        return static_cast<const float*>(nullptr);
-    }();
-    std::vector<float> xin;
-    if (!x) {  // gather [q | k | v] pieces into rows
-        xin.resize(sz(T * C));
-        int64_t col = 0;
-        const Value in = op.in[0];
-        for (size_t j = 0; j < s.slots_of[sz(in.id)].size(); ++j) {
-            const int64_t pw = s.widths[sz(in.id)][j];
-            const float* src = s.slots[sz(s.slots_of[sz(in.id)][j])].data();
-            for (int64_t r = 0; r < T; ++r) std::copy_n(src + r * pw, pw, xin.data() + r * C + col);
-            col += pw;
-        }
-        x = xin.data();
-    }
-    std::vector<float> ba(sz(T * 2 * nv));
-    {
-        const Value in = op.in[1];
-        int64_t col = 0;
-        for (size_t j = 0; j < s.slots_of[sz(in.id)].size(); ++j) {
-            const int64_t pw = s.widths[sz(in.id)][j];
-            const float* src = s.slots[sz(s.slots_of[sz(in.id)][j])].data();
-            for (int64_t r = 0; r < T; ++r) std::copy_n(src + r * pw, pw, ba.data() + r * 2 * nv + col);
-            col += pw;
-        }
-    }
+    // The output has a slot of its own (never an input's), so the inputs
+    // are read in place or gathered from their pieces.
+    const float* x = gather(op.in[0], T, 0);   // [q | k | v] before the conv
+    const float* ba = gather(op.in[1], T, 1);  // [b | a]
     float* y = s.slot(s.slots_of[sz(op.out.id)][0], T * sp.value_dim());
-    std::vector<float> c(sz(C));
+    std::vector<float>& c = s.dn_conv;
+    c.resize(sz(C));
+    s.dn_mem.resize(sz(nv * dv));  // per value head: the delta (dv floats)
     const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
     for (int64_t r = 0; r < T; ++r) {
         float* conv_state = row_state[sz(r)] + off;  // K-1 rows of C, oldest first
@@ -542,12 +523,12 @@ void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
             const float inv = 1.0f / std::sqrt(ss + 1e-6f) * (h < nk ? qscale : 1.0f);
             for (int64_t i = 0; i < dk; ++i) v[i] *= inv;
         }
-        const float* b = ba.data() + r * 2 * nv;
+        const float* b = ba + r * 2 * nv;
         const float* a = b + nv;
         float* yr = y + r * sp.value_dim();
         pool.parallel_for(nv, 1, [&](int64_t h0, int64_t h1, int) {
-            std::vector<float> mem(sz(dv));
             for (int64_t h = h0; h < h1; ++h) {
+                float* mem = s.dn_mem.data() + h * dv;
                 const int64_t kh = sp.kv_tiled ? h % nk : h / (nv / nk);
                 const float* q = c.data() + kh * dk;
                 const float* k = c.data() + kd + kh * dk;
@@ -557,21 +538,21 @@ void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
                 const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));
                 const float decay = std::exp(a_coef[h] * softplus);
                 float* Sh = S + h * dk * dv;  // row i (a key element) of dv floats
-                std::fill(mem.begin(), mem.end(), 0.0f);
+                std::fill(mem, mem + dv, 0.0f);
                 for (int64_t i = 0; i < dk; ++i) {
                     float* row = Sh + i * dv;
                     for (int64_t j = 0; j < dv; ++j) {
                         row[j] *= decay;
-                        mem[sz(j)] += row[j] * k[i];
+                        mem[j] += row[j] * k[i];
                     }
                 }
-                for (int64_t j = 0; j < dv; ++j) mem[sz(j)] = (v[j] - mem[sz(j)]) * beta;  // the delta
+                for (int64_t j = 0; j < dv; ++j) mem[j] = (v[j] - mem[j]) * beta;  // the delta
                 float* o = yr + h * dv;
                 std::fill(o, o + dv, 0.0f);
                 for (int64_t i = 0; i < dk; ++i) {
                     float* row = Sh + i * dv;
                     for (int64_t j = 0; j < dv; ++j) {
-                        row[j] += k[i] * mem[sz(j)];
+                        row[j] += k[i] * mem[j];
                         o[j] += row[j] * q[i];
                     }
                 }

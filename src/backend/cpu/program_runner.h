@@ -55,6 +55,9 @@ private:
     struct Pass;
     struct State;
     void run(Pass& pass, ThreadPool& pool);
+    /// Value v's n rows as one row-major array: its slot, or its pieces
+    /// gathered into scratch buffer `which` (0 or 1).
+    const float* gather(Value v, int64_t n, int which);
     void run_attention(const Op& op, Pass& pass, ThreadPool& pool);
     void run_moe(const Op& op, Pass& pass, ThreadPool& pool);
     /// The gated delta rule of a DeltaNet op over the pass's rows, in order,

@@ -261,23 +261,29 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
     collect_profile(prof_decode_);
 }
 
+cudaGraph_t CudaExecutor::capture_step(Head head, bool short_ctx) {
+    const cudaStream_t s = ctx_.stream();
+    cudaGraph_t g = nullptr;
+    QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    try {
+        enqueue_step(head, nullptr, short_ctx);
+    } catch (...) {
+        cudaStreamEndCapture(s, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        throw;
+    }
+    QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    return g;
+}
+
 void CudaExecutor::run_step(Head head, int64_t pos) {
     const cudaStream_t s = ctx_.stream();
     const bool sc = pos < short_ctx_;
     if (!opt_.cuda_graph || profile_) return enqueue_step(head, nullptr, sc);
     cudaGraphExec_t& ge = graph_[head][sc ? 1 : 0];
     if (!ge) {
-        cudaGraph_t g = nullptr;
-        QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        try {
-            enqueue_step(head, nullptr, sc);
-        } catch (...) {
-            cudaStreamEndCapture(s, &g);
-            if (g) cudaGraphDestroy(g);
-            cudaGetLastError();
-            throw;
-        }
-        QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+        cudaGraph_t g = capture_step(head, sc);
         const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
         cudaGraphDestroy(g);
         QUERN_CUDA_CHECK(e);
@@ -309,21 +315,16 @@ std::string kernel_label(std::string k) {
 
 std::vector<std::string> CudaExecutor::decode_kernels() {
     if (!kv_.data()) fail("decode_kernels: no KV storage (make_kv_storage first)");
-    const cudaStream_t s = ctx_.stream();
     const bool prof = profile_;
     profile_ = false;  // no event marks in the listing
     cudaGraph_t g = nullptr;
-    QUERN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     try {
-        enqueue_step(kArgmax, nullptr, false);
+        g = capture_step(kArgmax, false);
     } catch (...) {
-        cudaStreamEndCapture(s, &g);
-        if (g) cudaGraphDestroy(g);
         profile_ = prof;
         throw;
     }
     profile_ = prof;
-    QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
     size_t n = 0, ne = 0;
     QUERN_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
     std::vector<cudaGraphNode_t> nodes(n);

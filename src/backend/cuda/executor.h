@@ -165,6 +165,9 @@ private:
     /// for a step at position pos: a graph of its own for pos < short_ctx_
     /// (enqueue_step's short_ctx form).
     void run_step(Head head, int64_t pos);
+    /// The step of enqueue_step(head, no trace, short_ctx) captured as a
+    /// graph (the caller owns it); nothing runs.
+    cudaGraph_t capture_step(Head head, bool short_ctx);
     /// Uploads tokens[0..n) to positions n_past_.. and sets the control block
     /// so that the next step evaluates position n_past_.
     void begin(const int32_t* tokens, int64_t n);

@@ -614,6 +614,14 @@ std::vector<float> GgufFile::get_float_array(std::string_view key) const {
     return out;
 }
 
+std::vector<bool> GgufFile::get_bool_array(std::string_view key) const {
+    const GgufArray& a = to_array(*this, key, "array[bool]", [](GgufType t) { return t == GgufType::BOOL; });
+    std::vector<bool> out;
+    out.reserve(a.items.size());
+    for (const auto& item : a.items) out.push_back(item.as_bool());
+    return out;
+}
+
 std::vector<int64_t> GgufFile::get_int_array(std::string_view key) const {
     const GgufArray& a = to_array(*this, key, "an array of integers", is_int_type);
     std::vector<int64_t> out;

@@ -150,6 +150,7 @@ public:
     std::vector<std::string> get_string_array(std::string_view key) const;
     std::vector<float> get_float_array(std::string_view key) const;
     std::vector<int64_t> get_int_array(std::string_view key) const;
+    std::vector<bool> get_bool_array(std::string_view key) const;
 
     /// Tensor lookup; nullptr when absent.
     const GgufTensorInfo* find_tensor(std::string_view name) const;
@@ -183,6 +184,7 @@ public:
     void set_string_array(std::string key, std::vector<std::string> v);
     void set_f32_array(std::string key, const std::vector<float>& v);
     void set_i32_array(std::string key, const std::vector<int32_t>& v);
+    void set_bool_array(std::string key, const std::vector<bool>& v);
     void set_alignment(uint32_t alignment);  // also writes general.alignment
 
     /// Adds a tensor; `data` must hold row_size(type, ne[0]) * rows bytes and

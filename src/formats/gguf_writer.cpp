@@ -175,6 +175,13 @@ void GgufWriter::set_i32_array(std::string key, const std::vector<int32_t>& v) {
     set(std::move(key), gguf_array(GgufType::INT32, std::move(items)));
 }
 
+void GgufWriter::set_bool_array(std::string key, const std::vector<bool>& v) {
+    std::vector<GgufValue> items;
+    items.reserve(v.size());
+    for (bool b : v) items.push_back(gguf_bool(b));
+    set(std::move(key), gguf_array(GgufType::BOOL, std::move(items)));
+}
+
 void GgufWriter::set_alignment(uint32_t alignment) {
     if (!valid_alignment(alignment))
         fail("gguf writer: alignment {} is not a power of two (1 .. 2^30)", alignment);

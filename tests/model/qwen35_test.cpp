@@ -13,6 +13,7 @@
 
 #include "backend/block_plan.h"
 #include "core/error.h"
+#include "formats/gguf.h"
 #include "hf_test_util.h"
 #include "model/hf_model.h"
 #include "runtime/batch_runner.h"
@@ -34,15 +35,21 @@ struct Fixture {
     std::vector<float> ref;  // transformers' logits at every position
 };
 
-/// The dense or the MoE checkpoint (fp32).
-Fixture load(const std::string& arch) {
+/// The dense or the MoE checkpoint (fp32): "ARCH" loads the Hugging Face
+/// folder, "ARCH/gguf" the same weights as llama.cpp's converter writes them
+/// (tools/make_llamacpp_gguf.py: value heads reordered, A stored as -exp(A_log),
+/// norms with the 1 added, the recurrent-layer mask as an array).
+Fixture load(const std::string& param) {
     Fixture f;
+    const bool gguf = param.size() > 5 && param.ends_with("/gguf");
+    const std::string arch = gguf ? param.substr(0, param.size() - 5) : param;
     std::ifstream in(kDir + arch + "/golden.json");
     const nlohmann::json meta = nlohmann::json::parse(in);
     f.tokens = meta["tokens"].get<std::vector<int32_t>>();
     f.greedy = meta["greedy"].get<std::vector<int32_t>>();
     f.ref = hf_test::read_logits(kDir + arch + "/fp32.logits");
-    f.model = load_hf_model(kDir + arch + "/fp32");
+    f.model = gguf ? Model::from_gguf(std::make_shared<GgufFile>(kDir + arch + "/llamacpp-fp32.gguf"))
+                   : load_hf_model(kDir + arch + "/fp32");
     return f;
 }
 
@@ -136,6 +143,37 @@ TEST_F(Qwen35Wrapper, LoadsTheTextModelOfTheMultimodalCheckpoint) {
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), V * sizeof(float)));
 }
 
+// llama.cpp's converter writes the recurrent-layer mask beside the interval;
+// the mask decides (a mask that disagrees with the tensors is refused naming
+// the tensor), and one of the wrong length is refused naming the key.
+TEST(Qwen35Gguf, TheRecurrentLayerMaskDecides) {
+    const GgufFile src(kDir + "qwen3_5/llamacpp-fp32.gguf");
+    const auto rewrite = [&](const std::vector<bool>& mask) {
+        GgufWriter w;
+        for (const GgufKV& kv : src.metadata())
+            if (kv.key == "qwen35.attention.recurrent_layers")
+                w.set_bool_array(kv.key, mask);
+            else if (kv.key != "general.alignment")
+                w.set(kv.key, kv.value);
+        for (const GgufTensorInfo& t : src.tensors()) w.add_tensor(t.name, t.type, t.ne, t.n_dims, src.data(t));
+        const fs::path out = fs::temp_directory_path() / "quern_qwen35_mask.gguf";
+        w.write(out.string());
+        std::string err;
+        try {
+            Model::from_gguf(std::make_shared<GgufFile>(out.string()));
+        } catch (const Error& e) {
+            err = e.what();
+        }
+        fs::remove(out);
+        return err;
+    };
+    EXPECT_EQ(rewrite({true, true, true, false}), "");
+    const std::string swapped = rewrite({false, true, true, true});  // the interval alone would say layer 3 is full
+    EXPECT_NE(swapped.find("blk.0."), std::string::npos) << swapped;
+    const std::string short_mask = rewrite({true, true, false});
+    EXPECT_NE(short_mask.find("recurrent_layers has 3 entries for 4 blocks"), std::string::npos) << short_mask;
+}
+
 // The serving engine: each sequence's recurrent state in its slot, snapshots
 // of it at block boundaries for the prefix cache. Requests of mixed lengths,
 // some sharing a prompt start, in steps of a small token budget over a KV
@@ -144,7 +182,9 @@ TEST_F(Qwen35Wrapper, LoadsTheTextModelOfTheMultimodalCheckpoint) {
 TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     Fixture f = load(GetParam());
     EXPECT_NE(cuda_unsupported(f.model->program()).find("DeltaNet"), std::string::npos);
-    const fs::path tj = fs::temp_directory_path() / ("quern_qwen35_tok_" + GetParam() + ".json");
+    std::string tag = GetParam();
+    std::replace(tag.begin(), tag.end(), '/', '_');
+    const fs::path tj = fs::temp_directory_path() / ("quern_qwen35_tok_" + tag + ".json");
     std::ofstream(tj) << hf_test::byte_tokenizer_json();
     auto tok = Tokenizer::from_file(tj.string());
     fs::remove(tj);
@@ -219,7 +259,13 @@ TEST_F(Qwen35Wrapper, MalformedConfigsAreRefusedByName) {
     EXPECT_NE(e.find("linear_attn.conv1d.weight"), std::string::npos) << e;
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpoints, Qwen35, ::testing::Values("qwen3_5", "qwen3_5_moe"));
+INSTANTIATE_TEST_SUITE_P(Checkpoints, Qwen35,
+                         ::testing::Values("qwen3_5", "qwen3_5_moe", "qwen3_5/gguf", "qwen3_5_moe/gguf"),
+                         [](const auto& info) {
+                             std::string n = info.param;
+                             std::replace(n.begin(), n.end(), '/', '_');
+                             return n;
+                         });
 
 }  // namespace
 }  // namespace quern

@@ -23,8 +23,12 @@ def field(k):
     return f.contents()
 arch = field("general.architecture")
 
+# Keys llama.cpp's loader reads (src/llama-arch.cpp) that the newest gguf
+# package on PyPI (0.19.0) does not list yet.
+NEWER_KEYS = {"{arch}.attention.recurrent_layers"}
+
 def known_keys(arch):
-    keys = set()
+    keys = {k.format(arch=arch) for k in NEWER_KEYS}
     for group in vars(gguf.Keys).values():
         if isinstance(group, type):
             for v in vars(group).values():

@@ -38,8 +38,20 @@ void gguf_config(const GgufKeys& k, ModelConfig& c) {
     c.ssm_inner_size = k.get_int("ssm.inner_size");
     // llama.cpp counts the MTP (NextN) blocks appended after the trunk in
     // block_count; their tensors are not read yet.
+    const int64_t n_blocks = c.n_layer;
     c.n_layer -= k.get_int("nextn_predict_layers", 0);
-    c.recurrent_layers = interval_layers(c.n_layer, k.get_int("full_attention_interval", 4));
+    if (c.n_layer < 1) fail("GGUF: {}nextn_predict_layers leaves no trunk layers of {}", k.prefix, n_blocks);
+    // The converter writes the mask when config.json lists layer_types (one
+    // entry per block, false for the NextN ones); the interval otherwise.
+    const std::string mask_key = k.prefix + "attention.recurrent_layers";
+    if (k.f.find(mask_key)) {
+        const std::vector<bool> mask = k.f.get_bool_array(mask_key);
+        if (static_cast<int64_t>(mask.size()) != n_blocks)
+            fail("GGUF: {} has {} entries for {} blocks", mask_key, mask.size(), n_blocks);
+        c.recurrent_layers.assign(mask.begin(), mask.begin() + c.n_layer);
+    } else {
+        c.recurrent_layers = interval_layers(c.n_layer, k.get_int("full_attention_interval", 4));
+    }
     c.extra["v_heads_tiled"] = 1;  // the converter reorders value heads: head h reads key head h % n_k
     if (c.moe()) {
         c.n_ff_exp = k.get_int("expert_feed_forward_length");
@@ -205,6 +217,7 @@ void gguf_write(const ModelConfig& c, GgufWriter& w, const std::string& a) {
     for (int64_t il = 0; il < c.n_layer && interval == 0; ++il)
         if (!c.recurrent(il)) interval = il + 1;
     w.set_u32(a + "full_attention_interval", static_cast<uint32_t>(interval > 0 ? interval : c.n_layer + 1));
+    w.set_bool_array(a + "attention.recurrent_layers", {c.recurrent_layers.begin(), c.recurrent_layers.end()});
     if (c.moe()) {
         w.set_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(c.n_ff_exp));
         w.set_u32(a + "expert_shared_feed_forward_length", static_cast<uint32_t>(c.n_ff));

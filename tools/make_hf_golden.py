@@ -88,10 +88,12 @@ Needs torch and transformers (not needed to run the tests). Usage:
   python3 tools/make_hf_golden.py --quant-only [--only llama]   # remake only the quantized folders
 """
 import argparse
+import copy
 import json
 import math
 import os
 import shutil
+import tempfile
 
 import numpy as np
 import torch
@@ -245,6 +247,69 @@ def greedy_continuation(path, cls, ids, n):
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
     return [int(x) for x in out[0, len(ids):]]
+
+
+# Architectures whose fp32 checkpoint also carries a multi-token-prediction
+# head (mtp.*, config mtp_num_hidden_layers 1), as Qwen's releases do.
+MTP = {"qwen3_5", "qwen3_5_moe"}
+
+
+def add_mtp_head(root, d, cls, ids, seed):
+    """Adds a random MTP head to the fp32 checkpoint in d and writes its
+    reference logits: at position p (0 .. n-2) the head reads token ids[p+1]
+    and the trunk's last hidden state h_p (after the final norm) and predicts
+    ids[p+2]: x = fc([norm_e(embed(ids[p+1])) | norm_h(h_p)]), one
+    full-attention decoder layer over x at positions 0 .. n-2 (causal), then
+    logits = lm_head(norm(x)). transformers has no MTP module; the layer is
+    its own decoder layer class (the trunk's full-attention layer, reused
+    with fresh weights), the norms its RMSNorm (1 + w)."""
+    from safetensors.torch import load_file, save_file
+    extra = {"experts_implementation": "eager"} if "moe" in d else {}
+    model = cls.from_pretrained(d, dtype=torch.float32, **extra).double().eval()
+    model.config._attn_implementation = "eager"
+    full = model.config.layer_types.index("full_attention")
+    head = copy.deepcopy(model)  # its layer `full` becomes the MTP layer; its file gives the saved names
+    g = torch.Generator().manual_seed(seed)
+    E = model.config.hidden_size
+    norm_cls = type(model.model.norm)
+    parts = {"fc": torch.nn.Linear(2 * E, E, bias=False).double(), "pre_fc_norm_embedding": norm_cls(E).double(),
+             "pre_fc_norm_hidden": norm_cls(E).double(), "norm": norm_cls(E).double()}
+    with torch.no_grad():
+        for name, p in list(head.model.layers[full].named_parameters()) + [
+                (k + ".weight", m.weight) for k, m in parts.items()]:
+            if name.endswith("norm.weight"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+        x_ids = torch.tensor([ids])
+        h = model.model(x_ids).last_hidden_state[:, :-1]
+        e = model.model.embed_tokens(x_ids[:, 1:])
+        x = parts["fc"](torch.cat([parts["pre_fc_norm_embedding"](e), parts["pre_fc_norm_hidden"](h)], dim=-1))
+        n = x.shape[1]
+        pos = torch.arange(n)[None, None, :].expand(3, 1, n)
+        mask = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+        x = head.model.layers[full](x, position_embeddings=head.model.rotary_emb(x, pos), attention_mask=mask,
+                                    position_ids=torch.arange(n)[None])
+        x = x[0] if isinstance(x, tuple) else x
+        logits = model.lm_head(parts["norm"](x))[0].float().numpy()
+    with tempfile.TemporaryDirectory() as tmp:
+        head.float().save_pretrained(tmp, safe_serialization=True)
+        saved = load_file(os.path.join(tmp, "model.safetensors"))
+    prefix = f"model.layers.{full}."
+    tensors = load_file(os.path.join(d, "model.safetensors"))
+    for k, v in saved.items():
+        if k.startswith(prefix):
+            tensors["mtp.layers.0." + k[len(prefix):]] = v.contiguous()
+    for k, m in parts.items():
+        tensors[f"mtp.{k}.weight"] = m.weight.detach().float().contiguous()
+    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["mtp_num_hidden_layers"] = 1
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    logits.astype("<f4").tofile(os.path.join(root, "fp32.mtp.logits"))
+    return {"logits_file": "fp32.mtp.logits", "positions": n}
 
 
 def reference_logits(path, cls, ids):
@@ -546,6 +611,8 @@ def main():
                 "files": sorted(os.listdir(d))}
             model.float()
         make_quantized(name, cls, root, ids, meta)
+        if name in MTP and not args.gpu_shapes:
+            meta["mtp"] = add_mtp_head(root, os.path.join(root, "fp32"), cls, ids, 5000 + i)
         if name in GREEDY:
             meta["greedy"] = greedy_continuation(os.path.join(root, "fp32"), cls, ids, GREEDY[name])
         with open(os.path.join(root, "golden.json"), "w") as f:

@@ -43,6 +43,15 @@ struct SeqBatch {
     /// programs with linear-attention layers; a pass at n_past 0 starts it
     /// from zeros. -1: none (a program without recurrent state).
     int32_t state_slot = -1;
+    /// With `logits`: n_vocab floats for every one of the n tokens (n rows)
+    /// instead of the last one's — the rows a speculative step verifies.
+    bool all_logits = false;
+    /// The program's given rows (OpKind::Input: a draft head's trunk hidden
+    /// states), n rows; null for programs that read none.
+    const float* hidden_in = nullptr;
+    /// Receives Program::hidden of every token (n rows of n_embd floats), or
+    /// null.
+    float* hidden = nullptr;
 };
 
 /// A forward pass of one or more sequences.

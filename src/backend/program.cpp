@@ -23,6 +23,8 @@ const char* kind_name(OpKind k) {
         case OpKind::Softcap: return "softcap";
         case OpKind::SelectRows: return "select_rows";
         case OpKind::Trace: return "trace";
+        case OpKind::Input: return "input";
+        case OpKind::Concat: return "concat";
     }
     return "?";
 }
@@ -280,11 +282,33 @@ void ProgramBuilder::trace(Value x, std::string name) {
     emit(std::move(op), 0, false);
 }
 
-Program ProgramBuilder::finish(Value logits) {
+Value ProgramBuilder::input(int64_t width) {
+    for (const Op& o : p_.ops)
+        if (o.kind == OpKind::Input) fail("program: a second input of given rows");
+    if (width <= 0) fail("program: given rows of width {}", width);
+    Op op;
+    op.kind = OpKind::Input;
+    return emit(std::move(op), width, false);
+}
+
+Value ProgramBuilder::concat(Value a, Value b) {
+    const ValueInfo& ai = info(a);
+    const ValueInfo& bi = info(b);
+    if (ai.head != bi.head) fail("program: concatenating the pass's rows with the selected ones");
+    Op op;
+    op.kind = OpKind::Concat;
+    op.in[0] = a;
+    op.in[1] = b;
+    return emit(std::move(op), ai.width + bi.width, ai.head);
+}
+
+Program ProgramBuilder::finish(Value logits, Value hidden) {
     const ValueInfo& li = info(logits);
     if (!li.head || li.width != p_.n_vocab)
         fail("program: the output must be the selected rows' {} logits, got a value of width {}", p_.n_vocab, li.width);
+    if (hidden.valid() && info(hidden).head) fail("program: the hidden rows must be the pass's, not the selected ones");
     p_.logits = logits;
+    p_.hidden = hidden;
     return std::move(p_);
 }
 

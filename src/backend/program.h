@@ -66,6 +66,8 @@ enum class OpKind : uint8_t {
     Scale,       ///< out = in0 · scalar
     Softcap,     ///< out = scalar · tanh(in0 / scalar)
     SelectRows,  ///< out = the rows of in0 whose logits the pass wants (the head runs on those)
+    Input,       ///< out = the pass's given rows of `width` floats (a draft head's trunk hidden states)
+    Concat,      ///< out = [in0 | in1] per row
     Trace,       ///< reports in0's last row under `name` (TraceFn); no output
 };
 
@@ -205,6 +207,10 @@ struct Program {
     std::vector<MoeSpec> moe;
     std::vector<DeltaNetSpec> delta_net;
     Value logits;          ///< n_vocab floats per selected row
+    /// The residual stream before the output norm, every row of the pass
+    /// (n_embd floats): what a multi-token-prediction head reads of the
+    /// trunk. Invalid for programs that do not name it.
+    Value hidden;
     int64_t n_vocab = 0;
     int n_kv_layers = 0;   ///< KV-cache layers the attention ops write (kv_layer < n_kv_layers)
     int64_t kv_dim = 0;    ///< floats per position of one KV-cache layer (K or V)
@@ -256,8 +262,14 @@ public:
     Value softcap(Value x, float cap);
     Value select_rows(Value x);
     void trace(Value x, std::string name);
-    /// Marks the program's output; the program is then complete.
-    Program finish(Value logits);
+    /// Rows of `width` floats the pass supplies (SeqBatch::hidden_in), one
+    /// per token; at most one per program.
+    Value input(int64_t width);
+    /// [a | b] per row (both on the pass's rows or both on the selected ones).
+    Value concat(Value a, Value b);
+    /// Marks the program's output (and, when valid, the value passes may
+    /// hand out as Program::hidden); the program is then complete.
+    Program finish(Value logits, Value hidden = {});
 
     /// Rows [r0, r0 + rows) of matrix i2 (ne[2] index) of `t` as a 2-D
     /// tensor owned by the program (a fused Q|K|V or gate|up matrix split

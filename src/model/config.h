@@ -17,7 +17,11 @@ struct ModelConfig {
     std::string name;            // general.name
     int64_t n_vocab = 0;         // rows of token_embd
     int64_t n_embd = 0;          // {arch}.embedding_length
-    int64_t n_layer = 0;         // {arch}.block_count
+    int64_t n_layer = 0;         // {arch}.block_count (less the NextN blocks)
+    // Multi-token-prediction (NextN) blocks after the trunk: a draft head
+    // for speculative decoding ({arch}.nextn_predict_layers; HF
+    // mtp_num_hidden_layers). 0 when the file holds none.
+    int64_t n_nextn = 0;
     int64_t n_head = 0;          // {arch}.attention.head_count
     int64_t n_head_kv = 0;       // {arch}.attention.head_count_kv (default n_head)
     int64_t n_ff = 0;            // {arch}.feed_forward_length

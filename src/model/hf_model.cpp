@@ -81,9 +81,13 @@ std::vector<Want> expected_tensors(const ModelConfig& c) {
 /// Tensors a checkpoint may hold that quern has no use for.
 bool ignorable(const std::string& name, const ModelConfig& c) {
     if (ends_with(name, ".rotary_emb.inv_freq")) return true;  // a buffer older checkpoints saved
-    // A multimodal wrapper's vision tower; Qwen3.5's multi-token-prediction
-    // head (not used yet: no speculative decoding).
-    if (name.starts_with("model.visual.") || (c.has_recurrent_state() && name.starts_with("mtp."))) return true;
+    // A multimodal wrapper's vision tower; a multi-token-prediction head the
+    // config does not declare (Qwen3-Next style), or its blocks past the
+    // first (quern drafts with one, as llama.cpp does).
+    if (name.starts_with("model.visual.")) return true;
+    if (c.has_recurrent_state() && name.starts_with("mtp.") && (c.n_nextn == 0 || name.starts_with("mtp.layers.") &&
+                                                                                       !name.starts_with("mtp.layers.0.")))
+        return true;
     return c.tie_embeddings && name == "lm_head.weight";        // tied: transformers uses the embedding
 }
 
@@ -139,6 +143,9 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
     const HfQuantConfig quant = read_hf_quant_config(read_text(folder.config), folder.config, folder.dir);
     auto st = std::make_shared<SafetensorsModel>(SafetensorsModel::open(folder.weights));
     const std::string where = st->index_path().empty() ? st->files().front()->path() : st->index_path();
+    // A config may declare a multi-token-prediction head that the checkpoint
+    // was saved without (transformers' save_pretrained drops it): no drafts.
+    if (cfg.n_nextn > 0 && !st->find(hf_quant_stored_name(quant, *st, "mtp.fc.weight"))) cfg.n_nextn = 0;
 
     WeightStore w;
     std::set<std::string> used;

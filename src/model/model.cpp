@@ -22,7 +22,9 @@ Model::Model(ModelConfig cfg, WeightStore w) : cfg_(std::move(cfg)), weights_(st
     if (!def) fail("model architecture '{}' is not supported (supported: {})", cfg_.arch, supported_archs(false));
     TensorTable table;
     def->tensors(cfg_, table);
-    program_ = def->build(cfg_, BoundWeights(table, weights_));
+    const BoundWeights bound(table, weights_);
+    program_ = def->build(cfg_, bound);
+    if (cfg_.n_nextn > 0 && def->build_draft) draft_ = def->build_draft(cfg_, bound);
 }
 
 Model::~Model() = default;

@@ -30,6 +30,9 @@ public:
     const WeightStore& weights() const { return weights_; }
     /// The forward pass, as the architecture wrote it.
     const Program& program() const { return program_; }
+    /// The NextN head's draft program (ArchDef::build_draft), or null when
+    /// the model has none.
+    const Program* draft_program() const { return draft_.ops.empty() ? nullptr : &draft_; }
     const ModelOptions& options() const { return opts_; }
     void set_options(const ModelOptions& o);
     /// Makes forward() report intermediate tensors of its last position to
@@ -65,6 +68,7 @@ private:
     ModelConfig cfg_;
     WeightStore weights_;
     Program program_;
+    Program draft_;  // empty without a NextN head
     ModelOptions opts_;
     TraceFn trace_;
     std::unique_ptr<cpu::ProgramRunner> runner_;  // forward()'s, made on first use

@@ -451,7 +451,7 @@ void write_synthetic_gguf(const SynthModel& m, const std::string& path,
     w.set_u32("general.quantization_version", 2);
     w.set_u32(a + "context_length", static_cast<uint32_t>(c.n_ctx_train));
     w.set_u32(a + "embedding_length", static_cast<uint32_t>(c.n_embd));
-    w.set_u32(a + "block_count", static_cast<uint32_t>(c.n_layer));
+    w.set_u32(a + "block_count", static_cast<uint32_t>(c.n_layer + c.n_nextn));
     w.set_u32(a + "feed_forward_length", static_cast<uint32_t>(c.n_ff));
     w.set_u32(a + "attention.head_count", static_cast<uint32_t>(c.n_head));
     w.set_u32(a + "attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));

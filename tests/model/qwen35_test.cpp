@@ -122,7 +122,7 @@ TEST_F(Qwen35Wrapper, LoadsTheTextModelOfTheMultimodalCheckpoint) {
     for (auto& [name, info] : st.header.items())
         h[name.rfind("model.", 0) == 0 ? "model.language_model." + name.substr(6) : name] = info;
     const size_t end = st.data.size();
-    for (const char* extra : {"model.visual.patch_embed.proj.weight", "mtp.fc.weight"}) {
+    for (const char* extra : {"model.visual.patch_embed.proj.weight"}) {  // (the fixture has its mtp.* head)
         h[extra] = {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {st.data.size(), st.data.size() + 8}}};
         st.data.append(8, '\0');
     }
@@ -167,11 +167,12 @@ TEST(Qwen35Gguf, TheRecurrentLayerMaskDecides) {
         fs::remove(out);
         return err;
     };
-    EXPECT_EQ(rewrite({true, true, true, false}), "");
-    const std::string swapped = rewrite({false, true, true, true});  // the interval alone would say layer 3 is full
+    // Four trunk layers and the NextN block (full attention).
+    EXPECT_EQ(rewrite({true, true, true, false, false}), "");
+    const std::string swapped = rewrite({false, true, true, true, false});  // the interval alone: layer 3 is full
     EXPECT_NE(swapped.find("blk.0."), std::string::npos) << swapped;
-    const std::string short_mask = rewrite({true, true, false});
-    EXPECT_NE(short_mask.find("recurrent_layers has 3 entries for 4 blocks"), std::string::npos) << short_mask;
+    const std::string short_mask = rewrite({true, true, true, false});
+    EXPECT_NE(short_mask.find("recurrent_layers has 4 entries for 5 blocks"), std::string::npos) << short_mask;
 }
 
 // The serving engine: each sequence's recurrent state in its slot, snapshots

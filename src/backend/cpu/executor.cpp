@@ -69,6 +69,9 @@ public:
                           starts_at_zero(fb.seqs[0].block_table, (fb.seqs[0].n_past + fb.seqs[0].n + bs - 1) / bs);
         if (fb.trace && !lone) fail("forward: a trace needs a lone sequence over blocks 0, 1, 2, ...");
         if (lone) return forward_lone(fb.seqs[0], fb.trace);
+        for (int i = 0; i < fb.n_seqs; ++i)
+            if (fb.seqs[i].all_logits || fb.seqs[i].hidden_in || fb.seqs[i].hidden)
+                fail("forward: every row's logits and hidden rows are for a lone sequence over blocks 0, 1, 2, ...");
         // The next token is the argmax of logits the program writes (into
         // buffers kept between passes).
         std::vector<SeqBatch>& b = batch_;
@@ -93,16 +96,17 @@ private:
         KvCache view(store_.k, store_.v, store_.layer_stride, n_blocks_ * store_.block_size, p_.kv_dim,
                      state_.data(), p_.state_floats());
         view.set_size(q.n_past);
+        if (q.all_logits && !q.logits) fail("forward: every row's logits asked for without a buffer");
         float* logits = q.logits ? q.logits : scratch(0);
         runner_.set_trace(trace ? *trace : TraceFn{});
         try {
-            runner_.forward(q.tokens, q.n, view, logits, false, pool_);
+            runner_.forward(q.tokens, q.n, view, logits, q.all_logits, pool_, q.hidden_in, q.hidden);
         } catch (...) {
             runner_.set_trace(nullptr);
             throw;
         }
         runner_.set_trace(nullptr);
-        if (q.next) *q.next = argmax(logits);
+        if (q.next) *q.next = argmax(logits + (q.all_logits ? (q.n - 1) * p_.n_vocab : 0));
     }
     float* scratch(size_t i) {
         while (tmp_.size() <= i) tmp_.emplace_back(static_cast<size_t>(p_.n_vocab));

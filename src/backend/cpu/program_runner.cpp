@@ -74,6 +74,7 @@ struct ProgramRunner::Pass {
     MatmulPath path = MatmulPath::Auto;
     bool fp8_act = false;
     bool trace = false;
+    const float* hidden_in = nullptr;  // OpKind::Input's rows
     // One sequence over a contiguous cache (forward) ...
     KvCache* cache = nullptr;
     int64_t p0 = 0;
@@ -94,6 +95,7 @@ ProgramRunner::ProgramRunner(const Program& program) : p_(program), st_(std::mak
         for (const Value& v : p_.ops[i].in)
             if (v.valid()) s.last_use[sz(v.id)] = static_cast<int>(i);
     if (p_.logits.valid()) s.last_use[sz(p_.logits.id)] = INT_MAX;
+    if (p_.hidden.valid()) s.last_use[sz(p_.hidden.id)] = INT_MAX;
     std::vector<int> free_slots;
     const auto take = [&] {
         if (free_slots.empty()) {
@@ -323,6 +325,21 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
                 float* y = out(op);
                 const float* x = rows(in, 0);
                 for (int64_t i = 0; i < m; ++i) std::copy_n(x + s.head[sz(i)] * w, w, y + i * w);
+                break;
+            }
+            case OpKind::Input:
+                if (!pass.hidden_in) fail("forward: the program reads given rows (hidden_in) and none were given");
+                std::copy_n(pass.hidden_in, T * p_.width(op.out), out(op));
+                break;
+            case OpKind::Concat: {
+                const int64_t n = rows_of(op.out), wa = p_.width(in), wb = p_.width(op.in[1]);
+                float* y = out(op);
+                const float* a = rows(in, 0);
+                const float* b = rows(op.in[1], 1);
+                for (int64_t r = 0; r < n; ++r) {
+                    std::copy_n(a + r * wa, wa, y + r * (wa + wb));
+                    std::copy_n(b + r * wb, wb, y + r * (wa + wb) + wa);
+                }
                 break;
             }
             case OpKind::Trace:
@@ -562,7 +579,7 @@ void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
 }
 
 void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
-                            ThreadPool& pool) {
+                            ThreadPool& pool, const float* hidden_in, float* hidden_out) {
     State& s = *st_;
     const int64_t V = p_.n_vocab;
     if (n <= 0) return;
@@ -573,6 +590,7 @@ void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, fl
              cache.n_ctx());
     for (int64_t i = 0; i < n; ++i)
         if (tokens[i] < 0 || tokens[i] >= V) fail("token id {} is outside the vocabulary [0, {})", tokens[i], V);
+    if (hidden_out && !p_.hidden.valid()) fail("forward: the program names no hidden rows to hand out");
     if (cache.state_floats() != p_.state_floats())
         fail("recurrent state of {} floats does not match the model ({})", cache.state_floats(), p_.state_floats());
     // A sequence's recurrent state describes its positions so far: none at 0.
@@ -588,6 +606,10 @@ void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, fl
         pass.fp8_act = opts_.fp8_activation_rows > 0 && nb >= opts_.fp8_activation_rows;
         pass.trace = last;
         pass.cache = &cache;
+        int64_t in_width = 0;
+        for (const Op& op : p_.ops)
+            if (op.kind == OpKind::Input) in_width = p_.width(op.out);
+        pass.hidden_in = hidden_in ? hidden_in + b0 * in_width : nullptr;
         pass.p0 = cache.size();
         s.toks.assign(tokens + b0, tokens + b0 + nb);
         s.pos.resize(sz(nb));
@@ -603,6 +625,10 @@ void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, fl
         if (!s.head.empty()) {
             const float* l = s.slots[sz(s.slots_of[sz(p_.logits.id)][0])].data();
             std::copy_n(l, static_cast<int64_t>(s.head.size()) * V, all_logits ? logits + b0 * V : logits);
+        }
+        if (hidden_out) {
+            const int64_t E = p_.width(p_.hidden);
+            std::copy_n(gather(p_.hidden, nb, 0), nb * E, hidden_out + b0 * E);
         }
     }
 }

@@ -36,7 +36,10 @@ public:
     /// take the fastest kernel for each pass's row count (MatmulPath::Auto).
     /// quern::Error (before anything is evaluated) when the cache would
     /// overflow, its row size is not the program's or an id is out of range.
-    void forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits, ThreadPool& pool);
+    /// hidden_in: the rows of the program's Input op (n rows); hidden_out:
+    /// receives Program::hidden of every token (n rows of its width).
+    void forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits, ThreadPool& pool,
+                 const float* hidden_in = nullptr, float* hidden_out = nullptr);
 
     /// Several sequences in one pass over a paged cache: the matrix products
     /// of all their rows share one read of the weights; attention runs per

@@ -237,6 +237,9 @@ void CudaExecutor::forward(const ForwardBatch& fb) {
     for (int i = 0; i < fb.n_seqs; ++i) {
         const SeqBatch& q = fb.seqs[i];
         if (q.n < 1 || !q.tokens || !q.block_table || q.n_past < 0) fail("forward: sequence {} is empty", i);
+        if (q.all_logits || q.hidden_in || q.hidden)
+            fail("forward: the GPU hands out no per-row logits or hidden rows yet (speculative decoding runs on the "
+                 "CPU)");
         for (int64_t j = 0; j < q.n; ++j)
             if (q.tokens[j] < 0 || q.tokens[j] >= c.n_vocab)
                 fail("token id {} is outside the vocabulary [0, {})", q.tokens[j], c.n_vocab);

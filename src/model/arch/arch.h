@@ -83,6 +83,12 @@ struct ArchDef {
     /// converter writes them; the inverse of gguf_config), after the shared
     /// ones (synthetic models: model/synth.cpp).
     void (*gguf_write)(const ModelConfig& c, GgufWriter& w, const std::string& prefix);
+    /// The draft program of the model's NextN head (ModelConfig::n_nextn >
+    /// 0): tokens x_{p+1} with the trunk's Program::hidden row of position
+    /// p as its given rows (OpKind::Input), at position p, one KV-cache
+    /// layer; its logits predict x_{p+2} and its Program::hidden feeds the
+    /// next draft step. Null for families without one.
+    Program (*build_draft)(const ModelConfig& c, const BoundWeights& w) = nullptr;
 };
 
 /// The family with this general.architecture, or null.

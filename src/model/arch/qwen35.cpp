@@ -8,8 +8,15 @@
 // routed experts (softmax, top-k, renormalised) plus a shared expert scaled
 // by sigmoid(x · w) per token. transformers' Qwen3_5ForCausalLM /
 // Qwen3_5MoeForCausalLM (model_type qwen3_5_text / qwen3_5_moe_text, or a
-// wrapper's text_config); llama.cpp's qwen35 / qwen35moe. The MTP head
-// (mtp.* / nextn) is not used yet.
+// wrapper's text_config); llama.cpp's qwen35 / qwen35moe.
+//
+// The multi-token-prediction head (checkpoints' mtp.*, llama.cpp's NextN
+// block appended after the trunk, blk.{n_layer}.*) is one more full-attention
+// decoder layer: at position p it reads RMSNorm(embed(x_{p+1})) and
+// RMSNorm(h_p) — h_p the trunk's last hidden state after the output norm —
+// concatenated in that order and projected back to n_embd (fc / eh_proj);
+// its output, normed by its own norm, goes through the shared LM head and
+// predicts x_{p+2} (vLLM's qwen3_next_mtp, llama.cpp's qwen35 graph_mtp).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -37,9 +44,10 @@ void gguf_config(const GgufKeys& k, ModelConfig& c) {
     c.ssm_time_step_rank = k.get_int("ssm.time_step_rank");
     c.ssm_inner_size = k.get_int("ssm.inner_size");
     // llama.cpp counts the MTP (NextN) blocks appended after the trunk in
-    // block_count; their tensors are not read yet.
+    // block_count.
     const int64_t n_blocks = c.n_layer;
-    c.n_layer -= k.get_int("nextn_predict_layers", 0);
+    c.n_nextn = k.get_int("nextn_predict_layers", 0);
+    c.n_layer -= c.n_nextn;
     if (c.n_layer < 1) fail("GGUF: {}nextn_predict_layers leaves no trunk layers of {}", k.prefix, n_blocks);
     // The converter writes the mask when config.json lists layer_types (one
     // entry per block, false for the NextN ones); the interval otherwise.
@@ -53,6 +61,10 @@ void gguf_config(const GgufKeys& k, ModelConfig& c) {
         c.recurrent_layers = interval_layers(c.n_layer, k.get_int("full_attention_interval", 4));
     }
     c.extra["v_heads_tiled"] = 1;  // the converter reorders value heads: head h reads key head h % n_k
+    // A file converted with --no-mtp (or stripped) has no NextN block; one
+    // with several: the first drafts (llama.cpp uses only that one too).
+    if (c.n_nextn > 0 && !k.has_tensor(blk(c.n_layer, "nextn.eh_proj.weight"))) c.n_nextn = 0;
+    c.n_nextn = std::min<int64_t>(c.n_nextn, 1);
     if (c.moe()) {
         c.n_ff_exp = k.get_int("expert_feed_forward_length");
         c.n_ff = k.get_int("expert_shared_feed_forward_length");
@@ -70,6 +82,9 @@ void hf_config(const HfKeys& k, const std::string& model_type, ModelConfig& c) {
         c.expert_weights_norm = true;                            // Qwen3_5MoeTopKRouter always renormalises
     }
     c.qk_norm = true;
+    // The checkpoint may lack the head (load_hf_model then sets 0); only
+    // the first of several drafts.
+    c.n_nextn = std::min<int64_t>(k.get_int("mtp_num_hidden_layers", 0), 1);
     c.ssm_conv_kernel = k.get_int("linear_conv_kernel_dim", 4);
     c.ssm_state_size = k.get_int("linear_key_head_dim", 128);
     c.ssm_group_count = k.get_int("linear_num_key_heads", 16);
@@ -90,15 +105,15 @@ void hf_config(const HfKeys& k, const std::string& model_type, ModelConfig& c) {
     }
 }
 
-void tensors(const ModelConfig& c, TensorTable& t) {
+/// Decoder layer il's tensors: a DeltaNet or a gated-attention mixer, then the FFN.
+void layer_tensors(const ModelConfig& c, TensorTable& t, int64_t il, bool recurrent) {
     const int64_t E = c.n_embd, Q = c.q_dim(), K = c.kv_dim(), nv = c.ssm_time_step_rank;
     const int64_t CD = 2 * c.ssm_group_count * c.ssm_state_size + c.ssm_inner_size, VD = c.ssm_inner_size;
-    table_embedding(c, t);
-    for (int64_t il = 0; il < c.n_layer; ++il) {
+    {
         t.vector(blk(il, "attn_norm.weight"), hf_layer(il, "input_layernorm.weight"), E).hf_add_one = true;
         t.vector(blk(il, "post_attention_norm.weight"), hf_layer(il, "post_attention_layernorm.weight"), E)
             .hf_add_one = true;
-        if (c.recurrent(il)) {
+        if (recurrent) {
             t.matrix(blk(il, "attn_qkv.weight"), hf_layer(il, "linear_attn.in_proj_qkv.weight"), {E, CD});
             t.matrix(blk(il, "attn_gate.weight"), hf_layer(il, "linear_attn.in_proj_z.weight"), {E, VD});
             t.matrix(blk(il, "ssm_beta.weight"), hf_layer(il, "linear_attn.in_proj_b.weight"), {E, nv});
@@ -130,6 +145,29 @@ void tensors(const ModelConfig& c, TensorTable& t) {
             t.matrix(blk(il, "ffn_down.weight"), hf_layer(il, "mlp.down_proj.weight"), {c.n_ff, E});
         }
     }
+}
+
+/// The NextN block: a full-attention layer at index n_layer (checkpoints:
+/// mtp.layers.0.*) and its input projection and norms.
+void draft_tensors(const ModelConfig& c, TensorTable& t) {
+    const int64_t L = c.n_layer, E = c.n_embd;
+    const size_t first = t.entries().size();
+    layer_tensors(c, t, L, /*recurrent=*/false);
+    const std::string trunk = hf_layer(L, ""), mtp = "mtp.layers.0.";
+    for (size_t i = first; i < t.entries().size(); ++i) {
+        std::string& hf = t.entries()[i].hf;
+        if (hf.starts_with(trunk)) hf = mtp + hf.substr(trunk.size());
+    }
+    t.matrix(blk(L, "nextn.eh_proj.weight"), "mtp.fc.weight", {2 * E, E});
+    t.vector(blk(L, "nextn.enorm.weight"), "mtp.pre_fc_norm_embedding.weight", E).hf_add_one = true;
+    t.vector(blk(L, "nextn.hnorm.weight"), "mtp.pre_fc_norm_hidden.weight", E).hf_add_one = true;
+    t.vector(blk(L, "nextn.shared_head_norm.weight"), "mtp.norm.weight", E).hf_add_one = true;
+}
+
+void tensors(const ModelConfig& c, TensorTable& t) {
+    table_embedding(c, t);
+    for (int64_t il = 0; il < c.n_layer; ++il) layer_tensors(c, t, il, c.recurrent(il));
+    if (c.n_nextn > 0) draft_tensors(c, t);
     table_head(c, t);
     for (TensorEntry& e : t.entries())
         if (e.gguf == "output_norm.weight") e.hf_add_one = true;
@@ -187,23 +225,54 @@ Value ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_
     return b.add(routed, shared);
 }
 
+/// Decoder layer il over the residual stream x (kv: its KV-cache layer when
+/// full attention).
+Value decoder_layer(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, bool recurrent,
+                    int kv, Value x) {
+    b.set_layer(static_cast<int>(il));
+    const Value h = b.rms_norm(x, w.get(blk(il, "attn_norm.weight")), c.rms_eps);
+    x = b.add(x, recurrent ? linear_attention(b, c, w, il, h) : gated_attention(b, c, w, il, kv, h));
+    const Value h2 = b.rms_norm(x, w.get(blk(il, "post_attention_norm.weight")), c.rms_eps);
+    x = b.add(x, ffn(b, c, w, il, h2));
+    trace_layer(b, il, x);
+    return x;
+}
+
+/// The LM head over x normed by `norm` on every row: those rows are the
+/// program's hidden rows, which the NextN head reads (the norm is per row,
+/// so the logits are those of output_head's select-then-norm order).
+Program head_with_hidden(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, Value x,
+                         const Tensor& norm) {
+    b.set_layer(-1);
+    const Value h = b.rms_norm(x, norm, c.rms_eps);
+    const Tensor* out = w.find("output.weight");
+    const Value logits = b.linear(b.select_rows(h), out ? *out : w.get("token_embd.weight"));
+    b.trace(logits, "logits");
+    return b.finish(logits, h);
+}
+
 Program build(const ModelConfig& c, const BoundWeights& w) {
     int n_full = 0;
     for (int64_t il = 0; il < c.n_layer; ++il) n_full += !c.recurrent(il);
     ProgramBuilder b(c.n_vocab, n_full, c.kv_dim());
     Value x = embed(b, c, w);
     int kv = 0;
-    for (int64_t il = 0; il < c.n_layer; ++il) {
-        b.set_layer(static_cast<int>(il));
-        const Value h = b.rms_norm(x, w.get(blk(il, "attn_norm.weight")), c.rms_eps);
-        const Value mixed = c.recurrent(il) ? linear_attention(b, c, w, il, h) : gated_attention(b, c, w, il, kv++, h);
-        x = b.add(x, mixed);
-        const Value h2 = b.rms_norm(x, w.get(blk(il, "post_attention_norm.weight")), c.rms_eps);
-        x = b.add(x, ffn(b, c, w, il, h2));
-        trace_layer(b, il, x);
-    }
+    for (int64_t il = 0; il < c.n_layer; ++il)
+        x = decoder_layer(b, c, w, il, c.recurrent(il), c.recurrent(il) ? -1 : kv++, x);
+    if (c.n_nextn > 0) return head_with_hidden(b, c, w, x, w.get("output_norm.weight"));
     b.set_layer(-1);
     return output_head(b, c, w, x);
+}
+
+Program build_draft(const ModelConfig& c, const BoundWeights& w) {
+    const int64_t L = c.n_layer;
+    ProgramBuilder b(c.n_vocab, 1, c.kv_dim());
+    b.set_layer(static_cast<int>(L));
+    const Value e = b.rms_norm(b.embed(w.get("token_embd.weight")), w.get(blk(L, "nextn.enorm.weight")), c.rms_eps);
+    const Value h = b.rms_norm(b.input(c.n_embd), w.get(blk(L, "nextn.hnorm.weight")), c.rms_eps);
+    Value x = b.linear(b.concat(e, h), w.get(blk(L, "nextn.eh_proj.weight")));
+    x = decoder_layer(b, c, w, L, /*recurrent=*/false, /*kv=*/0, x);
+    return head_with_hidden(b, c, w, x, w.get(blk(L, "nextn.shared_head_norm.weight")));
 }
 
 void gguf_write(const ModelConfig& c, GgufWriter& w, const std::string& a) {
@@ -217,7 +286,10 @@ void gguf_write(const ModelConfig& c, GgufWriter& w, const std::string& a) {
     for (int64_t il = 0; il < c.n_layer && interval == 0; ++il)
         if (!c.recurrent(il)) interval = il + 1;
     w.set_u32(a + "full_attention_interval", static_cast<uint32_t>(interval > 0 ? interval : c.n_layer + 1));
-    w.set_bool_array(a + "attention.recurrent_layers", {c.recurrent_layers.begin(), c.recurrent_layers.end()});
+    std::vector<bool> mask(c.recurrent_layers.begin(), c.recurrent_layers.end());
+    mask.resize(static_cast<size_t>(c.n_layer + c.n_nextn), false);  // the NextN blocks: full attention
+    w.set_bool_array(a + "attention.recurrent_layers", mask);
+    if (c.n_nextn > 0) w.set_u32(a + "nextn_predict_layers", static_cast<uint32_t>(c.n_nextn));
     if (c.moe()) {
         w.set_u32(a + "expert_feed_forward_length", static_cast<uint32_t>(c.n_ff_exp));
         w.set_u32(a + "expert_shared_feed_forward_length", static_cast<uint32_t>(c.n_ff));
@@ -229,8 +301,9 @@ constexpr HfDefaults kMoeHf{.head_dim = 256, .n_ctx = 32768, .partial_rotary = 0
 
 }  // namespace
 
-extern const ArchDef kQwen35{"qwen35", {"qwen3_5_text"}, gguf_config, kHf, hf_config, {}, tensors, build, gguf_write};
-extern const ArchDef kQwen35Moe{"qwen35moe", {"qwen3_5_moe_text"}, gguf_config, kMoeHf, hf_config, {},
-                                tensors,     build,                gguf_write};
+extern const ArchDef kQwen35{"qwen35",  {"qwen3_5_text"}, gguf_config, kHf,       hf_config,
+                             {},        tensors,          build,       gguf_write, build_draft};
+extern const ArchDef kQwen35Moe{"qwen35moe", {"qwen3_5_moe_text"}, gguf_config, kMoeHf,     hf_config,
+                                {},          tensors,              build,       gguf_write, build_draft};
 
 }  // namespace quern::arch

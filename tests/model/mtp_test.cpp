@@ -1,0 +1,101 @@
+// Qwen3.5's multi-token-prediction (NextN) head: its draft program against
+// the reference tools/make_hf_golden.py computes (transformers' decoder
+// layer and RMSNorm with the head's weights, float64) at every position of
+// the 64-token prompt, from the Hugging Face folder and from llama.cpp's GGUF
+// of the same weights.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/program_runner.h"
+#include "formats/gguf.h"
+#include "hf_test_util.h"
+#include "model/hf_model.h"
+#include "runtime/verify.h"
+
+namespace quern {
+namespace {
+
+using hf_test::argmax;
+using hf_test::kDir;
+
+std::unique_ptr<Model> load(const std::string& param) {
+    const bool gguf = param.ends_with("/gguf");
+    const std::string arch = gguf ? param.substr(0, param.size() - 5) : param;
+    return gguf ? Model::from_gguf(std::make_shared<GgufFile>(kDir + arch + "/llamacpp-fp32.gguf"))
+                : load_hf_model(kDir + arch + "/fp32");
+}
+
+class MtpHead : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MtpHead, DraftLogitsMatchTheReferenceAtEveryPosition) {
+    const std::string arch = GetParam().substr(0, GetParam().find('/'));
+    std::ifstream in(kDir + arch + "/golden.json");
+    const nlohmann::json meta = nlohmann::json::parse(in);
+    const auto tokens = meta["tokens"].get<std::vector<int32_t>>();
+    const std::vector<float> ref = hf_test::read_logits(kDir + arch + "/" + meta["mtp"]["logits_file"].get<std::string>());
+    auto model = load(GetParam());
+    ASSERT_EQ(model->config().n_nextn, 1);
+    const Program* draft = model->draft_program();
+    ASSERT_NE(draft, nullptr);
+    const int64_t n = static_cast<int64_t>(tokens.size()), V = model->config().n_vocab, E = model->config().n_embd;
+    ASSERT_EQ(static_cast<int64_t>(ref.size()), (n - 1) * V);
+
+    ThreadPool pool(2);
+    // The trunk's hidden rows (after the output norm) of every position.
+    cpu::ProgramRunner trunk(model->program());
+    KvCache tc = model->make_cache(n);
+    std::vector<float> logits(static_cast<size_t>(V)), hidden(static_cast<size_t>(n * E));
+    trunk.forward(tokens.data(), n, tc, logits.data(), false, pool, nullptr, hidden.data());
+    // The head at positions 0 .. n-2: token p+1 with hidden row p.
+    cpu::ProgramRunner head(*draft);
+    KvCache hc(draft->n_kv_layers, n, draft->kv_dim, 0);
+    std::vector<float> out(static_cast<size_t>((n - 1) * V));
+    head.forward(tokens.data() + 1, n - 1, hc, out.data(), true, pool, hidden.data());
+    double worst = 1.0;
+    for (int64_t p = 0; p < n - 1; ++p) {
+        const float* a = out.data() + p * V;
+        const float* r = ref.data() + p * V;
+        const double cs = cosine_similarity(a, r, V);
+        worst = std::min(worst, cs);
+        EXPECT_GE(cs, 0.9999) << "position " << p;
+        EXPECT_EQ(argmax(a, V), argmax(r, V)) << "position " << p;
+    }
+    std::printf("%s MTP head: %lld positions, worst cosine 1 - %.2e\n", GetParam().c_str(),
+                static_cast<long long>(n - 1), 1.0 - worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, MtpHead,
+                         ::testing::Values("qwen3_5", "qwen3_5_moe", "qwen3_5/gguf", "qwen3_5_moe/gguf"),
+                         [](const auto& info) {
+                             std::string s = info.param;
+                             std::replace(s.begin(), s.end(), '/', '_');
+                             return s;
+                         });
+
+// A config that declares the head with a file saved without it (as
+// transformers' save_pretrained writes one) loads without drafts.
+class MtpHeadAbsent : public hf_test::HfCheckpointCopy {};
+
+TEST_F(MtpHeadAbsent, ADeclaredButMissingHeadIsNoHead) {
+    const auto d = copy("qwen3_5", "fp32");
+    hf_test::StFile st = hf_test::read_st(d / "model.safetensors");
+    nlohmann::ordered_json h;
+    int moved = 0;  // out of the way under a name the loader ignores (the bytes stay covered)
+    for (auto& [name, info] : st.header.items()) {
+        const bool mtp = name.starts_with("mtp.");
+        h[mtp ? "model.visual." + name : name] = info;
+        moved += mtp;
+    }
+    ASSERT_GT(moved, 0);
+    st.header = h;
+    hf_test::write_st(d / "model.safetensors", st);
+    auto model = load_hf_model(d.string());
+    EXPECT_EQ(model->config().n_nextn, 0);
+    EXPECT_EQ(model->draft_program(), nullptr);
+    EXPECT_NE(load_hf_model(kDir + "qwen3_5/fp32")->draft_program(), nullptr);
+}
+
+}  // namespace
+}  // namespace quern

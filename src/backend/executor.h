@@ -34,6 +34,12 @@ public:
     virtual void copy_state_slot(int32_t from, int32_t to) {
         fail("this backend keeps no recurrent-state slots ({} -> {})", from, to);
     }
+    /// Keeps a copy of the lone sequence's recurrent state (the one a
+    /// Session's passes carry, not the slots) / puts that copy back: a
+    /// speculative step rolls the state back past rejected draft tokens.
+    /// quern::Error where the backend keeps no such state.
+    virtual void save_lone_state() { fail("this backend keeps no recurrent state to save"); }
+    virtual void restore_lone_state() { fail("this backend keeps no recurrent state to restore"); }
     /// One forward pass over that storage: the sequences' new tokens, their
     /// keys and values written into their blocks, logits (host floats) or
     /// the next token for the sequences that ask. quern::Error (before

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/decoder.h"
 #include "model/fp8_weights.h"
 #include "core/error.h"
 #include "runtime/sampler.h"
@@ -32,6 +33,7 @@ struct RunOptions {
     SamplingParams sp;
     SamplingGiven sp_given;  ///< sampling flags given on the command line
     int64_t seed = -1;
+    SpecOptions spec;
 };
 
 int run(const RunOptions& o) {
@@ -83,19 +85,16 @@ int run(const RunOptions& o) {
         session->clear();
     }
     std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
-    // Pure greedy decoding takes the device's argmax; other settings go through
-    // Session::eval_sample (the same chain on the device where supported).
-    const bool greedy = sp.temperature <= 0 && sp.repeat_penalty == 1.0f && sp.presence_penalty == 0.0f &&
-                        sp.frequency_penalty == 0.0f;
+    Decoder decoder(*session, *m.model, o.spec, pool, sp.seed);
 
     const double t0 = now_seconds();
-    session->eval(ids.data(), static_cast<int64_t>(ids.size()), logits.data());
+    decoder.eval(ids.data(), static_cast<int64_t>(ids.size()), logits.data());
     const double t1 = now_seconds();
 
     Detokenizer detok(*m.tokenizer, false);
     const int64_t limit = o.n_predict < 0 ? INT64_MAX : o.n_predict;
     int64_t generated = 0;
-    int32_t next = -1;  // the token eval_greedy / eval_sample picked
+    int32_t next = -1;  // the token the decoder picked
     for (; generated < limit; ++generated) {
         const int32_t tok = next >= 0 ? next : sampler.sample(logits.data());
         if (!o.ignore_eos && m.tokenizer->is_eog(tok)) break;
@@ -105,15 +104,12 @@ int run(const RunOptions& o) {
             std::fwrite(text.data(), 1, text.size(), stdout);
             std::fflush(stdout);
         }
-        if (session->size() >= session->n_ctx()) {
+        if (decoder.context_full()) {
             std::fprintf(stderr, "quern: context full (%lld tokens)\n", static_cast<long long>(session->n_ctx()));
             ++generated;
             break;
         }
-        if (generated + 1 < limit) {
-            // Both sample on the GPU when there is one: only the id comes back.
-            next = greedy ? session->eval_greedy(tok) : session->eval_sample(tok, sampler);
-        }
+        if (generated + 1 < limit) next = decoder.next(tok, sampler);
     }
     const std::string rest = detok.flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -127,6 +123,7 @@ int run(const RunOptions& o) {
     std::fprintf(stderr, "quern: %s: prompt %zu tokens in %.3f s (%.1f tok/s); generated %lld tokens in %.3f s (%.1f tok/s)\n",
                  session->backend_name().c_str(), ids.size(), t1 - t0, pp, static_cast<long long>(generated), t2 - t1,
                  decode_steps > 0 ? decode_steps / (t2 - t1) : 0.0);
+    if (const std::string s = decoder.summary(); !s.empty()) std::fprintf(stderr, "quern: speculative decoding %s\n", s.c_str());
     return 0;
 }
 
@@ -173,6 +170,7 @@ void add_run_command(CLI::App& app) {
     cmd->add_flag("--no-special", o->no_special, "Treat special-token text in the prompt as plain text");
     cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
     add_sampling_options(cmd, o->sp, o->seed);
+    add_spec_options(cmd, o->spec);
     cmd->footer(
         "Examples:\n"
         "  quern run -p \"The capital of France is\" -n 32 --temp 0\n"
@@ -182,6 +180,7 @@ void add_run_command(CLI::App& app) {
         "  quern run -m ~/models/Qwen2.5-0.5B-Instruct -p \"Hello\" -n 32   # a Hugging Face folder\n"
         "  quern run -m ~/models/Qwen3-8B-FP8 -p \"Hello\" -n 32      # FP8 / NVFP4 checkpoints (weight-only)\n"
         "  quern run --device cuda --verify -p \"Hello\" -n 16 --temp 0\n"
+        "  quern run -m ~/models/Qwen3.5-2B -p \"Hello\" --spec mtp --spec-draft 3   # drafts by its MTP head\n"
         "A Hugging Face folder's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty;\n"
         "do_sample false: greedy) replaces the defaults shown here; a flag given on the command line wins over it.");
     cmd->callback([o, cmd] {

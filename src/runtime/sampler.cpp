@@ -29,14 +29,15 @@ void Sampler::accept(int32_t token) {
     while (history_.size() > cap) history_.pop_front();
 }
 
-int32_t Sampler::sample(const float* logits) {
+int64_t Sampler::candidates(const float* logits, int32_t& pick) {
     const bool penalize = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
     if (p_.temperature <= 0.0f && !(penalize && !history_.empty())) {
         // Greedy without penalties: the first maximum, as below, without the copy.
         int64_t best = 0;
         for (int64_t i = 1; i < n_vocab_; ++i)
             if (logits[best] < logits[i]) best = i;
-        return static_cast<int32_t>(best);
+        pick = static_cast<int32_t>(best);
+        return 0;
     }
     work_.assign(logits, logits + n_vocab_);
     // Penalties over the recent history.
@@ -52,31 +53,19 @@ int32_t Sampler::sample(const float* logits) {
         }
     }
     if (p_.temperature <= 0.0f) {
-        return static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+        pick = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+        return 0;
     }
     cand_.resize(static_cast<size_t>(n_vocab_));
     for (int64_t i = 0; i < n_vocab_; ++i) cand_[static_cast<size_t>(i)] = {static_cast<int32_t>(i), work_[static_cast<size_t>(i)]};
-    auto by_logit = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
-    size_t n = cand_.size();
-    // The chain walks the candidates from the most likely down, but rarely
-    // far: the list is sorted on demand, a prefix at a time (doubling, so at
-    // most ~log2(n) partial sorts), rather than all n_vocab up front.
-    // cand_[0 .. sorted) is sorted and precedes everything after it.
-    size_t sorted = 0;
-    const auto sort_to = [&](size_t k) {
-        k = std::min(k, n);
-        if (k <= sorted) return;
-        const size_t want = std::min(n, std::max({k, 2 * sorted, size_t{256}}));
-        std::partial_sort(cand_.begin() + static_cast<std::ptrdiff_t>(sorted),
-                          cand_.begin() + static_cast<std::ptrdiff_t>(want),
-                          cand_.begin() + static_cast<std::ptrdiff_t>(n), by_logit);
-        sorted = want;
-    };
+    size_t& n = n_cand_;
+    n = cand_.size();
+    sorted_ = 0;
     // top-k
     if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
         sort_to(static_cast<size_t>(p_.top_k));
         n = static_cast<size_t>(p_.top_k);
-        sorted = std::min(sorted, n);
+        sorted_ = std::min(sorted_, n);
     }
     sort_to(1);
     // probabilities at temperature 1 for top-p / min-p
@@ -105,6 +94,32 @@ int32_t Sampler::sample(const float* logits) {
         }
         n = keep;
     }
+    return static_cast<int64_t>(n);
+}
+
+void Sampler::sort_to(size_t k) {
+    // The chain walks the candidates from the most likely down, but rarely
+    // far: the list is sorted on demand, a prefix at a time (doubling, so at
+    // most ~log2(n) partial sorts), rather than all n_vocab up front.
+    // cand_[0 .. sorted_) is sorted and precedes everything after it.
+    const auto by_logit = [](const Cand& a, const Cand& b) {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    };
+    const size_t n = n_cand_;
+    k = std::min(k, n);
+    if (k <= sorted_) return;
+    const size_t want = std::min(n, std::max({k, 2 * sorted_, size_t{256}}));
+    std::partial_sort(cand_.begin() + static_cast<std::ptrdiff_t>(sorted_),
+                      cand_.begin() + static_cast<std::ptrdiff_t>(want),
+                      cand_.begin() + static_cast<std::ptrdiff_t>(n), by_logit);
+    sorted_ = want;
+}
+
+int32_t Sampler::sample(const float* logits) {
+    int32_t pick = -1;
+    const auto n = static_cast<size_t>(candidates(logits, pick));
+    if (n == 0) return pick;
+    const float mx = cand_[0].logit;
     // temperature, softmax, draw
     const auto pt = [&](size_t i) { return std::exp((cand_[i].logit - mx) / p_.temperature); };
     double total = 0.0;
@@ -123,6 +138,22 @@ int32_t Sampler::sample(const float* logits) {
     // unsorted tail in another order): the least likely candidate that can
     // be drawn.
     return cand_[last].id;
+}
+
+void Sampler::distribution(const float* logits, std::vector<float>& probs) {
+    probs.assign(static_cast<size_t>(n_vocab_), 0.0f);
+    int32_t pick = -1;
+    const auto n = static_cast<size_t>(candidates(logits, pick));
+    if (n == 0) {
+        probs[static_cast<size_t>(pick)] = 1.0f;
+        return;
+    }
+    const float mx = cand_[0].logit;
+    double total = 0.0;
+    for (size_t i = 0; i < n; ++i) total += std::exp((cand_[i].logit - mx) / p_.temperature);
+    for (size_t i = 0; i < n; ++i)
+        probs[static_cast<size_t>(cand_[i].id)] =
+            static_cast<float>(std::exp((cand_[i].logit - mx) / p_.temperature) / total);
 }
 
 }  // namespace quern

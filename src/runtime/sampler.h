@@ -31,6 +31,11 @@ public:
 
     /// Picks the next token from n_vocab logits (not modified).
     int32_t sample(const float* logits);
+    /// The distribution sample() draws from for these logits: n_vocab
+    /// probabilities after the chain (zero outside the kept candidates;
+    /// greedy: one-hot on its pick). Draws nothing. Speculative decoding's
+    /// rejection sampling compares the target's and the draft's.
+    void distribution(const float* logits, std::vector<float>& probs);
     /// The uniform draw in [0, 1) the next sample() would make, consumed now:
     /// for a backend that runs the same chain itself (cuda::sample_token).
     double draw();
@@ -46,7 +51,13 @@ private:
         int32_t id;
         float logit;
     };
+    /// Penalties and truncations: 0 and the pick when greedy, else the
+    /// number of candidates kept in cand_[0, n) (sorted on demand: sort_to).
+    int64_t candidates(const float* logits, int32_t& pick);
+    /// Sorts cand_ up to k (of the n_cand_ kept) by logit, ties by id.
+    void sort_to(size_t k);
     SamplingParams p_;
+    size_t n_cand_ = 0, sorted_ = 0;
     int64_t n_vocab_;
     std::mt19937_64 rng_;
     std::deque<int32_t> history_;

@@ -23,6 +23,7 @@ Session::Session(const ModelConfig& cfg, std::unique_ptr<Executor> executor, int
 }
 
 void Session::truncate(int64_t n) {
+    saved_n_past_ = -1;
     n = std::clamp<int64_t>(n, 0, n_past_);
     if (n == n_past_) return;
     if (!cfg_.has_recurrent_state()) {
@@ -46,10 +47,10 @@ void Session::check_tokens(const int32_t* tokens, int64_t n) const {
 }
 
 void Session::run(const int32_t* tokens, int64_t n, float* logits, int32_t* next, const SamplingSpec* sampling,
-                  const TraceFn* trace) {
+                  const TraceFn* trace, SeqBatch rows) {
     check_tokens(tokens, n);
     if (n == 0) return;
-    SeqBatch q;
+    SeqBatch q = rows;
     q.tokens = tokens;
     q.n = n;
     q.block_table = table_.data();
@@ -72,6 +73,29 @@ void Session::run(const int32_t* tokens, int64_t n, float* logits, int32_t* next
 }
 
 void Session::eval(const int32_t* tokens, int64_t n, float* logits) { run(tokens, n, logits, nullptr, nullptr, nullptr); }
+
+void Session::eval_rows(const int32_t* tokens, int64_t n, float* logits, bool all_logits, float* hidden,
+                        const float* hidden_in) {
+    SeqBatch rows;
+    rows.all_logits = all_logits && logits;
+    rows.hidden = hidden;
+    rows.hidden_in = hidden_in;
+    run(tokens, n, logits, nullptr, nullptr, nullptr, rows);
+}
+
+void Session::save_point() {
+    saved_n_past_ = n_past_;
+    if (cfg_.has_recurrent_state()) x_->save_lone_state();
+}
+
+void Session::back_to_save_point() {
+    if (saved_n_past_ < 0 || saved_n_past_ > n_past_) fail("no save point to go back to");
+    if (cfg_.has_recurrent_state()) {
+        x_->restore_lone_state();
+        history_.resize(static_cast<size_t>(saved_n_past_));
+    }
+    n_past_ = saved_n_past_;
+}
 
 int32_t Session::eval_greedy(int32_t token) {
     int32_t next = -1;

@@ -61,6 +61,23 @@ public:
     /// output); else the host samples the logits.
     int32_t eval_sample(int32_t token, Sampler& sampler);
 
+    /// Evaluates n tokens as eval() does, with what a speculative step needs:
+    /// `logits` (when not null) receives n_vocab floats for every one of the
+    /// n tokens when all_logits, else for the last; `hidden` (when not null)
+    /// the program's hidden rows (Program::hidden, n_embd floats each) of
+    /// every token; `hidden_in` gives the rows of a program that reads some
+    /// (a NextN draft head: n rows of n_embd). quern::Error where the backend
+    /// hands out no such rows (the GPU).
+    void eval_rows(const int32_t* tokens, int64_t n, float* logits, bool all_logits, float* hidden,
+                   const float* hidden_in = nullptr);
+
+    /// Remembers the sequence as it is (its length, and a model with
+    /// recurrent state its state) so that back_to_save_point() can return to
+    /// it after tokens that turned out not to belong (rejected drafts):
+    /// attention forgets positions for free, the recurrent state is copied.
+    void save_point();
+    void back_to_save_point();
+
     /// As eval(), calling `trace` with the intermediate tensors of the last
     /// token (see TraceFn in backend/program.h). Slow; for verification only.
     void eval_traced(const int32_t* tokens, int64_t n, float* logits, const TraceFn& trace);
@@ -76,7 +93,7 @@ private:
     void check_tokens(const int32_t* tokens, int64_t n) const;
     /// One pass of n tokens at size(); then size() += n.
     void run(const int32_t* tokens, int64_t n, float* logits, int32_t* next, const SamplingSpec* sampling,
-             const TraceFn* trace);
+             const TraceFn* trace, SeqBatch rows = {});
 
     ModelConfig cfg_;
     std::unique_ptr<Executor> x_;
@@ -84,6 +101,7 @@ private:
     std::vector<int32_t> table_;  // 0, 1, 2, ...: the whole storage, in order
     std::vector<float> logits_;   // eval_sample's host logits, kept between tokens
     std::vector<int32_t> history_;  // the sequence's tokens (recurrent models: truncate replays them)
+    int64_t saved_n_past_ = -1;     // save_point()'s length (-1: none)
 };
 
 /// A session on the CPU backend (cpu::make_executor with the model's

@@ -12,6 +12,8 @@
 #include "formats/gguf.h"
 #include "hf_test_util.h"
 #include "model/hf_model.h"
+#include "runtime/session.h"
+#include "runtime/speculative.h"
 #include "runtime/verify.h"
 
 namespace quern {
@@ -64,6 +66,77 @@ TEST_P(MtpHead, DraftLogitsMatchTheReferenceAtEveryPosition) {
     }
     std::printf("%s MTP head: %lld positions, worst cosine 1 - %.2e\n", GetParam().c_str(),
                 static_cast<long long>(n - 1), 1.0 - worst);
+}
+
+/// Greedy continuation of `prompt` by n tokens, without drafts.
+std::vector<int32_t> plain_greedy(Model& m, const std::vector<int32_t>& prompt, int n, ThreadPool& pool) {
+    auto s = make_cpu_session(m, 128, pool);
+    std::vector<float> l(static_cast<size_t>(m.config().n_vocab));
+    s->eval(prompt.data(), static_cast<int64_t>(prompt.size()), l.data());
+    std::vector<int32_t> out{static_cast<int32_t>(argmax(l.data(), static_cast<int64_t>(l.size())))};
+    while (static_cast<int>(out.size()) < n) out.push_back(s->eval_greedy(out.back()));
+    return out;
+}
+
+/// The same with the NextN head drafting k per round.
+std::vector<int32_t> spec_greedy(Model& m, const std::vector<int32_t>& prompt, int n, int k, ThreadPool& pool,
+                                 SpecStats* stats = nullptr, int64_t n_ctx = 128) {
+    auto s = make_cpu_session(m, n_ctx, pool);
+    Speculator sp(*s, make_mtp_drafter(make_cpu_draft_session(m, n_ctx, pool)), k, 1);
+    SamplingParams p;
+    p.temperature = 0;
+    Sampler sampler(p, m.config().n_vocab);
+    std::vector<float> l(static_cast<size_t>(m.config().n_vocab));
+    sp.eval(prompt.data(), static_cast<int64_t>(prompt.size()), l.data());
+    std::vector<int32_t> out{sampler.sample(l.data())};
+    sampler.accept(out.back());
+    while (static_cast<int>(out.size()) < n) {
+        std::vector<int32_t> got;
+        sp.step(out.back(), sampler, got);
+        EXPECT_GE(got.size(), 1u);
+        EXPECT_LE(got.size(), static_cast<size_t>(k + 1));
+        for (int32_t t : got) {
+            sampler.accept(t);
+            out.push_back(t);
+        }
+    }
+    out.resize(static_cast<size_t>(n));
+    if (stats) *stats = sp.stats();
+    return out;
+}
+
+// Greedy output is the model's own whatever the drafts: every k, the dense
+// and the MoE model, from either file.
+TEST_P(MtpHead, GreedySpeculativeDecodingGivesTheSameTokens) {
+    auto model = load(GetParam());
+    ThreadPool pool(2);
+    const std::vector<int32_t> prompt{3, 141, 59, 26, 5, 35, 89, 79, 32, 38, 46, 26};
+    const auto want = plain_greedy(*model, prompt, 40, pool);
+    for (int k : {1, 2, 4}) {
+        SpecStats st;
+        EXPECT_EQ(spec_greedy(*model, prompt, 40, k, pool, &st), want) << "k = " << k;
+        EXPECT_GT(st.rounds, 0);
+        EXPECT_EQ(st.drafted, st.rounds * k);  // room for every round's drafts in 128 positions
+        std::printf("%s k=%d: %lld of %lld drafts kept (%.0f%%), %.2f tokens per pass\n", GetParam().c_str(), k,
+                    static_cast<long long>(st.accepted), static_cast<long long>(st.drafted), 100 * st.acceptance(),
+                    static_cast<double>(st.emitted) / static_cast<double>(st.rounds));
+    }
+}
+
+// The head drafting the model's own greedy continuation is always right:
+// a sequence the model generated, replayed as the prompt's continuation,
+// keeps every draft when the head happens to agree and none when it does
+// not — both paths run in the test above; here the end of the context
+// bounds the drafts and the output still matches.
+TEST_P(MtpHead, DraftsShrinkAtTheEndOfTheContext) {
+    auto model = load(GetParam());
+    ThreadPool pool(2);
+    const std::vector<int32_t> prompt{7, 8, 9, 10, 11};
+    const auto want = plain_greedy(*model, prompt, 27, pool);
+    SpecStats st;
+    // 5 + 27 - 1 = 31 positions filled at the end of a 32-position context.
+    EXPECT_EQ(spec_greedy(*model, prompt, 27, 4, pool, &st, 32), want);
+    EXPECT_LT(st.drafted, st.rounds * 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, MtpHead,

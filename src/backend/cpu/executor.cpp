@@ -53,6 +53,12 @@ public:
         if (from != to) std::copy_n(slots_.data() + from * f, f, slots_.data() + to * f);
     }
 
+    void save_lone_state() override { saved_state_ = state_; }
+    void restore_lone_state() override {
+        if (saved_state_.size() != state_.size()) fail("no saved recurrent state to restore");
+        state_ = saved_state_;
+    }
+
     void forward(const ForwardBatch& fb) override {
         if (!store_.k) fail("forward: no KV storage (make_kv_storage first)");
         const int64_t bs = store_.block_size;
@@ -119,7 +125,7 @@ private:
     const Program& p_;
     ThreadPool& pool_;
     ProgramRunner runner_;
-    std::vector<float> k_, v_, state_;
+    std::vector<float> k_, v_, state_, saved_state_;
     std::vector<float> slots_;  // batched passes' recurrent state (make_state_slots)
     int64_t n_slots_ = 0;
     PagedKvStore store_;

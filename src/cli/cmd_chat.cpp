@@ -17,6 +17,7 @@
 #include "chat/chat.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/decoder.h"
 #include "core/error.h"
 #include "runtime/sampler.h"
 #include "tokenizer/detokenizer.h"
@@ -38,6 +39,7 @@ struct ChatCmdOptions {
     SamplingParams sp;
     SamplingGiven sp_given;  ///< sampling flags given on the command line
     int64_t seed = -1;
+    SpecOptions spec;
     bool verbose = false;
 };
 
@@ -89,6 +91,7 @@ int run_chat(const ChatCmdOptions& o) {
     std::vector<int32_t> cached;  // the tokens whose keys/values are in the session's cache
     std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
     const uint64_t seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
+    Decoder decoder(*session, *m.model, o.spec, pool, seed);
     if (o.seed < 0 && base_sp.temperature > 0 && o.verbose) std::fprintf(stderr, "quern: seed %llu\n", static_cast<unsigned long long>(seed));
 
     // A chat in which no message got a reply (the template failed on each,
@@ -105,7 +108,7 @@ int run_chat(const ChatCmdOptions& o) {
         if (text == "/exit" || text == "/quit") break;
         if (text == "/clear") {
             messages = base;
-            session->clear();
+            decoder.truncate(0);
             cached.clear();
             out("(conversation cleared)\n");
             continue;
@@ -134,10 +137,10 @@ int run_chat(const ChatCmdOptions& o) {
         size_t common = 0;
         while (common < cached.size() && common < ids.size() && cached[common] == ids[common]) ++common;
         if (common == ids.size()) --common;
-        session->truncate(static_cast<int64_t>(common));
+        decoder.truncate(static_cast<int64_t>(common));
         cached.assign(ids.begin(), ids.end());
         const double t0 = now_seconds();
-        session->eval(ids.data() + common, static_cast<int64_t>(ids.size() - common), logits.data());
+        decoder.eval(ids.data() + common, static_cast<int64_t>(ids.size() - common), logits.data());
         const double t1 = now_seconds();
 
         SamplingParams sp = base_sp;
@@ -146,19 +149,19 @@ int run_chat(const ChatCmdOptions& o) {
         for (int32_t t : ids) sampler.accept(t);
         Detokenizer detok(*m.tokenizer, false);
         std::vector<int32_t> reply;
-        int32_t next = -1;  // picked by eval_sample (on the device where it can)
+        int32_t next = -1;  // picked by the decoder (on the device where it can)
         for (int i = 0; i < o.n_predict; ++i) {
             const int32_t tok = next >= 0 ? next : sampler.sample(logits.data());
             if (m.tokenizer->is_eog(tok)) break;
             sampler.accept(tok);
             reply.push_back(tok);
             out(detok.push(tok));
-            if (session->size() >= session->n_ctx()) {
+            if (decoder.context_full()) {
                 std::fprintf(stderr, "\nquern: context full (%lld tokens); /clear to start over\n", static_cast<long long>(session->n_ctx()));
                 break;
             }
             if (i + 1 < o.n_predict) {
-                next = session->eval_sample(tok, sampler);
+                next = decoder.next(tok, sampler);
                 cached.push_back(tok);
             }
         }
@@ -167,6 +170,8 @@ int run_chat(const ChatCmdOptions& o) {
         if (o.verbose)
             std::fprintf(stderr, "quern: prompt %zu tokens (%zu new) in %.2f s; reply %zu tokens in %.2f s\n", ids.size(),
                          ids.size() - common, t1 - t0, reply.size(), t2 - t1);
+        if (o.verbose && !decoder.summary().empty())
+            std::fprintf(stderr, "quern: speculative decoding %s\n", decoder.summary().c_str());
         messages.push_back({{"role", "assistant"}, {"content", trim(m.tokenizer->decode(reply, false))}});
     }
     if (tty) out("\n");
@@ -202,6 +207,7 @@ void add_chat_command(CLI::App& app) {
     add_threads_option(cmd, o->threads);
     cmd->add_flag("-v,--verbose", o->verbose, "Print timings of each turn to stderr");
     add_sampling_options(cmd, o->sp, o->seed);
+    add_spec_options(cmd, o->spec);
     cmd->footer(
         "Examples:\n"
         "  quern chat\n"

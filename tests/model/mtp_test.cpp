@@ -21,6 +21,7 @@ namespace {
 
 using hf_test::argmax;
 using hf_test::kDir;
+namespace fs = std::filesystem;
 
 std::unique_ptr<Model> load(const std::string& param) {
     const bool gguf = param.ends_with("/gguf");
@@ -168,6 +169,37 @@ TEST_F(MtpHeadAbsent, ADeclaredButMissingHeadIsNoHead) {
     EXPECT_EQ(model->config().n_nextn, 0);
     EXPECT_EQ(model->draft_program(), nullptr);
     EXPECT_NE(load_hf_model(kDir + "qwen3_5/fp32")->draft_program(), nullptr);
+}
+
+// quern run --spec mtp: the same greedy text; a model without a head is
+// refused with what to do.
+TEST_F(MtpHeadAbsent, QuernRunSpecMtpGivesTheSameText) {
+    const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
+    if (!fs::exists(quern)) GTEST_SKIP() << quern << " is not built";
+    const auto d = copy("qwen3_5", "fp32");
+    std::ofstream(d / "tokenizer.json") << hf_test::byte_tokenizer_json();
+    const fs::path out = dir_ / "out.txt", err = dir_ / "err.txt";
+    auto run = [&](const std::string& model, const std::string& flags, int want_rc) {
+        const std::string cmd = "'" + quern + "' run -m '" + model + "' -p 'hello there' -n 24 --temp 0 --ignore-eos -t 2 " +
+                                flags + " >'" + out.string() + "' 2>'" + err.string() + "'";
+        const int rc = std::system(cmd.c_str());
+        std::ifstream e(err);
+        const std::string text((std::istreambuf_iterator<char>(e)), {});
+        EXPECT_EQ(rc != 0, want_rc != 0) << cmd << "\n" << text;
+        std::ifstream o(out);
+        return std::pair{std::string((std::istreambuf_iterator<char>(o)), {}), text};
+    };
+    const auto plain = run(d.string(), "", 0);
+    ASSERT_FALSE(plain.first.empty());
+    for (const char* k : {"--spec-draft 1", "--spec-draft 3"}) {
+        const auto spec = run(d.string(), std::string("--spec mtp ") + k, 0);
+        EXPECT_EQ(spec.first, plain.first) << k;
+        EXPECT_NE(spec.second.find("speculative decoding mtp"), std::string::npos) << spec.second;
+    }
+    const auto headless = copy("qwen3_5", "bf16", "headless");  // saved without the head
+    std::ofstream(headless / "tokenizer.json") << hf_test::byte_tokenizer_json();
+    const auto none = run(headless.string(), "--spec mtp", 1);
+    EXPECT_NE(none.second.find("no multi-token-prediction head"), std::string::npos) << none.second;
 }
 
 }  // namespace

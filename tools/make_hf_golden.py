@@ -58,6 +58,12 @@ write:
   OUT/qwen3_5/fp8_block   the same two for Qwen3.5, its DeltaNet in_proj_qkv,
   OUT/qwen3_5/nvfp4       in_proj_z and out_proj quantized too
 
+Qwen3.5 (dense and MoE): the fp32 checkpoint also carries a
+multi-token-prediction head (mtp.*, config mtp_num_hidden_layers 1) drawn at
+random and then distilled from the trunk for a few hundred steps, so that its
+drafts are sometimes right; OUT/NAME/fp32.mtp.logits holds its reference
+logits (golden.json "mtp"), see add_mtp_head.
+
 GPU shapes (--gpu-shapes, default OUT tests/data/hf_gpu): the same
 architectures (LongRoPE excepted) with every head of 32 elements and every
 width a multiple of 32 (and of 64 where NVFP4 blocks meet it), the sizes the
@@ -252,10 +258,12 @@ def greedy_continuation(path, cls, ids, n):
 # Architectures whose fp32 checkpoint also carries a multi-token-prediction
 # head (mtp.*, config mtp_num_hidden_layers 1), as Qwen's releases do.
 MTP = {"qwen3_5", "qwen3_5_moe"}
+MTP_TRAIN_STEPS = 300
 
 
 def add_mtp_head(root, d, cls, ids, seed):
-    """Adds a random MTP head to the fp32 checkpoint in d and writes its
+    """Adds an MTP head (random, then distilled from the trunk) to the fp32
+    checkpoint in d and writes its
     reference logits: at position p (0 .. n-2) the head reads token ids[p+1]
     and the trunk's last hidden state h_p (after the final norm) and predicts
     ids[p+2]: x = fc([norm_e(embed(ids[p+1])) | norm_h(h_p)]), one
@@ -281,17 +289,37 @@ def add_mtp_head(root, d, cls, ids, seed):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-        x_ids = torch.tensor([ids])
-        h = model.model(x_ids).last_hidden_state[:, :-1]
-        e = model.model.embed_tokens(x_ids[:, 1:])
+
+    def head_logits(x_ids):
+        """The head's logits at positions 0 .. n-2 of each row of x_ids."""
+        h = model.model(x_ids).last_hidden_state[:, :-1].detach()
+        e = model.model.embed_tokens(x_ids[:, 1:]).detach()
         x = parts["fc"](torch.cat([parts["pre_fc_norm_embedding"](e), parts["pre_fc_norm_hidden"](h)], dim=-1))
-        n = x.shape[1]
-        pos = torch.arange(n)[None, None, :].expand(3, 1, n)
+        b, n = x.shape[0], x.shape[1]
+        pos = torch.arange(n)[None, None, :].expand(3, b, n)
         mask = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)[None, None]
         x = head.model.layers[full](x, position_embeddings=head.model.rotary_emb(x, pos), attention_mask=mask,
-                                    position_ids=torch.arange(n)[None])
+                                    position_ids=torch.arange(n)[None].expand(b, n))
         x = x[0] if isinstance(x, tuple) else x
-        logits = model.lm_head(parts["norm"](x))[0].float().numpy()
+        return model.lm_head(parts["norm"](x))
+
+    # Distil the head from the trunk (as MTP heads are trained to predict the
+    # token after next): on random token rows, its logits at p towards the
+    # trunk's at p + 1, so that its drafts are sometimes right and the
+    # speculative tests see drafts kept as well as rejected.
+    params = list(head.model.layers[full].parameters()) + [m.weight for m in parts.values()]
+    opt = torch.optim.Adam(params, lr=3e-3)
+    for _ in range(MTP_TRAIN_STEPS):
+        rows = torch.randint(0, model.config.vocab_size, (16, 48), generator=g)
+        with torch.no_grad():
+            want = torch.softmax(model(rows).logits[:, 1:], dim=-1)
+        loss = -(want * torch.log_softmax(head_logits(rows), dim=-1)).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        logits = head_logits(torch.tensor([ids]))[0].float().numpy()
+    n = len(ids) - 1
     with tempfile.TemporaryDirectory() as tmp:
         head.float().save_pretrained(tmp, safe_serialization=True)
         saved = load_file(os.path.join(tmp, "model.safetensors"))

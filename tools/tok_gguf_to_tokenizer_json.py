@@ -37,6 +37,8 @@ LLAMA3 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| 
           r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 QWEN2 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
          r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN35 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
+          r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 DS_LETTER_RANGES = [
     (0x41, 0x5A), (0x61, 0x7A), (0xB5, 0xB5), (0xC0, 0xD6), (0xD8, 0xF6), (0xF8, 0x1BA), (0x1BC, 0x1BF),
     (0x1C4, 0x293), (0x295, 0x2AF), (0x370, 0x373), (0x376, 0x376), (0x377, 0x377), (0x37B, 0x37D),
@@ -84,6 +86,7 @@ FAMILIES = {
     "starcoder": ["starcoder", "refact", "smollm", "command-r", "codeshell", "exaone", "minerva-7b"],
     "llama3": ["llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"],
     "qwen2": ["qwen2", "stablelm2", "hunyuan", "megrez", "deepseek-r1-qwen"],
+    "qwen35": ["qwen35"],
     "deepseek-llm": ["deepseek-llm"],
     "deepseek-coder": ["deepseek-coder"],
     "deepseek-v3": ["deepseek-v3"],
@@ -104,6 +107,7 @@ def pre_tokenizer_steps(family):
         "starcoder": [_digits(True), _byte_level(True)],
         "llama3": [_split(LLAMA3), _byte_level(False)],
         "qwen2": [_split(QWEN2), _byte_level(False)],
+        "qwen35": [_split(QWEN35), _byte_level(False)],
         "deepseek-llm": [_split(r"[\r\n]"), _split(r"\s?[" + _cls(DS_LETTER_RANGES) + "]+"),
                          _split(r"\s?[" + _cls(DS_PUNCT_RANGES) + "]+"), _split(r"\s+$"), _split(DS_CJK),
                          _digits(True), _byte_level(False)],
@@ -198,7 +202,7 @@ def convert(path, pre=None):
         for i, t in enumerate(tokens):
             vocab.setdefault(t, i)
         merges = fields.get("tokenizer.ggml.merges")
-        normalizer = {"type": "NFC"} if family == "qwen2" or (arch == "gptneox" and family == "gpt2") else None
+        normalizer = {"type": "NFC"} if family in ("qwen2", "qwen35") or (arch == "gptneox" and family == "gpt2") else None
         j = {
             "version": "1.0", "truncation": None, "padding": None,
             "added_tokens": _added(tokens, types),

@@ -200,7 +200,7 @@ Result gpt2(std::string_view s, size_t pos, size_t& b, size_t& e) {
     return whitespace_tail(c, pos, e);
 }
 
-// ---------------------------------------------------------------- Llama 3 / Qwen2
+// ---------------------------------------------------------------- Llama 3 / Qwen2 / Qwen3.5
 // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,MaxDigits}|
 //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 char ascii_lower(uint8_t b) { return static_cast<char>(b >= 'A' && b <= 'Z' ? b + 32 : b); }
@@ -228,7 +228,7 @@ Result contraction_ci(const Cursor& c, size_t pos, size_t& e) {
     return Result::NoMatch;
 }
 
-template <int MaxDigits>
+template <int MaxDigits, bool Marks = false>
 Result llama3(std::string_view s, size_t pos, size_t& b, size_t& e) {
     const Cursor c(s);
     if (pos >= c.n) return Result::NoMatch;
@@ -241,14 +241,19 @@ Result llama3(std::string_view s, size_t pos, size_t& b, size_t& e) {
         const Result r = contraction_ci(c, pos, e);
         if (r != Result::NoMatch) return r;
     }
-    auto letters = [](unsigned x, uint32_t) { return is(x, kLetter); };
+    // Marks: the Qwen3.5 form, [\p{L}\p{M}] for \p{L} and [^\s\p{L}\p{M}\p{N}]
+    // for [^\s\p{L}\p{N}]. A mark at pos then starts the letter run either
+    // way the optional prefix is taken.
+    constexpr unsigned kWord = Marks ? (kLetter | kMark) : kLetter;
+    auto letters = [](unsigned x, uint32_t) { return is(x, kWord); };
+    auto punct = [](unsigned x, uint32_t) { return !(x & (kWord | kNumber | kSpace)); };
     // [^\r\n\p{L}\p{N}]?\p{L}+
-    if (c0 & kLetter) return done(c.run(pos, letters), e);
+    if (c0 & kWord) return done(c.run(pos, letters), e);
     if (ch != '\r' && ch != '\n' && !(c0 & kNumber) && pos + len0 < c.n) {
         size_t len1;
         const unsigned c1 = c.at(pos + len0, len1);
         if (c1 & kUnknown) return Result::Unknown;
-        if (c1 & kLetter) return done(c.run(pos + len0, letters), e);
+        if (c1 & kWord) return done(c.run(pos + len0, letters), e);
     }
     // \p{N}{1,MaxDigits}
     if (c0 & kNumber) {
@@ -269,13 +274,13 @@ Result llama3(std::string_view s, size_t pos, size_t& b, size_t& e) {
             size_t len1;
             const unsigned c1 = c.at(pos + 1, len1);
             if (c1 & kUnknown) return Result::Unknown;
-            if (other(c1)) start = pos + 1;
+            if (punct(c1, 0)) start = pos + 1;
         }
-    } else if (other(c0)) {
+    } else if (punct(c0, 0)) {
         start = pos;
     }
     if (start != kBail) {
-        const size_t end = c.run(start, [](unsigned x, uint32_t) { return other(x); });
+        const size_t end = c.run(start, punct);
         if (end == kBail) return Result::Unknown;
         return done(skip_crlf(c, end), e);
     }
@@ -535,6 +540,7 @@ const Matcher kMatchers[] = {
     {patterns::kGpt2, gpt2},
     {patterns::kLlama3, llama3<3>},
     {patterns::kQwen2, llama3<1>},
+    {patterns::kQwen35, llama3<1, true>},
     {patterns::kDeepseek3Main, deepseek3},
     {patterns::kDigit, digit},
     {patterns::kDigitRun, digit_run},

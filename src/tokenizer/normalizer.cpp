@@ -45,7 +45,8 @@ NormStep NormStep::nfc() {
 
 std::vector<NormStep> gguf_bpe_normalizer(std::string_view family, std::string_view arch) {
     std::vector<NormStep> steps;
-    if (family == "qwen2" || (family == "gpt2" && arch == "gptneox")) steps.push_back(NormStep::nfc());
+    if (family == "qwen2" || family == "qwen35" || (family == "gpt2" && arch == "gptneox"))
+        steps.push_back(NormStep::nfc());
     return steps;
 }
 

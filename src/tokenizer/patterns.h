@@ -18,6 +18,11 @@ inline constexpr const char* kLlama3 =
 inline constexpr const char* kQwen2 =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// Qwen3.5 / Qwen3.6: Qwen2's with combining marks (\p{M}) kept in letter
+// runs rather than split off as punctuation.
+inline constexpr const char* kQwen35 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 // DeepSeek LLM: a sequence of Split steps, then individual digits. Its
 // classes are enumerated code point ranges; they are written as \x{...}
 // escapes so no editor or tool can change them by Unicode normalization

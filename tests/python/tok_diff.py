@@ -68,7 +68,7 @@ import tok_gguf_to_tokenizer_json as conv  # noqa: E402
 
 DEFAULT_SEED = 20260601
 VOCABS = ["gpt-2", "llama-spm", "phi-3", "falcon", "deepseek-coder", "starcoder", "gpt-neox", "baichuan"]
-SYNTHETIC = ["llama3", "qwen2", "deepseek-llm", "deepseek-v3"]  # pre-tokenizers run with the GPT-2 vocab
+SYNTHETIC = ["llama3", "qwen2", "qwen35", "deepseek-llm", "deepseek-v3"]  # pre-tokenizers run with the GPT-2 vocab
 
 # ---------------------------------------------------------------- random text
 

@@ -201,7 +201,7 @@ TEST(PreTokenizer, StarcoderSplitsDigits) {
 TEST(PreTokenizer, EveryFamilyCompilesAndCoversTheText) {
     const std::string text = "Hello 12345 world's\n\n  \xE4\xBD\xA0\xE5\xA5\xBD, \xF0\x9F\xA6\x99!\xFF ok";
     const std::vector<std::string> names = PreTokenizer::known_names();  // what quern tokenize --pre accepts
-    for (const char* pre : {"default", "gpt2", "smollm", "starcoder", "llama3", "llama-bpe", "qwen2", "deepseek-llm",
+    for (const char* pre : {"default", "gpt2", "smollm", "starcoder", "llama3", "llama-bpe", "qwen2", "qwen35", "deepseek-llm",
                             "deepseek-coder", "deepseek-v3", "falcon", "gpt-neox", "phi-2", "command-r"})
         EXPECT_NE(std::find(names.begin(), names.end(), pre), names.end()) << pre;
     EXPECT_EQ(std::find(names.begin(), names.end(), "no-such-pre"), names.end());
@@ -217,6 +217,17 @@ TEST(PreTokenizer, EveryFamilyCompilesAndCoversTheText) {
     }
     const std::vector<std::string> got = PreTokenizer("llama3").split("Hello 12345 world's\n\n");
     EXPECT_EQ(got, (std::vector<std::string>{"Hello", " ", "123", "45", " world", "'s", "\n\n"}));
+}
+
+// Qwen3.5's regex keeps combining marks in their word: Devanagari vowel
+// signs and viramas (category M) stay with the letters, where Qwen2's splits
+// them off.
+TEST(PreTokenizer, Qwen35KeepsCombiningMarksInWords) {
+    const std::string namaste = "\xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87";  // नमस्ते
+    const std::string text = "say " + namaste + "!";
+    EXPECT_EQ(PreTokenizer("qwen35").split(text), (std::vector<std::string>{"say", " " + namaste, "!"}));
+    EXPECT_GT(PreTokenizer("qwen2").split(text).size(), 3u);
+    EXPECT_EQ(PreTokenizer("qwen35").family(), "qwen35");
 }
 
 // ---------------------------------------------------------------- reference vectors

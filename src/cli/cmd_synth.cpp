@@ -55,9 +55,9 @@ void add_synth_command(CLI::App& app) {
     using namespace quern::cli;
     auto o = std::make_shared<SynthOptions>();
     CLI::App* cmd = app.add_subcommand("synth", "Write a synthetic model (random weights, real shape) as GGUF");
-    cmd->add_option("preset", o->preset,
-                    "Shape: smollm2-135m, llama3-1b, llama3-8b, qwen2-7b, qwen3-8b, qwen3-30b-a3b, mixtral-8x7b, "
-                    "gemma2-2b, gemma3-270m, gemma3-4b, phi3-mini (none: list them)");
+    std::string names;  // from the table, so the help never falls behind it
+    for (const quern::SynthPreset& p : quern::synth_presets()) names += (names.empty() ? "" : ", ") + p.name;
+    cmd->add_option("preset", o->preset, "Shape: " + names + " (none: list them)");
     cmd->add_option("--quant", o->quant,
                     "Weight type, in any case: a block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K ... Q6_K, F16, BF16, F32) "
                     "or a mix, Q4_K_M / Q5_K_M")

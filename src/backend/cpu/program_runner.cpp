@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstring>
 
+#include "backend/cpu/delta_rule.h"
 #include "backend/cpu/moe_route.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
@@ -25,6 +26,7 @@ namespace quern::cpu {
 namespace {
 
 constexpr int64_t kPassRows = 512;  // tokens per pass of forward()
+constexpr int64_t kDeltaChunk = 16;  // tokens per chunk of a lone sequence's delta rule (bench_delta_rule: 16 beat 32, 64)
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
@@ -53,7 +55,8 @@ struct ProgramRunner::State {
     DType xr_act = DType::F32;
     std::vector<PagedAttnSeq> attn_seqs;
     std::vector<float> router, selw, xe, ge, ue, ye, eo;
-    std::vector<float> dn_conv, dn_mem;  // delta-net: one row's conv output, each head's delta
+    std::vector<float> dn_conv, dn_g, dn_beta;  // delta-net: the rows' conv outputs, per head log decays and β
+    std::vector<std::vector<float>> dn_scratch;  // delta-net: per worker
     std::vector<float*> dn_rows;         // delta-net: each row's sequence state
     std::vector<int32_t> sel;
     std::vector<int64_t> moe_off, moe_ent;
@@ -513,28 +516,30 @@ void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
     const float* x = gather(op.in[0], T, 0);   // [q | k | v] before the conv
     const float* ba = gather(op.in[1], T, 1);  // [b | a]
     float* y = s.slot(s.slots_of[sz(op.out.id)][0], T * sp.value_dim());
-    std::vector<float>& c = s.dn_conv;
-    c.resize(sz(C));
-    s.dn_mem.resize(sz(nv * dv));  // per value head: the delta (dv floats)
+    // 1. Row by row (each row's conv reads the rows before it): the causal
+    //    depthwise conv and SiLU, q and k L2-normalised per key head (q
+    //    scaled by 1/sqrt(dk)), each value head's log decay and β.
+    std::vector<float>& xc = s.dn_conv;
+    xc.resize(sz(T * C));
+    s.dn_g.resize(sz(nv * T));
+    s.dn_beta.resize(sz(nv * T));
     const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
     for (int64_t r = 0; r < T; ++r) {
         float* conv_state = row_state[sz(r)] + off;  // K-1 rows of C, oldest first
-        float* S = conv_state + (K - 1) * C;           // nv × dk × dv
-        // Causal depthwise conv over the state's K-1 rows and this one, SiLU.
         const float* xr = x + r * C;
+        float* c = xc.data() + r * C;
         for (int64_t ch = 0; ch < C; ++ch) {
             float acc = 0.0f;
             for (int64_t j = 0; j < K - 1; ++j) acc += conv_state[j * C + ch] * w[ch * K + j];
             acc += xr[ch] * w[ch * K + K - 1];
-            c[sz(ch)] = acc / (1.0f + std::exp(-acc));
+            c[ch] = acc / (1.0f + std::exp(-acc));
         }
         if (K > 1) {
             std::copy(conv_state + C, conv_state + (K - 1) * C, conv_state);
             std::copy_n(xr, C, conv_state + (K - 2) * C);
         }
-        // L2-normalised q and k per key head; q scaled by 1/sqrt(dk).
         for (int64_t h = 0; h < 2 * nk; ++h) {
-            float* v = c.data() + h * dk;
+            float* v = c + h * dk;
             float ss = 0.0f;
             for (int64_t i = 0; i < dk; ++i) ss += v[i] * v[i];
             const float inv = 1.0f / std::sqrt(ss + 1e-6f) * (h < nk ? qscale : 1.0f);
@@ -542,40 +547,58 @@ void ProgramRunner::run_delta_net(const Op& op, Pass& pass, ThreadPool& pool) {
         }
         const float* b = ba + r * 2 * nv;
         const float* a = b + nv;
-        float* yr = y + r * sp.value_dim();
-        pool.parallel_for(nv, 1, [&](int64_t h0, int64_t h1, int) {
-            for (int64_t h = h0; h < h1; ++h) {
-                float* mem = s.dn_mem.data() + h * dv;
-                const int64_t kh = sp.kv_tiled ? h % nk : h / (nv / nk);
-                const float* q = c.data() + kh * dk;
-                const float* k = c.data() + kd + kh * dk;
-                const float* v = c.data() + 2 * kd + h * dv;
-                const float beta = 1.0f / (1.0f + std::exp(-b[h]));
-                const float u = a[h] + dt_bias[h];
-                const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));
-                const float decay = std::exp(a_coef[h] * softplus);
-                float* Sh = S + h * dk * dv;  // row i (a key element) of dv floats
-                std::fill(mem, mem + dv, 0.0f);
-                for (int64_t i = 0; i < dk; ++i) {
-                    float* row = Sh + i * dv;
-                    for (int64_t j = 0; j < dv; ++j) {
-                        row[j] *= decay;
-                        mem[j] += row[j] * k[i];
-                    }
-                }
-                for (int64_t j = 0; j < dv; ++j) mem[j] = (v[j] - mem[j]) * beta;  // the delta
-                float* o = yr + h * dv;
-                std::fill(o, o + dv, 0.0f);
-                for (int64_t i = 0; i < dk; ++i) {
-                    float* row = Sh + i * dv;
-                    for (int64_t j = 0; j < dv; ++j) {
-                        row[j] += k[i] * mem[j];
-                        o[j] += row[j] * q[i];
-                    }
-                }
-            }
-        });
+        for (int64_t h = 0; h < nv; ++h) {
+            const float u = a[h] + dt_bias[h];
+            const float softplus = u > 20.0f ? u : std::log1p(std::exp(u));
+            s.dn_g[sz(h * T + r)] = a_coef[h] * softplus;
+            s.dn_beta[sz(h * T + r)] = 1.0f / (1.0f + std::exp(-b[h]));
+        }
     }
+    // 2. Per (sequence, value head): the delta rule over the sequence's rows
+    //    of this pass, its state kept in cache. A lone sequence's prompt goes
+    //    in chunks (delta_rule.h); batch-invariant passes token by token, so
+    //    that a row's result does not depend on where its prompt was cut.
+    struct Segment {
+        int64_t row0, n;
+        float* state;
+    };
+    std::vector<Segment> segs;
+    for (int64_t r = 0; r < T;) {
+        int64_t e = r + 1;
+        while (e < T && row_state[sz(e)] == row_state[sz(r)]) ++e;
+        segs.push_back({r, e - r, row_state[sz(r)] + off + (K - 1) * C});
+        r = e;
+    }
+    const bool chunked = pass.cache && T >= kDeltaChunk;
+    const int64_t VD = sp.value_dim(), n_tasks = static_cast<int64_t>(segs.size()) * nv;
+    s.dn_scratch.resize(sz(pool.size() + 1));
+    pool.parallel_for(n_tasks, 1, [&](int64_t t0, int64_t t1, int worker) {
+        std::vector<float>& scratch = s.dn_scratch[sz(worker)];
+        for (int64_t task = t0; task < t1; ++task) {
+            const Segment& sg = segs[sz(task / nv)];
+            const int64_t h = task % nv, kh = sp.kv_tiled ? h % nk : h / (nv / nk);
+            const float* base = xc.data() + sg.row0 * C;
+            DeltaRuleRun run;
+            run.q = base + kh * dk;
+            run.k = base + kd + kh * dk;
+            run.v = base + 2 * kd + h * dv;
+            run.ld_qk = run.ld_v = C;
+            run.g = s.dn_g.data() + h * T + sg.row0;
+            run.beta = s.dn_beta.data() + h * T + sg.row0;
+            run.o = y + sg.row0 * VD + h * dv;
+            run.ld_o = VD;
+            run.T = sg.n;
+            run.dk = dk;
+            run.dv = dv;
+            float* S = sg.state + h * dk * dv;  // row i (a key element) of dv floats
+            if (chunked) {
+                delta_rule_chunked(run, S, kDeltaChunk, scratch);
+            } else {
+                scratch.resize(sz(dv));
+                delta_rule_tokens(run, S, scratch.data());
+            }
+        }
+    });
 }
 
 void ProgramRunner::forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,

@@ -74,6 +74,7 @@ ModelConfig qwen35_shape(std::string name, int64_t vocab, int64_t embd, int64_t 
     c.ssm_inner_size = nv * 128;
     for (int64_t il = 0; il < layers; ++il) c.recurrent_layers.push_back((il + 1) % 4 != 0);
     c.extra["v_heads_tiled"] = 1;
+    c.n_nextn = 1;  // the released checkpoints carry one MTP block (llama.cpp's converter keeps it)
     c.n_expert = experts;
     c.n_expert_used = used;
     c.n_ff_exp = ff_exp;

@@ -36,9 +36,17 @@ def known_keys(arch):
                     keys.add(v.format(arch=arch))
     return keys
 
+# Tensors llama.cpp's table lists for an architecture (gguf-py/gguf/constants.py
+# in llama.cpp) that the newest gguf package on PyPI (0.19.0) does not yet.
+NEWER_TENSORS = {
+    "qwen35": {"blk.{bid}.nextn.eh_proj", "blk.{bid}.nextn.enorm", "blk.{bid}.nextn.hnorm",
+               "blk.{bid}.nextn.shared_head_norm"},
+}
+NEWER_TENSORS["qwen35moe"] = NEWER_TENSORS["qwen35"]
+
 def tensor_patterns(arch):
     a = next(m for m, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
-    return {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[a]}
+    return {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[a]} | NEWER_TENSORS.get(arch, set())
 
 def known_tensor(name, patterns):
     def generic(n):

@@ -196,6 +196,7 @@ TEST_P(SynthPresets, TinyCopyWritesLoadsAndRuns) {
     EXPECT_EQ(got.n_ff_exp, want.n_ff_exp);
     EXPECT_EQ(got.extra, want.extra);
     EXPECT_EQ(got.recurrent_layers, want.recurrent_layers);
+    EXPECT_EQ(got.n_nextn, want.n_nextn);
     EXPECT_EQ(got.ssm_conv_kernel, want.ssm_conv_kernel);
     EXPECT_EQ(got.ssm_state_size, want.ssm_state_size);
     EXPECT_EQ(got.ssm_group_count, want.ssm_group_count);
@@ -213,7 +214,7 @@ TEST_P(SynthPresets, TinyCopyWritesLoadsAndRuns) {
         const auto j = nlohmann::json::parse(std::ifstream(out));
         std::filesystem::remove(out);
         EXPECT_EQ(j["arch"], want.arch);
-        EXPECT_EQ(j["block_count"], want.n_layer);
+        EXPECT_EQ(j["block_count"], want.n_layer + want.n_nextn);  // llama.cpp counts the NextN blocks
         EXPECT_TRUE(j["unknown_keys"].empty()) << j["unknown_keys"].dump();
         EXPECT_TRUE(j["unknown_tensors"].empty()) << j["unknown_tensors"].dump();
         for (const auto& info : f->tensors())

@@ -45,6 +45,7 @@ public:
     void accept(int32_t token);
     void reset();
     const SamplingParams& params() const { return p_; }
+    int64_t n_vocab() const { return n_vocab_; }
 
 private:
     struct Cand {

@@ -114,6 +114,46 @@ std::unique_ptr<Drafter> make_mtp_drafter(std::unique_ptr<Session> draft) {
     return std::make_unique<MtpDrafter>(std::move(draft));
 }
 
+int32_t draw_draft(const Sampler& sampler, const int32_t* drafts, int64_t i, const float* logits, double u,
+                   float* q_out) {
+    const int64_t V = static_cast<int64_t>(sampler.n_vocab());
+    Sampler ds(sampler.params(), V);
+    sync_history(ds, sampler, drafts, i);
+    std::vector<float> q;
+    ds.distribution(logits, q);
+    std::copy(q.begin(), q.end(), q_out);
+    return draw_from(q, sampler.params().temperature <= 0.0f ? 0.0 : u);
+}
+
+int64_t judge_drafts(Sampler& sampler, const int32_t* drafts, int64_t k, const float* target_logits,
+                     const float* q_rows, int32_t& own) {
+    const int64_t V = static_cast<int64_t>(sampler.n_vocab());
+    const bool greedy = sampler.params().temperature <= 0.0f;
+    Sampler ts(sampler.params(), V);  // the chain's distributions at each draft's history
+    std::vector<float> p, r;
+    for (int64_t j = 0; j <= k; ++j) {
+        sync_history(ts, sampler, drafts, j);
+        ts.distribution(target_logits + j * V, p);
+        if (j == k) {
+            own = draw_from(p, greedy ? 0.0 : sampler.draw());
+            return k;
+        }
+        const int32_t d = drafts[j];
+        const float pd = p[static_cast<size_t>(d)], qd = q_rows[j * V + d];
+        const double u = greedy ? 0.0 : sampler.draw();
+        if (u * qd < pd) continue;  // kept (greedy: p is one-hot on d)
+        r.resize(static_cast<size_t>(V));
+        double sum = 0.0;
+        for (int64_t t = 0; t < V; ++t) {
+            r[static_cast<size_t>(t)] = std::max(0.0f, p[static_cast<size_t>(t)] - q_rows[j * V + t]);
+            sum += r[static_cast<size_t>(t)];
+        }
+        own = draw_from(sum > 0.0 ? r : p, greedy ? 0.0 : sampler.draw());
+        return j;
+    }
+    return k;  // not reached
+}
+
 Speculator::Speculator(Session& target, std::unique_ptr<Drafter> drafter, int n_draft, uint64_t seed)
     : target_(target),
       drafter_(std::move(drafter)),
@@ -147,8 +187,6 @@ void Speculator::step(int32_t tok, Sampler& sampler, std::vector<int32_t>& out) 
     if (N + 1 > target_.n_ctx())
         fail("context is full: {} tokens in the cache + 1 new > context size {} (raise -c)", N, target_.n_ctx());
     int64_t k = std::min<int64_t>(n_draft_, target_.n_ctx() - N - 1);
-    const bool greedy = sampler.params().temperature <= 0.0f;
-    Sampler ds(sampler.params(), V);  // the chain's distributions at each draft's history
     std::uniform_real_distribution<double> uni(0.0, 1.0);
 
     // Draft k tokens, each from the chain's distribution q of its logits.
@@ -157,12 +195,8 @@ void Speculator::step(int32_t tok, Sampler& sampler, std::vector<int32_t>& out) 
     dlogits_.resize(static_cast<size_t>(V));
     if (k > 0 && !drafter_->begin(tok, dlogits_.data())) k = 0;
     qrows_.resize(static_cast<size_t>(k * V));
-    std::vector<float> q;
     for (int64_t i = 0; i < k; ++i) {
-        sync_history(ds, sampler, v.data() + 1, i);
-        ds.distribution(dlogits_.data(), q);
-        std::copy(q.begin(), q.end(), qrows_.begin() + i * V);
-        const int32_t d = draw_from(q, greedy ? 0.0 : uni(rng_));
+        const int32_t d = draw_draft(sampler, v.data() + 1, i, dlogits_.data(), uni(rng_), qrows_.data() + i * V);
         v.push_back(d);
         if (i + 1 < k) drafter_->next(d, dlogits_.data());
     }
@@ -175,31 +209,8 @@ void Speculator::step(int32_t tok, Sampler& sampler, std::vector<int32_t>& out) 
     thidden_.resize(drafter_->reads_hidden() ? static_cast<size_t>((k + 1) * E) : 0);
     float* th = thidden_.empty() ? nullptr : thidden_.data();
     target_.eval_rows(v.data(), k + 1, tlogits_.data(), true, th);
-
-    // Keep drafts while a uniform draw stays under p/q; on the first
-    // rejection draw from max(0, p - q), else after all k from p.
-    int64_t j = 0;
     int32_t own = -1;
-    for (; j <= k; ++j) {
-        sync_history(ds, sampler, v.data() + 1, j);
-        ds.distribution(tlogits_.data() + j * V, p_);
-        if (j == k) {
-            own = draw_from(p_, greedy ? 0.0 : sampler.draw());
-            break;
-        }
-        const int32_t d = v[static_cast<size_t>(j + 1)];
-        const float pd = p_[static_cast<size_t>(d)], qd = qrows_[static_cast<size_t>(j * V + d)];
-        const double u = greedy ? 0.0 : sampler.draw();
-        if (u * qd < pd) continue;  // kept (greedy: p is one-hot on d)
-        r_.resize(static_cast<size_t>(V));
-        double sum = 0.0;
-        for (int64_t t = 0; t < V; ++t) {
-            r_[static_cast<size_t>(t)] = std::max(0.0f, p_[static_cast<size_t>(t)] - qrows_[static_cast<size_t>(j * V + t)]);
-            sum += r_[static_cast<size_t>(t)];
-        }
-        own = draw_from(sum > 0.0 ? r_ : p_, greedy ? 0.0 : sampler.draw());
-        break;
-    }
+    const int64_t j = judge_drafts(sampler, v.data() + 1, k, tlogits_.data(), qrows_.data(), own);
     out.insert(out.end(), v.begin() + 1, v.begin() + 1 + j);
     out.push_back(own);
 

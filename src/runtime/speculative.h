@@ -56,6 +56,23 @@ public:
     virtual void end() = 0;
 };
 
+/// A round's drafting side: draft i (0-based) drawn with `u` (in [0, 1);
+/// ignored when greedy) from the chain's distribution q of the draft logits,
+/// at the history `sampler` has plus drafts[0 .. i); q (n_vocab floats) is
+/// kept in q_out for judge_drafts.
+int32_t draw_draft(const Sampler& sampler, const int32_t* drafts, int64_t i, const float* logits, double u,
+                   float* q_out);
+
+/// A round's verdict by rejection sampling: the model's logits after the
+/// emitted token and each of the k drafts ((k + 1) × n_vocab), the drafts'
+/// q rows (k × n_vocab). Keeps drafts while a draw from `sampler` stays
+/// under p/q; returns how many were kept (j) and sets `own` to the model's
+/// token after them — drawn from max(0, p − q) after a rejection, from p
+/// after all k. Greedy: the model's argmax decides, nothing is drawn. The
+/// sampler's history is not changed.
+int64_t judge_drafts(Sampler& sampler, const int32_t* drafts, int64_t k, const float* target_logits,
+                     const float* q_rows, int32_t& own);
+
 /// The model's NextN head as a Drafter: a session over its draft program
 /// (make_cpu_draft_session).
 std::unique_ptr<Drafter> make_mtp_drafter(std::unique_ptr<Session> draft);
@@ -92,7 +109,7 @@ private:
     int n_draft_;
     std::mt19937_64 rng_;
     int64_t n_vocab_, n_embd_;
-    std::vector<float> dlogits_, tlogits_, thidden_, qrows_, p_, r_;
+    std::vector<float> dlogits_, tlogits_, thidden_, qrows_;
     std::vector<int32_t> verify_;
     SpecStats stats_;
 };

@@ -75,9 +75,6 @@ public:
                           starts_at_zero(fb.seqs[0].block_table, (fb.seqs[0].n_past + fb.seqs[0].n + bs - 1) / bs);
         if (fb.trace && !lone) fail("forward: a trace needs a lone sequence over blocks 0, 1, 2, ...");
         if (lone) return forward_lone(fb.seqs[0], fb.trace);
-        for (int i = 0; i < fb.n_seqs; ++i)
-            if (fb.seqs[i].all_logits || fb.seqs[i].hidden_in || fb.seqs[i].hidden)
-                fail("forward: every row's logits and hidden rows are for a lone sequence over blocks 0, 1, 2, ...");
         // The next token is the argmax of logits the program writes (into
         // buffers kept between passes).
         std::vector<SeqBatch>& b = batch_;
@@ -87,7 +84,7 @@ public:
             if (q.next && !q.logits) q.logits = scratch(used++);
         runner_.forward_batch(b.data(), fb.n_seqs, store_, pool_);
         for (const SeqBatch& q : b)
-            if (q.next) *q.next = argmax(q.logits);
+            if (q.next) *q.next = argmax(q.logits + (q.all_logits ? (q.n - 1) * p_.n_vocab : 0));
     }
 
 private:

@@ -63,6 +63,7 @@ struct ProgramRunner::State {
     std::vector<int32_t> toks, pos;
     std::vector<int64_t> seq_last;  // per row: its sequence's last position in this call (LongRoPE)
     std::vector<int64_t> head;      // rows whose logits are wanted
+    std::vector<float> hidden_in;   // forward_batch: the sequences' given rows, back to back
 
     float* slot(int s, int64_t n) {
         auto& b = slots[sz(s)];
@@ -673,7 +674,23 @@ void ProgramRunner::forward_batch(const SeqBatch* seqs, int n_seqs, const PagedK
         for (int64_t j = 0; j < b.n; ++j)
             if (b.tokens[j] < 0 || b.tokens[j] >= p_.n_vocab)
                 fail("token id {} is outside the vocabulary [0, {})", b.tokens[j], p_.n_vocab);
+        if (b.hidden && !p_.hidden.valid()) fail("forward_batch: the program names no hidden rows to hand out");
+        if (b.all_logits && !b.logits) fail("forward_batch: entry {} asks for every row's logits without a buffer", i);
         T += b.n;
+    }
+    // The given rows of a program that reads some (OpKind::Input), the
+    // sequences' back to back.
+    int64_t in_width = 0;
+    for (const Op& op : p_.ops)
+        if (op.kind == OpKind::Input) in_width = p_.width(op.out);
+    if (in_width > 0) {
+        s.hidden_in.resize(sz(T * in_width));
+        int64_t at = 0;
+        for (int i = 0; i < n_seqs; ++i) {
+            if (!seqs[i].hidden_in) fail("forward_batch: entry {} gives no rows for the program's input", i);
+            std::copy_n(seqs[i].hidden_in, seqs[i].n * in_width, s.hidden_in.data() + at);
+            at += seqs[i].n * in_width;
+        }
     }
     s.toks.resize(sz(T));
     s.pos.resize(sz(T));
@@ -687,7 +704,10 @@ void ProgramRunner::forward_batch(const SeqBatch* seqs, int n_seqs, const PagedK
             s.pos[sz(r)] = static_cast<int32_t>(b.n_past + j);
             s.seq_last[sz(r)] = b.n_past + b.n - 1;  // LongRoPE: per sequence, from its last position
         }
-        if (b.logits) s.head.push_back(r - 1);
+        if (b.all_logits)
+            for (int64_t j = b.n; j > 0; --j) s.head.push_back(r - j);
+        else if (b.logits)
+            s.head.push_back(r - 1);
     }
     if (!p_.delta_net.empty())  // a sequence's state describes its positions so far: none at 0
         for (int i = 0; i < n_seqs; ++i)
@@ -699,13 +719,25 @@ void ProgramRunner::forward_batch(const SeqBatch* seqs, int n_seqs, const PagedK
     pass.seqs = seqs;
     pass.n_seqs = n_seqs;
     pass.store = &kv;
+    pass.hidden_in = in_width > 0 ? s.hidden_in.data() : nullptr;
     run(pass, pool);
+    if (p_.hidden.valid()) {
+        const int64_t E = p_.width(p_.hidden);
+        const float* h = gather(p_.hidden, T, 0);
+        int64_t at = 0;
+        for (int q = 0; q < n_seqs; at += seqs[q].n, ++q)
+            if (seqs[q].hidden) std::copy_n(h + at * E, seqs[q].n * E, seqs[q].hidden);
+    }
     if (s.head.empty()) return;
     const int64_t V = p_.n_vocab;
     const float* l = s.slots[sz(s.slots_of[sz(p_.logits.id)][0])].data();
     int64_t i = 0;
-    for (int q = 0; q < n_seqs; ++q)
-        if (seqs[q].logits) std::copy_n(l + (i++) * V, V, seqs[q].logits);
+    for (int q = 0; q < n_seqs; ++q) {
+        if (!seqs[q].logits) continue;
+        const int64_t rows = seqs[q].all_logits ? seqs[q].n : 1;
+        std::copy_n(l + i * V, rows * V, seqs[q].logits);
+        i += rows;
+    }
 }
 
 }  // namespace quern::cpu

@@ -15,6 +15,7 @@
 #include "chat/chat.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/decoder.h"
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "server/server.h"
@@ -33,6 +34,7 @@ struct ServeOptions {
     server::ServerOptions server;
     EngineOptions engine;
     DeviceOptions dev;  // --device and --gpu-weights only (the engine's own --kv-tokens sizes the cache)
+    SpecOptions spec;
     bool quiet = false;
 };
 
@@ -109,6 +111,9 @@ int serve(ServeOptions& o) {
                  "quern: serving '%s' at http://%s:%d/v1 on %s (context %lld, %d in parallel, queue %d%s); Ctrl-C stops\n",
                  model_id.c_str(), host.c_str(), port, backend.c_str(), static_cast<long long>(o.engine.n_ctx),
                  o.engine.n_parallel, o.engine.max_queue, o.server.api_key.empty() ? "" : ", API key required");
+    if (o.engine.spec_draft > 0)
+        std::fprintf(stderr, "quern: speculative decoding: the model's MTP head drafts %d per round (see /metrics)\n",
+                     o.engine.spec_draft);
     const bool loopback = o.server.host == "127.0.0.1" || o.server.host == "::1" || o.server.host == "localhost";
     if (!loopback && o.server.api_key.empty())
         std::fprintf(stderr, "quern: note: listening on %s without --api-key: anyone who can reach this port can use it\n",
@@ -199,6 +204,7 @@ void add_serve_command(CLI::App& app) {
         ->check(CLI::IsMember({"native", "fp8"}));
     add_model_options(cmd, o->mopts);
     add_threads_option(cmd, o->engine.n_threads);
+    add_spec_options(cmd, o->spec);
     cmd->add_flag("-q,--quiet", o->quiet, "Do not log one line per request");
     cmd->footer(
         "Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.\n"
@@ -209,9 +215,13 @@ void add_serve_command(CLI::App& app) {
         "  quern serve\n"
         "  quern serve -m model.gguf --port 8000 -c 8192 --parallel 8 --api-key secret\n"
         "  quern serve -m llama3-8b.gguf --device cuda --parallel 64 --token-budget 2048\n"
+        "  quern serve -m Qwen3.5-2B --spec mtp --spec-draft 2   # drafts by the model's MTP head (CPU)\n"
         "  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
         "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi!\"}], \"max_tokens\": 32}'\n"
         "  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\\n"
         "       -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}'");
-    cmd->callback([o] { serve(*o); });
+    cmd->callback([o] {
+        o->engine.spec_draft = o->spec.method.empty() ? 0 : o->spec.n_draft;
+        serve(*o);
+    });
 }

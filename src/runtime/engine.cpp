@@ -33,6 +33,7 @@
 #include <exception>
 #include <list>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 
@@ -42,6 +43,8 @@
 #include "core/thread_pool.h"
 #include "runtime/batch_runner.h"
 #include "runtime/paged_kv.h"
+#include "runtime/spec_heads.h"
+#include "runtime/speculative.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quern {
@@ -73,6 +76,11 @@ struct Slot {
     std::unique_ptr<Sampler> sampler;
     std::vector<float> logits;
     int32_t greedy_tok = -1;  // the runner's argmax, for plain greedy requests
+    // Speculative rounds (EngineOptions::spec_draft).
+    bool spec = false;
+    std::mt19937_64 draft_rng;              // the drafts' own draws
+    std::vector<int32_t> drafts, vtoks;     // a round's drafts; the last token and the drafts, verified
+    std::vector<float> q_rows, vlogits, hidden;  // the drafts' distributions; the round's logits; hidden rows
 };
 
 /// Greedy decoding with nothing that needs the logits on the host (no bias,
@@ -88,8 +96,14 @@ class BatchEngine final : public Engine {
 public:
     // The options are checked before the runner is made (a GPU runner loads
     // the model onto the device).
-    BatchEngine(const RunnerFactory& make_runner, const Tokenizer& tok, const EngineOptions& o)
+    /// draft: the model's NextN draft program (with its options) for
+    /// speculative rounds, or null.
+    BatchEngine(const RunnerFactory& make_runner, const Tokenizer& tok, const EngineOptions& o, const Program* draft,
+                const ModelOptions& draft_opts)
         : tok_(tok), opts_(checked(o)), pool_(o.n_threads), runner_(make_runner(pool_)), cfg_(runner_->config()) {
+        if (o.spec_draft > 0 && !draft)
+            fail("speculative decoding: this model has no multi-token-prediction head (or the engine runs on a GPU, "
+                 "where serving drafts nothing yet); drop --spec");
         const int64_t bs = 16;
         const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
         const char* flag = o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel";
@@ -101,11 +115,15 @@ public:
         // Linear-attention layers: one recurrent-state slot per engine slot
         // (SeqBatch::state_slot is the slot's index), and as many more for
         // snapshots of a cached prefix's state (see snapshot()).
+        // Speculative rounds of a recurrent model keep a copy of each slot's
+        // state from before the verification (after the snapshots).
         if (cfg_.has_recurrent_state()) {
             n_snaps_ = opts_.prefix_cache ? o.n_parallel : 0;
-            runner_->make_state_slots(o.n_parallel + n_snaps_);
+            runner_->make_state_slots(o.n_parallel + n_snaps_ + (o.spec_draft > 0 ? o.n_parallel : 0));
             for (int64_t i = n_snaps_; i-- > 0;) free_snaps_.push_back(static_cast<int32_t>(o.n_parallel + i));
         }
+        if (o.spec_draft > 0)
+            heads_ = std::make_unique<SpecHeads>(*draft, draft_opts, pool_, kv_->n_blocks(), bs, o.n_parallel);
         worker_ = std::thread([this] { loop(); });
     }
     ~BatchEngine() override { shutdown(); }
@@ -115,6 +133,7 @@ public:
         if (o.n_ctx < 2) fail("the context size must be at least 2 (got {})", o.n_ctx);
         if (o.max_queue < 0) fail("--max-queue must not be negative");
         if (o.token_budget < 1) fail("the token budget must be positive");
+        if (o.spec_draft < 0 || o.spec_draft > 16) fail("--spec-draft must be between 1 and 16 (got {})", o.spec_draft);
         const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
         if (kv_tokens < o.n_ctx) fail("the KV cache ({} tokens) must hold at least one full context ({})", kv_tokens, o.n_ctx);
         return o;
@@ -260,6 +279,8 @@ private:
             s.generated = 0;
             s.order = ++admitted_;
             s.sampler = std::make_unique<Sampler>(s.req.sampling, cfg_.n_vocab);  // checked at submit
+            s.spec = heads_ && s.req.logit_bias.empty() && s.req.top_logprobs < 0;
+            s.draft_rng.seed(s.req.sampling.seed ^ 0x9E3779B97F4A7C15ull);
             for (int32_t t : s.req.prompt) s.sampler->accept(t);
             s.hashes.clear();
             uint64_t h = 0;
@@ -337,6 +358,7 @@ private:
             }
         }
         s.computed = hit;
+        if (heads_) heads_->reset(state_slot(s), hit);
         if (s.n_cached < 0) {
             s.n_cached = hit;
             std::lock_guard<std::mutex> lk(mu_);
@@ -410,6 +432,16 @@ private:
         return true;
     }
 
+    /// One sequence's rows of a step.
+    struct Entry {
+        Slot* slot;
+        int64_t n;
+        bool decode;
+        bool logits;
+        uint64_t epoch;   // the slot's epoch when chosen (a preemption since voids the entry)
+        int64_t k = -1;   // a speculative round's drafts (>= 0: a round, verified with every row's logits)
+    };
+
     void step() {
         std::vector<Slot*> act;
         for (Slot& s : slots_)
@@ -417,13 +449,6 @@ private:
         if (act.empty()) return;
         std::sort(act.begin(), act.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
         const auto nv = static_cast<size_t>(cfg_.n_vocab);
-        struct Entry {
-            Slot* slot;
-            int64_t n;
-            bool decode;
-            bool logits;
-            uint64_t epoch;  // the slot's epoch when chosen (a preemption since voids the entry)
-        };
         std::vector<Entry> dec, pre;
         // Decode rows: sequences whose only missing position is their last token.
         for (Slot* s : act) {
@@ -463,6 +488,7 @@ private:
             const bool lg = s->computed + n == s->n_prompt && s->generated == 0;
             pre.push_back({s, n, false, lg, s->epoch});
         }
+        if (heads_) draft_phase(dec);
         // A preemption during this loop may have taken blocks from an entry
         // already chosen: drop such entries.
         std::vector<SeqBatch> batch;
@@ -471,12 +497,21 @@ private:
             for (const Entry& e : *list) {
                 Slot& s = *e.slot;
                 if (s.epoch != e.epoch) continue;
+                if (e.k >= 0) {
+                    batch.push_back(round_batch(s, e.k));
+                    used.push_back(e);
+                    continue;
+                }
                 const bool greedy = e.logits && plain_greedy(s.req);
                 if (e.logits && !greedy) s.logits.resize(nv);
                 batch.push_back(SeqBatch{s.tokens.data() + s.computed, e.n, s.blocks.data(), s.computed, e.decode,
                                          e.logits && !greedy ? s.logits.data() : nullptr,
                                          greedy ? &s.greedy_tok : nullptr, nullptr,
                                          state_slot(s)});
+                if (s.spec) {  // the draft head reads the rows the model computes
+                    s.hidden.resize(static_cast<size_t>(e.n * cfg_.n_embd));
+                    batch.back().hidden = s.hidden.data();
+                }
                 used.push_back(e);
             }
         if (batch.empty()) return;
@@ -484,14 +519,10 @@ private:
         const int64_t bs = kv_->block_size();
         for (const Entry& e : used) {
             Slot& s = *e.slot;
+            if (e.k >= 0) continue;  // speculative rounds: finish_rounds()
+            if (s.spec) heads_->observe(state_slot(s), s.hidden.data(), e.n);
             s.computed += e.n;
-            // Publish the blocks this step completed (prompt or generated text).
-            while (static_cast<int64_t>(s.hashes.size() + 1) * bs <= s.computed) {
-                const uint64_t parent = s.hashes.empty() ? 0 : s.hashes.back();
-                s.hashes.push_back(PagedKvPool::chain_hash(parent, s.tokens.data() + s.hashes.size() * bs, bs));
-            }
-            for (int64_t b = 0; b < static_cast<int64_t>(s.hashes.size()) && (b + 1) * bs <= s.computed; ++b)
-                kv_->publish(s.blocks[static_cast<size_t>(b)], s.hashes[static_cast<size_t>(b)]);
+            publish(s);
             snapshot(s);
         }
         {
@@ -503,7 +534,7 @@ private:
         // sampler and random stream), then report them in order.
         std::vector<Slot*> draw_slots;
         for (const Entry& e : used)
-            if (e.logits) draw_slots.push_back(e.slot);
+            if (e.logits && e.k < 0) draw_slots.push_back(e.slot);
         std::vector<TokenEvent> events(draw_slots.size());
         std::vector<std::exception_ptr> errors(draw_slots.size());
         pool_.parallel_for(static_cast<int64_t>(draw_slots.size()), 1, [&](int64_t b, int64_t e, int) {
@@ -518,6 +549,129 @@ private:
         for (const auto& err : errors)
             if (err) std::rethrow_exception(err);
         for (size_t i = 0; i < draw_slots.size(); ++i) report(*draw_slots[i], events[i]);
+        if (heads_) finish_rounds(used);
+    }
+
+    /// Publishes the blocks of s that are full of computed tokens (prompt or
+    /// generated text) under their prefix hashes.
+    void publish(Slot& s) {
+        const int64_t bs = kv_->block_size();
+        while (static_cast<int64_t>(s.hashes.size() + 1) * bs <= s.computed) {
+            const uint64_t parent = s.hashes.empty() ? 0 : s.hashes.back();
+            s.hashes.push_back(PagedKvPool::chain_hash(parent, s.tokens.data() + s.hashes.size() * bs, bs));
+        }
+        for (int64_t b = 0; b < static_cast<int64_t>(s.hashes.size()) && (b + 1) * bs <= s.computed; ++b)
+            kv_->publish(s.blocks[static_cast<size_t>(b)], s.hashes[static_cast<size_t>(b)]);
+    }
+
+    /// The recurrent-state slot where a speculative round keeps s's state
+    /// from before its verification.
+    int32_t backup_slot(const Slot& s) const {
+        return static_cast<int32_t>(opts_.n_parallel + n_snaps_) + state_slot(s);
+    }
+
+    /// Speculative rounds' drafts: each decoding sequence that takes them
+    /// gets up to spec_draft more positions reserved and its head's drafts
+    /// (e.k: how many it got; 0 still makes a round of the last token alone,
+    /// whose hidden row the head reads next); every head reads the rows it can.
+    void draft_phase(std::vector<Entry>& dec) {
+        for (Entry& e : dec) {
+            Slot& s = *e.slot;
+            if (!s.spec || s.epoch != e.epoch) continue;
+            const int64_t L = static_cast<int64_t>(s.tokens.size());
+            int64_t k = std::min<int64_t>(opts_.spec_draft, opts_.n_ctx - L);
+            if (k > 0 && !reserve(s, L + k)) k = 0;
+            e.k = std::max<int64_t>(k, 0);
+        }
+        std::vector<SpecHeads::Ask> asks;
+        for (Slot& s : slots_) {
+            if (!s.active || !s.spec || s.fresh || s.blocks.empty()) continue;
+            SpecHeads::Ask a;
+            a.slot = state_slot(s);
+            a.tokens = &s.tokens;
+            a.blocks = s.blocks.data();
+            for (const Entry& e : dec)
+                if (e.slot == &s && e.epoch == s.epoch && e.k > 0) a.k = e.k;
+            a.sampler = s.sampler.get();
+            a.rng = &s.draft_rng;
+            a.drafts = &s.drafts;
+            a.q_rows = &s.q_rows;
+            asks.push_back(a);
+        }
+        heads_->draft(asks);
+        for (const SpecHeads::Ask& a : asks)
+            for (Entry& e : dec)
+                if (e.slot == &slots_[static_cast<size_t>(a.slot)] && e.k > 0) e.k = a.k;  // the head may draft none
+    }
+
+    /// A round's rows: the sequence's last token and its k drafts, every
+    /// row's logits and hidden rows (a recurrent model's state kept first).
+    SeqBatch round_batch(Slot& s, int64_t k) {
+        s.vtoks.assign(1, s.tokens.back());
+        s.vtoks.insert(s.vtoks.end(), s.drafts.begin(), s.drafts.begin() + k);
+        s.vlogits.resize(static_cast<size_t>((k + 1) * cfg_.n_vocab));
+        s.hidden.resize(static_cast<size_t>((k + 1) * cfg_.n_embd));
+        if (cfg_.has_recurrent_state()) runner_->copy_state_slot(state_slot(s), backup_slot(s));
+        SeqBatch q;
+        q.tokens = s.vtoks.data();
+        q.n = k + 1;
+        q.block_table = s.blocks.data();
+        q.n_past = s.computed;
+        q.decode = true;
+        q.logits = s.vlogits.data();
+        q.all_logits = true;
+        q.hidden = s.hidden.data();
+        q.state_slot = state_slot(s);
+        return q;
+    }
+
+    /// Judges the step's speculative rounds (rejection sampling: the kept
+    /// drafts and one token of the model's own), rolls a recurrent model's
+    /// state back past rejected drafts (its kept rows computed again, in one
+    /// pass for all such sequences), and reports the tokens in order.
+    void finish_rounds(const std::vector<Entry>& used) {
+        struct Verdict {
+            Slot* s;
+            uint64_t epoch;
+            int64_t kept;
+            int32_t own;
+        };
+        std::vector<Verdict> vs;
+        std::vector<SeqBatch> replay;
+        for (const Entry& e : used) {
+            Slot& s = *e.slot;
+            if (e.k < 0 || !s.active || s.epoch != e.epoch) continue;
+            int32_t own = -1;
+            const int64_t j = judge_drafts(*s.sampler, s.vtoks.data() + 1, e.k, s.vlogits.data(), s.q_rows.data(), own);
+            vs.push_back({&s, s.epoch, j, own});
+            if (cfg_.has_recurrent_state() && j < e.k) {
+                runner_->copy_state_slot(backup_slot(s), state_slot(s));
+                replay.push_back(SeqBatch{s.vtoks.data(), j + 1, s.blocks.data(), s.computed, true, nullptr, nullptr,
+                                          nullptr, state_slot(s)});
+            }
+            std::lock_guard<std::mutex> lk(mu_);
+            stats_.spec_drafted += e.k;
+            stats_.spec_accepted += j;
+        }
+        if (!replay.empty()) runner_->forward_batch(replay.data(), static_cast<int>(replay.size()), *kv_);
+        for (const Verdict& v : vs) {
+            Slot& s = *v.s;
+            s.computed += 1 + v.kept;  // the last token and the kept drafts are in the cache
+            heads_->observe(state_slot(s), s.hidden.data(), 1 + v.kept);
+            std::vector<int32_t> toks(s.vtoks.begin() + 1, s.vtoks.begin() + 1 + v.kept);
+            toks.push_back(v.own);
+            for (int32_t t : toks) {
+                if (!s.active || s.epoch != v.epoch) break;
+                TokenEvent ev;
+                ev.token = t;
+                ev.n_prompt = static_cast<int64_t>(s.req.prompt.size());
+                report(s, ev);
+            }
+            if (s.active && s.epoch == v.epoch) {
+                publish(s);
+                snapshot(s);
+            }
+        }
     }
 
     /// Samples a slot's next token from its logits (logit bias, sampler chain,
@@ -610,6 +764,7 @@ private:
     std::unordered_map<uint64_t, int32_t> snap_of_;
     std::list<uint64_t> snap_lru_;
     std::unordered_map<uint64_t, std::list<uint64_t>::iterator> snap_pos_;
+    std::unique_ptr<SpecHeads> heads_;  // speculative rounds' draft heads (null: off)
 
     mutable std::mutex mu_;
     std::condition_variable cv_;
@@ -626,12 +781,12 @@ private:
 
 std::unique_ptr<Engine> make_engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& opts) {
     return std::make_unique<BatchEngine>([&model](ThreadPool& pool) { return make_cpu_batch_runner(model, pool); },
-                                         tokenizer, opts);
+                                         tokenizer, opts, model.draft_program(), model.options());
 }
 
 std::unique_ptr<Engine> make_engine(const RunnerFactory& make_runner, const Tokenizer& tokenizer,
                                     const EngineOptions& opts) {
-    return std::make_unique<BatchEngine>(make_runner, tokenizer, opts);
+    return std::make_unique<BatchEngine>(make_runner, tokenizer, opts, nullptr, ModelOptions{});
 }
 
 }  // namespace quern

@@ -82,6 +82,11 @@ struct EngineOptions {
     /// (their cache is dropped and recomputed later). At least n_ctx.
     int64_t kv_tokens = 0;
     bool prefix_cache = true;  ///< reuse the cached blocks of earlier prompts with the same start
+    /// Speculative decoding: tokens the model's NextN head drafts per round
+    /// for each decoding sequence, verified in the step's batched pass
+    /// (runtime/speculative.h). 0: off. CPU engines of models with a head;
+    /// requests with logit_bias or logprobs decode one token per step.
+    int spec_draft = 0;
 };
 
 /// Counters for /metrics (monotonic unless noted).
@@ -92,6 +97,8 @@ struct EngineStats {
     int64_t generated_tokens = 0;
     int64_t steps = 0;
     int64_t preemptions = 0;  ///< sequences whose KV blocks were taken for older ones
+    int64_t spec_drafted = 0;   ///< draft tokens proposed (speculative rounds)
+    int64_t spec_accepted = 0;  ///< of those, kept
     int running = 0;       ///< now
     int waiting = 0;       ///< now
     int64_t kv_tokens_used = 0;   ///< now

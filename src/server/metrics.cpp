@@ -73,6 +73,9 @@ std::string Metrics::render(const EngineStats& s, const EngineOptions& o, int in
     counter("quern_engine_steps_total", "Batched forward steps", s.steps);
     counter("quern_engine_preemptions_total", "Sequences whose KV blocks were taken for older ones (recomputed later)",
             s.preemptions);
+    counter("quern_spec_draft_tokens_total", "Tokens the draft head proposed (speculative decoding, --spec)",
+            s.spec_drafted);
+    counter("quern_spec_accepted_tokens_total", "Of those, the tokens the model kept", s.spec_accepted);
     gauge("quern_requests_running", "Sequences running in the engine now", s.running);
     gauge("quern_requests_waiting", "Sequences waiting in the engine queue now", s.waiting);
     gauge("quern_http_requests_in_flight", "Generation requests being answered now", in_flight);

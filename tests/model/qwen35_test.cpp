@@ -235,6 +235,25 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     const auto recomputed = run(*cold, 12);
     for (int i = 0; i < 12; ++i) EXPECT_EQ(recomputed[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
     EXPECT_EQ(cold->stats().prompt_tokens_cached, 0);
+    // Speculative rounds (the NextN head drafting 1 or 3 per round; the state
+    // rolled back past rejected drafts), with preemption and the prefix
+    // cache: the same tokens.
+    o.prefix_cache = true;
+    for (int k : {1, 3}) {
+        o.spec_draft = k;
+        auto spec = make_engine(*f.model, *tok, o);
+        const auto drafted = run(*spec, 12);
+        for (int i = 0; i < 12; ++i)
+            EXPECT_EQ(drafted[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i << ", k = " << k;
+        const EngineStats st = spec->stats();
+        EXPECT_GT(st.spec_drafted, 0) << "k = " << k;
+        EXPECT_GT(st.spec_accepted, 0) << "k = " << k << ": the fixture's head is distilled, some drafts are right";
+        EXPECT_LT(st.spec_accepted, st.spec_drafted) << "k = " << k;
+        EXPECT_GT(st.preemptions, 0) << "k = " << k;
+        std::printf("%s serving, k = %d: %lld of %lld drafts kept, %lld steps (plain: %lld)\n", GetParam().c_str(), k,
+                    static_cast<long long>(st.spec_accepted), static_cast<long long>(st.spec_drafted),
+                    static_cast<long long>(st.steps), static_cast<long long>(e->stats().steps));
+    }
 }
 
 // Malformed configs fail at load with the key and what is wrong.

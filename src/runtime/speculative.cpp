@@ -114,9 +114,19 @@ std::unique_ptr<Drafter> make_mtp_drafter(std::unique_ptr<Session> draft) {
     return std::make_unique<MtpDrafter>(std::move(draft));
 }
 
+/// Greedy without penalties: every distribution is one-hot on the argmax,
+/// which decides without building them.
+bool argmax_only(const SamplingParams& p) {
+    return p.temperature <= 0.0f && p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f &&
+           p.frequency_penalty == 0.0f;
+}
+
+int32_t argmax_of(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
+
 int32_t draw_draft(const Sampler& sampler, const int32_t* drafts, int64_t i, const float* logits, double u,
                    float* q_out) {
     const int64_t V = static_cast<int64_t>(sampler.n_vocab());
+    if (argmax_only(sampler.params())) return argmax_of(logits, V);  // q one-hot: judge_drafts needs none
     Sampler ds(sampler.params(), V);
     sync_history(ds, sampler, drafts, i);
     std::vector<float> q;
@@ -128,6 +138,12 @@ int32_t draw_draft(const Sampler& sampler, const int32_t* drafts, int64_t i, con
 int64_t judge_drafts(Sampler& sampler, const int32_t* drafts, int64_t k, const float* target_logits,
                      const float* q_rows, int32_t& own) {
     const int64_t V = static_cast<int64_t>(sampler.n_vocab());
+    if (argmax_only(sampler.params())) {
+        for (int64_t j = 0; j <= k; ++j) {
+            own = argmax_of(target_logits + j * V, V);
+            if (j == k || drafts[j] != own) return j;
+        }
+    }
     const bool greedy = sampler.params().temperature <= 0.0f;
     Sampler ts(sampler.params(), V);  // the chain's distributions at each draft's history
     std::vector<float> p, r;

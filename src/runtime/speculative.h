@@ -59,7 +59,8 @@ public:
 /// A round's drafting side: draft i (0-based) drawn with `u` (in [0, 1);
 /// ignored when greedy) from the chain's distribution q of the draft logits,
 /// at the history `sampler` has plus drafts[0 .. i); q (n_vocab floats) is
-/// kept in q_out for judge_drafts.
+/// kept in q_out for judge_drafts (left alone for greedy decoding without
+/// penalties: the argmax decides, judge_drafts reads no q).
 int32_t draw_draft(const Sampler& sampler, const int32_t* drafts, int64_t i, const float* logits, double u,
                    float* q_out);
 

@@ -176,10 +176,11 @@ TEST(Qwen35Gguf, TheRecurrentLayerMaskDecides) {
 }
 
 // The serving engine: each sequence's recurrent state in its slot, snapshots
-// of it at block boundaries for the prefix cache. Requests of mixed lengths,
+// of it at block boundaries for the prefix cache. 32 requests of mixed lengths,
 // some sharing a prompt start, in steps of a small token budget over a KV
 // pool too small for all of them (preemption recomputes a sequence) give
-// exactly the tokens each gives alone, with and without the prefix cache.
+// exactly the tokens each gives alone, with and without the prefix cache and
+// with speculative rounds.
 TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     Fixture f = load(GetParam());
     EXPECT_NE(cuda_unsupported(f.model->program()).find("DeltaNet"), std::string::npos);
@@ -189,10 +190,12 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     std::ofstream(tj) << hf_test::byte_tokenizer_json();
     auto tok = Tokenizer::from_file(tj.string());
     fs::remove(tj);
+    constexpr int kRequests = 32;
     const auto request = [&](int i) {
         GenerationRequest r;
         const size_t len = 5 + static_cast<size_t>(i) * 7 % 40;
-        r.prompt.assign(f.tokens.begin() + (i % 3 == 0 ? 0 : i), f.tokens.begin() + (i % 3 == 0 ? 0 : i) + len);
+        const size_t from = i % 3 == 0 ? 0 : static_cast<size_t>(i % 20);  // every third shares the start
+        r.prompt.assign(f.tokens.begin() + from, f.tokens.begin() + from + len);
         r.max_tokens = 6 + i % 5;
         r.ignore_eos = true;
         r.sampling.temperature = 0;
@@ -217,14 +220,14 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     std::vector<std::vector<int32_t>> alone;
     {
         auto e = make_engine(*f.model, *tok, o);  // one sequence at a time
-        alone = run(*e, 12);
+        alone = run(*e, kRequests);
     }
-    o.n_parallel = 6;
+    o.n_parallel = 8;
     o.token_budget = 9;
-    o.kv_tokens = 64;  // 4 blocks for 6 sequences of up to 55 positions: preemption
+    o.kv_tokens = 64;  // 4 blocks for 8 sequences of up to 54 positions: preemption
     auto e = make_engine(*f.model, *tok, o);
-    const auto together = run(*e, 12);
-    for (int i = 0; i < 12; ++i) EXPECT_EQ(together[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
+    const auto together = run(*e, kRequests);
+    for (int i = 0; i < kRequests; ++i) EXPECT_EQ(together[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
     EXPECT_GT(e->stats().preemptions, 0);
     // Requests sharing a prompt start resume from a snapshot of the state
     // at a block boundary of it.
@@ -232,8 +235,8 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     // Without the prefix cache, the same tokens again.
     o.prefix_cache = false;
     auto cold = make_engine(*f.model, *tok, o);
-    const auto recomputed = run(*cold, 12);
-    for (int i = 0; i < 12; ++i) EXPECT_EQ(recomputed[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
+    const auto recomputed = run(*cold, kRequests);
+    for (int i = 0; i < kRequests; ++i) EXPECT_EQ(recomputed[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
     EXPECT_EQ(cold->stats().prompt_tokens_cached, 0);
     // Speculative rounds (the NextN head drafting 1 or 3 per round; the state
     // rolled back past rejected drafts), with preemption and the prefix
@@ -242,8 +245,8 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     for (int k : {1, 3}) {
         o.spec_draft = k;
         auto spec = make_engine(*f.model, *tok, o);
-        const auto drafted = run(*spec, 12);
-        for (int i = 0; i < 12; ++i)
+        const auto drafted = run(*spec, kRequests);
+        for (int i = 0; i < kRequests; ++i)
             EXPECT_EQ(drafted[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i << ", k = " << k;
         const EngineStats st = spec->stats();
         EXPECT_GT(st.spec_drafted, 0) << "k = " << k;

@@ -1,0 +1,180 @@
+// Gated DeltaNet kernels (delta_rule.h).
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/delta_rule.h"
+
+#include <algorithm>
+#include <string>
+
+namespace quern::cuda {
+
+namespace {
+
+/// The sequence of row r: the last s with row0[s] <= r (rows back to back).
+__device__ int seq_of_row(const int32_t* row0, int n_seqs, int r) {
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (row0[mid] <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/// One block per (row, head slot): slots [0, n_k) are q heads, [n_k, 2 n_k)
+/// k heads, then the v heads; one thread per channel of the head.
+__global__ void delta_conv_kernel(const float* __restrict__ x, float* __restrict__ xc, DeltaSeqs seqs, DeltaLayer L,
+                                  int64_t C) {
+    const int r = blockIdx.x, slot = blockIdx.y, t = threadIdx.x;
+    const int nk = L.n_k_heads;
+    const bool qk = slot < 2 * nk;
+    const int width = qk ? L.head_k : L.head_v;
+    const int64_t c0 = qk ? int64_t{slot} * L.head_k : 2 * int64_t{nk} * L.head_k + int64_t{slot - 2 * nk} * L.head_v;
+    const int s = seq_of_row(seqs.row0, seqs.n_seqs, r);
+    const int j = r - seqs.row0[s];  // the row's place in its sequence's rows of this pass
+    const float* state = seqs.state[s];
+    const int K = L.conv_kernel;
+    float v = 0.0f;
+    if (t < width) {
+        const int64_t c = c0 + t;
+        float acc = 0.0f;
+        for (int tap = 0; tap < K; ++tap) {
+            const int p = j - (K - 1) + tap;  // < 0: the conv state's row K - 1 + p
+            const float in = p >= 0 ? x[(int64_t{seqs.row0[s]} + p) * C + c] : state[int64_t{K - 1 + p} * C + c];
+            acc += in * L.conv[c * K + tap];
+        }
+        v = acc / (1.0f + expf(-acc));
+    }
+    if (qk) {
+        __shared__ float part[32];
+        float ss = v * v;
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if ((t & 31) == 0) part[t >> 5] = ss;
+        __syncthreads();
+        if (t < 32) {
+            float w = t < (blockDim.x + 31) / 32 ? part[t] : 0.0f;
+            for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+            if (t == 0) part[0] = w;
+        }
+        __syncthreads();
+        const float scale = slot < nk ? rsqrtf(static_cast<float>(L.head_k)) : 1.0f;
+        v *= 1.0f / sqrtf(part[0] + 1e-6f) * scale;
+    }
+    if (t < width) xc[int64_t{r} * C + c0 + t] = v;
+}
+
+/// Each sequence's conv state becomes the last K − 1 rows it has seen.
+__global__ void delta_conv_state_kernel(const float* __restrict__ x, DeltaSeqs seqs, int K, int64_t C) {
+    const int s = blockIdx.x;
+    const int64_t c = int64_t{blockIdx.y} * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float* state = seqs.state[s];
+    const int n = seqs.n_rows[s];
+    const int64_t r0 = seqs.row0[s];
+    float keep[7];
+    for (int t = 0; t < K - 1; ++t) {
+        const int idx = n + t;  // in [state rows | the pass's rows]
+        keep[t] = idx < K - 1 ? state[int64_t{idx} * C + c] : x[(r0 + idx - (K - 1)) * C + c];
+    }
+    for (int t = 0; t < K - 1; ++t) state[int64_t{t} * C + c] = keep[t];
+}
+
+/// One block per (sequence, value head); column j of the head's state (a
+/// value element) split over P = DK / 32 neighbouring threads, 32 key rows
+/// each in registers for the sequence's rows; Sᵀk and Sᵀq summed across
+/// the P threads by shuffles.
+template <int DK>
+__global__ void delta_rule_kernel(const float* __restrict__ xc, const float* __restrict__ ba, float* __restrict__ y,
+                                  DeltaSeqs seqs, DeltaLayer L, int64_t C) {
+    constexpr int P = DK / 32, R = 32;
+    const int s = blockIdx.x, h = blockIdx.y, t = threadIdx.x, j = t / P, part = t % P;
+    const int dv = L.head_v, nk = L.n_k_heads, nv = L.n_v_heads;
+    const int kh = L.kv_tiled ? h % nk : h / (nv / nk);
+    const int64_t kd = int64_t{nk} * DK, VD = int64_t{nv} * dv;
+    float* S = seqs.state[s] + int64_t{L.conv_kernel - 1} * C + int64_t{h} * DK * dv;
+    __shared__ float q[DK], k[DK];
+    float st[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) st[i] = S[int64_t{part * R + i} * dv + j];
+    const float a_coef = L.a_coef[h], dt_bias = L.dt_bias[h];
+    const int r0 = seqs.row0[s], n = seqs.n_rows[s];
+    for (int r = r0; r < r0 + n; ++r) {
+        const float* row = xc + int64_t{r} * C;
+        for (int i = t; i < DK; i += blockDim.x) {
+            q[i] = row[int64_t{kh} * DK + i];
+            k[i] = row[kd + int64_t{kh} * DK + i];
+        }
+        __syncthreads();
+        const float b = ba[int64_t{r} * 2 * nv + h], a = ba[int64_t{r} * 2 * nv + nv + h];
+        const float u = a + dt_bias;
+        const float softplus = u > 20.0f ? u : log1pf(expf(u));
+        const float decay = expf(a_coef * softplus), beta = 1.0f / (1.0f + expf(-b));
+        float mem = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            st[i] *= decay;
+            mem += st[i] * k[part * R + i];
+        }
+#pragma unroll
+        for (int o = 1; o < P; o <<= 1) mem += __shfl_xor_sync(0xffffffffu, mem, o);
+        const float delta = (row[2 * kd + int64_t{h} * dv + j] - mem) * beta;
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            st[i] += k[part * R + i] * delta;
+            o += st[i] * q[part * R + i];
+        }
+#pragma unroll
+        for (int m = 1; m < P; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
+        if (part == 0) y[int64_t{r} * VD + int64_t{h} * dv + j] = o;
+        __syncthreads();  // q and k are overwritten by the next row
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) S[int64_t{part * R + i} * dv + j] = st[i];
+}
+
+void check_layer(const DeltaLayer& L, const DeltaSeqs& seqs) {
+    const auto ok_head = [](int d) { return d == 32 || d == 64 || d == 128; };
+    if (!ok_head(L.head_k) || !ok_head(L.head_v))
+        throw_error("delta rule: heads of " + std::to_string(L.head_k) + " x " + std::to_string(L.head_v) +
+                    " (the GPU takes 32, 64 or 128 each)");
+    if (L.conv_kernel < 2 || L.conv_kernel > 8)
+        throw_error("delta rule: a conv of " + std::to_string(L.conv_kernel) + " taps (2 to 8)");
+    if (L.n_k_heads < 1 || L.n_v_heads < L.n_k_heads || L.n_v_heads % L.n_k_heads != 0)
+        throw_error("delta rule: " + std::to_string(L.n_v_heads) + " value heads over " + std::to_string(L.n_k_heads) +
+                    " key heads");
+    if (!L.conv || !L.a_coef || !L.dt_bias || !seqs.row0 || !seqs.n_rows || !seqs.state)
+        throw_error("delta rule: a null parameter or sequence array");
+}
+
+}  // namespace
+
+void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, const DeltaLayer& L,
+                cudaStream_t stream) {
+    check_layer(L, seqs);
+    if (n <= 0 || seqs.n_seqs <= 0) return;
+    const int64_t C = L.conv_dim();
+    const int threads = std::max(L.head_k, L.head_v);
+    delta_conv_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * L.n_k_heads + L.n_v_heads)), threads, 0,
+                        stream>>>(x, xc, seqs, L, C);
+    QUERN_CUDA_CHECK_LAUNCH();
+    delta_conv_state_kernel<<<dim3(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>((C + 255) / 256)), 256, 0,
+                              stream>>>(x, seqs, L.conv_kernel, C);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void delta_rule(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
+                cudaStream_t stream) {
+    check_layer(L, seqs);
+    if (seqs.n_seqs <= 0) return;
+    const int64_t C = L.conv_dim();
+    const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads));
+    const unsigned threads = static_cast<unsigned>(L.head_v * (L.head_k / 32));  // P threads per value element
+    switch (L.head_k) {
+        case 32: delta_rule_kernel<32><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
+        case 64: delta_rule_kernel<64><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
+        default: delta_rule_kernel<128><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
+    }
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace quern::cuda

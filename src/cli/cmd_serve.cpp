@@ -73,9 +73,10 @@ int serve(ServeOptions& o) {
     warn_past_trained_context(cfg, o.engine.n_ctx);
     if (const int64_t sf = m.model->program().state_floats(); sf > 0)  // what each running sequence holds beside its KV
         std::fprintf(stderr,
-                     "quern: recurrent state %.1f MiB per sequence (+ as many prefix-cache snapshots as --parallel); "
-                     "KV cache %.1f KiB per token (%d attention layers)\n",
+                     "quern: recurrent state %.1f MiB per sequence and per prefix-cache snapshot (%d of them, "
+                     "--state-snapshots); KV cache %.1f KiB per token (%d attention layers)\n",
                      static_cast<double>(sf) * 4 / (1 << 20),
+                     !o.engine.prefix_cache ? 0 : o.engine.state_snapshots < 0 ? o.engine.n_parallel : o.engine.state_snapshots,
                      2.0 * static_cast<double>(m.model->program().n_kv_layers * m.model->program().kv_dim) * 4 / 1024,
                      m.model->program().n_kv_layers);
     // The GPU when there is one (--device auto) and it runs the model; else the CPU.
@@ -183,6 +184,11 @@ void add_serve_command(CLI::App& app) {
                     "KV-cache positions shared by all sequences (default: context x parallel); when they run "
                     "out, the newest sequences wait and are recomputed")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+    cmd->add_option("--state-snapshots", o->engine.state_snapshots,
+                    "Models with recurrent state (Qwen3.5): prefix states kept for the prefix cache (-1: as many as "
+                    "--parallel; each costs one sequence's state)")
+        ->capture_default_str()
+        ->check(CLI::Range(-1, 65536));
     cmd->add_flag("--no-prefix-cache", [o](int64_t) { o->engine.prefix_cache = false; },
                   "Do not reuse the cached keys/values of earlier prompts that start the same way");
     cmd->add_option("--api-key", o->server.api_key,

@@ -118,7 +118,7 @@ public:
         // Speculative rounds of a recurrent model keep a copy of each slot's
         // state from before the verification (after the snapshots).
         if (cfg_.has_recurrent_state()) {
-            n_snaps_ = opts_.prefix_cache ? o.n_parallel : 0;
+            n_snaps_ = !opts_.prefix_cache ? 0 : o.state_snapshots < 0 ? o.n_parallel : o.state_snapshots;
             runner_->make_state_slots(o.n_parallel + n_snaps_ + (o.spec_draft > 0 ? o.n_parallel : 0));
             for (int64_t i = n_snaps_; i-- > 0;) free_snaps_.push_back(static_cast<int32_t>(o.n_parallel + i));
         }
@@ -134,6 +134,8 @@ public:
         if (o.max_queue < 0) fail("--max-queue must not be negative");
         if (o.token_budget < 1) fail("the token budget must be positive");
         if (o.spec_draft < 0 || o.spec_draft > 16) fail("--spec-draft must be between 1 and 16 (got {})", o.spec_draft);
+        if (o.state_snapshots < -1 || o.state_snapshots > 65536)
+            fail("--state-snapshots must be between 0 and 65536 (got {})", o.state_snapshots);
         const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
         if (kv_tokens < o.n_ctx) fail("the KV cache ({} tokens) must hold at least one full context ({})", kv_tokens, o.n_ctx);
         return o;

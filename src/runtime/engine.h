@@ -87,6 +87,10 @@ struct EngineOptions {
     /// (runtime/speculative.h). 0: off. CPU engines of models with a head;
     /// requests with logit_bias or logprobs decode one token per step.
     int spec_draft = 0;
+    /// Models with recurrent state: copies of a prefix's state kept for the
+    /// prefix cache (each one sequence's state; least recently used out).
+    /// -1: as many as n_parallel. 0: prompts with a cached start recompute it.
+    int state_snapshots = -1;
 };
 
 /// Counters for /metrics (monotonic unless noted).

@@ -238,6 +238,18 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     const auto recomputed = run(*cold, kRequests);
     for (int i = 0; i < kRequests; ++i) EXPECT_EQ(recomputed[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i;
     EXPECT_EQ(cold->stats().prompt_tokens_cached, 0);
+    // Fewer state snapshots (--state-snapshots): the same tokens; none: no
+    // prefix resumes (a recurrent model needs the state after the prefix).
+    o.prefix_cache = true;
+    for (int snaps : {1, 0}) {
+        o.state_snapshots = snaps;
+        auto few = make_engine(*f.model, *tok, o);
+        const auto got = run(*few, kRequests);
+        for (int i = 0; i < kRequests; ++i)
+            EXPECT_EQ(got[static_cast<size_t>(i)], alone[static_cast<size_t>(i)]) << "request " << i << ", " << snaps;
+        if (snaps == 0) EXPECT_EQ(few->stats().prompt_tokens_cached, 0);
+    }
+    o.state_snapshots = -1;
     // Speculative rounds (the NextN head drafting 1 or 3 per round; the state
     // rolled back past rejected drafts), with preemption and the prefix
     // cache: the same tokens.

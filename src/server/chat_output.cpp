@@ -1,0 +1,217 @@
+#include "server/chat_output.h"
+
+#include <algorithm>
+
+namespace quern::server {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+constexpr std::string_view kToolOpen = "<tool_call>", kToolClose = "</tool_call>";
+
+std::string_view trim(std::string_view s) {
+    const auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
+    while (!s.empty() && ws(s.front())) s.remove_prefix(1);
+    while (!s.empty() && ws(s.back())) s.remove_suffix(1);
+    return s;
+}
+
+/// Bytes at the end of `s` that begin one of `markers` (held back: the next
+/// piece may complete it).
+size_t partial_marker(std::string_view s, const std::vector<std::string_view>& markers) {
+    size_t best = 0;
+    for (std::string_view m : markers)
+        for (size_t k = std::min(m.size() - 1, s.size()); k > best; --k)
+            if (s.substr(s.size() - k) == m.substr(0, k)) {
+                best = k;
+                break;
+            }
+    return best;
+}
+
+/// The JSON type the request's tool `fn` gives parameter `param` ("" when
+/// it says nothing).
+std::string param_type(const Json& tools, const std::string& fn, const std::string& param) {
+    if (!tools.is_array()) return "";
+    for (const Json& t : tools) {
+        const Json* f = t.contains("function") ? &t["function"] : &t;
+        if (!f->is_object() || f->value("name", "") != fn) continue;
+        const Json* props = f->contains("parameters") && (*f)["parameters"].is_object() &&
+                                    (*f)["parameters"].contains("properties")
+                                ? &(*f)["parameters"]["properties"]
+                                : nullptr;
+        if (!props || !props->is_object() || !props->contains(param)) return "";
+        const Json& p = (*props)[param];
+        if (p.is_object() && p.contains("type") && p["type"].is_string()) return p["type"].get<std::string>();
+        return "";
+    }
+    return "";
+}
+
+}  // namespace
+
+void ChatDelta::append(ChatDelta&& o) {
+    reasoning += o.reasoning;
+    content += o.content;
+    for (ToolCall& c : o.calls) calls.push_back(std::move(c));
+}
+
+OutputFormat detect_output_format(const std::string& src) {
+    OutputFormat f;
+    f.think = src.find(kThinkOpen) != std::string::npos;
+    if (src.find("<function=") != std::string::npos && src.find("<parameter=") != std::string::npos)
+        f.tools = ToolFormat::Xml;
+    else if (src.find(kToolOpen) != std::string::npos)
+        f.tools = ToolFormat::Hermes;
+    return f;
+}
+
+bool prompt_opens_think(const std::string& prompt) {
+    const std::string_view p = trim(prompt);
+    return p.size() >= kThinkOpen.size() && p.substr(p.size() - kThinkOpen.size()) == kThinkOpen;
+}
+
+ChatOutputParser::ChatOutputParser(OutputFormat f, bool in_reasoning, Json tools, std::function<std::string()> new_id)
+    : f_(f), tools_(std::move(tools)), new_id_(std::move(new_id)) {
+    mode_ = f_.think && in_reasoning ? Mode::Reasoning : Mode::Content;
+    trim_next_ = mode_ == Mode::Reasoning;
+}
+
+void ChatOutputParser::emit(ChatDelta& d, Mode m, std::string_view text) {
+    if (trim_next_) {
+        while (!text.empty() && (text.front() == '\n' || text.front() == '\r')) text.remove_prefix(1);
+        if (text.empty()) return;
+        trim_next_ = false;
+    }
+    (m == Mode::Reasoning ? d.reasoning : d.content).append(text);
+}
+
+ChatDelta ChatOutputParser::push(std::string_view text) {
+    ChatDelta d;
+    std::string buf = held_;
+    buf.append(text);
+    held_.clear();
+    while (!buf.empty()) {
+        if (mode_ == Mode::Tool) {
+            const size_t from = tool_.size() >= kToolClose.size() ? tool_.size() - (kToolClose.size() - 1) : 0;
+            tool_ += buf;
+            buf.clear();
+            const size_t e = tool_.find(kToolClose, from);
+            if (e == std::string::npos) break;
+            buf = tool_.substr(e + kToolClose.size());
+            const std::string body = tool_.substr(0, e);
+            tool_.clear();
+            ToolCall call;
+            if (parse_call(body, call)) {
+                d.calls.push_back(std::move(call));
+                ++n_calls_;
+            } else {
+                emit(d, Mode::Content, std::string(kToolOpen) + body + std::string(kToolClose));
+            }
+            mode_ = Mode::Content;
+            trim_next_ = true;
+            continue;
+        }
+        std::vector<std::string_view> markers;
+        if (mode_ == Mode::Reasoning) {
+            markers.push_back(kThinkClose);
+        } else {
+            if (f_.think) markers.push_back(kThinkOpen);
+            if (f_.tools != ToolFormat::None) markers.push_back(kToolOpen);
+        }
+        size_t at = std::string::npos;
+        std::string_view which;
+        for (std::string_view m : markers) {
+            const size_t p = buf.find(m);
+            if (p < at) {
+                at = p;
+                which = m;
+            }
+        }
+        if (at == std::string::npos) {
+            const size_t hold = partial_marker(buf, markers);
+            emit(d, mode_, std::string_view(buf).substr(0, buf.size() - hold));
+            held_ = buf.substr(buf.size() - hold);
+            break;
+        }
+        emit(d, mode_, std::string_view(buf).substr(0, at));
+        buf.erase(0, at + which.size());
+        if (which == kThinkOpen) mode_ = Mode::Reasoning;
+        else if (which == kThinkClose) mode_ = Mode::Content;
+        else mode_ = Mode::Tool;
+        trim_next_ = mode_ != Mode::Tool;
+    }
+    return d;
+}
+
+ChatDelta ChatOutputParser::finish() {
+    ChatDelta d;
+    if (mode_ == Mode::Tool) {
+        emit(d, Mode::Content, std::string(kToolOpen) + tool_ + held_);
+        tool_.clear();
+        mode_ = Mode::Content;
+    } else {
+        emit(d, mode_, held_);
+    }
+    held_.clear();
+    return d;
+}
+
+bool ChatOutputParser::parse_call(const std::string& raw, ToolCall& call) const {
+    const std::string_view body = trim(raw);
+    Json args = Json::object();
+    if (f_.tools == ToolFormat::Hermes || (!body.empty() && body.front() == '{')) {
+        const Json j = Json::parse(body, nullptr, false);
+        if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
+        call.name = j["name"].get<std::string>();
+        const char* key = j.contains("arguments") ? "arguments" : "parameters";
+        if (j.contains(key)) {
+            const Json& a = j[key];
+            if (a.is_string()) {  // arguments written as a JSON string
+                const Json inner = Json::parse(a.get<std::string>(), nullptr, false);
+                if (inner.is_discarded() || !inner.is_object()) return false;
+                args = inner;
+            } else if (a.is_object()) {
+                args = a;
+            } else if (!a.is_null()) {
+                return false;
+            }
+        }
+    } else {
+        // <function=NAME> (<parameter=P> VALUE </parameter>)* </function>
+        constexpr std::string_view kFn = "<function=", kFnEnd = "</function>", kP = "<parameter=", kPEnd = "</parameter>";
+        if (body.substr(0, kFn.size()) != kFn) return false;
+        const size_t gt = body.find('>');
+        if (gt == std::string_view::npos) return false;
+        call.name = std::string(trim(body.substr(kFn.size(), gt - kFn.size())));
+        std::string_view rest = body.substr(gt + 1);
+        for (;;) {
+            rest = trim(rest);
+            if (rest.substr(0, kFnEnd.size()) == kFnEnd) {
+                if (!trim(rest.substr(kFnEnd.size())).empty()) return false;
+                break;
+            }
+            if (rest.substr(0, kP.size()) != kP) return false;
+            const size_t pg = rest.find('>');
+            const size_t pe = rest.find(kPEnd);
+            if (pg == std::string_view::npos || pe == std::string_view::npos || pe < pg) return false;
+            const std::string name(trim(rest.substr(kP.size(), pg - kP.size())));
+            std::string_view value = rest.substr(pg + 1, pe - pg - 1);
+            if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+            if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+            const std::string type = param_type(tools_, call.name, name);
+            Json v(Json::value_t::discarded);
+            if (type != "string") v = Json::parse(value, nullptr, false);  // typed, or untyped but JSON
+            args[name] = v.is_discarded() ? Json(std::string(value)) : v;
+            rest = rest.substr(pe + kPEnd.size());
+        }
+    }
+    if (call.name.empty()) return false;
+    call.arguments = args.dump();
+    call.id = new_id_ ? new_id_() : "call_" + std::to_string(n_calls_);
+    return true;
+}
+
+}  // namespace quern::server

@@ -1,0 +1,90 @@
+// The assistant's generated text split as the chat API returns it: the
+// reasoning (<think> … </think>) apart from the answer, and tool calls
+// parsed into OpenAI's structured `tool_calls`, incrementally while the text
+// streams in. Which markers a model writes is read from its chat template
+// (detect_output_format): the families covered so far are
+//   - reasoning in <think> … </think> (Qwen3, Qwen3.5, DeepSeek-R1 style),
+//     including templates whose generation prompt opens the block;
+//   - Hermes / Qwen2.5 / Qwen3 tool calls:
+//       <tool_call>{"name": …, "arguments": {…}}</tool_call>
+//   - Qwen3-Coder / Qwen3.5 XML tool calls:
+//       <tool_call><function=NAME><parameter=P>VALUE</parameter>…</function></tool_call>
+//     (VALUE typed by the tool's JSON schema: strings stay strings, other
+//     types are read as JSON).
+// A tool call is handed out whole when its closing tag arrives (its
+// arguments as one JSON text); one cut short (a stop or the length limit)
+// or unreadable comes back as plain content, as written.
+#pragma once
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace quern::server {
+
+enum class ToolFormat { None, Hermes, Xml };
+
+/// What a model writes besides its answer, as its chat template shows it.
+struct OutputFormat {
+    bool think = false;                   ///< <think> … </think> reasoning
+    ToolFormat tools = ToolFormat::None;  ///< how tool calls are written
+};
+
+/// Read from a chat template's source: <think> if it mentions the tag, XML
+/// tool calls if it writes <function=…> / <parameter=…>, Hermes ones if it
+/// writes <tool_call>.
+OutputFormat detect_output_format(const std::string& template_source);
+
+/// Whether the rendered prompt leaves the model inside a <think> block (the
+/// generation prompt ends by opening it).
+bool prompt_opens_think(const std::string& prompt);
+
+struct ToolCall {
+    std::string id;
+    std::string name;
+    std::string arguments;  ///< a JSON object, as text
+};
+
+/// Text of one step, by destination.
+struct ChatDelta {
+    std::string reasoning, content;
+    std::vector<ToolCall> calls;
+    bool empty() const { return reasoning.empty() && content.empty() && calls.empty(); }
+    void append(ChatDelta&& o);
+};
+
+class ChatOutputParser {
+public:
+    /// `tools`: the request's tool list (OpenAI shape; types the XML
+    /// parameters); `new_id` names each call ("call_…").
+    ChatOutputParser(OutputFormat f, bool in_reasoning, nlohmann::ordered_json tools,
+                     std::function<std::string()> new_id);
+
+    /// The next piece of generated text: what of it can be told apart now
+    /// (text that may begin a marker is held back until it can).
+    ChatDelta push(std::string_view text);
+    /// The end of the text: what was held back (an unfinished tool call as
+    /// content).
+    ChatDelta finish();
+    /// Tool calls parsed so far.
+    int n_calls() const { return n_calls_; }
+
+private:
+    enum class Mode { Content, Reasoning, Tool };
+    void emit(ChatDelta& d, Mode m, std::string_view text);
+    /// A tool call's body (between the tags) as a call, or false.
+    bool parse_call(const std::string& body, ToolCall& call) const;
+
+    OutputFormat f_;
+    nlohmann::ordered_json tools_;
+    std::function<std::string()> new_id_;
+    Mode mode_;
+    std::string held_;         // text that may begin a marker
+    std::string tool_;         // the open tool call's body
+    bool trim_next_ = true;    // drop newlines at the start of the next content or reasoning
+    int n_calls_ = 0;
+};
+
+}  // namespace quern::server

@@ -1,0 +1,165 @@
+// Reasoning and tool-call parsing of generated chat text (server/chat_output.h)
+// on recorded outputs of each family: the parts (reasoning, content, calls)
+// of the whole text, and the same parts however the text is cut into pieces
+// (every cut into two, and byte by byte), as a stream delivers it.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "server/chat_output.h"
+
+using namespace quern::server;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+struct Parts {
+    std::string reasoning, content;
+    std::vector<std::pair<std::string, Json>> calls;  // name, arguments
+    bool operator==(const Parts& o) const = default;
+};
+
+void PrintTo(const Parts& p, std::ostream* os) {
+    *os << "reasoning=" << Json(p.reasoning).dump() << " content=" << Json(p.content).dump() << " calls=[";
+    for (const auto& [n, a] : p.calls) *os << n << a.dump() << " ";
+    *os << "]";
+}
+
+Parts collect(ChatDelta d, Parts p = {}) {
+    p.reasoning += d.reasoning;
+    p.content += d.content;
+    for (const ToolCall& c : d.calls) p.calls.emplace_back(c.name, Json::parse(c.arguments));
+    return p;
+}
+
+Parts parse_pieces(const std::vector<std::string>& pieces, OutputFormat f, bool in_reasoning, const Json& tools) {
+    ChatOutputParser parser(f, in_reasoning, tools, [] { return std::string("call_x"); });
+    Parts p;
+    for (const std::string& s : pieces) p = collect(parser.push(s), p);
+    return collect(parser.finish(), p);
+}
+
+/// The parts of `text` in one piece, checked to be the same for every cut.
+Parts parse_all_ways(const std::string& text, OutputFormat f, bool in_reasoning = false, const Json& tools = {}) {
+    const Parts whole = parse_pieces({text}, f, in_reasoning, tools);
+    for (size_t cut = 0; cut <= text.size(); ++cut)
+        EXPECT_EQ(parse_pieces({text.substr(0, cut), text.substr(cut)}, f, in_reasoning, tools), whole) << "cut " << cut;
+    std::vector<std::string> bytes;
+    for (char c : text) bytes.emplace_back(1, c);
+    EXPECT_EQ(parse_pieces(bytes, f, in_reasoning, tools), whole) << "byte by byte";
+    return whole;
+}
+
+const OutputFormat kHermes{false, ToolFormat::Hermes};
+const OutputFormat kQwen3{true, ToolFormat::Hermes};
+const OutputFormat kQwen35{true, ToolFormat::Xml};
+
+const Json kTools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+    "units": {"type": "string"}}}}}])");
+
+TEST(ChatOutput, HermesToolCallAfterText) {
+    const Parts p = parse_all_ways(
+        "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        kHermes);
+    EXPECT_EQ(p.content, "Let me check.\n");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].first, "get_weather");
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "Paris"})"));
+}
+
+TEST(ChatOutput, ParallelHermesCallsAndStringArguments) {
+    const Parts p = parse_all_ways(
+        "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n"
+        "<tool_call>\n{\"name\": \"b\", \"arguments\": \"{\\\"y\\\": [1, 2]}\"}\n</tool_call>",
+        kHermes);
+    EXPECT_EQ(p.content, "");
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0], (std::pair<std::string, Json>{"a", Json::parse(R"({"x": 1})")}));
+    EXPECT_EQ(p.calls[1], (std::pair<std::string, Json>{"b", Json::parse(R"({"y": [1, 2]})")}));
+}
+
+TEST(ChatOutput, Qwen3ThinkingThenACall) {
+    const Parts p = parse_all_ways(
+        "<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", "
+        "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+        kQwen3);
+    EXPECT_EQ(p.reasoning, "The user wants the weather.\n");
+    EXPECT_EQ(p.content, "");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "Oslo"})"));
+}
+
+TEST(ChatOutput, ThinkBlockOpenedByThePrompt) {
+    EXPECT_TRUE(prompt_opens_think("<|im_start|>assistant\n<think>\n"));
+    EXPECT_FALSE(prompt_opens_think("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    const Parts p = parse_all_ways("Two plus two.\n</think>\n\nThe answer is 4.", kQwen3, /*in_reasoning=*/true);
+    EXPECT_EQ(p.reasoning, "Two plus two.\n");
+    EXPECT_EQ(p.content, "The answer is 4.");
+}
+
+TEST(ChatOutput, Qwen35XmlCallsTypedByTheSchema) {
+    const Parts p = parse_all_ways(
+        "<think>\nCall it.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n<parameter=units>\n42\n</parameter>\n</function>\n</tool_call>",
+        kQwen35, false, kTools);
+    EXPECT_EQ(p.reasoning, "Call it.\n");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].first, "get_weather");
+    // days is an integer; units a string even though it reads as a number
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "New York", "days": 3, "units": "42"})"));
+}
+
+TEST(ChatOutput, UnfinishedOrUnreadableCallsStayText) {
+    const std::string cut = "Sure.<tool_call>\n{\"name\": \"get_weather\", \"argu";
+    Parts p = parse_all_ways(cut, kHermes);
+    EXPECT_EQ(p.content, cut);
+    EXPECT_TRUE(p.calls.empty());
+    const std::string bad = "<tool_call>{not json}</tool_call> done";
+    p = parse_all_ways(bad, kHermes);
+    EXPECT_EQ(p.content, bad);
+    EXPECT_TRUE(p.calls.empty());
+}
+
+TEST(ChatOutput, WithoutAFormatTextPassesThrough) {
+    const std::string t = "<think>x</think><tool_call>{\"name\": \"a\"}</tool_call> <tool_";
+    const Parts p = parse_all_ways(t, OutputFormat{});
+    EXPECT_EQ(p.content, t);
+    EXPECT_TRUE(p.reasoning.empty() && p.calls.empty());
+}
+
+TEST(ChatOutput, FormatsReadFromTemplates) {
+    const OutputFormat q = detect_output_format("{{- '<tool_call>\\n<function=' + name + '>\\n<parameter=' }} <think>");
+    EXPECT_EQ(q.tools, ToolFormat::Xml);
+    EXPECT_TRUE(q.think);
+    const OutputFormat h = detect_output_format("<tool_call>\\n{\"name\": ...}");
+    EXPECT_EQ(h.tools, ToolFormat::Hermes);
+    EXPECT_FALSE(h.think);
+    EXPECT_EQ(detect_output_format("{{ messages }}").tools, ToolFormat::None);
+}
+
+// The real templates of the families covered.
+TEST(ChatOutput, FormatsOfTheRealTemplates) {
+    const auto of = [](const std::string& name) {
+        std::ifstream f(std::string(QUERN_TESTDATA_DIR) + "/chat-templates/" + name);
+        EXPECT_TRUE(f) << name;
+        std::stringstream ss;
+        ss << f.rdbuf();
+        return detect_output_format(ss.str());
+    };
+    const OutputFormat q35 = of("Qwen3.5-4B.jinja");
+    EXPECT_EQ(q35.tools, ToolFormat::Xml);
+    EXPECT_TRUE(q35.think);
+    EXPECT_EQ(of("Qwen3-Coder.jinja").tools, ToolFormat::Xml);
+    const OutputFormat q25 = of("Qwen-Qwen2.5-7B-Instruct.jinja");
+    EXPECT_EQ(q25.tools, ToolFormat::Hermes);
+    EXPECT_FALSE(q25.think);
+    const OutputFormat qwq = of("Qwen-QwQ-32B.jinja");
+    EXPECT_EQ(qwq.tools, ToolFormat::Hermes);
+    EXPECT_TRUE(qwq.think);
+    EXPECT_EQ(of("meta-llama-Llama-3.1-8B-Instruct.jinja").tools, ToolFormat::None);  // not covered yet
+}
+
+}  // namespace

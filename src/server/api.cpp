@@ -163,6 +163,27 @@ void parse_common(const Json& body, ApiRequest& r, int32_t n_vocab, const Sampli
     r.user = get_string(body, "user");
 }
 
+/// An assistant message's tool calls as templates take them, as vLLM
+/// normalises them: an empty list dropped (Llama 3.1's template refuses it),
+/// arguments sent as JSON text (OpenAI's wire form) turned into objects
+/// (templates iterate or tojson them).
+void normalize_tool_calls(Json& m) {
+    const auto it = m.find("tool_calls");
+    if (it == m.end()) return;
+    if (it->is_null() || (it->is_array() && it->empty())) {
+        m.erase(it);
+        return;
+    }
+    if (!it->is_array()) return;
+    for (Json& call : *it) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+        Json& fn = call["function"];
+        if (!fn.contains("arguments") || !fn["arguments"].is_string()) continue;
+        Json parsed = Json::parse(fn["arguments"].get<std::string>(), nullptr, false);
+        if (!parsed.is_discarded() && parsed.is_object()) fn["arguments"] = std::move(parsed);
+    }
+}
+
 /// A chat message's content as one string (text parts joined by newlines).
 std::string content_text(const Json& content, size_t i) {
     const std::string param = fmt::format("messages[{}].content", i);
@@ -290,6 +311,7 @@ ApiRequest parse_chat_request(const Json& body, int32_t n_vocab, const SamplingP
         }
         for (const auto& [k, v] : m.items())
             if (k != "role" && k != "content") out[k] = v;
+        normalize_tool_calls(out);
         r.messages.push_back(std::move(out));
     }
     if (const Json* t = field(body, "tools")) {
@@ -299,6 +321,14 @@ ApiRequest parse_chat_request(const Json& body, int32_t n_vocab, const SamplingP
     if (const Json* tc = field(body, "tool_choice")) {
         if (!(tc->is_string() && (*tc == "none" || *tc == "auto")))
             bad("tool_choice", "this server does not force tool calls: 'tool_choice' may be \"none\" or \"auto\"");
+        r.tool_choice = tc->get<std::string>();
+    }
+    r.parallel_tool_calls = get_bool(body, "parallel_tool_calls", true);
+    if (const Json* rf = field(body, "reasoning_format")) {
+        if (!(rf->is_string() && (*rf == "auto" || *rf == "none")))
+            bad("reasoning_format", "'reasoning_format' may be \"auto\" (reasoning in reasoning_content) or \"none\" "
+                                    "(left in the content)");
+        r.parse_reasoning = *rf == "auto";
     }
     if (const Json* rf = field(body, "response_format")) {
         if (!rf->is_object() || rf->value("type", "") != "text")
@@ -420,8 +450,22 @@ Json response_json(const ResponseMeta& m, const std::vector<ChoiceResult>& choic
     for (const ChoiceResult& c : choices) {
         Json ch = Json::object();
         ch["index"] = c.index;
-        if (chat) ch["message"] = Json{{"role", "assistant"}, {"content", c.text}};
-        else ch["text"] = c.text;
+        if (chat) {
+            Json msg = Json{{"role", "assistant"}};
+            msg["content"] = c.text.empty() && !c.tool_calls.empty() ? Json(nullptr) : Json(c.text);
+            if (!c.reasoning.empty()) msg["reasoning_content"] = c.reasoning;
+            if (!c.tool_calls.empty()) {
+                Json calls = Json::array();
+                for (const ToolCall& t : c.tool_calls)
+                    calls.push_back(Json{{"id", t.id},
+                                         {"type", "function"},
+                                         {"function", Json{{"name", t.name}, {"arguments", t.arguments}}}});
+                msg["tool_calls"] = std::move(calls);
+            }
+            ch["message"] = std::move(msg);
+        } else {
+            ch["text"] = c.text;
+        }
         if (!c.want_logprobs) ch["logprobs"] = nullptr;
         else ch["logprobs"] = chat ? chat_logprobs_json(c.logprobs) : completion_logprobs_json(c.logprobs);
         ch["finish_reason"] = c.finish_reason;
@@ -455,6 +499,25 @@ Json chunk_json(const ResponseMeta& m, int index, const std::string* role, const
     ch["finish_reason"] = finish_reason.empty() ? Json(nullptr) : Json(finish_reason);
     out["choices"] = Json::array({std::move(ch)});
     if (usage_null) out["usage"] = nullptr;
+    return out;
+}
+
+Json chat_delta_chunk_json(const ResponseMeta& m, int index, const ChatDelta& d, int first_call,
+                           const std::vector<TokenLogprob>* logprobs, bool usage_null) {
+    Json out = chunk_json(m, index, nullptr, d.content, logprobs, "", usage_null);
+    Json& delta = out["choices"][0]["delta"];
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (d.content.empty()) delta.erase("content");
+    if (!d.calls.empty()) {
+        Json calls = Json::array();
+        int i = first_call;
+        for (const ToolCall& t : d.calls)
+            calls.push_back(Json{{"index", i++},
+                                 {"id", t.id},
+                                 {"type", "function"},
+                                 {"function", Json{{"name", t.name}, {"arguments", t.arguments}}}});
+        delta["tool_calls"] = std::move(calls);
+    }
     return out;
 }
 

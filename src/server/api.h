@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/sampler.h"
+#include "server/chat_output.h"
 
 namespace quern::server {
 
@@ -53,6 +54,14 @@ struct ApiRequest {
     Json messages;
     Json tools;
     Json template_kwargs = Json::object();
+    std::string tool_choice = "auto";  ///< "auto" or "none"
+    bool parallel_tool_calls = true;   ///< false: the first tool call ends the choice
+    bool parse_reasoning = true;       ///< reasoning_format "none": <think> blocks stay in the content
+    /// Set by the server from the chat template and the rendered prompt:
+    /// what to parse out of the generated text, and whether the prompt left
+    /// the model inside a <think> block.
+    OutputFormat output;
+    bool prompt_in_think = false;
 
     // completions: one entry per prompt, text or token ids
     std::vector<std::string> prompt_texts;
@@ -118,6 +127,8 @@ struct ChoiceResult {
     std::string finish_reason;
     std::vector<TokenLogprob> logprobs;
     bool want_logprobs = false;
+    std::string reasoning;             ///< chat: the <think> text, when parsed out
+    std::vector<ToolCall> tool_calls;  ///< chat: parsed tool calls
 };
 
 /// What every response and chunk of one request shares.
@@ -136,6 +147,11 @@ Json response_json(const ResponseMeta& m, const std::vector<ChoiceResult>& choic
 /// `usage_null`: include "usage": null (stream_options.include_usage).
 Json chunk_json(const ResponseMeta& m, int index, const std::string* role, const std::string& text,
                 const std::vector<TokenLogprob>* logprobs, const std::string& finish_reason, bool usage_null);
+/// A chat stream chunk of parsed output: delta.reasoning_content,
+/// delta.content and delta.tool_calls (each call whole, numbered from
+/// `first_call` within the choice), with `logprobs` when wanted.
+Json chat_delta_chunk_json(const ResponseMeta& m, int index, const ChatDelta& d, int first_call,
+                           const std::vector<TokenLogprob>* logprobs, bool usage_null);
 /// The final usage chunk (empty choices).
 Json usage_chunk_json(const ResponseMeta& m, const Usage& usage);
 

@@ -77,6 +77,7 @@ ChatOutputParser::ChatOutputParser(OutputFormat f, bool in_reasoning, Json tools
     : f_(f), tools_(std::move(tools)), new_id_(std::move(new_id)) {
     mode_ = f_.think && in_reasoning ? Mode::Reasoning : Mode::Content;
     trim_next_ = mode_ == Mode::Reasoning;
+    opened_ = mode_ == Mode::Reasoning;
 }
 
 void ChatOutputParser::emit(ChatDelta& d, Mode m, std::string_view text) {
@@ -93,6 +94,21 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
     std::string buf = held_;
     buf.append(text);
     held_.clear();
+    if (opened_) {
+        // Some models open the block again although the prompt did.
+        const size_t lead = buf.find_first_not_of("\r\n ");
+        if (lead == std::string::npos) {
+            held_ = buf;
+            return d;
+        }
+        const std::string_view rest = std::string_view(buf).substr(lead);
+        if (rest.size() < kThinkOpen.size() && kThinkOpen.substr(0, rest.size()) == rest) {
+            held_ = buf;
+            return d;
+        }
+        if (rest.substr(0, kThinkOpen.size()) == kThinkOpen) buf.erase(0, lead + kThinkOpen.size());
+        opened_ = false;
+    }
     while (!buf.empty()) {
         if (mode_ == Mode::Tool) {
             const size_t from = tool_.size() >= kToolClose.size() ? tool_.size() - (kToolClose.size() - 1) : 0;

@@ -84,6 +84,7 @@ private:
     std::string held_;         // text that may begin a marker
     std::string tool_;         // the open tool call's body
     bool trim_next_ = true;    // drop newlines at the start of the next content or reasoning
+    bool opened_ = false;      // the prompt opened the think block: a <think> the model writes anyway is dropped
     int n_calls_ = 0;
 };
 

@@ -25,6 +25,19 @@ uint64_t random_seed() {
     return rng();
 }
 
+/// "call_" and 24 hex digits, as OpenAI's tool-call ids look.
+std::string new_call_id() {
+    static const char* hex = "0123456789abcdef";
+    uint64_t a = random_seed(), b = random_seed();
+    std::string id = "call_";
+    for (int i = 0; i < 24; ++i) {
+        uint64_t& w = i < 16 ? a : b;
+        id += hex[w & 15];
+        w >>= 4;
+    }
+    return id;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- EventQueue
@@ -65,6 +78,8 @@ Generation::Generation(Engine& engine, const Tokenizer& tok, const ApiRequest& r
             auto c = std::make_unique<Choice>(tok_, req_.stop);
             c->index = static_cast<int>(choices_.size());
             c->prompt = static_cast<int>(p);
+            if (req_.endpoint == Endpoint::Chat && (req_.output.think || req_.output.tools != ToolFormat::None))
+                c->parser = std::make_unique<ChatOutputParser>(req_.output, req_.prompt_in_think, req_.tools, new_call_id);
             choices_.push_back(std::move(c));
         }
 }
@@ -199,7 +214,6 @@ void Generation::emit(Choice& c, const std::string& text, bool final, Sink& sink
         out += c.stop.flush();
     }
     c.emitted += out.size();
-    c.text += out;
     const bool stopped = c.stop.stopped();
     // log-probabilities go out with the text of their token: complete tokens
     // while running; at a stop string, the tokens that began before it
@@ -218,17 +232,41 @@ void Generation::emit(Choice& c, const std::string& text, bool final, Sink& sink
         c.lp_end.clear();
     }
     const bool want_lp = req_.top_logprobs >= 0;
-    if (!out.empty() || !released.empty()) {
-        if (client_ok && !sink.text(c.index, out, want_lp ? &released : nullptr)) client_ok = false;
+    if (c.parser) {
+        // Reasoning, content and tool calls apart; the text the parser holds
+        // back (a marker's start) comes at the end.
+        ChatDelta d = c.parser->push(out);
+        if (final || stopped) d.append(c.parser->finish());
+        const int first_call = static_cast<int>(c.calls.size());
+        if (!req_.parallel_tool_calls && first_call + d.calls.size() > 1) d.calls.resize(first_call > 0 ? 0 : 1);
+        c.text += d.content;
+        c.reasoning += d.reasoning;
+        c.calls.insert(c.calls.end(), d.calls.begin(), d.calls.end());
+        if ((!d.empty() || !released.empty()) && client_ok &&
+            !sink.delta(c.index, d, first_call, want_lp ? &released : nullptr))
+            client_ok = false;
+    } else {
+        c.text += out;
+        if ((!out.empty() || !released.empty()) && client_ok && !sink.text(c.index, out, want_lp ? &released : nullptr))
+            client_ok = false;
     }
     if (want_lp) c.lp_done.insert(c.lp_done.end(), released.begin(), released.end());
+    // parallel_tool_calls false: the first call ends the choice.
+    if (!stopped && !c.finished && c.parser && !req_.parallel_tool_calls && !c.calls.empty()) {
+        c.parser->finish();
+        finish(c, "tool_calls", sink, client_ok);
+        if (c.submitted) engine_.cancel(c.id);
+        return;
+    }
     if (stopped) {
         finish(c, "stop", sink, client_ok);
         if (c.submitted) engine_.cancel(c.id);  // the engine need not run past the stop string
     }
 }
 
-void Generation::finish(Choice& c, const std::string& reason, Sink& sink, bool& client_ok) {
+void Generation::finish(Choice& c, const std::string& reason_in, Sink& sink, bool& client_ok) {
+    // A choice that made tool calls and stopped: OpenAI's "tool_calls".
+    const std::string reason = reason_in == "stop" && !c.calls.empty() ? "tool_calls" : reason_in;
     c.finished = true;
     c.finish_reason = reason;
     queue_->mark_done(c.index);
@@ -242,6 +280,8 @@ std::vector<ChoiceResult> Generation::results() const {
         ChoiceResult r;
         r.index = c->index;
         r.text = c->text;
+        r.reasoning = c->reasoning;
+        r.tool_calls = c->calls;
         r.finish_reason = c->finish_reason;
         r.want_logprobs = req_.top_logprobs >= 0;
         r.logprobs = c->lp_done;

@@ -65,6 +65,13 @@ public:
     /// New text of a choice and the log-probabilities of the tokens it
     /// completes (nullptr when not requested). False: the client is gone.
     virtual bool text(int choice, const std::string& text, const std::vector<TokenLogprob>* logprobs) { return true; }
+    /// Parsed chat output (reasoning, content, whole tool calls numbered
+    /// from `first_call` in the choice), for chat requests whose model
+    /// writes reasoning or tool calls (ApiRequest::output); plain text by
+    /// default.
+    virtual bool delta(int choice, const ChatDelta& d, int first_call, const std::vector<TokenLogprob>* logprobs) {
+        return text(choice, d.content, logprobs);
+    }
     /// A choice finished with "stop" or "length".
     virtual bool finish(int choice, const std::string& reason) { return true; }
     /// Whether the client is still connected (asked while waiting).
@@ -127,6 +134,9 @@ private:
         std::vector<TokenLogprob> lp_pending;  ///< not yet complete in the emitted text
         std::vector<TokenLogprob> lp_done;     ///< all released (non-streamed result)
         std::vector<size_t> lp_end;            ///< end offsets of lp_pending
+        std::unique_ptr<ChatOutputParser> parser;  ///< chat output with reasoning or tool calls
+        std::string reasoning;
+        std::vector<ToolCall> calls;
         Choice(const Tokenizer& tok, std::vector<std::string> stops) : detok(tok, false), stop(std::move(stops)) {}
     };
     void on_event(Choice& c, const EventQueue::Item& item, Sink& sink, bool& client_ok);

@@ -110,6 +110,9 @@ public:
     bool text(int choice, const std::string& text, const std::vector<TokenLogprob>* lps) override {
         return write(sse_event(chunk_json(p_.meta, choice, nullptr, text, lps, "", p_.include_usage)));
     }
+    bool delta(int choice, const ChatDelta& d, int first_call, const std::vector<TokenLogprob>* lps) override {
+        return write(sse_event(chat_delta_chunk_json(p_.meta, choice, d, first_call, lps, p_.include_usage)));
+    }
     bool finish(int choice, const std::string& reason) override {
         return write(sse_event(chunk_json(p_.meta, choice, nullptr, "", nullptr, reason, p_.include_usage)));
     }
@@ -194,7 +197,7 @@ struct HttpServer::Impl {
     }
 
     /// Token ids of each prompt of a request, checked against the context.
-    std::vector<std::vector<int32_t>> prompts_of(const ApiRequest& r) {
+    std::vector<std::vector<int32_t>> prompts_of(ApiRequest& r) {
         std::vector<std::vector<int32_t>> prompts;
         if (r.endpoint == Endpoint::Chat) {
             if (!tmpl) throw ApiError(400, "this server has no chat template; use /v1/completions");
@@ -210,6 +213,11 @@ struct HttpServer::Impl {
                 throw ApiError(400, std::string("the chat template rejected these messages: ") + e.what(), "messages");
             }
             prompts.push_back(chat::tokenize_prompt(tok, text));
+            // What the model writes besides its answer, as its template shows.
+            r.output = detect_output_format(tmpl->source());
+            if (r.tools.empty() || r.tool_choice == "none") r.output.tools = ToolFormat::None;
+            if (!r.parse_reasoning) r.output.think = false;
+            r.prompt_in_think = r.output.think && prompt_opens_think(text);
         } else {
             for (const std::string& t : r.prompt_texts) prompts.push_back(chat::tokenize_prompt(tok, t));
             for (const auto& ids : r.prompt_tokens) prompts.push_back(ids);

@@ -98,6 +98,9 @@ TEST(ChatOutput, ThinkBlockOpenedByThePrompt) {
     const Parts p = parse_all_ways("Two plus two.\n</think>\n\nThe answer is 4.", kQwen3, /*in_reasoning=*/true);
     EXPECT_EQ(p.reasoning, "Two plus two.\n");
     EXPECT_EQ(p.content, "The answer is 4.");
+    // a model that opens the block again
+    EXPECT_EQ(parse_all_ways("\n<think>\nTwo plus two.\n</think>\n\n4", kQwen3, true),
+              (Parts{"Two plus two.\n", "4", {}}));
 }
 
 TEST(ChatOutput, Qwen35XmlCallsTypedByTheSchema) {

@@ -8,6 +8,10 @@
 #include <cmath>
 #include <random>
 
+#include <fstream>
+#include <sstream>
+
+#include "chat/chat.h"
 #include "fake_engine.h"
 #include "server/api.h"
 #include "server/generation.h"
@@ -21,7 +25,7 @@ namespace {
 
 const int32_t kVocab = 1000;
 
-ApiRequest chat(const std::string& body) { return parse_chat_request(parse_body(body), kVocab); }
+ApiRequest chat_req(const std::string& body) { return parse_chat_request(parse_body(body), kVocab); }
 ApiRequest completion(const std::string& body) { return parse_completion_request(parse_body(body), kVocab); }
 
 /// The status and param of the ApiError `f` throws (0 when none).
@@ -53,7 +57,7 @@ bool valid_utf8(const std::string& s) {
 // ---------------------------------------------------------------- validation
 
 TEST(ServerApi, ChatDefaultsAreOpenAIs) {
-    const ApiRequest r = chat(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}]})");
+    const ApiRequest r = chat_req(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}]})");
     EXPECT_EQ(r.model, "m");
     EXPECT_EQ(r.n, 1);
     EXPECT_EQ(r.max_tokens, -1);
@@ -71,7 +75,7 @@ TEST(ServerApi, ChatDefaultsAreOpenAIs) {
 }
 
 TEST(ServerApi, ChatFieldsAreRead) {
-    const ApiRequest r = chat(R"({"messages": [{"role": "developer", "content": "be brief"},
+    const ApiRequest r = chat_req(R"({"messages": [{"role": "developer", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": null, "tool_calls": []}],
         "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": 40, "min_p": 0.1,
@@ -83,7 +87,7 @@ TEST(ServerApi, ChatFieldsAreRead) {
     EXPECT_EQ(r.messages[0]["role"], "system");
     EXPECT_EQ(r.messages[1]["content"], "a\nb");
     EXPECT_TRUE(r.messages[2]["content"].is_null());
-    EXPECT_TRUE(r.messages[2].contains("tool_calls"));
+    EXPECT_FALSE(r.messages[2].contains("tool_calls"));  // an empty list is dropped (normalize_tool_calls)
     EXPECT_EQ(r.max_tokens, 7);
     EXPECT_FLOAT_EQ(r.sampling.temperature, 0.0f);
     EXPECT_FLOAT_EQ(r.sampling.top_p, 0.5f);
@@ -104,14 +108,14 @@ TEST(ServerApi, ChatFieldsAreRead) {
     EXPECT_TRUE(r.ignore_eos);
     EXPECT_EQ(r.user, "u");
     // logprobs without top_logprobs: the token's own only
-    EXPECT_EQ(chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})").top_logprobs, 0);
+    EXPECT_EQ(chat_req(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})").top_logprobs, 0);
     // nulls mean the default
-    const ApiRequest d = chat(R"({"messages": [{"role": "user", "content": "x"}], "temperature": null, "stop": null,
+    const ApiRequest d = chat_req(R"({"messages": [{"role": "user", "content": "x"}], "temperature": null, "stop": null,
                                   "n": null, "seed": null, "max_tokens": null, "stream_options": null})");
     EXPECT_FLOAT_EQ(d.sampling.temperature, 1.0f);
     EXPECT_EQ(d.n, 1);
     // an integral float is an integer
-    EXPECT_EQ(chat(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 12.0})").max_tokens, 12);
+    EXPECT_EQ(chat_req(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 12.0})").max_tokens, 12);
 }
 
 TEST(ServerApi, ChatRejectsBadValuesNamingTheField) {
@@ -177,10 +181,45 @@ TEST(ServerApi, ChatRejectsBadValuesNamingTheField) {
         {"{" + m + R"(, "tool_choice": "required"})", "tool_choice"},
     };
     for (const Case& c : cases) {
-        const auto [status, param] = error_of([&] { chat(c.body); });
+        const auto [status, param] = error_of([&] { chat_req(c.body); });
         EXPECT_EQ(status, 400) << c.body;
         EXPECT_EQ(param, c.param) << c.body;
     }
+}
+
+// Messages as agent frameworks send them, normalised before rendering (as
+// vLLM does) and rendered by the real templates: an empty tool-call list
+// (Llama 3.1's template refuses it), arguments as JSON text (Qwen2.5's and
+// Qwen3.5's templates write or iterate an object), text parts (templates
+// that take strings).
+TEST(ServerApi, MessagesAreNormalisedForTheRealTemplates) {
+    const auto render = [](const std::string& file, const ApiRequest& r) {
+        std::ifstream f(std::string(QUERN_TESTDATA_DIR) + "/chat-templates/" + file);
+        EXPECT_TRUE(f) << file;
+        std::stringstream ss;
+        ss << f.rdbuf();
+        quern::chat::ChatTemplate t(ss.str(), "<s>", "</s>", file);
+        quern::chat::ChatOptions o;
+        o.tools = r.tools.empty() ? quern::chat::Json() : quern::chat::Json::parse(r.tools.dump());
+        return t.apply(quern::chat::Json::parse(r.messages.dump()), o);
+    };
+    const ApiRequest empty = chat_req(R"({"messages": [{"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "tool_calls": []}, {"role": "user", "content": "bye"}]})");
+    EXPECT_NO_THROW(render("meta-llama-Llama-3.1-8B-Instruct.jinja", empty));
+    const ApiRequest args = chat_req(R"({"messages": [{"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+          "properties": {"city": {"type": "string"}}}}}]})");
+    EXPECT_TRUE(args.messages[1]["tool_calls"][0]["function"]["arguments"].is_object());
+    const std::string q25 = render("Qwen-Qwen2.5-7B-Instruct.jinja", args);
+    EXPECT_NE(q25.find(R"("arguments": {"city": "Paris"})"), std::string::npos) << q25;
+    const std::string q35 = render("Qwen3.5-4B.jinja", args);
+    EXPECT_NE(q35.find("<parameter=city>\nParis\n</parameter>"), std::string::npos) << q35;
+    const ApiRequest parts = chat_req(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "one"},
+        {"type": "text", "text": "two"}]}]})");
+    EXPECT_NE(render("meta-llama-Llama-3.1-8B-Instruct.jinja", parts).find("one\ntwo"), std::string::npos);
 }
 
 TEST(ServerApi, CompletionPrompts) {

@@ -9,6 +9,8 @@
 #include <unistd.h>
 #include <httplib.h>
 
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "chat/chat.h"
@@ -27,15 +29,22 @@ const char* kText = "Hello, wörld! 你好 STOP tail";
 class HttpTest : public ::testing::Test {
 protected:
     void start(std::chrono::microseconds interval = std::chrono::microseconds(200), int parallel = 4, int queue = 8,
-               std::string api_key = "") {
+               std::string api_key = "", const std::string& text = kText, const std::string& template_file = "") {
         tok_ = Tokenizer::from_file(std::string(QUERN_TESTDATA_DIR) + "/vocab/ggml-vocab-gpt-2.gguf");
-        script_ = tok_->encode(kText, false, false);
+        script_ = tok_->encode(text, false, false);
         EngineOptions eo;
-        eo.n_ctx = 64;
+        eo.n_ctx = template_file.empty() ? 64 : 4096;  // a real template renders tools into a long prompt
         eo.n_parallel = parallel;
         eo.max_queue = queue;
         engine_ = std::make_unique<test::FakeEngine>([this](const GenerationRequest&) { return script_; }, eo, interval);
-        tmpl_ = std::make_unique<chat::ChatTemplate>(*chat::builtin_template("chatml"), "", "<|endoftext|>", "chatml");
+        if (template_file.empty()) {
+            tmpl_ = std::make_unique<chat::ChatTemplate>(*chat::builtin_template("chatml"), "", "<|endoftext|>", "chatml");
+        } else {
+            std::ifstream f(std::string(QUERN_TESTDATA_DIR) + "/chat-templates/" + template_file);
+            std::stringstream ss;
+            ss << f.rdbuf();
+            tmpl_ = std::make_unique<chat::ChatTemplate>(ss.str(), "", "<|endoftext|>", template_file);
+        }
         ServerOptions so;
         so.host = "127.0.0.1";
         so.port = 0;
@@ -183,6 +192,76 @@ TEST_F(HttpTest, ChatAndCompletionsStreamedAndNot) {
     const Json pj = Json::parse(plain->body);
     EXPECT_EQ(pj["choices"][0]["text"], ctext);
     EXPECT_EQ(pj["choices"][0]["finish_reason"], "length");
+}
+
+// A Qwen3.5 model's reasoning and XML tool calls (a scripted output) come
+// back as reasoning_content and tool_calls, streamed and not, with
+// finish_reason "tool_calls"; tool_choice "none" and reasoning_format "none"
+// leave the text as written; parallel_tool_calls false keeps the first call.
+TEST_F(HttpTest, ReasoningAndToolCallsAreParsed) {
+    const std::string out =
+        "<think>\nThe user asks for weather.\n</think>\n\nLet me look.\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>";
+    start(std::chrono::microseconds(200), 4, 8, "", out, "Qwen3.5-4B.jinja");
+    const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
+    const std::string body = R"({"messages": [{"role": "user", "content": "weather in Paris and Rome?"}], )" + tools +
+                             R"(, "chat_template_kwargs": {"enable_thinking": true}})";
+    auto r = post("/v1/chat/completions", body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const Json m = Json::parse(r->body)["choices"][0]["message"];
+    EXPECT_EQ(m["reasoning_content"], "The user asks for weather.\n");
+    EXPECT_EQ(m["content"], "Let me look.\n");
+    ASSERT_EQ(m["tool_calls"].size(), 2u);
+    EXPECT_EQ(m["tool_calls"][0]["type"], "function");
+    EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(Json::parse(m["tool_calls"][1]["function"]["arguments"].get<std::string>()), Json::parse(R"({"city": "Rome"})"));
+    EXPECT_EQ(m["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
+    EXPECT_EQ(Json::parse(r->body)["choices"][0]["finish_reason"], "tool_calls");
+
+    // streamed: the same parts from the deltas
+    r = post("/v1/chat/completions", body.substr(0, body.size() - 1) + R"(, "stream": true})");
+    ASSERT_TRUE(r);
+    std::string reasoning, content, finish;
+    Json calls = Json::array();
+    for (const std::string& e : events(r->body)) {
+        if (e == "[DONE]") break;
+        const Json c = Json::parse(e)["choices"][0];
+        const Json& d = c["delta"];
+        if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+        if (d.contains("content")) content += d["content"].get<std::string>();
+        if (d.contains("tool_calls"))
+            for (const Json& t : d["tool_calls"]) {
+                EXPECT_EQ(t["index"], calls.size());
+                calls.push_back(t);
+            }
+        if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+    EXPECT_EQ(reasoning, m["reasoning_content"]);
+    EXPECT_EQ(content, m["content"]);
+    ASSERT_EQ(calls.size(), 2u);
+    EXPECT_EQ(calls[1]["function"]["arguments"], m["tool_calls"][1]["function"]["arguments"]);
+    EXPECT_EQ(finish, "tool_calls");
+
+    // tool_choice none, reasoning_format none: the text as written
+    r = post("/v1/chat/completions", body.substr(0, body.size() - 1) +
+                                         R"(, "tool_choice": "none", "reasoning_format": "none"})");
+    ASSERT_TRUE(r);
+    const Json plain = Json::parse(r->body)["choices"][0];
+    EXPECT_EQ(plain["message"]["content"], out);
+    EXPECT_FALSE(plain["message"].contains("tool_calls"));
+    EXPECT_EQ(plain["finish_reason"], "stop");
+
+    // parallel_tool_calls false: the first call ends the choice
+    r = post("/v1/chat/completions", body.substr(0, body.size() - 1) + R"(, "parallel_tool_calls": false})");
+    ASSERT_TRUE(r);
+    const Json one = Json::parse(r->body)["choices"][0];
+    ASSERT_EQ(one["message"]["tool_calls"].size(), 1u);
+    EXPECT_EQ(Json::parse(one["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+              Json::parse(R"({"city": "Paris"})"));
+    EXPECT_EQ(one["finish_reason"], "tool_calls");
 }
 
 TEST_F(HttpTest, Refusals) {

@@ -110,6 +110,23 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
         opened_ = false;
     }
     while (!buf.empty()) {
+        if (mode_ == Mode::BareJson) {
+            bare_ += buf;
+            break;
+        }
+        // The answer's first character decides whether it may be bare JSON
+        // tool calls (the request has tools and the model writes Hermes JSON).
+        if (mode_ == Mode::Content && !answer_started_ && f_.tools == ToolFormat::Hermes && tools_.is_array() &&
+            !tools_.empty()) {
+            const size_t lead = buf.find_first_not_of(" \t\r\n");
+            if (lead == std::string::npos) break;  // only whitespace so far: wait
+            answer_started_ = true;
+            if (buf[lead] == '{') {
+                mode_ = Mode::BareJson;
+                bare_ = buf;
+                break;
+            }
+        }
         if (mode_ == Mode::Tool) {
             const size_t from = tool_.size() >= kToolClose.size() ? tool_.size() - (kToolClose.size() - 1) : 0;
             tool_ += buf;
@@ -164,6 +181,18 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
 
 ChatDelta ChatOutputParser::finish() {
     ChatDelta d;
+    if (mode_ == Mode::BareJson) {
+        std::vector<ToolCall> calls;
+        if (parse_bare_json(bare_, calls)) {
+            n_calls_ += static_cast<int>(calls.size());
+            d.calls = std::move(calls);
+        } else {
+            emit(d, Mode::Content, bare_);
+        }
+        bare_.clear();
+        mode_ = Mode::Content;
+        return d;
+    }
     if (mode_ == Mode::Tool) {
         emit(d, Mode::Content, std::string(kToolOpen) + tool_ + held_);
         tool_.clear();
@@ -173,6 +202,43 @@ ChatDelta ChatOutputParser::finish() {
     }
     held_.clear();
     return d;
+}
+
+bool ChatOutputParser::parse_bare_json(const std::string& text, std::vector<ToolCall>& calls) const {
+    std::string_view rest = trim(text);
+    while (!rest.empty()) {
+        // One JSON object: up to the brace that closes the first (strings skipped).
+        size_t end = 0;
+        int depth = 0;
+        bool in_str = false, esc = false;
+        for (size_t i = 0; i < rest.size() && end == 0; ++i) {
+            const char c = rest[i];
+            if (in_str) {
+                if (esc) esc = false;
+                else if (c == '\\') esc = true;
+                else if (c == '"') in_str = false;
+            } else if (c == '"') {
+                in_str = true;
+            } else if (c == '{') {
+                ++depth;
+            } else if (c == '}' && --depth == 0) {
+                end = i + 1;
+            }
+        }
+        if (end == 0) return false;
+        ToolCall call;
+        if (!parse_call(std::string(rest.substr(0, end)), call)) return false;
+        bool known = false;  // only the request's tools: a JSON answer is not a call
+        for (const Json& t : tools_) {
+            const Json* f = t.contains("function") ? &t["function"] : &t;
+            known = known || (f->is_object() && f->value("name", "") == call.name);
+        }
+        if (!known) return false;
+        calls.push_back(std::move(call));
+        rest = trim(rest.substr(end));
+        if (!rest.empty() && rest.front() == ',') rest = trim(rest.substr(1));
+    }
+    return !calls.empty();
 }
 
 bool ChatOutputParser::parse_call(const std::string& raw, ToolCall& call) const {

@@ -13,7 +13,11 @@
 //     types are read as JSON).
 // A tool call is handed out whole when its closing tag arrives (its
 // arguments as one JSON text); one cut short (a stop or the length limit)
-// or unreadable comes back as plain content, as written.
+// or unreadable comes back as plain content, as written. Small models often
+// drop the tags: an answer that is nothing but JSON objects naming one of
+// the request's tools ({"name": …, "arguments": …}, one or more) is read as
+// those calls (the generic fallback); such an answer is held back until the
+// end to tell.
 #pragma once
 #include <functional>
 #include <string>
@@ -72,10 +76,13 @@ public:
     int n_calls() const { return n_calls_; }
 
 private:
-    enum class Mode { Content, Reasoning, Tool };
+    enum class Mode { Content, Reasoning, Tool, BareJson };
     void emit(ChatDelta& d, Mode m, std::string_view text);
     /// A tool call's body (between the tags) as a call, or false.
     bool parse_call(const std::string& body, ToolCall& call) const;
+    /// The generic fallback: `text` as tool calls (JSON objects naming the
+    /// request's tools, back to back), or false.
+    bool parse_bare_json(const std::string& text, std::vector<ToolCall>& calls) const;
 
     OutputFormat f_;
     nlohmann::ordered_json tools_;
@@ -85,6 +92,8 @@ private:
     std::string tool_;         // the open tool call's body
     bool trim_next_ = true;    // drop newlines at the start of the next content or reasoning
     bool opened_ = false;      // the prompt opened the think block: a <think> the model writes anyway is dropped
+    bool answer_started_ = false;  // content has begun (the bare-JSON fallback looks at its first character)
+    std::string bare_;         // an answer held back as possible bare-JSON tool calls
     int n_calls_ = 0;
 };
 

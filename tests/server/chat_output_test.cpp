@@ -126,6 +126,28 @@ TEST(ChatOutput, UnfinishedOrUnreadableCallsStayText) {
     EXPECT_TRUE(p.calls.empty());
 }
 
+// Small models drop the tags (Qwen2.5-Coder-0.5B answers a tool request
+// with the bare object): read as calls when they name the request's tools.
+TEST(ChatOutput, BareJsonCallsOfTheRequestsTools) {
+    Parts p = parse_all_ways("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}", kHermes, false,
+                             kTools);
+    EXPECT_EQ(p.content, "");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "Paris"})"));
+    p = parse_all_ways("\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a}\"}}\n"
+                       "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"b\"}}",
+                       kHermes, false, kTools);
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "a}"})"));
+    // a JSON answer that names no tool of the request stays the answer
+    const std::string answer = "{\"name\": \"Ada\", \"arguments\": {}}";
+    p = parse_all_ways(answer, kHermes, false, kTools);
+    EXPECT_EQ(p.content, answer);
+    EXPECT_TRUE(p.calls.empty());
+    // without tools in the request, nothing is held back
+    EXPECT_EQ(parse_all_ways("{\"name\": \"get_weather\"}", kHermes).content, "{\"name\": \"get_weather\"}");
+}
+
 TEST(ChatOutput, WithoutAFormatTextPassesThrough) {
     const std::string t = "<think>x</think><tool_call>{\"name\": \"a\"}</tool_call> <tool_";
     const Parts p = parse_all_ways(t, OutputFormat{});

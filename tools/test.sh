@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
 bash tools/build.sh
 bash tools/fetch-model.sh
+bash tools/fetch-tool-model.sh  # the tool-call end-to-end test's model
 cd build && ctest --output-on-failure -j"$(nproc)" "$@"

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Tool calls end to end: `quern serve` with a real tool-calling model
+(Qwen2.5-Coder-0.5B-Instruct, tools/fetch-tool-model.sh) and the official
+`openai` client, unchanged:
+  - a chat request with a function tool comes back with structured
+    `tool_calls` (the function and its JSON arguments) and finish_reason
+    "tool_calls", streamed (delta.tool_calls) and not, the two agreeing;
+  - the client sends the call and its result back (the assistant message as
+    the client built it, arguments as JSON text) and the model answers in
+    text (finish_reason "stop");
+  - tool_choice "none" gets text and no calls.
+
+Usage: tools_e2e.py --quern build/quern --model FILE
+Exits 1 on the first failure ("tools_e2e: all passed" on success).
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_e2e import Server, check  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
+                   "required": ["city"]}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quern", required=True)
+    ap.add_argument("--model", required=True)
+    a = ap.parse_args()
+    srv = Server(a.quern, ["-c", "4096", "--parallel", "2", "-q"], a.model)
+    try:
+        c = srv.client()
+        r = c.chat.completions.create(model=srv.model_id, messages=ASK, tools=TOOLS, temperature=0, max_tokens=128)
+        ch = r.choices[0]
+        check(ch.finish_reason == "tool_calls", f"finish_reason {ch.finish_reason!r}, content {ch.message.content!r}")
+        calls = ch.message.tool_calls
+        check(calls and len(calls) == 1 and calls[0].function.name == "get_weather", f"tool_calls {calls!r}")
+        args = json.loads(calls[0].function.arguments)
+        check(isinstance(args, dict) and "paris" in str(args.get("city", "")).lower(), f"arguments {args!r}")
+        check(calls[0].id.startswith("call_") and calls[0].type == "function", f"call {calls[0]!r}")
+        print("tools_e2e: chat with a tool -> tool_calls", calls[0].function.arguments)
+
+        stream = c.chat.completions.create(model=srv.model_id, messages=ASK, tools=TOOLS, temperature=0,
+                                           max_tokens=128, stream=True)
+        got, finish, text = {}, None, ""
+        for chunk in stream:
+            if not chunk.choices:
+                continue
+            d = chunk.choices[0].delta
+            text += d.content or ""
+            for t in d.tool_calls or []:
+                e = got.setdefault(t.index, {"id": "", "name": "", "arguments": ""})
+                e["id"] += t.id or ""
+                e["name"] += (t.function.name or "") if t.function else ""
+                e["arguments"] += (t.function.arguments or "") if t.function else ""
+            finish = chunk.choices[0].finish_reason or finish
+        check(finish == "tool_calls" and list(got) == [0], f"stream: finish {finish!r}, calls {got!r}")
+        check(got[0]["name"] == "get_weather" and json.loads(got[0]["arguments"]) == args,
+              f"stream call {got[0]!r} differs from {args!r}")
+        check(text == "", f"stream content {text!r}")
+        print("tools_e2e: streamed -> the same call")
+
+        msgs = ASK + [ch.message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": calls[0].id,
+                       "content": json.dumps({"temperature_c": 18, "sky": "cloudy"})}]
+        r2 = c.chat.completions.create(model=srv.model_id, messages=msgs, tools=TOOLS, temperature=0, max_tokens=96)
+        check(r2.choices[0].finish_reason in ("stop", "length") and r2.choices[0].message.content,
+              f"round trip: {r2.choices[0]!r}")
+        print("tools_e2e: the tool's result sent back ->", repr(r2.choices[0].message.content[:80]))
+
+        r3 = c.chat.completions.create(model=srv.model_id, messages=ASK, tools=TOOLS, tool_choice="none",
+                                       temperature=0, max_tokens=64)
+        check(not r3.choices[0].message.tool_calls and r3.choices[0].finish_reason != "tool_calls",
+              f"tool_choice none: {r3.choices[0]!r}")
+        print("tools_e2e: tool_choice none -> text")
+    finally:
+        srv.stop()
+    print("tools_e2e: all passed")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # noqa: BLE001
+        print(f"tools_e2e: FAILED: {e}")
+        sys.exit(1)

@@ -42,7 +42,8 @@ std::string dump(const Json& j);
 /// deeper than 64 levels give ApiError 400.
 Json parse_body(std::string_view body);
 
-enum class Endpoint { Chat, Completions };
+/// Messages: Anthropic's /v1/messages, a chat request (server/anthropic.h).
+enum class Endpoint { Chat, Completions, Messages };
 
 /// A validated generation request (chat or completions).
 struct ApiRequest {
@@ -81,7 +82,7 @@ struct ApiRequest {
 
     /// Prompts in this request (1 for chat).
     size_t n_prompts() const {
-        return endpoint == Endpoint::Chat ? 1 : prompt_texts.size() + prompt_tokens.size();
+        return endpoint != Endpoint::Completions ? 1 : prompt_texts.size() + prompt_tokens.size();
     }
 };
 
@@ -127,6 +128,7 @@ struct ChoiceResult {
     std::string finish_reason;
     std::vector<TokenLogprob> logprobs;
     bool want_logprobs = false;
+    std::string stop_sequence;         ///< the stop string that ended it ("" for none)
     std::string reasoning;             ///< chat: the <think> text, when parsed out
     std::vector<ToolCall> tool_calls;  ///< chat: parsed tool calls
 };

@@ -78,7 +78,7 @@ Generation::Generation(Engine& engine, const Tokenizer& tok, const ApiRequest& r
             auto c = std::make_unique<Choice>(tok_, req_.stop);
             c->index = static_cast<int>(choices_.size());
             c->prompt = static_cast<int>(p);
-            if (req_.endpoint == Endpoint::Chat && (req_.output.think || req_.output.tools != ToolFormat::None))
+            if (req_.endpoint != Endpoint::Completions && (req_.output.think || req_.output.tools != ToolFormat::None))
                 c->parser = std::make_unique<ChatOutputParser>(req_.output, req_.prompt_in_think, req_.tools, new_call_id);
             choices_.push_back(std::move(c));
         }
@@ -281,6 +281,7 @@ std::vector<ChoiceResult> Generation::results() const {
         r.index = c->index;
         r.text = c->text;
         r.reasoning = c->reasoning;
+        r.stop_sequence = c->stop.matched();
         r.tool_calls = c->calls;
         r.finish_reason = c->finish_reason;
         r.want_logprobs = req_.top_logprobs >= 0;

@@ -15,6 +15,7 @@
 #include "chat/chat.h"
 #include "core/error.h"
 #include "runtime/engine.h"
+#include "server/anthropic.h"
 #include "server/api.h"
 #include "server/generation.h"
 #include "server/metrics.h"
@@ -25,12 +26,15 @@ namespace {
 
 const char* kChatPath = "/v1/chat/completions";
 const char* kCompletionsPath = "/v1/completions";
+const char* kMessagesPath = "/v1/messages";
+const char* kCountTokensPath = "/v1/messages/count_tokens";
 const char* kModelsPath = "/v1/models";
 const char* kModelPath = R"(/v1/models/(.+))";
 const char* kHealthPath = "/health";
 const char* kMetricsPath = "/metrics";
 const char* kRoutes =
-    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics";
+    "POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, POST /v1/messages/count_tokens, "
+    "GET /v1/models, GET /health, GET /metrics";
 
 /// Every route setup() registers: its method and its path pattern (matched
 /// against the whole path, as httplib does). A request whose path matches a
@@ -39,8 +43,9 @@ struct Route {
     const char* method;
     const char* pattern;
 };
-const Route kRouteTable[] = {{"POST", kChatPath},   {"POST", kCompletionsPath}, {"GET", kModelsPath},
-                             {"GET", kModelPath},   {"GET", kHealthPath},       {"GET", kMetricsPath}};
+const Route kRouteTable[] = {{"POST", kChatPath},     {"POST", kCompletionsPath}, {"POST", kMessagesPath},
+                             {"POST", kCountTokensPath}, {"GET", kModelsPath},  {"GET", kModelPath},
+                             {"GET", kHealthPath},   {"GET", kMetricsPath}};
 
 /// The methods the routes of `path` answer ("GET, HEAD" for a GET route, as
 /// httplib answers HEAD with the GET handler); "" when no route has the path.
@@ -97,6 +102,7 @@ struct Pending {
     std::string endpoint;
     bool stream = false;
     bool include_usage = false;
+    int64_t n_prompt_tokens = 0;  ///< the prompt's tokens (Anthropic's message_start reports them)
     double t_arrival = 0;
     bool ran = false;
     bool closed = false;
@@ -170,6 +176,13 @@ struct HttpServer::Impl {
 
     void check_auth(const httplib::Request& req) const {
         if (o.api_key.empty()) return;
+        // Anthropic's clients send the key as x-api-key.
+        if (req.has_header("x-api-key")) {
+            if (!equal_constant_time(req.get_header_value("x-api-key"), o.api_key))
+                throw ApiError(401, "the API key is not valid: send the key quern serve was started with (--api-key)",
+                               "", "invalid_api_key");
+            return;
+        }
         const std::string h = req.get_header_value("Authorization");
         if (h.size() < 7 || strncasecmp(h.c_str(), "bearer ", 7) != 0)
             throw ApiError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY' "
@@ -199,7 +212,7 @@ struct HttpServer::Impl {
     /// Token ids of each prompt of a request, checked against the context.
     std::vector<std::vector<int32_t>> prompts_of(ApiRequest& r) {
         std::vector<std::vector<int32_t>> prompts;
-        if (r.endpoint == Endpoint::Chat) {
+        if (r.endpoint != Endpoint::Completions) {
             if (!tmpl) throw ApiError(400, "this server has no chat template; use /v1/completions");
             chat::ChatOptions copts;
             copts.add_generation_prompt = true;
@@ -223,7 +236,7 @@ struct HttpServer::Impl {
             for (const auto& ids : r.prompt_tokens) prompts.push_back(ids);
         }
         const int64_t n_ctx = engine.options().n_ctx;
-        const char* param = r.endpoint == Endpoint::Chat ? "messages" : "prompt";
+        const char* param = r.endpoint != Endpoint::Completions ? "messages" : "prompt";
         for (const auto& p : prompts) {
             if (p.empty()) throw ApiError(400, std::string("the prompt is empty: '") + param + "' gives no tokens", param);
             if (static_cast<int64_t>(p.size()) + 1 > n_ctx)
@@ -247,19 +260,23 @@ struct HttpServer::Impl {
 
     void handle_generate(const httplib::Request& hreq, httplib::Response& res, Endpoint ep) {
         const double t0 = mono_seconds();
-        const std::string endpoint = ep == Endpoint::Chat ? kChatPath : kCompletionsPath;
-        const std::string id = (ep == Endpoint::Chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
+        const std::string endpoint = ep == Endpoint::Chat ? kChatPath : ep == Endpoint::Messages ? kMessagesPath
+                                                                                                 : kCompletionsPath;
+        const std::string id =
+            (ep == Endpoint::Chat ? "chatcmpl-" : ep == Endpoint::Messages ? "msg_" : "cmpl-") + random_hex(24);
         try {
             if (draining.load())
                 throw ApiError(503, "the server is shutting down; retry in a moment or against another server");
             check_auth(hreq);
             const Json body = parse_body(hreq.body);
-            ApiRequest r = ep == Endpoint::Chat ? parse_chat_request(body, tok.n_vocab(), o.sampling_defaults)
-                                                : parse_completion_request(body, tok.n_vocab(), o.sampling_defaults);
+            ApiRequest r = ep == Endpoint::Chat       ? parse_chat_request(body, tok.n_vocab(), o.sampling_defaults)
+                           : ep == Endpoint::Messages ? parse_messages_request(body, tok.n_vocab(), o.sampling_defaults)
+                                                      : parse_completion_request(body, tok.n_vocab(), o.sampling_defaults);
             check_model(r.model);
             std::vector<std::vector<int32_t>> prompts = prompts_of(r);
 
             auto p = std::make_shared<Pending>();
+            p->n_prompt_tokens = static_cast<int64_t>(prompts.front().size());
             p->gen = std::make_shared<Generation>(engine, tok, r, std::move(prompts), t0, &metrics);
             p->gen->submit();
             p->meta = ResponseMeta{ep, id, static_cast<int64_t>(std::time(nullptr)), o.model_id};
@@ -278,10 +295,57 @@ struct HttpServer::Impl {
                 [this, p](size_t, httplib::DataSink& ds) { return provide(*p, ds); },
                 [this, p](bool) { close(*p, 499); });
         } catch (const ApiError& e) {
-            send_error(res, e);
+            if (ep == Endpoint::Messages) {
+                send_json(res, e.status, anthropic_error_json(e.status, e.what()));
+                if (e.status == 429) res.set_header("Retry-After", "1");
+            } else {
+                send_error(res, e);
+            }
             metrics.count_request(endpoint, e.status);
             log(id + " " + std::to_string(e.status) + " " + e.what());
         }
+    }
+
+    /// POST /v1/messages/count_tokens: the prompt's tokens as the template renders it.
+    void handle_count_tokens(const httplib::Request& hreq, httplib::Response& res) {
+        try {
+            check_auth(hreq);
+            ApiRequest r = parse_messages_request(parse_body(hreq.body), tok.n_vocab(), o.sampling_defaults, true);
+            check_model(r.model);
+            const auto prompts = prompts_of(r);
+            send_json(res, 200, Json{{"input_tokens", static_cast<int64_t>(prompts.front().size())}});
+        } catch (const ApiError& e) {
+            send_json(res, e.status, anthropic_error_json(e.status, e.what()));
+        }
+    }
+
+    /// A streamed /v1/messages response: Anthropic's events.
+    bool provide_messages_stream(Pending& p, httplib::DataSink& ds) {
+        Generation& g = *p.gen;
+        struct Sink final : server::Sink {
+            httplib::DataSink& ds;
+            AnthropicStream& st;
+            Sink(httplib::DataSink& d, AnthropicStream& s) : ds(d), st(s) {}
+            bool put(const std::string& s) { return s.empty() || ds.write(s.data(), s.size()); }
+            bool text(int, const std::string& t, const std::vector<TokenLogprob>*) override {
+                ChatDelta d;
+                d.content = t;
+                return put(st.delta(d));
+            }
+            bool delta(int, const ChatDelta& d, int, const std::vector<TokenLogprob>*) override { return put(st.delta(d)); }
+            bool alive() override { return ds.is_writable(); }
+        };
+        AnthropicStream st(p.meta);
+        Sink sink(ds, st);
+        bool ok = sink.put(st.start(p.n_prompt_tokens));
+        ok = ok && g.run(sink);
+        if (ok && !g.error().empty()) {
+            const std::string e = "event: error\ndata: " + dump(anthropic_error_json(500, g.error())) + "\n\n";
+            ok = sink.put(e);
+        } else if (ok) {
+            ok = sink.put(st.finish(g.results().front(), g.usage()));
+        }
+        return ok;
     }
 
     /// Writes the response of an admitted request (on its HTTP thread).
@@ -290,7 +354,20 @@ struct HttpServer::Impl {
         p.ran = true;
         Generation& g = *p.gen;
         bool ok = true;
-        if (p.stream) {
+        if (p.meta.endpoint == Endpoint::Messages) {
+            if (p.stream) {
+                ok = provide_messages_stream(p, ds);
+            } else {
+                WatchSink sink(ds);
+                ok = g.run(sink);
+                if (ok) {
+                    const std::string body = g.error().empty()
+                                                 ? dump(messages_response_json(p.meta, g.results().front(), g.usage()))
+                                                 : dump(anthropic_error_json(500, g.error()));
+                    ok = ds.write(body.data(), body.size());
+                }
+            }
+        } else if (p.stream) {
             SseSink sink(ds, p);
             if (p.meta.endpoint == Endpoint::Chat) {
                 const std::string role = "assistant";
@@ -386,6 +463,11 @@ struct HttpServer::Impl {
         svr.Post(kCompletionsPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Completions);
         });
+        svr.Post(kMessagesPath, [this](const httplib::Request& req, httplib::Response& res) {
+            handle_generate(req, res, Endpoint::Messages);
+        });
+        svr.Post(kCountTokensPath,
+                 [this](const httplib::Request& req, httplib::Response& res) { handle_count_tokens(req, res); });
         svr.Get(kModelsPath, [this](const httplib::Request& req, httplib::Response& res) {
             try {
                 check_auth(req);

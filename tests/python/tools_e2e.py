@@ -8,7 +8,11 @@
   - the client sends the call and its result back (the assistant message as
     the client built it, arguments as JSON text) and the model answers in
     text (finish_reason "stop");
-  - tool_choice "none" gets text and no calls.
+  - tool_choice "none" gets text and no calls;
+  - the official `anthropic` client, unchanged, against /v1/messages: a
+    plain message, the same tool as a tool_use block (stop_reason tool_use),
+    streamed (the SDK's event accumulation) and not, the tool_result round
+    trip, count_tokens, and an error in Anthropic's shape.
 
 Usage: tools_e2e.py --quern build/quern --model FILE
 Exits 1 on the first failure ("tools_e2e: all passed" on success).
@@ -28,6 +32,54 @@ TOOLS = [{"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
+A_TOOLS = [{"name": "get_weather", "description": "Get the current weather in a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
+                             "required": ["city"]}}]
+
+
+def anthropic_checks(srv):
+    import anthropic
+    a = anthropic.Anthropic(base_url=f"http://127.0.0.1:{srv.port}", api_key="none", max_retries=0)
+    m = a.messages.create(model=srv.model_id, max_tokens=32, messages=[{"role": "user", "content": "Say hello."}],
+                          extra_body={"temperature": 0})
+    check(m.type == "message" and m.role == "assistant" and m.content and m.content[0].type == "text",
+          f"messages: {m!r}")
+    check(m.stop_reason in ("end_turn", "max_tokens") and m.usage.output_tokens > 0, f"messages: {m!r}")
+    print("tools_e2e: anthropic messages ->", repr(m.content[0].text[:60]), m.stop_reason)
+
+    t = a.messages.create(model=srv.model_id, max_tokens=128, tools=A_TOOLS, extra_body={"temperature": 0},
+                          messages=[{"role": "user", "content": "What is the weather in Paris right now?"}])
+    uses = [b for b in t.content if b.type == "tool_use"]
+    check(t.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "get_weather", f"tool_use: {t!r}")
+    check("paris" in str(uses[0].input.get("city", "")).lower() and uses[0].id.startswith("toolu_"), f"{uses[0]!r}")
+    print("tools_e2e: anthropic tool_use ->", uses[0].input)
+
+    with a.messages.stream(model=srv.model_id, max_tokens=128, tools=A_TOOLS, extra_body={"temperature": 0},
+                           messages=[{"role": "user", "content": "What is the weather in Paris right now?"}]) as s:
+        final = s.get_final_message()
+    suses = [b for b in final.content if b.type == "tool_use"]
+    check(final.stop_reason == "tool_use" and len(suses) == 1 and suses[0].input == uses[0].input,
+          f"streamed tool_use: {final!r}")
+    print("tools_e2e: anthropic streamed -> the same tool_use")
+
+    r = a.messages.create(model=srv.model_id, max_tokens=64, tools=A_TOOLS, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": "What is the weather in Paris right now?"},
+        {"role": "assistant", "content": [b.model_dump() for b in t.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                      "content": json.dumps({"temperature_c": 18, "sky": "cloudy"})}]}])
+    check(r.content and r.stop_reason in ("end_turn", "max_tokens", "tool_use"), f"tool_result round trip: {r!r}")
+    print("tools_e2e: anthropic tool_result round trip ->", r.stop_reason)
+
+    n = a.messages.count_tokens(model=srv.model_id, messages=[{"role": "user", "content": "Say hello."}])
+    check(n.input_tokens > 3, f"count_tokens: {n!r}")
+    try:
+        a.messages.create(model=srv.model_id, max_tokens=8, messages=[])
+        check(False, "an empty message list was accepted")
+    except anthropic.BadRequestError as e:
+        check(e.body.get("type") == "error" and e.body["error"]["type"] == "invalid_request_error", f"{e.body!r}")
+    print("tools_e2e: anthropic count_tokens", n.input_tokens, "and a 400 in Anthropic's shape")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quern", required=True)
@@ -36,7 +88,7 @@ def main():
     srv = Server(a.quern, ["-c", "4096", "--parallel", "2", "-q"], a.model)
     try:
         c = srv.client()
-        r = c.chat.completions.create(model=srv.model_id, messages=ASK, tools=TOOLS, temperature=0, max_tokens=128)
+        r = c.chat.completions.create(model=srv.model_id, messages=ASK, tools=TOOLS, extra_body={"temperature": 0}, max_tokens=128)
         ch = r.choices[0]
         check(ch.finish_reason == "tool_calls", f"finish_reason {ch.finish_reason!r}, content {ch.message.content!r}")
         calls = ch.message.tool_calls
@@ -46,7 +98,7 @@ def main():
         check(calls[0].id.startswith("call_") and calls[0].type == "function", f"call {calls[0]!r}")
         print("tools_e2e: chat with a tool -> tool_calls", calls[0].function.arguments)
 
-        stream = c.chat.completions.create(model=srv.model_id, messages=ASK, tools=TOOLS, temperature=0,
+        stream = c.chat.completions.create(model=srv.model_id, messages=ASK, tools=TOOLS, extra_body={"temperature": 0},
                                            max_tokens=128, stream=True)
         got, finish, text = {}, None, ""
         for chunk in stream:
@@ -69,7 +121,7 @@ def main():
         msgs = ASK + [ch.message.model_dump(exclude_none=True),
                       {"role": "tool", "tool_call_id": calls[0].id,
                        "content": json.dumps({"temperature_c": 18, "sky": "cloudy"})}]
-        r2 = c.chat.completions.create(model=srv.model_id, messages=msgs, tools=TOOLS, temperature=0, max_tokens=96)
+        r2 = c.chat.completions.create(model=srv.model_id, messages=msgs, tools=TOOLS, extra_body={"temperature": 0}, max_tokens=96)
         check(r2.choices[0].finish_reason in ("stop", "length") and r2.choices[0].message.content,
               f"round trip: {r2.choices[0]!r}")
         print("tools_e2e: the tool's result sent back ->", repr(r2.choices[0].message.content[:80]))
@@ -79,6 +131,7 @@ def main():
         check(not r3.choices[0].message.tool_calls and r3.choices[0].finish_reason != "tool_calls",
               f"tool_choice none: {r3.choices[0]!r}")
         print("tools_e2e: tool_choice none -> text")
+        anthropic_checks(srv)
     finally:
         srv.stop()
     print("tools_e2e: all passed")

@@ -42,8 +42,9 @@ std::string dump(const Json& j);
 /// deeper than 64 levels give ApiError 400.
 Json parse_body(std::string_view body);
 
-/// Messages: Anthropic's /v1/messages, a chat request (server/anthropic.h).
-enum class Endpoint { Chat, Completions, Messages };
+/// Messages: Anthropic's /v1/messages, Responses: OpenAI's /v1/responses,
+/// both chat requests (server/anthropic.h, server/responses.h).
+enum class Endpoint { Chat, Completions, Messages, Responses };
 
 /// A validated generation request (chat or completions).
 struct ApiRequest {
@@ -63,6 +64,9 @@ struct ApiRequest {
     /// the model inside a <think> block.
     OutputFormat output;
     bool prompt_in_think = false;
+    /// Responses: the conversation without this request's instructions (what
+    /// previous_response_id continues from).
+    Json continuation;
 
     // completions: one entry per prompt, text or token ids
     std::vector<std::string> prompt_texts;

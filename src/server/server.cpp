@@ -19,6 +19,7 @@
 #include "server/api.h"
 #include "server/generation.h"
 #include "server/metrics.h"
+#include "server/responses.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quern::server {
@@ -28,12 +29,14 @@ const char* kChatPath = "/v1/chat/completions";
 const char* kCompletionsPath = "/v1/completions";
 const char* kMessagesPath = "/v1/messages";
 const char* kCountTokensPath = "/v1/messages/count_tokens";
+const char* kResponsesPath = "/v1/responses";
 const char* kModelsPath = "/v1/models";
 const char* kModelPath = R"(/v1/models/(.+))";
 const char* kHealthPath = "/health";
 const char* kMetricsPath = "/metrics";
 const char* kRoutes =
-    "POST /v1/chat/completions, POST /v1/completions, POST /v1/messages, POST /v1/messages/count_tokens, "
+    "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, "
+    "POST /v1/messages/count_tokens, "
     "GET /v1/models, GET /health, GET /metrics";
 
 /// Every route setup() registers: its method and its path pattern (matched
@@ -44,7 +47,7 @@ struct Route {
     const char* pattern;
 };
 const Route kRouteTable[] = {{"POST", kChatPath},     {"POST", kCompletionsPath}, {"POST", kMessagesPath},
-                             {"POST", kCountTokensPath}, {"GET", kModelsPath},  {"GET", kModelPath},
+                             {"POST", kCountTokensPath}, {"POST", kResponsesPath}, {"GET", kModelsPath},  {"GET", kModelPath},
                              {"GET", kHealthPath},   {"GET", kMetricsPath}};
 
 /// The methods the routes of `path` answer ("GET, HEAD" for a GET route, as
@@ -103,6 +106,9 @@ struct Pending {
     bool stream = false;
     bool include_usage = false;
     int64_t n_prompt_tokens = 0;  ///< the prompt's tokens (Anthropic's message_start reports them)
+    std::string previous;         ///< Responses: previous_response_id ("" for none)
+    Json continuation;            ///< Responses: the conversation a later request continues from
+    bool store = true;            ///< Responses: keep it for previous_response_id
     double t_arrival = 0;
     bool ran = false;
     bool closed = false;
@@ -159,6 +165,7 @@ struct HttpServer::Impl {
     ServerOptions o;
     Listener svr;
     Metrics metrics;
+    ResponseStore responses;  // for previous_response_id
     std::mutex tmpl_mu;
     std::atomic<bool> draining{false};
     std::atomic<int> in_flight{0};
@@ -260,23 +267,47 @@ struct HttpServer::Impl {
 
     void handle_generate(const httplib::Request& hreq, httplib::Response& res, Endpoint ep) {
         const double t0 = mono_seconds();
-        const std::string endpoint = ep == Endpoint::Chat ? kChatPath : ep == Endpoint::Messages ? kMessagesPath
-                                                                                                 : kCompletionsPath;
-        const std::string id =
-            (ep == Endpoint::Chat ? "chatcmpl-" : ep == Endpoint::Messages ? "msg_" : "cmpl-") + random_hex(24);
+        const std::string endpoint = ep == Endpoint::Chat        ? kChatPath
+                                     : ep == Endpoint::Messages  ? kMessagesPath
+                                     : ep == Endpoint::Responses ? kResponsesPath
+                                                                 : kCompletionsPath;
+        const std::string id = (ep == Endpoint::Chat        ? "chatcmpl-"
+                                : ep == Endpoint::Messages  ? "msg_"
+                                : ep == Endpoint::Responses ? "resp_"
+                                                            : "cmpl-") +
+                               random_hex(24);
         try {
             if (draining.load())
                 throw ApiError(503, "the server is shutting down; retry in a moment or against another server");
             check_auth(hreq);
             const Json body = parse_body(hreq.body);
+            std::string previous;  // Responses: previous_response_id
+            Json history;
+            if (ep == Endpoint::Responses && body.contains("previous_response_id") &&
+                !body["previous_response_id"].is_null()) {
+                if (!body["previous_response_id"].is_string())
+                    throw ApiError(400, "'previous_response_id' must be a string", "previous_response_id");
+                previous = body["previous_response_id"].get<std::string>();
+                history = responses.get(previous);
+                if (history.is_null())
+                    throw ApiError(404, "no response '" + previous + "' is kept here (this server keeps the last 512, "
+                                            "in memory, those made with store true)", "previous_response_id",
+                                   "not_found");
+            }
             ApiRequest r = ep == Endpoint::Chat       ? parse_chat_request(body, tok.n_vocab(), o.sampling_defaults)
                            : ep == Endpoint::Messages ? parse_messages_request(body, tok.n_vocab(), o.sampling_defaults)
-                                                      : parse_completion_request(body, tok.n_vocab(), o.sampling_defaults);
+                           : ep == Endpoint::Responses
+                               ? parse_responses_request(body, tok.n_vocab(), o.sampling_defaults,
+                                                         previous.empty() ? nullptr : &history)
+                               : parse_completion_request(body, tok.n_vocab(), o.sampling_defaults);
             check_model(r.model);
             std::vector<std::vector<int32_t>> prompts = prompts_of(r);
 
             auto p = std::make_shared<Pending>();
             p->n_prompt_tokens = static_cast<int64_t>(prompts.front().size());
+            p->previous = previous;
+            p->continuation = r.continuation;
+            p->store = !(body.contains("store") && body["store"].is_boolean() && !body["store"].get<bool>());
             p->gen = std::make_shared<Generation>(engine, tok, r, std::move(prompts), t0, &metrics);
             p->gen->submit();
             p->meta = ResponseMeta{ep, id, static_cast<int64_t>(std::time(nullptr)), o.model_id};
@@ -319,6 +350,51 @@ struct HttpServer::Impl {
         }
     }
 
+    /// A /v1/responses response, streamed (its event sequence) or not; kept
+    /// for previous_response_id when it completed.
+    bool provide_response(Pending& p, httplib::DataSink& ds) {
+        Generation& g = *p.gen;
+        bool ok = true;
+        if (p.stream) {
+            struct Sink final : server::Sink {
+                httplib::DataSink& ds;
+                ResponsesStream& st;
+                Sink(httplib::DataSink& d, ResponsesStream& s) : ds(d), st(s) {}
+                bool put(const std::string& s) { return s.empty() || ds.write(s.data(), s.size()); }
+                bool text(int, const std::string& t, const std::vector<TokenLogprob>*) override {
+                    ChatDelta d;
+                    d.content = t;
+                    return put(st.delta(d));
+                }
+                bool delta(int, const ChatDelta& d, int, const std::vector<TokenLogprob>*) override {
+                    return put(st.delta(d));
+                }
+                bool alive() override { return ds.is_writable(); }
+            };
+            ResponsesStream st(p.meta, p.previous);
+            Sink sink(ds, st);
+            ok = sink.put(st.start()) && g.run(sink);
+            if (ok && !g.error().empty())
+                ok = sink.put("event: error\ndata: " + dump(error_json(500, g.error(), "", "", "server_error")) + "\n\n");
+            else if (ok)
+                ok = sink.put(st.finish(g.results().front(), g.usage()));
+        } else {
+            WatchSink sink(ds);
+            ok = g.run(sink);
+            if (ok) {
+                const std::string body =
+                    g.error().empty()
+                        ? dump(response_object_json(p.meta, g.results().front(), g.usage(),
+                                                    response_output_items(g.results().front(), p.meta.id.substr(5)),
+                                                    p.previous))
+                        : dump(error_json(500, g.error(), "", "", "server_error"));
+                ok = ds.write(body.data(), body.size());
+            }
+        }
+        if (ok && g.error().empty() && p.store) responses.put(p.meta.id, response_history(p.continuation, g.results().front()));
+        return ok;
+    }
+
     /// A streamed /v1/messages response: Anthropic's events.
     bool provide_messages_stream(Pending& p, httplib::DataSink& ds) {
         Generation& g = *p.gen;
@@ -354,7 +430,9 @@ struct HttpServer::Impl {
         p.ran = true;
         Generation& g = *p.gen;
         bool ok = true;
-        if (p.meta.endpoint == Endpoint::Messages) {
+        if (p.meta.endpoint == Endpoint::Responses) {
+            ok = provide_response(p, ds);
+        } else if (p.meta.endpoint == Endpoint::Messages) {
             if (p.stream) {
                 ok = provide_messages_stream(p, ds);
             } else {
@@ -462,6 +540,9 @@ struct HttpServer::Impl {
         });
         svr.Post(kCompletionsPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Completions);
+        });
+        svr.Post(kResponsesPath, [this](const httplib::Request& req, httplib::Response& res) {
+            handle_generate(req, res, Endpoint::Responses);
         });
         svr.Post(kMessagesPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Messages);

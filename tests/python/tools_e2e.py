@@ -9,6 +9,9 @@
     the client built it, arguments as JSON text) and the model answers in
     text (finish_reason "stop");
   - tool_choice "none" gets text and no calls;
+  - the Responses API with the same client: text, a function tool (a
+    function_call item), streamed (the SDK's event accumulation) and not,
+    the function_call_output round trip through previous_response_id;
   - the official `anthropic` client, unchanged, against /v1/messages: a
     plain message, the same tool as a tool_use block (stop_reason tool_use),
     streamed (the SDK's event accumulation) and not, the tool_result round
@@ -24,12 +27,50 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from server_e2e import Server, check  # noqa: E402
+import openai  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
                    "required": ["city"]}}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+R_TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
+            "parameters": TOOLS[0]["function"]["parameters"]}]
+
+
+def responses_checks(srv):
+    c = srv.client()
+    r = c.responses.create(model=srv.model_id, input="Say hello.", max_output_tokens=32, temperature=0)
+    check(r.status in ("completed", "incomplete") and r.output_text, f"responses text: {r!r}")
+    print("tools_e2e: responses ->", repr(r.output_text[:60]), r.status)
+
+    t = c.responses.create(model=srv.model_id, input="What is the weather in Paris right now?", tools=R_TOOLS,
+                           max_output_tokens=128, temperature=0)
+    calls = [o for o in t.output if o.type == "function_call"]
+    check(len(calls) == 1 and calls[0].name == "get_weather", f"responses tool: {t.output!r}")
+    args = json.loads(calls[0].arguments)
+    check("paris" in str(args.get("city", "")).lower(), f"responses arguments {args!r}")
+    print("tools_e2e: responses function_call ->", calls[0].arguments)
+
+    with c.responses.stream(model=srv.model_id, input="What is the weather in Paris right now?", tools=R_TOOLS,
+                            max_output_tokens=128, temperature=0) as s:
+        final = s.get_final_response()
+    scalls = [o for o in final.output if o.type == "function_call"]
+    check(len(scalls) == 1 and json.loads(scalls[0].arguments) == args, f"streamed: {final.output!r}")
+    print("tools_e2e: responses streamed -> the same function_call")
+
+    r2 = c.responses.create(model=srv.model_id, previous_response_id=t.id, tools=R_TOOLS, max_output_tokens=64,
+                            temperature=0, input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                                   "output": json.dumps({"temperature_c": 18, "sky": "cloudy"})}])
+    check(r2.output and r2.previous_response_id == t.id, f"previous_response_id round trip: {r2!r}")
+    try:
+        c.responses.create(model=srv.model_id, input="x", previous_response_id="resp_nope")
+        check(False, "an unknown previous_response_id was accepted")
+    except openai.NotFoundError:
+        pass
+    print("tools_e2e: responses function_call_output via previous_response_id ->", r2.status)
 
 
 A_TOOLS = [{"name": "get_weather", "description": "Get the current weather in a city",
@@ -131,6 +172,7 @@ def main():
         check(not r3.choices[0].message.tool_calls and r3.choices[0].finish_reason != "tool_calls",
               f"tool_choice none: {r3.choices[0]!r}")
         print("tools_e2e: tool_choice none -> text")
+        responses_checks(srv)
         anthropic_checks(srv)
     finally:
         srv.stop()

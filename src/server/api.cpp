@@ -95,7 +95,37 @@ std::string get_string(const Json& body, const char* name) {
 }
 
 /// The fields both endpoints share.
+/// Fields other servers take that would change what is generated and that
+/// this server does not implement (yet): refused by name, never ignored.
+void refuse_unimplemented(const Json& body) {
+    static const std::pair<const char*, const char*> kFields[] = {
+        {"guided_json", "structured output needs constrained decoding, which this server does not have yet"},
+        {"guided_regex", "structured output needs constrained decoding, which this server does not have yet"},
+        {"guided_choice", "structured output needs constrained decoding, which this server does not have yet"},
+        {"guided_grammar", "structured output needs constrained decoding, which this server does not have yet"},
+        {"structured_outputs", "structured output needs constrained decoding, which this server does not have yet"},
+        {"grammar", "grammars need constrained decoding, which this server does not have yet"},
+        {"json_schema", "structured output needs constrained decoding, which this server does not have yet"},
+        {"functions", "the legacy 'functions' field is not supported; send 'tools'"},
+        {"function_call", "the legacy 'function_call' field is not supported; send 'tool_choice'"},
+        {"logits_processors", "custom logits processors are not supported"},
+        {"audio", "this server generates text only"},
+        {"web_search_options", "this server runs no web search"},
+    };
+    for (const auto& [name, why] : kFields)
+        if (field(body, name)) bad(name, fmt::format("'{}': {}", name, why));
+    if (const Json* rf = field(body, "response_format")) {
+        if (!rf->is_object() || rf->value("type", "") != "text")
+            bad("response_format", "'response_format' other than {\"type\": \"text\"} needs constrained decoding, "
+                                   "which this server does not have yet");
+    }
+    if (const Json* m = field(body, "modalities")) {
+        if (!m->is_array() || m->size() != 1 || (*m)[0] != "text") bad("modalities", "this server generates text only");
+    }
+}
+
 void parse_common(const Json& body, ApiRequest& r, int32_t n_vocab, const SamplingParams& def) {
+    refuse_unimplemented(body);
     r.model = get_string(body, "model");
     r.n = static_cast<int>(get_int(body, "n", 1, kMaxChoices, 1));
 
@@ -329,10 +359,6 @@ ApiRequest parse_chat_request(const Json& body, int32_t n_vocab, const SamplingP
             bad("reasoning_format", "'reasoning_format' may be \"auto\" (reasoning in reasoning_content) or \"none\" "
                                     "(left in the content)");
         r.parse_reasoning = *rf == "auto";
-    }
-    if (const Json* rf = field(body, "response_format")) {
-        if (!rf->is_object() || rf->value("type", "") != "text")
-            bad("response_format", "this server produces plain text only: 'response_format' may be {\"type\": \"text\"}");
     }
     if (const Json* k = field(body, "chat_template_kwargs")) {
         if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");

@@ -222,6 +222,46 @@ TEST(ServerApi, MessagesAreNormalisedForTheRealTemplates) {
     EXPECT_NE(render("meta-llama-Llama-3.1-8B-Instruct.jinja", parts).find("one\ntwo"), std::string::npos);
 }
 
+// Every field that would change the output and is not implemented is
+// refused with a 400 naming it, on both endpoints (README's compatibility
+// table lists them), never accepted and ignored.
+TEST(ServerApi, UnimplementedOutputFieldsAreRefusedByName) {
+    const std::vector<std::pair<std::string, std::string>> fields = {
+        {"response_format", R"({"type": "json_object"})"},
+        {"response_format", R"({"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})"},
+        {"guided_json", R"({"type": "object"})"},
+        {"guided_regex", R"("a+")"},
+        {"guided_choice", R"(["a", "b"])"},
+        {"guided_grammar", R"("root ::= \"a\"")"},
+        {"structured_outputs", R"({"json": {}})"},
+        {"grammar", R"("root ::= \"a\"")"},
+        {"json_schema", R"({})"},
+        {"functions", R"([{"name": "f"}])"},
+        {"function_call", R"("auto")"},
+        {"logits_processors", R"(["x"])"},
+        {"audio", R"({"voice": "x"})"},
+        {"modalities", R"(["text", "audio"])"},
+        {"web_search_options", R"({})"},
+    };
+    for (const auto& [name, value] : fields) {
+        for (bool chat : {true, false}) {
+            const std::string body = chat ? R"({"messages": [{"role": "user", "content": "x"}], ")" + name + "\": " + value + "}"
+                                          : R"({"prompt": "x", ")" + name + "\": " + value + "}";
+            try {
+                chat ? chat_req(body) : parse_completion_request(parse_body(body), kVocab);
+                ADD_FAILURE() << name << " accepted (" << (chat ? "chat" : "completions") << ")";
+            } catch (const ApiError& e) {
+                EXPECT_EQ(e.status, 400);
+                EXPECT_EQ(e.param, name) << e.what();
+            }
+        }
+    }
+    // and what changes nothing or is implemented is accepted
+    EXPECT_NO_THROW(chat_req(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"},
+        "modalities": ["text"], "metadata": {"a": "b"}, "store": false, "service_tier": "auto", "user": "u",
+        "parallel_tool_calls": false, "tool_choice": "none", "reasoning_format": "none"})"));
+}
+
 TEST(ServerApi, CompletionPrompts) {
     const ApiRequest s = completion(R"({"prompt": "hello"})");
     EXPECT_EQ(s.prompt_texts, std::vector<std::string>{"hello"});

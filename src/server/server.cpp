@@ -30,13 +30,15 @@ const char* kCompletionsPath = "/v1/completions";
 const char* kMessagesPath = "/v1/messages";
 const char* kCountTokensPath = "/v1/messages/count_tokens";
 const char* kResponsesPath = "/v1/responses";
+const char* kTokenizePath = "/v1/tokenize";
+const char* kDetokenizePath = "/v1/detokenize";
 const char* kModelsPath = "/v1/models";
 const char* kModelPath = R"(/v1/models/(.+))";
 const char* kHealthPath = "/health";
 const char* kMetricsPath = "/metrics";
 const char* kRoutes =
     "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, "
-    "POST /v1/messages/count_tokens, "
+    "POST /v1/messages/count_tokens, POST /v1/tokenize, POST /v1/detokenize, "
     "GET /v1/models, GET /health, GET /metrics";
 
 /// Every route setup() registers: its method and its path pattern (matched
@@ -47,7 +49,8 @@ struct Route {
     const char* pattern;
 };
 const Route kRouteTable[] = {{"POST", kChatPath},     {"POST", kCompletionsPath}, {"POST", kMessagesPath},
-                             {"POST", kCountTokensPath}, {"POST", kResponsesPath}, {"GET", kModelsPath},  {"GET", kModelPath},
+                             {"POST", kCountTokensPath}, {"POST", kResponsesPath}, {"POST", kTokenizePath},
+                             {"POST", kDetokenizePath}, {"GET", kModelsPath},  {"GET", kModelPath},
                              {"GET", kHealthPath},   {"GET", kMetricsPath}};
 
 /// The methods the routes of `path` answer ("GET, HEAD" for a GET route, as
@@ -337,6 +340,73 @@ struct HttpServer::Impl {
         }
     }
 
+    /// POST /v1/tokenize: {"prompt": text} (add_special_tokens, default true)
+    /// or {"messages": [...]} rendered by the chat template as a request
+    /// would be (add_generation_prompt, default true); vLLM's answer shape:
+    /// count, max_model_len, tokens (and token_strs with return_token_strs).
+    void handle_tokenize(const httplib::Request& hreq, httplib::Response& res) {
+        try {
+            check_auth(hreq);
+            const Json body = parse_body(hreq.body);
+            std::vector<int32_t> ids;
+            if (body.contains("messages")) {
+                Json chat_body = Json{{"messages", body["messages"]}};
+                if (body.contains("tools")) chat_body["tools"] = body["tools"];
+                ApiRequest r = parse_chat_request(chat_body, tok.n_vocab(), o.sampling_defaults);
+                if (!tmpl) throw ApiError(400, "this server has no chat template; tokenize a 'prompt'");
+                chat::ChatOptions copts;
+                copts.add_generation_prompt = !body.contains("add_generation_prompt") ||
+                                              (body["add_generation_prompt"].is_boolean() &&
+                                               body["add_generation_prompt"].get<bool>());
+                copts.tools = r.tools;
+                std::string text;
+                try {
+                    std::lock_guard<std::mutex> lock(tmpl_mu);
+                    text = tmpl->apply(r.messages, copts);
+                } catch (const Error& e) {
+                    throw ApiError(400, std::string("the chat template rejected these messages: ") + e.what(), "messages");
+                }
+                ids = chat::tokenize_prompt(tok, text);
+            } else if (body.contains("prompt") && body["prompt"].is_string()) {
+                const bool special = !body.contains("add_special_tokens") ||
+                                     (body["add_special_tokens"].is_boolean() && body["add_special_tokens"].get<bool>());
+                ids = special ? chat::tokenize_prompt(tok, body["prompt"].get<std::string>())
+                              : tok.encode(body["prompt"].get<std::string>(), false, true);
+            } else {
+                throw ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt");
+            }
+            Json out{{"count", ids.size()}, {"max_model_len", engine.options().n_ctx}, {"tokens", ids}};
+            if (body.value("return_token_strs", false)) {
+                Json strs = Json::array();
+                for (int32_t id : ids) strs.push_back(tok.token_to_piece(id, true));
+                out["token_strs"] = std::move(strs);
+            }
+            send_json(res, 200, out);
+        } catch (const ApiError& e) {
+            send_error(res, e);
+        }
+    }
+
+    /// POST /v1/detokenize: {"tokens": [ids]} → {"prompt": text}.
+    void handle_detokenize(const httplib::Request& hreq, httplib::Response& res) {
+        try {
+            check_auth(hreq);
+            const Json body = parse_body(hreq.body);
+            if (!body.contains("tokens") || !body["tokens"].is_array())
+                throw ApiError(400, "'tokens' is required: a list of token ids", "tokens");
+            std::vector<int32_t> ids;
+            for (const Json& t : body["tokens"]) {
+                if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
+                    throw ApiError(400, "'tokens' must hold token ids from 0 to " + std::to_string(tok.n_vocab() - 1),
+                                   "tokens");
+                ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+            }
+            send_json(res, 200, Json{{"prompt", tok.decode(ids, true)}});
+        } catch (const ApiError& e) {
+            send_error(res, e);
+        }
+    }
+
     /// POST /v1/messages/count_tokens: the prompt's tokens as the template renders it.
     void handle_count_tokens(const httplib::Request& hreq, httplib::Response& res) {
         try {
@@ -541,6 +611,9 @@ struct HttpServer::Impl {
         svr.Post(kCompletionsPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Completions);
         });
+        svr.Post(kTokenizePath, [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
+        svr.Post(kDetokenizePath,
+                 [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(req, res); });
         svr.Post(kResponsesPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Responses);
         });

@@ -264,6 +264,29 @@ TEST_F(HttpTest, ReasoningAndToolCallsAreParsed) {
     EXPECT_EQ(one["finish_reason"], "tool_calls");
 }
 
+// /v1/tokenize and /v1/detokenize: a prompt, messages as the template
+// renders them, the ids back to text; bad ids refused.
+TEST_F(HttpTest, TokenizeAndDetokenize) {
+    start();
+    auto r = post("/v1/tokenize", R"({"prompt": "Hello, wörld!", "return_token_strs": true})");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const Json t = Json::parse(r->body);
+    EXPECT_EQ(t["count"], t["tokens"].size());
+    EXPECT_EQ(t["max_model_len"], 64);
+    EXPECT_EQ(t["token_strs"].size(), t["tokens"].size());
+    r = post("/v1/detokenize", Json{{"tokens", t["tokens"]}}.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(Json::parse(r->body)["prompt"], "Hello, wörld!");
+    r = post("/v1/tokenize", R"({"messages": [{"role": "user", "content": "hi"}]})");
+    ASSERT_TRUE(r);
+    const Json m = Json::parse(r->body);
+    r = post("/v1/detokenize", Json{{"tokens", m["tokens"]}}.dump());
+    EXPECT_NE(Json::parse(r->body)["prompt"].get<std::string>().find("<|im_start|>user\nhi<|im_end|>"), std::string::npos);
+    EXPECT_EQ(error_of(post("/v1/detokenize", R"({"tokens": [-1]})"), 400)["param"], "tokens");
+    EXPECT_EQ(error_of(post("/v1/tokenize", R"({})"), 400)["param"], "prompt");
+}
+
 TEST_F(HttpTest, Refusals) {
     start();
     // 400: malformed, wrong types, out of range, empty, too long for the context

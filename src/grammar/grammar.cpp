@@ -1,0 +1,391 @@
+#include "grammar/grammar.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace quern::grammar {
+
+namespace {
+
+/// A GBNF text read by recursive descent; groups and repetitions become
+/// generated rules.
+class Parser {
+public:
+    explicit Parser(std::string_view t) : t_(t) {}
+
+    Grammar run() {
+        skip();
+        while (i_ < t_.size()) {
+            const size_t line = line_of(i_);
+            const std::string name = ident();
+            if (name.empty()) error("a rule name");
+            skip();
+            if (t_.substr(i_, 3) != "::=") error("'::=' after the rule name '" + name + "'");
+            i_ += 3;
+            const int r = rule_index(name);
+            if (defined_.count(r)) fail("grammar line {}: the rule '{}' is defined twice", line, name);
+            defined_[r] = line;
+            g_.rules[static_cast<size_t>(r)].alternatives = alternatives();
+        }
+        for (size_t r = 0; r < g_.rules.size(); ++r)
+            if (!defined_.count(static_cast<int>(r)) && g_.rules[r].name.rfind("rule-", 0) != 0)
+                fail("grammar: the rule '{}' is used but not defined", g_.rules[r].name);
+        const auto root = names_.find("root");
+        if (root == names_.end()) fail("grammar: there is no 'root' rule (the start rule)");
+        g_.root = root->second;
+        return std::move(g_);
+    }
+
+private:
+    [[noreturn]] void error(const std::string& want) const {
+        fail("grammar line {}: expected {} at '{}'", line_of(i_), want,
+             std::string(t_.substr(i_, std::min<size_t>(20, t_.size() - i_))));
+    }
+    size_t line_of(size_t at) const { return 1 + static_cast<size_t>(std::count(t_.begin(), t_.begin() + static_cast<long>(at), '\n')); }
+    void skip() {
+        while (i_ < t_.size()) {
+            if (t_[i_] == '#') {
+                while (i_ < t_.size() && t_[i_] != '\n') ++i_;
+            } else if (t_[i_] == ' ' || t_[i_] == '\t' || t_[i_] == '\n' || t_[i_] == '\r') {
+                ++i_;
+            } else {
+                break;
+            }
+        }
+    }
+    static bool name_char(char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+    }
+    std::string ident() {
+        const size_t b = i_;
+        while (i_ < t_.size() && name_char(t_[i_])) ++i_;
+        return std::string(t_.substr(b, i_ - b));
+    }
+    /// Whether a rule definition (name ::=) starts at the current position.
+    bool at_definition() const {
+        size_t j = i_;
+        while (j < t_.size() && name_char(t_[j])) ++j;
+        if (j == i_) return false;
+        while (j < t_.size() && (t_[j] == ' ' || t_[j] == '\t' || t_[j] == '\n' || t_[j] == '\r')) ++j;
+        return t_.substr(j, 3) == "::=";
+    }
+    int rule_index(const std::string& name) {
+        const auto it = names_.find(name);
+        if (it != names_.end()) return it->second;
+        g_.rules.push_back(Rule{name, {}});
+        const int r = static_cast<int>(g_.rules.size() - 1);
+        names_[name] = r;
+        return r;
+    }
+    int new_rule(std::vector<std::vector<Element>> alts) {
+        g_.rules.push_back(Rule{"rule-" + std::to_string(g_.rules.size()), std::move(alts)});
+        return static_cast<int>(g_.rules.size() - 1);
+    }
+    static Element ref(int r) {
+        Element e;
+        e.kind = Element::Kind::Rule;
+        e.rule = r;
+        return e;
+    }
+    uint32_t utf8() {
+        const auto b = static_cast<uint8_t>(t_[i_]);
+        const int n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+        if (i_ + static_cast<size_t>(n) > t_.size()) error("a complete UTF-8 character");
+        uint32_t cp = n == 1 ? b : n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
+        for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<uint8_t>(t_[i_ + static_cast<size_t>(k)]) & 0x3Fu);
+        i_ += static_cast<size_t>(n);
+        return cp;
+    }
+    uint32_t hex(int digits) {
+        uint32_t v = 0;
+        for (int k = 0; k < digits; ++k, ++i_) {
+            if (i_ >= t_.size()) error("hex digits");
+            const char c = t_[i_];
+            const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+            if (d < 0) error("a hex digit");
+            v = v * 16 + static_cast<uint32_t>(d);
+        }
+        return v;
+    }
+    /// One character of a literal or class, escapes decoded.
+    uint32_t character() {
+        if (i_ >= t_.size()) error("a character");
+        if (t_[i_] != '\\') return utf8();
+        if (++i_ >= t_.size()) error("an escape");
+        const char c = t_[i_++];
+        switch (c) {
+            case 'n': return '\n';
+            case 't': return '\t';
+            case 'r': return '\r';
+            case 'x': return hex(2);
+            case 'u': return hex(4);
+            case 'U': return hex(8);
+            case '\\': case '"': case '\'': case ']': case '[': case '-': case '^': return static_cast<uint32_t>(c);
+            default: --i_; error("a known escape (\\n \\t \\r \\\\ \\\" \\] \\xHH \\uHHHH)");
+        }
+    }
+    std::vector<std::vector<Element>> alternatives() {
+        std::vector<std::vector<Element>> alts{sequence()};
+        while (i_ < t_.size() && t_[i_] == '|') {
+            ++i_;
+            alts.push_back(sequence());
+        }
+        return alts;
+    }
+    std::vector<Element> sequence() {
+        std::vector<Element> seq;
+        for (;;) {
+            skip();
+            if (i_ >= t_.size() || t_[i_] == '|' || t_[i_] == ')' || at_definition()) return seq;
+            std::vector<Element> unit;
+            const char c = t_[i_];
+            if (c == '"') {
+                ++i_;
+                while (i_ < t_.size() && t_[i_] != '"') {
+                    Element e;
+                    const uint32_t cp = character();
+                    e.chars.ranges.emplace_back(cp, cp);
+                    unit.push_back(std::move(e));
+                }
+                if (i_ >= t_.size()) error("the closing '\"'");
+                ++i_;
+            } else if (c == '[') {
+                ++i_;
+                Element e;
+                if (i_ < t_.size() && t_[i_] == '^') {
+                    e.chars.negated = true;
+                    ++i_;
+                }
+                while (i_ < t_.size() && t_[i_] != ']') {
+                    const uint32_t lo = character();
+                    uint32_t hi = lo;
+                    if (i_ + 1 < t_.size() && t_[i_] == '-' && t_[i_ + 1] != ']') {
+                        ++i_;
+                        hi = character();
+                    }
+                    if (hi < lo) error("a range whose end is not below its start");
+                    e.chars.ranges.emplace_back(lo, hi);
+                }
+                if (i_ >= t_.size()) error("the closing ']'");
+                ++i_;
+                unit.push_back(std::move(e));
+            } else if (c == '(') {
+                ++i_;
+                auto alts = alternatives();
+                if (i_ >= t_.size() || t_[i_] != ')') error("')'");
+                ++i_;
+                unit.push_back(ref(new_rule(std::move(alts))));
+            } else if (name_char(c)) {
+                unit.push_back(ref(rule_index(ident())));
+            } else {
+                error("a literal, a character class, a group or a rule name");
+            }
+            // Postfix operators apply to the whole unit.
+            while (i_ < t_.size() && (t_[i_] == '*' || t_[i_] == '+' || t_[i_] == '?')) {
+                const char op = t_[i_++];
+                const int x = unit.size() == 1 && unit[0].kind == Element::Kind::Rule ? unit[0].rule : new_rule({unit});
+                const int r = new_rule({});
+                auto& alts = g_.rules[static_cast<size_t>(r)].alternatives;
+                if (op == '*') alts = {{ref(x), ref(r)}, {}};          // x r | (empty)
+                else if (op == '+') alts = {{ref(x), ref(r)}, {ref(x)}};  // x r | x
+                else alts = {{ref(x)}, {}};                              // x | (empty)
+                unit = {ref(r)};
+            }
+            seq.insert(seq.end(), unit.begin(), unit.end());
+        }
+    }
+
+    std::string_view t_;
+    size_t i_ = 0;
+    Grammar g_;
+    std::map<std::string, int> names_;
+    std::map<int, size_t> defined_;
+};
+
+/// Refuses left recursion: a rule that can reach itself without consuming a
+/// character.
+void check_left_recursion(const Grammar& g) {
+    const size_t n = g.rules.size();
+    std::vector<uint8_t> nullable(n, 0);
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (size_t r = 0; r < n; ++r) {
+            if (nullable[r]) continue;
+            for (const auto& alt : g.rules[r].alternatives) {
+                bool all = true;
+                for (const Element& e : alt) all = all && e.kind == Element::Kind::Rule && nullable[static_cast<size_t>(e.rule)];
+                if (all) {
+                    nullable[r] = 1;
+                    changed = true;
+                    break;
+                }
+            }
+        }
+    }
+    std::vector<std::vector<int>> first(n);  // rules reachable at the left edge
+    for (size_t r = 0; r < n; ++r)
+        for (const auto& alt : g.rules[r].alternatives)
+            for (const Element& e : alt) {
+                if (e.kind != Element::Kind::Rule) break;
+                first[r].push_back(e.rule);
+                if (!nullable[static_cast<size_t>(e.rule)]) break;
+            }
+    std::vector<int> color(n, 0);  // 0 new, 1 on the path, 2 done
+    const auto visit = [&](auto&& self, int r) -> void {
+        color[static_cast<size_t>(r)] = 1;
+        for (int s : first[static_cast<size_t>(r)]) {
+            if (color[static_cast<size_t>(s)] == 1)
+                fail("grammar: the rule '{}' is left-recursive (it reaches itself before any character); rewrite it "
+                     "with a repetition",
+                     g.rules[static_cast<size_t>(s)].name);
+            if (color[static_cast<size_t>(s)] == 0) self(self, s);
+        }
+        color[static_cast<size_t>(r)] = 2;
+    };
+    for (size_t r = 0; r < n; ++r)
+        if (color[r] == 0) visit(visit, static_cast<int>(r));
+}
+
+}  // namespace
+
+bool CharSet::contains(uint32_t cp) const {
+    bool in = false;
+    for (const auto& [lo, hi] : ranges) in = in || (cp >= lo && cp <= hi);
+    return in != negated;
+}
+
+std::shared_ptr<const Grammar> Grammar::parse(std::string_view text) {
+    auto g = std::make_shared<Grammar>(Parser(text).run());
+    check_left_recursion(*g);
+    return g;
+}
+
+std::shared_ptr<const Grammar> Grammar::json(bool object_only) {
+    // Whitespace between tokens is bounded (a newline and up to 20 spaces or
+    // tabs, or one space): a model may not pad without end.
+    std::string indent = "";
+    for (int k = 0; k < 20; ++k) indent = "( [ \\t] " + indent + " )?";
+    const std::string text = std::string("root ::= ") + (object_only ? "object" : "value") + R"(
+value  ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws ( member ( ws "," ws member )* )? ws "}"
+member ::= string ws ":" ws value
+array  ::= "[" ws ( value ( ws "," ws value )* )? ws "]"
+string ::= "\"" char* "\""
+char   ::= [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" hex hex hex hex )
+hex    ::= [0-9a-fA-F]
+number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+ws     ::= ( " " | "\n" indent )?
+indent ::= )" + indent + "\n";
+    return parse(text);
+}
+
+GrammarState::GrammarState(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {
+    const auto& root = g_->rules[static_cast<size_t>(g_->root)];
+    for (int a = 0; a < static_cast<int>(root.alternatives.size()); ++a) expand(Stack{Pos{g_->root, a, 0}}, stacks_, 0);
+    std::sort(stacks_.begin(), stacks_.end(), [](const Stack& x, const Stack& y) {
+        return std::lexicographical_compare(x.begin(), x.end(), y.begin(), y.end(), [](const Pos& p, const Pos& q) {
+            return std::tie(p.rule, p.alt, p.elem) < std::tie(q.rule, q.alt, q.elem);
+        });
+    });
+    stacks_.erase(std::unique(stacks_.begin(), stacks_.end()), stacks_.end());
+}
+
+void GrammarState::expand(Stack s, std::vector<Stack>& out, int depth) const {
+    if (depth > 10000) fail("grammar: expansion deeper than 10000 rules");
+    for (;;) {
+        if (s.empty()) {
+            out.push_back(std::move(s));
+            return;
+        }
+        Pos& p = s.back();
+        const auto& alt = g_->rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)];
+        if (p.elem == static_cast<int>(alt.size())) {  // the alternative is done: back to its caller, past the call
+            s.pop_back();
+            if (!s.empty()) ++s.back().elem;
+            continue;
+        }
+        const Element& e = alt[static_cast<size_t>(p.elem)];
+        if (e.kind == Element::Kind::Chars) {
+            out.push_back(std::move(s));
+            return;
+        }
+        // A call in tail position replaces its caller (right recursion stays shallow).
+        if (p.elem + 1 == static_cast<int>(alt.size())) s.pop_back();
+        const auto& callee = g_->rules[static_cast<size_t>(e.rule)];
+        for (int a = 0; a < static_cast<int>(callee.alternatives.size()); ++a) {
+            Stack t = s;
+            t.push_back(Pos{e.rule, a, 0});
+            expand(std::move(t), out, depth + 1);
+        }
+        return;
+    }
+}
+
+bool GrammarState::advance(uint32_t cp) {
+    std::vector<Stack> next;
+    for (const Stack& s : stacks_) {
+        if (s.empty()) continue;
+        const Pos& p = s.back();
+        const Element& e =
+            g_->rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)][static_cast<size_t>(p.elem)];
+        if (!e.chars.contains(cp)) continue;
+        Stack t = s;
+        ++t.back().elem;
+        expand(std::move(t), next, 0);
+    }
+    if (next.empty()) return false;
+    std::sort(next.begin(), next.end(), [](const Stack& x, const Stack& y) {
+        return std::lexicographical_compare(x.begin(), x.end(), y.begin(), y.end(), [](const Pos& p, const Pos& q) {
+            return std::tie(p.rule, p.alt, p.elem) < std::tie(q.rule, q.alt, q.elem);
+        });
+    });
+    next.erase(std::unique(next.begin(), next.end()), next.end());
+    stacks_ = std::move(next);
+    return true;
+}
+
+bool GrammarState::advance_bytes(std::string_view bytes) {
+    const std::vector<Stack> saved = stacks_;
+    const std::string saved_partial = partial_;
+    std::string buf = partial_;
+    buf.append(bytes);
+    size_t i = 0;
+    while (i < buf.size()) {
+        const auto b = static_cast<uint8_t>(buf[i]);
+        const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        bool ok = n > 0;
+        if (ok && i + static_cast<size_t>(n) > buf.size()) break;  // incomplete: keep for the next call
+        uint32_t cp = n == 1 ? b : n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
+        for (int k = 1; ok && k < n; ++k) {
+            const auto c = static_cast<uint8_t>(buf[i + static_cast<size_t>(k)]);
+            ok = (c & 0xC0u) == 0x80u;
+            cp = (cp << 6) | (c & 0x3Fu);
+        }
+        if (!ok || !advance(cp)) {
+            stacks_ = saved;
+            partial_ = saved_partial;
+            return false;
+        }
+        i += static_cast<size_t>(n);
+    }
+    partial_ = buf.substr(i);
+    return true;
+}
+
+bool GrammarState::accepting() const {
+    if (!partial_.empty()) return false;
+    for (const Stack& s : stacks_)
+        if (s.empty()) return true;
+    return false;
+}
+
+bool GrammarState::can_continue() const {
+    for (const Stack& s : stacks_)
+        if (!s.empty()) return true;
+    return false;
+}
+
+}  // namespace quern::grammar

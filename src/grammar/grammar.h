@@ -1,0 +1,95 @@
+// Context-free grammars for constrained decoding, in the GBNF notation
+// llama.cpp popularised (a de-facto format its users already write):
+//
+//   root   ::= object
+//   object ::= "{" ws ( pair ( "," ws pair )* )? "}"
+//   pair   ::= string ":" ws value         # comments run to the end of the line
+//   ws     ::= [ \t\n]*
+//   digit  ::= [0-9]
+//   other  ::= [^"\\] | "\\" ["\\/bfnrtu]
+//
+// Literals in double quotes, character classes in brackets (ranges, ^ to
+// negate, escapes \n \t \r \\ \" \] \xHH \uHHHH), rule names, groups in
+// parentheses, alternatives with |, and the postfix operators * + ?. The
+// start rule is `root`. Groups and repetitions become rules of their own
+// (named rule-N), so a rule is a list of alternatives, each a sequence of
+// elements: a character set or a rule reference.
+//
+// GrammarState recognises text a code point at a time: the set of positions
+// (stacks of rule positions, as a pushdown automaton holds them) the text so
+// far may have reached. Left-recursive rules are refused (they would expand
+// without end).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace quern::grammar {
+
+/// A set of code points: ranges [lo, hi], or everything outside them.
+struct CharSet {
+    std::vector<std::pair<uint32_t, uint32_t>> ranges;
+    bool negated = false;
+    bool contains(uint32_t cp) const;
+};
+
+struct Element {
+    enum class Kind : uint8_t { Chars, Rule } kind = Kind::Chars;
+    CharSet chars;  ///< Chars
+    int rule = -1;  ///< Rule: index into Grammar::rules
+};
+
+struct Rule {
+    std::string name;
+    std::vector<std::vector<Element>> alternatives;
+};
+
+struct Grammar {
+    std::vector<Rule> rules;
+    int root = -1;
+
+    /// Parses GBNF text. quern::Error naming the line and what is wrong
+    /// (an undefined rule, a missing root, left recursion, a syntax error).
+    static std::shared_ptr<const Grammar> parse(std::string_view text);
+    /// JSON text (RFC 8259) of any value — response_format json_object
+    /// asks for an object: `object_only`.
+    static std::shared_ptr<const Grammar> json(bool object_only);
+};
+
+/// Where a text may stand in a grammar: a set of stacks, each a path of
+/// (rule, alternative, element) positions from the root; an empty stack means
+/// the text may end here.
+class GrammarState {
+public:
+    explicit GrammarState(std::shared_ptr<const Grammar> g);
+
+    /// Advances over one code point; false (the state unchanged) when the
+    /// grammar does not allow it here.
+    bool advance(uint32_t cp);
+    /// Advances over UTF-8 bytes, keeping an incomplete trailing sequence for
+    /// the next call; false (the state unchanged) when any code point is
+    /// refused or the bytes are not UTF-8.
+    bool advance_bytes(std::string_view bytes);
+    /// Whether the text so far is a whole sentence of the grammar.
+    bool accepting() const;
+    /// Whether any code point may follow.
+    bool can_continue() const;
+
+private:
+    struct Pos {
+        int rule, alt, elem;
+        bool operator==(const Pos& o) const { return rule == o.rule && alt == o.alt && elem == o.elem; }
+    };
+    using Stack = std::vector<Pos>;  // top at the back
+    /// The stacks `s` stands for once rule references on top are expanded
+    /// and finished alternatives popped: every top is a character set, or
+    /// the stack is empty.
+    void expand(Stack s, std::vector<Stack>& out, int depth) const;
+    std::shared_ptr<const Grammar> g_;
+    std::vector<Stack> stacks_;
+    std::string partial_;  // bytes of an incomplete UTF-8 sequence
+};
+
+}  // namespace quern::grammar

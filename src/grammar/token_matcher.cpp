@@ -1,0 +1,83 @@
+#include "grammar/token_matcher.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tokenizer/tokenizer.h"
+
+namespace quern::grammar {
+
+std::shared_ptr<const TokenPieces> TokenPieces::of(const Tokenizer& tok) {
+    auto p = std::make_shared<TokenPieces>();
+    p->n_vocab = tok.n_vocab();
+    for (int32_t id = 0; id < p->n_vocab; ++id) {
+        if (tok.is_eog(id)) {
+            p->eog.push_back(id);
+            continue;
+        }
+        std::string s = tok.token_to_piece(id, false);
+        if (!s.empty()) p->sorted.emplace_back(std::move(s), id);
+    }
+    std::sort(p->sorted.begin(), p->sorted.end());
+    return p;
+}
+
+TokenMatcher::TokenMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenPieces> pieces)
+    : pieces_(std::move(pieces)), state_(std::move(g)) {}
+
+int64_t TokenMatcher::mask(float* logits) const {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    std::vector<uint8_t> ok(static_cast<size_t>(pieces_->n_vocab), 0);
+    int64_t n = 0;
+    // Depth-first over the sorted texts: states[k] is the state after the
+    // first lens[k] bytes of the current text (states[0]: now).
+    std::vector<GrammarState> states{state_};
+    std::vector<size_t> lens{0};
+    std::string prev;
+    for (const auto& [text, id] : pieces_->sorted) {
+        size_t common = 0;  // bytes shared with the previous text
+        while (common < prev.size() && common < text.size() && prev[common] == text[common]) ++common;
+        while (lens.back() > common) {
+            states.pop_back();
+            lens.pop_back();
+        }
+        // Advance from the deepest kept prefix over the rest, one byte at a
+        // time (a dead prefix ends the walk of this text).
+        bool alive = true;
+        for (size_t i = lens.back(); i < text.size() && alive; ++i) {
+            GrammarState next = states.back();
+            if (!next.advance_bytes(std::string_view(text).substr(i, 1))) {
+                alive = false;
+                break;
+            }
+            states.push_back(std::move(next));
+            lens.push_back(i + 1);
+        }
+        if (alive && lens.back() == text.size()) {
+            ok[static_cast<size_t>(id)] = 1;
+            ++n;
+        }
+        prev = text;
+    }
+    if (state_.accepting())
+        for (int32_t id : pieces_->eog) {
+            ok[static_cast<size_t>(id)] = 1;
+            ++n;
+        }
+    for (int64_t i = 0; i < pieces_->n_vocab; ++i)
+        if (!ok[static_cast<size_t>(i)]) logits[i] = ninf;
+    return n;
+}
+
+bool TokenMatcher::accept(int32_t token) {
+    if (std::find(pieces_->eog.begin(), pieces_->eog.end(), token) != pieces_->eog.end()) return state_.accepting();
+    if (text_.empty()) {
+        text_.resize(static_cast<size_t>(pieces_->n_vocab));
+        for (const auto& [t, id] : pieces_->sorted) text_[static_cast<size_t>(id)] = t;
+    }
+    if (token < 0 || token >= pieces_->n_vocab || text_[static_cast<size_t>(token)].empty()) return false;
+    return state_.advance_bytes(text_[static_cast<size_t>(token)]);
+}
+
+}  // namespace quern::grammar

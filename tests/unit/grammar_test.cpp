@@ -1,0 +1,165 @@
+// GBNF grammars (grammar/grammar.h): parsing, errors that name the problem,
+// recognition a code point and a byte at a time, and the built-in JSON
+// grammar on random documents (accepted, compact or indented) and on broken
+// ones (refused at the first wrong character).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "grammar/grammar.h"
+
+using namespace quern;
+using namespace quern::grammar;
+
+namespace {
+
+/// Whether `text` is a whole sentence of `g` (fed in pieces of `piece` bytes).
+bool accepts(const std::shared_ptr<const Grammar>& g, const std::string& text, size_t piece = 1000) {
+    GrammarState s(g);
+    for (size_t i = 0; i < text.size(); i += piece)
+        if (!s.advance_bytes(std::string_view(text).substr(i, piece))) return false;
+    return s.accepting();
+}
+
+std::string error_of(const std::string& text) {
+    try {
+        Grammar::parse(text);
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST(Grammar, ParsesAndRecognises) {
+    const auto g = Grammar::parse(R"(
+        # a greeting, then digits
+        root  ::= greet " " num ( "," num )* "!"?
+        greet ::= "hi" | "héllo"
+        num   ::= [1-9] [0-9]* | "0"
+    )");
+    for (const char* ok : {"hi 1", "héllo 10,0,23!", "hi 0!"}) EXPECT_TRUE(accepts(g, ok)) << ok;
+    for (const char* bad : {"hi", "hi 01", "hey 1", "hi 1,", "hi 1!!", ""}) EXPECT_FALSE(accepts(g, bad)) << bad;
+    // byte by byte, a multi-byte character split
+    EXPECT_TRUE(accepts(g, "héllo 7", 1));
+    GrammarState s(g);
+    EXPECT_TRUE(s.advance_bytes("hi 1"));
+    EXPECT_TRUE(s.accepting());
+    EXPECT_TRUE(s.can_continue());
+    EXPECT_FALSE(s.advance_bytes("x"));  // refused: the state stays
+    EXPECT_TRUE(s.advance_bytes("!"));
+    EXPECT_TRUE(s.accepting());
+    EXPECT_FALSE(s.can_continue());
+}
+
+TEST(Grammar, ClassesEscapesAndNegation) {
+    const auto g = Grammar::parse(R"(root ::= "\"" [^"\\\n]* "\"" [\x41-\x43] [\u00e9])");
+    EXPECT_TRUE(accepts(g, "\"a b\"Bé"));
+    EXPECT_FALSE(accepts(g, "\"a\nb\"Bé"));
+    EXPECT_FALSE(accepts(g, "\"ab\"Dé"));
+}
+
+TEST(Grammar, ErrorsNameTheProblem) {
+    EXPECT_NE(error_of("root ::= foo").find("'foo' is used but not defined"), std::string::npos);
+    EXPECT_NE(error_of("start ::= \"a\"").find("no 'root' rule"), std::string::npos);
+    EXPECT_NE(error_of("root ::= root \"a\" | \"b\"").find("left-recursive"), std::string::npos);
+    EXPECT_NE(error_of("root ::= x\nx ::= y? x \"a\"\ny ::= \"b\"").find("left-recursive"), std::string::npos);
+    EXPECT_NE(error_of("root ::= \"a").find("line 1"), std::string::npos);
+    EXPECT_NE(error_of("root ::= \"a\"\nroot ::= \"b\"").find("defined twice"), std::string::npos);
+    EXPECT_NE(error_of("root ::= [z-a]").find("range"), std::string::npos);
+}
+
+nlohmann::json random_value(std::mt19937& rng, int depth) {
+    std::uniform_int_distribution<int> kind(0, depth > 3 ? 4 : 6);
+    switch (kind(rng)) {
+        case 0: return nullptr;
+        case 1: return rng() % 2 == 0;
+        case 2: return static_cast<int64_t>(rng()) - (1ll << 31);
+        case 3: return std::ldexp(static_cast<double>(rng() % 100000) - 50000, static_cast<int>(rng() % 40) - 20);
+        case 4: {
+            std::string s;
+            const char* pool[] = {"a", "Z", " ", "\"", "\\", "\n", "\t", "é", "你", "\x01", "/", "🦙"};
+            for (int n = static_cast<int>(rng() % 8); n > 0; --n) s += pool[rng() % 12];
+            return s;
+        }
+        case 5: {
+            nlohmann::json a = nlohmann::json::array();
+            for (int n = static_cast<int>(rng() % 4); n > 0; --n) a.push_back(random_value(rng, depth + 1));
+            return a;
+        }
+        default: {
+            nlohmann::json o = nlohmann::json::object();
+            for (int n = static_cast<int>(rng() % 4); n > 0; --n) o["k" + std::to_string(rng() % 10)] = random_value(rng, depth + 1);
+            return o;
+        }
+    }
+}
+
+TEST(Grammar, JsonAcceptsRandomDocumentsAndRefusesBrokenOnes) {
+    const auto any = Grammar::json(false), obj = Grammar::json(true);
+    std::mt19937 rng(11);
+    for (int i = 0; i < 200; ++i) {
+        const nlohmann::json v = random_value(rng, 0);
+        for (int indent : {-1, 2}) {
+            const std::string text = v.dump(indent);
+            EXPECT_TRUE(accepts(any, text, 3)) << text;
+            EXPECT_EQ(accepts(obj, text), v.is_object()) << text;
+        }
+    }
+    for (const char* bad : {"{\"a\": 1,}", "[1 2]", "01", "\"a\x01\"", "tru", "{a: 1}", "\"\\q\"", "1.", "-",
+                            "[1]]", "{\"a\" 1}", "\"unterminated"})
+        EXPECT_FALSE(accepts(any, bad)) << bad;
+    // bounded whitespace: no endless padding
+    EXPECT_FALSE(accepts(any, "[1,                                       2]"));
+}
+
+}  // namespace
+
+#include <chrono>
+
+#include "grammar/token_matcher.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+// Token masks on GPT-2's vocabulary: every token of a JSON document's own
+// tokenization is allowed at its step, end-of-text only at the end, and a
+// token that breaks the grammar is masked; the mask equals advancing each
+// token alone.
+TEST(TokenMatcher, MasksFollowTheGrammar) {
+    auto tok = Tokenizer::from_file(std::string(QUERN_TESTDATA_DIR) + "/vocab/ggml-vocab-gpt-2.gguf");
+    const auto pieces = grammar::TokenPieces::of(*tok);
+    const auto g = Grammar::json(true);
+    const std::string doc = R"({"name": "Ada", "langs": ["en", "fr"], "age": 36, "ok": true})";
+    const std::vector<int32_t> ids = tok->encode(doc, false, false);
+    grammar::TokenMatcher m(g, pieces);
+    std::vector<float> logits(static_cast<size_t>(tok->n_vocab()));
+    double worst_ms = 0;
+    for (size_t i = 0; i <= ids.size(); ++i) {
+        std::fill(logits.begin(), logits.end(), 0.0f);
+        const auto t0 = std::chrono::steady_clock::now();
+        const int64_t n = m.mask(logits.data());
+        worst_ms = std::max(worst_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        EXPECT_GT(n, 0);
+        for (int32_t e : pieces->eog) EXPECT_EQ(std::isinf(logits[static_cast<size_t>(e)]), i < ids.size()) << "step " << i;
+        if (i == ids.size()) break;
+        EXPECT_FALSE(std::isinf(logits[static_cast<size_t>(ids[i])])) << "step " << i << " token " << ids[i];
+        if (i % 5 == 0) {  // the mask agrees with advancing every token alone
+            for (int32_t id = 0; id < tok->n_vocab(); id += 97) {
+                grammar::TokenMatcher copy = m;
+                EXPECT_EQ(copy.accept(id), !std::isinf(logits[static_cast<size_t>(id)]) || tok->is_eog(id))
+                    << "step " << i << " token " << id;
+            }
+        }
+        ASSERT_TRUE(m.accept(ids[i]));
+    }
+    EXPECT_TRUE(m.accepting());
+    grammar::TokenMatcher fresh(g, pieces);
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    fresh.mask(logits.data());
+    EXPECT_TRUE(std::isinf(logits[static_cast<size_t>(tok->encode("x", false, false)[0])]));  // an object starts with {
+    std::printf("mask on a %d-token vocabulary: at most %.1f ms per step\n", tok->n_vocab(), worst_ms);
+}
+
+}  // namespace

@@ -251,6 +251,27 @@ void check_left_recursion(const Grammar& g) {
 
 }  // namespace
 
+bool CharSet::intersects(uint32_t lo, uint32_t hi) const {
+    if (!negated) {
+        for (const auto& [a, b] : ranges)
+            if (a <= hi && b >= lo) return true;
+        return false;
+    }
+    // Negated: some code point of [lo, hi] lies outside every range.
+    for (uint32_t cp = lo;;) {
+        bool covered = false;
+        for (const auto& [a, b] : ranges)
+            if (cp >= a && cp <= b) {
+                covered = true;
+                cp = b;  // jump past this range
+                break;
+            }
+        if (!covered) return true;
+        if (cp >= hi) return false;
+        ++cp;
+    }
+}
+
 bool CharSet::contains(uint32_t cp) const {
     bool in = false;
     for (const auto& [lo, hi] : ranges) in = in || (cp >= lo && cp <= hi);
@@ -357,7 +378,26 @@ bool GrammarState::advance_bytes(std::string_view bytes) {
         const auto b = static_cast<uint8_t>(buf[i]);
         const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
         bool ok = n > 0;
-        if (ok && i + static_cast<size_t>(n) > buf.size()) break;  // incomplete: keep for the next call
+        if (ok && i + static_cast<size_t>(n) > buf.size()) {
+            // Incomplete: kept for the next call if some code point it may
+            // begin is allowed here.
+            const size_t have = buf.size() - i;
+            uint32_t lo = n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
+            for (size_t k = 1; k < have && ok; ++k) {
+                const auto c = static_cast<uint8_t>(buf[i + k]);
+                ok = (c & 0xC0u) == 0x80u;
+                lo = (lo << 6) | (c & 0x3Fu);
+            }
+            const int missing = n - static_cast<int>(have);
+            lo <<= 6 * missing;
+            const uint32_t hi = lo | ((1u << (6 * missing)) - 1);
+            if (!ok || !allows(lo, hi)) {
+                stacks_ = saved;
+                partial_ = saved_partial;
+                return false;
+            }
+            break;
+        }
         uint32_t cp = n == 1 ? b : n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
         for (int k = 1; ok && k < n; ++k) {
             const auto c = static_cast<uint8_t>(buf[i + static_cast<size_t>(k)]);
@@ -373,6 +413,17 @@ bool GrammarState::advance_bytes(std::string_view bytes) {
     }
     partial_ = buf.substr(i);
     return true;
+}
+
+bool GrammarState::allows(uint32_t lo, uint32_t hi) const {
+    for (const Stack& s : stacks_) {
+        if (s.empty()) continue;
+        const Pos& p = s.back();
+        const Element& e =
+            g_->rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)][static_cast<size_t>(p.elem)];
+        if (e.chars.intersects(lo, hi)) return true;
+    }
+    return false;
 }
 
 bool GrammarState::accepting() const {

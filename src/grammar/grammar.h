@@ -33,6 +33,8 @@ struct CharSet {
     std::vector<std::pair<uint32_t, uint32_t>> ranges;
     bool negated = false;
     bool contains(uint32_t cp) const;
+    /// Whether some code point of [lo, hi] is in the set.
+    bool intersects(uint32_t lo, uint32_t hi) const;
 };
 
 struct Element {
@@ -76,6 +78,8 @@ public:
     bool accepting() const;
     /// Whether any code point may follow.
     bool can_continue() const;
+    /// Whether some code point of [lo, hi] may come next.
+    bool allows(uint32_t lo, uint32_t hi) const;
 
 private:
     struct Pos {

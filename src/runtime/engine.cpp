@@ -41,6 +41,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "grammar/token_matcher.h"
 #include "runtime/batch_runner.h"
 #include "runtime/paged_kv.h"
 #include "runtime/spec_heads.h"
@@ -74,6 +75,7 @@ struct Slot {
     bool fresh = true;             // no prefix lookup done since the blocks were (re)set
     uint64_t epoch = 0;            // bumped whenever the blocks are dropped
     std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<grammar::TokenMatcher> matcher;  // constrained decoding (GenerationRequest::grammar)
     std::vector<float> logits;
     int32_t greedy_tok = -1;  // the runner's argmax, for plain greedy requests
     // Speculative rounds (EngineOptions::spec_draft).
@@ -89,7 +91,7 @@ struct Slot {
 bool plain_greedy(const GenerationRequest& r) {
     const SamplingParams& p = r.sampling;
     return p.temperature <= 0.0f && r.logit_bias.empty() && r.top_logprobs < 0 && p.repeat_penalty == 1.0f &&
-           p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+           p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && !r.grammar;
 }
 
 class BatchEngine final : public Engine {
@@ -234,6 +236,7 @@ private:
         s.active = false;
         s.cb = nullptr;
         s.sampler.reset();
+        s.matcher.reset();
         s.req = GenerationRequest{};
         int running = 0;
         for (const Slot& o : slots_) running += o.active;
@@ -281,7 +284,12 @@ private:
             s.generated = 0;
             s.order = ++admitted_;
             s.sampler = std::make_unique<Sampler>(s.req.sampling, cfg_.n_vocab);  // checked at submit
-            s.spec = heads_ && s.req.logit_bias.empty() && s.req.top_logprobs < 0;
+            s.spec = heads_ && s.req.logit_bias.empty() && s.req.top_logprobs < 0 && !s.req.grammar;
+            s.matcher.reset();
+            if (s.req.grammar) {
+                if (!pieces_) pieces_ = grammar::TokenPieces::of(tok_);  // once per engine
+                s.matcher = std::make_unique<grammar::TokenMatcher>(s.req.grammar, pieces_);
+            }
             s.draft_rng.seed(s.req.sampling.seed ^ 0x9E3779B97F4A7C15ull);
             for (int32_t t : s.req.prompt) s.sampler->accept(t);
             s.hashes.clear();
@@ -688,7 +696,9 @@ private:
         float* lg = s.logits.data();
         const int64_t nv = cfg_.n_vocab;
         for (const auto& [t, b] : s.req.logit_bias) lg[t] += b;
+        if (s.matcher) s.matcher->mask(lg);
         const int32_t tok = s.sampler->sample(lg);
+        if (s.matcher) s.matcher->accept(tok);
         TokenEvent e;
         e.token = tok;
         e.n_prompt = static_cast<int64_t>(s.req.prompt.size());
@@ -767,6 +777,7 @@ private:
     std::list<uint64_t> snap_lru_;
     std::unordered_map<uint64_t, std::list<uint64_t>::iterator> snap_pos_;
     std::unique_ptr<SpecHeads> heads_;  // speculative rounds' draft heads (null: off)
+    std::shared_ptr<const grammar::TokenPieces> pieces_;  // the vocabulary's texts, for constrained requests
 
     mutable std::mutex mu_;
     std::condition_variable cv_;

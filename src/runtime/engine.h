@@ -38,6 +38,10 @@ enum class FinishReason {
     Error,      ///< see TokenEvent::error
 };
 
+namespace grammar {
+struct Grammar;
+}
+
 struct GenerationRequest {
     std::vector<int32_t> prompt;  ///< token ids, non-empty, shorter than the context
     int64_t max_tokens = -1;      ///< tokens to generate at most; -1: until the context is full
@@ -49,6 +53,10 @@ struct GenerationRequest {
     /// sampler's transforms), as OpenAI reports them.
     int top_logprobs = -1;
     bool ignore_eos = false;
+    /// Constrained decoding: every token is one the grammar allows next
+    /// (grammar/token_matcher.h), end-of-generation only once the text is
+    /// whole. Null: unconstrained.
+    std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 /// One event of a request: a generated token, or the end (last == true; the

@@ -1,5 +1,7 @@
 #include "server/api.h"
 
+#include "core/error.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -104,7 +106,6 @@ void refuse_unimplemented(const Json& body) {
         {"guided_choice", "structured output needs constrained decoding, which this server does not have yet"},
         {"guided_grammar", "structured output needs constrained decoding, which this server does not have yet"},
         {"structured_outputs", "structured output needs constrained decoding, which this server does not have yet"},
-        {"grammar", "grammars need constrained decoding, which this server does not have yet"},
         {"json_schema", "structured output needs constrained decoding, which this server does not have yet"},
         {"functions", "the legacy 'functions' field is not supported; send 'tools'"},
         {"function_call", "the legacy 'function_call' field is not supported; send 'tool_choice'"},
@@ -115,17 +116,38 @@ void refuse_unimplemented(const Json& body) {
     for (const auto& [name, why] : kFields)
         if (field(body, name)) bad(name, fmt::format("'{}': {}", name, why));
     if (const Json* rf = field(body, "response_format")) {
-        if (!rf->is_object() || rf->value("type", "") != "text")
-            bad("response_format", "'response_format' other than {\"type\": \"text\"} needs constrained decoding, "
-                                   "which this server does not have yet");
+        const std::string type = rf->is_object() ? rf->value("type", "") : "";
+        if (type != "text" && type != "json_object")
+            bad("response_format", "'response_format' may be {\"type\": \"text\"} or {\"type\": \"json_object\"} "
+                                   "(json_schema needs a schema compiler this server does not have yet)");
     }
     if (const Json* m = field(body, "modalities")) {
         if (!m->is_array() || m->size() != 1 || (*m)[0] != "text") bad("modalities", "this server generates text only");
     }
 }
 
+/// Constrained decoding: response_format json_object (an object), or a
+/// GBNF grammar (grammar/grammar.h); not both.
+void parse_grammar(const Json& body, ApiRequest& r) {
+    const Json* rf = field(body, "response_format");
+    const bool json_object = rf && rf->is_object() && rf->value("type", "") == "json_object";
+    if (const Json* g = field(body, "grammar")) {
+        if (!g->is_string()) bad("grammar", "'grammar' must be a string of GBNF rules with a 'root' rule");
+        if (json_object) bad("grammar", "give 'grammar' or 'response_format' json_object, not both");
+        try {
+            r.grammar = grammar::Grammar::parse(g->get<std::string>());
+        } catch (const quern::Error& e) {
+            bad("grammar", std::string("'grammar': ") + e.what());
+        }
+    } else if (json_object) {
+        static const std::shared_ptr<const grammar::Grammar> kObject = grammar::Grammar::json(true);
+        r.grammar = kObject;
+    }
+}
+
 void parse_common(const Json& body, ApiRequest& r, int32_t n_vocab, const SamplingParams& def) {
     refuse_unimplemented(body);
+    parse_grammar(body, r);
     r.model = get_string(body, "model");
     r.n = static_cast<int>(get_int(body, "n", 1, kMaxChoices, 1));
 

@@ -4,6 +4,7 @@
 // (server.h) and the generation driver (generation.h) call these.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/sampler.h"
+#include "grammar/grammar.h"
 #include "server/chat_output.h"
 
 namespace quern::server {
@@ -67,6 +69,8 @@ struct ApiRequest {
     /// Responses: the conversation without this request's instructions (what
     /// previous_response_id continues from).
     Json continuation;
+    /// Constrained decoding: response_format json_object, or a GBNF `grammar`.
+    std::shared_ptr<const grammar::Grammar> grammar;
 
     // completions: one entry per prompt, text or token ids
     std::vector<std::string> prompt_texts;

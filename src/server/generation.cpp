@@ -99,6 +99,7 @@ void Generation::submit() {
         g.logit_bias = req_.logit_bias;
         g.top_logprobs = req_.top_logprobs;
         g.ignore_eos = req_.ignore_eos;
+        g.grammar = req_.grammar;
         std::shared_ptr<EventQueue> q = queue_;
         const int idx = c.index;
         try {

@@ -177,7 +177,7 @@ TEST(ServerApi, ChatRejectsBadValuesNamingTheField) {
         {"{" + m + R"(, "stream": true, "stream_options": {"include_usage": 1}})", "include_usage"},
         {"{" + m + R"(, "model": 5})", "model"},
         {"{" + m + R"(, "user": 5})", "user"},
-        {"{" + m + R"(, "response_format": {"type": "json_object"}})", "response_format"},
+        {"{" + m + R"(, "response_format": {"type": "json_schema"}})", "response_format"},
         {"{" + m + R"(, "tool_choice": "required"})", "tool_choice"},
     };
     for (const Case& c : cases) {
@@ -227,14 +227,14 @@ TEST(ServerApi, MessagesAreNormalisedForTheRealTemplates) {
 // table lists them), never accepted and ignored.
 TEST(ServerApi, UnimplementedOutputFieldsAreRefusedByName) {
     const std::vector<std::pair<std::string, std::string>> fields = {
-        {"response_format", R"({"type": "json_object"})"},
         {"response_format", R"({"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})"},
         {"guided_json", R"({"type": "object"})"},
         {"guided_regex", R"("a+")"},
         {"guided_choice", R"(["a", "b"])"},
         {"guided_grammar", R"("root ::= \"a\"")"},
         {"structured_outputs", R"({"json": {}})"},
-        {"grammar", R"("root ::= \"a\"")"},
+        {"grammar", R"("root ::= undefined-rule")"},
+        {"grammar", R"(42)"},
         {"json_schema", R"({})"},
         {"functions", R"([{"name": "f"}])"},
         {"function_call", R"("auto")"},
@@ -260,6 +260,12 @@ TEST(ServerApi, UnimplementedOutputFieldsAreRefusedByName) {
     EXPECT_NO_THROW(chat_req(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"},
         "modalities": ["text"], "metadata": {"a": "b"}, "store": false, "service_tier": "auto", "user": "u",
         "parallel_tool_calls": false, "tool_choice": "none", "reasoning_format": "none"})"));
+    // constrained decoding: json_object, or a GBNF grammar
+    EXPECT_NE(chat_req(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})")
+                  .grammar,
+              nullptr);
+    EXPECT_NE(parse_completion_request(parse_body(R"({"prompt": "x", "grammar": "root ::= [a-z]+"})"), kVocab).grammar,
+              nullptr);
 }
 
 TEST(ServerApi, CompletionPrompts) {

@@ -58,6 +58,17 @@ TEST(Grammar, ClassesEscapesAndNegation) {
     EXPECT_TRUE(accepts(g, "\"a b\"Bé"));
     EXPECT_FALSE(accepts(g, "\"a\nb\"Bé"));
     EXPECT_FALSE(accepts(g, "\"ab\"Dé"));
+    // an incomplete UTF-8 sequence is kept only if some character it may
+    // begin is allowed next (a token can end mid-character)
+    GrammarState s(Grammar::parse(R"(root ::= "a" [\u4e00-\u4eff])"));
+    EXPECT_FALSE(s.advance_bytes("\xE4"));  // no character may start the text but "a"
+    GrammarState t = s;
+    EXPECT_TRUE(s.advance_bytes("a\xE4"));  // U+4xxx may follow "a"
+    EXPECT_TRUE(s.advance_bytes("\xB8"));   // E4 B8 .. : U+4E00-U+4E3F, allowed
+    EXPECT_FALSE(s.accepting());
+    EXPECT_TRUE(s.advance_bytes("\x80"));   // U+4E00
+    EXPECT_TRUE(s.accepting());
+    EXPECT_FALSE(t.advance_bytes("a\xE5"));  // U+5xxx may not
 }
 
 TEST(Grammar, ErrorsNameTheProblem) {

@@ -1,6 +1,7 @@
 #include "grammar/grammar.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <tuple>
 
@@ -279,8 +280,10 @@ bool CharSet::contains(uint32_t cp) const {
 }
 
 std::shared_ptr<const Grammar> Grammar::parse(std::string_view text) {
+    static std::atomic<uint64_t> next_id{1};
     auto g = std::make_shared<Grammar>(Parser(text).run());
     check_left_recursion(*g);
+    g->id = next_id++;
     return g;
 }
 
@@ -424,6 +427,20 @@ bool GrammarState::allows(uint32_t lo, uint32_t hi) const {
         if (e.chars.intersects(lo, hi)) return true;
     }
     return false;
+}
+
+std::string GrammarState::key() const {
+    std::string k;
+    for (const Stack& s : stacks_) {
+        for (const Pos& p : s) {
+            const int32_t v[3] = {p.rule, p.alt, p.elem};
+            k.append(reinterpret_cast<const char*>(v), sizeof v);
+        }
+        k.push_back('|');
+    }
+    k.push_back('#');
+    k += partial_;
+    return k;
 }
 
 bool GrammarState::accepting() const {

@@ -51,6 +51,7 @@ struct Rule {
 struct Grammar {
     std::vector<Rule> rules;
     int root = -1;
+    uint64_t id = 0;  ///< unique per parsed grammar (keys of mask caches)
 
     /// Parses GBNF text. quern::Error naming the line and what is wrong
     /// (an undefined rule, a missing root, left recursion, a syntax error).
@@ -80,6 +81,8 @@ public:
     bool can_continue() const;
     /// Whether some code point of [lo, hi] may come next.
     bool allows(uint32_t lo, uint32_t hi) const;
+    /// The state as bytes: equal keys, equal futures (a mask cache's key).
+    std::string key() const;
 
 private:
     struct Pos {

@@ -7,10 +7,13 @@
 //
 // The mask is computed by walking the vocabulary's tokens in sorted order
 // and reusing the state of the longest shared prefix (a depth-first walk of
-// the token trie), so each distinct prefix is advanced once.
+// the token trie), so each distinct prefix is advanced once; masks are
+// cached by grammar state (TokenPieces::MaskCache).
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,15 @@ struct TokenPieces {
     std::vector<int32_t> eog;                             ///< end-of-generation ids
     int64_t n_vocab = 0;
     static std::shared_ptr<const TokenPieces> of(const Tokenizer& tok);
+
+    /// Masks already computed, by grammar and state: a state seen before (the
+    /// inside of a JSON string, say) costs a lookup. Bounded (cleared when
+    /// full); shared by the sequences of an engine (thread-safe).
+    struct MaskCache {
+        std::mutex mu;
+        std::unordered_map<std::string, std::shared_ptr<const std::vector<uint8_t>>> masks;
+    };
+    std::unique_ptr<MaskCache> cache = std::make_unique<MaskCache>();
 };
 
 class TokenMatcher {
@@ -43,6 +55,7 @@ public:
 
 private:
     std::shared_ptr<const TokenPieces> pieces_;
+    uint64_t grammar_id_;
     std::vector<std::string> text_;  // by id ("" for tokens without text)
     GrammarState state_;
 };

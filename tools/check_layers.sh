@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The layering of src/ (DESIGN.md: cli/server → runtime → model/tokenizer/chat
-# → backend/formats → quant/core): each folder includes only from its own
+# The layering of src/ (DESIGN.md: cli/server → runtime → model/tokenizer/chat/
+# grammar → backend/formats → quant/core): each folder includes only from its own
 # level and the levels beneath it — so the backend knows no model or runtime
 # and the model no runtime. Prints every #include that breaks the rule and
 # exits 1; run by ctest (test name layering).
@@ -15,10 +15,10 @@ allowed() {
     quant) echo "core quant" ;;
     formats) echo "core quant formats" ;;
     backend) echo "core quant formats backend" ;;
-    tokenizer | chat | model) echo "core quant formats backend model tokenizer chat" ;;
-    runtime) echo "core quant formats backend model tokenizer chat runtime" ;;
-    server) echo "core quant formats backend model tokenizer chat runtime server" ;;
-    cli) echo "core quant formats backend model tokenizer chat runtime server cli" ;;
+    tokenizer | chat | model | grammar) echo "core quant formats backend model tokenizer chat grammar" ;;
+    runtime) echo "core quant formats backend model tokenizer chat grammar runtime" ;;
+    server) echo "core quant formats backend model tokenizer chat grammar runtime server" ;;
+    cli) echo "core quant formats backend model tokenizer chat grammar runtime server cli" ;;
     *) echo "?" ;;
   esac
 }
@@ -31,7 +31,7 @@ while IFS= read -r -d '' f; do
     inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/' <<<"$line")
     dir=${inc%%/*}
     [ "$dir" = "$inc" ] && continue  # same-folder include
-    case $dir in core | quant | formats | backend | tokenizer | chat | model | runtime | server | cli) ;; *) continue ;; esac
+    case $dir in core | quant | formats | backend | tokenizer | chat | model | grammar | runtime | server | cli) ;; *) continue ;; esac
     if [[ $ok != *" $dir "* ]]; then
       echo "src/${f#./}: includes \"$inc\" ($top may not depend on $dir)"
       bad=1

@@ -141,9 +141,12 @@ ApiRequest parse_messages_request(const Json& body, int32_t n_vocab, const Sampl
         oa["chat_template_kwargs"] = Json{{"enable_thinking", type != "disabled"}};  // the template's switch
     }
     if (body.contains("output_config") && body["output_config"].is_object() && body["output_config"].contains("format") &&
-        !body["output_config"]["format"].is_null())
-        bad("output_config.format", "structured output ('output_config.format') needs constrained decoding, which "
-                                    "this server does not have yet");
+        !body["output_config"]["format"].is_null()) {
+        const Json& f = body["output_config"]["format"];
+        if (!f.is_object() || f.value("type", "") != "json_schema" || !f.contains("schema"))
+            bad("output_config.format", "'output_config.format' must be {\"type\": \"json_schema\", \"schema\": ...}");
+        oa["response_format"] = Json{{"type", "json_schema"}, {"json_schema", Json{{"schema", f["schema"]}}}};
+    }
     ApiRequest r = parse_chat_request(oa, n_vocab, defaults);
     r.endpoint = Endpoint::Messages;
     return r;

@@ -1,6 +1,7 @@
 #include "server/api.h"
 
 #include "core/error.h"
+#include "grammar/json_schema.h"
 
 #include <fmt/format.h>
 
@@ -117,9 +118,8 @@ void refuse_unimplemented(const Json& body) {
         if (field(body, name)) bad(name, fmt::format("'{}': {}", name, why));
     if (const Json* rf = field(body, "response_format")) {
         const std::string type = rf->is_object() ? rf->value("type", "") : "";
-        if (type != "text" && type != "json_object")
-            bad("response_format", "'response_format' may be {\"type\": \"text\"} or {\"type\": \"json_object\"} "
-                                   "(json_schema needs a schema compiler this server does not have yet)");
+        if (type != "text" && type != "json_object" && type != "json_schema")
+            bad("response_format", "'response_format.type' may be text, json_object or json_schema");
     }
     if (const Json* m = field(body, "modalities")) {
         if (!m->is_array() || m->size() != 1 || (*m)[0] != "text") bad("modalities", "this server generates text only");
@@ -130,7 +130,8 @@ void refuse_unimplemented(const Json& body) {
 /// GBNF grammar (grammar/grammar.h); not both.
 void parse_grammar(const Json& body, ApiRequest& r) {
     const Json* rf = field(body, "response_format");
-    const bool json_object = rf && rf->is_object() && rf->value("type", "") == "json_object";
+    const std::string rf_type = rf && rf->is_object() ? rf->value("type", "") : "";
+    const bool json_object = rf_type == "json_object" || rf_type == "json_schema";
     if (const Json* g = field(body, "grammar")) {
         if (!g->is_string()) bad("grammar", "'grammar' must be a string of GBNF rules with a 'root' rule");
         if (json_object) bad("grammar", "give 'grammar' or 'response_format' json_object, not both");
@@ -138,6 +139,15 @@ void parse_grammar(const Json& body, ApiRequest& r) {
             r.grammar = grammar::Grammar::parse(g->get<std::string>());
         } catch (const quern::Error& e) {
             bad("grammar", std::string("'grammar': ") + e.what());
+        }
+    } else if (rf_type == "json_schema") {
+        const Json* js = rf->contains("json_schema") ? &(*rf)["json_schema"] : nullptr;
+        if (!js || !js->is_object() || !js->contains("schema"))
+            bad("response_format", "'response_format.json_schema.schema' is required (the JSON schema)");
+        try {
+            r.grammar = grammar::json_schema_grammar((*js)["schema"]);
+        } catch (const quern::Error& e) {
+            bad("response_format", std::string("'response_format': ") + e.what());
         }
     } else if (json_object) {
         static const std::shared_ptr<const grammar::Grammar> kObject = grammar::Grammar::json(true);

@@ -160,9 +160,15 @@ ApiRequest parse_responses_request(const Json& body, int32_t n_vocab, const Samp
     if (body.contains("max_output_tokens")) oa["max_tokens"] = body["max_output_tokens"];
     if (body.contains("text") && body["text"].is_object() && body["text"].contains("format")) {
         const Json& f = body["text"]["format"];
-        if (!f.is_object() || f.value("type", "") != "text")
-            bad("text.format", "structured output ('text.format' other than text) needs constrained decoding, which "
-                               "this server does not have yet");
+        const std::string type = f.is_object() ? f.value("type", "") : "";
+        if (type == "json_schema") {
+            if (!f.contains("schema")) bad("text.format", "'text.format.schema' is required (the JSON schema)");
+            oa["response_format"] = Json{{"type", "json_schema"}, {"json_schema", Json{{"schema", f["schema"]}}}};
+        } else if (type == "json_object") {
+            oa["response_format"] = Json{{"type", "json_object"}};
+        } else if (type != "text") {
+            bad("text.format", "'text.format.type' may be text, json_object or json_schema");
+        }
     }
     if (body.contains("reasoning") && body["reasoning"].is_object() && body["reasoning"].contains("effort") &&
         body["reasoning"]["effort"].is_string()) {

@@ -36,6 +36,32 @@ TOOLS = [{"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
+def structured_checks(srv):
+    """Structured output with a pydantic model (the client sends its JSON schema): the reply parses."""
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        name: str
+        country: str
+        population: int
+        landmarks: list[str]
+
+    c = srv.client()
+    r = c.chat.completions.parse(model=srv.model_id, response_format=City, max_tokens=200, temperature=0,
+                                 messages=[{"role": "user", "content": "Describe Paris as JSON."}])
+    ch = r.choices[0]
+    if ch.finish_reason == "stop":
+        check(isinstance(ch.message.parsed, City), f"parsed: {ch.message!r}")
+        print("tools_e2e: structured output (pydantic) ->", ch.message.parsed)
+    else:  # cut by max_tokens: still a prefix of valid JSON for the schema
+        print("tools_e2e: structured output cut at max_tokens:", repr(ch.message.content[:80]))
+    obj = c.chat.completions.create(model=srv.model_id, response_format={"type": "json_object"}, max_tokens=120,
+                                    temperature=0, messages=[{"role": "user", "content": "Give me a JSON object."}])
+    if obj.choices[0].finish_reason == "stop":
+        check(isinstance(json.loads(obj.choices[0].message.content), dict), f"json_object: {obj.choices[0]!r}")
+    print("tools_e2e: json_object ->", repr(obj.choices[0].message.content[:60]))
+
+
 R_TOOLS = [{"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
             "parameters": TOOLS[0]["function"]["parameters"]}]
 
@@ -172,6 +198,7 @@ def main():
         check(not r3.choices[0].message.tool_calls and r3.choices[0].finish_reason != "tool_calls",
               f"tool_choice none: {r3.choices[0]!r}")
         print("tools_e2e: tool_choice none -> text")
+        structured_checks(srv)
         responses_checks(srv)
         anthropic_checks(srv)
     finally:

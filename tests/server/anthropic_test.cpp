@@ -65,7 +65,7 @@ TEST(Anthropic, RefusalsNameTheField) {
         "messages": [{"role": "user", "content": "x"}]})"), "tool_choice");
     EXPECT_EQ(param_of(R"({"max_tokens": 5, "tools": [{"type": "web_search_20250305", "name": "web_search"}],
         "messages": [{"role": "user", "content": "x"}]})"), "tools[0].type");
-    EXPECT_EQ(param_of(R"({"max_tokens": 5, "output_config": {"format": {"type": "json_schema", "schema": {}}},
+    EXPECT_EQ(param_of(R"({"max_tokens": 5, "output_config": {"format": {"type": "json_schema"}},
         "messages": [{"role": "user", "content": "x"}]})"), "output_config.format");
     EXPECT_EQ(parse_messages_request(parse_body(R"({"messages": [{"role": "user", "content": "x"}]})"), 1000,
                                      api_default_sampling(), /*count_only=*/true)

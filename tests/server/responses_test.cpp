@@ -52,8 +52,15 @@ TEST(Responses, RefusalsNameTheField) {
     EXPECT_EQ(param_of(R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})"),
               "input[0].content[0].type");
     EXPECT_EQ(param_of(R"({"input": "x", "tools": [{"type": "web_search"}]})"), "tools[0].type");
-    EXPECT_EQ(param_of(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}})"),
-              "text.format");
+    EXPECT_EQ(param_of(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "a",
+        "schema": {"type": "string", "minLength": 3}}}})"),
+              "response_format");  // the schema's keyword named in the message
+    EXPECT_EQ(param_of(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}})"), "text.format");
+    EXPECT_NE(parse_responses_request(parse_body(R"({"input": "x", "text": {"format": {"type": "json_schema",
+        "name": "a", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}})"),
+                                      1000, api_default_sampling(), nullptr)
+                  .grammar,
+              nullptr);
     EXPECT_EQ(param_of(R"({"input": "x", "tool_choice": "required"})"), "tool_choice");
     EXPECT_EQ(param_of(R"({"input": "x", "text": {"format": {"type": "text"}}})"), "(accepted)");
 }

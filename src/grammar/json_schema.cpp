@@ -40,18 +40,23 @@ std::string literal(const Json& j) {
 
 class Compiler {
 public:
-    explicit Compiler(const Json& root) : root_(root) {}
+    explicit Compiler(const Json& root, std::string prefix = "s") : root_(root), prefix_(std::move(prefix)) {}
 
     std::string run() {
         const std::string r = rule(root_, "#");
         return "root ::= " + r + "\n" + out_ + kBase;
+    }
+    /// The rules only; `expr` the schema's expression.
+    std::string rules(std::string& expr) {
+        expr = rule(root_, "#");
+        return out_;
     }
 
 private:
     [[noreturn]] static void refuse(const std::string& path, const std::string& what) {
         fail("json_schema at {}: {}", path, what);
     }
-    std::string fresh() { return "s" + std::to_string(n_++); }
+    std::string fresh() { return prefix_ + std::to_string(n_++); }
     std::string def(const std::string& body) {
         const std::string name = fresh();
         out_ += name + " ::= " + body + "\n";
@@ -182,6 +187,7 @@ private:
     }
 
     const Json& root_;
+    std::string prefix_;
     std::string out_;
     int n_ = 0;
     std::map<std::string, std::string> refs_;
@@ -190,6 +196,12 @@ private:
 }  // namespace
 
 std::string json_schema_to_gbnf(const Json& schema) { return Compiler(schema).run(); }
+
+std::string json_schema_rules(const Json& schema, const std::string& prefix, std::string& expr) {
+    return Compiler(schema, prefix).rules(expr);
+}
+
+const char* json_base_gbnf() { return kBase; }
 
 std::shared_ptr<const Grammar> json_schema_grammar(const Json& schema) {
     return Grammar::parse(json_schema_to_gbnf(schema));

@@ -122,10 +122,13 @@ ApiRequest parse_messages_request(const Json& body, int32_t n_vocab, const Sampl
     if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
         const Json& tc = body["tool_choice"];
         const std::string type = tc.is_object() ? tc.value("type", "") : "";
-        if (type != "auto" && type != "none")
-            bad("tool_choice", "this server does not force tool calls yet: 'tool_choice' may be {\"type\": \"auto\"} "
-                               "or {\"type\": \"none\"}");
-        oa["tool_choice"] = type;
+        if (type == "auto" || type == "none") oa["tool_choice"] = type;
+        else if (type == "any") oa["tool_choice"] = "required";
+        else if (type == "tool" && tc.contains("name") && tc["name"].is_string())
+            oa["tool_choice"] = Json{{"type", "function"}, {"function", Json{{"name", tc["name"]}}}};
+        else
+            bad("tool_choice", "'tool_choice' may be {\"type\": \"auto\"}, \"none\", \"any\" or {\"type\": \"tool\", "
+                               "\"name\": ...}");
         if (tc.value("disable_parallel_tool_use", false)) oa["parallel_tool_calls"] = false;
     }
     if (body.contains("max_tokens")) oa["max_tokens"] = body["max_tokens"];

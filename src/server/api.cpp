@@ -381,9 +381,20 @@ ApiRequest parse_chat_request(const Json& body, int32_t n_vocab, const SamplingP
         if (!t->empty()) r.tools = *t;
     }
     if (const Json* tc = field(body, "tool_choice")) {
-        if (!(tc->is_string() && (*tc == "none" || *tc == "auto")))
-            bad("tool_choice", "this server does not force tool calls: 'tool_choice' may be \"none\" or \"auto\"");
-        r.tool_choice = tc->get<std::string>();
+        // auto, none, required (a call, any tool), or a named function: the
+        // last two enforced by constrained decoding (server: forced_tool_call_gbnf).
+        if (tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required")) {
+            r.tool_choice = tc->get<std::string>();
+        } else if (tc->is_object() && tc->value("type", "") == "function" && tc->contains("function") &&
+                   (*tc)["function"].is_object() && (*tc)["function"].contains("name") &&
+                   (*tc)["function"]["name"].is_string()) {
+            r.tool_choice = "function:" + (*tc)["function"]["name"].get<std::string>();
+        } else {
+            bad("tool_choice", "'tool_choice' may be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                               "\"function\": {\"name\": ...}}");
+        }
+        if (r.tool_choice != "none" && r.tool_choice != "auto" && r.tools.empty())
+            bad("tool_choice", "'tool_choice' asks for a tool call but the request gives no 'tools'");
     }
     r.parallel_tool_calls = get_bool(body, "parallel_tool_calls", true);
     if (const Json* rf = field(body, "reasoning_format")) {

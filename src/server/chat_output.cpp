@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+#include "grammar/json_schema.h"
+
 namespace quern::server {
 
 namespace {
@@ -66,6 +69,33 @@ OutputFormat detect_output_format(const std::string& src) {
     else if (src.find(kToolOpen) != std::string::npos)
         f.tools = ToolFormat::Hermes;
     return f;
+}
+
+std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::string& only, bool parallel) {
+    if (f != ToolFormat::Hermes)
+        fail("forcing a tool call is supported for templates that write <tool_call>{{json}}</tool_call> calls only");
+    std::string rules, calls;
+    int k = 0;
+    for (const Json& t : tools) {
+        const Json* fn = t.contains("function") ? &t["function"] : &t;
+        const std::string name = fn->value("name", "");
+        if (name.empty() || (!only.empty() && name != only)) continue;
+        std::string expr;
+        rules += grammar::json_schema_rules(fn->contains("parameters") ? (*fn)["parameters"] : Json{{"type", "object"}},
+                                            "t" + std::to_string(k) + "x", expr);
+        std::string lit;  // the call's fixed start, as a GBNF literal
+        const std::string start = std::string("<tool_call>\n{\"name\": ") + Json(name).dump() + ", \"arguments\": ";
+        for (char c : start) {
+            if (c == '"' || c == '\\') lit += '\\';
+            lit += c == '\n' ? std::string("\\n") : std::string(1, c);
+        }
+        const std::string call = "call" + std::to_string(k++);
+        rules += call + " ::= \"" + lit + "\" " + expr + " \"}\\n</tool_call>\"\n";
+        calls += (calls.empty() ? "" : " | ") + call;
+    }
+    if (calls.empty()) fail("no tool named '{}' among the request's tools", only);
+    return "root ::= ( " + calls + " )" + (parallel ? " ( \"\\n\" ( " + calls + " ) )*" : "") + "\n" + rules +
+           grammar::json_base_gbnf();
 }
 
 bool prompt_opens_think(const std::string& prompt) {

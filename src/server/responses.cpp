@@ -155,8 +155,15 @@ ApiRequest parse_responses_request(const Json& body, int32_t n_vocab, const Samp
         }
         oa["tools"] = std::move(tools);
     }
-    for (const char* k : {"tool_choice", "parallel_tool_calls", "temperature", "top_p", "stream"})
+    for (const char* k : {"parallel_tool_calls", "temperature", "top_p", "stream"})
         if (body.contains(k)) oa[k] = body[k];
+    if (body.contains("tool_choice")) {
+        const Json& tc = body["tool_choice"];
+        if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("name"))
+            oa["tool_choice"] = Json{{"type", "function"}, {"function", Json{{"name", tc["name"]}}}};
+        else
+            oa["tool_choice"] = tc;
+    }
     if (body.contains("max_output_tokens")) oa["max_tokens"] = body["max_output_tokens"];
     if (body.contains("text") && body["text"].is_object() && body["text"].contains("format")) {
         const Json& f = body["text"]["format"];

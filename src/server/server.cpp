@@ -241,6 +241,18 @@ struct HttpServer::Impl {
             if (r.tools.empty() || r.tool_choice == "none") r.output.tools = ToolFormat::None;
             if (!r.parse_reasoning) r.output.think = false;
             r.prompt_in_think = r.output.think && prompt_opens_think(text);
+            if (r.tool_choice == "required" || r.tool_choice.rfind("function:", 0) == 0) {
+                if (r.grammar)
+                    throw ApiError(400, "a forced tool call and a response format or grammar cannot be combined",
+                                   "tool_choice");
+                const std::string only = r.tool_choice == "required" ? "" : r.tool_choice.substr(9);
+                try {
+                    r.grammar = grammar::Grammar::parse(
+                        forced_tool_call_gbnf(r.output.tools, r.tools, only, r.parallel_tool_calls));
+                } catch (const Error& e) {
+                    throw ApiError(400, std::string("'tool_choice' cannot be enforced: ") + e.what(), "tool_choice");
+                }
+            }
         } else {
             for (const std::string& t : r.prompt_texts) prompts.push_back(chat::tokenize_prompt(tok, t));
             for (const auto& ids : r.prompt_tokens) prompts.push_back(ids);

@@ -198,6 +198,15 @@ def main():
         check(not r3.choices[0].message.tool_calls and r3.choices[0].finish_reason != "tool_calls",
               f"tool_choice none: {r3.choices[0]!r}")
         print("tools_e2e: tool_choice none -> text")
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            f = c.chat.completions.create(model=srv.model_id, tool_choice=choice, tools=TOOLS, temperature=0,
+                                          max_tokens=96, messages=[{"role": "user", "content": "Tell me a joke."}])
+            fc = f.choices[0]
+            check(fc.finish_reason == "tool_calls" and fc.message.tool_calls and
+                  fc.message.tool_calls[0].function.name == "get_weather" and
+                  isinstance(json.loads(fc.message.tool_calls[0].function.arguments).get("city"), str),
+                  f"tool_choice {choice!r}: {fc!r}")
+        print("tools_e2e: tool_choice required / named -> a call even to a joke request")
         structured_checks(srv)
         responses_checks(srv)
         anthropic_checks(srv)

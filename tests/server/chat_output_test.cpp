@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/error.h"
+#include "grammar/grammar.h"
 #include "server/chat_output.h"
 
 using namespace quern::server;
@@ -163,6 +165,35 @@ TEST(ChatOutput, FormatsReadFromTemplates) {
     EXPECT_EQ(h.tools, ToolFormat::Hermes);
     EXPECT_FALSE(h.think);
     EXPECT_EQ(detect_output_format("{{ messages }}").tools, ToolFormat::None);
+}
+
+// tool_choice required / a named function: the grammar admits exactly the
+// Hermes calls of the allowed tools with arguments their schemas accept, and
+// the parser reads them back as calls.
+TEST(ChatOutput, ForcedToolCallGrammar) {
+    const Json tools = Json::parse(R"([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+          "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}])");
+    const auto accepts = [](const std::string& gbnf, const std::string& text) {
+        quern::grammar::GrammarState s(quern::grammar::Grammar::parse(gbnf));
+        return s.advance_bytes(text) && s.accepting();
+    };
+    const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}\n</tool_call>";
+    const std::string ping = "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>";
+    const std::string any = forced_tool_call_gbnf(ToolFormat::Hermes, tools, "", true);
+    EXPECT_TRUE(accepts(any, call));
+    EXPECT_TRUE(accepts(any, ping));
+    EXPECT_TRUE(accepts(any, call + "\n" + ping));
+    EXPECT_FALSE(accepts(any, "Sure!"));
+    EXPECT_FALSE(accepts(any, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 2}}\n</tool_call>"));
+    const std::string named = forced_tool_call_gbnf(ToolFormat::Hermes, tools, "ping", false);
+    EXPECT_TRUE(accepts(named, ping));
+    EXPECT_FALSE(accepts(named, call));
+    EXPECT_FALSE(accepts(named, ping + "\n" + ping));
+    EXPECT_EQ(parse_all_ways(call, kHermes, false, tools).calls.size(), 1u);
+    EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Xml, tools, "", true), quern::Error);
+    EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Hermes, tools, "nope", true), quern::Error);
 }
 
 // The real templates of the families covered.

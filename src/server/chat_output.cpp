@@ -68,12 +68,18 @@ OutputFormat detect_output_format(const std::string& src) {
         f.tools = ToolFormat::Xml;
     else if (src.find(kToolOpen) != std::string::npos)
         f.tools = ToolFormat::Hermes;
+    else if (src.find("[TOOL_CALLS]") != std::string::npos)
+        f.tools = ToolFormat::Mistral;
+    else if (src.find("\"parameters\": dictionary of argument name") != std::string::npos)
+        f.tools = ToolFormat::Llama3;
     return f;
 }
 
 std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::string& only, bool parallel) {
-    if (f != ToolFormat::Hermes)
-        fail("forcing a tool call is supported for templates that write <tool_call>{{json}}</tool_call> calls only");
+    if (f != ToolFormat::Hermes && f != ToolFormat::Llama3)
+        fail("forcing a tool call is supported for templates that write <tool_call>{{json}}</tool_call> or Llama 3 "
+             "{{\"name\", \"parameters\"}} calls only");
+    const bool llama = f == ToolFormat::Llama3;
     std::string rules, calls;
     int k = 0;
     for (const Json& t : tools) {
@@ -84,17 +90,19 @@ std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::st
         rules += grammar::json_schema_rules(fn->contains("parameters") ? (*fn)["parameters"] : Json{{"type", "object"}},
                                             "t" + std::to_string(k) + "x", expr);
         std::string lit;  // the call's fixed start, as a GBNF literal
-        const std::string start = std::string("<tool_call>\n{\"name\": ") + Json(name).dump() + ", \"arguments\": ";
+        const std::string start = llama ? "{\"name\": " + Json(name).dump() + ", \"parameters\": "
+                                        : "<tool_call>\n{\"name\": " + Json(name).dump() + ", \"arguments\": ";
         for (char c : start) {
             if (c == '"' || c == '\\') lit += '\\';
             lit += c == '\n' ? std::string("\\n") : std::string(1, c);
         }
         const std::string call = "call" + std::to_string(k++);
-        rules += call + " ::= \"" + lit + "\" " + expr + " \"}\\n</tool_call>\"\n";
+        rules += call + " ::= \"" + lit + "\" " + expr + (llama ? " \"}\"\n" : " \"}\\n</tool_call>\"\n");
         calls += (calls.empty() ? "" : " | ") + call;
     }
     if (calls.empty()) fail("no tool named '{}' among the request's tools", only);
-    return "root ::= ( " + calls + " )" + (parallel ? " ( \"\\n\" ( " + calls + " ) )*" : "") + "\n" + rules +
+    const std::string sep = llama ? "\"; \"" : "\"\\n\"";
+    return "root ::= ( " + calls + " )" + (parallel ? " ( " + sep + " ( " + calls + " ) )*" : "") + "\n" + rules +
            grammar::json_base_gbnf();
 }
 
@@ -146,12 +154,23 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
         }
         // The answer's first character decides whether it may be bare JSON
         // tool calls (the request has tools and the model writes Hermes JSON).
-        if (mode_ == Mode::Content && !answer_started_ && f_.tools == ToolFormat::Hermes && tools_.is_array() &&
-            !tools_.empty()) {
+        if (mode_ == Mode::Content && !answer_started_ && f_.tools != ToolFormat::None && f_.tools != ToolFormat::Xml &&
+            tools_.is_array() && !tools_.empty()) {
             const size_t lead = buf.find_first_not_of(" \t\r\n");
             if (lead == std::string::npos) break;  // only whitespace so far: wait
+            // Markers a Llama 3 / Mistral call may start with (the text may
+            // also lack them: control tokens are not rendered).
+            const std::string_view rest = std::string_view(buf).substr(lead);
+            bool partial = false;
+            for (std::string_view m : {std::string_view("<|python_tag|>"), std::string_view("[TOOL_CALLS]")})
+                partial = partial || (rest.size() < m.size() && m.substr(0, rest.size()) == rest);
+            if (partial) {
+                held_ = buf;
+                return d;
+            }
             answer_started_ = true;
-            if (buf[lead] == '{') {
+            const bool marker = rest.starts_with("<|python_tag|>") || rest.starts_with("[TOOL_CALLS]");
+            if (marker || buf[lead] == '{' || (buf[lead] == '[' && f_.tools == ToolFormat::Mistral)) {
                 mode_ = Mode::BareJson;
                 bare_ = buf;
                 break;
@@ -236,6 +255,23 @@ ChatDelta ChatOutputParser::finish() {
 
 bool ChatOutputParser::parse_bare_json(const std::string& text, std::vector<ToolCall>& calls) const {
     std::string_view rest = trim(text);
+    for (std::string_view m : {std::string_view("<|python_tag|>"), std::string_view("[TOOL_CALLS]")})
+        if (rest.starts_with(m)) rest = trim(rest.substr(m.size()));
+    if (!rest.empty() && rest.front() == '[') {  // Mistral: a JSON list of calls
+        const Json list = Json::parse(rest, nullptr, false);
+        if (list.is_discarded() || !list.is_array() || list.empty()) return false;
+        std::string joined;
+        for (const Json& c : list) joined += c.dump() + "\n";
+        rest = trim(joined);
+        std::vector<ToolCall> out;
+        const bool ok = parse_bare_json_objects(rest, out);
+        if (ok) calls = std::move(out);
+        return ok;
+    }
+    return parse_bare_json_objects(rest, calls);
+}
+
+bool ChatOutputParser::parse_bare_json_objects(std::string_view rest, std::vector<ToolCall>& calls) const {
     while (!rest.empty()) {
         // One JSON object: up to the brace that closes the first (strings skipped).
         size_t end = 0;
@@ -266,7 +302,7 @@ bool ChatOutputParser::parse_bare_json(const std::string& text, std::vector<Tool
         if (!known) return false;
         calls.push_back(std::move(call));
         rest = trim(rest.substr(end));
-        if (!rest.empty() && rest.front() == ',') rest = trim(rest.substr(1));
+        if (!rest.empty() && (rest.front() == ',' || rest.front() == ';')) rest = trim(rest.substr(1));
     }
     return !calls.empty();
 }

@@ -28,7 +28,11 @@
 
 namespace quern::server {
 
-enum class ToolFormat { None, Hermes, Xml };
+/// Hermes: <tool_call>{json}</tool_call> (Qwen2.5, Qwen3, Hermes); Xml:
+/// Qwen3-Coder / Qwen3.5; Llama3: a bare {"name", "parameters"} object,
+/// maybe after <|python_tag|>; Mistral: [TOOL_CALLS] then a JSON list of
+/// {"name", "arguments"} (the marker is a control token the text may lack).
+enum class ToolFormat { None, Hermes, Xml, Llama3, Mistral };
 
 /// What a model writes besides its answer, as its chat template shows it.
 struct OutputFormat {
@@ -91,6 +95,7 @@ private:
     /// The generic fallback: `text` as tool calls (JSON objects naming the
     /// request's tools, back to back), or false.
     bool parse_bare_json(const std::string& text, std::vector<ToolCall>& calls) const;
+    bool parse_bare_json_objects(std::string_view text, std::vector<ToolCall>& calls) const;
 
     OutputFormat f_;
     nlohmann::ordered_json tools_;

@@ -25,6 +25,15 @@ uint64_t random_seed() {
     return rng();
 }
 
+/// 9 letters and digits: Mistral's templates refuse other tool-call ids.
+std::string mistral_call_id() {
+    static const char* alnum = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    uint64_t a = random_seed();
+    std::string id;
+    for (int i = 0; i < 9; ++i, a /= 62) id += alnum[a % 62];
+    return id;
+}
+
 /// "call_" and 24 hex digits, as OpenAI's tool-call ids look.
 std::string new_call_id() {
     static const char* hex = "0123456789abcdef";
@@ -79,7 +88,9 @@ Generation::Generation(Engine& engine, const Tokenizer& tok, const ApiRequest& r
             c->index = static_cast<int>(choices_.size());
             c->prompt = static_cast<int>(p);
             if (req_.endpoint != Endpoint::Completions && (req_.output.think || req_.output.tools != ToolFormat::None))
-                c->parser = std::make_unique<ChatOutputParser>(req_.output, req_.prompt_in_think, req_.tools, new_call_id);
+                c->parser = std::make_unique<ChatOutputParser>(
+                    req_.output, req_.prompt_in_think, req_.tools,
+                    req_.output.tools == ToolFormat::Mistral ? mistral_call_id : new_call_id);
             choices_.push_back(std::move(c));
         }
 }

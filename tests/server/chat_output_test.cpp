@@ -196,6 +196,31 @@ TEST(ChatOutput, ForcedToolCallGrammar) {
     EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Hermes, tools, "nope", true), quern::Error);
 }
 
+// Llama 3.x: a bare {"name", "parameters"} object (after <|python_tag|>, or
+// several joined by ";"); Mistral: [TOOL_CALLS] and a list (the marker may
+// be missing from the text: a control token).
+TEST(ChatOutput, Llama3AndMistralCalls) {
+    const OutputFormat llama{false, ToolFormat::Llama3}, mistral{false, ToolFormat::Mistral};
+    Parts p = parse_all_ways(R"({"name": "get_weather", "parameters": {"city": "Paris"}})", llama, false, kTools);
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "Paris"})"));
+    p = parse_all_ways(R"(<|python_tag|>{"name": "get_weather", "parameters": {"city": "A"}}; {"name": "get_weather", "parameters": {"city": "B"}})",
+                       llama, false, kTools);
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[1].second, Json::parse(R"({"city": "B"})"));
+    EXPECT_EQ(parse_all_ways("The weather is fine.", llama, false, kTools).content, "The weather is fine.");
+    for (const char* t : {R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}])",
+                          R"([{"name": "get_weather", "arguments": {"city": "Rome"}, "id": "abcdefghi"}])"}) {
+        p = parse_all_ways(t, mistral, false, kTools);
+        ASSERT_EQ(p.calls.size(), 1u) << t;
+        EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "Rome"})"));
+    }
+    const std::string g = forced_tool_call_gbnf(ToolFormat::Llama3, kTools, "", true);
+    quern::grammar::GrammarState s(quern::grammar::Grammar::parse(g));
+    EXPECT_TRUE(s.advance_bytes(R"({"name": "get_weather", "parameters": {"city": "X"}})") && s.accepting());
+    EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Mistral, kTools, "", true), quern::Error);
+}
+
 // The real templates of the families covered.
 TEST(ChatOutput, FormatsOfTheRealTemplates) {
     const auto of = [](const std::string& name) {
@@ -215,7 +240,9 @@ TEST(ChatOutput, FormatsOfTheRealTemplates) {
     const OutputFormat qwq = of("Qwen-QwQ-32B.jinja");
     EXPECT_EQ(qwq.tools, ToolFormat::Hermes);
     EXPECT_TRUE(qwq.think);
-    EXPECT_EQ(of("meta-llama-Llama-3.1-8B-Instruct.jinja").tools, ToolFormat::None);  // not covered yet
+    EXPECT_EQ(of("meta-llama-Llama-3.1-8B-Instruct.jinja").tools, ToolFormat::Llama3);
+    EXPECT_EQ(of("meta-llama-Llama-3.2-3B-Instruct.jinja").tools, ToolFormat::Llama3);
+    EXPECT_EQ(of("mistralai-Mistral-Nemo-Instruct-2407.jinja").tools, ToolFormat::Mistral);
 }
 
 }  // namespace

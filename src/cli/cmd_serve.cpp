@@ -213,7 +213,11 @@ void add_serve_command(CLI::App& app) {
     add_spec_options(cmd, o->spec);
     cmd->add_flag("-q,--quiet", o->quiet, "Do not log one line per request");
     cmd->footer(
-        "Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.\n"
+        "Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (OpenAI Responses),\n"
+        "POST /v1/messages and /v1/messages/count_tokens (Anthropic Messages), POST /v1/tokenize, /v1/detokenize,\n"
+        "GET /v1/models, GET /health, GET /metrics. Tool calls and <think> reasoning are parsed from the output of\n"
+        "models whose chat template writes them; response_format json_object / json_schema and a GBNF 'grammar'\n"
+        "constrain decoding.\n"
         "Bodies over 8 MiB get 413. SIGINT/SIGTERM: new requests get 503, running ones get 10 s to finish.\n"
         "Sampling fields a request leaves out take OpenAI's defaults (temperature 1, top_p 1, no top_k / min_p),\n"
         "or those of a Hugging Face folder's generation_config.json (do_sample false: temperature 0).\n"

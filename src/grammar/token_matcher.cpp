@@ -26,29 +26,25 @@ std::shared_ptr<const TokenPieces> TokenPieces::of(const Tokenizer& tok) {
 TokenMatcher::TokenMatcher(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenPieces> pieces)
     : pieces_(std::move(pieces)), grammar_id_(g->id), state_(std::move(g)) {}
 
-namespace {
-constexpr size_t kMaxCachedMasks = 4096;
-}
-
 int64_t TokenMatcher::mask(float* logits) const {
     const float ninf = -std::numeric_limits<float>::infinity();
     std::string key = std::to_string(grammar_id_) + ":" + state_.key();
-    std::shared_ptr<const std::vector<uint8_t>> hit;
+    std::shared_ptr<const std::vector<uint64_t>> hit;
     {
         std::lock_guard<std::mutex> lk(pieces_->cache->mu);
         const auto it = pieces_->cache->masks.find(key);
         if (it != pieces_->cache->masks.end()) hit = it->second;
     }
+    const auto bit = [](const std::vector<uint64_t>& m, int64_t i) { return (m[static_cast<size_t>(i >> 6)] >> (i & 63)) & 1u; };
     if (hit) {
         int64_t n = 0;
         for (int64_t i = 0; i < pieces_->n_vocab; ++i) {
-            if ((*hit)[static_cast<size_t>(i)]) ++n;
+            if (bit(*hit, i)) ++n;
             else logits[i] = ninf;
         }
         return n;
     }
-    auto made = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(pieces_->n_vocab), 0);
-    std::vector<uint8_t>& ok = *made;
+    std::vector<uint8_t> ok(static_cast<size_t>(pieces_->n_vocab), 0);
     int64_t n = 0;
     // Depth-first over the sorted texts: states[k] is the state after the
     // first lens[k] bytes of the current text (states[0]: now).
@@ -85,10 +81,13 @@ int64_t TokenMatcher::mask(float* logits) const {
             ok[static_cast<size_t>(id)] = 1;
             ++n;
         }
-    for (int64_t i = 0; i < pieces_->n_vocab; ++i)
-        if (!ok[static_cast<size_t>(i)]) logits[i] = ninf;
+    auto made = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>((pieces_->n_vocab + 63) / 64), 0);
+    for (int64_t i = 0; i < pieces_->n_vocab; ++i) {
+        if (ok[static_cast<size_t>(i)]) (*made)[static_cast<size_t>(i >> 6)] |= uint64_t{1} << (i & 63);
+        else logits[i] = ninf;
+    }
     std::lock_guard<std::mutex> lk(pieces_->cache->mu);
-    if (pieces_->cache->masks.size() >= kMaxCachedMasks) pieces_->cache->masks.clear();
+    if (pieces_->cache->masks.size() >= TokenPieces::kMaxCachedMasks) pieces_->cache->masks.clear();
     pieces_->cache->masks.emplace(std::move(key), std::move(made));
     return n;
 }

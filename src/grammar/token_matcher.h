@@ -33,12 +33,14 @@ struct TokenPieces {
     static std::shared_ptr<const TokenPieces> of(const Tokenizer& tok);
 
     /// Masks already computed, by grammar and state: a state seen before (the
-    /// inside of a JSON string, say) costs a lookup. Bounded (cleared when
-    /// full); shared by the sequences of an engine (thread-safe).
+    /// inside of a JSON string, say) costs a lookup. One bit per token,
+    /// at most kMaxCachedMasks of them (cleared when full: 38 MiB for a
+    /// 150k vocabulary); shared by the sequences of an engine (thread-safe).
     struct MaskCache {
         std::mutex mu;
-        std::unordered_map<std::string, std::shared_ptr<const std::vector<uint8_t>>> masks;
+        std::unordered_map<std::string, std::shared_ptr<const std::vector<uint64_t>>> masks;
     };
+    static constexpr size_t kMaxCachedMasks = 2048;
     std::unique_ptr<MaskCache> cache = std::make_unique<MaskCache>();
 };
 

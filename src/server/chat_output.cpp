@@ -103,7 +103,7 @@ std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::st
     if (calls.empty()) fail("no tool named '{}' among the request's tools", only);
     const std::string sep = llama ? "\"; \"" : "\"\\n\"";
     return "root ::= ( " + calls + " )" + (parallel ? " ( " + sep + " ( " + calls + " ) )*" : "") + "\n" + rules +
-           grammar::json_base_gbnf();
+           grammar::json_value_rules();
 }
 
 bool prompt_opens_think(const std::string& prompt) {

@@ -35,19 +35,19 @@ std::string mistral_call_id() {
 }
 
 /// "call_" and 24 hex digits, as OpenAI's tool-call ids look.
-std::string new_call_id() {
-    static const char* hex = "0123456789abcdef";
-    uint64_t a = random_seed(), b = random_seed();
-    std::string id = "call_";
-    for (int i = 0; i < 24; ++i) {
-        uint64_t& w = i < 16 ? a : b;
-        id += hex[w & 15];
-        w >>= 4;
-    }
-    return id;
-}
+std::string openai_call_id() { return "call_" + random_hex(24); }
 
 }  // namespace
+
+std::string random_hex(size_t n) {
+    static const char* digits = "0123456789abcdef";
+    std::string s;
+    while (s.size() < n) {
+        uint64_t x = random_seed();
+        for (int i = 0; i < 16 && s.size() < n; ++i, x >>= 4) s += digits[x & 15];
+    }
+    return s;
+}
 
 // ---------------------------------------------------------------- EventQueue
 
@@ -90,7 +90,7 @@ Generation::Generation(Engine& engine, const Tokenizer& tok, const ApiRequest& r
             if (req_.endpoint != Endpoint::Completions && (req_.output.think || req_.output.tools != ToolFormat::None))
                 c->parser = std::make_unique<ChatOutputParser>(
                     req_.output, req_.prompt_in_think, req_.tools,
-                    req_.output.tools == ToolFormat::Mistral ? mistral_call_id : new_call_id);
+                    req_.output.tools == ToolFormat::Mistral ? mistral_call_id : openai_call_id);
             choices_.push_back(std::move(c));
         }
 }

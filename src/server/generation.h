@@ -26,6 +26,10 @@
 
 namespace quern::server {
 
+/// n lowercase hex digits from a process-wide random source (ids such as
+/// "chatcmpl-…" and "call_…"); thread-safe.
+std::string random_hex(size_t n);
+
 class Metrics;
 
 /// Seconds on a monotonic clock.

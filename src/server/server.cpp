@@ -10,7 +10,6 @@
 #include <ctime>
 #include <mutex>
 #include <regex>
-#include <random>
 
 #include "chat/chat.h"
 #include "core/error.h"
@@ -68,19 +67,6 @@ std::string allowed_methods(const std::string& path) {
         if (allow.find(m) == std::string::npos) allow += (allow.empty() ? "" : ", ") + m;
     }
     return allow;
-}
-
-std::string random_hex(size_t n) {
-    static std::mutex mu;
-    static std::mt19937_64 rng{std::random_device{}()};
-    static const char* digits = "0123456789abcdef";
-    std::string s;
-    std::lock_guard<std::mutex> lock(mu);
-    while (s.size() < n) {
-        uint64_t x = rng();
-        for (int i = 0; i < 16 && s.size() < n; ++i, x >>= 4) s += digits[x & 15];
-    }
-    return s;
 }
 
 bool equal_constant_time(const std::string& a, const std::string& b) {
@@ -146,6 +132,27 @@ public:
 
 private:
     httplib::DataSink& ds_;
+};
+
+/// A streamed response whose events a Stream (ResponsesStream,
+/// AnthropicStream) renders from chat deltas.
+template <class Stream>
+class EventSink final : public Sink {
+public:
+    EventSink(httplib::DataSink& ds, Stream& st) : ds_(ds), st_(st) {}
+    /// Writes s (nothing when empty); false when the client is gone.
+    bool put(const std::string& s) { return s.empty() || ds_.write(s.data(), s.size()); }
+    bool text(int, const std::string& t, const std::vector<TokenLogprob>*) override {
+        ChatDelta d;
+        d.content = t;
+        return put(st_.delta(d));
+    }
+    bool delta(int, const ChatDelta& d, int, const std::vector<TokenLogprob>*) override { return put(st_.delta(d)); }
+    bool alive() override { return ds_.is_writable(); }
+
+private:
+    httplib::DataSink& ds_;
+    Stream& st_;
 };
 
 /// httplib's server with a listen backlog fit for bursts of clients (the
@@ -436,65 +443,36 @@ struct HttpServer::Impl {
     /// for previous_response_id when it completed.
     bool provide_response(Pending& p, httplib::DataSink& ds) {
         Generation& g = *p.gen;
-        bool ok = true;
+        const auto error_body = [&] { return dump(error_json(500, g.error(), "", "", "server_error")); };
         if (p.stream) {
-            struct Sink final : server::Sink {
-                httplib::DataSink& ds;
-                ResponsesStream& st;
-                Sink(httplib::DataSink& d, ResponsesStream& s) : ds(d), st(s) {}
-                bool put(const std::string& s) { return s.empty() || ds.write(s.data(), s.size()); }
-                bool text(int, const std::string& t, const std::vector<TokenLogprob>*) override {
-                    ChatDelta d;
-                    d.content = t;
-                    return put(st.delta(d));
-                }
-                bool delta(int, const ChatDelta& d, int, const std::vector<TokenLogprob>*) override {
-                    return put(st.delta(d));
-                }
-                bool alive() override { return ds.is_writable(); }
-            };
             ResponsesStream st(p.meta, p.previous);
-            Sink sink(ds, st);
-            ok = sink.put(st.start()) && g.run(sink);
-            if (ok && !g.error().empty())
-                ok = sink.put("event: error\ndata: " + dump(error_json(500, g.error(), "", "", "server_error")) + "\n\n");
-            else if (ok)
-                ok = sink.put(st.finish(g.results().front(), g.usage()));
-        } else {
-            WatchSink sink(ds);
-            ok = g.run(sink);
-            if (ok) {
-                const std::string body =
-                    g.error().empty()
-                        ? dump(response_object_json(p.meta, g.results().front(), g.usage(),
-                                                    response_output_items(g.results().front(), p.meta.id.substr(5)),
-                                                    p.previous))
-                        : dump(error_json(500, g.error(), "", "", "server_error"));
-                ok = ds.write(body.data(), body.size());
-            }
+            EventSink<ResponsesStream> sink(ds, st);
+            if (!sink.put(st.start()) || !g.run(sink)) return false;
+            if (!g.error().empty()) return sink.put("event: error\ndata: " + error_body() + "\n\n");
+            const ChoiceResult r = g.results().front();
+            if (!sink.put(st.finish(r, g.usage()))) return false;
+            if (p.store) responses.put(p.meta.id, response_history(p.continuation, r));
+            return true;
         }
-        if (ok && g.error().empty() && p.store) responses.put(p.meta.id, response_history(p.continuation, g.results().front()));
-        return ok;
+        WatchSink sink(ds);
+        if (!g.run(sink)) return false;
+        if (!g.error().empty()) {
+            const std::string body = error_body();
+            return ds.write(body.data(), body.size());
+        }
+        const ChoiceResult r = g.results().front();
+        const std::string body = dump(response_object_json(
+            p.meta, r, g.usage(), response_output_items(r, p.meta.id.substr(5)), p.previous));
+        if (!ds.write(body.data(), body.size())) return false;
+        if (p.store) responses.put(p.meta.id, response_history(p.continuation, r));
+        return true;
     }
 
     /// A streamed /v1/messages response: Anthropic's events.
     bool provide_messages_stream(Pending& p, httplib::DataSink& ds) {
         Generation& g = *p.gen;
-        struct Sink final : server::Sink {
-            httplib::DataSink& ds;
-            AnthropicStream& st;
-            Sink(httplib::DataSink& d, AnthropicStream& s) : ds(d), st(s) {}
-            bool put(const std::string& s) { return s.empty() || ds.write(s.data(), s.size()); }
-            bool text(int, const std::string& t, const std::vector<TokenLogprob>*) override {
-                ChatDelta d;
-                d.content = t;
-                return put(st.delta(d));
-            }
-            bool delta(int, const ChatDelta& d, int, const std::vector<TokenLogprob>*) override { return put(st.delta(d)); }
-            bool alive() override { return ds.is_writable(); }
-        };
         AnthropicStream st(p.meta);
-        Sink sink(ds, st);
+        EventSink<AnthropicStream> sink(ds, st);
         bool ok = sink.put(st.start(p.n_prompt_tokens));
         ok = ok && g.run(sink);
         if (ok && !g.error().empty()) {

@@ -287,12 +287,15 @@ std::shared_ptr<const Grammar> Grammar::parse(std::string_view text) {
     return g;
 }
 
-std::shared_ptr<const Grammar> Grammar::json(bool object_only) {
-    // Whitespace between tokens is bounded (a newline and up to 20 spaces or
-    // tabs, or one space): a model may not pad without end.
-    std::string indent = "";
-    for (int k = 0; k < 20; ++k) indent = "( [ \\t] " + indent + " )?";
-    const std::string text = std::string("root ::= ") + (object_only ? "object" : "value") + R"(
+const std::string& json_value_rules() {
+    static const std::string rules = [] {
+        // Whitespace between tokens is bounded (a newline and up to 20 spaces
+        // or tabs, or one space): a model may not pad without end. Nested
+        // optionals keep one parse per prefix (16 flat `[ \t]?` would
+        // multiply the matcher's stacks).
+        std::string indent = "";
+        for (int k = 0; k < 20; ++k) indent = "( [ \\t] " + indent + " )?";
+        return std::string(R"(
 value  ::= object | array | string | number | "true" | "false" | "null"
 object ::= "{" ws ( member ( ws "," ws member )* )? ws "}"
 member ::= string ws ":" ws value
@@ -301,9 +304,17 @@ string ::= "\"" char* "\""
 char   ::= [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" hex hex hex hex )
 hex    ::= [0-9a-fA-F]
 number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+integer ::= "-"? ( "0" | [1-9] [0-9]* )
+boolean ::= "true" | "false"
+null   ::= "null"
 ws     ::= ( " " | "\n" indent )?
-indent ::= )" + indent + "\n";
-    return parse(text);
+indent ::= )") + indent + "\n";
+    }();
+    return rules;
+}
+
+std::shared_ptr<const Grammar> Grammar::json(bool object_only) {
+    return parse(std::string("root ::= ") + (object_only ? "object" : "value") + "\n" + json_value_rules());
 }
 
 GrammarState::GrammarState(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {

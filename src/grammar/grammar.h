@@ -61,6 +61,12 @@ struct Grammar {
     static std::shared_ptr<const Grammar> json(bool object_only);
 };
 
+/// GBNF rules for JSON values without a root: value, object, member, array,
+/// string, char, hex, number, integer, boolean, null, ws (one space, or a
+/// newline and at most 20 spaces or tabs) and indent. Grammar::json and the
+/// JSON-schema compiler end their grammars with them.
+const std::string& json_value_rules();
+
 /// Where a text may stand in a grammar: a set of stacks, each a path of
 /// (rule, alternative, element) positions from the root; an empty stack means
 /// the text may end here.

@@ -11,23 +11,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-/// The shared rules of JSON values (as Grammar::json), written once.
-const char* kBase = R"(
-value  ::= object | array | string | number | "true" | "false" | "null"
-object ::= "{" ws ( member ( ws "," ws member )* )? ws "}"
-member ::= string ws ":" ws value
-array  ::= "[" ws ( value ( ws "," ws value )* )? ws "]"
-string ::= "\"" char* "\""
-char   ::= [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" hex hex hex hex )
-hex    ::= [0-9a-fA-F]
-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
-integer ::= "-"? ( "0" | [1-9] [0-9]* )
-boolean ::= "true" | "false"
-null   ::= "null"
-ws     ::= ( " " | "\n" indent )?
-indent ::= [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]? [ \t]?
-)";
-
 /// A GBNF literal matching exactly the JSON text `j` (compact).
 std::string literal(const Json& j) {
     std::string out = "\"";
@@ -44,7 +27,7 @@ public:
 
     std::string run() {
         const std::string r = rule(root_, "#");
-        return "root ::= " + r + "\n" + out_ + kBase;
+        return "root ::= " + r + "\n" + out_ + json_value_rules();
     }
     /// The rules only; `expr` the schema's expression.
     std::string rules(std::string& expr) {
@@ -200,8 +183,6 @@ std::string json_schema_to_gbnf(const Json& schema) { return Compiler(schema).ru
 std::string json_schema_rules(const Json& schema, const std::string& prefix, std::string& expr) {
     return Compiler(schema, prefix).rules(expr);
 }
-
-const char* json_base_gbnf() { return kBase; }
 
 std::shared_ptr<const Grammar> json_schema_grammar(const Json& schema) {
     return Grammar::parse(json_schema_to_gbnf(schema));

@@ -25,10 +25,8 @@ std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema);
 /// The rules of `schema` without a root and without the shared JSON rules,
 /// their names starting with `prefix`; `expr` receives the expression that
 /// matches the schema (to combine several schemas in one grammar, followed
-/// once by json_base_gbnf()).
+/// once by json_value_rules()).
 std::string json_schema_rules(const nlohmann::ordered_json& schema, const std::string& prefix, std::string& expr);
-/// The shared rules the schema rules refer to (value, string, number, ws, ...).
-const char* json_base_gbnf();
 
 /// json_schema_to_gbnf, parsed.
 std::shared_ptr<const Grammar> json_schema_grammar(const nlohmann::ordered_json& schema);

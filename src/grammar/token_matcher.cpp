@@ -20,6 +20,8 @@ std::shared_ptr<const TokenPieces> TokenPieces::of(const Tokenizer& tok) {
         if (!s.empty()) p->sorted.emplace_back(std::move(s), id);
     }
     std::sort(p->sorted.begin(), p->sorted.end());
+    p->where.assign(static_cast<size_t>(p->n_vocab), -1);
+    for (size_t k = 0; k < p->sorted.size(); ++k) p->where[static_cast<size_t>(p->sorted[k].second)] = static_cast<int32_t>(k);
     return p;
 }
 
@@ -44,13 +46,14 @@ int64_t TokenMatcher::mask(float* logits) const {
         }
         return n;
     }
-    std::vector<uint8_t> ok(static_cast<size_t>(pieces_->n_vocab), 0);
+    auto made = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>((pieces_->n_vocab + 63) / 64), 0);
+    const auto allow = [&](int32_t id) { (*made)[static_cast<size_t>(id >> 6)] |= uint64_t{1} << (id & 63); };
     int64_t n = 0;
     // Depth-first over the sorted texts: states[k] is the state after the
     // first lens[k] bytes of the current text (states[0]: now).
     std::vector<GrammarState> states{state_};
     std::vector<size_t> lens{0};
-    std::string prev;
+    std::string_view prev;
     for (const auto& [text, id] : pieces_->sorted) {
         size_t common = 0;  // bytes shared with the previous text
         while (common < prev.size() && common < text.size() && prev[common] == text[common]) ++common;
@@ -71,21 +74,18 @@ int64_t TokenMatcher::mask(float* logits) const {
             lens.push_back(i + 1);
         }
         if (alive && lens.back() == text.size()) {
-            ok[static_cast<size_t>(id)] = 1;
+            allow(id);
             ++n;
         }
         prev = text;
     }
     if (state_.accepting())
         for (int32_t id : pieces_->eog) {
-            ok[static_cast<size_t>(id)] = 1;
+            allow(id);
             ++n;
         }
-    auto made = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>((pieces_->n_vocab + 63) / 64), 0);
-    for (int64_t i = 0; i < pieces_->n_vocab; ++i) {
-        if (ok[static_cast<size_t>(i)]) (*made)[static_cast<size_t>(i >> 6)] |= uint64_t{1} << (i & 63);
-        else logits[i] = ninf;
-    }
+    for (int64_t i = 0; i < pieces_->n_vocab; ++i)
+        if (!bit(*made, i)) logits[i] = ninf;
     std::lock_guard<std::mutex> lk(pieces_->cache->mu);
     if (pieces_->cache->masks.size() >= TokenPieces::kMaxCachedMasks) pieces_->cache->masks.clear();
     pieces_->cache->masks.emplace(std::move(key), std::move(made));
@@ -94,12 +94,8 @@ int64_t TokenMatcher::mask(float* logits) const {
 
 bool TokenMatcher::accept(int32_t token) {
     if (std::find(pieces_->eog.begin(), pieces_->eog.end(), token) != pieces_->eog.end()) return state_.accepting();
-    if (text_.empty()) {
-        text_.resize(static_cast<size_t>(pieces_->n_vocab));
-        for (const auto& [t, id] : pieces_->sorted) text_[static_cast<size_t>(id)] = t;
-    }
-    if (token < 0 || token >= pieces_->n_vocab || text_[static_cast<size_t>(token)].empty()) return false;
-    return state_.advance_bytes(text_[static_cast<size_t>(token)]);
+    if (token < 0 || token >= pieces_->n_vocab || pieces_->where[static_cast<size_t>(token)] < 0) return false;
+    return state_.advance_bytes(pieces_->sorted[static_cast<size_t>(pieces_->where[static_cast<size_t>(token)])].first);
 }
 
 }  // namespace quern::grammar

@@ -29,6 +29,7 @@ namespace quern::grammar {
 struct TokenPieces {
     std::vector<std::pair<std::string, int32_t>> sorted;  ///< (bytes, id), ids with text only
     std::vector<int32_t> eog;                             ///< end-of-generation ids
+    std::vector<int32_t> where;                           ///< by id: index in sorted, -1 without text
     int64_t n_vocab = 0;
     static std::shared_ptr<const TokenPieces> of(const Tokenizer& tok);
 
@@ -58,7 +59,6 @@ public:
 private:
     std::shared_ptr<const TokenPieces> pieces_;
     uint64_t grammar_id_;
-    std::vector<std::string> text_;  // by id ("" for tokens without text)
     GrammarState state_;
 };
 

@@ -1,7 +1,8 @@
 #include "grammar/grammar.h"
 
 #include <algorithm>
-#include <atomic>
+#include <mutex>
+#include <unordered_map>
 #include <map>
 #include <tuple>
 
@@ -280,10 +281,23 @@ bool CharSet::contains(uint32_t cp) const {
 }
 
 std::shared_ptr<const Grammar> Grammar::parse(std::string_view text) {
-    static std::atomic<uint64_t> next_id{1};
+    // The same text gives the same grammar while it is in use (requests with
+    // one schema share their masks: the caches are keyed by grammar id).
+    static std::mutex mu;
+    static std::unordered_map<std::string, std::weak_ptr<const Grammar>> parsed;
+    static uint64_t next_id = 1;
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        const auto it = parsed.find(std::string(text));
+        if (it != parsed.end())
+            if (auto g = it->second.lock()) return g;
+    }
     auto g = std::make_shared<Grammar>(Parser(text).run());
     check_left_recursion(*g);
+    std::lock_guard<std::mutex> lk(mu);
     g->id = next_id++;
+    if (parsed.size() >= 256) std::erase_if(parsed, [](const auto& e) { return e.second.expired(); });
+    parsed[std::string(text)] = g;
     return g;
 }
 
@@ -315,156 +329,6 @@ indent ::= )") + indent + "\n";
 
 std::shared_ptr<const Grammar> Grammar::json(bool object_only) {
     return parse(std::string("root ::= ") + (object_only ? "object" : "value") + "\n" + json_value_rules());
-}
-
-GrammarState::GrammarState(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {
-    const auto& root = g_->rules[static_cast<size_t>(g_->root)];
-    for (int a = 0; a < static_cast<int>(root.alternatives.size()); ++a) expand(Stack{Pos{g_->root, a, 0}}, stacks_, 0);
-    std::sort(stacks_.begin(), stacks_.end(), [](const Stack& x, const Stack& y) {
-        return std::lexicographical_compare(x.begin(), x.end(), y.begin(), y.end(), [](const Pos& p, const Pos& q) {
-            return std::tie(p.rule, p.alt, p.elem) < std::tie(q.rule, q.alt, q.elem);
-        });
-    });
-    stacks_.erase(std::unique(stacks_.begin(), stacks_.end()), stacks_.end());
-}
-
-void GrammarState::expand(Stack s, std::vector<Stack>& out, int depth) const {
-    if (depth > 10000) fail("grammar: expansion deeper than 10000 rules");
-    for (;;) {
-        if (s.empty()) {
-            out.push_back(std::move(s));
-            return;
-        }
-        Pos& p = s.back();
-        const auto& alt = g_->rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)];
-        if (p.elem == static_cast<int>(alt.size())) {  // the alternative is done: back to its caller, past the call
-            s.pop_back();
-            if (!s.empty()) ++s.back().elem;
-            continue;
-        }
-        const Element& e = alt[static_cast<size_t>(p.elem)];
-        if (e.kind == Element::Kind::Chars) {
-            out.push_back(std::move(s));
-            return;
-        }
-        // A call in tail position replaces its caller (right recursion stays shallow).
-        if (p.elem + 1 == static_cast<int>(alt.size())) s.pop_back();
-        const auto& callee = g_->rules[static_cast<size_t>(e.rule)];
-        for (int a = 0; a < static_cast<int>(callee.alternatives.size()); ++a) {
-            Stack t = s;
-            t.push_back(Pos{e.rule, a, 0});
-            expand(std::move(t), out, depth + 1);
-        }
-        return;
-    }
-}
-
-bool GrammarState::advance(uint32_t cp) {
-    std::vector<Stack> next;
-    for (const Stack& s : stacks_) {
-        if (s.empty()) continue;
-        const Pos& p = s.back();
-        const Element& e =
-            g_->rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)][static_cast<size_t>(p.elem)];
-        if (!e.chars.contains(cp)) continue;
-        Stack t = s;
-        ++t.back().elem;
-        expand(std::move(t), next, 0);
-    }
-    if (next.empty()) return false;
-    std::sort(next.begin(), next.end(), [](const Stack& x, const Stack& y) {
-        return std::lexicographical_compare(x.begin(), x.end(), y.begin(), y.end(), [](const Pos& p, const Pos& q) {
-            return std::tie(p.rule, p.alt, p.elem) < std::tie(q.rule, q.alt, q.elem);
-        });
-    });
-    next.erase(std::unique(next.begin(), next.end()), next.end());
-    stacks_ = std::move(next);
-    return true;
-}
-
-bool GrammarState::advance_bytes(std::string_view bytes) {
-    const std::vector<Stack> saved = stacks_;
-    const std::string saved_partial = partial_;
-    std::string buf = partial_;
-    buf.append(bytes);
-    size_t i = 0;
-    while (i < buf.size()) {
-        const auto b = static_cast<uint8_t>(buf[i]);
-        const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-        bool ok = n > 0;
-        if (ok && i + static_cast<size_t>(n) > buf.size()) {
-            // Incomplete: kept for the next call if some code point it may
-            // begin is allowed here.
-            const size_t have = buf.size() - i;
-            uint32_t lo = n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
-            for (size_t k = 1; k < have && ok; ++k) {
-                const auto c = static_cast<uint8_t>(buf[i + k]);
-                ok = (c & 0xC0u) == 0x80u;
-                lo = (lo << 6) | (c & 0x3Fu);
-            }
-            const int missing = n - static_cast<int>(have);
-            lo <<= 6 * missing;
-            const uint32_t hi = lo | ((1u << (6 * missing)) - 1);
-            if (!ok || !allows(lo, hi)) {
-                stacks_ = saved;
-                partial_ = saved_partial;
-                return false;
-            }
-            break;
-        }
-        uint32_t cp = n == 1 ? b : n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
-        for (int k = 1; ok && k < n; ++k) {
-            const auto c = static_cast<uint8_t>(buf[i + static_cast<size_t>(k)]);
-            ok = (c & 0xC0u) == 0x80u;
-            cp = (cp << 6) | (c & 0x3Fu);
-        }
-        if (!ok || !advance(cp)) {
-            stacks_ = saved;
-            partial_ = saved_partial;
-            return false;
-        }
-        i += static_cast<size_t>(n);
-    }
-    partial_ = buf.substr(i);
-    return true;
-}
-
-bool GrammarState::allows(uint32_t lo, uint32_t hi) const {
-    for (const Stack& s : stacks_) {
-        if (s.empty()) continue;
-        const Pos& p = s.back();
-        const Element& e =
-            g_->rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)][static_cast<size_t>(p.elem)];
-        if (e.chars.intersects(lo, hi)) return true;
-    }
-    return false;
-}
-
-std::string GrammarState::key() const {
-    std::string k;
-    for (const Stack& s : stacks_) {
-        for (const Pos& p : s) {
-            const int32_t v[3] = {p.rule, p.alt, p.elem};
-            k.append(reinterpret_cast<const char*>(v), sizeof v);
-        }
-        k.push_back('|');
-    }
-    k.push_back('#');
-    k += partial_;
-    return k;
-}
-
-bool GrammarState::accepting() const {
-    if (!partial_.empty()) return false;
-    for (const Stack& s : stacks_)
-        if (s.empty()) return true;
-    return false;
-}
-
-bool GrammarState::can_continue() const {
-    for (const Stack& s : stacks_)
-        if (!s.empty()) return true;
-    return false;
 }
 
 }  // namespace quern::grammar

@@ -55,6 +55,7 @@ struct Grammar {
 
     /// Parses GBNF text. quern::Error naming the line and what is wrong
     /// (an undefined rule, a missing root, left recursion, a syntax error).
+    /// A text parsed before and still in use gives the same grammar.
     static std::shared_ptr<const Grammar> parse(std::string_view text);
     /// JSON text (RFC 8259) of any value — response_format json_object
     /// asks for an object: `object_only`.
@@ -90,18 +91,57 @@ public:
     /// The state as bytes: equal keys, equal futures (a mask cache's key).
     std::string key() const;
 
+    // What token masks are built from (token_matcher.h): a stack's top
+    // frames alone — a *chain* — whose future depends only on the rules it
+    // can reach, not on the stack below it.
+
+    size_t stack_count() const { return ends_.size(); }
+    /// Frames of stack i (0 for the empty stack).
+    int depth(size_t i) const { return static_cast<int>(ends_[i] - start(i)); }
+    /// Whether an incomplete UTF-8 sequence is pending.
+    bool has_partial() const { return !partial_.empty(); }
+    /// Whether some stack is empty: the text may end here — or, in a chain,
+    /// the chain is finished and the frames below it would go on.
+    bool has_empty_stack() const;
+    /// The state of stack i's top k frames alone.
+    GrammarState chain(size_t i, int k) const;
+    /// Stack i once its top k frames are finished: the frames below, the
+    /// new top past its call, expanded (the state a token goes on in after
+    /// leaving the chain).
+    GrammarState after_chain(size_t i, int k) const;
+    /// Stack i's top k frames and every rule they can reach, rules renumbered
+    /// by first reach: equal signatures, equal futures for the chain (in any
+    /// grammar: schemas share the JSON rules).
+    std::string chain_signature(size_t i, int k) const;
+
 private:
     struct Pos {
         int rule, alt, elem;
         bool operator==(const Pos& o) const { return rule == o.rule && alt == o.alt && elem == o.elem; }
+        bool operator<(const Pos& o) const;
     };
-    using Stack = std::vector<Pos>;  // top at the back
-    /// The stacks `s` stands for once rule references on top are expanded
-    /// and finished alternatives popped: every top is a character set, or
-    /// the stack is empty.
-    void expand(Stack s, std::vector<Stack>& out, int depth) const;
+    /// Scratch space of expand and advance (per thread: no allocation once grown).
+    struct Scratch;
+    static Scratch& scratch();
+    struct Bare {};
+    /// `of`'s grammar, no stacks yet.
+    GrammarState(const GrammarState& of, Bare) : g_(of.g_) {}
+    size_t start(size_t i) const { return i == 0 ? 0 : ends_[i - 1]; }
+    const Pos& top(size_t i) const { return frames_[ends_[i] - 1]; }
+    /// Appends to (frames, ends) the stacks that work[base, work.size())
+    /// stands for once rule references on top are expanded and finished
+    /// alternatives popped: every top a character set, or the stack empty.
+    /// `work` is scratch; it is left as it came.
+    void expand(std::vector<Pos>& work, size_t base, std::vector<Pos>& frames, std::vector<uint32_t>& ends,
+                int& budget) const;
+    /// The stacks (frames, ends), sorted and deduplicated, become the state's.
+    void adopt(const std::vector<Pos>& frames, const std::vector<uint32_t>& ends);
+
     std::shared_ptr<const Grammar> g_;
-    std::vector<Stack> stacks_;
+    // The stacks, top at the back of each, stored one after another: stack i
+    // is frames_[start(i), ends_[i]).
+    std::vector<Pos> frames_;
+    std::vector<uint32_t> ends_;
     std::string partial_;  // bytes of an incomplete UTF-8 sequence
 };
 

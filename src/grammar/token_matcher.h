@@ -5,18 +5,18 @@
 // whole sentence of the grammar. Special tokens with no text are never
 // allowed otherwise.
 //
-// The mask is computed by walking the vocabulary's tokens in sorted order
-// and reusing the state of the longest shared prefix (a depth-first walk of
-// the token trie), so each distinct prefix is advanced once; masks are
-// cached by grammar state (TokenPieces::MaskCache).
+// A mask is assembled per stack of the state: the chain mask of its top
+// frames (chain_mask.h, computed once per chain signature for the whole
+// vocabulary), plus those of the chain's leaving tokens whose rest the
+// frames below accept — usually a few hundred checks instead of a walk of
+// 150k tokens. Finished masks are cached by grammar state too.
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <unordered_map>
 #include <string>
 #include <vector>
 
+#include "grammar/chain_mask.h"
 #include "grammar/grammar.h"
 
 namespace quern {
@@ -25,24 +25,18 @@ class Tokenizer;
 
 namespace quern::grammar {
 
-/// A vocabulary's token texts, sorted, shared by every matcher of a model.
-struct TokenPieces {
-    std::vector<std::pair<std::string, int32_t>> sorted;  ///< (bytes, id), ids with text only
-    std::vector<int32_t> eog;                             ///< end-of-generation ids
-    std::vector<int32_t> where;                           ///< by id: index in sorted, -1 without text
-    int64_t n_vocab = 0;
-    static std::shared_ptr<const TokenPieces> of(const Tokenizer& tok);
+struct MaskCaches;
 
-    /// Masks already computed, by grammar and state: a state seen before (the
-    /// inside of a JSON string, say) costs a lookup. One bit per token,
-    /// at most kMaxCachedMasks of them (cleared when full: 38 MiB for a
-    /// 150k vocabulary); shared by the sequences of an engine (thread-safe).
-    struct MaskCache {
-        std::mutex mu;
-        std::unordered_map<std::string, std::shared_ptr<const std::vector<uint64_t>>> masks;
-    };
-    static constexpr size_t kMaxCachedMasks = 2048;
-    std::unique_ptr<MaskCache> cache = std::make_unique<MaskCache>();
+/// A vocabulary's token texts, sorted, with the mask caches every matcher of
+/// a model shares (thread-safe; bounded: about 60 MiB at most for a 150k
+/// vocabulary).
+struct TokenPieces {
+    SortedTokens tokens;
+    std::vector<int32_t> eog;    ///< end-of-generation ids
+    std::vector<int32_t> where;  ///< by id: index in tokens.sorted, -1 without text
+    int64_t n_vocab = 0;
+    std::shared_ptr<MaskCaches> caches;
+    static std::shared_ptr<const TokenPieces> of(const Tokenizer& tok);
 };
 
 class TokenMatcher {
@@ -57,6 +51,9 @@ public:
     bool accepting() const { return state_.accepting(); }
 
 private:
+    /// The mask of the current state, computed.
+    TokenBits compute() const;
+
     std::shared_ptr<const TokenPieces> pieces_;
     uint64_t grammar_id_;
     GrammarState state_;

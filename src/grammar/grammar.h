@@ -126,6 +126,9 @@ private:
     struct Bare {};
     /// `of`'s grammar, no stacks yet.
     GrammarState(const GrammarState& of, Bare) : g_(of.g_) {}
+    /// allows() over the code points of [lo, hi] that a valid n-byte UTF-8
+    /// sequence encodes.
+    bool allows_encoded(uint32_t lo, uint32_t hi, int n) const;
     size_t start(size_t i) const { return i == 0 ? 0 : ends_[i - 1]; }
     const Pos& top(size_t i) const { return frames_[ends_[i] - 1]; }
     /// Appends to (frames, ends) the stacks that work[base, work.size())

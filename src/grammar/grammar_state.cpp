@@ -164,7 +164,7 @@ bool GrammarState::advance_bytes(std::string_view bytes) {
             const int missing = n - static_cast<int>(have);
             lo <<= 6 * missing;
             const uint32_t hi = lo | ((1u << (6 * missing)) - 1);
-            if (!ok || !allows(lo, hi)) return refuse();
+            if (!ok || !allows_encoded(lo, hi, n)) return refuse();
             break;
         }
         uint32_t cp = n == 1 ? b : n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
@@ -173,6 +173,9 @@ bool GrammarState::advance_bytes(std::string_view bytes) {
             ok = (c & 0xC0u) == 0x80u;
             cp = (cp << 6) | (c & 0x3Fu);
         }
+        // No overlong forms, surrogates or code points past U+10FFFF (RFC 3629).
+        ok = ok && (n == 1 || cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u)) && cp <= 0x10FFFF &&
+             (cp < 0xD800 || cp > 0xDFFF);
         if (ok && !saved && i + static_cast<size_t>(n) < buf.size()) {
             saved_frames = frames_;
             saved_ends = ends_;
@@ -183,6 +186,18 @@ bool GrammarState::advance_bytes(std::string_view bytes) {
     }
     partial_ = buf.substr(i);
     return true;
+}
+
+bool GrammarState::allows_encoded(uint32_t lo, uint32_t hi, int n) const {
+    // The code points an n-byte UTF-8 sequence may encode (RFC 3629).
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    lo = std::max(lo, kMin[n]);
+    hi = std::min<uint32_t>(hi, 0x10FFFF);
+    if (lo > hi) return false;
+    if (n != 3) return allows(lo, hi);
+    // Around the surrogates U+D800..U+DFFF, which UTF-8 does not encode.
+    return (lo < 0xD800 && allows(lo, std::min<uint32_t>(hi, 0xD7FF))) ||
+           (hi > 0xDFFF && allows(std::max<uint32_t>(lo, 0xE000), hi));
 }
 
 bool GrammarState::allows(uint32_t lo, uint32_t hi) const {

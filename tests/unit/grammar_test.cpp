@@ -69,6 +69,20 @@ TEST(Grammar, ClassesEscapesAndNegation) {
     EXPECT_TRUE(s.advance_bytes("\x80"));   // U+4E00
     EXPECT_TRUE(s.accepting());
     EXPECT_FALSE(t.advance_bytes("a\xE5"));  // U+5xxx may not
+    // Only valid UTF-8: no overlong forms (C1 BB would be '{'), surrogates or
+    // code points past U+10FFFF, whole or begun.
+    const auto brace = Grammar::parse(R"(root ::= "{" [^x]*)");
+    for (const char* bad : {"\xC1\xBB", "\xC1", "\xE0\x81\xBB", "\xE0\x80", "\xF0\x80\x81\xBB", "\xF0\x80"}) {
+        GrammarState u(brace);
+        EXPECT_FALSE(u.advance_bytes(bad)) << "overlong";
+    }
+    GrammarState v(brace);
+    ASSERT_TRUE(v.advance_bytes("{"));
+    EXPECT_FALSE(GrammarState(v).advance_bytes("\xED\xA0\x80"));  // U+D800
+    EXPECT_FALSE(GrammarState(v).advance_bytes("\xED\xA0"));       // only surrogates can follow
+    EXPECT_TRUE(GrammarState(v).advance_bytes("\xED\x9F"));        // U+D7C0..U+D7FF
+    EXPECT_FALSE(GrammarState(v).advance_bytes("\xF4\x90"));       // past U+10FFFF
+    EXPECT_TRUE(GrammarState(v).advance_bytes("\xF4\x8F\xBF\xBF"));  // U+10FFFF
 }
 
 TEST(Grammar, ErrorsNameTheProblem) {

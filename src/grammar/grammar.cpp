@@ -186,9 +186,13 @@ private:
                 error("a literal, a character class, a group or a rule name");
             }
             // Postfix operators apply to the whole unit.
-            while (i_ < t_.size() && (t_[i_] == '*' || t_[i_] == '+' || t_[i_] == '?')) {
+            while (i_ < t_.size() && (t_[i_] == '*' || t_[i_] == '+' || t_[i_] == '?' || t_[i_] == '{')) {
                 const char op = t_[i_++];
                 const int x = unit.size() == 1 && unit[0].kind == Element::Kind::Rule ? unit[0].rule : new_rule({unit});
+                if (op == '{') {
+                    unit = repeat(x);
+                    continue;
+                }
                 const int r = new_rule({});
                 auto& alts = g_.rules[static_cast<size_t>(r)].alternatives;
                 if (op == '*') alts = {{ref(x), ref(r)}, {}};          // x r | (empty)
@@ -199,6 +203,50 @@ private:
             seq.insert(seq.end(), unit.begin(), unit.end());
         }
     }
+
+    size_t count() {
+        const size_t b = i_;
+        size_t v = 0;
+        while (i_ < t_.size() && t_[i_] >= '0' && t_[i_] <= '9' && v <= kMaxRepeat) v = v * 10 + static_cast<size_t>(t_[i_++] - '0');
+        if (i_ == b) error("a count");
+        if (v > kMaxRepeat) fail("grammar line {}: a repetition count above {}", line_of(b), kMaxRepeat);
+        return v;
+    }
+    /// x{m}, x{m,}, x{m,n} (after the '{'): m copies of x, then x* or up to
+    /// n−m nested optional ones (x (x (x)?)?)?.
+    std::vector<Element> repeat(int x) {
+        skip();
+        const size_t m = count();
+        skip();
+        size_t n = m;
+        bool unbounded = false;
+        if (i_ < t_.size() && t_[i_] == ',') {
+            ++i_;
+            skip();
+            if (i_ < t_.size() && t_[i_] == '}') unbounded = true;
+            else n = count();
+            skip();
+        }
+        if (i_ >= t_.size() || t_[i_] != '}') error("'}' closing the repetition");
+        ++i_;
+        if (!unbounded && n < m) fail("grammar line {}: a repetition {{{},{}}} whose maximum is below its minimum", line_of(i_), m, n);
+        std::vector<Element> seq(m, ref(x));
+        if (unbounded) {
+            const int r = new_rule({});
+            g_.rules[static_cast<size_t>(r)].alternatives = {{ref(x), ref(r)}, {}};
+            seq.push_back(ref(r));
+        } else if (n > m) {
+            int tail = -1;
+            for (size_t k = m; k < n; ++k) {
+                std::vector<Element> more{ref(x)};
+                if (tail >= 0) more.push_back(ref(tail));
+                tail = new_rule({more, {}});
+            }
+            seq.push_back(ref(tail));
+        }
+        return seq;
+    }
+    static constexpr size_t kMaxRepeat = 10000;
 
     std::string_view t_;
     size_t i_ = 0;
@@ -304,9 +352,11 @@ std::shared_ptr<const Grammar> Grammar::parse(std::string_view text) {
 const std::string& json_value_rules() {
     static const std::string rules = [] {
         // Whitespace between tokens is bounded (a newline and up to 20 spaces
-        // or tabs, or one space): a model may not pad without end. Nested
-        // optionals keep one parse per prefix (16 flat `[ \t]?` would
-        // multiply the matcher's stacks).
+        // or tabs, or one space), and so are numbers (20 digits before the
+        // point and 24 after it, 3 of exponent: any int64 or shortest double
+        // fits): a model may not pad or count without end. Nested optionals
+        // keep one parse per prefix (16 flat `[ \t]?` would multiply the
+        // matcher's stacks).
         std::string indent = "";
         for (int k = 0; k < 20; ++k) indent = "( [ \\t] " + indent + " )?";
         return std::string(R"(
@@ -317,8 +367,8 @@ array  ::= "[" ws ( value ( ws "," ws value )* )? ws "]"
 string ::= "\"" char* "\""
 char   ::= [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" hex hex hex hex )
 hex    ::= [0-9a-fA-F]
-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
-integer ::= "-"? ( "0" | [1-9] [0-9]* )
+number ::= integer ( "." [0-9]{1,24} )? ( [eE] [-+]? [0-9]{1,3} )?
+integer ::= "-"? ( "0" | [1-9] [0-9]{0,19} )
 boolean ::= "true" | "false"
 null   ::= "null"
 ws     ::= ( " " | "\n" indent )?

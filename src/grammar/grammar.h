@@ -10,7 +10,8 @@
 //
 // Literals in double quotes, character classes in brackets (ranges, ^ to
 // negate, escapes \n \t \r \\ \" \] \xHH \uHHHH), rule names, groups in
-// parentheses, alternatives with |, and the postfix operators * + ?. The
+// parentheses, alternatives with |, and the postfix operators * + ? and
+// {m} {m,} {m,n} (counts up to 10000). The
 // start rule is `root`. Groups and repetitions become rules of their own
 // (named rule-N), so a rule is a list of alternatives, each a sequence of
 // elements: a character set or a rule reference.
@@ -64,8 +65,9 @@ struct Grammar {
 
 /// GBNF rules for JSON values without a root: value, object, member, array,
 /// string, char, hex, number, integer, boolean, null, ws (one space, or a
-/// newline and at most 20 spaces or tabs) and indent. Grammar::json and the
-/// JSON-schema compiler end their grammars with them.
+/// newline and at most 20 spaces or tabs) and indent. Numbers have at most
+/// 20 digits before the point, 24 after it and 3 of exponent. Grammar::json
+/// and the JSON-schema compiler end their grammars with them.
 const std::string& json_value_rules();
 
 /// Where a text may stand in a grammar: a set of stacks, each a path of

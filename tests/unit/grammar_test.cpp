@@ -85,6 +85,16 @@ TEST(Grammar, ClassesEscapesAndNegation) {
     EXPECT_TRUE(GrammarState(v).advance_bytes("\xF4\x8F\xBF\xBF"));  // U+10FFFF
 }
 
+TEST(Grammar, CountedRepetition) {
+    const auto g = Grammar::parse(R"(root ::= [a-c]{2,4} "x"{3} ( "ab" ){1,} "-"{0,1} [0-9]{ 2 , })");
+    for (const char* ok : {"abxxxab12", "abcaxxxababab-123", "bbxxxab-00"}) EXPECT_TRUE(accepts(g, ok)) << ok;
+    for (const char* bad : {"axxxab12", "abcabxxxab12", "abxxab12", "abxxx12", "abxxxab--12", "abxxxab1"})
+        EXPECT_FALSE(accepts(g, bad)) << bad;
+    EXPECT_NE(error_of("root ::= \"a\"{3,2}").find("below its minimum"), std::string::npos);
+    EXPECT_NE(error_of("root ::= \"a\"{20000}").find("above 10000"), std::string::npos);
+    EXPECT_NE(error_of("root ::= \"a\"{2").find("'}'"), std::string::npos);
+}
+
 TEST(Grammar, ErrorsNameTheProblem) {
     EXPECT_NE(error_of("root ::= foo").find("'foo' is used but not defined"), std::string::npos);
     EXPECT_NE(error_of("start ::= \"a\"").find("no 'root' rule"), std::string::npos);

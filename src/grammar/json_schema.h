@@ -2,12 +2,15 @@
 // the output is JSON that the schema accepts. Covered: type (object,
 // array, string, integer, number, boolean, null, or a list of them),
 // properties (in the order given; required ones always written, the others
-// optional), required, items, minItems 0 or 1, enum, const, anyOf / oneOf,
-// allOf of one schema, $ref into $defs / definitions (recursion allowed),
-// and the annotations that constrain nothing (title, description, default,
-// examples, additionalProperties: only the declared properties are written).
-// Anything else that constrains values (pattern, format, minLength,
-// minimum, maxItems, ...) is refused naming the keyword, never ignored.
+// optional), required, items, minItems / maxItems, enum, const, anyOf /
+// oneOf, allOf of one schema, $ref into $defs / definitions (recursion
+// allowed), minLength / maxLength, pattern (regex.h), format (date, time,
+// date-time, uuid, email, hostname, ipv4, uri), integer minimum / maximum /
+// exclusiveMinimum / exclusiveMaximum (and minimum 0 on numbers), and the
+// annotations that constrain nothing (title, description, default, examples,
+// additionalProperties: only the declared properties are written). Anything
+// else that constrains values (multipleOf, uniqueItems, other number bounds,
+// ...) is refused naming the keyword, never ignored.
 #pragma once
 #include <memory>
 #include <string>

@@ -6,7 +6,9 @@
 // refused by name.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
+#include <tuple>
 
 #include "core/error.h"
 #include "grammar/json_schema.h"
@@ -54,8 +56,13 @@ TEST(JsonSchema, InstancesAndNonInstances) {
 }
 
 TEST(JsonSchema, UnenforceableKeywordsAreRefused) {
-    for (const char* s : {R"({"type": "string", "pattern": "a+"})", R"({"type": "integer", "minimum": 3})",
-                          R"({"type": "string", "format": "date-time"})", R"({"type": "array", "maxItems": 2})",
+    for (const char* s : {R"({"type": "string", "pattern": "(?=a)b"})", R"({"type": "string", "pattern": "(a)\\1"})",
+                          R"({"type": "string", "pattern": "\\bword"})", R"({"type": "string", "pattern": "a^b"})",
+                          R"({"type": "string", "pattern": "^a|b$"})", R"({"type": "string", "pattern": "[b-a]"})",
+                          R"({"type": "string", "pattern": "a+", "maxLength": 3})", R"({"type": "number", "maximum": 3})",
+                          R"({"type": "string", "format": "ipv6"})", R"({"type": "array", "maxItems": 20000})",
+                          R"({"type": "integer", "minimum": 3, "maximum": 2})", R"({"type": "string", "minLength": 4, "maxLength": 2})",
+                          R"({"type": "array", "uniqueItems": true})", R"({"type": "number", "multipleOf": 2})",
                           R"({"$ref": "#/$defs/Missing"})", R"({"type": "strange"})"}) {
         try {
             json_schema_to_gbnf(Json::parse(s));
@@ -64,6 +71,105 @@ TEST(JsonSchema, UnenforceableKeywordsAreRefused) {
             EXPECT_NE(std::string(e.what()).find("json_schema at #"), std::string::npos) << e.what();
         }
     }
+}
+
+/// Whether the grammar of `schema` accepts the JSON text of `value`.
+bool schema_accepts(const Json& schema, const Json& value) { return accepts(json_schema_grammar(schema), value.dump()); }
+
+TEST(JsonSchema, StringLengthsPatternsAndFormats) {
+    const Json len = Json::parse(R"({"type": "string", "minLength": 2, "maxLength": 4})");
+    for (const char* ok : {"ab", "a\"\\b", "你好", "abcd"}) EXPECT_TRUE(schema_accepts(len, ok)) << ok;
+    for (const char* bad : {"a", "abcde", ""}) EXPECT_FALSE(schema_accepts(len, bad)) << bad;
+    struct Case {
+        const char* pattern;
+        std::vector<std::string> ok, bad;
+    };
+    const std::vector<Case> cases = {
+        {"^[A-Z]{2}-\\d{3,4}$", {"AB-123", "ZZ-0000"}, {"ab-123", "AB-12", "AB-12345", "xAB-123"}},
+        {"^(cat|dog)s?$", {"cat", "dogs"}, {"cow", "cats!"}},
+        {"^a.c$", {"abc", "a\"c", "a\\c", "a你c"}, {"a\nc", "ac"}},
+        {"^[^a-z\\s]+$", {"ABC", "1\"2", "你"}, {"aB", "A B", ""}},
+        {"^\\w+@\\w+\\.(com|org)$", {"ada@x.org"}, {"ada@x.net", "@x.com"}},
+        {"^(?:\\+\\d{1,3} )?\\(\\d{3}\\) \\d{3}-\\d{4}$", {"(555) 123-4567", "+44 (555) 123-4567"}, {"555-123-4567"}},
+        {"x{2}y", {"xxy", "_xxy_"}, {"xy"}},  // unanchored: a search
+        {"^a{1,}[\\t]?$", {"aaa", "a\t"}, {"", "a\t\t"}},
+        {"^\\u00e9\\x41[\\d-]$", {"éA-", "éA7"}, {"eA7"}},
+        {"^a{$", {"a{"}, {"a"}},  // a '{' that opens no count stands for itself
+    };
+    for (const Case& c : cases) {
+        const Json schema = {{"type", "string"}, {"pattern", c.pattern}};
+        for (const auto& v : c.ok) EXPECT_TRUE(schema_accepts(schema, v)) << c.pattern << " " << v;
+        for (const auto& v : c.bad) EXPECT_FALSE(schema_accepts(schema, v)) << c.pattern << " " << v;
+    }
+    const std::vector<std::tuple<const char*, std::vector<std::string>, std::vector<std::string>>> formats = {
+        {"date", {"2026-12-05", "1999-02-31"}, {"2026-13-01", "26-12-05", "2026-12-5"}},
+        {"time", {"23:59:60Z", "08:00:00.123+05:30"}, {"24:00:00Z", "08:00:00"}},
+        {"date-time", {"2026-12-05T01:20:09Z"}, {"2026-12-05 01:20:09Z"}},
+        {"uuid", {"123e4567-e89b-12d3-a456-426614174000"}, {"123e4567e89b12d3a456426614174000"}},
+        {"email", {"ada.lovelace+x@example.co.uk"}, {"ada@", "ada@localhost", "a b@x.org"}},
+        {"ipv4", {"192.168.0.255", "0.0.0.0"}, {"256.1.1.1", "1.2.3", "01.2.3.4"}},
+        {"hostname", {"example.com", "a-b.c"}, {"-a.com", "a..b"}},
+        {"uri", {"https://example.com/a?b=c#d", "urn:isbn:0451450523"}, {"//example.com", "http://a b"}},
+    };
+    for (const auto& [f, ok, bad] : formats) {
+        const Json schema = {{"type", "string"}, {"format", f}};
+        for (const auto& v : ok) EXPECT_TRUE(schema_accepts(schema, v)) << f << " " << v;
+        for (const auto& v : bad) EXPECT_FALSE(schema_accepts(schema, v)) << f << " " << v;
+    }
+}
+
+// Integer bounds against arithmetic, on fresh random ranges (inclusive,
+// exclusive, open at either end, across zero and across digit counts).
+TEST(JsonSchema, IntegerBoundsMatchArithmetic) {
+    const unsigned seed = std::random_device{}();
+    std::mt19937 rng(seed);
+    const int64_t scales[] = {9, 100, 1000, 123456, 9000000000LL};
+    for (int t = 0; t < 60; ++t) {
+        const int64_t scale = scales[rng() % 5];
+        const auto pick = [&] { return static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * scale + 1)) - scale; };
+        int64_t a = pick(), b = pick();
+        if (a > b) std::swap(a, b);
+        Json schema = {{"type", "integer"}};
+        const int form = static_cast<int>(rng() % 4);
+        std::optional<int64_t> lo, hi;
+        if (form != 1) {
+            if (rng() % 2) schema["minimum"] = a, lo = a;
+            else schema["exclusiveMinimum"] = a - 1, lo = a;
+        }
+        if (form != 2) {
+            if (rng() % 2) schema["maximum"] = b, hi = b;
+            else schema["exclusiveMaximum"] = b + 1, hi = b;
+        }
+        const auto g = json_schema_grammar(schema);
+        std::vector<int64_t> probes = {0, 1, -1, a, b, a - 1, b + 1, a + 1, b - 1, 10, -10, 99, 100, -100, 1000000};
+        for (int k = 0; k < 40; ++k) probes.push_back(pick());
+        for (int64_t v : probes) {
+            const bool want = (!lo || v >= *lo) && (!hi || v <= *hi);
+            EXPECT_EQ(accepts(g, std::to_string(v)), want) << "seed " << seed << " " << schema.dump() << " value " << v;
+        }
+        EXPECT_FALSE(accepts(g, "-0")) << schema.dump();
+        if ((!lo || *lo <= 5) && (!hi || *hi >= 5)) EXPECT_FALSE(accepts(g, "05")) << schema.dump();
+    }
+    // a lower bound of 0 on numbers: no minus sign
+    const Json nonneg = Json::parse(R"({"type": "number", "minimum": 0})");
+    EXPECT_TRUE(schema_accepts(nonneg, 0.5));
+    EXPECT_TRUE(schema_accepts(nonneg, 0));
+    EXPECT_FALSE(schema_accepts(nonneg, -0.5));
+}
+
+TEST(JsonSchema, ArrayLengths) {
+    const Json s = Json::parse(R"({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 3})");
+    EXPECT_FALSE(schema_accepts(s, Json::parse("[1]")));
+    EXPECT_TRUE(schema_accepts(s, Json::parse("[1, 2]")));
+    EXPECT_TRUE(schema_accepts(s, Json::parse("[1, 2, 3]")));
+    EXPECT_FALSE(schema_accepts(s, Json::parse("[1, 2, 3, 4]")));
+    const Json none = Json::parse(R"({"type": "array", "maxItems": 0})");
+    EXPECT_TRUE(schema_accepts(none, Json::array()));
+    EXPECT_FALSE(schema_accepts(none, Json::parse("[1]")));
+    const Json one = Json::parse(R"({"type": "array", "maxItems": 1})");
+    EXPECT_TRUE(schema_accepts(one, Json::array()));
+    EXPECT_TRUE(schema_accepts(one, Json::parse("[{}]")));
+    EXPECT_FALSE(schema_accepts(one, Json::parse("[1, 2]")));
 }
 
 /// A random schema and a generator of its instances.

@@ -280,9 +280,14 @@ private:
     }
 
     /// The pattern standing for a string format (RFC 3339 date and time,
-    /// RFC 4122 uuid; email, hostname, ipv4 and uri as their common forms).
+    /// RFC 4122 uuid; email, hostname, ipv4 and uri as their common forms,
+    /// a uri at most 512 characters after its scheme: a small model that
+    /// loops inside one must still end before max_tokens).
     static std::string format_pattern(const std::string& f, const std::string& path) {
-        static const std::string date = R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))";
+        // Days as each month has them; 29 February in leap years only.
+        static const std::string date =
+            R"((\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])|\d{4}-(0[13-9]|1[0-2])-(29|30)|\d{4}-(0[13578]|1[02])-31|)"
+            R"((\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29))";
         static const std::string time =
             R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))";
         static const std::string label = R"([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)";
@@ -294,7 +299,7 @@ private:
         if (f == "email") return "^[A-Za-z0-9._%+-]{1,64}@" + label + "(\\." + label + "){1,4}$";
         if (f == "hostname") return "^" + label + "(\\." + label + "){0,8}$";
         if (f == "ipv4") return "^" + octet + "(\\." + octet + "){3}$";
-        if (f == "uri") return R"(^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s"\\<>{}|^`]{1,2000}$)";
+        if (f == "uri") return R"(^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s"\\<>{}|^`]{1,512}$)";
         refuse(path + "/format", "the format '" + f + "' is not supported (date, time, date-time, uuid, email, hostname, ipv4, uri are)");
     }
 

@@ -1,0 +1,40 @@
+// Structured output end to end: runs tests/python/schema_e2e.py — 200 fresh
+// random JSON schemas (nesting, enums, required members, patterns, formats,
+// lengths, integer bounds) as response_format json_schema against `quern
+// serve` with the default model through the official `openai` client; every
+// reply must be JSON the schema accepts (checked by the `jsonschema`
+// package). Skipped without the default model or the Python packages
+// (tools/install-deps.sh installs them), except under CI=true.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "../model/test_util.h"
+
+TEST(SchemaE2E, RandomSchemasGiveValidJson) {
+    if (!quern::test::have_default_model()) GTEST_SKIP() << "default model missing (bash tools/fetch-model.sh)";
+    if (std::system("python3 -c 'import openai, jsonschema, rfc3339_validator, rfc3986_validator, fqdn' >/dev/null 2>&1") != 0) {
+        if (std::getenv("CI")) FAIL() << "python3 lacks openai or jsonschema[format-nongpl] in CI (bash tools/install-deps.sh)";
+        GTEST_SKIP() << "python3 lacks openai or jsonschema[format-nongpl] (bash tools/install-deps.sh)";
+    }
+    const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
+    ASSERT_TRUE(std::filesystem::exists(quern)) << quern << " is not built (cmake --build BUILD --target quern)";
+    const std::string cmd = "python3 '" + std::string(QUERN_SOURCE_DIR) + "/tests/python/schema_e2e.py' --quern '" +
+                            quern + "' --model '" + quern::test::default_model_path() + "' --count 200 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr) << cmd;
+    std::string out;
+    std::array<char, 4096> buf;
+    for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) {
+        out.append(buf.data(), n);
+        std::fwrite(buf.data(), 1, n, stdout);
+        std::fflush(stdout);
+    }
+    const int status = pclose(p);
+    EXPECT_EQ(status, 0) << "schema_e2e.py failed:\n" << out;
+    EXPECT_NE(out.find("schema_e2e: 200/200 valid"), std::string::npos) << out;
+}

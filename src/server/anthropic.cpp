@@ -178,11 +178,11 @@ Json messages_response_json(const ResponseMeta& m, const ChoiceResult& c, const 
     Json content = Json::array();
     if (!c.reasoning.empty()) content.push_back(Json{{"type", "thinking"}, {"thinking", c.reasoning}, {"signature", ""}});
     if (!c.text.empty()) content.push_back(Json{{"type", "text"}, {"text", c.text}});
-    for (const ToolCall& t : c.tool_calls)
-        content.push_back(Json{{"type", "tool_use"},
-                               {"id", anthropic_id(t.id)},
-                               {"name", t.name},
-                               {"input", Json::parse(t.arguments, nullptr, false)}});
+    for (const ToolCall& t : c.tool_calls) {
+        Json input = Json::parse(t.arguments, nullptr, false);
+        if (!input.is_object()) input = Json::object();  // a call cut short by max_tokens
+        content.push_back(Json{{"type", "tool_use"}, {"id", anthropic_id(t.id)}, {"name", t.name}, {"input", input}});
+    }
     return Json{{"id", m.id},
                 {"type", "message"},
                 {"role", "assistant"},
@@ -236,18 +236,23 @@ std::string AnthropicStream::delta(const ChatDelta& d) {
                                                  {"index", index_},
                                                  {"delta", Json{{"type", "text_delta"}, {"text", d.content}}}});
     }
-    for (const ToolCall& t : d.calls) {
-        out += close();
-        ++index_;
-        out += event("content_block_start",
-                     Json{{"type", "content_block_start"},
-                          {"index", index_},
-                          {"content_block", Json{{"type", "tool_use"}, {"id", anthropic_id(t.id)}, {"name", t.name},
-                                                 {"input", Json::object()}}}});
-        out += event("content_block_delta", Json{{"type", "content_block_delta"},
-                                                 {"index", index_},
-                                                 {"delta", Json{{"type", "input_json_delta"}, {"partial_json", t.arguments}}}});
-        out += event("content_block_stop", Json{{"type", "content_block_stop"}, {"index", index_}});
+    // A tool call is a tool_use block: its input streams as partial JSON.
+    for (const ToolCallPiece& p : d.calls) {
+        if (p.first) {
+            out += close();
+            block_ = Block::Tool;
+            out += event("content_block_start",
+                         Json{{"type", "content_block_start"},
+                              {"index", ++index_},
+                              {"content_block", Json{{"type", "tool_use"}, {"id", anthropic_id(p.id)}, {"name", p.name},
+                                                     {"input", Json::object()}}}});
+        }
+        if (!p.arguments.empty())
+            out += event("content_block_delta",
+                         Json{{"type", "content_block_delta"},
+                              {"index", index_},
+                              {"delta", Json{{"type", "input_json_delta"}, {"partial_json", p.arguments}}}});
+        if (p.last) out += close();
     }
     return out;
 }

@@ -43,7 +43,7 @@ public:
     std::string finish(const ChoiceResult& c, const Usage& u);
 
 private:
-    enum class Block { None, Thinking, Text };
+    enum class Block { None, Thinking, Text, Tool };
     std::string event(const char* name, const Json& data) const;
     std::string open(Block b);
     std::string close();

@@ -571,21 +571,29 @@ Json chunk_json(const ResponseMeta& m, int index, const std::string* role, const
     return out;
 }
 
-Json chat_delta_chunk_json(const ResponseMeta& m, int index, const ChatDelta& d, int first_call,
-                           const std::vector<TokenLogprob>* logprobs, bool usage_null) {
+Json chat_delta_chunk_json(const ResponseMeta& m, int index, const ChatDelta& d, const std::vector<TokenLogprob>* logprobs,
+                           bool usage_null) {
     Json out = chunk_json(m, index, nullptr, d.content, logprobs, "", usage_null);
     Json& delta = out["choices"][0]["delta"];
     if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
     if (d.content.empty()) delta.erase("content");
     if (!d.calls.empty()) {
+        // OpenAI's shape: a call's first chunk carries its id, type and name
+        // (arguments ""), later ones only more arguments, by index.
         Json calls = Json::array();
-        int i = first_call;
-        for (const ToolCall& t : d.calls)
-            calls.push_back(Json{{"index", i++},
-                                 {"id", t.id},
-                                 {"type", "function"},
-                                 {"function", Json{{"name", t.name}, {"arguments", t.arguments}}}});
-        delta["tool_calls"] = std::move(calls);
+        for (const ToolCallPiece& p : d.calls) {
+            if (!p.first && p.arguments.empty()) continue;  // an end carries nothing
+            Json c = Json{{"index", p.index}};
+            if (p.first) {
+                c["id"] = p.id;
+                c["type"] = "function";
+                c["function"] = Json{{"name", p.name}, {"arguments", p.arguments}};
+            } else {
+                c["function"] = Json{{"arguments", p.arguments}};
+            }
+            calls.push_back(std::move(c));
+        }
+        if (!calls.empty()) delta["tool_calls"] = std::move(calls);
     }
     return out;
 }

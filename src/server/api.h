@@ -158,10 +158,11 @@ Json response_json(const ResponseMeta& m, const std::vector<ChoiceResult>& choic
 Json chunk_json(const ResponseMeta& m, int index, const std::string* role, const std::string& text,
                 const std::vector<TokenLogprob>* logprobs, const std::string& finish_reason, bool usage_null);
 /// A chat stream chunk of parsed output: delta.reasoning_content,
-/// delta.content and delta.tool_calls (each call whole, numbered from
-/// `first_call` within the choice), with `logprobs` when wanted.
-Json chat_delta_chunk_json(const ResponseMeta& m, int index, const ChatDelta& d, int first_call,
-                           const std::vector<TokenLogprob>* logprobs, bool usage_null);
+/// delta.content and delta.tool_calls (OpenAI's shape: a call's first chunk
+/// with its id and name, then its arguments as they stream), with
+/// `logprobs` when wanted.
+Json chat_delta_chunk_json(const ResponseMeta& m, int index, const ChatDelta& d, const std::vector<TokenLogprob>* logprobs,
+                           bool usage_null);
 /// The final usage chunk (empty choices).
 Json usage_chunk_json(const ResponseMeta& m, const Usage& usage);
 

@@ -53,12 +53,107 @@ std::string param_type(const Json& tools, const std::string& fn, const std::stri
     return "";
 }
 
+/// An XML parameter's value as JSON: typed by the tool's schema (strings
+/// stay strings; other types, or none, read as JSON when they parse).
+Json xml_value(const Json& tools, const std::string& fn, const std::string& param, std::string_view value) {
+    if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    Json v(Json::value_t::discarded);
+    if (param_type(tools, fn, param) != "string") v = Json::parse(value, nullptr, false);
+    return v.is_discarded() ? Json(std::string(value)) : v;
+}
+
+/// The end of the JSON value starting at s[i] (one past it), or npos while
+/// it is unfinished. Strings and nesting are followed; a number or literal
+/// ends at a delimiter.
+size_t json_value_end(std::string_view s, size_t i) {
+    if (i >= s.size()) return std::string_view::npos;
+    int depth = 0;
+    bool in_str = false, esc = false;
+    const bool scalar = s[i] != '"' && s[i] != '{' && s[i] != '[';
+    for (size_t k = i; k < s.size(); ++k) {
+        const char c = s[k];
+        if (scalar) {
+            if (c == ',' || c == '}' || c == ']' || c == ' ' || c == '\n' || c == '\r' || c == '\t') return k;
+            continue;
+        }
+        if (in_str) {
+            if (esc) esc = false;
+            else if (c == '\\') esc = true;
+            else if (c == '"') {
+                in_str = false;
+                if (depth == 0) return k + 1;  // a string value
+            }
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '{' || c == '[') {
+            ++depth;
+        } else if ((c == '}' || c == ']') && --depth == 0) {
+            return k + 1;
+        }
+    }
+    return std::string_view::npos;
+}
+
+/// A JSON call body {"name": …, "arguments" (or "parameters"): {…}} so far:
+/// its name once whole, its arguments' text from their '{' (to their end,
+/// or all there is). False before both have begun, or when the arguments
+/// are not an object (a JSON string: read whole at the end).
+bool json_call_progress(std::string_view b, std::string& name, std::string& args) {
+    const auto skip = [&](size_t& i) {
+        while (i < b.size() && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t')) ++i;
+    };
+    size_t i = 0;
+    skip(i);
+    if (i >= b.size() || b[i] != '{') return false;
+    ++i;
+    bool have_name = false, have_args = false;
+    for (;;) {
+        skip(i);
+        if (i < b.size() && b[i] == ',') {
+            ++i;
+            skip(i);
+        }
+        if (i >= b.size() || b[i] != '"') break;
+        const size_t key_end = json_value_end(b, i);
+        if (key_end == std::string_view::npos) break;
+        const Json key = Json::parse(b.substr(i, key_end - i), nullptr, false);
+        i = key_end;
+        skip(i);
+        if (i >= b.size() || b[i] != ':') break;
+        ++i;
+        skip(i);
+        if (i >= b.size()) break;
+        const size_t v = i, end = json_value_end(b, i);
+        const std::string k = key.is_string() ? key.get<std::string>() : "";
+        if (k == "name" && !have_name) {
+            if (b[v] != '"' || end == std::string_view::npos) return false;
+            const Json n = Json::parse(b.substr(v, end - v), nullptr, false);
+            if (!n.is_string()) return false;
+            name = n.get<std::string>();
+            have_name = true;
+        } else if ((k == "arguments" || k == "parameters") && !have_args) {
+            if (b[v] != '{') return false;
+            args = std::string(b.substr(v, end == std::string_view::npos ? std::string_view::npos : end - v));
+            have_args = true;
+        }
+        if (end == std::string_view::npos) break;
+        i = end;
+    }
+    return have_name && have_args;
+}
+
 }  // namespace
 
 void ChatDelta::append(ChatDelta&& o) {
     reasoning += o.reasoning;
     content += o.content;
-    for (ToolCall& c : o.calls) calls.push_back(std::move(c));
+    for (ToolCallPiece& c : o.calls) calls.push_back(std::move(c));
+}
+
+void merge_call_piece(std::vector<ToolCall>& calls, const ToolCallPiece& p) {
+    if (p.first || calls.empty()) calls.push_back(ToolCall{p.id, p.name, ""});
+    calls.back().arguments += p.arguments;
 }
 
 OutputFormat detect_output_format(const std::string& src) {
@@ -181,17 +276,21 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
             tool_ += buf;
             buf.clear();
             const size_t e = tool_.find(kToolClose, from);
-            if (e == std::string::npos) break;
+            if (e == std::string::npos) {
+                // Not closed yet: what can stream goes out (a closing tag's
+                // start held back).
+                const size_t hold = partial_marker(tool_, {kToolClose});
+                stream_call(d, std::string_view(tool_).substr(0, tool_.size() - hold), false);
+                break;
+            }
             buf = tool_.substr(e + kToolClose.size());
             const std::string body = tool_.substr(0, e);
             tool_.clear();
+            std::string name, args;
             ToolCall call;
-            if (parse_call(body, call)) {
-                d.calls.push_back(std::move(call));
-                ++n_calls_;
-            } else {
-                emit(d, Mode::Content, std::string(kToolOpen) + body + std::string(kToolClose));
-            }
+            if (streaming_ || call_progress(body, name, args)) stream_call(d, body, true);
+            else if (parse_call(body, call)) add_call(d, std::move(call));
+            else emit(d, Mode::Content, std::string(kToolOpen) + body + std::string(kToolClose));
             mode_ = Mode::Content;
             trim_next_ = true;
             continue;
@@ -233,8 +332,7 @@ ChatDelta ChatOutputParser::finish() {
     if (mode_ == Mode::BareJson) {
         std::vector<ToolCall> calls;
         if (parse_bare_json(bare_, calls)) {
-            n_calls_ += static_cast<int>(calls.size());
-            d.calls = std::move(calls);
+            for (ToolCall& c : calls) add_call(d, std::move(c));
         } else {
             emit(d, Mode::Content, bare_);
         }
@@ -243,7 +341,10 @@ ChatDelta ChatOutputParser::finish() {
         return d;
     }
     if (mode_ == Mode::Tool) {
-        emit(d, Mode::Content, std::string(kToolOpen) + tool_ + held_);
+        // Cut short: a call that has gone out ends with what it has; one
+        // that has not stays text.
+        if (streaming_) stream_call(d, tool_ + held_, true);
+        else emit(d, Mode::Content, std::string(kToolOpen) + tool_ + held_);
         tool_.clear();
         mode_ = Mode::Content;
     } else {
@@ -346,13 +447,7 @@ bool ChatOutputParser::parse_call(const std::string& raw, ToolCall& call) const 
             const size_t pe = rest.find(kPEnd);
             if (pg == std::string_view::npos || pe == std::string_view::npos || pe < pg) return false;
             const std::string name(trim(rest.substr(kP.size(), pg - kP.size())));
-            std::string_view value = rest.substr(pg + 1, pe - pg - 1);
-            if (!value.empty() && value.front() == '\n') value.remove_prefix(1);
-            if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
-            const std::string type = param_type(tools_, call.name, name);
-            Json v(Json::value_t::discarded);
-            if (type != "string") v = Json::parse(value, nullptr, false);  // typed, or untyped but JSON
-            args[name] = v.is_discarded() ? Json(std::string(value)) : v;
+            args[name] = xml_value(tools_, call.name, name, rest.substr(pg + 1, pe - pg - 1));
             rest = rest.substr(pe + kPEnd.size());
         }
     }
@@ -360,6 +455,79 @@ bool ChatOutputParser::parse_call(const std::string& raw, ToolCall& call) const 
     call.arguments = args.dump();
     call.id = new_id_ ? new_id_() : "call_" + std::to_string(n_calls_);
     return true;
+}
+
+bool ChatOutputParser::call_progress(std::string_view raw, std::string& name, std::string& args) const {
+    const std::string_view body = trim(raw);
+    if (f_.tools == ToolFormat::Hermes || (!body.empty() && body.front() == '{')) return json_call_progress(raw, name, args);
+    // <function=NAME> then whole <parameter=P>VALUE</parameter> elements,
+    // as compact JSON members (what parse_call's dump writes).
+    constexpr std::string_view kFn = "<function=", kP = "<parameter=", kPEnd = "</parameter>";
+    if (body.substr(0, kFn.size()) != kFn) return false;
+    const size_t gt = body.find('>');
+    if (gt == std::string_view::npos) return false;
+    name = std::string(trim(body.substr(kFn.size(), gt - kFn.size())));
+    if (name.empty()) return false;
+    args = "{";
+    std::string_view rest = body.substr(gt + 1);
+    for (bool first = true;; first = false) {
+        rest = trim(rest);
+        if (rest.substr(0, kP.size()) != kP) break;
+        const size_t pg = rest.find('>'), pe = rest.find(kPEnd);
+        if (pg == std::string_view::npos || pe == std::string_view::npos || pe < pg) break;
+        const std::string param(trim(rest.substr(kP.size(), pg - kP.size())));
+        args += (first ? "" : ",") + Json(param).dump() + ":" + xml_value(tools_, name, param, rest.substr(pg + 1, pe - pg - 1)).dump();
+        rest = rest.substr(pe + kPEnd.size());
+    }
+    return true;
+}
+
+void ChatOutputParser::stream_call(ChatDelta& d, std::string_view body, bool end) {
+    std::string name, args;
+    const bool ok = call_progress(body, name, args);
+    if (!streaming_) {
+        if (!ok) return;
+        streaming_ = true;
+        sent_.clear();
+        ToolCallPiece p;
+        p.index = n_calls_;
+        p.id = new_id_ ? new_id_() : "call_" + std::to_string(n_calls_);
+        p.name = name;
+        p.first = true;
+        d.calls.push_back(std::move(p));
+    }
+    const bool xml = !(f_.tools == ToolFormat::Hermes || (!trim(body).empty() && trim(body).front() == '{'));
+    if (end && xml) args += "}";
+    const auto piece = [&]() -> ToolCallPiece& {
+        if (d.calls.empty() || d.calls.back().index != n_calls_ || d.calls.back().last) {
+            ToolCallPiece p;
+            p.index = n_calls_;
+            d.calls.push_back(std::move(p));
+        }
+        return d.calls.back();
+    };
+    // Arguments grow at their end only; anything else (a body that stopped
+    // reading as a call) adds nothing.
+    if (ok && args.size() > sent_.size() && args.compare(0, sent_.size(), sent_) == 0) {
+        piece().arguments += args.substr(sent_.size());
+        sent_ = std::move(args);
+    }
+    if (end) {
+        piece().last = true;
+        ++n_calls_;
+        streaming_ = false;
+        sent_.clear();
+    }
+}
+
+void ChatOutputParser::add_call(ChatDelta& d, ToolCall call) {
+    ToolCallPiece p;
+    p.index = n_calls_++;
+    p.id = std::move(call.id);
+    p.name = std::move(call.name);
+    p.arguments = std::move(call.arguments);
+    p.first = p.last = true;
+    d.calls.push_back(std::move(p));
 }
 
 }  // namespace quern::server

@@ -11,9 +11,14 @@
 //       <tool_call><function=NAME><parameter=P>VALUE</parameter>…</function></tool_call>
 //     (VALUE typed by the tool's JSON schema: strings stay strings, other
 //     types are read as JSON).
-// A tool call is handed out whole when its closing tag arrives (its
-// arguments as one JSON text); one cut short (a stop or the length limit)
-// or unreadable comes back as plain content, as written. Small models often
+// Tool calls stream: a call goes out as soon as its name is written and its
+// arguments have begun, and its arguments follow as JSON text while they are
+// generated (<tool_call> JSON: the model's own text from its '{'; XML: each
+// parameter once its closing tag arrives, as compact JSON). A call cut short
+// after that (a stop or the length limit) ends with the arguments it has; one
+// cut short before, or unreadable, comes back as plain content, as written.
+// Calls that cannot stream (arguments written as a JSON string, the bare
+// and list forms below) go out whole when they end. Small models often
 // drop the tags: an answer that is nothing but JSON objects naming one of
 // the request's tools ({"name": …, "arguments": …}, one or more) is read as
 // those calls (the generic fallback); such an answer is held back until the
@@ -63,10 +68,23 @@ struct ToolCall {
     std::string arguments;  ///< a JSON object, as text
 };
 
+/// A piece of a tool call as the text streams in: a call's first piece
+/// names it (id, name), each piece adds JSON text to its arguments, its last
+/// ends it (a call read at once is one piece, first and last).
+struct ToolCallPiece {
+    int index = 0;          ///< the call's number in the reply (0, 1, ...)
+    std::string id, name;   ///< first piece only
+    std::string arguments;  ///< more of the arguments' JSON text
+    bool first = false, last = false;
+};
+
+/// Adds `p` to the calls it belongs to (a first piece starts one).
+void merge_call_piece(std::vector<ToolCall>& calls, const ToolCallPiece& p);
+
 /// Text of one step, by destination.
 struct ChatDelta {
     std::string reasoning, content;
-    std::vector<ToolCall> calls;
+    std::vector<ToolCallPiece> calls;
     bool empty() const { return reasoning.empty() && content.empty() && calls.empty(); }
     void append(ChatDelta&& o);
 };
@@ -92,6 +110,15 @@ private:
     void emit(ChatDelta& d, Mode m, std::string_view text);
     /// A tool call's body (between the tags) as a call, or false.
     bool parse_call(const std::string& body, ToolCall& call) const;
+    /// How far the open call's body has come: its name once written and
+    /// its arguments' JSON text so far, or false before both have begun (or
+    /// when its arguments cannot stream).
+    bool call_progress(std::string_view body, std::string& name, std::string& args) const;
+    /// Sends what is new of the open call (its first piece once it can
+    /// stream, then its arguments). `end`: the body is whole; the call ends.
+    void stream_call(ChatDelta& d, std::string_view body, bool end);
+    /// A whole call as one piece.
+    void add_call(ChatDelta& d, ToolCall call);
     /// The generic fallback: `text` as tool calls (JSON objects naming the
     /// request's tools, back to back), or false.
     bool parse_bare_json(const std::string& text, std::vector<ToolCall>& calls) const;
@@ -108,6 +135,8 @@ private:
     bool answer_started_ = false;  // content has begun (the bare-JSON fallback looks at its first character)
     std::string bare_;         // an answer held back as possible bare-JSON tool calls
     int n_calls_ = 0;
+    bool streaming_ = false;   // the open call has gone out (its first piece)
+    std::string sent_;         // its arguments sent so far
 };
 
 }  // namespace quern::server

@@ -249,13 +249,15 @@ void Generation::emit(Choice& c, const std::string& text, bool final, Sink& sink
         // back (a marker's start) comes at the end.
         ChatDelta d = c.parser->push(out);
         if (final || stopped) d.append(c.parser->finish());
-        const int first_call = static_cast<int>(c.calls.size());
-        if (!req_.parallel_tool_calls && first_call + d.calls.size() > 1) d.calls.resize(first_call > 0 ? 0 : 1);
+        if (!req_.parallel_tool_calls)  // the first call only
+            std::erase_if(d.calls, [](const ToolCallPiece& p) { return p.index > 0; });
         c.text += d.content;
         c.reasoning += d.reasoning;
-        c.calls.insert(c.calls.end(), d.calls.begin(), d.calls.end());
-        if ((!d.empty() || !released.empty()) && client_ok &&
-            !sink.delta(c.index, d, first_call, want_lp ? &released : nullptr))
+        for (const ToolCallPiece& p : d.calls) {
+            merge_call_piece(c.calls, p);
+            c.first_call_done = c.first_call_done || p.last;
+        }
+        if ((!d.empty() || !released.empty()) && client_ok && !sink.delta(c.index, d, want_lp ? &released : nullptr))
             client_ok = false;
     } else {
         c.text += out;
@@ -264,7 +266,7 @@ void Generation::emit(Choice& c, const std::string& text, bool final, Sink& sink
     }
     if (want_lp) c.lp_done.insert(c.lp_done.end(), released.begin(), released.end());
     // parallel_tool_calls false: the first call ends the choice.
-    if (!stopped && !c.finished && c.parser && !req_.parallel_tool_calls && !c.calls.empty()) {
+    if (!stopped && !c.finished && c.parser && !req_.parallel_tool_calls && c.first_call_done) {
         c.parser->finish();
         finish(c, "tool_calls", sink, client_ok);
         if (c.submitted) engine_.cancel(c.id);

@@ -69,11 +69,10 @@ public:
     /// New text of a choice and the log-probabilities of the tokens it
     /// completes (nullptr when not requested). False: the client is gone.
     virtual bool text(int choice, const std::string& text, const std::vector<TokenLogprob>* logprobs) { return true; }
-    /// Parsed chat output (reasoning, content, whole tool calls numbered
-    /// from `first_call` in the choice), for chat requests whose model
-    /// writes reasoning or tool calls (ApiRequest::output); plain text by
-    /// default.
-    virtual bool delta(int choice, const ChatDelta& d, int first_call, const std::vector<TokenLogprob>* logprobs) {
+    /// Parsed chat output (reasoning, content, pieces of tool calls), for
+    /// chat requests whose model writes reasoning or tool calls
+    /// (ApiRequest::output); plain text by default.
+    virtual bool delta(int choice, const ChatDelta& d, const std::vector<TokenLogprob>* logprobs) {
         return text(choice, d.content, logprobs);
     }
     /// A choice finished with "stop" or "length".
@@ -141,6 +140,7 @@ private:
         std::unique_ptr<ChatOutputParser> parser;  ///< chat output with reasoning or tool calls
         std::string reasoning;
         std::vector<ToolCall> calls;
+        bool first_call_done = false;  ///< the first tool call has ended
         Choice(const Tokenizer& tok, std::vector<std::string> stops) : detok(tok, false), stop(std::move(stops)) {}
     };
     void on_event(Choice& c, const EventQueue::Item& item, Sink& sink, bool& client_ok);

@@ -253,7 +253,11 @@ std::string ResponsesStream::start() {
 std::string ResponsesStream::close() {
     if (item_ == Item::None) return "";
     std::string out;
-    if (item_ == Item::Reasoning) {
+    if (item_ == Item::Call) {
+        out += event("response.function_call_arguments.done",
+                     Json{{"item_id", item_id_}, {"output_index", index_}, {"arguments", call_.arguments}});
+        done_.push_back(call_item(item_id_, call_, "completed"));
+    } else if (item_ == Item::Reasoning) {
         out += event("response.reasoning_text.done",
                      Json{{"item_id", item_id_}, {"output_index", index_}, {"content_index", 0}, {"text", text_}});
         done_.push_back(reasoning_item(item_id_, text_));
@@ -311,19 +315,22 @@ std::string ResponsesStream::delta(const ChatDelta& d) {
         out += event("response.output_text.delta",
                      Json{{"item_id", item_id_}, {"output_index", index_}, {"content_index", 0}, {"delta", d.content}});
     }
-    for (const ToolCall& t : d.calls) {
-        out += close();
-        ++index_;
-        const std::string id = "fc_" + m_.id.substr(m_.id.find('_') + 1) + std::to_string(index_);
-        Json item = call_item(id, t, "in_progress");
-        item["arguments"] = "";
-        out += event("response.output_item.added", Json{{"output_index", index_}, {"item", item}});
-        out += event("response.function_call_arguments.delta",
-                     Json{{"item_id", id}, {"output_index", index_}, {"delta", t.arguments}});
-        out += event("response.function_call_arguments.done",
-                     Json{{"item_id", id}, {"output_index", index_}, {"arguments", t.arguments}});
-        done_.push_back(call_item(id, t, "completed"));
-        out += event("response.output_item.done", Json{{"output_index", index_}, {"item", done_.back()}});
+    // A tool call is a function_call item: its arguments stream as deltas.
+    for (const ToolCallPiece& p : d.calls) {
+        if (p.first) {
+            out += close();
+            item_ = Item::Call;
+            ++index_;
+            item_id_ = "fc_" + m_.id.substr(m_.id.find('_') + 1) + std::to_string(index_);
+            call_ = ToolCall{p.id, p.name, ""};
+            out += event("response.output_item.added", Json{{"output_index", index_}, {"item", call_item(item_id_, call_, "in_progress")}});
+        }
+        if (!p.arguments.empty()) {
+            call_.arguments += p.arguments;
+            out += event("response.function_call_arguments.delta",
+                         Json{{"item_id", item_id_}, {"output_index", index_}, {"delta", p.arguments}});
+        }
+        if (p.last) out += close();
     }
     return out;
 }

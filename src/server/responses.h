@@ -59,7 +59,7 @@ public:
     std::string finish(const ChoiceResult& c, const Usage& u);
 
 private:
-    enum class Item { None, Reasoning, Message };
+    enum class Item { None, Reasoning, Message, Call };
     std::string event(const std::string& type, Json data);
     std::string open(Item it);
     std::string close();
@@ -69,6 +69,7 @@ private:
     int index_ = -1;
     Item item_ = Item::None;
     std::string item_id_, text_;
+    ToolCall call_;  // the function_call item open
     Json done_ = Json::array();  // finished output items
 };
 

@@ -111,8 +111,8 @@ public:
     bool text(int choice, const std::string& text, const std::vector<TokenLogprob>* lps) override {
         return write(sse_event(chunk_json(p_.meta, choice, nullptr, text, lps, "", p_.include_usage)));
     }
-    bool delta(int choice, const ChatDelta& d, int first_call, const std::vector<TokenLogprob>* lps) override {
-        return write(sse_event(chat_delta_chunk_json(p_.meta, choice, d, first_call, lps, p_.include_usage)));
+    bool delta(int choice, const ChatDelta& d, const std::vector<TokenLogprob>* lps) override {
+        return write(sse_event(chat_delta_chunk_json(p_.meta, choice, d, lps, p_.include_usage)));
     }
     bool finish(int choice, const std::string& reason) override {
         return write(sse_event(chunk_json(p_.meta, choice, nullptr, "", nullptr, reason, p_.include_usage)));
@@ -147,7 +147,7 @@ public:
         d.content = t;
         return put(st_.delta(d));
     }
-    bool delta(int, const ChatDelta& d, int, const std::vector<TokenLogprob>*) override { return put(st_.delta(d)); }
+    bool delta(int, const ChatDelta& d, const std::vector<TokenLogprob>*) override { return put(st_.delta(d)); }
     bool alive() override { return ds_.is_writable(); }
 
 private:

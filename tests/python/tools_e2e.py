@@ -8,7 +8,8 @@
   - the client sends the call and its result back (the assistant message as
     the client built it, arguments as JSON text) and the model answers in
     text (finish_reason "stop");
-  - tool_choice "none" gets text and no calls;
+  - tool_choice "none" gets text and no calls; "required" and a named
+    function get a call, streamed with its arguments in pieces;
   - the Responses API with the same client: text, a function tool (a
     function_call item), streamed (the SDK's event accumulation) and not,
     the function_call_output round trip through previous_response_id;
@@ -207,6 +208,19 @@ def main():
                   isinstance(json.loads(fc.message.tool_calls[0].function.arguments).get("city"), str),
                   f"tool_choice {choice!r}: {fc!r}")
         print("tools_e2e: tool_choice required / named -> a call even to a joke request")
+        # Streamed, the call's arguments come in pieces (OpenAI's shape: the
+        # first chunk names it, later ones add arguments) adding up to the
+        # non-streamed call.
+        chunks = list(c.chat.completions.create(
+            model=srv.model_id, tool_choice="required", tools=TOOLS, temperature=0, max_tokens=96, stream=True,
+            messages=[{"role": "user", "content": "Tell me a joke."}]))
+        pieces = [tc for k in chunks if k.choices for tc in (k.choices[0].delta.tool_calls or [])]
+        check(pieces and pieces[0].id and pieces[0].function.name == "get_weather" and
+              all(p.index == 0 and not p.id for p in pieces[1:]), f"streamed call pieces: {pieces!r}")
+        args = "".join(p.function.arguments or "" for p in pieces)
+        check(len(pieces) > 2 and json.loads(args) == json.loads(fc.message.tool_calls[0].function.arguments),
+              f"streamed arguments {args!r} in {len(pieces)} pieces")
+        print(f"tools_e2e: streamed forced call -> arguments in {len(pieces)} pieces")
         structured_checks(srv)
         responses_checks(srv)
         anthropic_checks(srv)

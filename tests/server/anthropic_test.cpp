@@ -98,7 +98,9 @@ TEST(Anthropic, ResponsesAndStreams) {
     std::string out = s.start(10);
     out += s.delta(ChatDelta{"thin", "", {}});
     out += s.delta(ChatDelta{"king", "Hi", {}});
-    out += s.delta(ChatDelta{"", " there", {ToolCall{"call_1", "f", "{}"}}});
+    // a call whose input streams in two pieces
+    out += s.delta(ChatDelta{"", " there", {ToolCallPiece{0, "call_1", "f", "{\"a\":", true, false}}});
+    out += s.delta(ChatDelta{"", "", {ToolCallPiece{0, "", "", " 1}", false, true}}});
     c.finish_reason = "tool_calls";
     out += s.finish(c, Usage{10, 3, 0});
     std::vector<std::string> names;
@@ -107,8 +109,10 @@ TEST(Anthropic, ResponsesAndStreams) {
     EXPECT_EQ(names, (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta",
                                                "content_block_delta", "content_block_stop", "content_block_start",
                                                "content_block_delta", "content_block_delta", "content_block_stop",
-                                               "content_block_start", "content_block_delta", "content_block_stop",
-                                               "message_delta", "message_stop"}));
+                                               "content_block_start", "content_block_delta", "content_block_delta",
+                                               "content_block_stop", "message_delta", "message_stop"}));
+    EXPECT_NE(out.find(R"("partial_json":"{\"a\":")"), std::string::npos) << out;
+    EXPECT_NE(out.find(R"("partial_json":" 1}")"), std::string::npos) << out;
     EXPECT_NE(out.find(R"("stop_reason":"tool_use")"), std::string::npos);
     EXPECT_NE(out.find(R"("index":2)"), std::string::npos);
 }

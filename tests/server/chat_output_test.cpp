@@ -23,24 +23,43 @@ struct Parts {
     bool operator==(const Parts& o) const = default;
 };
 
+/// The calls as their pieces add up (the arguments' text as streamed).
+struct Streamed {
+    std::vector<ToolCall> calls;
+    int pieces = 0;
+};
+
 void PrintTo(const Parts& p, std::ostream* os) {
     *os << "reasoning=" << Json(p.reasoning).dump() << " content=" << Json(p.content).dump() << " calls=[";
     for (const auto& [n, a] : p.calls) *os << n << a.dump() << " ";
     *os << "]";
 }
 
-Parts collect(ChatDelta d, Parts p = {}) {
+void collect(const ChatDelta& d, Parts& p, Streamed& st) {
     p.reasoning += d.reasoning;
     p.content += d.content;
-    for (const ToolCall& c : d.calls) p.calls.emplace_back(c.name, Json::parse(c.arguments));
-    return p;
+    for (const ToolCallPiece& c : d.calls) {
+        // pieces come in order: a call's first, its arguments, its last
+        if (c.first) EXPECT_TRUE(st.calls.empty() || c.index == static_cast<int>(st.calls.size()));
+        else EXPECT_EQ(c.index, static_cast<int>(st.calls.size()) - 1);
+        merge_call_piece(st.calls, c);
+        ++st.pieces;
+    }
 }
 
-Parts parse_pieces(const std::vector<std::string>& pieces, OutputFormat f, bool in_reasoning, const Json& tools) {
+Parts parse_pieces(const std::vector<std::string>& pieces, OutputFormat f, bool in_reasoning, const Json& tools,
+                   Streamed* streamed = nullptr) {
     ChatOutputParser parser(f, in_reasoning, tools, [] { return std::string("call_x"); });
     Parts p;
-    for (const std::string& s : pieces) p = collect(parser.push(s), p);
-    return collect(parser.finish(), p);
+    Streamed st;
+    for (const std::string& s : pieces) collect(parser.push(s), p, st);
+    collect(parser.finish(), p, st);
+    for (const ToolCall& c : st.calls) {
+        const Json args = Json::parse(c.arguments, nullptr, false);
+        p.calls.emplace_back(c.name, args.is_discarded() ? Json(c.arguments) : args);  // cut short: the text
+    }
+    if (streamed) *streamed = std::move(st);
+    return p;
 }
 
 /// The parts of `text` in one piece, checked to be the same for every cut.
@@ -126,6 +145,48 @@ TEST(ChatOutput, UnfinishedOrUnreadableCallsStayText) {
     p = parse_all_ways(bad, kHermes);
     EXPECT_EQ(p.content, bad);
     EXPECT_TRUE(p.calls.empty());
+}
+
+// Calls stream: the call goes out once named with its arguments begun, the
+// arguments follow as they are written, and the pieces add up to the call.
+TEST(ChatOutput, ToolCallsStreamTheirArguments) {
+    const std::string hermes = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>";
+    ChatOutputParser p(kHermes, false, kTools, [] { return std::string("call_1"); });
+    const size_t mid = hermes.find("Paris");
+    ChatDelta d = p.push(hermes.substr(0, mid));
+    ASSERT_EQ(d.calls.size(), 1u);  // out before the call ends
+    EXPECT_TRUE(d.calls[0].first);
+    EXPECT_FALSE(d.calls[0].last);
+    EXPECT_EQ(d.calls[0].id, "call_1");
+    EXPECT_EQ(d.calls[0].name, "get_weather");
+    EXPECT_EQ(d.calls[0].arguments, "{\"city\": \"");
+    Streamed st;
+    std::vector<std::string> bytes;
+    for (char c : hermes) bytes.emplace_back(1, c);
+    parse_pieces(bytes, kHermes, false, kTools, &st);
+    ASSERT_EQ(st.calls.size(), 1u);
+    EXPECT_EQ(st.calls[0].arguments, "{\"city\": \"Paris\", \"days\": 3}");  // the model's text
+    EXPECT_GT(st.pieces, 20);
+    // cut short inside the arguments: still a call, with what it has
+    const Parts cut = parse_all_ways(hermes.substr(0, mid + 3), kHermes, false, kTools);
+    ASSERT_EQ(cut.calls.size(), 1u);
+    EXPECT_EQ(cut.calls[0].second, Json("{\"city\": \"Par"));
+    EXPECT_EQ(cut.content, "");
+    // arguments before the name: out once the name is there
+    const Parts late = parse_all_ways("<tool_call>{\"arguments\": {\"x\": [1, {\"y\": \"}\"}]}, \"name\": \"f\"}</tool_call>", kHermes);
+    ASSERT_EQ(late.calls.size(), 1u);
+    EXPECT_EQ(late.calls[0], (std::pair<std::string, Json>{"f", Json::parse(R"({"x": [1, {"y": "}"}]})")}));
+    // XML: a parameter at a time, as compact JSON
+    const std::string xml = "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+                            "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    ChatOutputParser x(kQwen35, false, kTools, [] { return std::string("call_2"); });
+    d = x.push(xml.substr(0, xml.find("<parameter=days>")));
+    ASSERT_EQ(d.calls.size(), 1u);
+    EXPECT_EQ(d.calls[0].arguments, "{\"city\":\"New York\"");
+    d = x.push(xml.substr(xml.find("<parameter=days>")));
+    ASSERT_EQ(d.calls.size(), 1u);
+    EXPECT_EQ(d.calls[0].arguments, ",\"days\":3}");
+    EXPECT_TRUE(d.calls[0].last);
 }
 
 // Small models drop the tags (Qwen2.5-Coder-0.5B answers a tool request

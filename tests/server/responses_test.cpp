@@ -53,7 +53,7 @@ TEST(Responses, RefusalsNameTheField) {
               "input[0].content[0].type");
     EXPECT_EQ(param_of(R"({"input": "x", "tools": [{"type": "web_search"}]})"), "tools[0].type");
     EXPECT_EQ(param_of(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "a",
-        "schema": {"type": "string", "minLength": 3}}}})"),
+        "schema": {"type": "number", "multipleOf": 3}}}})"),
               "response_format");  // the schema's keyword named in the message
     EXPECT_EQ(param_of(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}})"), "text.format");
     EXPECT_NE(parse_responses_request(parse_body(R"({"input": "x", "text": {"format": {"type": "json_schema",
@@ -96,7 +96,9 @@ TEST(Responses, OutputItemsHistoryAndStream) {
     std::string out = s.start();
     out += s.delta(ChatDelta{"thi", "", {}});
     out += s.delta(ChatDelta{"nk", "Check", {}});
-    out += s.delta(ChatDelta{"", "ing.", c.tool_calls});
+    // the call's arguments stream in two pieces
+    out += s.delta(ChatDelta{"", "ing.", {ToolCallPiece{0, c.tool_calls[0].id, c.tool_calls[0].name, R"({"city":)", true, false}}});
+    out += s.delta(ChatDelta{"", "", {ToolCallPiece{0, "", "", R"("Paris"})", false, true}}});
     out += s.finish(c, Usage{9, 4, 0});
     std::vector<Json> evs;
     for (size_t at = 0; (at = out.find("data: ", at)) != std::string::npos;) {
@@ -112,6 +114,9 @@ TEST(Responses, OutputItemsHistoryAndStream) {
     EXPECT_EQ(done[0]["content"][0]["text"], "think");
     EXPECT_EQ(done[1]["content"][0]["text"], "Checking.");
     EXPECT_EQ(done[2]["arguments"], R"({"city":"Paris"})");
+    int arg_deltas = 0;
+    for (const Json& e : evs) arg_deltas += e["type"] == "response.function_call_arguments.delta";
+    EXPECT_EQ(arg_deltas, 2);
 }
 
 }  // namespace

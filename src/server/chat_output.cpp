@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "grammar/json_schema.h"
 
 namespace quern::server {
 
@@ -168,37 +167,6 @@ OutputFormat detect_output_format(const std::string& src) {
     else if (src.find("\"parameters\": dictionary of argument name") != std::string::npos)
         f.tools = ToolFormat::Llama3;
     return f;
-}
-
-std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::string& only, bool parallel) {
-    if (f != ToolFormat::Hermes && f != ToolFormat::Llama3)
-        fail("forcing a tool call is supported for templates that write <tool_call>{{json}}</tool_call> or Llama 3 "
-             "{{\"name\", \"parameters\"}} calls only");
-    const bool llama = f == ToolFormat::Llama3;
-    std::string rules, calls;
-    int k = 0;
-    for (const Json& t : tools) {
-        const Json* fn = t.contains("function") ? &t["function"] : &t;
-        const std::string name = fn->value("name", "");
-        if (name.empty() || (!only.empty() && name != only)) continue;
-        std::string expr;
-        rules += grammar::json_schema_rules(fn->contains("parameters") ? (*fn)["parameters"] : Json{{"type", "object"}},
-                                            "t" + std::to_string(k) + "x", expr);
-        std::string lit;  // the call's fixed start, as a GBNF literal
-        const std::string start = llama ? "{\"name\": " + Json(name).dump() + ", \"parameters\": "
-                                        : "<tool_call>\n{\"name\": " + Json(name).dump() + ", \"arguments\": ";
-        for (char c : start) {
-            if (c == '"' || c == '\\') lit += '\\';
-            lit += c == '\n' ? std::string("\\n") : std::string(1, c);
-        }
-        const std::string call = "call" + std::to_string(k++);
-        rules += call + " ::= \"" + lit + "\" " + expr + (llama ? " \"}\"\n" : " \"}\\n</tool_call>\"\n");
-        calls += (calls.empty() ? "" : " | ") + call;
-    }
-    if (calls.empty()) fail("no tool named '{}' among the request's tools", only);
-    const std::string sep = llama ? "\"; \"" : "\"\\n\"";
-    return "root ::= ( " + calls + " )" + (parallel ? " ( " + sep + " ( " + calls + " ) )*" : "") + "\n" + rules +
-           grammar::json_value_rules();
 }
 
 bool prompt_opens_think(const std::string& prompt) {

@@ -54,14 +54,6 @@ OutputFormat detect_output_format(const std::string& template_source);
 /// generation prompt ends by opening it).
 bool prompt_opens_think(const std::string& prompt);
 
-/// The grammar that makes the model call a tool (tool_choice "required",
-/// or `only` named): Hermes-format calls, one or (parallel) several, each
-/// naming one of `tools` with arguments its parameters schema accepts.
-/// quern::Error for a format this cannot force (only Hermes so far) or a
-/// schema it cannot compile.
-std::string forced_tool_call_gbnf(ToolFormat f, const nlohmann::ordered_json& tools, const std::string& only,
-                                  bool parallel);
-
 struct ToolCall {
     std::string id;
     std::string name;

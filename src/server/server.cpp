@@ -19,6 +19,7 @@
 #include "server/generation.h"
 #include "server/metrics.h"
 #include "server/responses.h"
+#include "server/tool_grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quern::server {
@@ -254,8 +255,11 @@ struct HttpServer::Impl {
                                    "tool_choice");
                 const std::string only = r.tool_choice == "required" ? "" : r.tool_choice.substr(9);
                 try {
+                    const ThinkFirst think = !r.output.think ? ThinkFirst::No
+                                             : r.prompt_in_think ? ThinkFirst::Open
+                                                                 : ThinkFirst::Optional;
                     r.grammar = grammar::Grammar::parse(
-                        forced_tool_call_gbnf(r.output.tools, r.tools, only, r.parallel_tool_calls));
+                        forced_tool_call_gbnf(r.output.tools, r.tools, only, r.parallel_tool_calls, think));
                 } catch (const Error& e) {
                     throw ApiError(400, std::string("'tool_choice' cannot be enforced: ") + e.what(), "tool_choice");
                 }

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "grammar/grammar.h"
 #include "server/chat_output.h"
+#include "server/tool_grammar.h"
 
 using namespace quern::server;
 using Json = nlohmann::ordered_json;
@@ -253,8 +254,17 @@ TEST(ChatOutput, ForcedToolCallGrammar) {
     EXPECT_FALSE(accepts(named, call));
     EXPECT_FALSE(accepts(named, ping + "\n" + ping));
     EXPECT_EQ(parse_all_ways(call, kHermes, false, tools).calls.size(), 1u);
-    EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Xml, tools, "", true), quern::Error);
+    EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::None, tools, "", true), quern::Error);
     EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Hermes, tools, "nope", true), quern::Error);
+    // A thinking model may reason first: after the block the prompt opened,
+    // or in one it opens.
+    const std::string open = forced_tool_call_gbnf(ToolFormat::Hermes, tools, "", false, ThinkFirst::Open);
+    EXPECT_TRUE(accepts(open, "The user wants a joke; I must call a tool.\n</think>\n\n" + call));
+    EXPECT_FALSE(accepts(open, call));
+    const std::string optional = forced_tool_call_gbnf(ToolFormat::Hermes, tools, "", false, ThinkFirst::Optional);
+    EXPECT_TRUE(accepts(optional, call));
+    EXPECT_TRUE(accepts(optional, "<think>\nhmm\n</think>\n" + call));
+    EXPECT_FALSE(accepts(optional, "hmm</think>" + call));
 }
 
 // Llama 3.x: a bare {"name", "parameters"} object (after <|python_tag|>, or
@@ -279,7 +289,40 @@ TEST(ChatOutput, Llama3AndMistralCalls) {
     const std::string g = forced_tool_call_gbnf(ToolFormat::Llama3, kTools, "", true);
     quern::grammar::GrammarState s(quern::grammar::Grammar::parse(g));
     EXPECT_TRUE(s.advance_bytes(R"({"name": "get_weather", "parameters": {"city": "X"}})") && s.accepting());
-    EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Mistral, kTools, "", true), quern::Error);
+    // Mistral: a JSON list (its [TOOL_CALLS] token has no text to force).
+    const std::string m = forced_tool_call_gbnf(ToolFormat::Mistral, kTools, "", true);
+    quern::grammar::GrammarState ms(quern::grammar::Grammar::parse(m));
+    const std::string list = R"([{"name": "get_weather", "arguments": {"city": "X"}}, {"name": "get_weather", "arguments": {}}])";
+    EXPECT_TRUE(ms.advance_bytes(list) && ms.accepting());
+    EXPECT_EQ(parse_all_ways(list, mistral, false, kTools).calls.size(), 2u);
+}
+
+// Qwen3.5 XML calls forced: parameters in order, required ones written,
+// strings as text and other types as JSON of their schema; what the grammar
+// writes the parser reads back typed.
+TEST(ChatOutput, ForcedXmlToolCalls) {
+    const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "units": {"type": "string", "enum": ["C", "F"]}}, "required": ["city", "days"]}}}])");
+    const std::string g = forced_tool_call_gbnf(ToolFormat::Xml, tools, "", false, ThinkFirst::Open);
+    const auto accepts = [&](const std::string& text) {
+        quern::grammar::GrammarState s(quern::grammar::Grammar::parse(g));
+        return s.advance_bytes(text) && s.accepting();
+    };
+    const std::string call = "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+                             "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    EXPECT_TRUE(accepts("Need the weather.\n</think>\n\n" + call));
+    EXPECT_FALSE(accepts("x</think>" + std::string(call).replace(call.find("3\n"), 1, "9")));  // days above 7
+    EXPECT_FALSE(accepts("x</think><tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"));
+    const std::string units = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+                              "<parameter=days>\n1\n</parameter>\n<parameter=units>\nC\n</parameter>\n</function>\n</tool_call>";
+    EXPECT_TRUE(accepts("</think>" + units));
+    const Parts p = parse_all_ways("x\n</think>\n\n" + units, kQwen35, true, tools);
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "Oslo", "days": 1, "units": "C"})"));
+    const Json bad = Json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}}}])");
+    EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Xml, bad, "", false), quern::Error);
 }
 
 // The real templates of the families covered.

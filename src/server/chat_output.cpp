@@ -12,6 +12,38 @@ using Json = nlohmann::ordered_json;
 
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 constexpr std::string_view kToolOpen = "<tool_call>", kToolClose = "</tool_call>";
+// DeepSeek V3 / R1 / V3.1: each call between these, the list between the
+// wrappers (dropped from the content); the name and arguments either side of
+// the separator.
+constexpr std::string_view kDsCallOpen = "<｜tool▁call▁begin｜>", kDsCallClose = "<｜tool▁call▁end｜>",
+                           kDsSep = "<｜tool▁sep｜>", kDsListOpen = "<｜tool▁calls▁begin｜>",
+                           kDsListClose = "<｜tool▁calls▁end｜>";
+// DeepSeek V4 (DSML): <｜DSML｜invoke name="NAME"> parameters </｜DSML｜invoke>.
+constexpr std::string_view kDsmlOpen = "<｜DSML｜invoke", kDsmlClose = "</｜DSML｜invoke>",
+                           kDsmlListOpen = "<｜DSML｜tool_calls>", kDsmlListClose = "</｜DSML｜tool_calls>",
+                           kDsmlParam = "<｜DSML｜parameter", kDsmlParamEnd = "</｜DSML｜parameter>";
+
+/// What opens and closes one call in format f, and the wrappers around a
+/// list of calls (dropped).
+struct CallMarkers {
+    std::string_view open, close;
+    std::vector<std::string_view> wrappers;
+};
+CallMarkers markers_of(ToolFormat f) {
+    if (f == ToolFormat::DeepSeek) return {kDsCallOpen, kDsCallClose, {kDsListOpen, kDsListClose}};
+    if (f == ToolFormat::Dsml) return {kDsmlOpen, kDsmlClose, {kDsmlListOpen, kDsmlListClose}};
+    return {kToolOpen, kToolClose, {}};
+}
+
+/// The value of attribute `key` in a tag's text (key="value"), or npos.
+std::string_view attribute(std::string_view tag, std::string_view key) {
+    const std::string pat = std::string(key) + "=\"";
+    const size_t a = tag.find(pat);
+    if (a == std::string_view::npos) return {};
+    const size_t b = tag.find('"', a + pat.size());
+    if (b == std::string_view::npos) return {};
+    return tag.substr(a + pat.size(), b - a - pat.size());
+}
 
 std::string_view trim(std::string_view s) {
     const auto ws = [](char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; };
@@ -158,7 +190,11 @@ void merge_call_piece(std::vector<ToolCall>& calls, const ToolCallPiece& p) {
 OutputFormat detect_output_format(const std::string& src) {
     OutputFormat f;
     f.think = src.find(kThinkOpen) != std::string::npos;
-    if (src.find("<function=") != std::string::npos && src.find("<parameter=") != std::string::npos)
+    if (src.find("｜DSML｜") != std::string::npos)
+        f.tools = ToolFormat::Dsml;
+    else if (src.find(kDsCallOpen) != std::string::npos)
+        f.tools = ToolFormat::DeepSeek;
+    else if (src.find("<function=") != std::string::npos && src.find("<parameter=") != std::string::npos)
         f.tools = ToolFormat::Xml;
     else if (src.find(kToolOpen) != std::string::npos)
         f.tools = ToolFormat::Hermes;
@@ -217,7 +253,8 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
         }
         // The answer's first character decides whether it may be bare JSON
         // tool calls (the request has tools and the model writes Hermes JSON).
-        if (mode_ == Mode::Content && !answer_started_ && f_.tools != ToolFormat::None && f_.tools != ToolFormat::Xml &&
+        if (mode_ == Mode::Content && !answer_started_ &&
+            (f_.tools == ToolFormat::Hermes || f_.tools == ToolFormat::Llama3 || f_.tools == ToolFormat::Mistral) &&
             tools_.is_array() && !tools_.empty()) {
             const size_t lead = buf.find_first_not_of(" \t\r\n");
             if (lead == std::string::npos) break;  // only whitespace so far: wait
@@ -239,26 +276,28 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
                 break;
             }
         }
+        const CallMarkers cm = markers_of(f_.tools);
         if (mode_ == Mode::Tool) {
-            const size_t from = tool_.size() >= kToolClose.size() ? tool_.size() - (kToolClose.size() - 1) : 0;
+            const size_t from = tool_.size() >= cm.close.size() ? tool_.size() - (cm.close.size() - 1) : 0;
             tool_ += buf;
             buf.clear();
-            const size_t e = tool_.find(kToolClose, from);
+            const size_t e = tool_.find(cm.close, from);
             if (e == std::string::npos) {
                 // Not closed yet: what can stream goes out (a closing tag's
                 // start held back).
-                const size_t hold = partial_marker(tool_, {kToolClose});
+                const size_t hold = partial_marker(tool_, {cm.close});
                 stream_call(d, std::string_view(tool_).substr(0, tool_.size() - hold), false);
                 break;
             }
-            buf = tool_.substr(e + kToolClose.size());
+            buf = tool_.substr(e + cm.close.size());
             const std::string body = tool_.substr(0, e);
             tool_.clear();
             std::string name, args;
+            bool built = false;
             ToolCall call;
-            if (streaming_ || call_progress(body, name, args)) stream_call(d, body, true);
+            if (streaming_ || call_progress(body, name, args, built)) stream_call(d, body, true);
             else if (parse_call(body, call)) add_call(d, std::move(call));
-            else emit(d, Mode::Content, std::string(kToolOpen) + body + std::string(kToolClose));
+            else emit(d, Mode::Content, std::string(cm.open) + body + std::string(cm.close));
             mode_ = Mode::Content;
             trim_next_ = true;
             continue;
@@ -268,7 +307,10 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
             markers.push_back(kThinkClose);
         } else {
             if (f_.think) markers.push_back(kThinkOpen);
-            if (f_.tools != ToolFormat::None) markers.push_back(kToolOpen);
+            if (f_.tools != ToolFormat::None) {
+                markers.push_back(cm.open);
+                markers.insert(markers.end(), cm.wrappers.begin(), cm.wrappers.end());
+            }
         }
         size_t at = std::string::npos;
         std::string_view which;
@@ -287,6 +329,10 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
         }
         emit(d, mode_, std::string_view(buf).substr(0, at));
         buf.erase(0, at + which.size());
+        if (std::find(cm.wrappers.begin(), cm.wrappers.end(), which) != cm.wrappers.end()) {
+            trim_next_ = true;  // a list's wrapper: dropped
+            continue;
+        }
         if (which == kThinkOpen) mode_ = Mode::Reasoning;
         else if (which == kThinkClose) mode_ = Mode::Content;
         else mode_ = Mode::Tool;
@@ -312,7 +358,7 @@ ChatDelta ChatOutputParser::finish() {
         // Cut short: a call that has gone out ends with what it has; one
         // that has not stays text.
         if (streaming_) stream_call(d, tool_ + held_, true);
-        else emit(d, Mode::Content, std::string(kToolOpen) + tool_ + held_);
+        else emit(d, Mode::Content, std::string(markers_of(f_.tools).open) + tool_ + held_);
         tool_.clear();
         mode_ = Mode::Content;
     } else {
@@ -425,8 +471,55 @@ bool ChatOutputParser::parse_call(const std::string& raw, ToolCall& call) const 
     return true;
 }
 
-bool ChatOutputParser::call_progress(std::string_view raw, std::string& name, std::string& args) const {
+bool ChatOutputParser::call_progress(std::string_view raw, std::string& name, std::string& args, bool& built) const {
     const std::string_view body = trim(raw);
+    built = false;
+    if (f_.tools == ToolFormat::DeepSeek) {
+        // V3 / R1: function<sep>NAME\n```json\nARGS\n```; V3.1: NAME<sep>ARGS.
+        const size_t sep = body.find(kDsSep);
+        if (sep == std::string_view::npos) return false;
+        std::string_view left = trim(body.substr(0, sep)), right = body.substr(sep + kDsSep.size());
+        if (left == "function") {
+            const size_t nl = right.find('\n');
+            if (nl == std::string_view::npos) return false;
+            left = trim(right.substr(0, nl));
+            right = trim(right.substr(nl + 1));
+            if (right.starts_with("```")) {
+                const size_t fence = right.find('\n');
+                if (fence == std::string_view::npos) return false;
+                right = right.substr(fence + 1);
+            }
+        }
+        right = trim(right);
+        if (left.empty() || right.empty() || right.front() != '{') return false;
+        name = std::string(left);
+        const size_t end = json_value_end(right, 0);
+        args = std::string(right.substr(0, end));
+        return true;
+    }
+    if (f_.tools == ToolFormat::Dsml) {
+        // name="NAME"> then whole <｜DSML｜parameter name="P" string="true|false">VALUE</｜DSML｜parameter>.
+        const size_t gt = body.find('>');
+        if (gt == std::string_view::npos) return false;
+        name = std::string(attribute(body.substr(0, gt), "name"));
+        if (name.empty()) return false;
+        built = true;
+        args = "{";
+        std::string_view rest = body.substr(gt + 1);
+        for (bool first = true;; first = false) {
+            rest = trim(rest);
+            if (!rest.starts_with(kDsmlParam)) break;
+            const size_t pg = rest.find('>'), pe = rest.find(kDsmlParamEnd);
+            if (pg == std::string_view::npos || pe == std::string_view::npos || pe < pg) break;
+            const std::string_view tag = rest.substr(0, pg), value = rest.substr(pg + 1, pe - pg - 1);
+            Json v(Json::value_t::discarded);
+            if (attribute(tag, "string") != "true") v = Json::parse(value, nullptr, false);
+            args += (first ? "" : ",") + Json(std::string(attribute(tag, "name"))).dump() + ":" +
+                    (v.is_discarded() ? Json(std::string(value)) : v).dump();
+            rest = rest.substr(pe + kDsmlParamEnd.size());
+        }
+        return true;
+    }
     if (f_.tools == ToolFormat::Hermes || (!body.empty() && body.front() == '{')) return json_call_progress(raw, name, args);
     // <function=NAME> then whole <parameter=P>VALUE</parameter> elements,
     // as compact JSON members (what parse_call's dump writes).
@@ -436,6 +529,7 @@ bool ChatOutputParser::call_progress(std::string_view raw, std::string& name, st
     if (gt == std::string_view::npos) return false;
     name = std::string(trim(body.substr(kFn.size(), gt - kFn.size())));
     if (name.empty()) return false;
+    built = true;
     args = "{";
     std::string_view rest = body.substr(gt + 1);
     for (bool first = true;; first = false) {
@@ -452,7 +546,8 @@ bool ChatOutputParser::call_progress(std::string_view raw, std::string& name, st
 
 void ChatOutputParser::stream_call(ChatDelta& d, std::string_view body, bool end) {
     std::string name, args;
-    const bool ok = call_progress(body, name, args);
+    bool built = false;
+    const bool ok = call_progress(body, name, args, built);
     if (!streaming_) {
         if (!ok) return;
         streaming_ = true;
@@ -464,8 +559,7 @@ void ChatOutputParser::stream_call(ChatDelta& d, std::string_view body, bool end
         p.first = true;
         d.calls.push_back(std::move(p));
     }
-    const bool xml = !(f_.tools == ToolFormat::Hermes || (!trim(body).empty() && trim(body).front() == '{'));
-    if (end && xml) args += "}";
+    if (end && built) args += "}";
     const auto piece = [&]() -> ToolCallPiece& {
         if (d.calls.empty() || d.calls.back().index != n_calls_ || d.calls.back().last) {
             ToolCallPiece p;

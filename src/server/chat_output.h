@@ -36,8 +36,13 @@ namespace quern::server {
 /// Hermes: <tool_call>{json}</tool_call> (Qwen2.5, Qwen3, Hermes); Xml:
 /// Qwen3-Coder / Qwen3.5; Llama3: a bare {"name", "parameters"} object,
 /// maybe after <|python_tag|>; Mistral: [TOOL_CALLS] then a JSON list of
-/// {"name", "arguments"} (the marker is a control token the text may lack).
-enum class ToolFormat { None, Hermes, Xml, Llama3, Mistral };
+/// {"name", "arguments"} (the marker is a control token the text may lack);
+/// DeepSeek: V3 / R1 <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+/// ```json ARGS ```<｜tool▁call▁end｜> and V3.1 NAME<｜tool▁sep｜>ARGS, within
+/// <｜tool▁calls▁begin｜> … <｜tool▁calls▁end｜>; Dsml: DeepSeek V4's
+/// <｜DSML｜invoke name="NAME"><｜DSML｜parameter name="P" string="true|false">
+/// VALUE</｜DSML｜parameter></｜DSML｜invoke>.
+enum class ToolFormat { None, Hermes, Xml, Llama3, Mistral, DeepSeek, Dsml };
 
 /// What a model writes besides its answer, as its chat template shows it.
 struct OutputFormat {
@@ -105,7 +110,9 @@ private:
     /// How far the open call's body has come: its name once written and
     /// its arguments' JSON text so far, or false before both have begun (or
     /// when its arguments cannot stream).
-    bool call_progress(std::string_view body, std::string& name, std::string& args) const;
+    /// `built`: the arguments are assembled here (XML parameters), so the
+    /// call's end adds the closing brace.
+    bool call_progress(std::string_view body, std::string& name, std::string& args, bool& built) const;
     /// Sends what is new of the open call (its first piece once it can
     /// stream, then its arguments). `end`: the body is whole; the call ends.
     void stream_call(ChatDelta& d, std::string_view body, bool end);

@@ -33,8 +33,10 @@ Json parameters_of(const Json& fn) {
 constexpr const char* kXmlText = "( [^<] | \"<\" [^/] )*";
 
 /// GBNF for the XML parameters of `params` (an object schema): each as
-/// <parameter=P>\nVALUE\n</parameter>\n, in order, required ones always.
-std::string xml_parameters(const Json& params, const std::string& prefix, std::string& rules) {
+/// <parameter=P>\nVALUE\n</parameter>\n (DSML: <｜DSML｜parameter name="P"
+/// string="true|false">VALUE</｜DSML｜parameter>\n), in order, required
+/// ones always.
+std::string xml_parameters(const Json& params, const std::string& prefix, std::string& rules, bool dsml) {
     if (!params.contains("properties")) return "";
     std::set<std::string> required;
     if (params.contains("required") && params["required"].is_array())
@@ -67,7 +69,10 @@ std::string xml_parameters(const Json& params, const std::string& prefix, std::s
             value = expr;
         }
         const std::string member = path + "m";
-        rules += member + " ::= " + lit("<parameter=" + name + ">\n") + " " + value + " " + lit("\n</parameter>\n") + "\n";
+        const std::string open = dsml ? "<｜DSML｜parameter name=\"" + name + "\" string=\"" + (plain_string ? "true" : "false") + "\">"
+                                      : "<parameter=" + name + ">\n";
+        const std::string close = dsml ? "</｜DSML｜parameter>\n" : "\n</parameter>\n";
+        rules += member + " ::= " + lit(open) + " " + value + " " + lit(close) + "\n";
         seq += (seq.empty() ? "" : " ") + member + (required.count(name) ? "" : "?");
     }
     return seq;
@@ -86,10 +91,17 @@ std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::st
         if (name.empty() || (!only.empty() && name != only)) continue;
         const std::string prefix = "t" + std::to_string(k);
         const std::string call = "call" + std::to_string(k++);
-        if (f == ToolFormat::Xml) {
-            const std::string params = xml_parameters(parameters_of(fn), prefix, rules);
-            rules += call + " ::= " + lit("<tool_call>\n<function=" + name + ">\n") + " " + params + " " +
-                     lit("</function>\n</tool_call>") + "\n";
+        if (f == ToolFormat::Xml || f == ToolFormat::Dsml) {
+            const bool dsml = f == ToolFormat::Dsml;
+            const std::string params = xml_parameters(parameters_of(fn), prefix, rules, dsml);
+            rules += call + " ::= " +
+                     lit(dsml ? "<｜DSML｜invoke name=\"" + name + "\">\n" : "<tool_call>\n<function=" + name + ">\n") + " " +
+                     params + " " + lit(dsml ? "</｜DSML｜invoke>" : "</function>\n</tool_call>") + "\n";
+        } else if (f == ToolFormat::DeepSeek) {  // the V3 / R1 form
+            std::string args;
+            rules += grammar::json_schema_rules(parameters_of(fn), prefix + "x", args);
+            rules += call + " ::= " + lit("<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name + "\n```json\n") + " " + args + " " +
+                     lit("\n```<｜tool▁call▁end｜>") + "\n";
         } else {
             std::string args;
             rules += grammar::json_schema_rules(parameters_of(fn), prefix + "x", args);
@@ -102,9 +114,11 @@ std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::st
         calls += (calls.empty() ? "" : " | ") + call;
     }
     if (calls.empty()) fail("no tool named '{}' among the request's tools", only);
-    const std::string sep = f == ToolFormat::Llama3 ? "\"; \"" : f == ToolFormat::Mistral ? "\", \"" : "\"\\n\"";
+    const std::string sep = f == ToolFormat::Llama3 ? "\"; \"" : f == ToolFormat::Mistral ? "\", \"" : f == ToolFormat::DeepSeek ? "\"\"" : "\"\\n\"";
     std::string body = "( " + calls + " )" + (parallel ? " ( " + sep + " ( " + calls + " ) )*" : "");
     if (f == ToolFormat::Mistral) body = "\"[\" " + body + " \"]\"";
+    if (f == ToolFormat::DeepSeek) body = lit("<｜tool▁calls▁begin｜>") + " " + body + " " + lit("<｜tool▁calls▁end｜>");
+    if (f == ToolFormat::Dsml) body = lit("<｜DSML｜tool_calls>\n") + " " + body + " " + lit("\n</｜DSML｜tool_calls>");
     // Reasoning first, for models that think: anything but "</" up to the
     // block's end.
     const std::string reasoning = std::string(kXmlText) + " \"</think>\" [ \\n]*";

@@ -8,7 +8,13 @@
 //     the parameters in the schema's order, the required ones always
 //     written; string values as plain text, others as JSON of their schema;
 //   - Mistral: [{"name": NAME, "arguments": ARGS}, …] (the [TOOL_CALLS]
-//     control token has no text to force; the list reads as calls without it).
+//     control token has no text to force; the list reads as calls without it);
+//   - DeepSeek (V3 / R1 form): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function
+//     <｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>;
+//   - DSML (DeepSeek V4): <｜DSML｜tool_calls> <｜DSML｜invoke name="NAME"> with
+//     XML-like parameters (string="true" for text, "false" for JSON).
+// These markers are forced as text: a vocabulary must spell them (DeepSeek's
+// are ordinary added tokens).
 // ARGS is JSON its parameters schema accepts (json_schema.h). Models that
 // think may reason first: when the prompt opened a <think> block the grammar
 // lets it close; a template that thinks lets the model open one.

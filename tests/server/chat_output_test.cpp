@@ -325,6 +325,50 @@ TEST(ChatOutput, ForcedXmlToolCalls) {
     EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Xml, bad, "", false), quern::Error);
 }
 
+// DeepSeek: V3 / R1 calls (name after "function", arguments in a ```json
+// fence), V3.1 (name<sep>arguments), V4's DSML invokes; the list wrappers
+// are not content, and forced calls read back.
+TEST(ChatOutput, DeepSeekCalls) {
+    const OutputFormat ds{true, ToolFormat::DeepSeek}, dsml{true, ToolFormat::Dsml};
+    Parts p = parse_all_ways(
+        "<think>\nThe user wants weather.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+        "```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        "{\"city\": \"Rome\", \"days\": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ds, false, kTools);
+    EXPECT_EQ(p.reasoning, "The user wants weather.\n");
+    EXPECT_EQ(p.content, "");
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0], (std::pair<std::string, Json>{"get_weather", Json::parse(R"({"city": "Paris"})")}));
+    EXPECT_EQ(p.calls[1].second, Json::parse(R"({"city": "Rome", "days": 2})"));
+    p = parse_all_ways("Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}"
+                       "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                       ds, false, kTools);
+    EXPECT_EQ(p.content, "Let me check.");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "Oslo"})"));
+    p = parse_all_ways("On it.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                       "<｜DSML｜parameter name=\"city\" string=\"true\">New York</｜DSML｜parameter>\n"
+                       "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+                       "<｜DSML｜invoke name=\"get_weather\">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+                       dsml, false, kTools);
+    EXPECT_EQ(p.content, "On it.\n\n");
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "New York", "days": 3})"));
+    EXPECT_EQ(p.calls[1].second, Json::object());
+    // forced calls in both forms are read back
+    for (const OutputFormat& f : {ds, dsml}) {
+        const std::string g = forced_tool_call_gbnf(f.tools, kTools, "", true, ThinkFirst::Open);
+        const std::string call = f.tools == ToolFormat::DeepSeek
+            ? "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Lima\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            : "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Lima</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        quern::grammar::GrammarState st(quern::grammar::Grammar::parse(g));
+        EXPECT_TRUE(st.advance_bytes("ok\n</think>\n\n" + call) && st.accepting()) << call;
+        const Parts back = parse_all_ways("ok\n</think>\n\n" + call, f, true, kTools);
+        ASSERT_EQ(back.calls.size(), 1u);
+        EXPECT_EQ(back.calls[0].second, Json::parse(R"({"city": "Lima"})"));
+    }
+}
+
 // The real templates of the families covered.
 TEST(ChatOutput, FormatsOfTheRealTemplates) {
     const auto of = [](const std::string& name) {
@@ -347,6 +391,11 @@ TEST(ChatOutput, FormatsOfTheRealTemplates) {
     EXPECT_EQ(of("meta-llama-Llama-3.1-8B-Instruct.jinja").tools, ToolFormat::Llama3);
     EXPECT_EQ(of("meta-llama-Llama-3.2-3B-Instruct.jinja").tools, ToolFormat::Llama3);
     EXPECT_EQ(of("mistralai-Mistral-Nemo-Instruct-2407.jinja").tools, ToolFormat::Mistral);
+    EXPECT_EQ(of("deepseek-ai-DeepSeek-V3.1.jinja").tools, ToolFormat::DeepSeek);
+    EXPECT_EQ(of("llama-cpp-deepseek-r1.jinja").tools, ToolFormat::DeepSeek);
+    EXPECT_EQ(of("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").tools, ToolFormat::DeepSeek);
+    EXPECT_EQ(of("deepseek-ai-DeepSeek-V4.jinja").tools, ToolFormat::Dsml);
+    EXPECT_TRUE(of("deepseek-ai-DeepSeek-V4.jinja").think);
 }
 
 }  // namespace

@@ -88,10 +88,18 @@ std::string json_chars(const Ranges& set) {
     return out + " )";
 }
 
+/// GBNF for one character of `set` as itself (plain text).
+std::string text_chars(const Ranges& set) {
+    std::string cls;
+    for (const auto& [lo, hi] : normalized(set)) cls += gbnf_char(lo) + (hi > lo ? "-" + gbnf_char(hi) : "");
+    if (cls.empty()) fail("pattern: a character class that matches no character");
+    return "[" + cls + "]";
+}
+
 /// Recursive descent over the pattern, writing GBNF as it goes.
 class RegexParser {
 public:
-    explicit RegexParser(std::string_view p) : p_(p) {}
+    RegexParser(std::string_view p, RegexTarget target) : p_(p), target_(target) {}
 
     std::string run() {
         bool start = false, end = false;
@@ -110,12 +118,14 @@ public:
         int alternatives = 0;
         const std::string body = alternation(alternatives);
         if (i_ < p_.size()) refuse("an unmatched ')'");
-        if ((start || end) && alternatives > 1)
+        if ((start || end) && alternatives > 1 && target_ == RegexTarget::JsonString)
             refuse("anchors around a top-level alternation (write ^(a|b)$ for either whole string)");
+        if (target_ == RegexTarget::Text) return "( " + body + " )";  // matched whole
         return std::string(start ? "" : "char* ") + "( " + body + " )" + (end ? "" : " char*");
     }
 
 private:
+    std::string chars(const Ranges& set) const { return target_ == RegexTarget::Text ? text_chars(set) : json_chars(set); }
     [[noreturn]] void refuse(const std::string& what) const {
         fail("pattern '{}': {} at offset {} is not supported", std::string(p_), what, i_);
     }
@@ -323,28 +333,29 @@ private:
         }
         if (c == '[') {
             ++i_;
-            return json_chars(bracket());
+            return chars(bracket());
         }
         if (c == '.') {
             ++i_;
-            return json_chars(complement(kLineEnds));
+            return chars(complement(kLineEnds));
         }
         if (c == '\\') {
             ++i_;
-            return json_chars(escape(false));
+            return chars(escape(false));
         }
         if (c == '^' || c == '$') refuse(std::string("the anchor '") + c + "' inside the pattern");
         if (c == '*' || c == '+' || c == '?') refuse("a quantifier with nothing before it");
         const uint32_t cp = utf8();
-        return json_chars({{cp, cp}});
+        return chars({{cp, cp}});
     }
 
     std::string_view p_;
+    RegexTarget target_;
     size_t i_ = 0;
 };
 
 }  // namespace
 
-std::string regex_to_gbnf(std::string_view pattern) { return RegexParser(pattern).run(); }
+std::string regex_to_gbnf(std::string_view pattern, RegexTarget target) { return RegexParser(pattern, target).run(); }
 
 }  // namespace quern::grammar

@@ -21,9 +21,14 @@
 
 namespace quern::grammar {
 
-/// A GBNF expression (using the `char` rule of json_value_rules for
-/// unanchored ends) matching the JSON-string texts described above.
-/// quern::Error naming the unsupported construct and its offset.
-std::string regex_to_gbnf(std::string_view pattern);
+/// What the expression writes: the inside of a JSON string (escaped, a
+/// search as JSON Schema's `pattern` is), or plain text matching the pattern
+/// whole (vLLM's guided_regex; ^ and $ change nothing).
+enum class RegexTarget { JsonString, Text };
+
+/// A GBNF expression matching the texts described above (JsonString: using
+/// the `char` rule of json_value_rules for unanchored ends). quern::Error
+/// naming the unsupported construct and its offset.
+std::string regex_to_gbnf(std::string_view pattern, RegexTarget target = RegexTarget::JsonString);
 
 }  // namespace quern::grammar

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "grammar/json_schema.h"
+#include "grammar/regex.h"
 
 #include <fmt/format.h>
 
@@ -102,12 +103,10 @@ std::string get_string(const Json& body, const char* name) {
 /// this server does not implement (yet): refused by name, never ignored.
 void refuse_unimplemented(const Json& body) {
     static const std::pair<const char*, const char*> kFields[] = {
-        {"guided_json", "structured output needs constrained decoding, which this server does not have yet"},
-        {"guided_regex", "structured output needs constrained decoding, which this server does not have yet"},
-        {"guided_choice", "structured output needs constrained decoding, which this server does not have yet"},
-        {"guided_grammar", "structured output needs constrained decoding, which this server does not have yet"},
-        {"structured_outputs", "structured output needs constrained decoding, which this server does not have yet"},
-        {"json_schema", "structured output needs constrained decoding, which this server does not have yet"},
+        {"json_schema", "a top-level 'json_schema' is not a field of this API; send 'response_format' "
+                        "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}"},
+        {"guided_whitespace_pattern", "a custom whitespace pattern is not supported"},
+        {"guided_decoding_backend", "this server has one constrained-decoding engine; leave 'guided_decoding_backend' out"},
         {"functions", "the legacy 'functions' field is not supported; send 'tools'"},
         {"function_call", "the legacy 'function_call' field is not supported; send 'tool_choice'"},
         {"logits_processors", "custom logits processors are not supported"},
@@ -126,12 +125,73 @@ void refuse_unimplemented(const Json& body) {
     }
 }
 
-/// Constrained decoding: response_format json_object (an object), or a
-/// GBNF grammar (grammar/grammar.h); not both.
+/// vLLM's constrained-decoding fields (guided_json / guided_regex /
+/// guided_choice / guided_grammar, or structured_outputs with json / regex /
+/// choice / grammar) as a grammar; null when none is given. `name`: the
+/// field, for errors.
+std::shared_ptr<const grammar::Grammar> guided_grammar(const Json& body, std::string& name) {
+    std::vector<std::pair<std::string, const Json*>> given;
+    for (const char* k : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"})
+        if (const Json* v = field(body, k)) given.emplace_back(k, v);
+    if (const Json* so = field(body, "structured_outputs")) {
+        if (!so->is_object()) bad("structured_outputs", "'structured_outputs' must be an object");
+        for (const auto& [k, v] : so->items()) {
+            if (k != "json" && k != "regex" && k != "choice" && k != "grammar")
+                bad("structured_outputs." + k, fmt::format("'structured_outputs.{}' is not supported (json, regex, choice "
+                                                           "and grammar are)", k));
+            given.emplace_back("structured_outputs." + k, &v);
+        }
+    }
+    if (given.empty()) return nullptr;
+    if (given.size() > 1) bad(given[1].first, fmt::format("give one of '{}' and '{}', not both", given[0].first, given[1].first));
+    name = given[0].first;
+    const Json& v = *given[0].second;
+    const std::string kind = name.substr(name.find_last_of("_.") + 1);
+    try {
+        if (kind == "json") {
+            const Json schema = v.is_string() ? Json::parse(v.get<std::string>(), nullptr, false) : v;
+            if (!schema.is_object() && !schema.is_boolean()) bad(name, fmt::format("'{}' must be a JSON schema", name));
+            return grammar::json_schema_grammar(schema);
+        }
+        if (kind == "regex") {
+            if (!v.is_string()) bad(name, fmt::format("'{}' must be a regular expression", name));
+            return grammar::Grammar::parse("root ::= " + grammar::regex_to_gbnf(v.get<std::string>(), grammar::RegexTarget::Text));
+        }
+        if (kind == "choice") {
+            if (!v.is_array() || v.empty()) bad(name, fmt::format("'{}' must be a non-empty list of strings", name));
+            std::string alts;
+            for (const Json& c : v) {
+                if (!c.is_string()) bad(name, fmt::format("'{}' must be a non-empty list of strings", name));
+                std::string lit = "\"";
+                for (char ch : c.get<std::string>()) {
+                    if (ch == '"' || ch == '\\') lit += '\\';
+                    lit += ch == '\n' ? std::string("\\n") : ch == '\r' ? std::string("\\r") : std::string(1, ch);
+                }
+                alts += (alts.empty() ? "" : " | ") + lit + "\"";
+            }
+            return grammar::Grammar::parse("root ::= " + alts);
+        }
+        if (!v.is_string()) bad(name, fmt::format("'{}' must be a string of GBNF rules with a 'root' rule", name));
+        return grammar::Grammar::parse(v.get<std::string>());
+    } catch (const quern::Error& e) {
+        bad(name, fmt::format("'{}': {}", name, e.what()));
+    }
+}
+
+/// Constrained decoding: response_format json_object (an object) or
+/// json_schema, a GBNF grammar (grammar/grammar.h), or vLLM's guided fields;
+/// one of them.
 void parse_grammar(const Json& body, ApiRequest& r) {
     const Json* rf = field(body, "response_format");
     const std::string rf_type = rf && rf->is_object() ? rf->value("type", "") : "";
     const bool json_object = rf_type == "json_object" || rf_type == "json_schema";
+    std::string guided;
+    if (auto g = guided_grammar(body, guided)) {
+        if (json_object || field(body, "grammar"))
+            bad(guided, fmt::format("give '{}' or 'response_format' / 'grammar', not both", guided));
+        r.grammar = std::move(g);
+        return;
+    }
     if (const Json* g = field(body, "grammar")) {
         if (!g->is_string()) bad("grammar", "'grammar' must be a string of GBNF rules with a 'root' rule");
         if (json_object) bad("grammar", "give 'grammar' or 'response_format' json_object, not both");

@@ -5,6 +5,8 @@
 // n choices and their seeds, usage).
 #include <gtest/gtest.h>
 
+#include "grammar/grammar.h"
+
 #include <cmath>
 #include <random>
 
@@ -229,11 +231,12 @@ TEST(ServerApi, UnimplementedOutputFieldsAreRefusedByName) {
     const std::vector<std::pair<std::string, std::string>> fields = {
         {"response_format", R"({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "string", "pattern": "(?=a)b"}}})"},
         {"response_format", R"({"type": "json_schema"})"},
-        {"guided_json", R"({"type": "object"})"},
-        {"guided_regex", R"("a+")"},
-        {"guided_choice", R"(["a", "b"])"},
-        {"guided_grammar", R"("root ::= \"a\"")"},
-        {"structured_outputs", R"({"json": {}})"},
+        {"guided_json", R"({"type": "number", "multipleOf": 2})"},
+        {"guided_regex", R"("(?=a)b")"},
+        {"guided_choice", R"([])"},
+        {"guided_grammar", R"("root ::= missing")"},
+        {"guided_whitespace_pattern", R"("[ ]*")"},
+        {"guided_decoding_backend", R"("xgrammar")"},
         {"grammar", R"("root ::= undefined-rule")"},
         {"grammar", R"(42)"},
         {"json_schema", R"({})"},
@@ -255,6 +258,36 @@ TEST(ServerApi, UnimplementedOutputFieldsAreRefusedByName) {
                 EXPECT_EQ(e.status, 400);
                 EXPECT_EQ(e.param, name) << e.what();
             }
+        }
+    }
+    // vLLM's guided fields: each a grammar; structured_outputs' other kinds
+    // refused by name; two at once refused
+    for (const char* f : {R"("guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}})",
+                          R"("guided_json": "{\"type\": \"string\"}")", R"("guided_regex": "[a-c]{2}x?")",
+                          R"("guided_choice": ["yes", "no \"maybe\""])", R"("guided_grammar": "root ::= \"a\"+")",
+                          R"("structured_outputs": {"choice": ["a", "b"]})", R"("structured_outputs": {"regex": "\\d+"})"}) {
+        const ApiRequest r = chat_req(std::string(R"({"messages": [{"role": "user", "content": "x"}], )") + f + "}");
+        EXPECT_TRUE(r.grammar) << f;
+    }
+    const auto accepts = [&](const std::string& f, const std::string& text) {
+        const ApiRequest r = chat_req(std::string(R"({"messages": [{"role": "user", "content": "x"}], )") + f + "}");
+        grammar::GrammarState st(r.grammar);
+        return st.advance_bytes(text) && st.accepting();
+    };
+    EXPECT_TRUE(accepts(R"("guided_regex": "[a-c]{2}x?")", "abx"));
+    EXPECT_FALSE(accepts(R"("guided_regex": "[a-c]{2}x?")", "abxx"));  // matched whole
+    EXPECT_TRUE(accepts(R"("guided_choice": ["yes", "no \"maybe\""])", "no \"maybe\""));
+    EXPECT_FALSE(accepts(R"("guided_choice": ["yes", "no"])", "yesno"));
+    EXPECT_TRUE(accepts(R"("guided_json": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})", R"({"a": 5})"));
+    for (const auto& [f, param] : std::vector<std::pair<std::string, std::string>>{
+             {R"("structured_outputs": {"json_object": true})", "structured_outputs.json_object"},
+             {R"("guided_regex": "a", "guided_choice": ["a"])", "guided_choice"},
+             {R"("guided_regex": "a", "response_format": {"type": "json_object"})", "guided_regex"}}) {
+        try {
+            chat_req(std::string(R"({"messages": [{"role": "user", "content": "x"}], )") + f + "}");
+            ADD_FAILURE() << f << " accepted";
+        } catch (const ApiError& e) {
+            EXPECT_EQ(e.param, param) << e.what();
         }
     }
     // and what changes nothing or is implemented is accepted

@@ -91,6 +91,15 @@ Json usage_of(const Usage& u) {
 }  // namespace
 
 ApiRequest parse_messages_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults, bool count_only) {
+    // Fields that would change the output and are not implemented: refused
+    // by name (those that change nothing here are accepted).
+    static const std::pair<const char*, const char*> kRefused[] = {
+        {"mcp_servers", "this server connects to no MCP servers; send client tools"},
+        {"container", "this server runs no code-execution container"},
+        {"context_management", "context editing is not supported; send the context to use"},
+    };
+    for (const auto& [name, why] : kRefused)
+        if (body.contains(name) && !body[name].is_null()) bad(name, fmt::format("'{}': {}", name, why));
     Json oa = Json::object();  // the same request in the chat API's terms
     if (body.contains("model")) oa["model"] = body["model"];
     Json msgs = Json::array();

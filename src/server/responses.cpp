@@ -125,6 +125,19 @@ Json base_object(const ResponseMeta& m, const char* status, const std::string& p
 
 ApiRequest parse_responses_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults,
                                    const Json* history) {
+    // Fields that would change the output and are not implemented: refused
+    // by name (those that change nothing here are accepted).
+    static const std::pair<const char*, const char*> kRefused[] = {
+        {"top_logprobs", "log-probabilities are not returned by this endpoint (use /v1/chat/completions)"},
+        {"max_tool_calls", "a bound on tool calls is not supported"},
+        {"prompt", "stored prompt templates are not supported; send 'input' and 'instructions'"},
+        {"conversation", "stored conversations are not supported; use 'previous_response_id'"},
+    };
+    for (const auto& [name, why] : kRefused)
+        if (body.contains(name) && !body[name].is_null()) bad(name, fmt::format("'{}': {}", name, why));
+    if (body.value("background", false)) bad("background", "'background': responses run in the foreground only");
+    if (body.contains("include") && body["include"].is_array() && !body["include"].empty())
+        bad("include", "'include': no extra output data (encrypted reasoning, logprobs, search results) is available");
     Json oa = Json::object();
     if (body.contains("model")) oa["model"] = body["model"];
     Json convo = history && history->is_array() ? *history : Json::array();  // kept for a later continuation

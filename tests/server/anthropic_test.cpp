@@ -67,6 +67,10 @@ TEST(Anthropic, RefusalsNameTheField) {
         "messages": [{"role": "user", "content": "x"}]})"), "tools[0].type");
     EXPECT_EQ(param_of(R"({"max_tokens": 5, "output_config": {"format": {"type": "json_schema"}},
         "messages": [{"role": "user", "content": "x"}]})"), "output_config.format");
+    for (const char* f : {"mcp_servers", "container", "context_management"})
+        EXPECT_EQ(param_of(std::string(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], ")") + f +
+                           R"(": [{"x": 1}]})"),
+                  f);
     EXPECT_EQ(parse_messages_request(parse_body(R"({"messages": [{"role": "user", "content": "x"}]})"), 1000,
                                      api_default_sampling(), /*count_only=*/true)
                   .messages.size(),

@@ -52,6 +52,11 @@ TEST(Responses, RefusalsNameTheField) {
     EXPECT_EQ(param_of(R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})"),
               "input[0].content[0].type");
     EXPECT_EQ(param_of(R"({"input": "x", "tools": [{"type": "web_search"}]})"), "tools[0].type");
+    EXPECT_EQ(param_of(R"({"input": "x", "top_logprobs": 2})"), "top_logprobs");
+    EXPECT_EQ(param_of(R"({"input": "x", "max_tool_calls": 2})"), "max_tool_calls");
+    EXPECT_EQ(param_of(R"({"input": "x", "background": true})"), "background");
+    EXPECT_EQ(param_of(R"({"input": "x", "include": ["reasoning.encrypted_content"]})"), "include");
+    EXPECT_EQ(param_of(R"({"input": "x", "include": [], "background": false})"), "(accepted)");
     EXPECT_EQ(param_of(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "a",
         "schema": {"type": "number", "multipleOf": 3}}}})"),
               "response_format");  // the schema's keyword named in the message

@@ -57,6 +57,7 @@ std::string gbnf_char(uint32_t cp) {
 std::string json_chars(const Ranges& set) {
     std::vector<std::string> alts;
     std::string cls;
+    std::vector<uint32_t> controls;
     for (const auto& [lo, hi] : normalized(set)) {
         // As they are: everything from U+0020 but " and \ (split around them).
         for (uint32_t a = std::max<uint32_t>(lo, 0x20); a <= hi;) {
@@ -71,15 +72,22 @@ std::string json_chars(const Ranges& set) {
             if (b == hi) break;
             a = b + 1;
         }
-        for (uint32_t c = lo; c <= std::min<uint32_t>(hi, 0x1F); ++c) {
-            const char* shortform = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : c == 8 ? "\\b" : c == 12 ? "\\f" : nullptr;
-            char buf[16];
-            if (!shortform) std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            alts.push_back("\"\\\\" + std::string(shortform ? shortform + 1 : buf + 1) + "\"");
-        }
+        for (uint32_t c = lo; c <= std::min<uint32_t>(hi, 0x1F); ++c) controls.push_back(c);
         if (lo <= 0x22 && hi >= 0x22) alts.push_back(R"("\\\"")");
         if (lo <= 0x5C && hi >= 0x5C) alts.push_back(R"("\\\\")");
     }
+    // Controls escaped: the short forms as one class, the others as \u00XX
+    // grouped by their high digit (few alternatives: each is a stack the
+    // matcher carries).
+    std::string shorts, low[2];
+    for (uint32_t c : controls) {
+        const char* f = c == '\n' ? "n" : c == '\t' ? "t" : c == '\r' ? "r" : c == 8 ? "b" : c == 12 ? "f" : nullptr;
+        if (f) shorts += f;
+        else low[c >> 4] += "0123456789abcdef"[c & 15];
+    }
+    if (!shorts.empty()) alts.push_back(R"("\\" [)" + shorts + "]");
+    for (int h = 0; h < 2; ++h)
+        if (!low[h].empty()) alts.push_back(std::string(R"("\\u00)") + char('0' + h) + "\" [" + low[h] + "]");
     if (!cls.empty()) alts.insert(alts.begin(), "[" + cls + "]");
     if (alts.empty()) fail("pattern: a character class that matches no character");
     if (alts.size() == 1) return alts[0];

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from server_e2e import Server  # noqa: E402
 
 import jsonschema  # noqa: E402
+import openai  # noqa: E402
 
 PATTERNS = [r"^[A-Z]{3}-\d{4}$", r"^(red|green|blue)(-(light|dark))?$", r"^\d{3}-\d{3}-\d{4}$",
             r"^[a-z]{2,8}(_[a-z]{2,8}){0,2}$", r"^#[0-9a-fA-F]{6}$", r"^v\d{1,2}\.\d{1,2}\.\d{1,3}$"]
@@ -85,7 +86,7 @@ def main():
     tokens = 0
 
     def one(i):
-        c = srv.client()
+        c = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=900)  # a loaded CI machine is slow
         s = schemas[i]
         r = c.chat.completions.create(
             model=srv.model_id, max_tokens=1024, temperature=0 if i % 2 else 0.9, seed=i,

@@ -221,11 +221,13 @@ TEST_F(HttpTest, ReasoningAndToolCallsAreParsed) {
     EXPECT_EQ(m["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
     EXPECT_EQ(Json::parse(r->body)["choices"][0]["finish_reason"], "tool_calls");
 
-    // streamed: the same parts from the deltas
+    // streamed: the same parts from the deltas — a call's first chunk with
+    // its id and name, then chunks adding to its arguments (OpenAI's shape)
     r = post("/v1/chat/completions", body.substr(0, body.size() - 1) + R"(, "stream": true})");
     ASSERT_TRUE(r);
     std::string reasoning, content, finish;
     Json calls = Json::array();
+    int pieces = 0;
     for (const std::string& e : events(r->body)) {
         if (e == "[DONE]") break;
         const Json c = Json::parse(e)["choices"][0];
@@ -234,14 +236,26 @@ TEST_F(HttpTest, ReasoningAndToolCallsAreParsed) {
         if (d.contains("content")) content += d["content"].get<std::string>();
         if (d.contains("tool_calls"))
             for (const Json& t : d["tool_calls"]) {
-                EXPECT_EQ(t["index"], calls.size());
-                calls.push_back(t);
+                ++pieces;
+                if (t.contains("id")) {
+                    EXPECT_EQ(t["index"], calls.size());
+                    EXPECT_EQ(t["type"], "function");
+                    calls.push_back(t);
+                } else {
+                    ASSERT_FALSE(calls.empty());
+                    EXPECT_EQ(t["index"], calls.size() - 1);
+                    EXPECT_FALSE(t["function"].contains("name"));
+                    auto& a = calls.back()["function"]["arguments"];
+                    a = a.get<std::string>() + t["function"]["arguments"].get<std::string>();
+                }
             }
         if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
     }
     EXPECT_EQ(reasoning, m["reasoning_content"]);
     EXPECT_EQ(content, m["content"]);
     ASSERT_EQ(calls.size(), 2u);
+    EXPECT_GT(pieces, 2);
+    EXPECT_EQ(calls[0]["function"]["arguments"], m["tool_calls"][0]["function"]["arguments"]);
     EXPECT_EQ(calls[1]["function"]["arguments"], m["tool_calls"][1]["function"]["arguments"]);
     EXPECT_EQ(finish, "tool_calls");
 

@@ -18,6 +18,7 @@
 #include "cli/decoder.h"
 #include "core/error.h"
 #include "runtime/engine.h"
+#include "runtime/embed.h"
 #include "server/server.h"
 
 namespace quern::cli {
@@ -105,6 +106,14 @@ int serve(ServeOptions& o) {
     apply_generation_defaults(m, o.server.sampling_defaults, {});  // requests' own fields win over these
     o.server.model_id = model_id;
     o.server.log_requests = !o.quiet;
+    // Embeddings: a CPU pass of the model's own weights (on any device),
+    // on a pool of their own made at the first request.
+    o.server.n_embd = m.model->config().n_embd;
+    o.server.embed = [&m, threads = o.engine.n_threads, pool = std::shared_ptr<ThreadPool>()](
+                         const std::vector<int32_t>& ids) mutable {
+        if (!pool) pool = std::make_shared<ThreadPool>(threads);
+        return embed(*m.model, ids, pooling_of(m.model->config()), *pool);
+    };
     server::HttpServer http(*engine, *m.tokenizer, &*tmpl, o.server);
     const int port = http.bind();
     const std::string host = o.server.host.find(':') != std::string::npos ? "[" + o.server.host + "]" : o.server.host;
@@ -214,10 +223,10 @@ void add_serve_command(CLI::App& app) {
     cmd->add_flag("-q,--quiet", o->quiet, "Do not log one line per request");
     cmd->footer(
         "Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (OpenAI Responses),\n"
-        "POST /v1/messages and /v1/messages/count_tokens (Anthropic Messages), POST /v1/tokenize, /v1/detokenize,\n"
-        "GET /v1/models, GET /health, GET /metrics. Tool calls and <think> reasoning are parsed from the output of\n"
-        "models whose chat template writes them; response_format json_object / json_schema and a GBNF 'grammar'\n"
-        "constrain decoding.\n"
+        "POST /v1/messages and /v1/messages/count_tokens (Anthropic Messages), POST /v1/embeddings, POST /v1/tokenize,\n"
+        "/v1/detokenize, GET /v1/models, GET /health, GET /metrics. Tool calls and <think> reasoning are parsed\n"
+        "from the output of models whose chat template writes them; response_format json_object / json_schema,\n"
+        "a GBNF 'grammar' and vLLM's guided_* fields constrain decoding.\n"
         "Bodies over 8 MiB get 413. SIGINT/SIGTERM: new requests get 503, running ones get 10 s to finish.\n"
         "Sampling fields a request leaves out take OpenAI's defaults (temperature 1, top_p 1, no top_k / min_p),\n"
         "or those of a Hugging Face folder's generation_config.json (do_sample false: temperature 0).\n"

@@ -42,6 +42,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     c.n_ff_exp = k.get_int("expert_feed_forward_length", 0);
     c.n_ff = c.n_ff_exp > 0 ? k.get_int("feed_forward_length", c.n_ff_exp) : k.get_int("feed_forward_length");
     c.n_ctx_train = k.get_int("context_length", 4096);
+    c.pooling_type = k.get_int("pooling_type", -1);
     if (c.n_head <= 0) fail("gguf key '{}attention.head_count' must be positive, got {}", k.prefix, c.n_head);
     c.head_dim = k.get_int("attention.key_length", c.n_embd / c.n_head);
     const int64_t vdim = k.get_int("attention.value_length", c.head_dim);

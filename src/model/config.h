@@ -35,6 +35,13 @@ struct ModelConfig {
     bool out_bias = false;       // the attention output projection adds a bias (llama attention_bias)
     bool qk_norm = false;        // per-head RMSNorm of q and k before RoPE (qwen3)
     bool tie_embeddings = false; // the output projection is the token embedding (HF tie_word_embeddings)
+    /// How the model pools its rows into one embedding ({arch}.pooling_type:
+    /// 0 none, 1 mean, 2 cls, 3 last, 4 rank; -1 when the file says nothing).
+    int64_t pooling_type = -1;
+    /// The program hands out every row after the output norm as its hidden
+    /// rows (Program::hidden): what embeddings pool. Set for the embedding
+    /// program only (Model::embedding_program).
+    bool hidden_rows = false;
     /// Per-pair RoPE frequency divisors (rope_dim / 2 floats, as llama.cpp's
     /// rope_freqs.weight): pair i turns at p * base^(-2i/rope_dim) / f[i].
     /// Empty: all 1. Filled from config.json's rope_scaling (llama3, linear).

@@ -25,6 +25,11 @@ Model::Model(ModelConfig cfg, WeightStore w) : cfg_(std::move(cfg)), weights_(st
     const BoundWeights bound(table, weights_);
     program_ = def->build(cfg_, bound);
     if (cfg_.n_nextn > 0 && def->build_draft) draft_ = def->build_draft(cfg_, bound);
+    if (!program_.hidden.valid()) {  // the same model handing out its rows, for embeddings
+        ModelConfig rows = cfg_;
+        rows.hidden_rows = true;
+        embedding_ = def->build(rows, bound);
+    }
 }
 
 Model::~Model() = default;

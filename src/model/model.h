@@ -33,6 +33,11 @@ public:
     /// The NextN head's draft program (ArchDef::build_draft), or null when
     /// the model has none.
     const Program* draft_program() const { return draft_.ops.empty() ? nullptr : &draft_; }
+    /// The program whose hidden rows (Program::hidden: n_embd floats per
+    /// token, after the output norm) are what embeddings pool: program()
+    /// itself when it names them, else the same model built to hand them out
+    /// (ModelConfig::hidden_rows). CPU executors run it.
+    const Program& embedding_program() const { return program_.hidden.valid() ? program_ : embedding_; }
     const ModelOptions& options() const { return opts_; }
     void set_options(const ModelOptions& o);
     /// Makes forward() report intermediate tensors of its last position to
@@ -68,7 +73,8 @@ private:
     ModelConfig cfg_;
     WeightStore weights_;
     Program program_;
-    Program draft_;  // empty without a NextN head
+    Program draft_;      // empty without a NextN head
+    Program embedding_;  // empty when program_ names its hidden rows
     ModelOptions opts_;
     TraceFn trace_;
     std::unique_ptr<cpu::ProgramRunner> runner_;  // forward()'s, made on first use

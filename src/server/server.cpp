@@ -16,6 +16,7 @@
 #include "runtime/engine.h"
 #include "server/anthropic.h"
 #include "server/api.h"
+#include "server/embeddings.h"
 #include "server/generation.h"
 #include "server/metrics.h"
 #include "server/responses.h"
@@ -32,13 +33,14 @@ const char* kCountTokensPath = "/v1/messages/count_tokens";
 const char* kResponsesPath = "/v1/responses";
 const char* kTokenizePath = "/v1/tokenize";
 const char* kDetokenizePath = "/v1/detokenize";
+const char* kEmbeddingsPath = "/v1/embeddings";
 const char* kModelsPath = "/v1/models";
 const char* kModelPath = R"(/v1/models/(.+))";
 const char* kHealthPath = "/health";
 const char* kMetricsPath = "/metrics";
 const char* kRoutes =
     "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, "
-    "POST /v1/messages/count_tokens, POST /v1/tokenize, POST /v1/detokenize, "
+    "POST /v1/messages/count_tokens, POST /v1/embeddings, POST /v1/tokenize, POST /v1/detokenize, "
     "GET /v1/models, GET /health, GET /metrics";
 
 /// Every route setup() registers: its method and its path pattern (matched
@@ -50,7 +52,7 @@ struct Route {
 };
 const Route kRouteTable[] = {{"POST", kChatPath},     {"POST", kCompletionsPath}, {"POST", kMessagesPath},
                              {"POST", kCountTokensPath}, {"POST", kResponsesPath}, {"POST", kTokenizePath},
-                             {"POST", kDetokenizePath}, {"GET", kModelsPath},  {"GET", kModelPath},
+                             {"POST", kDetokenizePath}, {"POST", kEmbeddingsPath}, {"GET", kModelsPath}, {"GET", kModelPath},
                              {"GET", kHealthPath},   {"GET", kMetricsPath}};
 
 /// The methods the routes of `path` answer ("GET, HEAD" for a GET route, as
@@ -178,6 +180,7 @@ struct HttpServer::Impl {
     Metrics metrics;
     ResponseStore responses;  // for previous_response_id
     std::mutex tmpl_mu;
+    std::mutex embed_mu;  // embeddings run one at a time (each a CPU pass on every core)
     std::atomic<bool> draining{false};
     std::atomic<int> in_flight{0};
     int64_t created = static_cast<int64_t>(std::time(nullptr));
@@ -410,6 +413,26 @@ struct HttpServer::Impl {
         }
     }
 
+    /// POST /v1/embeddings: OpenAI's request and answer (server/embeddings.h).
+    void handle_embeddings(const httplib::Request& hreq, httplib::Response& res) {
+        try {
+            check_auth(hreq);
+            if (!o.embed) throw ApiError(501, "this server computes no embeddings", "", "not_implemented");
+            const EmbeddingRequest r = parse_embeddings_request(parse_body(hreq.body), tok, engine.options().n_ctx, o.n_embd);
+            check_model(r.model);
+            std::vector<std::vector<float>> vectors;
+            {
+                std::lock_guard<std::mutex> lock(embed_mu);
+                for (const auto& ids : r.inputs) vectors.push_back(o.embed(ids));
+            }
+            send_json(res, 200, embeddings_response_json(r, o.model_id, std::move(vectors)));
+        } catch (const ApiError& e) {
+            send_error(res, e);
+        } catch (const Error& e) {
+            send_error(res, ApiError(500, e.what()));
+        }
+    }
+
     /// POST /v1/detokenize: {"tokens": [ids]} → {"prompt": text}.
     void handle_detokenize(const httplib::Request& hreq, httplib::Response& res) {
         try {
@@ -606,6 +629,7 @@ struct HttpServer::Impl {
             handle_generate(req, res, Endpoint::Completions);
         });
         svr.Post(kTokenizePath, [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
+        svr.Post(kEmbeddingsPath, [this](const httplib::Request& req, httplib::Response& res) { handle_embeddings(req, res); });
         svr.Post(kDetokenizePath,
                  [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(req, res); });
         svr.Post(kResponsesPath, [this](const httplib::Request& req, httplib::Response& res) {

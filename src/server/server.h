@@ -7,6 +7,7 @@
 // the network. Errors use OpenAI's JSON error shape.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,11 @@ struct ServerOptions {
     /// What a request's absent sampling fields become: OpenAI's defaults, or
     /// the model's generation_config.json over them (quern serve).
     SamplingParams sampling_defaults = api_default_sampling();
+    /// The embedding of a text's tokens (unit length; runtime/embed.h), for
+    /// POST /v1/embeddings; called one at a time. Null: that route answers
+    /// 501.
+    std::function<std::vector<float>(const std::vector<int32_t>&)> embed;
+    int64_t n_embd = 0;  ///< the width of those vectors
 };
 
 class HttpServer {

@@ -10,6 +10,8 @@ from its start-up line) with the default model, and checks:
   - usage-chunk rules (exactly one final chunk with empty choices with
     stream_options.include_usage, none without), usage and cached tokens;
   - logprobs in both formats;
+  - /v1/embeddings (the client's default base64 and floats, dimensions,
+    token-id input, errors);
   - every error status: 400 (bad values, prompt longer than the context),
     401, 404 (route, model), 413, 429, 503 (while shutting down);
   - isolation: 16 concurrent requests with different prompts and parameters
@@ -301,7 +303,7 @@ def test_errors(s, c, quern, model):
     check(time.time() - t0 < 10, "refusals should be fast")
     err = expect_status(lambda: c.chat.completions.create(model="gpt-4o", messages=USER), 404, "unknown model")
     check(err["code"] == "model_not_found", f"unknown model code: {err}")
-    status, _, body = s.raw("POST", "/v1/embeddings", "{}")
+    status, _, body = s.raw("POST", "/v1/audio/speech", "{}")
     check(status == 404 and "error" in json.loads(body), f"unknown route: {status} {body}")
     status, _, body = s.raw("POST", "/v1/completions", json.dumps({"prompt": "x" * (9 << 20)}))
     check(status == 413 and "error" in json.loads(body), f"9 MB body: {status} {body[:200]}")
@@ -500,6 +502,33 @@ def test_prefix_cache(s, c):
           f"{(t1 - t0) * 1000:.0f} ms then {(t2 - t1) * 1000:.0f} ms")
 
 
+def test_embeddings(s, c):
+    """/v1/embeddings with the official client (base64 by default, floats
+    asked for): unit vectors, one per input in order, the same text the same
+    vector, different texts different ones, dimensions cut and renormalized,
+    usage counting the tokens; bad inputs get 400 naming the field."""
+    texts = ["The cat sat on the mat.", "Quantum chromodynamics describes quarks.", "The cat sat on the mat."]
+    r = c.embeddings.create(model=s.model_id, input=texts)
+    vecs = [d.embedding for d in r.data]
+    check([d.index for d in r.data] == [0, 1, 2] and len(set(len(v) for v in vecs)) == 1, f"embeddings shape: {r!r}")
+    norm = lambda v: sum(x * x for x in v) ** 0.5  # noqa: E731
+    check(all(abs(norm(v) - 1) < 1e-4 for v in vecs), "embeddings are unit vectors")
+    check(max(abs(a - b) for a, b in zip(vecs[0], vecs[2])) < 1e-5, "the same text, the same vector")
+    check(max(abs(a - b) for a, b in zip(vecs[0], vecs[1])) > 1e-3, "different texts, different vectors")
+    check(r.usage.prompt_tokens == r.usage.total_tokens > 6, f"embeddings usage {r.usage!r}")
+    f = c.embeddings.create(model=s.model_id, input=texts[0], encoding_format="float", dimensions=16)
+    v = f.data[0].embedding
+    check(len(v) == 16 and abs(norm(v) - 1) < 1e-4, f"dimensions 16: {len(v)}")
+    scale = norm(vecs[0][:16])
+    check(max(abs(a - b / scale) for a, b in zip(v, vecs[0][:16])) < 1e-4, "dimensions: the leading ones, renormalized")
+    ids = c.embeddings.create(model=s.model_id, input=[[1, 2, 3]], encoding_format="float")
+    check(len(ids.data) == 1, "token-id input")
+    for body, param in (({"input": []}, "input"), ({"input": "x", "dimensions": 0}, "dimensions"),
+                        ({"input": "x", "encoding_format": "hex"}, "encoding_format"), ({}, "input")):
+        st, _, data = s.raw("POST", "/v1/embeddings", json.dumps(body).encode())
+        check(st == 400 and json.loads(data)["error"]["param"] == param, f"embeddings {body}: {st} {data[:120]!r}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quern", required=True)
@@ -517,6 +546,7 @@ def main():
             ("utf-8", lambda: test_utf8(s, c)),
             ("stop strings and logprobs", lambda: test_stop(s, c)),
             ("errors", lambda: test_errors(s, c, args.quern, args.model)),
+            ("embeddings", lambda: test_embeddings(s, c)),
         ]
         for name, fn in steps:
             t = time.time()

@@ -179,13 +179,16 @@ void trace_layer(ProgramBuilder& b, int64_t il, Value x) { b.trace(x, fmt::forma
 
 Program output_head(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, Value x, float logit_scale) {
     b.set_layer(-1);
-    Value h = b.rms_norm(b.select_rows(x), w.get("output_norm.weight"), c.rms_eps);
+    // Rows are selected before the norm (it is per row): a pass norms only
+    // the rows it wants logits of — unless every row is handed out.
+    const Value all = c.hidden_rows ? b.rms_norm(x, w.get("output_norm.weight"), c.rms_eps) : Value{};
+    Value h = c.hidden_rows ? b.select_rows(all) : b.rms_norm(b.select_rows(x), w.get("output_norm.weight"), c.rms_eps);
     const Tensor* out = w.find("output.weight");
     Value logits = b.linear(h, out ? *out : w.get("token_embd.weight"));  // tied embeddings
     if (logit_scale != 1.0f) logits = b.scale(logits, logit_scale);
     if (c.final_softcap > 0.0f) logits = b.softcap(logits, c.final_softcap);
     b.trace(logits, "logits");
-    return b.finish(logits);
+    return b.finish(logits, all);
 }
 
 void hf_require_silu(const HfKeys& k) {

@@ -42,6 +42,10 @@ const Sample kSamples[] = {
      R"({"city": "Reykjavik, Iceland", "unit": "celsius", "days": [3.5, -1.25, 0, 12]})"},
     {R"({"type":"object","properties":{"title":{"type":"string"},"tags":{"type":"array","items":{"type":"string"}},"author":{"type":"object","properties":{"first":{"type":"string"},"last":{"type":"string"},"born":{"type":"integer"}},"required":["first","last"]},"draft":{"type":"boolean"}},"required":["title","tags","author","draft"]})",
      R"({"title": "On Computable Numbers, with an Application to the Entscheidungsproblem", "tags": ["logic", "computation", "history of science"], "author": {"first": "Alan", "last": "Turing", "born": 1912}, "draft": false})"},
+    // bounded strings, a pattern, a format and an integer range: counted
+    // repetitions, where every position is a state of its own
+    {R"({"type":"object","properties":{"code":{"type":"string","pattern":"^[A-Z]{3}-\\d{4}$"},"when":{"type":"string","format":"date-time"},"note":{"type":"string","maxLength":40},"level":{"type":"integer","minimum":1,"maximum":5}},"required":["code","when","note","level"]})",
+     R"({"code": "ABC-1234", "when": "2026-12-05T01:20:09Z", "note": "bounded strings cost a walk per state", "level": 3})"},
     {nullptr,
      R"({"id": "chatcmpl-42", "choices": [{"index": 0, "message": {"role": "assistant", "content": "The answer is 42.\nIt always was."}}], "usage": {"prompt_tokens": 17, "completion_tokens": 9}})"},
 };

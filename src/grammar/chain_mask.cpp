@@ -18,6 +18,7 @@ SortedTokens SortedTokens::of(std::vector<std::pair<std::string, int32_t>> piece
     std::string_view prev;
     for (size_t k = 0; k < t.sorted.size(); ++k) {
         const std::string& text = t.sorted[k].first;
+        t.max_len = std::max(t.max_len, static_cast<int>(text.size()));
         size_t common = 0;
         while (common < prev.size() && common < text.size() && prev[common] == text[common]) ++common;
         for (; path.size() > common; path.pop_back()) t.end[path.back()] = static_cast<uint32_t>(t.byte.size());

@@ -30,6 +30,7 @@ namespace quern::grammar {
 struct SortedTokens {
     std::vector<std::pair<std::string, int32_t>> sorted;  ///< (bytes, id), ids with text only
     int64_t n_vocab = 0;
+    int max_len = 0;  ///< bytes of the longest text
     // Node n is the prefix of depth[n] bytes ending in byte[n]; its subtree
     // is nodes [n, end[n]); the texts starting with it are
     // sorted[first[n], first[end[n]]) (first has a sentinel), and those that

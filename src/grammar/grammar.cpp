@@ -212,8 +212,7 @@ private:
         if (v > kMaxRepeat) fail("grammar line {}: a repetition count above {}", line_of(b), kMaxRepeat);
         return v;
     }
-    /// x{m}, x{m,}, x{m,n} (after the '{'): m copies of x, then x* or up to
-    /// n−m nested optional ones (x (x (x)?)?)?.
+    /// x{m}, x{m,}, x{m,n} (after the '{').
     std::vector<Element> repeat(int x) {
         skip();
         const size_t m = count();
@@ -230,19 +229,21 @@ private:
         if (i_ >= t_.size() || t_[i_] != '}') error("'}' closing the repetition");
         ++i_;
         if (!unbounded && n < m) fail("grammar line {}: a repetition {{{},{}}} whose maximum is below its minimum", line_of(i_), m, n);
-        std::vector<Element> seq(m, ref(x));
+        // A bounded count is one Repeat element (its frame counts); x{m,}
+        // is x{m} then x* (a right recursion: one state however long).
+        std::vector<Element> seq;
+        if (unbounded ? m > 0 : n > 0) {
+            Element e;
+            e.kind = Element::Kind::Repeat;
+            e.rule = x;
+            e.min = static_cast<int>(m);
+            e.max = static_cast<int>(unbounded ? m : n);
+            seq.push_back(e);
+        }
         if (unbounded) {
             const int r = new_rule({});
             g_.rules[static_cast<size_t>(r)].alternatives = {{ref(x), ref(r)}, {}};
             seq.push_back(ref(r));
-        } else if (n > m) {
-            int tail = -1;
-            for (size_t k = m; k < n; ++k) {
-                std::vector<Element> more{ref(x)};
-                if (tail >= 0) more.push_back(ref(tail));
-                tail = new_rule({more, {}});
-            }
-            seq.push_back(ref(tail));
         }
         return seq;
     }
@@ -255,18 +256,24 @@ private:
     std::map<int, size_t> defined_;
 };
 
-/// Refuses left recursion: a rule that can reach itself without consuming a
+/// Marks the rules that may match the empty text (Grammar::nullable) and
+/// refuses left recursion: a rule that can reach itself without consuming a
 /// character.
-void check_left_recursion(const Grammar& g) {
+void check_left_recursion(Grammar& g) {
     const size_t n = g.rules.size();
-    std::vector<uint8_t> nullable(n, 0);
+    std::vector<uint8_t>& nullable = g.nullable;
+    nullable.assign(n, 0);
+    const auto empty_ok = [&](const Element& e) {
+        if (e.kind == Element::Kind::Chars) return false;
+        return (e.kind == Element::Kind::Repeat && e.min == 0) || nullable[static_cast<size_t>(e.rule)] != 0;
+    };
     for (bool changed = true; changed;) {
         changed = false;
         for (size_t r = 0; r < n; ++r) {
             if (nullable[r]) continue;
             for (const auto& alt : g.rules[r].alternatives) {
                 bool all = true;
-                for (const Element& e : alt) all = all && e.kind == Element::Kind::Rule && nullable[static_cast<size_t>(e.rule)];
+                for (const Element& e : alt) all = all && empty_ok(e);
                 if (all) {
                     nullable[r] = 1;
                     changed = true;
@@ -279,9 +286,9 @@ void check_left_recursion(const Grammar& g) {
     for (size_t r = 0; r < n; ++r)
         for (const auto& alt : g.rules[r].alternatives)
             for (const Element& e : alt) {
-                if (e.kind != Element::Kind::Rule) break;
+                if (e.kind == Element::Kind::Chars) break;
                 first[r].push_back(e.rule);
-                if (!nullable[static_cast<size_t>(e.rule)]) break;
+                if (!empty_ok(e)) break;
             }
     std::vector<int> color(n, 0);  // 0 new, 1 on the path, 2 done
     const auto visit = [&](auto&& self, int r) -> void {

@@ -11,10 +11,11 @@
 // Literals in double quotes, character classes in brackets (ranges, ^ to
 // negate, escapes \n \t \r \\ \" \] \xHH \uHHHH), rule names, groups in
 // parentheses, alternatives with |, and the postfix operators * + ? and
-// {m} {m,} {m,n} (counts up to 10000). The
-// start rule is `root`. Groups and repetitions become rules of their own
-// (named rule-N), so a rule is a list of alternatives, each a sequence of
-// elements: a character set or a rule reference.
+// {m} {m,} {m,n} (counts up to 10000). The start rule is `root`. Groups and
+// repetitions become rules of their own (named rule-N), so a rule is a list
+// of alternatives, each a sequence of elements: a character set, a rule
+// reference, or a bounded repetition of a rule (x{m,n}, counted in its
+// stack frame).
 //
 // GrammarState recognises text a code point at a time: the set of positions
 // (stacks of rule positions, as a pushdown automaton holds them) the text so
@@ -39,9 +40,13 @@ struct CharSet {
 };
 
 struct Element {
-    enum class Kind : uint8_t { Chars, Rule } kind = Kind::Chars;
+    /// Repeat: `rule` min..max times (a bounded count, x{m,n}); the stack
+    /// frame counts the repetitions done, so every count is a state of its
+    /// own, which mask caches can tell apart from the counts no token reaches.
+    enum class Kind : uint8_t { Chars, Rule, Repeat } kind = Kind::Chars;
     CharSet chars;  ///< Chars
-    int rule = -1;  ///< Rule: index into Grammar::rules
+    int rule = -1;  ///< Rule, Repeat: index into Grammar::rules
+    int min = 0, max = 0;  ///< Repeat
 };
 
 struct Rule {
@@ -51,6 +56,7 @@ struct Rule {
 
 struct Grammar {
     std::vector<Rule> rules;
+    std::vector<uint8_t> nullable;  ///< by rule: it may match the empty text
     int root = -1;
     uint64_t id = 0;  ///< unique per parsed grammar (keys of mask caches)
 
@@ -114,12 +120,15 @@ public:
     /// Stack i's top k frames and every rule they can reach, rules renumbered
     /// by first reach: equal signatures, equal futures for the chain (in any
     /// grammar: schemas share the JSON rules).
-    std::string chain_signature(size_t i, int k) const;
+    /// `max_chars`: the most characters one token holds — counts of a
+    /// Repeat whose unit takes a character are told apart only up to it.
+    std::string chain_signature(size_t i, int k, int max_chars) const;
 
 private:
     struct Pos {
         int rule, alt, elem;
-        bool operator==(const Pos& o) const { return rule == o.rule && alt == o.alt && elem == o.elem; }
+        int count = 0;  ///< repetitions done of a Repeat element at elem
+        bool operator==(const Pos& o) const { return rule == o.rule && alt == o.alt && elem == o.elem && count == o.count; }
         bool operator<(const Pos& o) const;
     };
     /// Scratch space of expand and advance (per thread: no allocation once grown).
@@ -139,6 +148,8 @@ private:
     /// `work` is scratch; it is left as it came.
     void expand(std::vector<Pos>& work, size_t base, std::vector<Pos>& frames, std::vector<uint32_t>& ends,
                 int& budget) const;
+    /// A frame whose callee finished: past the call, or one more repetition.
+    void past_call(Pos& f) const;
     /// The stacks (frames, ends), sorted and deduplicated, become the state's.
     void adopt(const std::vector<Pos>& frames, const std::vector<uint32_t>& ends);
 

@@ -29,7 +29,9 @@ GrammarState::Scratch& GrammarState::scratch() {
     return s;
 }
 
-bool GrammarState::Pos::operator<(const Pos& o) const { return std::tie(rule, alt, elem) < std::tie(o.rule, o.alt, o.elem); }
+bool GrammarState::Pos::operator<(const Pos& o) const {
+    return std::tie(rule, alt, elem, count) < std::tie(o.rule, o.alt, o.elem, o.count);
+}
 
 GrammarState::GrammarState(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {
     Scratch& sc = scratch();
@@ -44,8 +46,28 @@ GrammarState::GrammarState(std::shared_ptr<const Grammar> g) : g_(std::move(g)) 
     adopt(sc.frames, sc.ends);
 }
 
+void GrammarState::past_call(Pos& f) const {
+    const Element& e = g_->rules[static_cast<size_t>(f.rule)].alternatives[static_cast<size_t>(f.alt)][static_cast<size_t>(f.elem)];
+    if (e.kind == Element::Kind::Repeat) {
+        ++f.count;
+    } else {
+        ++f.elem;
+        f.count = 0;
+    }
+}
+
 void GrammarState::expand(std::vector<Pos>& work, size_t base, std::vector<Pos>& frames, std::vector<uint32_t>& ends,
                           int& budget) const {
+    // Expands a copy of the stack, placed after it in `work` and dropped
+    // again; `edit` changes the copy's top first.
+    const auto branch = [&](auto&& edit) {
+        const size_t len = work.size() - base, at = work.size();
+        work.resize(at + len);
+        std::copy_n(work.begin() + static_cast<long>(base), len, work.begin() + static_cast<long>(at));
+        edit(work);
+        expand(work, at, frames, ends, budget);
+        work.resize(at);
+    };
     for (;;) {
         if (work.size() == base) {  // the stack is empty: the text may end
             ends.push_back(static_cast<uint32_t>(frames.size()));
@@ -55,7 +77,7 @@ void GrammarState::expand(std::vector<Pos>& work, size_t base, std::vector<Pos>&
         const auto& alt = g_->rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)];
         if (p.elem == static_cast<int>(alt.size())) {  // the alternative is done: back to its caller, past the call
             work.pop_back();
-            if (work.size() > base) ++work.back().elem;
+            if (work.size() > base) past_call(work.back());
             continue;
         }
         const Element& e = alt[static_cast<size_t>(p.elem)];
@@ -65,25 +87,28 @@ void GrammarState::expand(std::vector<Pos>& work, size_t base, std::vector<Pos>&
             return;
         }
         if (--budget < 0) fail("grammar: a rule expands into more than {} rules at one position", kExpandBudget);
-        // A call in tail position replaces its caller (right recursion stays shallow).
-        if (p.elem + 1 == static_cast<int>(alt.size())) work.pop_back();
+        if (e.kind == Element::Kind::Repeat) {
+            if (p.count >= e.max) {  // all repetitions done
+                ++p.elem;
+                p.count = 0;
+                continue;
+            }
+            if (p.count >= e.min)  // enough: the text may also go on past it
+                branch([](std::vector<Pos>& w) {
+                    ++w.back().elem;
+                    w.back().count = 0;
+                });
+            // (and one more repetition: a call that keeps its caller)
+        } else if (p.elem + 1 == static_cast<int>(alt.size())) {
+            work.pop_back();  // a call in tail position replaces its caller (right recursion stays shallow)
+        }
         const int rule = e.rule;
         const int n_alts = static_cast<int>(g_->rules[static_cast<size_t>(rule)].alternatives.size());
         if (n_alts == 1) {
             work.push_back(Pos{rule, 0, 0});
             continue;
         }
-        // Several alternatives: each expands a copy of the stack, placed
-        // after it in `work` and dropped again.
-        const size_t len = work.size() - base;
-        for (int a = 0; a < n_alts; ++a) {
-            const size_t at = work.size();
-            work.resize(at + len);
-            std::copy_n(work.begin() + static_cast<long>(base), len, work.begin() + static_cast<long>(at));
-            work.push_back(Pos{rule, a, 0});
-            expand(work, at, frames, ends, budget);
-            work.resize(at);
-        }
+        for (int a = 0; a < n_alts; ++a) branch([&](std::vector<Pos>& w) { w.push_back(Pos{rule, a, 0}); });
         return;
     }
 }
@@ -216,7 +241,7 @@ std::string GrammarState::key() const {
     k.reserve(frames_.size() * sizeof(Pos) + ends_.size() + partial_.size() + 1);
     for (size_t i = 0; i < ends_.size(); ++i) {
         for (size_t f = start(i); f < ends_[i]; ++f) {
-            const int32_t v[3] = {frames_[f].rule, frames_[f].alt, frames_[f].elem};
+            const int32_t v[4] = {frames_[f].rule, frames_[f].alt, frames_[f].elem, frames_[f].count};
             k.append(reinterpret_cast<const char*>(v), sizeof v);
         }
         k.push_back('|');
@@ -251,7 +276,7 @@ GrammarState GrammarState::after_chain(size_t i, int k) const {
     GrammarState c(*this, Bare{});
     Scratch& sc = scratch();
     sc.work.assign(frames_.begin() + static_cast<long>(start(i)), frames_.begin() + static_cast<long>(ends_[i]) - k);
-    if (!sc.work.empty()) ++sc.work.back().elem;
+    if (!sc.work.empty()) past_call(sc.work.back());
     sc.frames.clear();
     sc.ends.clear();
     int budget = kExpandBudget;
@@ -260,7 +285,7 @@ GrammarState GrammarState::after_chain(size_t i, int k) const {
     return c;
 }
 
-std::string GrammarState::chain_signature(size_t i, int k) const {
+std::string GrammarState::chain_signature(size_t i, int k, int max_chars) const {
     std::map<int, int> local;  // grammar rule → number by first reach
     std::vector<int> order;
     const auto number = [&](int r) {
@@ -270,10 +295,22 @@ std::string GrammarState::chain_signature(size_t i, int k) const {
     };
     std::string sig;
     const auto put = [&](int32_t v) { sig.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    // A count beyond what one token can use (max_chars repetitions of a unit
+    // that takes a character each) is as good as any larger one.
+    const auto clamp = [&](const Element& e, int n) {
+        return g_->nullable[static_cast<size_t>(e.rule)] ? n : std::min(n, max_chars + 1);
+    };
     for (size_t f = ends_[i] - static_cast<size_t>(k); f < ends_[i]; ++f) {
-        put(number(frames_[f].rule));
-        put(frames_[f].alt);
-        put(frames_[f].elem);
+        const Pos& p = frames_[f];
+        put(number(p.rule));
+        put(p.alt);
+        put(p.elem);
+        const auto& alt = g_->rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)];
+        if (p.elem < static_cast<int>(alt.size()) && alt[static_cast<size_t>(p.elem)].kind == Element::Kind::Repeat) {
+            const Element& e = alt[static_cast<size_t>(p.elem)];  // what remains of it: at most, at least
+            put(clamp(e, e.max - p.count));
+            put(clamp(e, std::max(0, e.min - p.count)));
+        }
     }
     sig.push_back('/');
     for (size_t n = 0; n < order.size(); ++n) {  // order grows as rules are reached
@@ -284,6 +321,12 @@ std::string GrammarState::chain_signature(size_t i, int k) const {
             for (const Element& e : alt) {
                 if (e.kind == Element::Kind::Rule) {
                     put(-1 - number(e.rule));
+                    continue;
+                }
+                if (e.kind == Element::Kind::Repeat) {
+                    put(-1000000 - number(e.rule));
+                    put(clamp(e, e.min));
+                    put(clamp(e, e.max));
                     continue;
                 }
                 put(static_cast<int32_t>(e.chars.ranges.size()) * 2 + (e.chars.negated ? 1 : 0));

@@ -42,7 +42,7 @@ namespace {
 /// Chains start this many frames deep, and go deeper (when the stack is)
 /// while more than kMaxLeaving tokens would leave them: deeper chains leave
 /// less to check per step but are shared by fewer states.
-constexpr int kChainFrames = 3;
+constexpr int kChainFrames = 2;
 constexpr size_t kMaxLeaving = 2048;
 
 }  // namespace
@@ -86,7 +86,7 @@ TokenBits TokenMatcher::compute() const {
             const std::string ckey = gid + (k == depth ? "w" : "t") + chain.key();
             cm = caches.get(caches.chain_keys, ckey);
             if (!cm) {
-                const std::string sig = (k == depth ? "w" : "t") + state_.chain_signature(i, k);
+                const std::string sig = (k == depth ? "w" : "t") + state_.chain_signature(i, k, p.tokens.max_len);
                 cm = caches.get(caches.chains, sig);
                 if (!cm) {
                     // A whole stack has no frames below: leaving it is the end.
@@ -96,7 +96,7 @@ TokenBits TokenMatcher::compute() const {
                 caches.put(caches.chain_keys, MaskCaches::kMaxChainKeys, ckey, cm);
             }
             if (cm->leaving.size() <= kMaxLeaving || k == depth) break;
-            k = std::min(depth, k + 2);
+            k = std::min(depth, k + 1);
         }
         for (size_t w = 0; w < m.size(); ++w) m[w] |= cm->accepted[w];
         if (cm->leaving.empty()) continue;

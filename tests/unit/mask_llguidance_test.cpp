@@ -110,13 +110,13 @@ TEST_P(MaskLlguidance, SameMasksAsLlguidance) {
     cases.push_back({"gbnf", R"G(
 root  ::= item ( sep item )* tail?
 item  ::= word | han+ | "(" root ")"
-word  ::= [a-z]+ opt
-opt   ::= ( "-" [0-9] )?
+word  ::= [a-z]{1,6} opt
+opt   ::= ( "-" [0-9]{1,2} )?
 han   ::= [\u4e00-\u9fff] | "🦙"
 sep   ::= ", " | " "
 tail  ::= "!" | "?!"
 )G",
-                     "hello-1 你好世界, (world 🦙🦙 abc-2) x?!"});
+                     "hello-12 你好世界, (world 🦙🦙 abc-2) x?!"});
 
     // Documents as the longest pieces at each point (any split is one a model
     // may produce; the tokenizer's own would add SentencePiece's leading space).

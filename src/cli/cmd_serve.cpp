@@ -36,6 +36,8 @@ struct ServeOptions {
     EngineOptions engine;
     DeviceOptions dev;  // --device and --gpu-weights only (the engine's own --kv-tokens sizes the cache)
     SpecOptions spec;
+    std::string tool_format = "auto";
+    std::string reasoning_format = "auto";
     bool quiet = false;
 };
 
@@ -106,6 +108,16 @@ int serve(ServeOptions& o) {
     apply_generation_defaults(m, o.server.sampling_defaults, {});  // requests' own fields win over these
     o.server.model_id = model_id;
     o.server.log_requests = !o.quiet;
+    o.server.parse_reasoning = o.reasoning_format == "auto";
+    if (o.tool_format != "auto") {
+        using server::ToolFormat;
+        static const std::pair<const char*, ToolFormat> kFormats[] = {
+            {"none", ToolFormat::None},       {"hermes", ToolFormat::Hermes},   {"xml", ToolFormat::Xml},
+            {"llama3", ToolFormat::Llama3},   {"mistral", ToolFormat::Mistral}, {"deepseek", ToolFormat::DeepSeek},
+            {"dsml", ToolFormat::Dsml}};
+        for (const auto& [name, f] : kFormats)
+            if (o.tool_format == name) o.server.tool_format = f;
+    }
     // Embeddings: a CPU pass of the model's own weights (on any device),
     // on a pool of their own made at the first request.
     o.server.n_embd = m.model->config().n_embd;
@@ -208,6 +220,17 @@ void add_serve_command(CLI::App& app) {
                                "Built-in template (chatml, llama2, llama3, mistral, gemma, phi3) or the GGUF's "
                                "tokenizer.chat_template.NAME; default: the model's own");
     cmd->add_option("--chat-template-file", o->template_file, "Jinja chat template file")->excludes(tn);
+    cmd->add_option("--tool-call-format", o->tool_format,
+                    "How the model writes tool calls, to parse and to force: auto (read from the chat template), none "
+                    "(calls stay text), hermes (<tool_call>{json}</tool_call>), xml (Qwen3-Coder / Qwen3.5), llama3, "
+                    "mistral, deepseek (V3 / R1 / V3.1), dsml (DeepSeek V4)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "none", "hermes", "xml", "llama3", "mistral", "deepseek", "dsml"}));
+    cmd->add_option("--reasoning-format", o->reasoning_format,
+                    "auto: <think> reasoning apart in reasoning_content; none: left in the content (a request's "
+                    "reasoning_format overrides it)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "none"}));
     cmd->add_option("--device", o->dev.device,
                     "Where to run: auto (the GPU when there is one and it runs the model), cpu or cuda")
         ->capture_default_str()

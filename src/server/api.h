@@ -60,7 +60,7 @@ struct ApiRequest {
     Json template_kwargs = Json::object();
     std::string tool_choice = "auto";  ///< "auto" or "none"
     bool parallel_tool_calls = true;   ///< false: the first tool call ends the choice
-    bool parse_reasoning = true;       ///< reasoning_format "none": <think> blocks stay in the content
+    std::optional<bool> parse_reasoning;  ///< reasoning_format: "auto" true, "none" false (<think> stays in the content); unset: the server's
     /// Set by the server from the chat template and the rendered prompt:
     /// what to parse out of the generated text, and whether the prompt left
     /// the model inside a <think> block.

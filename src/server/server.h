@@ -9,9 +9,11 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "server/api.h"
+#include "server/chat_output.h"
 
 namespace quern {
 class Engine;
@@ -39,6 +41,13 @@ struct ServerOptions {
     /// 501.
     std::function<std::vector<float>(const std::vector<int32_t>&)> embed;
     int64_t n_embd = 0;  ///< the width of those vectors
+    /// The tool-call format to parse and force, instead of the one read from
+    /// the chat template (quern serve --tool-call-format); unset: the
+    /// template's.
+    std::optional<ToolFormat> tool_format;
+    /// Reasoning (<think>) apart in reasoning_content, unless a request's
+    /// reasoning_format says otherwise (quern serve --reasoning-format).
+    bool parse_reasoning = true;
 };
 
 class HttpServer {

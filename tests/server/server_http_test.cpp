@@ -4,6 +4,8 @@
 // and a client that disconnects mid-stream freeing its sequence at once.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <optional>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -52,6 +54,8 @@ protected:
         so.api_key = std::move(api_key);
         so.max_body_bytes = 64 * 1024;
         so.log_requests = std::getenv("QUERN_TEST_LOG") != nullptr;
+        so.tool_format = tool_format_;
+        so.parse_reasoning = parse_reasoning_;
         server_ = std::make_unique<HttpServer>(*engine_, *tok_, tmpl_.get(), so);
         port_ = server_->bind();
         thread_ = std::thread([this] { server_->run(); });
@@ -101,6 +105,8 @@ protected:
     std::unique_ptr<test::FakeEngine> engine_;
     std::unique_ptr<chat::ChatTemplate> tmpl_;
     std::unique_ptr<HttpServer> server_;
+    std::optional<ToolFormat> tool_format_;  // ServerOptions of the next start()
+    bool parse_reasoning_ = true;
     std::unique_ptr<httplib::Client> client_;
     std::thread thread_;
     int port_ = 0;
@@ -192,6 +198,30 @@ TEST_F(HttpTest, ChatAndCompletionsStreamedAndNot) {
     const Json pj = Json::parse(plain->body);
     EXPECT_EQ(pj["choices"][0]["text"], ctext);
     EXPECT_EQ(pj["choices"][0]["finish_reason"], "length");
+}
+
+// The server's --tool-call-format and --reasoning-format: a Hermes call from
+// a model whose template writes XML ones is read when the server says so,
+// and reasoning stays in the content unless a request asks for it apart.
+TEST_F(HttpTest, ServerToolAndReasoningFormats) {
+    tool_format_ = ToolFormat::Hermes;
+    parse_reasoning_ = false;
+    const std::string out = "<think>\nhmm\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    start(std::chrono::microseconds(200), 4, 8, "", out, "Qwen3.5-4B.jinja");
+    const std::string body = R"({"messages": [{"role": "user", "content": "weather in Oslo?"}], "tools": [{"type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
+    auto r = post("/v1/chat/completions", body + "}");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    Json m = Json::parse(r->body)["choices"][0]["message"];
+    ASSERT_EQ(m["tool_calls"].size(), 1u);
+    EXPECT_EQ(Json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json::parse(R"({"city": "Oslo"})"));
+    EXPECT_EQ(m["content"], "<think>\nhmm\n</think>\n\n");  // reasoning left inline
+    EXPECT_FALSE(m.contains("reasoning_content"));
+    r = post("/v1/chat/completions", body + R"(, "reasoning_format": "auto"})");
+    ASSERT_TRUE(r);
+    m = Json::parse(r->body)["choices"][0]["message"];
+    EXPECT_EQ(m["reasoning_content"], "hmm\n");
 }
 
 // A Qwen3.5 model's reasoning and XML tool calls (a scripted output) come

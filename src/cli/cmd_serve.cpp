@@ -114,7 +114,7 @@ int serve(ServeOptions& o) {
         static const std::pair<const char*, ToolFormat> kFormats[] = {
             {"none", ToolFormat::None},       {"hermes", ToolFormat::Hermes},   {"xml", ToolFormat::Xml},
             {"llama3", ToolFormat::Llama3},   {"mistral", ToolFormat::Mistral}, {"deepseek", ToolFormat::DeepSeek},
-            {"dsml", ToolFormat::Dsml}};
+            {"dsml", ToolFormat::Dsml},       {"harmony", ToolFormat::Harmony}};
         for (const auto& [name, f] : kFormats)
             if (o.tool_format == name) o.server.tool_format = f;
     }
@@ -223,9 +223,9 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--tool-call-format", o->tool_format,
                     "How the model writes tool calls, to parse and to force: auto (read from the chat template), none "
                     "(calls stay text), hermes (<tool_call>{json}</tool_call>), xml (Qwen3-Coder / Qwen3.5), llama3, "
-                    "mistral, deepseek (V3 / R1 / V3.1), dsml (DeepSeek V4)")
+                    "mistral, deepseek (V3 / R1 / V3.1), dsml (DeepSeek V4), harmony (gpt-oss)")
         ->capture_default_str()
-        ->check(CLI::IsMember({"auto", "none", "hermes", "xml", "llama3", "mistral", "deepseek", "dsml"}));
+        ->check(CLI::IsMember({"auto", "none", "hermes", "xml", "llama3", "mistral", "deepseek", "dsml", "harmony"}));
     cmd->add_option("--reasoning-format", o->reasoning_format,
                     "auto: <think> reasoning apart in reasoning_content; none: left in the content (a request's "
                     "reasoning_format overrides it)")

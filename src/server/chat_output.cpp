@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "server/harmony.h"
 
 namespace quern::server {
 
@@ -189,6 +190,11 @@ void merge_call_piece(std::vector<ToolCall>& calls, const ToolCallPiece& p) {
 
 OutputFormat detect_output_format(const std::string& src) {
     OutputFormat f;
+    if (src.find("<|channel|>") != std::string::npos && src.find("<|message|>") != std::string::npos) {
+        f.harmony = f.think = true;  // gpt-oss: the analysis channel is its reasoning
+        f.tools = ToolFormat::Harmony;
+        return f;
+    }
     f.think = src.find(kThinkOpen) != std::string::npos;
     if (src.find("｜DSML｜") != std::string::npos)
         f.tools = ToolFormat::Dsml;
@@ -210,8 +216,11 @@ bool prompt_opens_think(const std::string& prompt) {
     return p.size() >= kThinkOpen.size() && p.substr(p.size() - kThinkOpen.size()) == kThinkOpen;
 }
 
+ChatOutputParser::~ChatOutputParser() = default;
+
 ChatOutputParser::ChatOutputParser(OutputFormat f, bool in_reasoning, Json tools, std::function<std::string()> new_id)
     : f_(f), tools_(std::move(tools)), new_id_(std::move(new_id)) {
+    if (f_.harmony) harmony_ = std::make_unique<HarmonyParser>(f_.tools != ToolFormat::None, new_id_);
     mode_ = f_.think && in_reasoning ? Mode::Reasoning : Mode::Content;
     trim_next_ = mode_ == Mode::Reasoning;
     opened_ = mode_ == Mode::Reasoning;
@@ -227,6 +236,7 @@ void ChatOutputParser::emit(ChatDelta& d, Mode m, std::string_view text) {
 }
 
 ChatDelta ChatOutputParser::push(std::string_view text) {
+    if (harmony_) return harmony_->push(text);
     ChatDelta d;
     std::string buf = held_;
     buf.append(text);
@@ -342,6 +352,7 @@ ChatDelta ChatOutputParser::push(std::string_view text) {
 }
 
 ChatDelta ChatOutputParser::finish() {
+    if (harmony_) return harmony_->finish();
     ChatDelta d;
     if (mode_ == Mode::BareJson) {
         std::vector<ToolCall> calls;

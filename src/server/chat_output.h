@@ -25,6 +25,7 @@
 // end to tell.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,8 @@
 #include <nlohmann/json.hpp>
 
 namespace quern::server {
+
+class HarmonyParser;
 
 /// Hermes: <tool_call>{json}</tool_call> (Qwen2.5, Qwen3, Hermes); Xml:
 /// Qwen3-Coder / Qwen3.5; Llama3: a bare {"name", "parameters"} object,
@@ -42,12 +45,14 @@ namespace quern::server {
 /// <｜tool▁calls▁begin｜> … <｜tool▁calls▁end｜>; Dsml: DeepSeek V4's
 /// <｜DSML｜invoke name="NAME"><｜DSML｜parameter name="P" string="true|false">
 /// VALUE</｜DSML｜parameter></｜DSML｜invoke>.
-enum class ToolFormat { None, Hermes, Xml, Llama3, Mistral, DeepSeek, Dsml };
+/// Harmony: gpt-oss's messages to functions.NAME (server/harmony.h).
+enum class ToolFormat { None, Hermes, Xml, Llama3, Mistral, DeepSeek, Dsml, Harmony };
 
 /// What a model writes besides its answer, as its chat template shows it.
 struct OutputFormat {
     bool think = false;                   ///< <think> … </think> reasoning
     ToolFormat tools = ToolFormat::None;  ///< how tool calls are written
+    bool harmony = false;                 ///< gpt-oss's harmony messages (analysis, commentary, final)
 };
 
 /// Read from a chat template's source: <think> if it mentions the tag, XML
@@ -92,6 +97,7 @@ public:
     /// parameters); `new_id` names each call ("call_…").
     ChatOutputParser(OutputFormat f, bool in_reasoning, nlohmann::ordered_json tools,
                      std::function<std::string()> new_id);
+    ~ChatOutputParser();
 
     /// The next piece of generated text: what of it can be told apart now
     /// (text that may begin a marker is held back until it can).
@@ -99,8 +105,6 @@ public:
     /// The end of the text: what was held back (an unfinished tool call as
     /// content).
     ChatDelta finish();
-    /// Tool calls parsed so far.
-    int n_calls() const { return n_calls_; }
 
 private:
     enum class Mode { Content, Reasoning, Tool, BareJson };
@@ -124,6 +128,7 @@ private:
     bool parse_bare_json_objects(std::string_view text, std::vector<ToolCall>& calls) const;
 
     OutputFormat f_;
+    std::unique_ptr<HarmonyParser> harmony_;  // f_.harmony: the whole text is its
     nlohmann::ordered_json tools_;
     std::function<std::string()> new_id_;
     Mode mode_;

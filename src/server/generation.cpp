@@ -84,10 +84,12 @@ Generation::Generation(Engine& engine, const Tokenizer& tok, const ApiRequest& r
     queue_ = std::make_shared<EventQueue>(static_cast<int>(prompts_.size()) * n);
     for (size_t p = 0; p < prompts_.size(); ++p)
         for (int i = 0; i < n; ++i) {
-            auto c = std::make_unique<Choice>(tok_, req_.stop);
+            const bool harmony = req_.endpoint != Endpoint::Completions && req_.output.harmony;
+            auto c = std::make_unique<Choice>(tok_, req_.stop, harmony);
             c->index = static_cast<int>(choices_.size());
             c->prompt = static_cast<int>(p);
-            if (req_.endpoint != Endpoint::Completions && (req_.output.think || req_.output.tools != ToolFormat::None))
+            if (req_.endpoint != Endpoint::Completions &&
+                (req_.output.think || req_.output.harmony || req_.output.tools != ToolFormat::None))
                 c->parser = std::make_unique<ChatOutputParser>(
                     req_.output, req_.prompt_in_think, req_.tools,
                     req_.output.tools == ToolFormat::Mistral ? mistral_call_id : openai_call_id);

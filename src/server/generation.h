@@ -141,7 +141,9 @@ private:
         std::string reasoning;
         std::vector<ToolCall> calls;
         bool first_call_done = false;  ///< the first tool call has ended
-        Choice(const Tokenizer& tok, std::vector<std::string> stops) : detok(tok, false), stop(std::move(stops)) {}
+        /// `specials`: special tokens are written (harmony's markers are).
+        Choice(const Tokenizer& tok, std::vector<std::string> stops, bool specials)
+            : detok(tok, specials), stop(std::move(stops)) {}
     };
     void on_event(Choice& c, const EventQueue::Item& item, Sink& sink, bool& client_ok);
     void emit(Choice& c, const std::string& text, bool final, Sink& sink, bool& client_ok);

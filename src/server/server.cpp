@@ -249,9 +249,12 @@ struct HttpServer::Impl {
             prompts.push_back(chat::tokenize_prompt(tok, text));
             // What the model writes besides its answer, as its template shows.
             r.output = detect_output_format(tmpl->source());
-            if (o.tool_format) r.output.tools = *o.tool_format;
+            if (o.tool_format) {
+                r.output.tools = *o.tool_format;
+                r.output.harmony = *o.tool_format == ToolFormat::Harmony;
+            }
             if (r.tools.empty() || r.tool_choice == "none") r.output.tools = ToolFormat::None;
-            if (!r.parse_reasoning.value_or(o.parse_reasoning)) r.output.think = false;
+            if (!r.parse_reasoning.value_or(o.parse_reasoning)) r.output.think = r.output.harmony = false;
             r.prompt_in_think = r.output.think && prompt_opens_think(text);
             if (r.tool_choice == "required" || r.tool_choice.rfind("function:", 0) == 0) {
                 if (r.grammar)

@@ -83,6 +83,9 @@ std::string xml_parameters(const Json& params, const std::string& prefix, std::s
 std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::string& only, bool parallel, ThinkFirst think) {
     if (f == ToolFormat::None)
         fail("the model's chat template writes no tool calls, so a call cannot be forced");
+    if (f == ToolFormat::Harmony)
+        fail("a harmony (gpt-oss) tool call cannot be forced: its markers are special tokens, outside what a grammar "
+             "over text constrains");
     std::string rules, calls;
     int k = 0;
     for (const Json& t : tools) {

@@ -369,6 +369,40 @@ TEST(ChatOutput, DeepSeekCalls) {
     }
 }
 
+// gpt-oss harmony: the analysis channel is reasoning, a message to
+// functions.NAME a call (recipient before or after the channel), final the
+// answer; a call cut where the engine stopped (its <|call|> a stop token)
+// ends with what it has; text without harmony is the answer.
+TEST(ChatOutput, HarmonyMessages) {
+    OutputFormat h;
+    h.harmony = h.think = true;
+    h.tools = ToolFormat::Harmony;
+    Parts p = parse_all_ways("<|channel|>analysis<|message|>User wants weather.<|end|><|start|>assistant<|channel|>commentary "
+                             "to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>",
+                             h, false, kTools);
+    EXPECT_EQ(p.reasoning, "User wants weather.");
+    EXPECT_EQ(p.content, "");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0], (std::pair<std::string, Json>{"get_weather", Json::parse(R"({"city": "Paris"})")}));
+    p = parse_all_ways("<|channel|>analysis<|message|>Two.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json"
+                       "<|message|>{\"city\": \"Oslo\"}",  // stopped at <|call|>
+                       h, false, kTools);
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].second, Json::parse(R"({"city": "Oslo"})"));
+    p = parse_all_ways("<|channel|>analysis<|message|>2 + 2.<|end|><|start|>assistant<|channel|>final<|message|>The answer is 4.<|return|>",
+                       h, false, kTools);
+    EXPECT_EQ(p.reasoning, "2 + 2.");
+    EXPECT_EQ(p.content, "The answer is 4.");
+    EXPECT_TRUE(p.calls.empty());
+    EXPECT_EQ(parse_all_ways("A plain answer.", h, false, kTools).content, "A plain answer.");
+    // without tools in the request a call is text
+    OutputFormat no_tools = h;
+    no_tools.tools = ToolFormat::None;
+    p = parse_all_ways("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>", no_tools);
+    EXPECT_EQ(p.content, "{}");
+    EXPECT_THROW(forced_tool_call_gbnf(ToolFormat::Harmony, kTools, "", false), quern::Error);
+}
+
 // The real templates of the families covered.
 TEST(ChatOutput, FormatsOfTheRealTemplates) {
     const auto of = [](const std::string& name) {
@@ -396,6 +430,9 @@ TEST(ChatOutput, FormatsOfTheRealTemplates) {
     EXPECT_EQ(of("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").tools, ToolFormat::DeepSeek);
     EXPECT_EQ(of("deepseek-ai-DeepSeek-V4.jinja").tools, ToolFormat::Dsml);
     EXPECT_TRUE(of("deepseek-ai-DeepSeek-V4.jinja").think);
+    const OutputFormat oss = of("openai-gpt-oss-120b.jinja");
+    EXPECT_TRUE(oss.harmony);
+    EXPECT_EQ(oss.tools, ToolFormat::Harmony);
 }
 
 }  // namespace

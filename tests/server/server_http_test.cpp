@@ -224,6 +224,26 @@ TEST_F(HttpTest, ServerToolAndReasoningFormats) {
     EXPECT_EQ(m["reasoning_content"], "hmm\n");
 }
 
+// gpt-oss: harmony messages (a scripted output) come back as
+// reasoning_content and a streamed tool call.
+TEST_F(HttpTest, HarmonyReasoningAndToolCalls) {
+    const std::string out = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+                            "to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Lima\"}<|call|>";
+    start(std::chrono::microseconds(200), 4, 8, "", out, "openai-gpt-oss-120b.jinja");
+    const std::string body = R"({"messages": [{"role": "user", "content": "weather in Lima?"}], "tools": [{"type": "function",
+        "function": {"name": "get_weather", "description": "Weather now", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}}}}]})";
+    auto r = post("/v1/chat/completions", body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const Json c = Json::parse(r->body)["choices"][0];
+    EXPECT_EQ(c["message"]["reasoning_content"], "Need the weather.");
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Lima"})");
+    EXPECT_EQ(c["finish_reason"], "tool_calls");
+}
+
 // A Qwen3.5 model's reasoning and XML tool calls (a scripted output) come
 // back as reasoning_content and tool_calls, streamed and not, with
 // finish_reason "tool_calls"; tool_choice "none" and reasoning_format "none"

@@ -1,16 +1,17 @@
 // quern chat: an interactive terminal chat with a model, laid out by the
-// model's chat template (or a built-in one). Each user line becomes a user
-// message; the reply streams to stdout and joins the conversation. The KV
-// cache keeps the rendered conversation, so a new turn only computes the
-// tokens that differ from what is cached (usually just the new message).
+// model's chat template (or a built-in one). Each user message becomes a user
+// turn; the reply streams to stdout and joins the conversation. The KV cache
+// keeps the rendered conversation, so a new turn only computes the tokens
+// that differ from what is cached (usually just the new message).
 //
-// Commands: /clear (forget the conversation), /exit or /quit. Works with
-// piped stdin (then each input line is echoed after "> " so the output reads
-// as a transcript).
+// Commands (kChatHelp): /help, /clear, /system, /save, /load, /exit. A line
+// ending in a backslash goes on on the next line. With piped stdin, stdout
+// holds the replies only; everything else goes to stderr.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <random>
 
@@ -55,6 +56,58 @@ void out(const std::string& s) {
     std::fflush(stdout);
 }
 
+void note(const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); }
+
+constexpr const char* kChatHelp =
+    "commands:\n"
+    "  /help           this list\n"
+    "  /clear          forget the conversation (the system message stays)\n"
+    "  /system TEXT    set the system message (empty: none); the conversation stays\n"
+    "  /save FILE      write the conversation as JSON (a list of {role, content} messages)\n"
+    "  /load FILE      read a conversation written by /save (or any such list)\n"
+    "  /exit, /quit    leave (so does the end of input)\n"
+    "  //TEXT          send TEXT starting with a single '/'\n"
+    "A line ending in '\\' goes on on the next line.";
+
+/// One message from stdin: lines ending in a backslash joined to the next.
+/// False at the end of input.
+bool read_message(std::string& text, bool tty) {
+    text.clear();
+    std::string line;
+    bool any = false;
+    while (std::getline(std::cin, line)) {
+        any = true;
+        if (!line.empty() && line.back() == '\\') {
+            line.pop_back();
+            text += line + "\n";
+            if (tty) out(". ");
+            continue;
+        }
+        text += line;
+        return true;
+    }
+    return any && !text.empty();
+}
+
+/// A conversation read back (/load): a JSON list of {role, content}
+/// messages with string contents. quern::Error naming what is wrong.
+chat::Json load_conversation(const std::string& path) {
+    std::ifstream f(path);
+    if (!f) fail("cannot read '{}'", path);
+    chat::Json j;
+    try {
+        j = chat::Json::parse(f);
+    } catch (const chat::Json::parse_error& e) {
+        fail("'{}' is not JSON: {}", path, e.what());
+    }
+    if (!j.is_array()) fail("'{}' must hold a list of messages", path);
+    for (const auto& m : j)
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+            !m["content"].is_string())
+            fail("'{}': every message needs a string 'role' and 'content'", path);
+    return j;
+}
+
 int run_chat(const ChatCmdOptions& o) {
     // Check the options before spending time on loading the model.
     Sampler(o.sp, 1);  // throws quern::Error for out-of-range sampling values
@@ -69,7 +122,7 @@ int run_chat(const ChatCmdOptions& o) {
                  tmpl.origin().c_str());
     SamplingParams base_sp = o.sp;
     apply_generation_defaults(m, base_sp, o.sp_given);
-    if (tty) std::fprintf(stderr, "quern: type a message; /clear starts over, /exit quits\n");
+    if (tty) std::fprintf(stderr, "quern: type a message; /help lists the commands, /exit quits\n");
 
     chat::ChatOptions copts;
     copts.add_generation_prompt = true;
@@ -82,9 +135,14 @@ int run_chat(const ChatCmdOptions& o) {
             copts.extra[kv.substr(0, eq)] = kv.substr(eq + 1);
         }
     }
-    chat::Json base = chat::Json::array();
-    if (!o.system.empty()) base.push_back({{"role", "system"}, {"content", o.system}});
-    chat::Json messages = base;
+    std::string system = o.system;
+    chat::Json messages = chat::Json::array();  // the conversation, without the system message
+    const auto with_system = [&] {
+        chat::Json all = chat::Json::array();
+        if (!system.empty()) all.push_back({{"role", "system"}, {"content", system}});
+        for (const auto& m : messages) all.push_back(m);
+        return all;
+    };
 
     ThreadPool pool(o.threads);
     std::unique_ptr<Session> session = make_session(*m.model, o.n_ctx, o.dev, pool, o.verbose);
@@ -101,23 +159,57 @@ int run_chat(const ChatCmdOptions& o) {
     std::string line;
     for (int turn = 0;; ++turn) {
         if (tty) out("> ");
-        if (!std::getline(std::cin, line)) break;
-        const std::string text = trim(line);
-        if (!tty) out("> " + text + "\n");
+        if (!read_message(line, tty)) break;
+        std::string text = trim(line);
         if (text.empty()) continue;
-        if (text == "/exit" || text == "/quit") break;
-        if (text == "/clear") {
-            messages = base;
-            decoder.truncate(0);
-            cached.clear();
-            out("(conversation cleared)\n");
+        if (text[0] == '/' && text.rfind("//", 0) != 0) {
+            const size_t sp = text.find(' ');
+            const std::string cmd = text.substr(0, sp), arg = sp == std::string::npos ? "" : trim(text.substr(sp + 1));
+            if (cmd == "/exit" || cmd == "/quit") break;
+            if (cmd == "/help") {
+                note(kChatHelp);
+            } else if (cmd == "/clear") {
+                messages = chat::Json::array();
+                note("(conversation cleared)");
+            } else if (cmd == "/system") {
+                system = arg;
+                note(arg.empty() ? "(no system message)" : "(system message set)");
+            } else if (cmd == "/save" || cmd == "/load") {
+                if (arg.empty()) {
+                    note("quern: " + cmd + " needs a file name");
+                    continue;
+                }
+                try {
+                    if (cmd == "/save") {
+                        std::ofstream f(arg);
+                        // A reply cut mid-character is not UTF-8: such bytes are written as U+FFFD.
+                        f << with_system().dump(2, ' ', false, chat::Json::error_handler_t::replace) << "\n";
+                        if (!f) fail("cannot write '{}'", arg);
+                        note(fmt::format("(conversation saved to {}: {} messages)", arg, with_system().size()));
+                    } else {
+                        chat::Json loaded = load_conversation(arg);
+                        system.clear();
+                        messages = chat::Json::array();
+                        for (auto& m : loaded) {
+                            if (m["role"] == "system") system = m["content"].get<std::string>();
+                            else messages.push_back(m);
+                        }
+                        note(fmt::format("(conversation loaded from {}: {} messages)", arg, loaded.size()));
+                    }
+                } catch (const Error& e) {
+                    note(std::string("quern: ") + e.what());
+                }
+            } else {
+                note("quern: unknown command " + cmd + " (/help lists them; start a message with // to send a '/')");
+            }
             continue;
         }
+        if (text.rfind("//", 0) == 0) text.erase(0, 1);
         messages.push_back({{"role", "user"}, {"content", text}});
         ++asked;
         std::string prompt;
         try {
-            prompt = tmpl.apply(messages, copts);
+            prompt = tmpl.apply(with_system(), copts);
         } catch (const jinja::TemplateError& e) {
             last_failure = fmt::format("the chat template ({}) failed: {}", tmpl.origin(), e.what());
             std::fprintf(stderr, "quern: %s\n", last_failure.c_str());
@@ -150,9 +242,13 @@ int run_chat(const ChatCmdOptions& o) {
         Detokenizer detok(*m.tokenizer, false);
         std::vector<int32_t> reply;
         int32_t next = -1;  // picked by the decoder (on the device where it can)
+        bool ended = false;  // the model ended its reply (not the -n limit or the context)
         for (int i = 0; i < o.n_predict; ++i) {
             const int32_t tok = next >= 0 ? next : sampler.sample(logits.data());
-            if (m.tokenizer->is_eog(tok)) break;
+            if (m.tokenizer->is_eog(tok)) {
+                ended = true;
+                break;
+            }
             sampler.accept(tok);
             reply.push_back(tok);
             out(detok.push(tok));
@@ -166,6 +262,9 @@ int run_chat(const ChatCmdOptions& o) {
             }
         }
         out(detok.flush() + "\n");
+        if (!ended && static_cast<int>(reply.size()) >= o.n_predict)
+            note(fmt::format("quern: the reply stopped at the limit of {} tokens (-n {}); raise -n for longer replies",
+                             o.n_predict, o.n_predict));
         const double t2 = now_seconds();
         if (o.verbose)
             std::fprintf(stderr, "quern: prompt %zu tokens (%zu new) in %.2f s; reply %zu tokens in %.2f s\n", ids.size(),
@@ -213,7 +312,9 @@ void add_chat_command(CLI::App& app) {
         "  quern chat\n"
         "  printf 'Hi!\\nWhat is the capital of France?\\n' | quern chat --temp 0\n"
         "  quern chat -m model.gguf --chat-template llama3 -s 'Answer briefly.'\n"
-        "In the conversation: /clear starts over, /exit or /quit (or end of input) leaves.\n"
+        "In the conversation: /help lists the commands (/clear, /system TEXT, /save FILE, /load FILE, /exit);\n"
+        "a line ending in '\\' goes on on the next line. Piped, stdout holds the replies only.\n"
+        "A reply that stops at -n says so on stderr.\n"
         "A message the template cannot render is skipped with an error; when no message got a reply the exit status is 1.\n"
         "A Hugging Face folder's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty;\n"
         "do_sample false: greedy) replaces the defaults shown here; a flag given on the command line wins over it.");

@@ -249,3 +249,37 @@ TEST(CliErrors, BenchTakesListsOfTests) {
 }
 
 }  // namespace
+
+// quern chat piped: stdout holds the replies only; /help, an unknown command
+// (not sent to the model), /system, /save and /load work and report on
+// stderr; a reply cut by -n says so; a trailing backslash joins lines.
+namespace {
+
+TEST(CliChat, CommandsAndPipedOutput) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const fs::path saved = scratch() / "conversation.json";
+    const std::string input = "/help\n/bogus thing\nhi\n/system Be brief.\n/save " + saved.string() +
+                              "\n/clear\n/load " + saved.string() + "\n/save\nline one\\\nline two\n//slash\n";
+    const Result r = run("chat -m '" + tiny_model() + "' --device cpu --temp 0 -n 3", input);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(r.out.find("> "), std::string::npos) << r.out;  // no echo of the input
+    EXPECT_EQ(count(r.out, "\n"), 3u) << r.out;               // three replies, one line each
+    EXPECT_NE(r.err.find("/save FILE"), std::string::npos) << r.err;  // the help
+    EXPECT_NE(r.err.find("unknown command /bogus"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("/save needs a file name"), std::string::npos) << r.err;
+    EXPECT_EQ(count(r.err, "stopped at the limit of 3 tokens"), 3u) << r.err;
+    const auto conv = nlohmann::json::parse(slurp(saved));
+    ASSERT_EQ(conv.size(), 3u) << conv.dump();
+    EXPECT_EQ(conv[0]["role"], "system");
+    EXPECT_EQ(conv[0]["content"], "Be brief.");
+    EXPECT_EQ(conv[1]["content"], "hi");
+    EXPECT_EQ(conv[2]["role"], "assistant");
+    EXPECT_NE(r.err.find("loaded from " + saved.string() + ": 3 messages"), std::string::npos) << r.err;
+    // a bad file is reported and the chat goes on
+    const fs::path bad = write_file("bad.json", "{\"not\": \"a list\"}");
+    const Result b = run("chat -m '" + tiny_model() + "' --device cpu --temp 0 -n 2", "/load " + bad.string() + "\nhi\n");
+    EXPECT_EQ(b.rc, 0) << b.err;
+    EXPECT_NE(b.err.find("must hold a list of messages"), std::string::npos) << b.err;
+}
+
+}  // namespace

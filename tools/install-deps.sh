@@ -4,7 +4,7 @@
 set -euo pipefail
 DEBS=(build-essential cmake ninja-build ccache pkg-config
       libfmt-dev libpcre2-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libspdlog-dev
-      libgtest-dev libgmock-dev libbenchmark-dev python3-pip)
+      libgtest-dev libgmock-dev libbenchmark-dev python3-pip libedit-dev)
 missing=()
 for p in "${DEBS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

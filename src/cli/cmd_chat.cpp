@@ -13,12 +13,14 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "chat/chat.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/decoder.h"
+#include "cli/line_reader.h"
 #include "core/error.h"
 #include "runtime/sampler.h"
 #include "tokenizer/detokenizer.h"
@@ -69,24 +71,23 @@ constexpr const char* kChatHelp =
     "  //TEXT          send TEXT starting with a single '/'\n"
     "A line ending in '\\' goes on on the next line.";
 
-/// One message from stdin: lines ending in a backslash joined to the next.
-/// False at the end of input.
-bool read_message(std::string& text, bool tty) {
+/// One message: lines ending in a backslash joined to the next.
+LineReader::Result read_message(LineReader& reader, std::string& text) {
     text.clear();
     std::string line;
-    bool any = false;
-    while (std::getline(std::cin, line)) {
-        any = true;
+    for (bool first = true;; first = false) {
+        const LineReader::Result r = reader.read(first ? "> " : ". ", line);
+        if (r == LineReader::Result::Interrupted) return r;
+        if (r == LineReader::Result::End) return text.empty() ? r : LineReader::Result::Line;
         if (!line.empty() && line.back() == '\\') {
             line.pop_back();
             text += line + "\n";
-            if (tty) out(". ");
             continue;
         }
         text += line;
-        return true;
+        reader.remember(text);
+        return LineReader::Result::Line;
     }
-    return any && !text.empty();
 }
 
 /// A conversation read back (/load): a JSON list of {role, content}
@@ -156,10 +157,23 @@ int run_chat(const ChatCmdOptions& o) {
     // say) ends with an error status, so a script sees that it failed.
     int asked = 0, replied = 0;
     std::string last_failure;
+    // On a terminal: line editing and history, and Ctrl-C stops a reply (or,
+    // twice at the prompt, the chat) instead of killing the process.
+    LineReader reader(tty);
+    std::optional<ChatInterrupt> interrupt;
+    if (tty) interrupt.emplace();
+    bool interrupted_at_prompt = false;
     std::string line;
     for (int turn = 0;; ++turn) {
-        if (tty) out("> ");
-        if (!read_message(line, tty)) break;
+        const LineReader::Result got = read_message(reader, line);
+        if (got == LineReader::Result::End) break;
+        if (got == LineReader::Result::Interrupted) {
+            if (interrupted_at_prompt) break;
+            interrupted_at_prompt = true;
+            note("\n(Ctrl-C again to leave, or /exit)");
+            continue;
+        }
+        interrupted_at_prompt = false;
         std::string text = trim(line);
         if (text.empty()) continue;
         if (text[0] == '/' && text.rfind("//", 0) != 0) {
@@ -244,6 +258,12 @@ int run_chat(const ChatCmdOptions& o) {
         int32_t next = -1;  // picked by the decoder (on the device where it can)
         bool ended = false;  // the model ended its reply (not the -n limit or the context)
         for (int i = 0; i < o.n_predict; ++i) {
+            if (interrupt && ChatInterrupt::take()) {  // Ctrl-C: the reply stops here and stays
+                out(detok.flush());
+                note("\n(stopped)");
+                ended = true;
+                break;
+            }
             const int32_t tok = next >= 0 ? next : sampler.sample(logits.data());
             if (m.tokenizer->is_eog(tok)) {
                 ended = true;
@@ -313,7 +333,9 @@ void add_chat_command(CLI::App& app) {
         "  printf 'Hi!\\nWhat is the capital of France?\\n' | quern chat --temp 0\n"
         "  quern chat -m model.gguf --chat-template llama3 -s 'Answer briefly.'\n"
         "In the conversation: /help lists the commands (/clear, /system TEXT, /save FILE, /load FILE, /exit);\n"
-        "a line ending in '\\' goes on on the next line. Piped, stdout holds the replies only.\n"
+        "a line ending in '\\' goes on on the next line. On a terminal: line editing and history (libedit; the\n"
+        "up arrow recalls a line, ~/.editrc applies), Ctrl-C stops a reply and keeps the conversation, Ctrl-C\n"
+        "twice at the prompt leaves. Piped, stdout holds the replies only.\n"
         "A reply that stops at -n says so on stderr.\n"
         "A message the template cannot render is skipped with an error; when no message got a reply the exit status is 1.\n"
         "A Hugging Face folder's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty;\n"

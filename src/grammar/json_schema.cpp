@@ -280,9 +280,10 @@ private:
     }
 
     /// The pattern standing for a string format (RFC 3339 date and time,
-    /// RFC 4122 uuid; email, hostname, ipv4 and uri as their common forms,
-    /// a uri at most 512 characters after its scheme: a small model that
-    /// loops inside one must still end before max_tokens).
+    /// RFC 4122 uuid, RFC 3986 uri without userinfo or IP-literal hosts;
+    /// email, hostname and ipv4 as their common forms). Each part is bounded
+    /// (a uri at most ~900 characters): a small model that loops inside one
+    /// must still end before max_tokens.
     static std::string format_pattern(const std::string& f, const std::string& path) {
         // Days as each month has them; 29 February in leap years only.
         static const std::string date =
@@ -299,7 +300,13 @@ private:
         if (f == "email") return "^[A-Za-z0-9._%+-]{1,64}@" + label + "(\\." + label + "){1,4}$";
         if (f == "hostname") return "^" + label + "(\\." + label + "){0,8}$";
         if (f == "ipv4") return "^" + octet + "(\\." + octet + "){3}$";
-        if (f == "uri") return R"(^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s"\\<>{}|^`]{1,512}$)";
+        if (f == "uri") {  // RFC 3986: scheme ":" ("//" host [":" port] path | path) ["?" query] ["#" fragment]
+            static const std::string seg = R"(([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2}))";
+            static const std::string host = R"(([A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2}))";
+            static const std::string query = R"(([A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2}))";
+            return "^[A-Za-z][A-Za-z0-9+.-]{0,31}:(//" + host + "{1,64}(:\\d{1,5})?(/" + seg + "{0,64}){0,8}|/?" + seg +
+                   "{1,64}(/" + seg + "{0,64}){0,8})(\\?" + query + "{0,128})?(#" + query + "{0,128})?$";
+        }
         refuse(path + "/format", "the format '" + f + "' is not supported (date, time, date-time, uuid, email, hostname, ipv4, uri are)");
     }
 

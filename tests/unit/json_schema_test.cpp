@@ -110,7 +110,8 @@ TEST(JsonSchema, StringLengthsPatternsAndFormats) {
         {"email", {"ada.lovelace+x@example.co.uk"}, {"ada@", "ada@localhost", "a b@x.org"}},
         {"ipv4", {"192.168.0.255", "0.0.0.0"}, {"256.1.1.1", "1.2.3", "01.2.3.4"}},
         {"hostname", {"example.com", "a-b.c"}, {"-a.com", "a..b"}},
-        {"uri", {"https://example.com/a?b=c#d", "urn:isbn:0451450523"}, {"//example.com", "http://a b"}},
+        {"uri", {"https://example.com:8080/a/b%20c?b=c&d=/e?#frag/x", "urn:isbn:0451450523", "mailto:ada@example.org"},
+         {"//example.com", "http://a b", "anyOf:[]", "a:b#c#d", "http://x/%zz"}},
     };
     for (const auto& [f, ok, bad] : formats) {
         const Json schema = {{"type", "string"}, {"format", f}};

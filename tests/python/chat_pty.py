@@ -60,7 +60,7 @@ def main():
         os.write(fd, s.encode())
 
     def reply_started():
-        """Waits for the echo of the line just sent and the reply's first bytes."""
+        """Waits for the end of the line just sent (its newline) and the reply's first bytes."""
         nonlocal buf
         read_until("\n")
         end = time.time() + 120
@@ -82,7 +82,7 @@ def main():
         print("chat_pty: /help ok")
         # A reply, then Ctrl-C during the next one.
         send("Write a very long story about a dragon.\r")
-        reply_started()
+        read_until("Once upon a time")  # the greedy reply's start: the line was taken and the reply runs
         send("\x03")  # Ctrl-C typed: the terminal sends SIGINT
         read_until("(stopped)")
         read_until("> ")

@@ -356,6 +356,17 @@ std::shared_ptr<const Grammar> Grammar::parse(std::string_view text) {
     return g;
 }
 
+std::string gbnf_literal(std::string_view text) {
+    std::string out = "\"";
+    for (char c : text) {
+        if (c == '\n') out += "\\n";
+        else if (c == '\r') out += "\\r";
+        else if (c == '"' || c == '\\') (out += '\\') += c;
+        else out += c;
+    }
+    return out + "\"";
+}
+
 const std::string& json_value_rules() {
     static const std::string rules = [] {
         // Whitespace between tokens is bounded (a newline and up to 20 spaces

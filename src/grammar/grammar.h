@@ -69,6 +69,10 @@ struct Grammar {
     static std::shared_ptr<const Grammar> json(bool object_only);
 };
 
+/// `text` as a GBNF literal: in double quotes, with " \ newline and
+/// carriage return escaped.
+std::string gbnf_literal(std::string_view text);
+
 /// GBNF rules for JSON values without a root: value, object, member, array,
 /// string, char, hex, number, integer, boolean, null, ws (one space, or a
 /// newline and at most 20 spaces or tabs) and indent. Numbers have at most

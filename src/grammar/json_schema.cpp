@@ -15,14 +15,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 /// A GBNF literal matching exactly the JSON text `j` (compact).
-std::string literal(const Json& j) {
-    std::string out = "\"";
-    for (char c : j.dump()) {
-        if (c == '"' || c == '\\') out += '\\';
-        out += c;
-    }
-    return out + "\"";
-}
+std::string literal(const Json& j) { return gbnf_literal(j.dump()); }
 
 /// GBNF for the decimal numerals from a to b, strings of one length (a <= b);
 /// digits after the first may be 0.

@@ -162,12 +162,7 @@ std::shared_ptr<const grammar::Grammar> guided_grammar(const Json& body, std::st
             std::string alts;
             for (const Json& c : v) {
                 if (!c.is_string()) bad(name, fmt::format("'{}' must be a non-empty list of strings", name));
-                std::string lit = "\"";
-                for (char ch : c.get<std::string>()) {
-                    if (ch == '"' || ch == '\\') lit += '\\';
-                    lit += ch == '\n' ? std::string("\\n") : ch == '\r' ? std::string("\\r") : std::string(1, ch);
-                }
-                alts += (alts.empty() ? "" : " | ") + lit + "\"";
+                alts += (alts.empty() ? "" : " | ") + grammar::gbnf_literal(c.get<std::string>());
             }
             return grammar::Grammar::parse("root ::= " + alts);
         }

@@ -53,19 +53,6 @@ std::string_view trim(std::string_view s) {
     return s;
 }
 
-/// Bytes at the end of `s` that begin one of `markers` (held back: the next
-/// piece may complete it).
-size_t partial_marker(std::string_view s, const std::vector<std::string_view>& markers) {
-    size_t best = 0;
-    for (std::string_view m : markers)
-        for (size_t k = std::min(m.size() - 1, s.size()); k > best; --k)
-            if (s.substr(s.size() - k) == m.substr(0, k)) {
-                best = k;
-                break;
-            }
-    return best;
-}
-
 /// The JSON type the request's tool `fn` gives parameter `param` ("" when
 /// it says nothing).
 std::string param_type(const Json& tools, const std::string& fn, const std::string& param) {
@@ -176,6 +163,26 @@ bool json_call_progress(std::string_view b, std::string& name, std::string& args
 }
 
 }  // namespace
+
+size_t partial_marker(std::string_view s, const std::vector<std::string_view>& markers) {
+    size_t best = 0;
+    for (std::string_view m : markers)
+        for (size_t k = std::min(m.size() - 1, s.size()); k > best; --k)
+            if (s.substr(s.size() - k) == m.substr(0, k)) {
+                best = k;
+                break;
+            }
+    return best;
+}
+
+ToolCallPiece& open_piece(ChatDelta& d, int index) {
+    if (d.calls.empty() || d.calls.back().index != index || d.calls.back().last) {
+        ToolCallPiece p;
+        p.index = index;
+        d.calls.push_back(std::move(p));
+    }
+    return d.calls.back();
+}
 
 void ChatDelta::append(ChatDelta&& o) {
     reasoning += o.reasoning;
@@ -571,22 +578,14 @@ void ChatOutputParser::stream_call(ChatDelta& d, std::string_view body, bool end
         d.calls.push_back(std::move(p));
     }
     if (end && built) args += "}";
-    const auto piece = [&]() -> ToolCallPiece& {
-        if (d.calls.empty() || d.calls.back().index != n_calls_ || d.calls.back().last) {
-            ToolCallPiece p;
-            p.index = n_calls_;
-            d.calls.push_back(std::move(p));
-        }
-        return d.calls.back();
-    };
     // Arguments grow at their end only; anything else (a body that stopped
     // reading as a call) adds nothing.
     if (ok && args.size() > sent_.size() && args.compare(0, sent_.size(), sent_) == 0) {
-        piece().arguments += args.substr(sent_.size());
+        open_piece(d, n_calls_).arguments += args.substr(sent_.size());
         sent_ = std::move(args);
     }
     if (end) {
-        piece().last = true;
+        open_piece(d, n_calls_).last = true;
         ++n_calls_;
         streaming_ = false;
         sent_.clear();

@@ -91,6 +91,14 @@ struct ChatDelta {
     void append(ChatDelta&& o);
 };
 
+/// The piece of call `index` that `d` is adding to: its last one while that
+/// is still open, else a new one.
+ToolCallPiece& open_piece(ChatDelta& d, int index);
+
+/// Bytes at the end of `s` that begin one of `markers` (a parser holds them
+/// back: the next piece of text may complete the marker).
+size_t partial_marker(std::string_view s, const std::vector<std::string_view>& markers);
+
 class ChatOutputParser {
 public:
     /// `tools`: the request's tool list (OpenAI shape; types the XML

@@ -1,7 +1,6 @@
 #include "server/harmony.h"
 
-#include <algorithm>
-#include <vector>
+#include <iterator>
 
 namespace quern::server {
 
@@ -11,18 +10,6 @@ constexpr std::string_view kMessage = "<|message|>", kChannel = "<|channel|>";
 // What ends a body: the message's end, a call, the final answer's return, or
 // (a model that skips the end) the next message's start.
 constexpr std::string_view kEnds[] = {"<|end|>", "<|call|>", "<|return|>", "<|start|>"};
-
-/// Bytes at the end of `s` that may begin one of `markers`.
-size_t partial(std::string_view s, std::initializer_list<std::string_view> markers) {
-    size_t best = 0;
-    for (std::string_view m : markers)
-        for (size_t k = std::min(m.size() - 1, s.size()); k > best; --k)
-            if (s.substr(s.size() - k) == m.substr(0, k)) {
-                best = k;
-                break;
-            }
-    return best;
-}
 
 /// The word after `key` in `header` (up to a space or a marker), or "".
 std::string word_after(std::string_view header, std::string_view key) {
@@ -63,23 +50,13 @@ void HarmonyParser::body(ChatDelta& d, std::string_view text) {
     } else if (dest_ == Dest::Content) {
         d.content.append(text);
     } else {
-        if (d.calls.empty() || d.calls.back().index != n_calls_ || d.calls.back().last) {
-            ToolCallPiece p;
-            p.index = n_calls_;
-            d.calls.push_back(std::move(p));
-        }
-        d.calls.back().arguments.append(text);
+        open_piece(d, n_calls_).arguments.append(text);
     }
 }
 
 void HarmonyParser::close(ChatDelta& d) {
     if (dest_ == Dest::Call) {
-        if (d.calls.empty() || d.calls.back().index != n_calls_ || d.calls.back().last) {
-            ToolCallPiece p;
-            p.index = n_calls_;
-            d.calls.push_back(std::move(p));
-        }
-        d.calls.back().last = true;
+        open_piece(d, n_calls_).last = true;
         ++n_calls_;
     }
     in_body_ = false;
@@ -113,7 +90,7 @@ ChatDelta HarmonyParser::push(std::string_view text) {
             }
         }
         if (at == std::string_view::npos) {
-            const size_t hold = partial(rest, {kEnds[0], kEnds[1], kEnds[2], kEnds[3]});
+            const size_t hold = partial_marker(rest, {std::begin(kEnds), std::end(kEnds)});
             body(d, rest.substr(0, rest.size() - hold));
             held_ = std::string(rest.substr(rest.size() - hold));
             break;

@@ -230,6 +230,17 @@ struct HttpServer::Impl {
                     {"max_model_len", engine.options().n_ctx}};
     }
 
+    /// `messages` laid out by the chat template (one render at a time: the
+    /// template is not thread-safe); 400 naming `messages` when it refuses.
+    std::string render(const Json& messages, const chat::ChatOptions& copts) {
+        try {
+            std::lock_guard<std::mutex> lock(tmpl_mu);
+            return tmpl->apply(messages, copts);
+        } catch (const Error& e) {
+            throw ApiError(400, std::string("the chat template rejected these messages: ") + e.what(), "messages");
+        }
+    }
+
     /// Token ids of each prompt of a request, checked against the context.
     std::vector<std::vector<int32_t>> prompts_of(ApiRequest& r) {
         std::vector<std::vector<int32_t>> prompts;
@@ -239,13 +250,7 @@ struct HttpServer::Impl {
             copts.add_generation_prompt = true;
             copts.tools = r.tools;
             copts.extra = r.template_kwargs;
-            std::string text;
-            try {
-                std::lock_guard<std::mutex> lock(tmpl_mu);
-                text = tmpl->apply(r.messages, copts);
-            } catch (const Error& e) {
-                throw ApiError(400, std::string("the chat template rejected these messages: ") + e.what(), "messages");
-            }
+            const std::string text = render(r.messages, copts);
             prompts.push_back(chat::tokenize_prompt(tok, text));
             // What the model writes besides its answer, as its template shows.
             r.output = detect_output_format(tmpl->source());
@@ -389,14 +394,7 @@ struct HttpServer::Impl {
                                               (body["add_generation_prompt"].is_boolean() &&
                                                body["add_generation_prompt"].get<bool>());
                 copts.tools = r.tools;
-                std::string text;
-                try {
-                    std::lock_guard<std::mutex> lock(tmpl_mu);
-                    text = tmpl->apply(r.messages, copts);
-                } catch (const Error& e) {
-                    throw ApiError(400, std::string("the chat template rejected these messages: ") + e.what(), "messages");
-                }
-                ids = chat::tokenize_prompt(tok, text);
+                ids = chat::tokenize_prompt(tok, render(r.messages, copts));
             } else if (body.contains("prompt") && body["prompt"].is_string()) {
                 const bool special = !body.contains("add_special_tokens") ||
                                      (body["add_special_tokens"].is_boolean() && body["add_special_tokens"].get<bool>());

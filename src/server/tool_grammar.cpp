@@ -11,17 +11,8 @@ namespace quern::server {
 namespace {
 
 using Json = nlohmann::ordered_json;
+using grammar::gbnf_literal;
 
-/// `text` as a GBNF literal.
-std::string lit(const std::string& text) {
-    std::string out = "\"";
-    for (char c : text) {
-        if (c == '"' || c == '\\') out += '\\';
-        if (c == '\n') out += "\\n";
-        else out += c;
-    }
-    return out + "\"";
-}
 
 const Json& function_of(const Json& t) { return t.contains("function") ? t["function"] : t; }
 
@@ -57,7 +48,7 @@ std::string xml_parameters(const Json& params, const std::string& prefix, std::s
             if (schema.contains("enum") || schema.contains("const")) {
                 const Json options = schema.contains("enum") ? schema["enum"] : Json::array({schema["const"]});
                 for (const Json& o : options)
-                    value += (value.empty() ? "( " : " | ") + lit(o.is_string() ? o.get<std::string>() : o.dump());
+                    value += (value.empty() ? "( " : " | ") + gbnf_literal(o.is_string() ? o.get<std::string>() : o.dump());
                 value += " )";
             } else {
                 value = path + "t";
@@ -72,7 +63,7 @@ std::string xml_parameters(const Json& params, const std::string& prefix, std::s
         const std::string open = dsml ? "<｜DSML｜parameter name=\"" + name + "\" string=\"" + (plain_string ? "true" : "false") + "\">"
                                       : "<parameter=" + name + ">\n";
         const std::string close = dsml ? "</｜DSML｜parameter>\n" : "\n</parameter>\n";
-        rules += member + " ::= " + lit(open) + " " + value + " " + lit(close) + "\n";
+        rules += member + " ::= " + gbnf_literal(open) + " " + value + " " + gbnf_literal(close) + "\n";
         seq += (seq.empty() ? "" : " ") + member + (required.count(name) ? "" : "?");
     }
     return seq;
@@ -98,13 +89,13 @@ std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::st
             const bool dsml = f == ToolFormat::Dsml;
             const std::string params = xml_parameters(parameters_of(fn), prefix, rules, dsml);
             rules += call + " ::= " +
-                     lit(dsml ? "<｜DSML｜invoke name=\"" + name + "\">\n" : "<tool_call>\n<function=" + name + ">\n") + " " +
-                     params + " " + lit(dsml ? "</｜DSML｜invoke>" : "</function>\n</tool_call>") + "\n";
+                     gbnf_literal(dsml ? "<｜DSML｜invoke name=\"" + name + "\">\n" : "<tool_call>\n<function=" + name + ">\n") + " " +
+                     params + " " + gbnf_literal(dsml ? "</｜DSML｜invoke>" : "</function>\n</tool_call>") + "\n";
         } else if (f == ToolFormat::DeepSeek) {  // the V3 / R1 form
             std::string args;
             rules += grammar::json_schema_rules(parameters_of(fn), prefix + "x", args);
-            rules += call + " ::= " + lit("<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name + "\n```json\n") + " " + args + " " +
-                     lit("\n```<｜tool▁call▁end｜>") + "\n";
+            rules += call + " ::= " + gbnf_literal("<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name + "\n```json\n") + " " + args + " " +
+                     gbnf_literal("\n```<｜tool▁call▁end｜>") + "\n";
         } else {
             std::string args;
             rules += grammar::json_schema_rules(parameters_of(fn), prefix + "x", args);
@@ -112,7 +103,7 @@ std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::st
                                      : f == ToolFormat::Llama3 ? "{\"name\": " + Json(name).dump() + ", \"parameters\": "
                                                                : "{\"name\": " + Json(name).dump() + ", \"arguments\": ";
             const std::string tail = f == ToolFormat::Hermes ? "}\n</tool_call>" : "}";
-            rules += call + " ::= " + lit(head) + " " + args + " " + lit(tail) + "\n";
+            rules += call + " ::= " + gbnf_literal(head) + " " + args + " " + gbnf_literal(tail) + "\n";
         }
         calls += (calls.empty() ? "" : " | ") + call;
     }
@@ -120,8 +111,8 @@ std::string forced_tool_call_gbnf(ToolFormat f, const Json& tools, const std::st
     const std::string sep = f == ToolFormat::Llama3 ? "\"; \"" : f == ToolFormat::Mistral ? "\", \"" : f == ToolFormat::DeepSeek ? "\"\"" : "\"\\n\"";
     std::string body = "( " + calls + " )" + (parallel ? " ( " + sep + " ( " + calls + " ) )*" : "");
     if (f == ToolFormat::Mistral) body = "\"[\" " + body + " \"]\"";
-    if (f == ToolFormat::DeepSeek) body = lit("<｜tool▁calls▁begin｜>") + " " + body + " " + lit("<｜tool▁calls▁end｜>");
-    if (f == ToolFormat::Dsml) body = lit("<｜DSML｜tool_calls>\n") + " " + body + " " + lit("\n</｜DSML｜tool_calls>");
+    if (f == ToolFormat::DeepSeek) body = gbnf_literal("<｜tool▁calls▁begin｜>") + " " + body + " " + gbnf_literal("<｜tool▁calls▁end｜>");
+    if (f == ToolFormat::Dsml) body = gbnf_literal("<｜DSML｜tool_calls>\n") + " " + body + " " + gbnf_literal("\n</｜DSML｜tool_calls>");
     // Reasoning first, for models that think: anything but "</" up to the
     // block's end.
     const std::string reasoning = std::string(kXmlText) + " \"</think>\" [ \\n]*";

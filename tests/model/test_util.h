@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace quern::test {
@@ -17,6 +19,22 @@ inline std::string default_model_path() {
     const char* qh = std::getenv("QUERN_HOME");
     std::string home = qh && *qh ? qh : std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") + "/.cache/quern";
     return home + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+/// Runs `cmd` through the shell, stderr joined to stdout, echoing the output
+/// to the test log as it comes; returns the exit status (-1 when it cannot
+/// start) and the output.
+inline std::pair<int, std::string> run_command(const std::string& cmd) {
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) return {-1, "cannot run: " + cmd};
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) {
+        out.append(buf, n);
+        std::fwrite(buf, 1, n, stdout);
+        std::fflush(stdout);
+    }
+    return {pclose(p), out};
 }
 
 /// True when the default model is present; in CI (CI=true) its absence is a failure,

@@ -7,7 +7,6 @@
 // (tools/install-deps.sh installs it), except under CI=true.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -24,17 +23,8 @@ TEST(ServerE2E, OpenAIClientAgainstQuernServe) {
     const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
     ASSERT_TRUE(std::filesystem::exists(quern)) << quern << " is not built (cmake --build BUILD --target quern)";
     const std::string cmd = "python3 '" + std::string(QUERN_SOURCE_DIR) + "/tests/python/server_e2e.py' --quern '" +
-                            quern + "' --model '" + quern::test::default_model_path() + "' 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr) << cmd;
-    std::string out;
-    std::array<char, 4096> buf;
-    for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) {
-        out.append(buf.data(), n);
-        std::fwrite(buf.data(), 1, n, stdout);
-        std::fflush(stdout);
-    }
-    const int status = pclose(p);
+                            quern + "' --model '" + quern::test::default_model_path() + "'";
+    const auto [status, out] = quern::test::run_command(cmd);
     EXPECT_EQ(status, 0) << "server_e2e.py failed:\n" << out;
     EXPECT_NE(out.find("server_e2e: all passed"), std::string::npos) << out;
 }

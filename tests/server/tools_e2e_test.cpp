@@ -5,11 +5,12 @@
 // the model or the `openai` package, except under CI=true.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+
+#include "../model/test_util.h"
 
 namespace {
 
@@ -35,14 +36,8 @@ TEST(ToolsE2E, OpenAIClientGetsToolCalls) {
     const std::string quern = std::string(QUERN_BINARY_DIR) + "/quern";
     ASSERT_TRUE(std::filesystem::exists(quern)) << quern << " is not built";
     const std::string cmd = "python3 '" + std::string(QUERN_SOURCE_DIR) + "/tests/python/tools_e2e.py' --quern '" +
-                            quern + "' --model '" + model + "' 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr) << cmd;
-    std::string out;
-    std::array<char, 4096> buf;
-    for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) out.append(buf.data(), n);
-    const int status = pclose(p);
-    std::fputs(out.c_str(), stdout);
+                            quern + "' --model '" + model + "'";
+    const auto [status, out] = quern::test::run_command(cmd);
     EXPECT_EQ(status, 0) << "tools_e2e.py failed:\n" << out;
     EXPECT_NE(out.find("tools_e2e: all passed"), std::string::npos) << out;
 }

@@ -4,6 +4,8 @@
 // ones (refused at the first wrong character).
 #include <gtest/gtest.h>
 
+#include "random_json.h"
+
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -105,37 +107,11 @@ TEST(Grammar, ErrorsNameTheProblem) {
     EXPECT_NE(error_of("root ::= [z-a]").find("range"), std::string::npos);
 }
 
-nlohmann::json random_value(std::mt19937& rng, int depth) {
-    std::uniform_int_distribution<int> kind(0, depth > 3 ? 4 : 6);
-    switch (kind(rng)) {
-        case 0: return nullptr;
-        case 1: return rng() % 2 == 0;
-        case 2: return static_cast<int64_t>(rng()) - (1ll << 31);
-        case 3: return std::ldexp(static_cast<double>(rng() % 100000) - 50000, static_cast<int>(rng() % 40) - 20);
-        case 4: {
-            std::string s;
-            const char* pool[] = {"a", "Z", " ", "\"", "\\", "\n", "\t", "é", "你", "\x01", "/", "🦙"};
-            for (int n = static_cast<int>(rng() % 8); n > 0; --n) s += pool[rng() % 12];
-            return s;
-        }
-        case 5: {
-            nlohmann::json a = nlohmann::json::array();
-            for (int n = static_cast<int>(rng() % 4); n > 0; --n) a.push_back(random_value(rng, depth + 1));
-            return a;
-        }
-        default: {
-            nlohmann::json o = nlohmann::json::object();
-            for (int n = static_cast<int>(rng() % 4); n > 0; --n) o["k" + std::to_string(rng() % 10)] = random_value(rng, depth + 1);
-            return o;
-        }
-    }
-}
-
 TEST(Grammar, JsonAcceptsRandomDocumentsAndRefusesBrokenOnes) {
     const auto any = Grammar::json(false), obj = Grammar::json(true);
     std::mt19937 rng(11);
     for (int i = 0; i < 200; ++i) {
-        const nlohmann::json v = random_value(rng, 0);
+        const nlohmann::json v = quern::test::random_json(rng, 3);
         for (int indent : {-1, 2}) {
             const std::string text = v.dump(indent);
             EXPECT_TRUE(accepts(any, text, 3)) << text;

@@ -7,7 +7,8 @@
 // llguidance package, except under CI=true.
 #include <gtest/gtest.h>
 
-#include <array>
+#include "random_json.h"
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "../model/test_util.h"
 #include "grammar/json_schema.h"
 #include "grammar/token_matcher.h"
 #include "tokenizer/tokenizer.h"
@@ -33,31 +35,6 @@ std::string hex(const std::string& bytes) {
         out += d[c & 15];
     }
     return out;
-}
-
-nlohmann::json random_value(std::mt19937& rng, int depth) {
-    switch (rng() % (depth > 2 ? 5 : 7)) {
-        case 0: return nullptr;
-        case 1: return rng() % 2 == 0;
-        case 2: return static_cast<int64_t>(rng() % 2000000) - 1000000;
-        case 3: return static_cast<double>(rng() % 100000) / 16.0 - 3000.0;
-        case 4: {
-            std::string s;
-            const char* pool[] = {"a", "Zq", " the", "\"", "\\", "\n", "é", "你好", "/", "🦙", "42", "}"};
-            for (int n = static_cast<int>(rng() % 6); n > 0; --n) s += pool[rng() % 12];
-            return s;
-        }
-        case 5: {
-            nlohmann::json a = nlohmann::json::array();
-            for (int n = static_cast<int>(rng() % 4); n > 0; --n) a.push_back(random_value(rng, depth + 1));
-            return a;
-        }
-        default: {
-            nlohmann::json o = nlohmann::json::object();
-            for (int n = static_cast<int>(rng() % 4); n > 0; --n) o["k" + std::to_string(rng() % 10)] = random_value(rng, depth + 1);
-            return o;
-        }
-    }
 }
 
 }  // namespace
@@ -90,7 +67,7 @@ TEST_P(MaskLlguidance, SameMasksAsLlguidance) {
     std::printf("random documents from seed %u\n", seed);
     std::mt19937 rng(seed);
     for (int i = 0; i < 6; ++i) {
-        nlohmann::json v = random_value(rng, 1);
+        nlohmann::json v = quern::test::random_json(rng, 2, 1);
         if (!v.is_object()) v = nlohmann::json{{"v", v}};
         cases.push_back({"random json " + std::to_string(i), json_object, v.dump(i % 2 ? 2 : -1)});
     }
@@ -162,14 +139,8 @@ tail  ::= "!" | "?!"
     }
     const std::string path = (std::filesystem::temp_directory_path() / ("quern-masks-" + std::to_string(seed) + ".json")).string();
     std::ofstream(path) << out.dump();
-    const std::string cmd = "python3 '" + std::string(QUERN_SOURCE_DIR) + "/tests/python/mask_diff.py' '" + path + "' 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr) << cmd;
-    std::string log;
-    std::array<char, 4096> buf;
-    for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), p)) > 0;) log.append(buf.data(), n);
-    const int status = pclose(p);
-    std::fputs(log.c_str(), stdout);
+    const std::string cmd = "python3 '" + std::string(QUERN_SOURCE_DIR) + "/tests/python/mask_diff.py' '" + path + "'";
+    const auto [status, log] = quern::test::run_command(cmd);
     EXPECT_EQ(status, 0) << "masks differ from llguidance's (seed " << seed << "):\n" << log;
     if (status == 0) std::filesystem::remove(path);
 }

@@ -6,6 +6,8 @@
 // byte-level vocabulary (whose tokens split UTF-8 characters).
 #include <gtest/gtest.h>
 
+#include "random_json.h"
+
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -75,31 +77,6 @@ int check_document(const std::shared_ptr<const Grammar>& g, const std::shared_pt
     return compared;
 }
 
-nlohmann::json random_value(std::mt19937& rng, int depth) {
-    switch (rng() % (depth > 2 ? 5 : 7)) {
-        case 0: return nullptr;
-        case 1: return rng() % 2 == 0;
-        case 2: return static_cast<int64_t>(rng() % 200000) - 100000;
-        case 3: return static_cast<double>(rng() % 100000) / 64.0 - 700.0;
-        case 4: {
-            std::string s;
-            const char* pool[] = {"a", "Zq", " the", "\"", "\\", "\n", "é", "你好", "/", "🦙", "42", "{"};
-            for (int n = static_cast<int>(rng() % 6); n > 0; --n) s += pool[rng() % 12];
-            return s;
-        }
-        case 5: {
-            nlohmann::json a = nlohmann::json::array();
-            for (int n = static_cast<int>(rng() % 4); n > 0; --n) a.push_back(random_value(rng, depth + 1));
-            return a;
-        }
-        default: {
-            nlohmann::json o = nlohmann::json::object();
-            for (int n = static_cast<int>(rng() % 4); n > 0; --n) o["key" + std::to_string(rng() % 10)] = random_value(rng, depth + 1);
-            return o;
-        }
-    }
-}
-
 TEST(TokenMask, EqualsTheReferenceOnRandomJson) {
     const auto pieces = TokenPieces::of(*vocab().tok);
     const auto g = Grammar::json(false);
@@ -107,7 +84,7 @@ TEST(TokenMask, EqualsTheReferenceOnRandomJson) {
     std::mt19937 rng(seed);
     int compared = 0;
     for (int doc = 0; doc < 6; ++doc) {
-        const nlohmann::json v = random_value(rng, 0);
+        const nlohmann::json v = quern::test::random_json(rng, 2);
         compared += check_document(g, pieces, v.dump(doc % 2 ? 2 : -1), 3, "seed " + std::to_string(seed) + " " + v.dump());
     }
     EXPECT_GT(compared, 10);

@@ -82,6 +82,25 @@ Json xml_value(const Json& tools, const std::string& fn, const std::string& para
     return v.is_discarded() ? Json(std::string(value)) : v;
 }
 
+/// The whole parameter elements at the start of `rest` (each `open` ...
+/// `>` VALUE `close`, up to the first that is not whole) as the start of a
+/// compact JSON object ("{" and its members, no closing brace: more may come);
+/// `member` reads a tag's text (up to its '>') and value into (name, value).
+template <class Member>
+std::string parameters(std::string_view rest, std::string_view open, std::string_view close, Member member) {
+    std::string args = "{";
+    for (bool first = true;; first = false) {
+        rest = trim(rest);
+        if (!rest.starts_with(open)) break;
+        const size_t pg = rest.find('>'), pe = rest.find(close);
+        if (pg == std::string_view::npos || pe == std::string_view::npos || pe < pg) break;
+        const auto [name, value] = member(rest.substr(0, pg), rest.substr(pg + 1, pe - pg - 1));
+        args += (first ? "" : ",") + Json(name).dump() + ":" + value.dump();
+        rest = rest.substr(pe + close.size());
+    }
+    return args;
+}
+
 /// The end of the JSON value starting at s[i] (one past it), or npos while
 /// it is unfinished. Strings and nesting are followed; a number or literal
 /// ends at a delimiter.
@@ -443,44 +462,20 @@ bool ChatOutputParser::parse_bare_json_objects(std::string_view rest, std::vecto
 bool ChatOutputParser::parse_call(const std::string& raw, ToolCall& call) const {
     const std::string_view body = trim(raw);
     Json args = Json::object();
-    if (f_.tools == ToolFormat::Hermes || (!body.empty() && body.front() == '{')) {
-        const Json j = Json::parse(body, nullptr, false);
-        if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
-        call.name = j["name"].get<std::string>();
-        const char* key = j.contains("arguments") ? "arguments" : "parameters";
-        if (j.contains(key)) {
-            const Json& a = j[key];
-            if (a.is_string()) {  // arguments written as a JSON string
-                const Json inner = Json::parse(a.get<std::string>(), nullptr, false);
-                if (inner.is_discarded() || !inner.is_object()) return false;
-                args = inner;
-            } else if (a.is_object()) {
-                args = a;
-            } else if (!a.is_null()) {
-                return false;
-            }
-        }
-    } else {
-        // <function=NAME> (<parameter=P> VALUE </parameter>)* </function>
-        constexpr std::string_view kFn = "<function=", kFnEnd = "</function>", kP = "<parameter=", kPEnd = "</parameter>";
-        if (body.substr(0, kFn.size()) != kFn) return false;
-        const size_t gt = body.find('>');
-        if (gt == std::string_view::npos) return false;
-        call.name = std::string(trim(body.substr(kFn.size(), gt - kFn.size())));
-        std::string_view rest = body.substr(gt + 1);
-        for (;;) {
-            rest = trim(rest);
-            if (rest.substr(0, kFnEnd.size()) == kFnEnd) {
-                if (!trim(rest.substr(kFnEnd.size())).empty()) return false;
-                break;
-            }
-            if (rest.substr(0, kP.size()) != kP) return false;
-            const size_t pg = rest.find('>');
-            const size_t pe = rest.find(kPEnd);
-            if (pg == std::string_view::npos || pe == std::string_view::npos || pe < pg) return false;
-            const std::string name(trim(rest.substr(kP.size(), pg - kP.size())));
-            args[name] = xml_value(tools_, call.name, name, rest.substr(pg + 1, pe - pg - 1));
-            rest = rest.substr(pe + kPEnd.size());
+    const Json j = Json::parse(body, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
+    call.name = j["name"].get<std::string>();
+    const char* key = j.contains("arguments") ? "arguments" : "parameters";
+    if (j.contains(key)) {
+        const Json& a = j[key];
+        if (a.is_string()) {  // arguments written as a JSON string
+            const Json inner = Json::parse(a.get<std::string>(), nullptr, false);
+            if (inner.is_discarded() || !inner.is_object()) return false;
+            args = inner;
+        } else if (a.is_object()) {
+            args = a;
+        } else if (!a.is_null()) {
+            return false;
         }
     }
     if (call.name.empty()) return false;
@@ -522,25 +517,15 @@ bool ChatOutputParser::call_progress(std::string_view raw, std::string& name, st
         name = std::string(attribute(body.substr(0, gt), "name"));
         if (name.empty()) return false;
         built = true;
-        args = "{";
-        std::string_view rest = body.substr(gt + 1);
-        for (bool first = true;; first = false) {
-            rest = trim(rest);
-            if (!rest.starts_with(kDsmlParam)) break;
-            const size_t pg = rest.find('>'), pe = rest.find(kDsmlParamEnd);
-            if (pg == std::string_view::npos || pe == std::string_view::npos || pe < pg) break;
-            const std::string_view tag = rest.substr(0, pg), value = rest.substr(pg + 1, pe - pg - 1);
+        args = parameters(body.substr(gt + 1), kDsmlParam, kDsmlParamEnd, [](std::string_view tag, std::string_view value) {
             Json v(Json::value_t::discarded);
             if (attribute(tag, "string") != "true") v = Json::parse(value, nullptr, false);
-            args += (first ? "" : ",") + Json(std::string(attribute(tag, "name"))).dump() + ":" +
-                    (v.is_discarded() ? Json(std::string(value)) : v).dump();
-            rest = rest.substr(pe + kDsmlParamEnd.size());
-        }
+            return std::pair{std::string(attribute(tag, "name")), v.is_discarded() ? Json(std::string(value)) : v};
+        });
         return true;
     }
     if (f_.tools == ToolFormat::Hermes || (!body.empty() && body.front() == '{')) return json_call_progress(raw, name, args);
-    // <function=NAME> then whole <parameter=P>VALUE</parameter> elements,
-    // as compact JSON members (what parse_call's dump writes).
+    // <function=NAME> then whole <parameter=P>VALUE</parameter> elements.
     constexpr std::string_view kFn = "<function=", kP = "<parameter=", kPEnd = "</parameter>";
     if (body.substr(0, kFn.size()) != kFn) return false;
     const size_t gt = body.find('>');
@@ -548,17 +533,11 @@ bool ChatOutputParser::call_progress(std::string_view raw, std::string& name, st
     name = std::string(trim(body.substr(kFn.size(), gt - kFn.size())));
     if (name.empty()) return false;
     built = true;
-    args = "{";
-    std::string_view rest = body.substr(gt + 1);
-    for (bool first = true;; first = false) {
-        rest = trim(rest);
-        if (rest.substr(0, kP.size()) != kP) break;
-        const size_t pg = rest.find('>'), pe = rest.find(kPEnd);
-        if (pg == std::string_view::npos || pe == std::string_view::npos || pe < pg) break;
-        const std::string param(trim(rest.substr(kP.size(), pg - kP.size())));
-        args += (first ? "" : ",") + Json(param).dump() + ":" + xml_value(tools_, name, param, rest.substr(pg + 1, pe - pg - 1)).dump();
-        rest = rest.substr(pe + kPEnd.size());
-    }
+    args = parameters(body.substr(gt + 1), kP, kPEnd, [&](std::string_view tag, std::string_view value) {
+        std::string param(trim(tag.substr(kP.size())));
+        Json v = xml_value(tools_, name, param, value);
+        return std::pair{std::move(param), std::move(v)};
+    });
     return true;
 }
 

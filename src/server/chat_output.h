@@ -117,7 +117,8 @@ public:
 private:
     enum class Mode { Content, Reasoning, Tool, BareJson };
     void emit(ChatDelta& d, Mode m, std::string_view text);
-    /// A tool call's body (between the tags) as a call, or false.
+    /// A JSON call body ({"name", "arguments" or "parameters"}, the
+    /// arguments maybe a JSON string) as a call, or false.
     bool parse_call(const std::string& body, ToolCall& call) const;
     /// How far the open call's body has come: its name once written and
     /// its arguments' JSON text so far, or false before both have begun (or

@@ -220,6 +220,10 @@ GPU_SHAPES = {
     "phi3_longrope": dict(intermediate_size=128, rope_parameters=LONGROPE_GPU),
     "phi3_longrope_short": dict(intermediate_size=128, rope_parameters=LONGROPE_GPU),
     "granite": {},
+    # DeltaNet heads of 32 too (2 key, 4 value heads), experts and the shared expert of 64.
+    "qwen3_5": dict(head_dim=32, linear_key_head_dim=32, linear_value_head_dim=32),
+    "qwen3_5_moe": dict(head_dim=32, linear_key_head_dim=32, linear_value_head_dim=32, moe_intermediate_size=64,
+                        shared_expert_intermediate_size=64),
 }
 
 

@@ -7,10 +7,16 @@
 // of every sequence's state within 2e-4 relative (expf and FMA contraction
 // against the CPU's), and a second identical call bit-identical.
 //
+// The small kernels around it in a DeltaNet layer and in gated attention and
+// shared experts (ops.h: rms_norm_groups, the sigmoid gate of swiglu_q8_1
+// and glu_rows_bf16, add_sigmoid_gated) against scalar host references too.
+//
 // Needs a GPU at run time: skips (GTEST_SKIP) where there is none.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <tuple>
 #include <random>
 #include <vector>
 
@@ -18,6 +24,7 @@
 #include "backend/cuda/context.h"
 #include "backend/cuda/delta_rule.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/ops.h"
 
 using namespace quern;
 using namespace quern::cuda;
@@ -222,3 +229,126 @@ TEST(DeltaRuleCudaArgs, UnsupportedShapesAreRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo, float hi) {
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+DeviceBuffer to_device(const std::vector<float>& v, cudaStream_t s) {
+    DeviceBuffer b(v.size() * 4);
+    b.upload(v.data(), v.size() * 4, s);
+    return b;
+}
+
+std::vector<float> to_host(const DeviceBuffer& b, size_t n, CudaContext& ctx) {
+    std::vector<float> v(n);
+    ctx.synchronize();
+    b.download(v.data(), n * 4, ctx.stream());
+    return v;
+}
+
+float bf16_value(uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+}  // namespace
+
+// Per-group RMSNorm (a DeltaNet's per-value-head output norm) into rows of
+// a wider stride, against a double-precision host norm per group.
+TEST(GatedOpsCuda, RmsNormGroups) {
+    if (CudaContext::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+    CudaContext ctx;
+    std::mt19937 rng(31);
+    for (const auto [n, width, group] : {std::tuple{1, 128, 32}, std::tuple{7, 6144, 128}, std::tuple{3, 512, 512}}) {
+        const auto x = random_floats(static_cast<size_t>(n * width), rng, -3.0f, 3.0f);
+        const auto w = random_floats(static_cast<size_t>(group), rng, 0.5f, 1.5f);
+        const int64_t ldy = 2 * width;
+        DeviceBuffer dx = to_device(x, ctx.stream()), dw = to_device(w, ctx.stream());
+        DeviceBuffer dy(static_cast<size_t>(n * ldy) * 4);
+        dy.fill_bytes(0, ctx.stream());
+        rms_norm_groups(dx.as<float>(), dw.as<float>(), dy.as<float>(), ldy, n, width, group, 1e-6f, ctx.stream());
+        const auto y = to_host(dy, static_cast<size_t>(n * ldy), ctx);
+        for (int64_t r = 0; r < n; ++r)
+            for (int64_t g0 = 0; g0 < width; g0 += group) {
+                double ss = 0;
+                for (int64_t i = 0; i < group; ++i) ss += double{x[r * width + g0 + i]} * x[r * width + g0 + i];
+                const double inv = 1.0 / std::sqrt(ss / group + 1e-6);
+                for (int64_t i = 0; i < group; ++i) {
+                    const double want = x[r * width + g0 + i] * inv * w[i];
+                    ASSERT_NEAR(y[r * ldy + g0 + i], want, 1e-5 * std::fabs(want) + 1e-6)
+                        << "row " << r << " element " << g0 + i << " width " << width;
+                }
+            }
+    }
+}
+
+// The sigmoid gate (gated attention): swiglu_q8_1 and glu_rows_bf16 with
+// kGateSigmoid give u / (1 + e^-g).
+TEST(GatedOpsCuda, SigmoidGate) {
+    if (CudaContext::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+    CudaContext ctx;
+    std::mt19937 rng(32);
+    const int64_t n = 5, F = 256;
+    const auto gu = random_floats(static_cast<size_t>(n * 2 * F), rng, -6.0f, 6.0f);
+    DeviceBuffer dgu = to_device(gu, ctx.stream()), dh(static_cast<size_t>(F) * 4), db(static_cast<size_t>(n * F) * 2);
+    const auto want = [&](int64_t r, int64_t i) {
+        return gu[r * 2 * F + F + i] / (1.0 + std::exp(-double{gu[r * 2 * F + i]}));
+    };
+    swiglu_q8_1(dgu.as<float>(), dgu.as<float>() + F, dh.as<float>(), nullptr, nullptr, F, ctx.stream(), nullptr,
+                nullptr, kGateSigmoid);
+    const auto h = to_host(dh, static_cast<size_t>(F), ctx);
+    for (int64_t i = 0; i < F; ++i) ASSERT_NEAR(h[i], want(0, i), 1e-5 * std::fabs(want(0, i)) + 1e-6) << i;
+    glu_rows_bf16(dgu.as<float>(), 2 * F, n, F, db.as<uint16_t>(), kGateSigmoid, ctx.stream());
+    std::vector<uint16_t> b(static_cast<size_t>(n * F));
+    ctx.synchronize();
+    db.download(b.data(), b.size() * 2, ctx.stream());
+    for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < F; ++i)
+            ASSERT_NEAR(bf16_value(b[r * F + i]), want(r, i), 4e-3 * std::fabs(want(r, i)) + 1e-6) << r << " " << i;
+}
+
+// A shared expert's gated add, the row read as floats or as BF16.
+TEST(GatedOpsCuda, AddSigmoidGated) {
+    if (CudaContext::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+    CudaContext ctx;
+    std::mt19937 rng(33);
+    const int64_t n = 6, dim = 2048;
+    auto x = random_floats(static_cast<size_t>(n * dim), rng, -1.0f, 1.0f);
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {  // values exact in BF16, so both forms read the same row
+        uint32_t u;
+        std::memcpy(&u, &x[i], 4);
+        u &= 0xFFFF0000u;
+        std::memcpy(&x[i], &u, 4);
+        xb[i] = static_cast<uint16_t>(u >> 16);
+    }
+    const auto w = random_floats(static_cast<size_t>(dim), rng, -0.1f, 0.1f);
+    const auto y = random_floats(static_cast<size_t>(n * dim), rng, -2.0f, 2.0f);
+    const auto out0 = random_floats(static_cast<size_t>(n * dim), rng, -2.0f, 2.0f);
+    DeviceBuffer dx = to_device(x, ctx.stream()), dw = to_device(w, ctx.stream()), dy = to_device(y, ctx.stream());
+    DeviceBuffer dxb(xb.size() * 2);
+    dxb.upload(xb.data(), xb.size() * 2, ctx.stream());
+    for (bool bf16 : {false, true}) {
+        DeviceBuffer dout = to_device(out0, ctx.stream());
+        if (bf16) add_sigmoid_gated(dxb.as<uint16_t>(), dw.as<float>(), dy.as<float>(), dout.as<float>(), n, dim, ctx.stream());
+        else add_sigmoid_gated(dx.as<float>(), dw.as<float>(), dy.as<float>(), dout.as<float>(), n, dim, ctx.stream());
+        const auto out = to_host(dout, out0.size(), ctx);
+        for (int64_t r = 0; r < n; ++r) {
+            double d = 0;
+            for (int64_t i = 0; i < dim; ++i) d += double{x[r * dim + i]} * w[i];
+            const double g = 1.0 / (1.0 + std::exp(-d));
+            for (int64_t i = 0; i < dim; ++i) {
+                const double want = out0[r * dim + i] + g * y[r * dim + i];
+                ASSERT_NEAR(out[r * dim + i], want, 1e-5 * std::fabs(want) + 1e-5) << (bf16 ? "bf16 " : "f32 ") << r;
+            }
+        }
+    }
+}

@@ -105,7 +105,55 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"phi3_longrope_short", "fp32", 0.9999}, Case{"phi3_longrope_short", "bf16", 0.999},
                       Case{"llama", "fp8_block", 0.9999}, Case{"llama", "fp8_channel", 0.9999},
                       Case{"llama", "fp8_tensor", 0.9999}, Case{"llama", "nvfp4", 0.9999},
-                      Case{"qwen3", "fp8_block", 0.9999}, Case{"qwen3", "nvfp4", 0.9999}),
+                      Case{"qwen3", "fp8_block", 0.9999}, Case{"qwen3", "nvfp4", 0.9999},
+                      Case{"qwen3_5", "fp32", 0.9999}, Case{"qwen3_5", "bf16", 0.999},
+                      Case{"qwen3_5", "fp8_block", 0.9999}, Case{"qwen3_5", "nvfp4", 0.9999},
+                      Case{"qwen3_5_moe", "fp32", 0.9999}, Case{"qwen3_5_moe", "bf16", 0.999}),
     [](const auto& info) { return info.param.arch + "_" + info.param.checkpoint; });
+
+// Qwen3.5 (DeltaNet layers with their recurrent state, gated attention;
+// dense and MoE with a shared expert) on the GPU, prompts through the
+// batched prefill: the whole prompt in one call, and cut in two calls at
+// several places, gives transformers' logits at the cut and at the end; the
+// greedy continuation is transformers'; a session truncated to 0 starts its
+// state again.
+TEST(HfGoldenCudaHybrid, PromptPassesChunksAndGreedy) {
+    if (cuda::CudaContext::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+    for (const char* arch : {"qwen3_5", "qwen3_5_moe"}) {
+        const std::string root = kGpuDir + arch + "/";
+        std::ifstream jf(root + "golden.json");
+        ASSERT_TRUE(jf) << root;
+        const nlohmann::json meta = nlohmann::json::parse(jf);
+        const auto tokens = meta["tokens"].get<std::vector<int32_t>>();
+        const auto greedy = meta["greedy"].get<std::vector<int32_t>>();
+        const int64_t n = static_cast<int64_t>(tokens.size()), V = meta["n_vocab"].get<int64_t>();
+        const std::vector<float> ref = read_logits(root + "fp32.logits");
+        auto model = load_hf_model(root + "fp32");
+        ASSERT_EQ(cuda_unsupported(model->program()), "") << arch;
+        cuda::SessionOptions o;
+        o.verbose = false;
+        auto s = test::cuda_session(*model, o, 128);
+        std::vector<float> out(static_cast<size_t>(V));
+        const auto expect_row = [&](int64_t t, const std::string& what) {
+            const float* r = ref.data() + t * V;
+            EXPECT_GE(cosine_similarity(out.data(), r, V), 0.9999) << arch << " " << what << " position " << t;
+            EXPECT_EQ(argmax(out.data(), V), argmax(r, V)) << arch << " " << what << " position " << t;
+        };
+        s->eval(tokens.data(), n, out.data());
+        expect_row(n - 1, "one call");
+        for (int64_t cut : {1, 9, 40, 63}) {
+            s->truncate(0);
+            s->eval(tokens.data(), cut, out.data());
+            expect_row(cut - 1, "first call, cut at " + std::to_string(cut));
+            s->eval(tokens.data() + cut, n - cut, out.data());
+            expect_row(n - 1, "second call, cut at " + std::to_string(cut));
+        }
+        s->truncate(0);
+        s->eval(tokens.data(), n, out.data());
+        std::vector<int32_t> got{static_cast<int32_t>(argmax(out.data(), V))};
+        while (got.size() < greedy.size()) got.push_back(s->eval_greedy(got.back()));
+        EXPECT_EQ(got, greedy) << arch;
+    }
+}
 
 }  // namespace

@@ -57,12 +57,18 @@ TEST(Program, EveryPresetLowersToDecoderBlocks) {
         SynthModel sm = make_synthetic(p, "Q8_0", 2);
         auto m = Model::from_weights(sm.cfg, std::move(sm.weights));
         const Program& prog = m->program();
-        if (p.cfg.has_recurrent_state()) {  // no CUDA lowering of linear attention yet: refused by name
-            EXPECT_EQ(cuda_unsupported(prog), "Gated DeltaNet (linear-attention) layers") << p.name;
-            continue;
-        }
         EXPECT_EQ(cuda_unsupported(prog), "") << p.name;
         const BlockPlan plan = plan_blocks(prog);
+        if (p.cfg.has_recurrent_state()) {  // DeltaNet layers and gated attention (Qwen3.5)
+            int64_t full = 0;
+            for (int64_t il = 0; il < p.cfg.n_layer; ++il) full += !p.cfg.recurrent(il);
+            EXPECT_TRUE(plan.hybrid()) << p.name;
+            EXPECT_TRUE(plan.gates) << p.name;
+            EXPECT_EQ(plan.n_kv_layers, full) << p.name;
+            EXPECT_EQ(plan.n_layer, p.cfg.n_layer) << p.name;
+            EXPECT_EQ(plan.n_ff_shexp > 0, p.cfg.moe()) << p.name;
+            continue;
+        }
         EXPECT_EQ(plan.n_layer, p.cfg.n_layer) << p.name;
         EXPECT_EQ(plan.moe, p.cfg.moe()) << p.name;
         EXPECT_EQ(plan.post_norms, p.cfg.arch == "gemma2" || p.cfg.arch == "gemma3") << p.name;
@@ -78,7 +84,8 @@ TEST(Program, EveryPresetLowersToDecoderBlocks) {
 // program of another shape is refused by name.
 TEST(Program, CheckpointsLowerAndOtherShapesAreRefused) {
     namespace fs = std::filesystem;
-    for (const char* dir : {"llama/fp32", "phi3_longrope/fp32", "gemma3/fp32", "qwen3_moe/fp32", "granite/fp32"}) {
+    for (const char* dir : {"llama/fp32", "phi3_longrope/fp32", "gemma3/fp32", "qwen3_moe/fp32", "granite/fp32", "qwen3_5/fp32",
+                            "qwen3_5_moe/fp32"}) {
         auto m = load_hf_model((fs::path(QUERN_SOURCE_DIR) / "tests/data/hf_gpu" / dir).string());
         EXPECT_EQ(cuda_unsupported(m->program()), "") << dir;
     }

@@ -35,6 +35,9 @@ void CudaExecutor::prepare_batches() {
     bgreedy_ = DeviceBuffer(kHeadRows * 4);
     bargmax_ = DeviceBuffer(argmax_rows_scratch_bytes(kHeadRows));
     hgreedy_ = PinnedBuffer(kHeadRows * 4);
+    // A pass's DeltaNet arrays (set_batch_delta): at most one sequence per row.
+    if (plan_.hybrid())
+        bdelta_ = DeviceBuffer(static_cast<size_t>(prefill_rows_) * (8 + sizeof(float*) * static_cast<size_t>(n_delta_)));
     // Resident BF16 copies of the dense matrices and the output head: every
     // pass multiplies them directly instead of dequantizing the model again
     // (expert banks stay quantized: too large to double). A quarter of the
@@ -319,6 +322,20 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
     if (lr) {
         pr.rope_long = d + 3 * nr + hc;
         pr.inv_freq_long = rope_long_;
+    }
+    if (c.hybrid()) {
+        // Each segment is a sequence of the DeltaNet kernels (graph padding
+        // rows: one each, on the spare slot).
+        std::vector<int32_t> rows, slots;
+        std::vector<bool> fresh;
+        for (const BatchSegment& g : segs) {
+            const SeqBatch& q = seqs[g.seq];
+            rows.push_back(static_cast<int32_t>(g.n));
+            slots.push_back(q.state_slot);
+            fresh.push_back(q.n_past + g.off == 0);
+        }
+        for (int64_t i = n; i < nr; ++i) rows.push_back(1), slots.push_back(-1), fresh.push_back(true);
+        set_batch_delta(rows, slots, fresh);
     }
     if (!np || !replay_layers(d, np, keys, pr)) layer_rows(d, nr, 0, &pr);
     if (nh > 0) {

@@ -87,9 +87,6 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
     float* x = x_.as<float>();
     float* h = h_.as<float>();
     float* xn = xn_.as<float>();
-    float* q = qkv_.as<float>();
-    float* k = q + c.q_dim();
-    float* v = k + c.kv_dim();
     float* gate = gu_.as<float>();
     float* up = gate + c.n_ff;
     const int nctx = static_cast<int>(n_ctx_);
@@ -128,40 +125,23 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const LayerWeights& L = layers_[static_cast<size_t>(il)];
         const BlockPlanLayer& P = c.layers[static_cast<size_t>(il)];
-        const AttentionSpec& A = *P.attn;
-        auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
-        auto* vc = kc + kv_layer_bytes_;
         const bool deferred = fuse && (il > 0 || norm0);  // else layer 0's input comes from get_row
         if (!deferred && !sk("norm")) norm(L.attn_norm, il > 0);
         mark("norm");
-        // Q|K and V of different types (Q4_K_M): one launch where a fused kernel exists.
-        const bool pair = L.qkv.size() == 2 && gemv_takes_quantized_activation(L.qkv[0].w.type) &&
-                          gemv_takes_quantized_activation(L.qkv[1].w.type);
-        if (!sk("qkv") && pair)
-            gemv_pair(ctx_, L.qkv[0].w, q + L.qkv[0].offset, L.qkv[1].w, q + L.qkv[1].offset, xq_embd_,
-                      deferred ? &dn : nullptr);
-        else if (!sk("qkv"))
-            for (const Piece& p : L.qkv) mm_normed(p, q, deferred);
-        mark("gemv_qkv");
-        // RoPE, the KV-cache write and attention in one launch; it also
-        // quantizes the output projection's activation.
-        const bool qo = gemv_takes_quantized_activation(L.wo.w.type);
-        AttentionExtras ex = attention_extras(L, P);
-        ex.window = static_cast<int>(std::min<int64_t>(A.window, nctx));
-        ex.softcap = A.softcap;
-        ex.one_split = short_ctx ? 1 : 0;
-        if (!sk("attn")) decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
-                              static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
-                              inv_freq_[static_cast<size_t>(il)], A.rope.dim, A.rope.neox, A.scale,
-                              attn_scratch_.data(),
-                              attn_.as<float>(), s, qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr,
-                              qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr, ex);
-        mark("attention");
+        // The output projection's input: attention's (quantized by its
+        // kernel), or a gate's (hybrid_layers.cpp).
+        const float* mixed = attn_.as<float>();
+        if (L.delta) {
+            mixed = step_delta(L);
+        } else {
+            step_attention(L, P, deferred, short_ctx);
+            if (!L.attn_gate.empty()) mixed = step_attn_gate(L);
+        }
         if (fuse) {  // x += W_o·a; the FFN norm's activation without its scale
             gemv_residual_norm(ctx_, L.wo.w, xq_attn_, x, L.ffn_norm, xq_embd_, ss_parts_.as<float>());
             mark("gemv_o");
         } else {
-            if (!sk("wo")) mm(L.wo, attn_.as<float>(), xq_attn_, h);
+            if (!sk("wo")) mm(L.wo, mixed, xq_attn_, h);
             if (L.post_attn_norm)
                 rms_norm_q8_1(h, nullptr, L.post_attn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
             if (P.attn_out_scale != 1.0f) scale_softcap(hres, c.n_embd, P.attn_out_scale, 0.0f, s);
@@ -203,6 +183,7 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
                 else gemv_indexed(ctx_, L.exp_down, c.n_embd, ef, true, ids, k, ey);
             }
             moe_weighted_sum(ey, moe_w_.as<float>(), k, c.n_embd, h, s);
+            if (!L.sh_gate_up.empty()) step_shared_expert(L);
             if (L.post_ffn_norm)
                 rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
             if (P.ffn_out_scale != 1.0f) scale_softcap(hres, c.n_embd, P.ffn_out_scale, 0.0f, s);
@@ -259,6 +240,49 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
     advance_decode_position(ctl, tokens_.as<int32_t>(), nctx, s, host_out_dev_);
     mark("advance");
     collect_profile(prof_decode_);
+}
+
+void CudaExecutor::step_attention(const LayerWeights& L, const BlockPlanLayer& P, bool deferred, bool short_ctx) {
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    const int32_t* pos = &ctl_.as<DecodeControl>()->pos;
+    float* q = qkv_.as<float>();
+    float* k = q + c.q_dim();
+    float* v = k + c.kv_dim();
+    const int nctx = static_cast<int>(n_ctx_);
+    const DeferredNormScale dn{ss_parts_.as<float>(), static_cast<int>(c.n_embd / 32), c.n_embd, c.rms_eps};
+    const auto mm_normed = [&](const Piece& p, float* y) {
+        if (deferred) gemv(ctx_, p.w, xq_embd_, y + p.offset, dn);
+        else mm(p, xn_.as<float>(), xq_embd_, y);
+    };
+    const std::string& skip = tuning().skip;
+    const auto sk = [&](const char* what) { return skip.find(what) != std::string::npos; };
+    const AttentionSpec& A = *P.attn;
+    auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(A.kv_layer) * kv_layer_bytes_;
+    auto* vc = kc + kv_layer_bytes_;
+    // Q|K and V of different types (Q4_K_M): one launch where a fused kernel exists.
+    const bool pair = L.qkv.size() == 2 && gemv_takes_quantized_activation(L.qkv[0].w.type) &&
+                      gemv_takes_quantized_activation(L.qkv[1].w.type);
+    if (!sk("qkv") && pair)
+        gemv_pair(ctx_, L.qkv[0].w, q + L.qkv[0].offset, L.qkv[1].w, q + L.qkv[1].offset, xq_embd_,
+                  deferred ? &dn : nullptr);
+    else if (!sk("qkv"))
+        for (const Piece& p : L.qkv) mm_normed(p, q);
+    mark("gemv_qkv");
+    // RoPE, the KV-cache write and attention in one launch; it also
+    // quantizes the output projection's activation.
+    const bool qo = gemv_takes_quantized_activation(L.wo.w.type) && L.attn_gate.empty();
+    AttentionExtras ex = attention_extras(L, P);
+    ex.window = static_cast<int>(std::min<int64_t>(A.window, nctx));
+    ex.softcap = A.softcap;
+    ex.one_split = short_ctx ? 1 : 0;
+    if (!sk("attn")) decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
+                          static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                          inv_freq_[static_cast<size_t>(&P - c.layers.data())], A.rope.dim, A.rope.neox, A.scale,
+                          attn_scratch_.data(),
+                          attn_.as<float>(), s, qo ? xq_attn_.q() : nullptr, qo ? xq_attn_.info() : nullptr,
+                          qo ? xq_attn_.q2() : nullptr, qo ? xq_attn_.info2() : nullptr, ex);
+    mark("attention");
 }
 
 cudaGraph_t CudaExecutor::capture_step(Head head, bool short_ctx) {

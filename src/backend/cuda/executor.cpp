@@ -76,6 +76,7 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
 
     upload_weights();
     make_rope_tables();
+    make_lone_state(program);
     if (opt.fp8_weights) {
         // FP8 with per-channel scales (--gpu-weights fp8), converted on the
         // device one matrix at a time.
@@ -107,8 +108,21 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
     qkv_ = fbuf(c.q_dim() + 2 * c.kv_dim());
     attn_ = fbuf(c.q_dim());
     const int64_t moe_ff = c.moe ? c.n_expert_used * c.n_ff_exp : 0;  // gate (or up) of all chosen experts
-    gu_ = fbuf(2 * std::max(moe_ff, c.n_ff));
-    ffh_ = fbuf(std::max(moe_ff, c.n_ff));
+    const int64_t ff = std::max(c.n_ff, c.n_ff_shexp);
+    gu_ = fbuf(2 * std::max(moe_ff, ff));
+    ffh_ = fbuf(std::max(moe_ff, ff));
+    const int64_t VD = c.delta ? c.delta->value_dim() : 0;
+    if (c.delta) {
+        sqkv_ = fbuf(c.delta->conv_dim());
+        sxc_ = fbuf(c.delta->conv_dim());
+        sz_ = fbuf(VD);
+        sy_ = fbuf(VD);
+        syn_ = fbuf(VD);
+        sba_ = fbuf(2 * c.delta->n_v_heads);
+    }
+    if (c.gates) sgate_ = fbuf(c.q_dim());
+    if (c.delta || c.gates) sgated_ = fbuf(std::max(c.q_dim(), VD));
+    if (c.n_ff_shexp > 0) sshared_ = fbuf(c.n_embd);
     if (c.moe) {
         moe_logits_ = fbuf(c.n_expert);
         moe_ids_ = DeviceBuffer(static_cast<size_t>(c.n_expert_used) * sizeof(int32_t));
@@ -119,8 +133,8 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
     logits_ = fbuf(c.n_vocab);
     argmax_scratch_ = DeviceBuffer(argmax_scratch_bytes(c.n_vocab));
     xq_embd_ = QuantizedActivation(c.n_embd, levels_);
-    xq_attn_ = QuantizedActivation(c.q_dim(), levels_);
-    if (c.n_ff > 0) xq_ff_ = QuantizedActivation(c.n_ff, levels_);
+    xq_attn_ = QuantizedActivation(std::max(c.q_dim(), VD), levels_);
+    if (ff > 0) xq_ff_ = QuantizedActivation(ff, levels_);
     {
         // Every GEMV must read the quantized activation (F8_E4M3_B32, like
         // the float types, reads floats: FP8 models keep the norm launches).
@@ -135,7 +149,8 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
         // add, which the GEMV epilogue cannot do, nor scale it: those
         // models keep the launches. So do expert layers, whose output is a weighted sum of
         // several GEMVs (moe_weighted_sum) rather than one GEMV's epilogue.
-        fuse_norm_ = all_q && !c.post_norms && !c.branch_scales && !c.moe;
+        // Gated and DeltaNet layers read the normed row as floats too.
+        fuse_norm_ = all_q && !c.post_norms && !c.branch_scales && !c.moe && !c.gates && !c.hybrid();
         ss_parts_ = fbuf(c.n_embd / 32);
     }
     ctl_ = DeviceBuffer(sizeof(DecodeControl));
@@ -151,8 +166,9 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
         bool ok = opt.batched_prefill && prefill_attention_head_dim_supported(static_cast<int>(c.head_dim)) &&
                   opt.prefill_chunk >= 1;
         for (const auto& L : layers_) {
-            for (const Piece& p : L.qkv) ok = ok && g(p);
-            ok = ok && g(L.wo);
+            for (const auto* ps : {&L.qkv, &L.attn_gate, &L.delta_z, &L.delta_ba, &L.sh_gate_up})
+                for (const Piece& p : *ps) ok = ok && g(p);
+            ok = ok && g(L.wo) && (L.sh_gate_up.empty() || g(L.sh_down));
             if (L.moe) {
                 ok = ok && g(L.router) && gemm_weight_type_supported(L.exp_gate.type) &&
                      gemm_weight_type_supported(L.exp_up.type) && gemm_weight_type_supported(L.exp_down.type);
@@ -174,7 +190,7 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
         fail("KV cache of {} blocks of {} positions out of range (lower {})", n_blocks, block_size, flag);
     const size_t row = static_cast<size_t>(c.kv_dim()) * (kv_type_ == KvType::F16 ? 2 : 4);
     const auto block_bytes = [&](int64_t blocks) {  // K and V of every layer, + the spare block
-        return 2.0 * static_cast<double>(c.n_layer) * static_cast<double>((blocks + 1) * block_size) *
+        return 2.0 * static_cast<double>(c.n_kv_layers) * static_cast<double>((blocks + 1) * block_size) *
                static_cast<double>(row);
     };
     // The graphs and scratch name the old storage; its memory goes first
@@ -206,7 +222,7 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
     }
     const size_t layer = static_cast<size_t>((n_blocks + 1) * block_size) * row;
     try {
-        kv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_layer) * layer);
+        kv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_kv_layers) * layer);
     } catch (const Error&) {
         cudaGetLastError();
         fail("the KV cache of {} positions needs {:.2f} GiB but the GPU has {:.2f} GiB free (lower {}{})",
@@ -250,6 +266,10 @@ void CudaExecutor::forward(const ForwardBatch& fb) {
         }
     }
     if (fb.n_seqs == 1 && !fb.invariant && zero_based) return forward_lone(fb.seqs[0], fb.trace);
+    if (c.hybrid())
+        for (int i = 0; i < fb.n_seqs; ++i)
+            if (fb.seqs[i].state_slot < 0 || fb.seqs[i].state_slot >= n_slots_)
+                fail("forward: sequence {} names recurrent-state slot {} of {}", i, fb.seqs[i].state_slot, n_slots_);
     if (fb.trace) fail("forward: a trace needs a lone sequence over blocks 0, 1, 2, ...");
     for (int i = 0; i < fb.n_seqs; ++i)
         if (fb.seqs[i].sampling) fail("forward: device sampling needs a lone sequence over blocks 0, 1, 2, ...");
@@ -267,6 +287,7 @@ void CudaExecutor::forward_lone(const SeqBatch& q, const TraceFn* trace) {
         n_past_ = q.n_past;
         fed_ = false;
     }
+    if (q.n_past == 0 && lone_state_.data()) lone_state_.fill_bytes(0, ctx_.stream());  // a new sequence
     float* logits = q.logits;
     if (q.next && !logits && (q.n != 1 || trace)) {
         host_logits_.resize(static_cast<size_t>(plan_.n_vocab));
@@ -376,6 +397,7 @@ void CudaExecutor::upload_weights() {
         const BlockPlanLayer& P = c.layers[static_cast<size_t>(il)];
         LayerWeights& L = layers_[static_cast<size_t>(il)];
         L.attn_norm = upload_f32(*P.attn_norm);
+        upload_hybrid(P, L, il);
         L.ffn_norm = upload_f32(*P.ffn_norm);
         // Row slices of one fused matrix (Phi-3's attn_qkv, ffn_up) become
         // that matrix again: runs of one type are concatenated.
@@ -406,8 +428,8 @@ void CudaExecutor::upload_weights() {
             owned_.push_back(std::move(db));
             L.qkv_bias = owned_.back().as<float>();
         }
-        if (P.attn->q_norm) L.q_norm = upload_f32(*P.attn->q_norm);
-        if (P.attn->k_norm) L.k_norm = upload_f32(*P.attn->k_norm);
+        if (P.attn && P.attn->q_norm) L.q_norm = upload_f32(*P.attn->q_norm);
+        if (P.attn && P.attn->k_norm) L.k_norm = upload_f32(*P.attn->k_norm);
         if (P.post_attn_norm) L.post_attn_norm = upload_f32(*P.post_attn_norm);
         if (P.post_ffn_norm) L.post_ffn_norm = upload_f32(*P.post_ffn_norm);
     }
@@ -431,6 +453,10 @@ void CudaExecutor::make_rope_tables() {
         return t;
     };
     for (const BlockPlanLayer& P : plan_.layers) {
+        if (!P.attn) {  // a DeltaNet layer
+            inv_freq_.push_back(nullptr);
+            continue;
+        }
         const RopeSpec& r = P.attn->rope;
         if (!r.long_factors) {
             inv_freq_.push_back(table(r.dim, r.base, r.factors));

@@ -16,6 +16,7 @@
 #include "backend/block_plan.h"
 #include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/context.h"
+#include "backend/cuda/delta_rule.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
@@ -54,6 +55,24 @@ struct LayerWeights {
     // Batches: one BF16 copy of all Q|K|V (gate|up) pieces, rows stacked in
     // output order (type BF16, owning the pieces' copies), or empty.
     DeviceWeight qkv_bf16, gate_up_bf16;
+    // Gated attention: the output gate's rows ([head 0 | head 1 | ...],
+    // sigmoid), or empty.
+    std::vector<Piece> attn_gate;
+    // A Gated DeltaNet layer (no attention): qkv is its [q | k | v]
+    // projection, wo its output; z (value_dim rows), [b | a], the per-head
+    // output norm, the conv and decay parameters (dl), and where its slot
+    // starts in a sequence's recurrent state.
+    bool delta = false;
+    std::vector<Piece> delta_z, delta_ba;
+    const float* delta_norm = nullptr;
+    DeltaLayer dl;
+    int64_t state_offset = 0;
+    int delta_index = -1;  // among the DeltaNet layers
+    // A shared expert beside the routed ones: gate|up, down, its gate row
+    // (n_embd floats).
+    std::vector<Piece> sh_gate_up;
+    Piece sh_down;
+    const float* sh_gate = nullptr;
 };
 
 /// Host memory pinned for asynchronous copies (freed with cudaFreeHost).
@@ -94,6 +113,10 @@ public:
     /// batched prefill); anything else forward_batch (executors made with
     /// SessionOptions::batches).
     void forward(const ForwardBatch& batch) override;
+    void make_state_slots(int64_t n) override;
+    void copy_state_slot(int32_t from, int32_t to) override;
+    void save_lone_state() override;
+    void restore_lone_state() override;
     bool samples_on_device(const SamplingSpec& sp) const override;
     int64_t fp8_activation_rows() const override {
         return opt_.fp8_weights && prefill_supported_ ? kPrefillMinTokens : 0;
@@ -124,6 +147,30 @@ private:
 
 private:
     void upload_weights();
+    /// Layer il's gated-attention, DeltaNet and shared-expert weights
+    /// (hybrid_layers.cpp).
+    void upload_hybrid(const BlockPlanLayer& P, LayerWeights& L, int64_t il);
+    /// The recurrent state of hybrid programs: the lone sequence's, its
+    /// saved copy, and the DeltaSeqs arrays of the lone passes.
+    void make_lone_state(const Program& program);
+    /// Decode step, layer L (normed input in xn_ / xq_embd_): the DeltaNet
+    /// mixer through its output projection into h_; the output gate of
+    /// gated attention (attn_ → xq_attn_, returns the gated floats); the
+    /// shared expert added into h_.
+    const float* step_delta(const LayerWeights& L);
+    const float* step_attn_gate(const LayerWeights& L);
+    void step_shared_expert(const LayerWeights& L);
+    /// The same over n rows of layer_rows (normed input xb in BF16): the
+    /// DeltaNet mixer into H (rows_delta_ names the sequences' states), and
+    /// the shared expert added into H.
+    void rows_delta(const LayerWeights& L, int64_t n, uint16_t* xb, float* H);
+    void rows_shared_expert(const LayerWeights& L, int64_t n, const uint16_t* xb, float* H);
+    /// A batch pass's DeltaSeqs (rows_delta_) for sequences of `rows` rows
+    /// back to back with recurrent-state slots `slots` (-1: the spare slot),
+    /// uploaded into bdelta_; slots of sequences starting at position 0
+    /// zeroed first.
+    void set_batch_delta(const std::vector<int32_t>& rows, const std::vector<int32_t>& slots,
+                         const std::vector<bool>& fresh);
     /// The RoPE inverse-frequency table of each layer (rope_tables()).
     void make_rope_tables();
     /// f(w) for every layer matrix (Q/K/V, output, gate/up, down; with
@@ -132,9 +179,14 @@ private:
     void for_each_layer_matrix(F&& f, bool experts) {
         for (auto& L : layers_) {
             for (auto& p : L.qkv) f(p.w);
+            for (auto& p : L.attn_gate) f(p.w);
+            for (auto& p : L.delta_z) f(p.w);
+            for (auto& p : L.delta_ba) f(p.w);
             f(L.wo.w);
             for (auto& p : L.gate_up) f(p.w);
             f(L.down.w);
+            for (auto& p : L.sh_gate_up) f(p.w);
+            f(L.sh_down.w);
             if (experts) {
                 f(L.exp_gate);
                 f(L.exp_up);
@@ -160,6 +212,11 @@ private:
     /// short_ctx: attention as one split per KV head with no combine launch
     /// (AttentionExtras::one_split), for steps at positions < short_ctx_.
     void enqueue_step(Head head, const TraceFn* trace, bool short_ctx = false);
+    /// A decode step's attention of layer L over its normed row (deferred:
+    /// the norm's scale not yet applied, fuse_norm_): Q|K|V GEMVs, then RoPE,
+    /// the KV write and attention into attn_ (quantized into xq_attn_ unless
+    /// an output gate follows).
+    void step_attention(const LayerWeights& L, const BlockPlanLayer& P, bool deferred, bool short_ctx);
     void mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y);
     /// Replays (capturing on first use) the step graph with or without head
     /// for a step at position pos: a graph of its own for pos < short_ctx_
@@ -192,6 +249,10 @@ private:
     /// (paged null), or rows of several sequences over the paged cache. The
     /// residual stream is left in px_ (+ the last HRES not yet added).
     void layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, const PagedRows* paged);
+    /// Layer L's attention over the n rows of layer_rows (normed input xb in
+    /// BF16; paged as there), through its output projection into H.
+    void rows_attention(const LayerWeights& L, const BlockPlanLayer& P, int64_t n, int64_t pos0,
+                        const PagedRows* paged, uint16_t* xb, float* H);
     struct BatchSegment {
         int seq;
         int64_t off, n;  // rows off .. off+n−1 of the sequence's new tokens
@@ -212,6 +273,29 @@ private:
 
     BlockPlan plan_;
     SessionOptions opt_;
+    // Recurrent state (hybrid programs, Program::state_floats per sequence):
+    // the lone sequence's and its saved copy (save_lone_state), the batch
+    // runner's slots (make_state_slots; one spare more, for padding rows),
+    // and the DeltaSeqs arrays the kernels read: dlone_ holds [row0 0 | 1 |
+    // the rows of a prefill chunk | per DeltaNet layer the lone state's
+    // slot], bdelta_ a batch pass's [row0 | n_rows | per DeltaNet layer the
+    // slots]. step_delta_ / rows_delta_: per DeltaNet layer, what the decode
+    // step and layer_rows pass to the kernels.
+    int64_t state_floats_ = 0;
+    int n_delta_ = 0;
+    DeviceBuffer lone_state_, lone_saved_, slots_, dlone_, bdelta_;
+    int64_t n_slots_ = 0;
+    std::vector<DeltaSeqs> step_delta_, rows_delta_;
+    std::vector<int32_t> bdelta_host_;
+    // Step scratch of the gated layers: DeltaNet [q|k|v] before and after
+    // the conv (conv_dim each), z, y, normed y (value_dim each), [b | a],
+    // the attention gate (q_dim), the gated output (max of both widths), the
+    // shared expert's output (n_embd).
+    DeviceBuffer sqkv_, sxc_, sz_, sy_, syn_, sba_, sgate_, sgated_, sshared_;
+    // Row scratch (prefill_rows_ rows): DeltaNet [q|k|v] after the conv, [z |
+    // normed y], y, [b | a]; [gate | attention] of gated attention; the
+    // shared expert's gated values (BF16) and output.
+    DeviceBuffer pxc_, pzy_, py_, pba_, pga_, psh_g_, psh_y_;
     CudaContext ctx_;
     int levels_ = 2;
     int64_t n_ctx_ = 0;   // rows of the storage a lone sequence may fill (kv_blocks_ · kv_block_size_)

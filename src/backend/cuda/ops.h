@@ -47,14 +47,31 @@ void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out
                    int64_t n, int64_t dim, float eps, cudaStream_t stream, int8_t* xq2 = nullptr,
                    ActBlockInfo* xinfo2 = nullptr);
 
-/// SwiGLU for `count` elements (a positive multiple of 32):
-///   h = gate / (1 + exp(-gate)) * up; h_out = h (if not null); h quantized
-///   into (xq, xinfo) as one row of `count` elements (if not null); the
-///   residual into (xq2, xinfo2) when given (two-level, as rms_norm_q8_1).
-/// gelu = true: GELU (tanh approximation) gating instead of SiLU, as
-/// cpu::geglu_tanh.
+/// The activation act(g) of a gated value act(g)·u: SiLU (SwiGLU), GELU
+/// with its tanh form (GeGLU, cpu::geglu_tanh), or the sigmoid (an output
+/// gate, OpKind::Gate).
+enum GateAct : int { kGateSiLU = 0, kGateGelu = 1, kGateSigmoid = 2 };
+
+/// A gated value for `count` elements (a positive multiple of 32):
+///   h = act(gate) · up (act a GateAct; SiLU: SwiGLU); h_out = h (if not
+///   null); h quantized into (xq, xinfo) as one row of `count` elements (if
+///   not null); the residual into (xq2, xinfo2) when given (two-level, as
+///   rms_norm_q8_1).
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, bool gelu = false);
+                 cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, int act = kGateSiLU);
+
+/// Per-group RMSNorm of n rows of `width` floats (width a multiple of
+/// `group`): y[r·ldy + i] = x[r·width + i] / sqrt(mean over i's group of x²
+/// + eps) · w[i mod group] (a per-head norm, as cpu's rms_norm with a group).
+void rms_norm_groups(const float* x, const float* w, float* y, int64_t ldy, int64_t n, int64_t width, int64_t group,
+                     float eps, cudaStream_t stream);
+
+/// out[r·dim + i] += sigmoid(Σ_j x[r·dim + j] · w[j]) · y[r·dim + i] for n rows
+/// of dim (a shared expert's per-token gate): x floats, or BF16 bit patterns.
+void add_sigmoid_gated(const float* x, const float* w, const float* y, float* out, int64_t n, int64_t dim,
+                       cudaStream_t stream);
+void add_sigmoid_gated(const uint16_t* x, const float* w, const float* y, float* out, int64_t n, int64_t dim,
+                       cudaStream_t stream);
 
 /// x[i] = s·x[i], then, when cap > 0, cap·tanh(x[i]/cap) (cpu::softcap), for
 /// `count` floats: a program's scale op (cap 0) and soft-cap op (s 1). Throws for a null x, count < 0 or cap < 0.
@@ -273,16 +290,16 @@ void paged_rope_attention(float* qkv, int64_t ld, void* k_cache, void* v_cache, 
                           float softcap, const float* inv_freq, int rope_dim, bool neox, const AttentionExtras& ex,
                           float* out, int64_t ldo, cudaStream_t stream);
 
-/// FFN gating on rows: out[r·ldo + i] = act(gu[r·ld + i]) · gu[r·ld + n_ff + i]
-/// for r < n, i < n_ff, act = SiLU, or GELU (tanh) with gelu — the
-/// arithmetic of swiglu_q8_1. ld >= 2·n_ff, ldo >= n_ff.
-void glu_rows(const float* gu, int64_t ld, int64_t n, int64_t n_ff, float* out, int64_t ldo, bool gelu,
+/// Gating on rows: out[r·ldo + i] = act(gu[r·ld + i]) · gu[r·ld + n_ff + i]
+/// for r < n, i < n_ff, act a GateAct — the arithmetic of swiglu_q8_1.
+/// ld >= 2·n_ff, ldo >= n_ff.
+void glu_rows(const float* gu, int64_t ld, int64_t n, int64_t n_ff, float* out, int64_t ldo, int act,
               cudaStream_t stream);
 
 /// glu_rows with the values rounded to nearest even BF16 (uint16 bit
 /// patterns), out: n rows of n_ff back to back — the down projection's
 /// GEMM input (PrefillGemm::run_bf16). ld >= 2·n_ff.
-void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_t* out, bool gelu,
+void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_t* out, int act,
                    cudaStream_t stream);
 
 /// RMSNorm of n rows of dim floats into BF16, for the prefill GEMMs:

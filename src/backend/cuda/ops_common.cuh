@@ -89,14 +89,15 @@ __device__ __forceinline__ float add_residual_sum_squares(float* xr, const float
 /// Round to nearest even BF16 (bit pattern; NaN stays NaN).
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
-/// The gated value of a GLU feed-forward layer from its gate g and up u:
-/// SiLU(g)·u = g/(1 + e^−g)·u, or GELU(g)·u with GELU's tanh form,
-/// as the CPU's swiglu / geglu.
-__device__ __forceinline__ float glu_value(float g, float u, bool gelu) {
-    if (gelu) {
+/// The gated value act(g)·u from a gate g and a value u (GateAct, ops.h):
+/// SiLU(g)·u = g/(1 + e^−g)·u, GELU(g)·u with GELU's tanh form, or
+/// u/(1 + e^−g), as the CPU's swiglu / geglu / gate.
+__device__ __forceinline__ float glu_value(float g, float u, int act) {
+    if (act == 1) {
         constexpr float kSqrt2OverPi = 0.7978845608028654f;
         return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
     }
+    if (act == 2) return u / (1.0f + expf(-g));
     return g / (1.0f + expf(-g)) * u;
 }
 

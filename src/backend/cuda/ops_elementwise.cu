@@ -173,9 +173,8 @@ __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residua
 //   Grid:    one warp per 32-element block (lane i: element 32b+i), 256
 //            threads per block, ceil(count/256) blocks.
 //   Bound:   latency (count ≤ ~50k: 8 bytes in, ~5.3 out per element).
-// GELU = true: GELU (tanh approximation) gating instead of SiLU, as
-// cpu::geglu_tanh: 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))·up.
-template <bool GELU>
+// ACT: the GateAct (ops.h), detail::glu_value's arithmetic.
+template <int ACT>
 __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                                    float* __restrict__ h, int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
                                    int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2, int64_t n_blocks,
@@ -186,13 +185,7 @@ __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* 
     if (b >= n_blocks) return;  // whole warps leave together
     const int64_t i = 32 * b + lane;
     const float g = gate[i];
-    float v;
-    if constexpr (GELU) {
-        constexpr float kSqrt2OverPi = 0.7978845608028654f;
-        v = 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
-    } else {
-        v = g / (1.0f + expf(-g)) * up[i];
-    }
+    const float v = detail::glu_value(g, up[i], ACT);
     if (h) h[i] = v;
     if (xq) quantize_block_q8_1_l2(v, lane, b, xq, xinfo, xq2, xinfo2, half_k);
 }
@@ -262,7 +255,7 @@ void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out
 }
 
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2, bool gelu) {
+                 cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2, int act) {
     if (count < 32 || count % 32 != 0) throw_error("swiglu_q8_1: count must be a positive multiple of 32");
     if (!gate || !up) throw_error("swiglu_q8_1: gate and up are required");
     if ((xq == nullptr) != (xinfo == nullptr)) throw_error("swiglu_q8_1: give both xq and xinfo, or neither");
@@ -271,12 +264,13 @@ void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, A
     const int64_t n_blocks = count / 32;
     const unsigned grid = static_cast<unsigned>((n_blocks * 32 + 255) / 256);
     constexpr bool early = true;  // trigger the successor before the wait (launch.cuh)
-    if (gelu)
-        launch_pdl(swiglu_q8_1_kernel<true>, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2,
-                   n_blocks, count / 2, early);
-    else
-        launch_pdl(swiglu_q8_1_kernel<false>, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2,
-                   n_blocks, count / 2, early);
+    const auto launch = [&](auto kernel) {
+        launch_pdl(kernel, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2, n_blocks,
+                   count / 2, early);
+    };
+    if (act == kGateGelu) launch(swiglu_q8_1_kernel<kGateGelu>);
+    else if (act == kGateSigmoid) launch(swiglu_q8_1_kernel<kGateSigmoid>);
+    else launch(swiglu_q8_1_kernel<kGateSiLU>);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -248,16 +248,16 @@ __global__ void __launch_bounds__(32 * kPrefillAttnWarps)
 //            out: n rows at stride ldo of Out (float, or BF16 bit patterns
 //            for the down projection's GEMM input).
 //   Grid:    one thread per output element, grid-stride, 256 per block.
-//   Math:    as swiglu_q8_1: SiLU(g)·up, or GELU-tanh(g)·up.
+//   Math:    as swiglu_q8_1: act(g)·up (ACT: a GateAct).
 //   Bound:   memory.
-template <bool GELU, class Out>
+template <int ACT, class Out>
 __global__ void __launch_bounds__(256) glu_rows_kernel(const float* __restrict__ gu, int64_t ld, int64_t n,
                                                        int64_t n_ff, Out* __restrict__ out, int64_t ldo) {
     const int64_t total = n * n_ff;
     for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
          t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t r = t / n_ff, i = t % n_ff;
-        const float v = detail::glu_value(gu[r * ld + i], gu[r * ld + n_ff + i], GELU);
+        const float v = detail::glu_value(gu[r * ld + i], gu[r * ld + n_ff + i], ACT);
         if constexpr (sizeof(Out) == 2) out[r * ldo + i] = detail::bf16_bits(v);
         else out[r * ldo + i] = v;
     }
@@ -861,12 +861,14 @@ void paged_rope_attention(float* qkv, int64_t ld, void* k_cache, void* v_cache, 
                       out, ldo, fold, stream);
 }
 
-void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_t* out, bool gelu,
+void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_t* out, int act,
                    cudaStream_t stream) {
     if (!gu || !out) throw_error("glu_rows_bf16: null pointer");
     if (n < 1 || n_ff < 1 || ld < 2 * n_ff) throw_error("glu_rows_bf16: bad shape");
-    if (gelu) glu_rows_kernel<true><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out, n_ff);
-    else glu_rows_kernel<false><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out, n_ff);
+    const auto g = grid_for(n * n_ff);
+    if (act == kGateGelu) glu_rows_kernel<kGateGelu><<<g, 256, 0, stream>>>(gu, ld, n, n_ff, out, n_ff);
+    else if (act == kGateSigmoid) glu_rows_kernel<kGateSigmoid><<<g, 256, 0, stream>>>(gu, ld, n, n_ff, out, n_ff);
+    else glu_rows_kernel<kGateSiLU><<<g, 256, 0, stream>>>(gu, ld, n, n_ff, out, n_ff);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
@@ -890,12 +892,14 @@ void rms_norm_bf16(float* x, const float* residual, const float* w, uint16_t* ou
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
-void glu_rows(const float* gu, int64_t ld, int64_t n, int64_t n_ff, float* out, int64_t ldo, bool gelu,
+void glu_rows(const float* gu, int64_t ld, int64_t n, int64_t n_ff, float* out, int64_t ldo, int act,
               cudaStream_t stream) {
     if (!gu || !out) throw_error("glu_rows: null pointer");
     if (n < 1 || n_ff < 1 || ld < 2 * n_ff || ldo < n_ff) throw_error("glu_rows: bad shape");
-    if (gelu) glu_rows_kernel<true><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out, ldo);
-    else glu_rows_kernel<false><<<grid_for(n * n_ff), 256, 0, stream>>>(gu, ld, n, n_ff, out, ldo);
+    const auto g = grid_for(n * n_ff);
+    if (act == kGateGelu) glu_rows_kernel<kGateGelu><<<g, 256, 0, stream>>>(gu, ld, n, n_ff, out, ldo);
+    else if (act == kGateSigmoid) glu_rows_kernel<kGateSigmoid><<<g, 256, 0, stream>>>(gu, ld, n, n_ff, out, ldo);
+    else glu_rows_kernel<kGateSiLU><<<g, 256, 0, stream>>>(gu, ld, n, n_ff, out, ldo);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

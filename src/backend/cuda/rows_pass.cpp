@@ -56,9 +56,21 @@ bool CudaExecutor::ensure_prefill_scratch() {
         px_ = fb(c.n_embd);
         ph_ = fb(c.n_embd);
         if (c.post_norms) phpost_ = fb(c.n_embd);
-        pqkv_ = fb(c.q_dim() + 2 * c.kv_dim());
+        const DeltaNetSpec* d = c.delta;
+        pqkv_ = fb(std::max(c.q_dim() + 2 * c.kv_dim(), d ? d->conv_dim() : 0));
         pattn_ = fb(c.q_dim());
-        pgu_ = fb(2 * c.n_ff);
+        pgu_ = fb(2 * std::max(c.n_ff, c.n_ff_shexp));
+        if (d) {
+            pxc_ = fb(d->conv_dim());
+            pzy_ = fb(2 * d->value_dim());
+            py_ = fb(d->value_dim());
+            pba_ = fb(2 * d->n_v_heads);
+        }
+        if (c.gates) pga_ = fb(2 * c.q_dim());
+        if (c.n_ff_shexp > 0) {
+            psh_g_ = DeviceBuffer(static_cast<size_t>(R * c.n_ff_shexp) * 2);
+            psh_y_ = fb(c.n_embd);
+        }
         if (c.moe) {
             const int64_t m = R * c.n_expert_used + 16;
             pmoe_logits_ = fb(c.n_expert);
@@ -80,8 +92,10 @@ bool CudaExecutor::ensure_prefill_scratch() {
         // than one per 16·2^20-element tile (H200, llama3-8b Q4_K_M pp512:
         // 19.6k tok/s with 16·2^20, 21.9k with 64·2^20).
         // Tuning::prefill_tile: tiles of M·2^20 elements (for measuring).
-        const int64_t max_k = std::max({c.n_embd, c.q_dim(), c.n_ff, c.n_ff_exp});
-        const int64_t max_rows = std::max({c.q_dim() + 2 * c.kv_dim(), c.n_embd, c.n_ff, c.n_ff_exp});
+        const int64_t VD = d ? d->value_dim() : 0;
+        const int64_t max_k = std::max({c.n_embd, c.q_dim(), c.n_ff, c.n_ff_exp, c.n_ff_shexp, VD});
+        const int64_t max_rows = std::max(
+            {c.q_dim() + 2 * c.kv_dim(), c.n_embd, c.n_ff, c.n_ff_exp, c.n_ff_shexp, d ? d->conv_dim() : 0});
         int64_t tile = std::min(int64_t{64} << 20, (max_rows + 255) / 256 * 256 * max_k);
         if (tuning().prefill_tile > 0) tile = tuning().prefill_tile << 20;
         gemm_ = std::make_unique<PrefillGemm>(R, max_k, std::max(tile, max_k));
@@ -95,6 +109,8 @@ bool CudaExecutor::ensure_prefill_scratch() {
         gemm_.reset();
         px_ = DeviceBuffer(), ph_ = DeviceBuffer(), phpost_ = DeviceBuffer();
         pqkv_ = DeviceBuffer(), pattn_ = DeviceBuffer(), pgu_ = DeviceBuffer();
+        pxc_ = DeviceBuffer(), pzy_ = DeviceBuffer(), py_ = DeviceBuffer(), pba_ = DeviceBuffer();
+        pga_ = DeviceBuffer(), psh_g_ = DeviceBuffer(), psh_y_ = DeviceBuffer();
         pmoe_logits_ = DeviceBuffer(), pmoe_xg_ = DeviceBuffer(), pmoe_gu_ = DeviceBuffer(), pmoe_g_ = DeviceBuffer();
         pmoe_y_ = DeviceBuffer(), pmoe_route_ = DeviceBuffer();
         hmoe_logits_ = PinnedBuffer(), hmoe_route_ = PinnedBuffer();
@@ -122,6 +138,14 @@ AttentionExtras CudaExecutor::attention_extras(const LayerWeights& L, const Bloc
 }
 
 void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head) {
+    if (plan_.hybrid()) {  // the lone sequence's DeltaSeqs, with this chunk's rows
+        const auto rows = static_cast<int32_t>(n);
+        QUERN_CUDA_CHECK(cudaMemcpyAsync(dlone_.as<int32_t>() + 2, &rows, 4, cudaMemcpyHostToDevice, ctx_.stream()));
+        rows_delta_.clear();
+        auto* const* ptrs = reinterpret_cast<float* const*>(dlone_.as<uint8_t>() + 16);
+        for (int j = 0; j < n_delta_; ++j)
+            rows_delta_.push_back(DeltaSeqs{dlone_.as<int32_t>(), dlone_.as<int32_t>() + 2, ptrs + j, 1});
+    }
     layer_rows(tokens_.as<int32_t>() + pos0, n, pos0, nullptr);
     const auto& c = plan_;
     const cudaStream_t s = ctx_.stream();
@@ -147,15 +171,11 @@ void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head) {
 void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, const PagedRows* paged) {
     const auto& c = plan_;
     const cudaStream_t s = ctx_.stream();
-    const int64_t E = c.n_embd, QD = c.q_dim(), FF = c.n_ff, LQ = c.q_dim() + 2 * c.kv_dim();
+    const int64_t E = c.n_embd, FF = c.n_ff;
     float* X = px_.as<float>();
     float* H = ph_.as<float>();
     float* HRES = c.post_norms ? phpost_.as<float>() : H;  // what is added to the residual stream
-    float* QKV = pqkv_.as<float>();
-    float* ATT = pattn_.as<float>();
     float* GU = pgu_.as<float>();
-    const int nctx = static_cast<int>(n_ctx_);
-    const int rows = static_cast<int>(n);
 
     mark("start");
     get_rows(embd_type_, embd_, c.n_vocab, E, dtokens, n, X, s);
@@ -164,79 +184,35 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const LayerWeights& L = layers_[static_cast<size_t>(il)];
         const BlockPlanLayer& P = c.layers[static_cast<size_t>(il)];
-        const AttentionSpec& A = *P.attn;
         const bool gelu = P.act == GluAct::GeluTanh;
-        auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(il) * kv_layer_bytes_;
-        auto* vc = kc + kv_layer_bytes_;
+        // The fused copy unless the pieces go through bq_gemm at this size
+        // (rows_attention: Q|K|V).
+        const auto fused = [&](const DeviceWeight& f, const std::vector<Piece>& ps) {
+            const auto bq = [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); };
+            return f.bf16 && !std::any_of(ps.begin(), ps.end(), bq);
+        };
         // Layer 0 reads the embeddings; later layers add the previous FFN output first.
         // The norms write the GEMM input in BF16 themselves (one rounding for
         // all Q|K|V or gate|up pieces), and so does the FFN gating.
         uint16_t* xb = gemm_->act_bf16();
         rms_norm_bf16(X, il > 0 ? HRES : nullptr, L.attn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");
-        // The fused copy unless the pieces go through bq_gemm at this size;
-        // for Q|K|V past 16 rows also when a piece is under 8k rows (one GEMM
-        // on the 6k-row copy beats three bq products there; H200: ~17 against
-        // ~30 us for Llama-3-8B at 32 rows).
-        const auto fused = [&](const DeviceWeight& f, const std::vector<Piece>& ps, bool qkv) {
-            if (!f.bf16) return false;
-            const auto bq = [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); };
-            const auto small = [](const Piece& p) { return p.w.N < 8192; };
-            return !std::any_of(ps.begin(), ps.end(), bq) ||
-                   (qkv && n > 16 && std::any_of(ps.begin(), ps.end(), small));
-        };
-        if (fused(L.qkv_bf16, L.qkv, true)) gemm_->run_bf16(L.qkv_bf16, xb, n, QKV, LQ, s);
-        else for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
-        AttentionExtras ex = attention_extras(L, P);
-        const float* inv_freq = inv_freq_[static_cast<size_t>(il)];
-        const int rope_dim = A.rope.dim;
-        const bool neox = A.rope.neox;
-        const int window = static_cast<int>(A.window);
-        if (paged && A.rope.long_factors) inv_freq = rope_short_;  // rows with pr.rope_long set take rope_long_
-        // The paged attention leaves its output in BF16 as the output
-        // projection's input (no separate rounding pass).
-        PagedRows pr = paged ? *paged : PagedRows{};
-        pr.out_bf16 = xb;
-        if (paged && paged->one_row_per_seq) {
-            // Decode rows: RoPE, the KV write and the attention in one launch.
-            paged_rope_attention(QKV, LQ, kc, vc, KvType::F16, rows, pr, static_cast<int>(c.n_head),
-                                 static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), A.scale, window,
-                                 A.softcap, inv_freq, rope_dim, neox, ex, ATT, QD, s);
-        } else if (paged) {
-            paged_rope_kv_store(QKV, LQ, rows, *paged, kc, vc, KvType::F16, static_cast<int>(c.n_head),
-                                static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
-                                rope_dim, neox, ex, s);
-            mark("rope_kv");
-            paged_attention(QKV, LQ, kc, vc, KvType::F16, rows, pr, static_cast<int>(c.n_head),
-                            static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), A.scale,
-                            window, A.softcap, ATT, QD, s);
-        } else {
-            prefill_rope_kv_store(QKV, LQ, rows, static_cast<int>(pos0), kc, vc, kv_type_, nctx,
-                                  static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
-                                  static_cast<int>(c.head_dim), inv_freq, rope_dim, neox,
-                                  ex, s);
-            mark("rope_kv");
-            prefill_attention(QKV, LQ, kc, vc, kv_type_, rows, static_cast<int>(pos0), nctx,
-                              static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
-                              A.scale, static_cast<int>(std::min<int64_t>(A.window, nctx)), A.softcap,
-                              ATT, QD, s);
-        }
-        mark("attention");
-        if (paged) gemm_->run_bf16(L.wo.w, xb, n, H, E, s);
-        else gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
+        if (L.delta) rows_delta(L, n, xb, H);
+        else rows_attention(L, P, n, pos0, paged, xb, H);
         if (L.post_attn_norm) rms_norm_q8_1(H, nullptr, L.post_attn_norm, HRES, nullptr, nullptr, n, E, c.rms_eps, s);
         if (P.attn_out_scale != 1.0f) scale_softcap(HRES, n * E, P.attn_out_scale, 0.0f, s);
         rms_norm_bf16(X, HRES, L.ffn_norm, xb, n, E, c.rms_eps, s);
         mark("norm");
         if (L.moe) {
             prefill_moe(L, *P.moe, xb, n, H);
+            if (!L.sh_gate_up.empty()) rows_shared_expert(L, n, xb, H);
         } else {
             // Gate and up on bq_gemm (a [gate | up] piece, or two pieces of
             // one bq width): the gated values come out of that launch, in
             // GU's memory as the down projection's BF16 input.
             const std::vector<Piece>& gu = L.gate_up;
             const bool glu_bq =
-                !fused(L.gate_up_bf16, gu, false) &&
+                !fused(L.gate_up_bf16, gu) &&
                 std::all_of(gu.begin(), gu.end(), [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); }) &&
                 ((gu.size() == 1 && gu[0].w.N == 2 * FF && FF % 16 == 0) ||
                  (gu.size() == 2 && gu[0].w.N == FF && gu[1].w.N == FF)) &&
@@ -247,7 +223,7 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
                 mark("glu");
                 gemm_->run_bf16(L.down.w, hb, n, H, E, s);
             } else {
-                if (fused(L.gate_up_bf16, gu, false)) gemm_->run_bf16(L.gate_up_bf16, xb, n, GU, 2 * FF, s);
+                if (fused(L.gate_up_bf16, gu)) gemm_->run_bf16(L.gate_up_bf16, xb, n, GU, 2 * FF, s);
                 else for (const Piece& p : gu) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
                 glu_rows_bf16(GU, 2 * FF, n, FF, xb, gelu, s);
                 mark("glu");
@@ -259,6 +235,81 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
         mark("norm");
     }
 }
+
+void CudaExecutor::rows_attention(const LayerWeights& L, const BlockPlanLayer& P, int64_t n, int64_t pos0,
+                                  const PagedRows* paged, uint16_t* xb, float* H) {
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    const int64_t E = c.n_embd, QD = c.q_dim(), LQ = c.q_dim() + 2 * c.kv_dim();
+    float* QKV = pqkv_.as<float>();
+    const int nctx = static_cast<int>(n_ctx_);
+    const int rows = static_cast<int>(n);
+    // The fused copy unless the pieces go through bq_gemm at this size;
+    // for Q|K|V past 16 rows also when a piece is under 8k rows (one GEMM
+    // on the 6k-row copy beats three bq products there; H200: ~17 against
+    // ~30 us for Llama-3-8B at 32 rows).
+    const auto bq = [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); };
+    const auto small = [](const Piece& p) { return p.w.N < 8192; };
+    const bool fused = L.qkv_bf16.bf16 && (!std::any_of(L.qkv.begin(), L.qkv.end(), bq) ||
+                                           (n > 16 && std::any_of(L.qkv.begin(), L.qkv.end(), small)));
+    // A gated output: [gate | attention] per row (GA), the gate's sigmoid
+    // times the attention in BF16 as the output projection's input.
+    const bool gated = !L.attn_gate.empty();
+    float* ATT = gated ? pga_.as<float>() + QD : pattn_.as<float>();
+    const int64_t LA = gated ? 2 * QD : QD;
+    if (fused) gemm_->run_bf16(L.qkv_bf16, xb, n, QKV, LQ, s);
+    else for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
+    const AttentionSpec& A = *P.attn;
+    auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(A.kv_layer) * kv_layer_bytes_;
+    auto* vc = kc + kv_layer_bytes_;
+    AttentionExtras ex = attention_extras(L, P);
+    const float* inv_freq = inv_freq_[static_cast<size_t>(&P - c.layers.data())];
+    const int rope_dim = A.rope.dim;
+    const bool neox = A.rope.neox;
+    const int window = static_cast<int>(A.window);
+    if (paged && A.rope.long_factors) inv_freq = rope_short_;  // rows with pr.rope_long set take rope_long_
+    // The paged attention leaves its output in BF16 as the output
+    // projection's input (no separate rounding pass).
+    PagedRows pr = paged ? *paged : PagedRows{};
+    pr.out_bf16 = gated ? nullptr : xb;
+    if (gated)
+        for (const Piece& p : L.attn_gate) gemm_->run_bf16(p.w, xb, n, pga_.as<float>() + p.offset, LA, s);
+    if (paged && paged->one_row_per_seq) {
+        // Decode rows: RoPE, the KV write and the attention in one launch.
+        paged_rope_attention(QKV, LQ, kc, vc, KvType::F16, rows, pr, static_cast<int>(c.n_head),
+                             static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), A.scale, window,
+                             A.softcap, inv_freq, rope_dim, neox, ex, ATT, LA, s);
+    } else if (paged) {
+        paged_rope_kv_store(QKV, LQ, rows, *paged, kc, vc, KvType::F16, static_cast<int>(c.n_head),
+                            static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), inv_freq,
+                            rope_dim, neox, ex, s);
+        mark("rope_kv");
+        paged_attention(QKV, LQ, kc, vc, KvType::F16, rows, pr, static_cast<int>(c.n_head),
+                        static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), A.scale,
+                        window, A.softcap, ATT, LA, s);
+    } else {
+        prefill_rope_kv_store(QKV, LQ, rows, static_cast<int>(pos0), kc, vc, kv_type_, nctx,
+                              static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
+                              static_cast<int>(c.head_dim), inv_freq, rope_dim, neox,
+                              ex, s);
+        mark("rope_kv");
+        prefill_attention(QKV, LQ, kc, vc, kv_type_, rows, static_cast<int>(pos0), nctx,
+                          static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                          A.scale, static_cast<int>(std::min<int64_t>(A.window, nctx)), A.softcap,
+                          ATT, LA, s);
+    }
+    mark("attention");
+    if (gated) {
+        glu_rows_bf16(pga_.as<float>(), LA, n, QD, xb, kGateSigmoid, s);
+        mark("gate");
+        gemm_->run_bf16(L.wo.w, xb, n, H, E, s);
+    } else if (paged) {
+        gemm_->run_bf16(L.wo.w, xb, n, H, E, s);
+    } else {
+        gemm_->run(L.wo.w, ATT, QD, n, H, E, s);
+    }
+}
+
 
 bool CudaExecutor::moe_on_device(const LayerWeights& L) const {
     const auto grouped = [](const DeviceWeight& b) { return b.bq || dq_grouped_supported(b.type, b.K); };

@@ -1,0 +1,40 @@
+#!/bin/bash
+# Qwen3.5 on one GPU, quern and llama.cpp on the same GGUF files (written by
+# `quern synth`: the qwen3.5-27b dense and qwen3.5-35b-a3b MoE shapes,
+# Q4_K_M): prefill pp512 and pp8192, decode tg128 at depth 0, 4096 and
+# 32768, and batched decode of 1, 32 and 128 sequences (128-token prompts,
+# 128 generated tokens: quern bench --batch; llama-batched-bench -npl).
+#   bench/run_qwen35_cuda.sh QUERN_BIN_DIR LLAMA_BIN_DIR OUT_DIR [WORK_DIR] [PRESETS]
+# QUERN_BIN_DIR holds quern and lib/ (bench/pack_cuda.sh); LLAMA_BIN_DIR holds
+# llama-bench and llama-batched-bench (either may be missing: skipped).
+# Results: OUT_DIR/quern.jsonl, OUT_DIR/llama.jsonl, OUT_DIR/llama-batched.txt.
+set -u
+BIN=$1
+LB=$2
+OUT=$3
+WORK=${4:-/tmp/quern-q35}
+PRESETS=${5:-qwen3.5-27b qwen3.5-35b-a3b}
+export LD_LIBRARY_PATH=$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+mkdir -p "$OUT" "$WORK"
+nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+rows() { python3 -c 'import json,sys; [print(json.dumps({**r, "file": sys.argv[1]})) for r in json.load(sys.stdin)]' "$1"; }
+for p in $PRESETS; do
+  f=$WORK/$p-Q4_K_M.gguf
+  [ -f "$f" ] || "$BIN/quern" synth "$p" --quant Q4_K_M -o "$f" >/dev/null 2>&1 || { echo "synth $p failed"; continue; }
+  echo "== $p"
+  "$BIN/quern" bench -m "$f" --device cuda -p 512,8192 -n 0 -r 3 --json 2>"$OUT/quern-stderr.log" | rows "$p" |
+    tee -a "$OUT/quern.jsonl"
+  "$BIN/quern" bench -m "$f" --device cuda -p 0 -n 128 -d 0,4096,32768 -r 3 --json 2>>"$OUT/quern-stderr.log" |
+    rows "$p" | tee -a "$OUT/quern.jsonl"
+  "$BIN/quern" bench -m "$f" --device cuda --batch 1,32,128 -p 128 -n 128 -r 1 --json 2>>"$OUT/quern-stderr.log" |
+    rows "$p" | tee -a "$OUT/quern.jsonl"
+  if [ -x "$LB/llama-bench" ]; then
+    "$LB/llama-bench" -m "$f" -ngl 99 -p 512,8192 -n 0 -r 3 -o jsonl 2>>"$OUT/llama-stderr.log" | tee -a "$OUT/llama.jsonl"
+    "$LB/llama-bench" -m "$f" -ngl 99 -p 0 -n 128 -d 0,4096,32768 -r 3 -o jsonl 2>>"$OUT/llama-stderr.log" |
+      tee -a "$OUT/llama.jsonl"
+  fi
+  if [ -x "$LB/llama-batched-bench" ]; then
+    "$LB/llama-batched-bench" -m "$f" -ngl 99 -c 40000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,32,128 \
+      2>>"$OUT/llama-stderr.log" | tee -a "$OUT/llama-batched.txt"
+  fi
+done

@@ -1,0 +1,260 @@
+// The layers of hybrid programs on the GPU (BlockPlan's DeltaNet mixer,
+// gated attention and shared experts): their weights, the recurrent state
+// of the lone sequence and of the batch runner's slots, and their part of
+// the decode step (one row, GEMVs) and of layer_rows (many rows, GEMMs).
+//
+// A DeltaNet layer, after the layer's RMSNorm:
+//   [q|k|v], z, [b|a] = projections of the normed row(s)     GEMV / PrefillGemm
+//   conv over the sequence's conv state, SiLU, q/k L2 norm   delta_conv (delta_rule.h)
+//   gated delta rule over the sequence's state               delta_rule
+//   y = RMSNorm per value head; g = SiLU(z) · y               rms_norm_groups, swiglu_q8_1 / glu_rows_bf16
+//   h = W_out · g                                            (the attention path's output projection)
+// Gated attention multiplies the attention output by sigmoid(W_gate · x)
+// before the output projection; a shared expert adds sigmoid(w · x) ·
+// down(SiLU(gate · x) · up · x) to the routed experts' sum.
+//
+// The kernels read each sequence's rows and state from DeltaSeqs arrays in
+// device memory, so the captured decode step and batch graphs replay with
+// whatever the host uploaded before them (set_batch_delta).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/executor.h"
+#include "core/error.h"
+#include "quant/reference.h"
+
+namespace quern::cuda {
+
+namespace {
+
+std::vector<const Tensor*> tensors_of(const std::vector<LinearPiece>& ps) {
+    std::vector<const Tensor*> out;
+    for (const LinearPiece& p : ps) out.push_back(p.w);
+    return out;
+}
+
+}  // namespace
+
+void CudaExecutor::upload_hybrid(const BlockPlanLayer& P, LayerWeights& L, int64_t il) {
+    // Floats on the device from a tensor of any type (one row or a few:
+    // parameters, not matrices).
+    const auto floats = [&](const Tensor& t) -> const float* {
+        if (t.type == DType::F32) return upload_f32(t);
+        std::vector<float> v(static_cast<size_t>(t.nelements()));
+        for (int64_t r = 0; r < t.nrows(); ++r) dequantize_row_ref(t.type, t.row(r), v.data() + r * t.ne[0], t.ne[0]);
+        DeviceBuffer b(v.size() * sizeof(float));
+        b.upload(v.data(), v.size() * sizeof(float), ctx_.stream());
+        owned_.push_back(std::move(b));
+        return owned_.back().as<float>();
+    };
+    if (!P.attn_gate.empty()) L.attn_gate = upload_group(tensors_of(P.attn_gate));
+    if (const DeltaNetSpec* d = P.delta) {
+        L.delta = true;
+        L.delta_z = upload_group({P.delta_z});
+        L.delta_ba = upload_group(tensors_of(P.delta_ba));
+        L.delta_norm = floats(*P.delta_norm);
+        L.dl = DeltaLayer{d->n_k_heads, d->n_v_heads, d->head_k, d->head_v, d->conv_kernel, d->kv_tiled,
+                          floats(*d->conv),  floats(*d->a_coef), floats(*d->dt_bias)};
+    }
+    if (P.shared_expert()) {
+        L.sh_gate_up = upload_group(tensors_of(P.shexp_gate_up));
+        L.sh_down.w = upload_weight(ctx_, *P.shexp_down);
+        L.sh_gate = floats(*P.shexp_gate);
+    }
+    (void)il;
+}
+
+void CudaExecutor::make_lone_state(const Program& program) {
+    const auto& c = plan_;
+    state_floats_ = program.state_floats();
+    if (!c.hybrid()) return;
+    std::vector<int64_t> offsets;
+    for (size_t il = 0; il < layers_.size(); ++il) {
+        LayerWeights& L = layers_[il];
+        if (!L.delta) continue;
+        L.delta_index = n_delta_++;
+        L.state_offset = program.state_offset(c.layers[il].delta->state_layer);
+        offsets.push_back(L.state_offset);
+    }
+    const size_t bytes = static_cast<size_t>(state_floats_) * sizeof(float);
+    lone_state_ = DeviceBuffer(bytes);
+    lone_saved_ = DeviceBuffer(bytes);
+    lone_state_.fill_bytes(0, ctx_.stream());
+    // [row0 0 | 1 | chunk rows | pad | state pointers]
+    dlone_ = DeviceBuffer(16 + offsets.size() * sizeof(float*));
+    std::vector<uint8_t> host(dlone_.size());
+    const int32_t head[4] = {0, 1, 1, 0};
+    std::memcpy(host.data(), head, 16);
+    for (size_t j = 0; j < offsets.size(); ++j) {
+        float* p = lone_state_.as<float>() + offsets[j];
+        std::memcpy(host.data() + 16 + j * sizeof(float*), &p, sizeof p);
+    }
+    dlone_.upload(host.data(), host.size(), ctx_.stream());
+    ctx_.synchronize();
+    const auto* d = dlone_.as<int32_t>();
+    auto* const* ptrs = reinterpret_cast<float* const*>(dlone_.as<uint8_t>() + 16);
+    for (int j = 0; j < n_delta_; ++j) {
+        step_delta_.push_back(DeltaSeqs{d, d + 1, ptrs + j, 1});
+        rows_delta_.push_back(DeltaSeqs{d, d + 2, ptrs + j, 1});
+    }
+}
+
+void CudaExecutor::make_state_slots(int64_t n) {
+    if (n <= 0) return;
+    if (!plan_.hybrid()) fail("make_state_slots: the program keeps no recurrent state");
+    const size_t per = static_cast<size_t>(state_floats_) * sizeof(float);
+    slots_ = DeviceBuffer();
+    try {
+        slots_ = DeviceBuffer(per * static_cast<size_t>(n + 1));  // + the padding rows' spare slot
+    } catch (const Error&) {
+        cudaGetLastError();
+        fail("the recurrent state of {} sequences needs {:.2f} GiB of GPU memory (lower --parallel)", n,
+             gib(static_cast<double>(per) * static_cast<double>(n + 1)));
+    }
+    slots_.fill_bytes(0, ctx_.stream());
+    n_slots_ = n;
+}
+
+void CudaExecutor::copy_state_slot(int32_t from, int32_t to) {
+    if (from < 0 || to < 0 || from >= n_slots_ || to >= n_slots_)
+        fail("copy_state_slot: slots {} -> {} outside the {} made", from, to, n_slots_);
+    const size_t per = static_cast<size_t>(state_floats_) * sizeof(float);
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(slots_.as<uint8_t>() + per * static_cast<size_t>(to),
+                                     slots_.as<uint8_t>() + per * static_cast<size_t>(from), per,
+                                     cudaMemcpyDeviceToDevice, ctx_.stream()));
+}
+
+void CudaExecutor::save_lone_state() {
+    if (!plan_.hybrid()) fail("this program keeps no recurrent state to save");
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(lone_saved_.data(), lone_state_.data(), lone_state_.size(),
+                                     cudaMemcpyDeviceToDevice, ctx_.stream()));
+}
+
+void CudaExecutor::restore_lone_state() {
+    if (!plan_.hybrid()) fail("this program keeps no recurrent state to restore");
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(lone_state_.data(), lone_saved_.data(), lone_state_.size(),
+                                     cudaMemcpyDeviceToDevice, ctx_.stream()));
+    fed_ = false;
+}
+
+void CudaExecutor::set_batch_delta(const std::vector<int32_t>& rows, const std::vector<int32_t>& slots,
+                                   const std::vector<bool>& fresh) {
+    const auto S = static_cast<int64_t>(rows.size());
+    const size_t per = static_cast<size_t>(state_floats_) * sizeof(float);
+    auto* base = slots_.as<uint8_t>();
+    const auto slot_ptr = [&](int32_t slot) { return base + per * static_cast<size_t>(slot < 0 ? n_slots_ : slot); };
+    const cudaStream_t s = ctx_.stream();
+    bool spare = false;
+    for (int64_t i = 0; i < S; ++i) {
+        if (slots[i] < 0) spare = true;
+        else if (fresh[i]) QUERN_CUDA_CHECK(cudaMemsetAsync(slot_ptr(slots[i]), 0, per, s));
+    }
+    // The padding rows' spare slot starts from zeros each pass: whatever
+    // they compute stays finite.
+    if (spare) QUERN_CUDA_CHECK(cudaMemsetAsync(slot_ptr(-1), 0, per, s));
+    // [row0 (S) | n_rows (S) | per DeltaNet layer S state pointers]
+    const size_t bytes = static_cast<size_t>(S) * (8 + sizeof(float*) * static_cast<size_t>(n_delta_));
+    if (bdelta_.size() < bytes) fail("a batch pass of {} sequences exceeds the DeltaNet arrays", S);
+    bdelta_host_.resize((bytes + 3) / 4);
+    auto* h = bdelta_host_.data();
+    int32_t r0 = 0;
+    for (int64_t i = 0; i < S; ++i) {
+        h[i] = r0;
+        h[S + i] = rows[static_cast<size_t>(i)];
+        r0 += rows[static_cast<size_t>(i)];
+    }
+    auto* hp = reinterpret_cast<uint8_t*>(h) + 8 * S;
+    rows_delta_.clear();
+    const auto* d = bdelta_.as<int32_t>();
+    auto* const* dp = reinterpret_cast<float* const*>(bdelta_.as<uint8_t>() + 8 * S);
+    for (const LayerWeights& L : layers_) {
+        if (!L.delta) continue;
+        for (int64_t i = 0; i < S; ++i) {
+            auto* p = reinterpret_cast<float*>(slot_ptr(slots[static_cast<size_t>(i)])) + L.state_offset;
+            std::memcpy(hp + (static_cast<size_t>(L.delta_index) * S + i) * sizeof(float*), &p, sizeof p);
+        }
+        rows_delta_.push_back(DeltaSeqs{d, d + S, dp + static_cast<int64_t>(L.delta_index) * S, static_cast<int>(S)});
+    }
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(bdelta_.data(), h, bytes, cudaMemcpyHostToDevice, s));
+}
+
+const float* CudaExecutor::step_delta(const LayerWeights& L) {
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    const DeltaLayer& D = L.dl;
+    const int64_t VD = int64_t{D.n_v_heads} * D.head_v;
+    const float* xn = xn_.as<float>();
+    for (const Piece& p : L.qkv) mm(p, xn, xq_embd_, sqkv_.as<float>());
+    for (const Piece& p : L.delta_z) mm(p, xn, xq_embd_, sz_.as<float>());
+    for (const Piece& p : L.delta_ba) mm(p, xn, xq_embd_, sba_.as<float>());
+    mark("gemv_qkv");
+    const DeltaSeqs& q = step_delta_[static_cast<size_t>(L.delta_index)];
+    delta_conv(sqkv_.as<float>(), sxc_.as<float>(), 1, q, D, s);
+    delta_rule(sxc_.as<float>(), sba_.as<float>(), sy_.as<float>(), q, D, s);
+    mark("delta_rule");
+    rms_norm_groups(sy_.as<float>(), L.delta_norm, syn_.as<float>(), VD, 1, VD, D.head_v, c.rms_eps, s);
+    swiglu_q8_1(sz_.as<float>(), syn_.as<float>(), sgated_.as<float>(), xq_attn_.q(), xq_attn_.info(), VD, s,
+                xq_attn_.q2(), xq_attn_.info2(), kGateSiLU);
+    mark("gate");
+    return sgated_.as<float>();
+}
+
+const float* CudaExecutor::step_attn_gate(const LayerWeights& L) {
+    const cudaStream_t s = ctx_.stream();
+    for (const Piece& p : L.attn_gate) mm(p, xn_.as<float>(), xq_embd_, sgate_.as<float>());
+    swiglu_q8_1(sgate_.as<float>(), attn_.as<float>(), sgated_.as<float>(), xq_attn_.q(), xq_attn_.info(),
+                plan_.q_dim(), s, xq_attn_.q2(), xq_attn_.info2(), kGateSigmoid);
+    mark("gate");
+    return sgated_.as<float>();
+}
+
+void CudaExecutor::step_shared_expert(const LayerWeights& L) {
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    const int64_t F = c.n_ff_shexp;
+    float* g = gu_.as<float>();
+    for (const Piece& p : L.sh_gate_up) mm(p, xn_.as<float>(), xq_embd_, g);
+    swiglu_q8_1(g, g + F, ffh_.as<float>(), xq_ff_.q(), xq_ff_.info(), F, s, xq_ff_.q2(), xq_ff_.info2(), kGateSiLU);
+    mm(L.sh_down, ffh_.as<float>(), xq_ff_, sshared_.as<float>());
+    add_sigmoid_gated(xn_.as<float>(), L.sh_gate, sshared_.as<float>(), h_.as<float>(), 1, c.n_embd, s);
+    mark("shared_expert");
+}
+
+void CudaExecutor::rows_delta(const LayerWeights& L, int64_t n, uint16_t* xb, float* H) {
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    const DeltaLayer& D = L.dl;
+    const int64_t C = D.conv_dim(), VD = int64_t{D.n_v_heads} * D.head_v, BA = 2 * int64_t{D.n_v_heads};
+    float* QKV = pqkv_.as<float>();
+    float* ZY = pzy_.as<float>();  // [z | normed y] per row
+    for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, C, s);
+    for (const Piece& p : L.delta_z) gemm_->run_bf16(p.w, xb, n, ZY + p.offset, 2 * VD, s);
+    for (const Piece& p : L.delta_ba) gemm_->run_bf16(p.w, xb, n, pba_.as<float>() + p.offset, BA, s);
+    mark("gemm_qkv");
+    const DeltaSeqs& q = rows_delta_[static_cast<size_t>(L.delta_index)];
+    delta_conv(QKV, pxc_.as<float>(), n, q, D, s);
+    delta_rule(pxc_.as<float>(), pba_.as<float>(), py_.as<float>(), q, D, s);
+    mark("delta_rule");
+    rms_norm_groups(py_.as<float>(), L.delta_norm, ZY + VD, 2 * VD, n, VD, D.head_v, c.rms_eps, s);
+    glu_rows_bf16(ZY, 2 * VD, n, VD, xb, kGateSiLU, s);
+    mark("gate");
+    gemm_->run_bf16(L.wo.w, xb, n, H, c.n_embd, s);
+}
+
+void CudaExecutor::rows_shared_expert(const LayerWeights& L, int64_t n, const uint16_t* xb, float* H) {
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    const int64_t F = c.n_ff_shexp;
+    float* GU = pgu_.as<float>();
+    for (const Piece& p : L.sh_gate_up) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * F, s);
+    glu_rows_bf16(GU, 2 * F, n, F, psh_g_.as<uint16_t>(), kGateSiLU, s);
+    gemm_->run_bf16(L.sh_down.w, psh_g_.as<uint16_t>(), n, psh_y_.as<float>(), c.n_embd, s);
+    add_sigmoid_gated(xb, L.sh_gate, psh_y_.as<float>(), H, n, c.n_embd, s);
+    mark("shared_expert");
+}
+
+}  // namespace quern::cuda

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/arch/arch.h"
+#include "quant/mix.h"
 #include "quant/reference.h"
 #include "tokenizer/unicode.h"
 
@@ -176,9 +177,6 @@ ModelConfig granite_shape(std::string name, int64_t vocab, int64_t embd, int64_t
     return c;
 }
 
-// llama.cpp's rule for giving some layers more bits in the _M mixes.
-bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
-
 bool is_k_quant(DType t) {
     return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
 }
@@ -304,20 +302,15 @@ std::string synth_scheme(const std::string& name, bool gguf) {
 DType synth_tensor_type(const std::string& scheme_name, const std::string& name, int64_t layer, int64_t n_layer,
                         int64_t ne0) {
     const std::string scheme = synth_scheme(scheme_name, false);
-    DType t;
     if (scheme == "Q4_K_M" || scheme == "Q5_K_M") {
-        const DType base = scheme == "Q4_K_M" ? DType::Q4_K : DType::Q5_K;
-        t = base;
-        if (name == "output.weight") t = DType::Q6_K;
-        else if (name.find("attn_qkv.weight") != std::string::npos)
-            t = scheme == "Q4_K_M" ? DType::Q5_K : DType::Q6_K;  // fused QKV: one step up, every layer
-        else if ((name.find("attn_v.weight") != std::string::npos || name.find("ffn_down.weight") != std::string::npos ||
-                  name.find("ffn_down_exps.weight") != std::string::npos) &&
-                 use_more_bits(layer, n_layer))
-            t = DType::Q6_K;
-    } else {
-        t = *dtype_from_name(scheme);
+        // llama-quantize's rules (quant/mix.h); one attention-V and one FFN-down
+        // tensor per layer, so each is the layer's.
+        MixModel m;
+        m.n_layer = m.n_attention_v = n_layer;
+        m.tied_embeddings = false;  // the mixes give a tied embedding the output's type elsewhere
+        return mix_tensor_type(*file_type_from_name(scheme), m, name, ne0, layer, layer);
     }
+    DType t = *dtype_from_name(scheme);
     if (is_k_quant(t) && ne0 % 256 != 0) {
         switch (t) {
             case DType::Q4_K: t = DType::Q5_0; break;

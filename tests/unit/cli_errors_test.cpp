@@ -255,6 +255,26 @@ TEST(CliErrors, BenchTakesListsOfTests) {
 // stderr; a reply cut by -n says so; a trailing backslash joins lines.
 namespace {
 
+// quern quantize: an existing output needs --force, an unknown type lists
+// the known ones, a folder is refused with what to do, and a file is written.
+TEST(CliErrors, QuantizeRefusesOverwritingAndUnknownTypes) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const std::string out = (scratch() / "q.gguf").string();
+    Result r = run("quantize '" + tiny_model() + "' '" + out + "' Q4_K_Z");
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.err.find("unknown type 'Q4_K_Z'"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("Q4_K_M"), std::string::npos) << r.err;
+    r = run("quantize '" + scratch().string() + "' '" + out + "' Q8_0");
+    EXPECT_NE(r.err.find("is a folder"), std::string::npos) << r.err;
+    r = run("quantize '" + tiny_model() + "' '" + out + "' q8_0");  // the tiny model is Q8_0 already: nothing to requantize
+    EXPECT_EQ(r.rc, 0) << r.err;
+    r = run("quantize '" + tiny_model() + "' '" + out + "' Q8_0");
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.err.find("pass --force"), std::string::npos) << r.err;
+    r = run("quantize '" + tiny_model() + "' '" + out + "' Q4_K_M --force");
+    EXPECT_NE(r.err.find("--allow-requantize"), std::string::npos) << r.err;
+}
+
 TEST(CliChat, CommandsAndPipedOutput) {
     if (!have_quern()) GTEST_SKIP() << "quern is not built";
     const fs::path saved = scratch() / "conversation.json";

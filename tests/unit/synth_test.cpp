@@ -300,7 +300,9 @@ TEST(Synth, Gemma3_270mQ4KMTypesAreLlamaCpps) {
     const SynthModel m = make_synthetic(tiny, "Q4_K_M", 1);
     EXPECT_EQ(m.weights.find("token_embd.weight")->type, DType::Q8_0);
     EXPECT_EQ(m.weights.find("output.weight"), nullptr);
-    // Phi-3's fused QKV goes one step up, in every layer.
-    EXPECT_EQ(synth_tensor_type("Q4_K_M", "blk.7.attn_qkv.weight", 7, 32, 3072), DType::Q5_K);
-    EXPECT_EQ(synth_tensor_type("Q5_K_M", "blk.7.attn_qkv.weight", 7, 32, 3072), DType::Q6_K);
+    // Phi-3's fused QKV counts as attention V (llama.cpp 0c1e570's
+    // llama_tensor_get_type): Q6_K in the layers given more bits only.
+    EXPECT_EQ(synth_tensor_type("Q4_K_M", "blk.7.attn_qkv.weight", 7, 32, 3072), DType::Q4_K);
+    EXPECT_EQ(synth_tensor_type("Q4_K_M", "blk.6.attn_qkv.weight", 6, 32, 3072), DType::Q6_K);
+    EXPECT_EQ(synth_tensor_type("Q5_K_M", "blk.7.attn_qkv.weight", 7, 32, 3072), DType::Q5_K);
 }

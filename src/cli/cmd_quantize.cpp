@@ -1,0 +1,83 @@
+// quern quantize IN OUT TYPE: a GGUF model requantized into one of
+// llama-quantize's file types (model/quantize.h).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/quantize.h"
+
+namespace quern::cli {
+namespace {
+
+struct QuantizeCmdOptions {
+    std::string in, out, type;
+    bool force = false, allow_requantize = false, json = false;
+    int threads = 0;
+};
+
+void quantize(const QuantizeCmdOptions& o) {
+    const auto t = file_type_from_name(o.type);
+    if (!t) fail("unknown type '{}' (use one of {})", o.type, file_type_names());
+    namespace fs = std::filesystem;
+    if (fs::is_directory(o.in))
+        fail("'{}' is a folder: quern quantize reads GGUF files (convert a Hugging Face folder to GGUF first)", o.in);
+    if (!fs::exists(o.in)) fail("no such file: '{}'", o.in);
+    if (fs::exists(o.out) && !o.force) fail("'{}' exists; pass --force to overwrite it", o.out);
+    ThreadPool pool(o.threads);
+    const bool tty = stderr_is_tty() && !o.json;
+    QuantizeOptions qo;
+    qo.type = *t;
+    qo.allow_requantize = o.allow_requantize;
+    const double t0 = now_seconds();
+    const QuantizeReport r = quantize_gguf(o.in, o.out, qo, pool, [&](const char* phase, uint64_t d, uint64_t n) {
+        if (tty) std::fprintf(stderr, "\rquern: %s %3.0f%%", phase, 100.0 * static_cast<double>(d) / static_cast<double>(n));
+    });
+    if (tty) std::fputc('\n', stderr);
+    int64_t changed = 0, fell = 0;
+    for (const QuantizedTensor& q : r.tensors) changed += q.from != q.to, fell += q.fell_back;
+    if (o.json) {
+        nlohmann::json j{{"input", o.in},          {"output", o.out},        {"type", file_type_name(*t)},
+                         {"bytes_in", r.bytes_in}, {"bytes_out", r.bytes_out}, {"seconds", now_seconds() - t0}};
+        for (const QuantizedTensor& q : r.tensors)
+            j["tensors"].push_back({{"name", q.name}, {"from", dtype_name(q.from)}, {"to", dtype_name(q.to)},
+                                    {"fell_back", q.fell_back}});
+        std::printf("%s\n", j.dump(1).c_str());
+        return;
+    }
+    std::fprintf(stderr,
+                 "quern: wrote %s: %s, %zu tensors (%lld converted, %lld to a smaller block type where rows are not "
+                 "whole blocks), %.1f MiB -> %.1f MiB in %.1f s\n",
+                 o.out.c_str(), file_type_name(*t), r.tensors.size(), static_cast<long long>(changed),
+                 static_cast<long long>(fell), r.bytes_in / 1048576.0, r.bytes_out / 1048576.0, now_seconds() - t0);
+}
+
+}  // namespace
+}  // namespace quern::cli
+
+void add_quantize_command(CLI::App& app) {
+    using namespace quern::cli;
+    auto o = std::make_shared<QuantizeCmdOptions>();
+    CLI::App* cmd = app.add_subcommand("quantize", "Requantize a GGUF model into a llama-quantize file type");
+    cmd->add_option("input", o->in, "GGUF file to read (F32 / F16 / BF16, or quantized with --allow-requantize)")
+        ->required();
+    cmd->add_option("output", o->out, "GGUF file to write")->required();
+    cmd->add_option("type", o->type, std::string("File type: ") + quern::file_type_names())->required();
+    cmd->add_flag("--force", o->force, "Overwrite the output file if it exists");
+    cmd->add_flag("--allow-requantize", o->allow_requantize,
+                  "Requantize tensors that already are quantized (each rounding loses accuracy)");
+    add_threads_option(cmd, o->threads);
+    cmd->add_flag("--json", o->json, "Print what each tensor became as JSON on stdout");
+    cmd->footer(
+        "The per-tensor types follow llama-quantize's mixes (Q4_K_M: Q6_K for the output head and for some layers'\n"
+        "attention V and FFN down matrices); without an importance matrix the tensors equal llama-quantize's.\n"
+        "Examples:\n"
+        "  quern quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M\n"
+        "  quern synth llama3-1b --quant F16 -o l1b-f16.gguf && quern quantize l1b-f16.gguf l1b-q8_0.gguf q8_0\n"
+        "  quern quantize model-f16.gguf out.gguf Q5_K_M --force --json | jq '.tensors[] | .to' | sort | uniq -c");
+    cmd->callback([o] { quantize(*o); });
+}

@@ -277,6 +277,12 @@ Program build_draft(const ModelConfig& c, const BoundWeights& w) {
 
 void gguf_write(const ModelConfig& c, GgufWriter& w, const std::string& a) {
     gguf_write_heads(c, w, a, /*key_length=*/true);
+    // Multimodal RoPE sections (pairs rotated by the text / height / width
+    // positions): a text model's positions are one, so any split of the
+    // rotated pairs computes the same; llama.cpp needs the key. Split as the
+    // released models' [11, 11, 10] of 32 pairs.
+    const int32_t pairs = static_cast<int32_t>(c.rope_dim / 2);
+    w.set_i32_array(a + "rope.dimension_sections", {(pairs + 2) / 3, (pairs + 1) / 3, pairs / 3, 0});
     w.set_u32(a + "ssm.conv_kernel", static_cast<uint32_t>(c.ssm_conv_kernel));
     w.set_u32(a + "ssm.state_size", static_cast<uint32_t>(c.ssm_state_size));
     w.set_u32(a + "ssm.group_count", static_cast<uint32_t>(c.ssm_group_count));

@@ -108,9 +108,7 @@ std::optional<std::tm> parse_time(std::string_view iso) {
 }
 
 std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& prompt) {
-    std::vector<int32_t> ids = tok.encode(prompt, false, true);
-    if (tok.add_bos() && tok.bos() >= 0 && (ids.empty() || ids.front() != tok.bos())) ids.insert(ids.begin(), tok.bos());
-    return ids;
+    return tok.encode_prompt(prompt, true);
 }
 
 }  // namespace quern::chat

@@ -50,8 +50,13 @@ int run(const RunOptions& o) {
                  cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6,
                  m.model->n_bytes() / 1048576.0, m.load_seconds);
 
-    std::vector<int32_t> ids = m.tokenizer->encode(prompt, true, !o.no_special);
+    bool bos_in_text = false;
+    std::vector<int32_t> ids = m.tokenizer->encode_prompt(prompt, !o.no_special, &bos_in_text);
     if (ids.empty()) fail("the prompt is empty; pass text with -p");
+    if (bos_in_text)
+        std::fprintf(stderr, "quern: the prompt begins with the BOS token '%s', which the model adds itself; it is "
+                             "not added a second time\n",
+                     m.tokenizer->token_to_piece(m.tokenizer->bos()).c_str());
 
     SamplingParams sp = o.sp;
     apply_generation_defaults(m, sp, o.sp_given);

@@ -99,6 +99,12 @@ int run_template(const TemplateCmdOptions& o) {
         if (!o.template_file.empty()) src = read_all(o.template_file);
         else if (auto b = quern::chat::builtin_template(o.builtin)) src = *b;
         else quern::fail("unknown built-in chat template '{}'", o.builtin);
+        if (!o.model.empty()) {  // the model's special tokens, as its own template would see them
+            quern::GgufFile f(quern::cli::resolve_model_path(o.model));
+            auto tok = quern::Tokenizer::from_gguf(f);
+            if (!o.bos_set && tok->bos() >= 0) bos = tok->token_to_piece(tok->bos());
+            if (!o.eos_set && tok->eos() >= 0) eos = tok->token_to_piece(tok->eos());
+        }
         tmpl = std::make_unique<quern::chat::ChatTemplate>(src, bos, eos, o.template_file);
     } else {
         quern::GgufFile f(quern::cli::resolve_model_path(o.model));

@@ -430,6 +430,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
     return out;
 }
 
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text, bool parse_special, bool* bos_in_text) const {
+    std::vector<int32_t> ids = encode(text, false, parse_special);
+    const bool wants = d_.add_bos && d_.bos >= 0;
+    const bool has = wants && !ids.empty() && ids.front() == d_.bos;
+    if (bos_in_text) *bos_in_text = has;
+    if (wants && !has) ids.insert(ids.begin(), d_.bos);
+    return ids;
+}
+
 // ---------------------------------------------------------------- decoding
 
 std::string Tokenizer::token_to_piece(int32_t id, bool render_special) const {

@@ -146,6 +146,12 @@ public:
     /// Text to ids. `add_special` adds BOS/EOS as add_bos/add_eos say;
     /// `parse_special` lets CONTROL token text in `text` become those tokens.
     std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const;
+    /// A prompt's ids, by the one rule every command follows (run, chat,
+    /// serve, template's --tokens): encode(text, no specials, parse_special)
+    /// with BOS in front where the model adds one (add_bos), unless the text
+    /// already begins with it — then not twice, as transformers does, and
+    /// *bos_in_text is set (callers warn). Never EOS.
+    std::vector<int32_t> encode_prompt(std::string_view text, bool parse_special, bool* bos_in_text = nullptr) const;
 
     /// Raw bytes the token stands for: byte characters mapped back to bytes
     /// (BPE); "▁" -> space and <0xNN> -> that byte (SPM). Control and unknown

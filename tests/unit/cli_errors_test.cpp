@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/memory.h"
+#include "formats/gguf.h"
 
 namespace {
 
@@ -88,6 +89,27 @@ const std::string& tiny_model() {
         EXPECT_EQ(r.rc, 0) << r.err;
         return p.string();
     }();
+    return path;
+}
+
+/// The tiny model with tokenizer.ggml.add_bos_token true (its BOS text
+/// returned in *bos_text), written once per test process.
+const std::string& bos_model(std::string* bos_text = nullptr) {
+    using namespace quern;
+    static std::string text;
+    static const std::string path = [] {
+        const GgufFile in(tiny_model());
+        GgufWriter w;
+        for (const GgufKV& kv : in.metadata())
+            if (kv.key != "tokenizer.ggml.add_bos_token" && kv.key != "general.alignment") w.set(kv.key, kv.value);
+        w.set_bool("tokenizer.ggml.add_bos_token", true);
+        for (const GgufTensorInfo& t : in.tensors()) w.add_tensor(t.name, t.type, t.ne, t.n_dims, in.data(t));
+        const fs::path p = scratch() / "tiny-bos.gguf";
+        w.write(p.string());
+        text = in.get_string_array("tokenizer.ggml.tokens")[static_cast<size_t>(in.get_int("tokenizer.ggml.bos_token_id"))];
+        return p.string();
+    }();
+    if (bos_text) *bos_text = text;
     return path;
 }
 
@@ -273,6 +295,33 @@ TEST(CliErrors, QuantizeRefusesOverwritingAndUnknownTypes) {
     EXPECT_NE(r.err.find("pass --force"), std::string::npos) << r.err;
     r = run("quantize '" + tiny_model() + "' '" + out + "' Q4_K_M --force");
     EXPECT_NE(r.err.find("--allow-requantize"), std::string::npos) << r.err;
+}
+
+// One BOS rule: a prompt that begins with the BOS text of a model that adds
+// BOS gets one BOS, not two (run warns); template -m with --template FILE
+// renders the model's bos_token.
+TEST(CliErrors, PromptsGetOneBos) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    std::string bos;
+    const std::string m = bos_model(&bos);
+    ASSERT_FALSE(bos.empty());
+    const auto prompt_tokens = [](const std::string& err) {
+        const size_t at = err.rfind("prompt ");
+        return at == std::string::npos ? -1 : std::atoi(err.c_str() + at + 7);
+    };
+    Result plain = run("run -m '" + m + "' --device cpu -p hello -n 1 --temp 0");
+    Result with = run("run -m '" + m + "' --device cpu -p '" + bos + "hello' -n 1 --temp 0");
+    ASSERT_EQ(plain.rc, 0) << plain.err;
+    ASSERT_EQ(with.rc, 0) << with.err;
+    EXPECT_GT(prompt_tokens(plain.err), 0) << plain.err;
+    EXPECT_EQ(prompt_tokens(with.err), prompt_tokens(plain.err)) << with.err;
+    EXPECT_NE(with.err.find("not added a second time"), std::string::npos) << with.err;
+    EXPECT_EQ(plain.err.find("not added a second time"), std::string::npos) << plain.err;
+    const fs::path tf = write_file("bos.jinja", "[{{ bos_token }}]{% for m in messages %}{{ m.content }}{% endfor %}");
+    const fs::path msgs = write_file("msgs.json", R"([{"role": "user", "content": "hi"}])");
+    const Result t = run("template -m '" + m + "' --template '" + tf.string() + "' --messages '" + msgs.string() + "'");
+    EXPECT_EQ(t.rc, 0) << t.err;
+    EXPECT_NE(t.out.find("[" + bos + "]hi"), std::string::npos) << t.out;
 }
 
 TEST(CliChat, CommandsAndPipedOutput) {

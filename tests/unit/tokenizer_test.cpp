@@ -490,3 +490,28 @@ TEST(Tokenizer, RejectsUnsupportedAndInconsistentVocab) {
     d.types = {TokenType::Normal};
     EXPECT_THROW(Tokenizer{d}, Error);
 }
+
+// The prompt rule every command shares (Tokenizer::encode_prompt): BOS in
+// front where the model adds one, once even when the text begins with it.
+TEST(Tokenizer, PromptsGetOneBos) {
+    const Tokenizer* t = vocab("llama-spm");
+    if (!t) GTEST_SKIP() << "ggml-vocab-llama-spm.gguf not present";
+    ASSERT_TRUE(t->add_bos());
+    const auto bos_count = [&](const std::vector<int32_t>& v) { return std::count(v.begin(), v.end(), t->bos()); };
+    bool in_text = true;
+    const std::vector<int32_t> plain = t->encode_prompt("Hello world", true, &in_text);
+    EXPECT_FALSE(in_text);
+    ASSERT_FALSE(plain.empty());
+    EXPECT_EQ(plain.front(), t->bos());
+    EXPECT_EQ(bos_count(plain), 1);
+    const std::vector<int32_t> with = t->encode_prompt("<s>Hello world", true, &in_text);
+    EXPECT_TRUE(in_text);
+    EXPECT_EQ(with.front(), t->bos());
+    EXPECT_EQ(bos_count(with), 1);
+    EXPECT_EQ(std::vector<int32_t>(with.end() - 2, with.end()), std::vector<int32_t>(plain.end() - 2, plain.end()));
+    // Without parsing special text the BOS text is text, and BOS is added.
+    const std::vector<int32_t> literal = t->encode_prompt("<s>Hello world", false, &in_text);
+    EXPECT_FALSE(in_text);
+    EXPECT_EQ(bos_count(literal), 1);
+    EXPECT_GT(literal.size(), with.size());
+}

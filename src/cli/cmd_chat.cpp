@@ -23,10 +23,16 @@
 #include "cli/line_reader.h"
 #include "core/error.h"
 #include "runtime/sampler.h"
+#include "server/chat_output.h"
 #include "tokenizer/detokenizer.h"
 
 namespace quern::cli {
 namespace {
+
+using server::ChatDelta;
+using server::ChatOutputParser;
+using server::OutputFormat;
+using server::ToolFormat;
 
 struct ChatCmdOptions {
     ModelOptions mopts;
@@ -59,6 +65,46 @@ void out(const std::string& s) {
 }
 
 void note(const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); }
+
+/// Prints a reply as it streams: a thinking model's reasoning dimmed on a
+/// terminal (on stderr when stdout is piped, which keeps only answers), the
+/// answer as it is; remembers the answer for the conversation.
+class ReplyPrinter {
+public:
+    ReplyPrinter(const OutputFormat& f, bool opens_think)
+        : think_(f.think && !f.harmony), tty_(::isatty(STDOUT_FILENO) != 0),
+          parser_(OutputFormat{think_, ToolFormat::None, false}, opens_think, nlohmann::ordered_json::array(),
+                  [] { return std::string(); }) {}
+    void push(const std::string& text) { show(think_ ? parser_.push(text) : ChatDelta{{}, text, {}}); }
+    void finish() {
+        if (think_) show(parser_.finish());
+        if (dim_) out("\033[0m");
+        dim_ = false;
+    }
+    const std::string& answer() const { return answer_; }
+
+private:
+    void show(const ChatDelta& d) {
+        if (!d.reasoning.empty()) {
+            if (!tty_) {
+                std::fwrite(d.reasoning.data(), 1, d.reasoning.size(), stderr);
+            } else {
+                if (!dim_) out("\033[2m");
+                dim_ = true;
+                out(d.reasoning);
+            }
+        }
+        if (!d.content.empty()) {
+            if (dim_) out("\033[0m\n");
+            dim_ = false;
+            out(d.content);
+            answer_ += d.content;
+        }
+    }
+    bool think_, tty_, dim_ = false;
+    ChatOutputParser parser_;
+    std::string answer_;
+};
 
 constexpr const char* kChatHelp =
     "commands:\n"
@@ -118,6 +164,7 @@ int run_chat(const ChatCmdOptions& o) {
     const chat::ChatTemplate tmpl = chat::ChatTemplate::for_model(m.chat_templates, m.chat_templates_origin, *m.tokenizer, o.template_name,
                                                  o.template_file);
     const bool tty = ::isatty(STDIN_FILENO) != 0;
+    const OutputFormat fmt = server::detect_output_format(tmpl.source());  // <think> reasoning, shown apart
     std::fprintf(stderr, "quern: %s (%s, %.1fM params) loaded in %.2f s; chat template: %s\n", m.path.c_str(),
                  cfg.name.empty() ? cfg.arch.c_str() : cfg.name.c_str(), m.model->n_params() / 1e6, m.load_seconds,
                  tmpl.origin().c_str());
@@ -254,12 +301,14 @@ int run_chat(const ChatCmdOptions& o) {
         Sampler sampler(sp, cfg.n_vocab);
         for (int32_t t : ids) sampler.accept(t);
         Detokenizer detok(*m.tokenizer, false);
+        ReplyPrinter printer(fmt, server::prompt_opens_think(prompt));
         std::vector<int32_t> reply;
         int32_t next = -1;  // picked by the decoder (on the device where it can)
         bool ended = false;  // the model ended its reply (not the -n limit or the context)
         for (int i = 0; i < o.n_predict; ++i) {
             if (interrupt && ChatInterrupt::take()) {  // Ctrl-C: the reply stops here and stays
-                out(detok.flush());
+                printer.push(detok.flush());
+                printer.finish();
                 note("\n(stopped)");
                 ended = true;
                 break;
@@ -271,7 +320,7 @@ int run_chat(const ChatCmdOptions& o) {
             }
             sampler.accept(tok);
             reply.push_back(tok);
-            out(detok.push(tok));
+            printer.push(detok.push(tok));
             if (decoder.context_full()) {
                 std::fprintf(stderr, "\nquern: context full (%lld tokens); /clear to start over\n", static_cast<long long>(session->n_ctx()));
                 break;
@@ -281,7 +330,9 @@ int run_chat(const ChatCmdOptions& o) {
                 cached.push_back(tok);
             }
         }
-        out(detok.flush() + "\n");
+        printer.push(detok.flush());
+        printer.finish();
+        out("\n");
         if (!ended && static_cast<int>(reply.size()) >= o.n_predict)
             note(fmt::format("quern: the reply stopped at the limit of {} tokens (-n {}); raise -n for longer replies",
                              o.n_predict, o.n_predict));
@@ -291,7 +342,7 @@ int run_chat(const ChatCmdOptions& o) {
                          ids.size() - common, t1 - t0, reply.size(), t2 - t1);
         if (o.verbose && !decoder.summary().empty())
             std::fprintf(stderr, "quern: speculative decoding %s\n", decoder.summary().c_str());
-        messages.push_back({{"role", "assistant"}, {"content", trim(m.tokenizer->decode(reply, false))}});
+        messages.push_back({{"role", "assistant"}, {"content", trim(printer.answer())}});
     }
     if (tty) out("\n");
     if (asked > 0 && replied == 0) fail("no message got a reply; {}", last_failure);

@@ -351,4 +351,27 @@ TEST(CliChat, CommandsAndPipedOutput) {
     EXPECT_NE(b.err.find("must hold a list of messages"), std::string::npos) << b.err;
 }
 
+// A thinking model's reasoning (a template whose generation prompt opens
+// <think>, so the whole reply of the random tiny model is reasoning) goes
+// to stderr when stdout is piped: stdout keeps only answers (here empty
+// lines), and the conversation keeps the answer without the reasoning.
+TEST(CliChat, ReasoningStaysOffStdoutWhenPiped) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const fs::path tf = write_file(
+        "think.jinja",
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}");
+    const fs::path saved = scratch() / "thinking.json";
+    const Result r = run("chat -m '" + tiny_model() + "' --device cpu --temp 0 -n 6 --chat-template-file '" +
+                             tf.string() + "'",
+                         "hi\n/save " + saved.string() + "\n");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(r.out, "\n") << r.out;
+    const auto conv = nlohmann::json::parse(slurp(saved));
+    ASSERT_EQ(conv.size(), 2u) << conv.dump();
+    EXPECT_EQ(conv[1]["content"], "");
+    const Result plain = run("chat -m '" + tiny_model() + "' --device cpu --temp 0 -n 6", "hi\n");
+    EXPECT_GT(plain.out.size(), 1u) << plain.out;  // the same model without <think>: its text is the answer
+}
+
 }  // namespace

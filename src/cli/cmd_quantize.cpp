@@ -34,8 +34,8 @@ void quantize(const QuantizeCmdOptions& o) {
     qo.type = *t;
     qo.allow_requantize = o.allow_requantize;
     const double t0 = now_seconds();
-    const QuantizeReport r = quantize_gguf(o.in, o.out, qo, pool, [&](const char* phase, uint64_t d, uint64_t n) {
-        if (tty) std::fprintf(stderr, "\rquern: %s %3.0f%%", phase, 100.0 * static_cast<double>(d) / static_cast<double>(n));
+    const QuantizeReport r = quantize_gguf(o.in, o.out, qo, pool, [&](uint64_t d, uint64_t n) {
+        if (tty) std::fprintf(stderr, "\rquern: quantizing %s %3.0f%%", o.out.c_str(), 100.0 * static_cast<double>(d) / static_cast<double>(n));
     });
     if (tty) std::fputc('\n', stderr);
     int64_t changed = 0, fell = 0;

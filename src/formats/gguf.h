@@ -190,6 +190,12 @@ public:
     /// Adds a tensor; `data` must hold row_size(type, ne[0]) * rows bytes and
     /// stay valid until write() returns.
     void add_tensor(std::string name, DType type, std::array<int64_t, 4> ne, int n_dims, const void* data);
+    /// Adds a tensor whose bytes `fill` writes into a buffer of its size when
+    /// write() reaches it (one such buffer alive at a time: a converter need
+    /// not hold the whole file in memory). An exception from `fill` removes
+    /// the partly written file and propagates.
+    void add_tensor(std::string name, DType type, std::array<int64_t, 4> ne, int n_dims,
+                    std::function<void(uint8_t* out)> fill);
 
     /// Writes the file. `progress`, when set, is called with bytes written so far
     /// and the total.
@@ -204,6 +210,7 @@ private:
         int n_dims;
         const void* data;
         uint64_t nbytes;
+        std::function<void(uint8_t*)> fill;  // or null: data holds the bytes
     };
     std::vector<GgufKV> kv_;
     std::vector<PendingTensor> tensors_;

@@ -219,7 +219,16 @@ void GgufWriter::add_tensor(std::string name, DType type, std::array<int64_t, 4>
     const uint64_t rows = static_cast<uint64_t>(ne[1]) * static_cast<uint64_t>(ne[2]) * static_cast<uint64_t>(ne[3]);
     if (__builtin_mul_overflow(row, rows, &nbytes)) fail("gguf writer: tensor '{}': byte size overflows", name);
     if (!data && nbytes != 0) fail("gguf writer: tensor '{}': no data", name);
-    tensors_.push_back(PendingTensor{std::move(name), type, ne, n_dims, data, nbytes});
+    tensors_.push_back(PendingTensor{std::move(name), type, ne, n_dims, data, nbytes, nullptr});
+}
+
+void GgufWriter::add_tensor(std::string name, DType type, std::array<int64_t, 4> ne, int n_dims,
+                            std::function<void(uint8_t* out)> fill) {
+    if (!fill) fail("gguf writer: tensor '{}': no data", name);
+    static const uint8_t kNone = 0;  // passes the data check; replaced by fill's bytes
+    add_tensor(std::move(name), type, ne, n_dims, &kNone);
+    tensors_.back().data = nullptr;
+    tensors_.back().fill = std::move(fill);
 }
 
 void GgufWriter::write(const std::string& path,
@@ -268,8 +277,20 @@ void GgufWriter::write(const std::string& path,
     report();
     static const uint8_t zeros[4096] = {};
     constexpr size_t kChunk = size_t{64} << 20;
+    std::vector<uint8_t> filled;
     for (const auto& t : tensors_) {
         const auto* p = static_cast<const uint8_t*>(t.data);
+        if (t.fill) {
+            filled.assign(static_cast<size_t>(t.nbytes), 0);
+            try {
+                t.fill(filled.data());
+            } catch (...) {
+                std::fclose(f);
+                std::remove(path.c_str());
+                throw;
+            }
+            p = filled.data();
+        }
         for (uint64_t off = 0; off < t.nbytes; off += kChunk) {
             write_bytes(p + off, static_cast<size_t>(std::min<uint64_t>(kChunk, t.nbytes - off)));
             report();

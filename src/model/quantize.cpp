@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <deque>
 #include <filesystem>
 
 #include "core/error.h"
@@ -43,7 +42,7 @@ bool float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DTy
 
 QuantizeReport quantize_gguf(const std::string& in, const std::string& out, const QuantizeOptions& opts,
                              ThreadPool& pool,
-                             const std::function<void(const char* phase, uint64_t done, uint64_t total)>& progress) {
+                             const std::function<void(uint64_t done, uint64_t total)>& progress) {
     std::error_code ec;
     if (std::filesystem::equivalent(in, out, ec)) fail("the output file is the input file '{}'", in);
     GgufFile f(in);
@@ -89,32 +88,32 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
     w.set_u32("general.quantization_version", 2);
     w.set_u32("general.file_type", static_cast<uint32_t>(opts.type));
 
-    std::deque<std::vector<uint8_t>> outputs;  // the converted tensors, alive until write()
+    // Each converted tensor is made when the writer reaches it: one tensor's
+    // bytes in memory at a time.
     for (size_t i = 0; i < infos.size(); ++i) {
         const GgufTensorInfo& t = *infos[i];
         const QuantizedTensor& q = rep.tensors[i];
         rep.bytes_in += t.nbytes;
         const uint8_t* src = f.data(t);
-        const void* data = src;
-        if (q.to != q.from) {
-            const int64_t n = t.ne[0], rows = t.ne[1] * t.ne[2] * t.ne[3];
+        const int64_t n = t.ne[0], rows = t.ne[1] * t.ne[2] * t.ne[3];
+        rep.bytes_out += row_size(q.to, n) * static_cast<uint64_t>(rows);
+        if (q.to == q.from) {
+            w.add_tensor(t.name, q.to, t.ne, t.n_dims, src);
+            continue;
+        }
+        w.add_tensor(t.name, q.to, t.ne, t.n_dims, [&pool, src, q, n, rows](uint8_t* dst) {
             const size_t rs_in = row_size(q.from, n), rs_out = row_size(q.to, n);
-            std::vector<uint8_t>& dst = outputs.emplace_back(rs_out * static_cast<size_t>(rows));
             pool.parallel_for(rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(n, 1)), [&](int64_t r0, int64_t r1, int) {
                 std::vector<float> row(static_cast<size_t>(n));
                 for (int64_t r = r0; r < r1; ++r) {
                     dequantize_row_ref(q.from, src + rs_in * static_cast<size_t>(r), row.data(), n);
-                    quantize_row_ref(q.to, row.data(), dst.data() + rs_out * static_cast<size_t>(r), n);
+                    quantize_row_ref(q.to, row.data(), dst + rs_out * static_cast<size_t>(r), n);
                 }
             });
-            data = dst.data();
-        }
-        rep.bytes_out += row_size(q.to, t.ne[0]) * static_cast<uint64_t>(t.ne[1] * t.ne[2] * t.ne[3]);
-        w.add_tensor(t.name, q.to, t.ne, t.n_dims, data);
-        if (progress) progress("quantizing", i + 1, infos.size());
+        });
     }
     w.write(out, [&](uint64_t d, uint64_t total) {
-        if (progress) progress("writing", d, total);
+        if (progress) progress(d, total);
     });
     return rep;
 }

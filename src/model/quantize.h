@@ -37,11 +37,11 @@ struct QuantizeReport {
 };
 
 /// Writes `out` from GGUF file `in` (see the top of the file), rows spread
-/// over `pool`. progress(done, total) after each tensor, then while the file
-/// is written (bytes). quern::Error for a file that is not GGUF, a tensor
+/// over `pool`, one converted tensor in memory at a time (the input is
+/// mapped). progress(done, total) in bytes of the output file. quern::Error for a file that is not GGUF, a tensor
 /// type the reference quantizers cannot read, an already quantized matrix
 /// without allow_requantize (naming the option), or `out` == `in`.
 QuantizeReport quantize_gguf(const std::string& in, const std::string& out, const QuantizeOptions& opts,
-                             ThreadPool& pool, const std::function<void(const char* phase, uint64_t done, uint64_t total)>& progress = {});
+                             ThreadPool& pool, const std::function<void(uint64_t done, uint64_t total)>& progress = {});
 
 }  // namespace quern

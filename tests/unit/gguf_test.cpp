@@ -330,6 +330,37 @@ TEST(Gguf, Getters) {
     expect_msg([&] { f.get_float("test.arr.u8"); }, {"key 'test.arr.u8'", "number"});
 }
 
+// Tensors whose bytes are made while the file is written (one at a time):
+// read back as filled; a fill that throws leaves no file behind.
+TEST(GgufWriter, TensorsFilledWhileWriting) {
+    const fs::path path = temp_dir() / "filled.gguf";
+    GgufWriter w;
+    std::vector<float> plain = {1, 2, 3, 4};
+    w.add_tensor("plain", DType::F32, {4, 1, 1, 1}, 1, plain.data());
+    w.add_tensor("filled", DType::F32, {3, 2, 1, 1}, 2, [](uint8_t* out) {
+        for (int k = 0; k < 6; ++k) {
+            const float v = 10.0f + static_cast<float>(k);
+            std::memcpy(out + 4 * k, &v, 4);
+        }
+    });
+    w.write(path.string());
+    GgufFile f(path.string());
+    const GgufTensorInfo* t = f.find_tensor("filled");
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->nbytes, 24u);
+    for (int k = 0; k < 6; ++k) {
+        float v;
+        std::memcpy(&v, f.data(*t) + 4 * k, 4);
+        EXPECT_EQ(v, 10.0f + static_cast<float>(k));
+    }
+    EXPECT_EQ(0, std::memcmp(f.data(*f.find_tensor("plain")), plain.data(), 16));
+    GgufWriter bad;
+    bad.add_tensor("x", DType::F32, {4, 1, 1, 1}, 1, [](uint8_t*) { throw Error("no bytes today"); });
+    const fs::path gone = temp_dir() / "gone.gguf";
+    EXPECT_THROW(bad.write(gone.string()), Error);
+    EXPECT_FALSE(fs::exists(gone));
+}
+
 TEST(GgufWriter, RejectsBadInput) {
     using T = GgufType;
     GgufWriter w;

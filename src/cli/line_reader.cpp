@@ -142,7 +142,9 @@ LineReader::Result LineReader::read(const std::string& prompt, std::string& line
         return Result::Line;
     }
     ed_->prompt = prompt;
-    ChatInterrupt::take();  // a Ctrl-C from before the prompt is not for it
+    // A Ctrl-C that came since the last reply ended (the reply loop takes
+    // those during a reply) is for this prompt: a second one typed right
+    // after the first prompt's note, before the editor reads, must leave.
     ChatInterrupt::drain();
     int n = 0;
     const char* s = el_gets(ed_->el, &n);

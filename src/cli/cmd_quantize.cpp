@@ -32,7 +32,16 @@ void quantize(const QuantizeCmdOptions& o) {
     const bool tty = stderr_is_tty() && !o.json;
     QuantizeOptions qo;
     qo.type = *t;
-    qo.allow_requantize = o.allow_requantize;
+    // A quantized input is requantized with a warning (llama-quantize wants
+    // --allow-requantize; here it only silences the warning).
+    qo.allow_requantize = true;
+    if (!o.allow_requantize)
+        qo.on_requantize = [](const std::string& name, DType from, DType to) {
+            std::fprintf(stderr,
+                         "quern: warning: the input is already quantized ('%s' is %s): requantizing to %s rounds twice "
+                         "and loses more than quantizing its F16/BF16 original would (--allow-requantize hides this)\n",
+                         name.c_str(), dtype_name(from).data(), dtype_name(to).data());
+        };
     const double t0 = now_seconds();
     const QuantizeReport r = quantize_gguf(o.in, o.out, qo, pool, [&](uint64_t d, uint64_t n) {
         if (tty) std::fprintf(stderr, "\rquern: quantizing %s %3.0f%%", o.out.c_str(), 100.0 * static_cast<double>(d) / static_cast<double>(n));
@@ -63,13 +72,13 @@ void add_quantize_command(CLI::App& app) {
     using namespace quern::cli;
     auto o = std::make_shared<QuantizeCmdOptions>();
     CLI::App* cmd = app.add_subcommand("quantize", "Requantize a GGUF model into a llama-quantize file type");
-    cmd->add_option("input", o->in, "GGUF file to read (F32 / F16 / BF16, or quantized with --allow-requantize)")
+    cmd->add_option("input", o->in, "GGUF file to read (F32 / F16 / BF16; a quantized one is requantized with a warning)")
         ->required();
     cmd->add_option("output", o->out, "GGUF file to write")->required();
     cmd->add_option("type", o->type, std::string("File type: ") + quern::file_type_names())->required();
     cmd->add_flag("--force", o->force, "Overwrite the output file if it exists");
     cmd->add_flag("--allow-requantize", o->allow_requantize,
-                  "Requantize tensors that already are quantized (each rounding loses accuracy)");
+                  "Requantize an already quantized input without the warning (each rounding loses accuracy)");
     add_threads_option(cmd, o->threads);
     cmd->add_flag("--json", o->json, "Print what each tensor became as JSON on stdout");
     cmd->footer(

@@ -61,6 +61,7 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
         return la != lb ? la < lb : a->name < b->name;
     });
     // The types first, so that a refusal comes before any work.
+    bool warned = false;
     for (const GgufTensorInfo* tp : infos) {
         const GgufTensorInfo& t = *tp;
         QuantizedTensor q{t.name, t.type, t.type};
@@ -72,6 +73,10 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
                 fail("tensor '{}' is already quantized ({}); requantizing to {} loses accuracy twice: start from an "
                      "F16/BF16/F32 file, or pass --allow-requantize",
                      t.name, dtype_name(q.from), dtype_name(q.to));
+            if (!float_type(q.from) && opts.on_requantize && !warned) {
+                opts.on_requantize(t.name, q.from, q.to);
+                warned = true;
+            }
         }
         rep.tensors.push_back(q);
     }

@@ -22,6 +22,9 @@ struct QuantizeOptions {
     /// Quantize tensors that already are (Q8_0 to Q4_K, say): each rounding
     /// loses accuracy, so the default refuses, as llama-quantize does.
     bool allow_requantize = false;
+    /// With allow_requantize: called once, before any work, with the first
+    /// tensor that will be requantized (the CLI warns with it).
+    std::function<void(const std::string& tensor, DType from, DType to)> on_requantize;
 };
 
 /// One tensor as it was written.

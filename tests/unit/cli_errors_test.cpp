@@ -293,8 +293,13 @@ TEST(CliErrors, QuantizeRefusesOverwritingAndUnknownTypes) {
     r = run("quantize '" + tiny_model() + "' '" + out + "' Q8_0");
     EXPECT_NE(r.rc, 0);
     EXPECT_NE(r.err.find("pass --force"), std::string::npos) << r.err;
+    // A quantized input is requantized, with a warning that --allow-requantize hides.
     r = run("quantize '" + tiny_model() + "' '" + out + "' Q4_K_M --force");
-    EXPECT_NE(r.err.find("--allow-requantize"), std::string::npos) << r.err;
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.err.find("already quantized"), std::string::npos) << r.err;
+    r = run("quantize '" + tiny_model() + "' '" + out + "' Q4_K_M --force --allow-requantize");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(r.err.find("already quantized"), std::string::npos) << r.err;
 }
 
 // One BOS rule: a prompt that begins with the BOS text of a model that adds

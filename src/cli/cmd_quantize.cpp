@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -16,7 +17,7 @@ namespace {
 
 struct QuantizeCmdOptions {
     std::string in, out, type;
-    bool force = false, allow_requantize = false, json = false;
+    bool force = false, allow_requantize = false, json = false, dry_run = false;
     int threads = 0;
 };
 
@@ -27,11 +28,12 @@ void quantize(const QuantizeCmdOptions& o) {
     if (fs::is_directory(o.in))
         fail("'{}' is a folder: quern quantize reads GGUF files (convert a Hugging Face folder to GGUF first)", o.in);
     if (!fs::exists(o.in)) fail("no such file: '{}'", o.in);
-    if (fs::exists(o.out) && !o.force) fail("'{}' exists; pass --force to overwrite it", o.out);
+    if (!o.dry_run && fs::exists(o.out) && !o.force) fail("'{}' exists; pass --force to overwrite it", o.out);
     ThreadPool pool(o.threads);
-    const bool tty = stderr_is_tty() && !o.json;
+    const bool tty = stderr_is_tty() && !o.json && !o.dry_run;
     QuantizeOptions qo;
     qo.type = *t;
+    qo.dry_run = o.dry_run;
     // A quantized input is requantized with a warning (llama-quantize wants
     // --allow-requantize; here it only silences the warning).
     qo.allow_requantize = true;
@@ -58,6 +60,16 @@ void quantize(const QuantizeCmdOptions& o) {
         std::printf("%s\n", j.dump(1).c_str());
         return;
     }
+    if (o.dry_run) {  // what the file would hold: tensors per type, and the size
+        std::map<std::string, std::pair<int, uint64_t>> per;
+        for (const QuantizedTensor& q : r.tensors) ++per[std::string(dtype_name(q.to))].first;
+        std::printf("%s as %s (dry run, nothing written):\n", o.in.c_str(), file_type_name(*t));
+        for (const auto& [name, c] : per) std::printf("  %-8s %4d tensors\n", name.c_str(), c.first);
+        std::printf("  %.1f MiB of tensors -> %.1f MiB (%lld converted, %lld fall back to a smaller block type)\n",
+                    r.bytes_in / 1048576.0, r.bytes_out / 1048576.0, static_cast<long long>(changed),
+                    static_cast<long long>(fell));
+        return;
+    }
     std::fprintf(stderr,
                  "quern: wrote %s: %s, %zu tensors (%lld converted, %lld to a smaller block type where rows are not "
                  "whole blocks), %.1f MiB -> %.1f MiB in %.1f s\n",
@@ -81,11 +93,13 @@ void add_quantize_command(CLI::App& app) {
                   "Requantize an already quantized input without the warning (each rounding loses accuracy)");
     add_threads_option(cmd, o->threads);
     cmd->add_flag("--json", o->json, "Print what each tensor became as JSON on stdout");
+    cmd->add_flag("--dry-run", o->dry_run, "Show the types and the size the file would have; write nothing");
     cmd->footer(
         "The per-tensor types follow llama-quantize's mixes (Q4_K_M: Q6_K for the output head and for some layers'\n"
         "attention V and FFN down matrices); without an importance matrix the tensors equal llama-quantize's.\n"
         "Examples:\n"
         "  quern quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M\n"
+        "  quern quantize model-f16.gguf - Q3_K_M --dry-run      # the types and size, nothing written\n"
         "  quern synth llama3-1b --quant F16 -o l1b-f16.gguf && quern quantize l1b-f16.gguf l1b-q8_0.gguf q8_0\n"
         "  quern quantize model-f16.gguf out.gguf Q5_K_M --force --json | jq '.tensors[] | .to' | sort | uniq -c");
     cmd->callback([o] { quantize(*o); });

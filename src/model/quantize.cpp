@@ -44,7 +44,7 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
                              ThreadPool& pool,
                              const std::function<void(uint64_t done, uint64_t total)>& progress) {
     std::error_code ec;
-    if (std::filesystem::equivalent(in, out, ec)) fail("the output file is the input file '{}'", in);
+    if (!opts.dry_run && std::filesystem::equivalent(in, out, ec)) fail("the output file is the input file '{}'", in);
     GgufFile f(in);
     MixPlanner plan(opts.type, mix_model(f));
     QuantizeReport rep;
@@ -117,6 +117,7 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
             });
         });
     }
+    if (opts.dry_run) return rep;
     w.write(out, [&](uint64_t d, uint64_t total) {
         if (progress) progress(d, total);
     });

@@ -25,6 +25,8 @@ struct QuantizeOptions {
     /// With allow_requantize: called once, before any work, with the first
     /// tensor that will be requantized (the CLI warns with it).
     std::function<void(const std::string& tensor, DType from, DType to)> on_requantize;
+    /// Decide every tensor's type and the sizes, write nothing (`out` unused).
+    bool dry_run = false;
 };
 
 /// One tensor as it was written.

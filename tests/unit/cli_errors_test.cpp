@@ -293,6 +293,13 @@ TEST(CliErrors, QuantizeRefusesOverwritingAndUnknownTypes) {
     r = run("quantize '" + tiny_model() + "' '" + out + "' Q8_0");
     EXPECT_NE(r.rc, 0);
     EXPECT_NE(r.err.find("pass --force"), std::string::npos) << r.err;
+    // --dry-run: the types and the size, nothing written.
+    const std::string none = (scratch() / "never.gguf").string();
+    r = run("quantize '" + tiny_model() + "' '" + none + "' Q4_K_M --dry-run --allow-requantize");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.out.find("dry run, nothing written"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("MiB of tensors"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(none));
     // A quantized input is requantized, with a warning that --allow-requantize hides.
     r = run("quantize '" + tiny_model() + "' '" + out + "' Q4_K_M --force");
     EXPECT_EQ(r.rc, 0) << r.err;

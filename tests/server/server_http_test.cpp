@@ -31,8 +31,9 @@ const char* kText = "Hello, wörld! 你好 STOP tail";
 class HttpTest : public ::testing::Test {
 protected:
     void start(std::chrono::microseconds interval = std::chrono::microseconds(200), int parallel = 4, int queue = 8,
-               std::string api_key = "", const std::string& text = kText, const std::string& template_file = "") {
-        tok_ = Tokenizer::from_file(std::string(QUERN_TESTDATA_DIR) + "/vocab/ggml-vocab-gpt-2.gguf");
+               std::string api_key = "", const std::string& text = kText, const std::string& template_file = "",
+               const std::string& vocab = "gpt-2") {
+        tok_ = Tokenizer::from_file(std::string(QUERN_TESTDATA_DIR) + "/vocab/ggml-vocab-" + vocab + ".gguf");
         script_ = tok_->encode(text, false, false);
         EngineOptions eo;
         eo.n_ctx = template_file.empty() ? 64 : 4096;  // a real template renders tools into a long prompt
@@ -130,6 +131,22 @@ TEST_F(HttpTest, ModelsHealthMetrics) {
     ASSERT_TRUE(r);
     EXPECT_NE(r->body.find("quern_requests_running"), std::string::npos);
     EXPECT_NE(r->body.find("quern_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), std::string::npos);
+}
+
+// The one BOS rule through the server: a prompt that begins with the BOS
+// text of a model that adds BOS (Llama's SPM vocabulary) gets one BOS.
+TEST_F(HttpTest, PromptsGetOneBos) {
+    start(std::chrono::microseconds(200), 4, 8, "", kText, "", "llama-spm");
+    ASSERT_TRUE(tok_->add_bos());
+    for (const char* prompt : {"Hello world", "<s>Hello world"}) {
+        auto r = post("/v1/tokenize", Json{{"prompt", prompt}}.dump());
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const auto ids = Json::parse(r->body)["tokens"].get<std::vector<int32_t>>();
+        ASSERT_FALSE(ids.empty());
+        EXPECT_EQ(ids.front(), tok_->bos()) << prompt;
+        EXPECT_EQ(std::count(ids.begin(), ids.end(), tok_->bos()), 1) << prompt;
+    }
 }
 
 TEST_F(HttpTest, ChatAndCompletionsStreamedAndNot) {

@@ -323,20 +323,7 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
         pr.rope_long = d + 3 * nr + hc;
         pr.inv_freq_long = rope_long_;
     }
-    if (c.hybrid()) {
-        // Each segment is a sequence of the DeltaNet kernels (graph padding
-        // rows: one each, on the spare slot).
-        std::vector<int32_t> rows, slots;
-        std::vector<bool> fresh;
-        for (const BatchSegment& g : segs) {
-            const SeqBatch& q = seqs[g.seq];
-            rows.push_back(static_cast<int32_t>(g.n));
-            slots.push_back(q.state_slot);
-            fresh.push_back(q.n_past + g.off == 0);
-        }
-        for (int64_t i = n; i < nr; ++i) rows.push_back(1), slots.push_back(-1), fresh.push_back(true);
-        set_batch_delta(rows, slots, fresh);
-    }
+    if (c.hybrid()) set_batch_delta(seqs, segs, nr - n);
     if (!np || !replay_layers(d, np, keys, pr)) layer_rows(d, nr, 0, &pr);
     if (nh > 0) {
         // The final norm on every row (the last residual added in), then the

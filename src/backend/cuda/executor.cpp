@@ -360,9 +360,23 @@ DeviceWeight CudaExecutor::upload_bank(const ExpertBank& b, int64_t il, const ch
     return std::move(ps[0].w);
 }
 
+std::vector<Piece> CudaExecutor::upload_group(const std::vector<LinearPiece>& ps) {
+    std::vector<const Tensor*> ts;
+    for (const LinearPiece& p : ps) ts.push_back(p.w);
+    return upload_group(ts);
+}
+
 const float* CudaExecutor::upload_f32(const Tensor& t) {
-    DeviceBuffer b(t.nbytes());
-    b.upload(t.data, t.nbytes(), ctx_.stream());
+    if (t.type == DType::F32) {
+        DeviceBuffer b(t.nbytes());
+        b.upload(t.data, t.nbytes(), ctx_.stream());
+        owned_.push_back(std::move(b));
+        return owned_.back().as<float>();
+    }
+    std::vector<float> v(static_cast<size_t>(t.nelements()));
+    for (int64_t r = 0; r < t.nrows(); ++r) dequantize_row_ref(t.type, t.row(r), v.data() + r * t.ne[0], t.ne[0]);
+    DeviceBuffer b(v.size() * sizeof(float));
+    b.upload(v.data(), v.size() * sizeof(float), ctx_.stream());  // staged before it returns: v may go
     owned_.push_back(std::move(b));
     return owned_.back().as<float>();
 }
@@ -397,13 +411,11 @@ void CudaExecutor::upload_weights() {
         const BlockPlanLayer& P = c.layers[static_cast<size_t>(il)];
         LayerWeights& L = layers_[static_cast<size_t>(il)];
         L.attn_norm = upload_f32(*P.attn_norm);
-        upload_hybrid(P, L, il);
+        upload_hybrid(P, L);
         L.ffn_norm = upload_f32(*P.ffn_norm);
         // Row slices of one fused matrix (Phi-3's attn_qkv, ffn_up) become
         // that matrix again: runs of one type are concatenated.
-        std::vector<const Tensor*> qkv;
-        for (const LinearPiece& pc : P.qkv) qkv.push_back(pc.w);
-        L.qkv = upload_group(qkv);
+        L.qkv = upload_group(P.qkv);
         L.wo.w = upload_weight(ctx_, *P.wo);
         if (P.moe) {
             L.moe = true;
@@ -412,9 +424,7 @@ void CudaExecutor::upload_weights() {
             L.exp_up = upload_bank(P.moe->up, il, "up");
             L.exp_down = upload_bank(P.moe->down, il, "down");
         } else {
-            std::vector<const Tensor*> gu;
-            for (const LinearPiece& pc : P.gate_up) gu.push_back(pc.w);
-            L.gate_up = upload_group(gu);
+            L.gate_up = upload_group(P.gate_up);
             L.down.w = upload_weight(ctx_, *P.down);
         }
         if (P.qkv_bias()) {

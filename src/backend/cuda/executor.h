@@ -149,7 +149,7 @@ private:
     void upload_weights();
     /// Layer il's gated-attention, DeltaNet and shared-expert weights
     /// (hybrid_layers.cpp).
-    void upload_hybrid(const BlockPlanLayer& P, LayerWeights& L, int64_t il);
+    void upload_hybrid(const BlockPlanLayer& P, LayerWeights& L);
     /// The recurrent state of hybrid programs: the lone sequence's, its
     /// saved copy, and the DeltaSeqs arrays of the lone passes.
     void make_lone_state(const Program& program);
@@ -165,12 +165,6 @@ private:
     /// the shared expert added into H.
     void rows_delta(const LayerWeights& L, int64_t n, uint16_t* xb, float* H);
     void rows_shared_expert(const LayerWeights& L, int64_t n, const uint16_t* xb, float* H);
-    /// A batch pass's DeltaSeqs (rows_delta_) for sequences of `rows` rows
-    /// back to back with recurrent-state slots `slots` (-1: the spare slot),
-    /// uploaded into bdelta_; slots of sequences starting at position 0
-    /// zeroed first.
-    void set_batch_delta(const std::vector<int32_t>& rows, const std::vector<int32_t>& slots,
-                         const std::vector<bool>& fresh);
     /// The RoPE inverse-frequency table of each layer (rope_tables()).
     void make_rope_tables();
     /// f(w) for every layer matrix (Q/K/V, output, gate/up, down; with
@@ -195,12 +189,15 @@ private:
         }
     }
     std::vector<Piece> upload_group(const std::vector<const Tensor*>& ts);
+    std::vector<Piece> upload_group(const std::vector<LinearPiece>& ps);
     /// bq layouts of the expert banks (bq_gemm.h), once every weight is on
     /// the device; see its definition.
     void make_expert_bq();
     /// An expert bank: its 3-D tensor, or its per-expert 2-D tensors
     /// concatenated (one type).
     DeviceWeight upload_bank(const ExpertBank& b, int64_t il, const char* what);
+    /// A small tensor (norms, parameters) as device floats, dequantized
+    /// when it is not F32.
     const float* upload_f32(const Tensor& t);
 
     /// Queues one decode step on the stream (head: the output projection and
@@ -257,6 +254,10 @@ private:
         int seq;
         int64_t off, n;  // rows off .. off+n−1 of the sequence's new tokens
     };
+    /// A batch pass's DeltaSeqs (rows_delta_): each segment a sequence on its
+    /// state slot, then n_pad padding rows on the spare slot; uploaded into
+    /// bdelta_, the slots of sequences starting at position 0 zeroed first.
+    void set_batch_delta(const SeqBatch* seqs, const std::vector<BatchSegment>& segs, int64_t n_pad);
     void batch_pass(const SeqBatch* seqs, const std::vector<BatchSegment>& segs);
     /// Layer L's q/k/v biases and q/k norms for the RoPE kernels (window and
     /// soft-cap left at their defaults).
@@ -279,13 +280,15 @@ private:
     // and the DeltaSeqs arrays the kernels read: dlone_ holds [row0 0 | 1 |
     // the rows of a prefill chunk | per DeltaNet layer the lone state's
     // slot], bdelta_ a batch pass's [row0 | n_rows | per DeltaNet layer the
-    // slots]. step_delta_ / rows_delta_: per DeltaNet layer, what the decode
-    // step and layer_rows pass to the kernels.
+    // slots]. step_delta_: per DeltaNet layer, what the decode step passes
+    // to the kernels; rows_delta_: what layer_rows passes (the lone
+    // sequence's lone_rows_delta_, or the batch pass's batch_delta_).
     int64_t state_floats_ = 0;
     int n_delta_ = 0;
     DeviceBuffer lone_state_, lone_saved_, slots_, dlone_, bdelta_;
     int64_t n_slots_ = 0;
-    std::vector<DeltaSeqs> step_delta_, rows_delta_;
+    std::vector<DeltaSeqs> step_delta_, lone_rows_delta_, batch_delta_;
+    const DeltaSeqs* rows_delta_ = nullptr;
     std::vector<int32_t> bdelta_host_;
     // Step scratch of the gated layers: DeltaNet [q|k|v] before and after
     // the conv (conv_dim each), z, y, normed y (value_dim each), [b | a],

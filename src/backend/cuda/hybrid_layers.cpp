@@ -25,47 +25,25 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/executor.h"
 #include "core/error.h"
-#include "quant/reference.h"
 
 namespace quern::cuda {
 
-namespace {
-
-std::vector<const Tensor*> tensors_of(const std::vector<LinearPiece>& ps) {
-    std::vector<const Tensor*> out;
-    for (const LinearPiece& p : ps) out.push_back(p.w);
-    return out;
-}
-
-}  // namespace
-
-void CudaExecutor::upload_hybrid(const BlockPlanLayer& P, LayerWeights& L, int64_t il) {
-    // Floats on the device from a tensor of any type (one row or a few:
-    // parameters, not matrices).
-    const auto floats = [&](const Tensor& t) -> const float* {
-        if (t.type == DType::F32) return upload_f32(t);
-        std::vector<float> v(static_cast<size_t>(t.nelements()));
-        for (int64_t r = 0; r < t.nrows(); ++r) dequantize_row_ref(t.type, t.row(r), v.data() + r * t.ne[0], t.ne[0]);
-        DeviceBuffer b(v.size() * sizeof(float));
-        b.upload(v.data(), v.size() * sizeof(float), ctx_.stream());
-        owned_.push_back(std::move(b));
-        return owned_.back().as<float>();
-    };
-    if (!P.attn_gate.empty()) L.attn_gate = upload_group(tensors_of(P.attn_gate));
+void CudaExecutor::upload_hybrid(const BlockPlanLayer& P, LayerWeights& L) {
+    if (!P.attn_gate.empty()) L.attn_gate = upload_group(P.attn_gate);
     if (const DeltaNetSpec* d = P.delta) {
         L.delta = true;
-        L.delta_z = upload_group({P.delta_z});
-        L.delta_ba = upload_group(tensors_of(P.delta_ba));
-        L.delta_norm = floats(*P.delta_norm);
-        L.dl = DeltaLayer{d->n_k_heads, d->n_v_heads, d->head_k, d->head_v, d->conv_kernel, d->kv_tiled,
-                          floats(*d->conv),  floats(*d->a_coef), floats(*d->dt_bias)};
+        L.delta_z = upload_group(std::vector<const Tensor*>{P.delta_z});
+        L.delta_ba = upload_group(P.delta_ba);
+        L.delta_norm = upload_f32(*P.delta_norm);
+        L.dl = DeltaLayer{d->n_k_heads,         d->n_v_heads,         d->head_k,
+                          d->head_v,            d->conv_kernel,       d->kv_tiled,
+                          upload_f32(*d->conv), upload_f32(*d->a_coef), upload_f32(*d->dt_bias)};
     }
     if (P.shared_expert()) {
-        L.sh_gate_up = upload_group(tensors_of(P.shexp_gate_up));
+        L.sh_gate_up = upload_group(P.shexp_gate_up);
         L.sh_down.w = upload_weight(ctx_, *P.shexp_down);
-        L.sh_gate = floats(*P.shexp_gate);
+        L.sh_gate = upload_f32(*P.shexp_gate);
     }
-    (void)il;
 }
 
 void CudaExecutor::make_lone_state(const Program& program) {
@@ -99,7 +77,7 @@ void CudaExecutor::make_lone_state(const Program& program) {
     auto* const* ptrs = reinterpret_cast<float* const*>(dlone_.as<uint8_t>() + 16);
     for (int j = 0; j < n_delta_; ++j) {
         step_delta_.push_back(DeltaSeqs{d, d + 1, ptrs + j, 1});
-        rows_delta_.push_back(DeltaSeqs{d, d + 2, ptrs + j, 1});
+        lone_rows_delta_.push_back(DeltaSeqs{d, d + 2, ptrs + j, 1});
     }
 }
 
@@ -141,21 +119,24 @@ void CudaExecutor::restore_lone_state() {
     fed_ = false;
 }
 
-void CudaExecutor::set_batch_delta(const std::vector<int32_t>& rows, const std::vector<int32_t>& slots,
-                                   const std::vector<bool>& fresh) {
-    const auto S = static_cast<int64_t>(rows.size());
+void CudaExecutor::set_batch_delta(const SeqBatch* seqs, const std::vector<BatchSegment>& segs, int64_t n_pad) {
+    // Sequences: one per segment, then one per padding row (one row each,
+    // on the spare slot, which make_state_slots zeroed: what padding rows
+    // leave there stays finite — the decay is below 1 and k unit-length — and
+    // they read nothing else, so it needs no zeroing per pass).
+    const auto S = static_cast<int64_t>(segs.size()) + n_pad;
     const size_t per = static_cast<size_t>(state_floats_) * sizeof(float);
     auto* base = slots_.as<uint8_t>();
-    const auto slot_ptr = [&](int32_t slot) { return base + per * static_cast<size_t>(slot < 0 ? n_slots_ : slot); };
+    const auto slot_ptr = [&](int64_t i) {
+        const int64_t slot = i < static_cast<int64_t>(segs.size()) ? seqs[segs[static_cast<size_t>(i)].seq].state_slot
+                                                                   : n_slots_;
+        return base + per * static_cast<size_t>(slot);
+    };
     const cudaStream_t s = ctx_.stream();
-    bool spare = false;
-    for (int64_t i = 0; i < S; ++i) {
-        if (slots[i] < 0) spare = true;
-        else if (fresh[i]) QUERN_CUDA_CHECK(cudaMemsetAsync(slot_ptr(slots[i]), 0, per, s));
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const SeqBatch& q = seqs[segs[i].seq];
+        if (q.n_past + segs[i].off == 0) QUERN_CUDA_CHECK(cudaMemsetAsync(slot_ptr(static_cast<int64_t>(i)), 0, per, s));
     }
-    // The padding rows' spare slot starts from zeros each pass: whatever
-    // they compute stays finite.
-    if (spare) QUERN_CUDA_CHECK(cudaMemsetAsync(slot_ptr(-1), 0, per, s));
     // [row0 (S) | n_rows (S) | per DeltaNet layer S state pointers]
     const size_t bytes = static_cast<size_t>(S) * (8 + sizeof(float*) * static_cast<size_t>(n_delta_));
     if (bdelta_.size() < bytes) fail("a batch pass of {} sequences exceeds the DeltaNet arrays", S);
@@ -163,22 +144,24 @@ void CudaExecutor::set_batch_delta(const std::vector<int32_t>& rows, const std::
     auto* h = bdelta_host_.data();
     int32_t r0 = 0;
     for (int64_t i = 0; i < S; ++i) {
+        const auto rows = static_cast<int32_t>(i < static_cast<int64_t>(segs.size()) ? segs[static_cast<size_t>(i)].n : 1);
         h[i] = r0;
-        h[S + i] = rows[static_cast<size_t>(i)];
-        r0 += rows[static_cast<size_t>(i)];
+        h[S + i] = rows;
+        r0 += rows;
     }
     auto* hp = reinterpret_cast<uint8_t*>(h) + 8 * S;
-    rows_delta_.clear();
+    batch_delta_.clear();
     const auto* d = bdelta_.as<int32_t>();
     auto* const* dp = reinterpret_cast<float* const*>(bdelta_.as<uint8_t>() + 8 * S);
     for (const LayerWeights& L : layers_) {
         if (!L.delta) continue;
         for (int64_t i = 0; i < S; ++i) {
-            auto* p = reinterpret_cast<float*>(slot_ptr(slots[static_cast<size_t>(i)])) + L.state_offset;
+            auto* p = reinterpret_cast<float*>(slot_ptr(i)) + L.state_offset;
             std::memcpy(hp + (static_cast<size_t>(L.delta_index) * S + i) * sizeof(float*), &p, sizeof p);
         }
-        rows_delta_.push_back(DeltaSeqs{d, d + S, dp + static_cast<int64_t>(L.delta_index) * S, static_cast<int>(S)});
+        batch_delta_.push_back(DeltaSeqs{d, d + S, dp + static_cast<int64_t>(L.delta_index) * S, static_cast<int>(S)});
     }
+    rows_delta_ = batch_delta_.data();
     QUERN_CUDA_CHECK(cudaMemcpyAsync(bdelta_.data(), h, bytes, cudaMemcpyHostToDevice, s));
 }
 
@@ -235,7 +218,7 @@ void CudaExecutor::rows_delta(const LayerWeights& L, int64_t n, uint16_t* xb, fl
     for (const Piece& p : L.delta_z) gemm_->run_bf16(p.w, xb, n, ZY + p.offset, 2 * VD, s);
     for (const Piece& p : L.delta_ba) gemm_->run_bf16(p.w, xb, n, pba_.as<float>() + p.offset, BA, s);
     mark("gemm_qkv");
-    const DeltaSeqs& q = rows_delta_[static_cast<size_t>(L.delta_index)];
+    const DeltaSeqs& q = rows_delta_[L.delta_index];
     delta_conv(QKV, pxc_.as<float>(), n, q, D, s);
     delta_rule(pxc_.as<float>(), pba_.as<float>(), py_.as<float>(), q, D, s);
     mark("delta_rule");

@@ -141,10 +141,7 @@ void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head) {
     if (plan_.hybrid()) {  // the lone sequence's DeltaSeqs, with this chunk's rows
         const auto rows = static_cast<int32_t>(n);
         QUERN_CUDA_CHECK(cudaMemcpyAsync(dlone_.as<int32_t>() + 2, &rows, 4, cudaMemcpyHostToDevice, ctx_.stream()));
-        rows_delta_.clear();
-        auto* const* ptrs = reinterpret_cast<float* const*>(dlone_.as<uint8_t>() + 16);
-        for (int j = 0; j < n_delta_; ++j)
-            rows_delta_.push_back(DeltaSeqs{dlone_.as<int32_t>(), dlone_.as<int32_t>() + 2, ptrs + j, 1});
+        rows_delta_ = lone_rows_delta_.data();
     }
     layer_rows(tokens_.as<int32_t>() + pos0, n, pos0, nullptr);
     const auto& c = plan_;

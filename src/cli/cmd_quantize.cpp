@@ -61,10 +61,10 @@ void quantize(const QuantizeCmdOptions& o) {
         return;
     }
     if (o.dry_run) {  // what the file would hold: tensors per type, and the size
-        std::map<std::string, std::pair<int, uint64_t>> per;
-        for (const QuantizedTensor& q : r.tensors) ++per[std::string(dtype_name(q.to))].first;
+        std::map<std::string, int> per;
+        for (const QuantizedTensor& q : r.tensors) ++per[std::string(dtype_name(q.to))];
         std::printf("%s as %s (dry run, nothing written):\n", o.in.c_str(), file_type_name(*t));
-        for (const auto& [name, c] : per) std::printf("  %-8s %4d tensors\n", name.c_str(), c.first);
+        for (const auto& [name, count] : per) std::printf("  %-8s %4d tensors\n", name.c_str(), count);
         std::printf("  %.1f MiB of tensors -> %.1f MiB (%lld converted, %lld fall back to a smaller block type)\n",
                     r.bytes_in / 1048576.0, r.bytes_out / 1048576.0, static_cast<long long>(changed),
                     static_cast<long long>(fell));

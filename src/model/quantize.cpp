@@ -1,7 +1,6 @@
 #include "model/quantize.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 
 #include "core/error.h"
@@ -36,8 +35,6 @@ MixModel mix_model(const GgufFile& f) {
     return m;
 }
 
-bool float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
-
 }  // namespace
 
 QuantizeReport quantize_gguf(const std::string& in, const std::string& out, const QuantizeOptions& opts,
@@ -52,12 +49,8 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
     // by layer, by name within each (the mix's counters follow it too).
     std::vector<const GgufTensorInfo*> infos;
     for (const GgufTensorInfo& t : f.tensors()) infos.push_back(&t);
-    const auto layer = [](const std::string& name) {
-        int l = -1;
-        return std::sscanf(name.c_str(), "blk.%d.", &l) == 1 ? l : -1;
-    };
     std::stable_sort(infos.begin(), infos.end(), [&](const GgufTensorInfo* a, const GgufTensorInfo* b) {
-        const int la = layer(a->name), lb = layer(b->name);
+        const int la = tensor_layer(a->name), lb = tensor_layer(b->name);
         return la != lb ? la < lb : a->name < b->name;
     });
     // The types first, so that a refusal comes before any work.
@@ -69,11 +62,11 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
         if (q.to != q.from) {
             if (!quant_ref_supports(q.from) || !quant_ref_supports(q.to))
                 fail("tensor '{}': quern cannot convert {} to {}", t.name, dtype_name(q.from), dtype_name(q.to));
-            if (!float_type(q.from) && !opts.allow_requantize)
+            if (dtype_is_quantized(q.from) && !opts.allow_requantize)
                 fail("tensor '{}' is already quantized ({}); requantizing to {} loses accuracy twice: start from an "
                      "F16/BF16/F32 file, or pass --allow-requantize",
                      t.name, dtype_name(q.from), dtype_name(q.to));
-            if (!float_type(q.from) && opts.on_requantize && !warned) {
+            if (dtype_is_quantized(q.from) && opts.on_requantize && !warned) {
                 opts.on_requantize(t.name, q.from, q.to);
                 warned = true;
             }

@@ -371,8 +371,7 @@ SynthModel make_synthetic(const SynthPreset& p, const std::string& scheme, uint6
     std::vector<Spec> specs;
     for (const TensorEntry& e : table.entries()) {
         if (e.optional && (e.gguf != "output.weight" || p.tied)) continue;  // rope_freqs: the builder takes the config's factors
-        int64_t layer = -1;
-        if (e.gguf.rfind("blk.", 0) == 0) layer = std::stoll(e.gguf.substr(4));
+        const int64_t layer = tensor_layer(e.gguf);
         const bool bias = e.gguf.ends_with(".bias");
         const int64_t ne1 = e.shape.size() > 1 ? e.shape[1] : 1;
         specs.push_back({e.gguf, e.shape[0], ne1, layer, e.kind == TensorKind::Vector && !bias,

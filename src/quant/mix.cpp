@@ -68,14 +68,23 @@ const char* file_type_name(FileType t) {
 }
 
 const char* file_type_names() {
-    return "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, F16, "
-           "BF16, F32";
+    static const std::string names = [] {
+        std::string s;
+        for (const FileTypeName& f : kTypes) s += (s.empty() ? "" : ", ") + std::string(f.name);
+        return s;
+    }();
+    return names.c_str();
 }
 
 DType file_type_base(FileType t) {
     for (const FileTypeName& f : kTypes)
         if (f.t == t) return f.base;
     fail("unknown file type {}", static_cast<uint32_t>(t));
+}
+
+int tensor_layer(const std::string& name) {
+    int l = -1;
+    return std::sscanf(name.c_str(), "blk.%d.", &l) == 1 ? l : -1;
 }
 
 bool MixPlanner::quantizable(const std::string& name, int n_dims) {
@@ -127,8 +136,8 @@ DType mix_rule(FileType f, const MixModel& m_, const std::string& name, DType t,
             int64_t i = i_ffn_down;
             const int64_t n = m_.n_layer;
             if (m_.n_expert > 1) {
-                int layer = -1;
-                if (std::sscanf(name.c_str(), "blk.%d.", &layer) != 1 || layer < 0 || layer >= n)
+                const int layer = tensor_layer(name);
+                if (layer < 0 || layer >= n)
                     fail("'{}': no layer in [0, {}) in the name of an expert model's FFN tensor", name, n);
                 i = layer;
             }

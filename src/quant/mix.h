@@ -48,6 +48,9 @@ const char* file_type_names();
 /// The block type of the file type's matrices before the mix's rules.
 DType file_type_base(FileType t);
 
+/// The layer a GGUF tensor name gives ("blk.12.attn_q.weight": 12), or -1.
+int tensor_layer(const std::string& name);
+
 /// What the rules read of the model: from its GGUF metadata and tensor list.
 struct MixModel {
     std::string arch;            ///< general.architecture

@@ -40,6 +40,14 @@ struct Reader {
     }
 };
 
+/// Every RMSNorm of the blocks and the head shares one epsilon (`eps`: 0
+/// until the first norm sets it).
+void same_eps(float& eps, const Op& norm) {
+    if (eps == 0.0f) eps = norm.eps;
+    else if (norm.eps != eps)
+        fail("RMSNorm '{}' has epsilon {} where the others have {}", norm.weight->name, norm.eps, eps);
+}
+
 void same(int64_t& have, int64_t got, const char* what, size_t il) {
     if (have == 0) have = got;
     else if (have != got) fail("layer {} has {} {} where earlier layers have {}", il, what, got, have);
@@ -89,9 +97,7 @@ Value take_mixer(Reader& r, Value h, BlockPlanLayer& L, BlockPlan& b, size_t il,
         L.delta = &p.delta_net[static_cast<size_t>(dn.spec)];
         const Op& nm = r.take(OpKind::RmsNorm, dn.out, "the DeltaNet output norm");
         if (nm.group != L.delta->head_v) fail("layer {}: the DeltaNet output norm is not per value head", il);
-        if (eps != 0.0f && nm.eps != eps)
-            fail("RMSNorm '{}' has epsilon {} where the others have {}", nm.weight->name, nm.eps, eps);
-        eps = nm.eps;
+        same_eps(eps, nm);
         L.delta_norm = nm.weight;
         const Op& gt = r.take(OpKind::Gate, nm.out, "the DeltaNet output gate");
         if (gt.in[1].id != z.id || gt.act != GluAct::SiLU) fail("layer {}: a DeltaNet output gate other than SiLU(z)", il);
@@ -154,8 +160,7 @@ BlockPlan plan_blocks(const Program& p) {
     float eps = 0.0f;
     const auto norm = [&](Value in, const char* expected, Value& out) {
         const Op& op = r.take(OpKind::RmsNorm, in, expected);
-        if (eps == 0.0f) eps = op.eps;
-        else if (op.eps != eps) fail("RMSNorm '{}' has epsilon {} where the others have {}", op.weight->name, op.eps, eps);
+        same_eps(eps, op);
         out = op.out;
         return op.weight;
     };

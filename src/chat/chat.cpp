@@ -107,8 +107,4 @@ std::optional<std::tm> parse_time(std::string_view iso) {
     return tm;
 }
 
-std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& prompt) {
-    return tok.encode_prompt(prompt, true);
-}
-
 }  // namespace quern::chat

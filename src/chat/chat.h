@@ -98,10 +98,6 @@ private:
     jinja::Template tmpl_;
 };
 
-/// Tokenizes a rendered prompt: special-token text becomes special tokens,
-/// and BOS is prepended only when the tokenizer adds one and the prompt does
-/// not already start with it (templates often write bos_token themselves).
-std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& prompt);
 
 /// Parses "YYYY-MM-DD" or "YYYY-MM-DDTHH:MM:SS" into a calendar time for
 /// ChatOptions::now (weekday and day of year filled in); nullopt if malformed.

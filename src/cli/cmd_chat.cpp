@@ -277,7 +277,7 @@ int run_chat(const ChatCmdOptions& o) {
             messages.erase(messages.end() - 1);
             continue;
         }
-        const std::vector<int32_t> ids = chat::tokenize_prompt(*m.tokenizer, prompt);
+        const std::vector<int32_t> ids = m.tokenizer->encode_prompt(prompt, true);
         if (static_cast<int64_t>(ids.size()) >= session->n_ctx()) {
             last_failure = fmt::format("the conversation has {} tokens, more than the context ({})", ids.size(),
                                        session->n_ctx());

@@ -102,8 +102,8 @@ int run_template(const TemplateCmdOptions& o) {
         if (!o.model.empty()) {  // the model's special tokens, as its own template would see them
             quern::GgufFile f(quern::cli::resolve_model_path(o.model));
             auto tok = quern::Tokenizer::from_gguf(f);
-            if (!o.bos_set && tok->bos() >= 0) bos = tok->token_to_piece(tok->bos());
-            if (!o.eos_set && tok->eos() >= 0) eos = tok->token_to_piece(tok->eos());
+            if (!o.bos_set) bos = quern::chat::bos_text(*tok);
+            if (!o.eos_set) eos = quern::chat::eos_text(*tok);
         }
         tmpl = std::make_unique<quern::chat::ChatTemplate>(src, bos, eos, o.template_file);
     } else {

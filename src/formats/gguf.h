@@ -212,6 +212,8 @@ private:
         uint64_t nbytes;
         std::function<void(uint8_t*)> fill;  // or null: data holds the bytes
     };
+    /// A tensor's entry after every check but its data's (quern::Error naming it).
+    PendingTensor checked(std::string name, DType type, std::array<int64_t, 4> ne, int n_dims) const;
     std::vector<GgufKV> kv_;
     std::vector<PendingTensor> tensors_;
     uint32_t alignment_ = 32;

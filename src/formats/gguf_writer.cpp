@@ -194,7 +194,8 @@ void GgufWriter::set_alignment(uint32_t alignment) {
     kv_.push_back(GgufKV{"general.alignment", gguf_uint(GgufType::UINT32, alignment)});
 }
 
-void GgufWriter::add_tensor(std::string name, DType type, std::array<int64_t, 4> ne, int n_dims, const void* data) {
+GgufWriter::PendingTensor GgufWriter::checked(std::string name, DType type, std::array<int64_t, 4> ne,
+                                               int n_dims) const {
     if (name.empty()) fail("gguf writer: empty tensor name");
     for (const auto& t : tensors_)
         if (t.name == name) fail("gguf writer: duplicate tensor name '{}'", name);
@@ -218,17 +219,22 @@ void GgufWriter::add_tensor(std::string name, DType type, std::array<int64_t, 4>
     const uint64_t row = static_cast<uint64_t>(ne[0] / info.block_size) * static_cast<uint64_t>(info.type_size);
     const uint64_t rows = static_cast<uint64_t>(ne[1]) * static_cast<uint64_t>(ne[2]) * static_cast<uint64_t>(ne[3]);
     if (__builtin_mul_overflow(row, rows, &nbytes)) fail("gguf writer: tensor '{}': byte size overflows", name);
-    if (!data && nbytes != 0) fail("gguf writer: tensor '{}': no data", name);
-    tensors_.push_back(PendingTensor{std::move(name), type, ne, n_dims, data, nbytes, nullptr});
+    return PendingTensor{std::move(name), type, ne, n_dims, nullptr, nbytes, nullptr};
+}
+
+void GgufWriter::add_tensor(std::string name, DType type, std::array<int64_t, 4> ne, int n_dims, const void* data) {
+    PendingTensor t = checked(std::move(name), type, ne, n_dims);
+    if (!data && t.nbytes != 0) fail("gguf writer: tensor '{}': no data", t.name);
+    t.data = data;
+    tensors_.push_back(std::move(t));
 }
 
 void GgufWriter::add_tensor(std::string name, DType type, std::array<int64_t, 4> ne, int n_dims,
                             std::function<void(uint8_t* out)> fill) {
-    if (!fill) fail("gguf writer: tensor '{}': no data", name);
-    static const uint8_t kNone = 0;  // passes the data check; replaced by fill's bytes
-    add_tensor(std::move(name), type, ne, n_dims, &kNone);
-    tensors_.back().data = nullptr;
-    tensors_.back().fill = std::move(fill);
+    PendingTensor t = checked(std::move(name), type, ne, n_dims);
+    if (!fill) fail("gguf writer: tensor '{}': no data", t.name);
+    t.fill = std::move(fill);
+    tensors_.push_back(std::move(t));
 }
 
 void GgufWriter::write(const std::string& path,

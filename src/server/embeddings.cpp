@@ -53,12 +53,12 @@ EmbeddingRequest parse_embeddings_request(const Json& body, const Tokenizer& tok
         return ids;
     };
     if (in.is_string()) {
-        r.inputs.push_back(chat::tokenize_prompt(tok, in.get<std::string>()));
+        r.inputs.push_back(tok.encode_prompt(in.get<std::string>(), true));
     } else if (in.is_array() && !in.empty() && in[0].is_number_integer()) {
         r.inputs.push_back(ids_of(in, "input"));
     } else if (in.is_array() && !in.empty()) {
         for (size_t i = 0; i < in.size(); ++i) {
-            if (in[i].is_string()) r.inputs.push_back(chat::tokenize_prompt(tok, in[i].get<std::string>()));
+            if (in[i].is_string()) r.inputs.push_back(tok.encode_prompt(in[i].get<std::string>(), true));
             else if (in[i].is_array()) r.inputs.push_back(ids_of(in[i], fmt::format("input[{}]", i)));
             else bad("input", "'input' must be a string, a list of strings, a list of token ids or a list of such lists");
         }

@@ -251,7 +251,7 @@ struct HttpServer::Impl {
             copts.tools = r.tools;
             copts.extra = r.template_kwargs;
             const std::string text = render(r.messages, copts);
-            prompts.push_back(chat::tokenize_prompt(tok, text));
+            prompts.push_back(tok.encode_prompt(text, true));
             // What the model writes besides its answer, as its template shows.
             r.output = detect_output_format(tmpl->source());
             if (o.tool_format) {
@@ -277,7 +277,7 @@ struct HttpServer::Impl {
                 }
             }
         } else {
-            for (const std::string& t : r.prompt_texts) prompts.push_back(chat::tokenize_prompt(tok, t));
+            for (const std::string& t : r.prompt_texts) prompts.push_back(tok.encode_prompt(t, true));
             for (const auto& ids : r.prompt_tokens) prompts.push_back(ids);
         }
         const int64_t n_ctx = engine.options().n_ctx;
@@ -394,11 +394,11 @@ struct HttpServer::Impl {
                                               (body["add_generation_prompt"].is_boolean() &&
                                                body["add_generation_prompt"].get<bool>());
                 copts.tools = r.tools;
-                ids = chat::tokenize_prompt(tok, render(r.messages, copts));
+                ids = tok.encode_prompt(render(r.messages, copts), true);
             } else if (body.contains("prompt") && body["prompt"].is_string()) {
                 const bool special = !body.contains("add_special_tokens") ||
                                      (body["add_special_tokens"].is_boolean() && body["add_special_tokens"].get<bool>());
-                ids = special ? chat::tokenize_prompt(tok, body["prompt"].get<std::string>())
+                ids = special ? tok.encode_prompt(body["prompt"].get<std::string>(), true)
                               : tok.encode(body["prompt"].get<std::string>(), false, true);
             } else {
                 throw ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt");

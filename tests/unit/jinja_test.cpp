@@ -206,12 +206,12 @@ TEST(Chat, NoDoubleBos) {
     EXPECT_EQ(t.bos_token(), "<s>");
     const std::string prompt = t.apply(Json::array({Json{{"role", "user"}, {"content", "Hi"}}}));
     ASSERT_EQ(prompt.rfind("<s>[INST]", 0), 0u) << prompt;
-    const std::vector<int32_t> ids = quern::chat::tokenize_prompt(*tok, prompt);
+    const std::vector<int32_t> ids = tok->encode_prompt(prompt, true);
     ASSERT_GE(ids.size(), 2u);
     EXPECT_EQ(ids[0], tok->bos());
     EXPECT_NE(ids[1], tok->bos());
     // a template that does not write BOS gets one from the tokenizer
-    const std::vector<int32_t> plain = quern::chat::tokenize_prompt(*tok, "[INST] Hi [/INST]");
+    const std::vector<int32_t> plain = tok->encode_prompt("[INST] Hi [/INST]", true);
     EXPECT_EQ(plain[0], tok->bos());
     EXPECT_NE(plain[1], tok->bos());
 }

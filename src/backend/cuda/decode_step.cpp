@@ -79,6 +79,17 @@ void CudaExecutor::mm(const Piece& p, const float* xf, QuantizedActivation& xq, 
         gemv(ctx_, p.w, xf, y + p.offset);
 }
 
+DeferredNormScale CudaExecutor::deferred_norm() const {
+    return DeferredNormScale{ss_parts_.as<float>(), static_cast<int>(plan_.n_embd / 32), plan_.n_embd, plan_.rms_eps};
+}
+
+void CudaExecutor::mm_normed(const Piece& p, float* y, bool deferred) {
+    if (deferred) gemv(ctx_, p.w, xq_embd_, y + p.offset, deferred_norm());
+    else mm(p, xn_.as<float>(), xq_embd_, y);
+}
+
+bool CudaExecutor::skipped(const char* op) { return tuning().skip.find(op) != std::string::npos; }
+
 void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx) {
     const auto& c = plan_;
     const cudaStream_t s = ctx_.stream();
@@ -97,20 +108,8 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
         rms_norm_q8_1(x, residual ? hres : nullptr, w, xn, xq_embd_.q(), xq_embd_.info(), 1, c.n_embd, c.rms_eps, s,
                       xq_embd_.q2(), xq_embd_.info2());
     };
-    // A GEMV reading the normalized residual stream: xn / xq_embd_ as the
-    // norm kernel left them, or (deferred) xq_embd_ without its scale.
     const bool fuse = fuse_norm_;
-    const DeferredNormScale dn{ss_parts_.as<float>(), static_cast<int>(c.n_embd / 32), c.n_embd, c.rms_eps};
-    const auto mm_normed = [&](const Piece& p, float* y, bool deferred) {
-        if (deferred) gemv(ctx_, p.w, xq_embd_, y + p.offset, dn);
-        else mm(p, xn, xq_embd_, y);
-    };
-
-    // Tuning::skip leaves ops out of the step (gateup, swiglu and down cover
-    // the experts too; router the expert layers' router GEMV): the output is
-    // wrong, the step time tells what each op costs in the replayed graph.
-    const std::string& skip = tuning().skip;
-    const auto sk = [&](const char* what) { return skip.find(what) != std::string::npos; };
+    const auto sk = [](const char* what) { return skipped(what); };
     mark("start");
     // Layer 0's RMSNorm deferred like the others' where the GEMVs defer it:
     // the lookup leaves the activation as gemv_residual_norm would.
@@ -250,13 +249,8 @@ void CudaExecutor::step_attention(const LayerWeights& L, const BlockPlanLayer& P
     float* k = q + c.q_dim();
     float* v = k + c.kv_dim();
     const int nctx = static_cast<int>(n_ctx_);
-    const DeferredNormScale dn{ss_parts_.as<float>(), static_cast<int>(c.n_embd / 32), c.n_embd, c.rms_eps};
-    const auto mm_normed = [&](const Piece& p, float* y) {
-        if (deferred) gemv(ctx_, p.w, xq_embd_, y + p.offset, dn);
-        else mm(p, xn_.as<float>(), xq_embd_, y);
-    };
-    const std::string& skip = tuning().skip;
-    const auto sk = [&](const char* what) { return skip.find(what) != std::string::npos; };
+    const DeferredNormScale dn = deferred_norm();
+    const auto sk = [](const char* what) { return skipped(what); };
     const AttentionSpec& A = *P.attn;
     auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(A.kv_layer) * kv_layer_bytes_;
     auto* vc = kc + kv_layer_bytes_;
@@ -267,7 +261,7 @@ void CudaExecutor::step_attention(const LayerWeights& L, const BlockPlanLayer& P
         gemv_pair(ctx_, L.qkv[0].w, q + L.qkv[0].offset, L.qkv[1].w, q + L.qkv[1].offset, xq_embd_,
                   deferred ? &dn : nullptr);
     else if (!sk("qkv"))
-        for (const Piece& p : L.qkv) mm_normed(p, q);
+        for (const Piece& p : L.qkv) mm_normed(p, q, deferred);
     mark("gemv_qkv");
     // RoPE, the KV-cache write and attention in one launch; it also
     // quantizes the output projection's activation.

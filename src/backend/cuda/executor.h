@@ -215,6 +215,15 @@ private:
     /// an output gate follows).
     void step_attention(const LayerWeights& L, const BlockPlanLayer& P, bool deferred, bool short_ctx);
     void mm(const Piece& p, const float* xf, QuantizedActivation& xq, float* y);
+    /// A GEMV reading the normalized residual stream: xn_ / xq_embd_ as the
+    /// norm kernel left them, or (deferred, fuse_norm_) xq_embd_ without its
+    /// scale, which deferred_norm() supplies.
+    void mm_normed(const Piece& p, float* y, bool deferred);
+    DeferredNormScale deferred_norm() const;
+    /// Tuning::skip leaves ops out of the step (gateup, swiglu and down cover
+    /// the experts too; router the expert layers' router GEMV): the output is
+    /// wrong, the step time tells what each op costs in the replayed graph.
+    static bool skipped(const char* op);
     /// Replays (capturing on first use) the step graph with or without head
     /// for a step at position pos: a graph of its own for pos < short_ctx_
     /// (enqueue_step's short_ctx form).
@@ -246,6 +255,9 @@ private:
     /// (paged null), or rows of several sequences over the paged cache. The
     /// residual stream is left in px_ (+ the last HRES not yet added).
     void layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, const PagedRows* paged);
+    /// Whether a pass of n rows multiplies the pieces ps through their fused
+    /// BF16 copy f (qkv: Q|K|V's rule, see the definition).
+    static bool use_fused(const DeviceWeight& f, const std::vector<Piece>& ps, int64_t n, bool qkv);
     /// Layer L's attention over the n rows of layer_rows (normed input xb in
     /// BF16; paged as there), through its output projection into H.
     void rows_attention(const LayerWeights& L, const BlockPlanLayer& P, int64_t n, int64_t pos0,

@@ -182,12 +182,7 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
         const LayerWeights& L = layers_[static_cast<size_t>(il)];
         const BlockPlanLayer& P = c.layers[static_cast<size_t>(il)];
         const bool gelu = P.act == GluAct::GeluTanh;
-        // The fused copy unless the pieces go through bq_gemm at this size
-        // (rows_attention: Q|K|V).
-        const auto fused = [&](const DeviceWeight& f, const std::vector<Piece>& ps) {
-            const auto bq = [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); };
-            return f.bf16 && !std::any_of(ps.begin(), ps.end(), bq);
-        };
+        const auto fused = [&](const DeviceWeight& f, const std::vector<Piece>& ps) { return use_fused(f, ps, n, false); };
         // Layer 0 reads the embeddings; later layers add the previous FFN output first.
         // The norms write the GEMM input in BF16 themselves (one rounding for
         // all Q|K|V or gate|up pieces), and so does the FFN gating.
@@ -241,14 +236,7 @@ void CudaExecutor::rows_attention(const LayerWeights& L, const BlockPlanLayer& P
     float* QKV = pqkv_.as<float>();
     const int nctx = static_cast<int>(n_ctx_);
     const int rows = static_cast<int>(n);
-    // The fused copy unless the pieces go through bq_gemm at this size;
-    // for Q|K|V past 16 rows also when a piece is under 8k rows (one GEMM
-    // on the 6k-row copy beats three bq products there; H200: ~17 against
-    // ~30 us for Llama-3-8B at 32 rows).
-    const auto bq = [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); };
-    const auto small = [](const Piece& p) { return p.w.N < 8192; };
-    const bool fused = L.qkv_bf16.bf16 && (!std::any_of(L.qkv.begin(), L.qkv.end(), bq) ||
-                                           (n > 16 && std::any_of(L.qkv.begin(), L.qkv.end(), small)));
+    const bool fused = use_fused(L.qkv_bf16, L.qkv, n, true);
     // A gated output: [gate | attention] per row (GA), the gate's sigmoid
     // times the attention in BF16 as the output projection's input.
     const bool gated = !L.attn_gate.empty();
@@ -307,6 +295,17 @@ void CudaExecutor::rows_attention(const LayerWeights& L, const BlockPlanLayer& P
     }
 }
 
+
+bool CudaExecutor::use_fused(const DeviceWeight& f, const std::vector<Piece>& ps, int64_t n, bool qkv) {
+    // The fused copy unless the pieces go through bq_gemm at this size; for
+    // Q|K|V past 16 rows also when a piece is under 8k rows (one GEMM on the
+    // 6k-row copy beats three bq products there; H200: ~17 against ~30 us
+    // for Llama-3-8B at 32 rows).
+    if (!f.bf16) return false;
+    const auto bq = [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); };
+    const auto small = [](const Piece& p) { return p.w.N < 8192; };
+    return !std::any_of(ps.begin(), ps.end(), bq) || (qkv && n > 16 && std::any_of(ps.begin(), ps.end(), small));
+}
 
 bool CudaExecutor::moe_on_device(const LayerWeights& L) const {
     const auto grouped = [](const DeviceWeight& b) { return b.bq || dq_grouped_supported(b.type, b.K); };

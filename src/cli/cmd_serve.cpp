@@ -133,6 +133,7 @@ int serve(ServeOptions& o) {
                  "quern: serving '%s' at http://%s:%d/v1 on %s (context %lld, %d in parallel, queue %d%s); Ctrl-C stops\n",
                  model_id.c_str(), host.c_str(), port, backend.c_str(), static_cast<long long>(o.engine.n_ctx),
                  o.engine.n_parallel, o.engine.max_queue, o.server.api_key.empty() ? "" : ", API key required");
+    if (o.server.webui) std::fprintf(stderr, "quern: web chat at http://%s:%d/\n", host.c_str(), port);
     if (o.engine.spec_draft > 0)
         std::fprintf(stderr, "quern: speculative decoding: the model's MTP head drafts %d per round (see /metrics)\n",
                      o.engine.spec_draft);
@@ -244,10 +245,13 @@ void add_serve_command(CLI::App& app) {
     add_threads_option(cmd, o->engine.n_threads);
     add_spec_options(cmd, o->spec);
     cmd->add_flag("-q,--quiet", o->quiet, "Do not log one line per request");
+    cmd->add_flag("--no-webui", [o](int64_t) { o->server.webui = false; },
+                  "Do not serve the web chat page at /");
     cmd->footer(
+        "Open http://127.0.0.1:8080/ in a browser for the web chat (conversations stay in the browser).\n"
         "Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (OpenAI Responses),\n"
         "POST /v1/messages and /v1/messages/count_tokens (Anthropic Messages), POST /v1/embeddings, POST /v1/tokenize,\n"
-        "/v1/detokenize, GET /v1/models, GET /health, GET /metrics. Tool calls and <think> reasoning are parsed\n"
+        "/v1/detokenize, GET /v1/models, GET /health, GET /metrics, GET / (web chat). Tool calls and <think> reasoning are parsed\n"
         "from the output of models whose chat template writes them; response_format json_object / json_schema,\n"
         "a GBNF 'grammar' and vLLM's guided_* fields constrain decoding.\n"
         "Bodies over 8 MiB get 413. SIGINT/SIGTERM: new requests get 503, running ones get 10 s to finish.\n"

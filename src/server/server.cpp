@@ -21,6 +21,7 @@
 #include "server/metrics.h"
 #include "server/responses.h"
 #include "server/tool_grammar.h"
+#include "server/webui.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quern::server {
@@ -38,6 +39,7 @@ const char* kModelsPath = "/v1/models";
 const char* kModelPath = R"(/v1/models/(.+))";
 const char* kHealthPath = "/health";
 const char* kMetricsPath = "/metrics";
+const char* kWebPath = R"(/|/webui/[^/]+)";  // the web chat (server/webui.h) unless --no-webui
 const char* kRoutes =
     "POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, "
     "POST /v1/messages/count_tokens, POST /v1/embeddings, POST /v1/tokenize, POST /v1/detokenize, "
@@ -49,23 +51,25 @@ const char* kRoutes =
 struct Route {
     const char* method;
     const char* pattern;
+    bool webui = false;  ///< registered only with the web chat on
 };
 const Route kRouteTable[] = {{"POST", kChatPath},     {"POST", kCompletionsPath}, {"POST", kMessagesPath},
                              {"POST", kCountTokensPath}, {"POST", kResponsesPath}, {"POST", kTokenizePath},
                              {"POST", kDetokenizePath}, {"POST", kEmbeddingsPath}, {"GET", kModelsPath}, {"GET", kModelPath},
-                             {"GET", kHealthPath},   {"GET", kMetricsPath}};
+                             {"GET", kHealthPath},   {"GET", kMetricsPath}, {"GET", kWebPath, true}};
 
 /// The methods the routes of `path` answer ("GET, HEAD" for a GET route, as
 /// httplib answers HEAD with the GET handler); "" when no route has the path.
-std::string allowed_methods(const std::string& path) {
-    static const std::vector<std::pair<std::string, std::regex>> table = [] {
-        std::vector<std::pair<std::string, std::regex>> t;
-        for (const Route& r : kRouteTable) t.emplace_back(r.method, std::regex(r.pattern));
+std::string allowed_methods(const std::string& path, bool webui) {
+    static const std::vector<std::pair<const Route*, std::regex>> table = [] {
+        std::vector<std::pair<const Route*, std::regex>> t;
+        for (const Route& r : kRouteTable) t.emplace_back(&r, std::regex(r.pattern));
         return t;
     }();
     std::string allow;
-    for (const auto& [method, re] : table) {
-        if (!std::regex_match(path, re)) continue;
+    for (const auto& [route, re] : table) {
+        if ((route->webui && !webui) || !std::regex_match(path, re)) continue;
+        const std::string method = route->method;
         const std::string m = method == "GET" ? "GET, HEAD" : method;
         if (allow.find(m) == std::string::npos) allow += (allow.empty() ? "" : ", ") + m;
     }
@@ -88,6 +92,34 @@ void send_json(httplib::Response& res, int status, const Json& body) {
 void send_error(httplib::Response& res, const ApiError& e) {
     send_json(res, e.status, error_json(e));
     if (e.status == 429) res.set_header("Retry-After", "1");
+}
+
+/// The page may load only its own scripts and styles and talk only to this
+/// server: model output rendered as markdown cannot pull in anything else.
+const char* kWebCsp =
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// Answers GET / and /webui/NAME from the embedded files; a browser that
+/// holds the same bytes (If-None-Match) gets 304.
+void send_web_asset(const httplib::Request& req, httplib::Response& res) {
+    const WebAsset* a = find_web_asset(req.path);
+    if (!a) {
+        send_json(res, 404, error_json(404, "the web chat has no file " + req.path));
+        return;
+    }
+    const std::string etag = "\"" + std::to_string(std::hash<std::string_view>{}(a->body)) + "\"";
+    res.set_header("ETag", etag);
+    res.set_header("Cache-Control", "no-cache");  // revalidate: a new binary may serve new files
+    res.set_header("X-Content-Type-Options", "nosniff");
+    if (a->path == "/") res.set_header("Content-Security-Policy", kWebCsp);
+    if (req.get_header_value("If-None-Match") == etag) {
+        res.status = 304;
+        return;
+    }
+    std::string type(a->content_type);
+    if (type.starts_with("text/")) type += "; charset=utf-8";
+    res.set_content(a->body.data(), a->body.size(), type);
 }
 
 /// What a generation request keeps between its handler and its content provider.
@@ -664,6 +696,7 @@ struct HttpServer::Impl {
             if (draining.load()) send_json(res, 503, Json{{"status", "shutting down"}});
             else send_json(res, 200, Json{{"status", "ok"}});
         });
+        if (o.webui) svr.Get(kWebPath, send_web_asset);
         svr.Get(kMetricsPath, [this](const httplib::Request&, httplib::Response& res) {
             res.set_content(metrics.render(engine.stats(), engine.options(), in_flight.load()),
                             "text/plain; version=0.0.4; charset=utf-8");
@@ -675,12 +708,13 @@ struct HttpServer::Impl {
                 if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
                 std::string msg;
                 if (res.status == 404) {
-                    if (const std::string allow = allowed_methods(req.path); !allow.empty()) {
+                    if (const std::string allow = allowed_methods(req.path, o.webui); !allow.empty()) {
                         res.status = 405;
                         res.set_header("Allow", allow);
                         msg = req.method + " is not allowed on " + req.path + "; it answers " + allow;
                     } else {
-                        msg = "no route " + req.method + " " + req.path + "; this server answers " + kRoutes;
+                        msg = "no route " + req.method + " " + req.path + "; this server answers " + kRoutes +
+                              (o.webui ? ", GET / (the web chat)" : "");
                     }
                 }
                 if (res.status == 413)

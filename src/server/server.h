@@ -48,6 +48,9 @@ struct ServerOptions {
     /// Reasoning (<think>) apart in reasoning_content, unless a request's
     /// reasoning_format says otherwise (quern serve --reasoning-format).
     bool parse_reasoning = true;
+    /// The web chat page at / (server/webui.h); quern serve --no-webui
+    /// turns it off.
+    bool webui = true;
 };
 
 class HttpServer {

@@ -150,6 +150,10 @@ DType mix_rule(FileType f, const MixModel& m_, const std::string& name, DType t,
                 else if (use_more_bits(i, n)) t = DType::Q6_K;
             } else if (f == F::Q5_K_M && use_more_bits(i, n)) t = DType::Q6_K;
             else if (f == F::Q4_K_S && !falcon && i < n / 8) t = DType::Q5_K;
+            // With importance weights the first eighth of FFN down gets the
+            // types with a minimum (without, Q4_1/Q5_1 do worse there).
+            else if ((f == F::Q4_0 || f == F::Q5_0) && m_.has_imatrix && i < n / 8)
+                t = f == F::Q4_0 ? DType::Q4_1 : DType::Q5_1;
             return t;
         }
         case Family::AttnOutput:

@@ -60,6 +60,7 @@ struct MixModel {
     bool tied_embeddings = true; ///< no output.weight: token_embd is the head too
     int64_t n_attention_v = 0;   ///< tensors of attn_v / attn_qkv / attn_kv_b
     bool is_70b = false;         ///< a Llama of 80 layers (llama.cpp's LLM_TYPE_70B)
+    bool has_imatrix = false;    ///< quantized with an importance matrix (changes Q4_0/Q5_0's early FFN down)
 };
 
 /// The type of tensor `name` (rows of ne0 elements; a tensor MixPlanner::

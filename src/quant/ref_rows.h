@@ -46,6 +46,18 @@ void from_float_q3_K(const float* x, void* y, int64_t k);
 void from_float_q4_K(const float* x, void* y, int64_t k);
 void from_float_q5_K(const float* x, void* y, int64_t k);
 void from_float_q6_K(const float* x, void* y, int64_t k);
+// ---- from float with importance weights: `imp` holds one weight per
+// column of the row (k floats, an importance matrix's mean squared
+// activations), as ggml's quantize_<type> with quant_weights
+void from_float_weighted_q4_0(const float* x, void* y, int64_t k, const float* imp);
+void from_float_weighted_q4_1(const float* x, void* y, int64_t k, const float* imp);
+void from_float_weighted_q5_0(const float* x, void* y, int64_t k, const float* imp);
+void from_float_weighted_q5_1(const float* x, void* y, int64_t k, const float* imp);
+void from_float_weighted_q2_K(const float* x, void* y, int64_t k, const float* imp);
+void from_float_weighted_q3_K(const float* x, void* y, int64_t k, const float* imp);
+void from_float_weighted_q4_K(const float* x, void* y, int64_t k, const float* imp);
+void from_float_weighted_q5_K(const float* x, void* y, int64_t k, const float* imp);
+void from_float_weighted_q6_K(const float* x, void* y, int64_t k, const float* imp);
 // quern's FP8 / NVFP4 weight layouts (reference_fp.cpp)
 void from_float_f8_b32(const float* x, void* y, int64_t k);
 void from_float_nvfp4(const float* x, void* y, int64_t k);

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "quant/blocks.h"
+#include "quant/fit.h"
 #include "quant/ref_rows.h"
 #include "quant/traits.h"
 
@@ -43,10 +44,6 @@ B load_block(const void* base, int64_t i) {
     B b;
     std::memcpy(&b, static_cast<const unsigned char*>(base) + i * static_cast<int64_t>(sizeof(B)), sizeof(B));
     return b;
-}
-template <class B>
-void store_block(void* base, int64_t i, const B& b) {
-    std::memcpy(static_cast<unsigned char*>(base) + i * static_cast<int64_t>(sizeof(B)), &b, sizeof(B));
 }
 
 // ggml's roundf: round half away from zero.
@@ -230,6 +227,90 @@ void from_float_q4_0(const float* x, void* y, int64_t k) {
         }
         store_block(y, i, b);
     }
+}
+
+// ---- with importance weights (ggml's quantize_row_q4_0_impl .. q5_1_impl):
+// each block of 32 is fitted under weights imp·sqrt(σ² + x²), σ² = mean(x²)
+// of the whole row — symmetric types by fit_symmetric_search, the types with
+// a minimum by fit_scale_min — and its codes are stored as the fit left them.
+
+namespace {
+
+/// σ² of a row of k floats: the mean of x².
+float row_sigma2(const float* x, int64_t k) {
+    float sum_x2 = 0;
+    for (int64_t j = 0; j < k; ++j) sum_x2 += x[j] * x[j];
+    return sum_x2 / static_cast<float>(k);
+}
+
+/// The weights of block ib of a row.
+void block_weights(const float* x, float sigma2, const float* imp, int64_t ib, float* w) {
+    const float* xb = x + 32 * ib;
+    for (int j = 0; j < 32; ++j) w[j] = imp[32 * ib + j] * std::sqrt(sigma2 + xb[j] * xb[j]);
+}
+
+/// Low nibbles of codes j and j+16 in qs[j]; bit 4 of each into qh (5-bit types).
+void pack_nibbles(const uint8_t* L, uint8_t* qs, uint8_t* qh_bytes) {
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+        qs[j] = static_cast<uint8_t>((L[j] & 0x0F) | ((L[j + 16] & 0x0F) << 4));
+        qh |= static_cast<uint32_t>((L[j] >> 4) & 1) << j;
+        qh |= static_cast<uint32_t>((L[j + 16] >> 4) & 1) << (j + 16);
+    }
+    if (qh_bytes) std::memcpy(qh_bytes, &qh, 4);
+}
+
+/// Q4_0 / Q5_0: the symmetric fit of each block (nmax 8 or 16).
+template <class B>
+void weighted_symmetric(const float* x, void* y, int64_t k, const float* imp, int nmax, const char* name) {
+    check_row_length(name, 32, k);
+    const float sigma2 = row_sigma2(x, k);
+    for (int64_t ib = 0; ib < k / 32; ++ib) {
+        float w[32];
+        int8_t L[32];
+        block_weights(x, sigma2, imp, ib, w);
+        B b{};
+        b.d = fp32_to_fp16(fit_symmetric_search(32, nmax, x + 32 * ib, L, w));
+        uint8_t u[32];
+        for (int j = 0; j < 32; ++j) u[j] = static_cast<uint8_t>(L[j]);
+        if constexpr (requires { b.qh; }) pack_nibbles(u, b.qs, b.qh);
+        else pack_nibbles(u, b.qs, nullptr);
+        store_block(y, ib, b);
+    }
+}
+
+/// Q4_1 / Q5_1: the affine fit of each block (nmax 15 or 31), m = −the_min.
+template <class B>
+void weighted_affine(const float* x, void* y, int64_t k, const float* imp, int nmax, const char* name) {
+    check_row_length(name, 32, k);
+    const float sigma2 = row_sigma2(x, k);
+    for (int64_t ib = 0; ib < k / 32; ++ib) {
+        float w[32], the_min;
+        uint8_t L[32], Laux[32];
+        block_weights(x, sigma2, imp, ib, w);
+        const float d = fit_scale_min(32, nmax, x + 32 * ib, w, L, &the_min, Laux, -0.9f, 0.05f, 36, false);
+        B b{};
+        b.d = fp32_to_fp16(d);
+        b.m = fp32_to_fp16(-the_min);
+        if constexpr (requires { b.qh; }) pack_nibbles(L, b.qs, b.qh);
+        else pack_nibbles(L, b.qs, nullptr);
+        store_block(y, ib, b);
+    }
+}
+
+}  // namespace
+
+void from_float_weighted_q4_0(const float* x, void* y, int64_t k, const float* imp) {
+    weighted_symmetric<block_q4_0>(x, y, k, imp, 8, "Q4_0");
+}
+void from_float_weighted_q5_0(const float* x, void* y, int64_t k, const float* imp) {
+    weighted_symmetric<block_q5_0>(x, y, k, imp, 16, "Q5_0");
+}
+void from_float_weighted_q4_1(const float* x, void* y, int64_t k, const float* imp) {
+    weighted_affine<block_q4_1>(x, y, k, imp, 15, "Q4_1");
+}
+void from_float_weighted_q5_1(const float* x, void* y, int64_t k, const float* imp) {
+    weighted_affine<block_q5_1>(x, y, k, imp, 31, "Q5_1");
 }
 
 // Q4_1: d = (max - min) / 15, m = min, q = min(15, trunc((x - min)/d + 0.5)).
@@ -542,5 +623,24 @@ bool quant_ref_supports(DType t) { return find_quant_traits(t) != nullptr; }
 void dequantize_row_ref(DType t, const void* x, float* y, int64_t k) { quant_traits(t).to_float(x, y, k); }
 
 void quantize_row_ref(DType t, const float* x, void* y, int64_t k) { quant_traits(t).from_float(x, y, k); }
+
+void quantize_row_weighted(DType t, const float* x, void* y, int64_t k, const float* importance) {
+    using Fn = void (*)(const float*, void*, int64_t, const float*);
+    Fn fn = nullptr;
+    switch (t) {
+        case DType::Q4_0: fn = ref::from_float_weighted_q4_0; break;
+        case DType::Q4_1: fn = ref::from_float_weighted_q4_1; break;
+        case DType::Q5_0: fn = ref::from_float_weighted_q5_0; break;
+        case DType::Q5_1: fn = ref::from_float_weighted_q5_1; break;
+        case DType::Q2_K: fn = ref::from_float_weighted_q2_K; break;
+        case DType::Q3_K: fn = ref::from_float_weighted_q3_K; break;
+        case DType::Q4_K: fn = ref::from_float_weighted_q4_K; break;
+        case DType::Q5_K: fn = ref::from_float_weighted_q5_K; break;
+        case DType::Q6_K: fn = ref::from_float_weighted_q6_K; break;
+        default: break;
+    }
+    if (fn && importance) fn(x, y, k, importance);
+    else quantize_row_ref(t, x, y, k);
+}
 
 }  // namespace quern

@@ -23,6 +23,15 @@ void dequantize_row_ref(DType t, const void* x, float* y, int64_t k);
 /// ggml's reference algorithms for choosing scales.
 void quantize_row_ref(DType t, const float* x, void* y, int64_t k);
 
+/// Quantizes one row of k floats into type t under importance weights
+/// (k floats: the mean square of the activation each column multiplies, an
+/// importance matrix's entry; formats/imatrix.h), choosing scales as ggml's
+/// quantize_<type> does with quant_weights, so that rows equal
+/// llama-quantize --imatrix's. Q4_0/Q4_1/Q5_0/Q5_1 and Q2_K..Q6_K use the
+/// weights; other types (Q8_0, F16, ...) and a null `importance` quantize as
+/// quantize_row_ref.
+void quantize_row_weighted(DType t, const float* x, void* y, int64_t k, const float* importance);
+
 /// Whether quantize_row_ref / dequantize_row_ref support type t.
 bool quant_ref_supports(DType t);
 

@@ -63,4 +63,22 @@ inline std::vector<float> make_input() {
 inline constexpr const char* kTypes[] = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
                                          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
 
+// The importance-weighted fixtures (ggml_<TYPE>_imatrix.bin) quantize the
+// same input as kImatrixRows rows of kImatrixRow floats under these weights:
+// positive, spread over four orders of magnitude, with heavy columns (every
+// 37th) and dead ones (every 97th: 0, as an imatrix has for a column no
+// token ever activated).
+inline constexpr int kImatrixRow = 1024;
+inline constexpr int kImatrixRows = kElements / kImatrixRow;
+
+inline std::vector<float> make_importance() {
+    SplitMix64 r{0x696d6174ull};  // "imat"
+    std::vector<float> w(kImatrixRow);
+    for (int j = 0; j < kImatrixRow; ++j) {
+        const float u = r.uniform() + 1.0f;  // [0, 2)
+        w[j] = j % 97 == 0 ? 0.0f : (0.001f + u * u * u) * (j % 37 == 5 ? 64.0f : 1.0f);
+    }
+    return w;
+}
+
 }  // namespace quern_fixture

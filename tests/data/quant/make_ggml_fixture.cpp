@@ -1,5 +1,8 @@
 // Writes ggml_<TYPE>.bin: ggml's own quantize_row_<type>_ref applied to
-// quern_fixture::make_input(), for tests/unit/quant_test.cpp. Not built by
+// quern_fixture::make_input(), and ggml_<TYPE>_imatrix.bin: ggml's
+// quantize_<type> with quant_weights (llama-quantize --imatrix's path) on the
+// same input as rows of kImatrixRow under make_importance(), for
+// tests/unit/quant_test.cpp. Not built by
 // quern's CMake; build it against the ggml sources of a llama.cpp checkout:
 //
 //   G=path/to/llama.cpp/ggml
@@ -30,8 +33,31 @@ void quantize_row_q4_K_ref(const float*, void*, int64_t);
 void quantize_row_q5_K_ref(const float*, void*, int64_t);
 void quantize_row_q6_K_ref(const float*, void*, int64_t);
 void quantize_row_q8_K_ref(const float*, void*, int64_t);
+size_t quantize_q4_0(const float*, void*, int64_t, int64_t, const float*);
+size_t quantize_q4_1(const float*, void*, int64_t, int64_t, const float*);
+size_t quantize_q5_0(const float*, void*, int64_t, int64_t, const float*);
+size_t quantize_q5_1(const float*, void*, int64_t, int64_t, const float*);
+size_t quantize_q2_K(const float*, void*, int64_t, int64_t, const float*);
+size_t quantize_q3_K(const float*, void*, int64_t, int64_t, const float*);
+size_t quantize_q4_K(const float*, void*, int64_t, int64_t, const float*);
+size_t quantize_q5_K(const float*, void*, int64_t, int64_t, const float*);
+size_t quantize_q6_K(const float*, void*, int64_t, int64_t, const float*);
 void ggml_abort(const char*, int, const char*, ...) { std::abort(); }
-size_t ggml_row_size(int, int64_t) { std::abort(); }
+// ggml_type ids and block sizes / bytes of the types quantize_<type> asks about.
+size_t ggml_row_size(int type, int64_t ne) {
+    switch (type) {
+        case 2: return ne / 32 * 18;    // Q4_0
+        case 3: return ne / 32 * 20;    // Q4_1
+        case 6: return ne / 32 * 22;    // Q5_0
+        case 7: return ne / 32 * 24;    // Q5_1
+        case 10: return ne / 256 * 84;  // Q2_K
+        case 11: return ne / 256 * 110; // Q3_K
+        case 12: return ne / 256 * 144; // Q4_K
+        case 13: return ne / 256 * 176; // Q5_K
+        case 14: return ne / 256 * 210; // Q6_K
+        default: std::abort();
+    }
+}
 const char* ggml_type_name(int) { return "?"; }
 size_t ggml_type_size(int) { std::abort(); }
 }
@@ -59,6 +85,26 @@ int main(int argc, char** argv) {
         std::vector<unsigned char> out(static_cast<size_t>(x.size() / j.block * j.bytes), 0);
         j.fn(x.data(), out.data(), static_cast<int64_t>(x.size()));
         const std::string path = std::string(argv[1]) + "/ggml_" + j.name + ".bin";
+        FILE* f = std::fopen(path.c_str(), "wb");
+        if (!f || std::fwrite(out.data(), 1, out.size(), f) != out.size() || std::fclose(f) != 0) {
+            std::perror(path.c_str());
+            return 1;
+        }
+    }
+    struct WeightedJob {
+        const char* name;
+        size_t (*fn)(const float*, void*, int64_t, int64_t, const float*);
+        int block, bytes;
+    } weighted[] = {
+        {"Q4_0", quantize_q4_0, 32, 18},   {"Q4_1", quantize_q4_1, 32, 20},   {"Q5_0", quantize_q5_0, 32, 22},
+        {"Q5_1", quantize_q5_1, 32, 24},   {"Q2_K", quantize_q2_K, 256, 84},  {"Q3_K", quantize_q3_K, 256, 110},
+        {"Q4_K", quantize_q4_K, 256, 144}, {"Q5_K", quantize_q5_K, 256, 176}, {"Q6_K", quantize_q6_K, 256, 210},
+    };
+    const auto w = quern_fixture::make_importance();
+    for (const auto& j : weighted) {
+        std::vector<unsigned char> out(static_cast<size_t>(x.size() / j.block * j.bytes), 0);
+        j.fn(x.data(), out.data(), quern_fixture::kImatrixRows, quern_fixture::kImatrixRow, w.data());
+        const std::string path = std::string(argv[1]) + "/ggml_" + j.name + "_imatrix.bin";
         FILE* f = std::fopen(path.c_str(), "wb");
         if (!f || std::fwrite(out.data(), 1, out.size(), f) != out.size() || std::fclose(f) != 0) {
             std::perror(path.c_str());

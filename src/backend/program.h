@@ -45,6 +45,12 @@ struct ModelOptions {
 /// the first layer where two backends diverge.
 using TraceFn = std::function<void(const std::string& name, const float* data, int64_t n)>;
 
+/// Called, when set, with the input rows of every matrix product a CPU
+/// forward pass computes: `weight` (an expert bank's stacked tensor, with
+/// the expert's index; else the matrix itself, with expert −1) and `rows`
+/// rows of weight.ne[0] floats each. `quern imatrix` sums their squares.
+using ActivationFn = std::function<void(const Tensor& weight, int64_t expert, const float* x, int64_t rows)>;
+
 /// An SSA value of a program (an index into Program::values).
 struct Value {
     int32_t id = -1;

@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "runtime/perplexity.h"
 
 namespace quern::cli {
 namespace {
@@ -52,8 +53,7 @@ void perplexity(const PplOptions& o) {
     KvCache cache = m.model->make_cache(n_ctx);
     std::vector<float> logits(static_cast<size_t>(n_ctx * cfg.n_vocab));
     const int64_t first = n_ctx / 2;
-    double nll = 0, nll2 = 0;
-    int64_t count = 0;
+    PerplexitySum sum;
     const bool tty = stderr_is_tty();
     const double t0 = now_seconds();
     for (int64_t c = 0; c < n_chunk; ++c) {
@@ -61,29 +61,17 @@ void perplexity(const PplOptions& o) {
         if (tok.add_bos()) chunk[0] = tok.bos();
         cache.clear();
         m.model->forward(chunk.data(), n_ctx, cache, logits.data(), true, pool);
-        for (int64_t i = first; i < n_ctx - 1; ++i) {
-            const float* l = logits.data() + i * cfg.n_vocab;
-            float mx = l[0];
-            for (int64_t v = 1; v < cfg.n_vocab; ++v) mx = std::max(mx, l[v]);
-            double sum = 0;
-            for (int64_t v = 0; v < cfg.n_vocab; ++v) sum += std::exp(static_cast<double>(l[v]) - mx);
-            const double lp = static_cast<double>(l[chunk[static_cast<size_t>(i + 1)]]) - mx - std::log(sum);
-            nll -= lp;
-            nll2 += lp * lp;
-            ++count;
-        }
+        sum.add_chunk(logits.data(), chunk.data(), n_ctx, cfg.n_vocab, first);
         if (tty) {
             const double el = now_seconds() - t0;
             std::fprintf(stderr, "\r[%lld/%lld] PPL %.4f  (%.0f tok/s, %.0f s left)   ", static_cast<long long>(c + 1),
-                         static_cast<long long>(n_chunk), std::exp(nll / count), (c + 1) * n_ctx / el,
+                         static_cast<long long>(n_chunk), sum.ppl(), (c + 1) * n_ctx / el,
                          el / (c + 1) * (n_chunk - c - 1));
         }
     }
     if (tty) std::fputc('\n', stderr);
-    const double mean = nll / count;
-    const double var = nll2 / count - mean * mean;
-    const double ppl = std::exp(mean);
-    const double err = ppl * std::sqrt(std::max(var, 0.0) / static_cast<double>(count - 1));
+    const double ppl = sum.ppl(), err = sum.err();
+    const int64_t count = sum.count;
     const double secs = now_seconds() - t0;
     if (o.json) {
         nlohmann::json j{{"file", o.file},       {"n_tokens", ids.size()}, {"n_ctx", n_ctx}, {"n_chunks", n_chunk},
@@ -110,21 +98,7 @@ void add_perplexity_command(CLI::App& app) {
                     "(default: SmolLM2-135M-Instruct in $QUERN_HOME)");
     cmd->add_option("-f,--file", o->file, "Text file to score ('-' = stdin)")->required();
     cmd->add_option("-c,--ctx-size", o->n_ctx, "Tokens per chunk")->capture_default_str()->check(CLI::Range(4, 1 << 20));
-    cmd->add_option("--chunks", o->max_chunks, "Score at most this many chunks (-1 = all)")
-        ->capture_default_str()
-        ->check(CLI::Validator(
-            [](std::string& v) -> std::string {
-                long long n = 0;
-                size_t used = 0;
-                try {
-                    n = std::stoll(v, &used);
-                } catch (const std::exception&) {
-                    used = 0;
-                }
-                if (used != v.size() || v.empty()) return "'" + v + "' is not an integer";
-                return n == -1 || n >= 1 ? "" : "must be -1 (all chunks) or at least 1";
-            },
-            "-1|N>=1"));
+    add_chunks_option(cmd, o->max_chunks, "Score at most this many chunks (-1 = all)");
     add_model_options(cmd, o->mopts);
     add_threads_option(cmd, o->threads);
     cmd->add_flag("--json", o->json, "Print the result as JSON");

@@ -13,6 +13,7 @@ void add_bench_command(CLI::App& app);  // quern bench: pp/tg tokens/s like llam
 void add_tokenize_command(CLI::App& app);  // quern tokenize [-m MODEL] -p TEXT | --jsonl: token ids
 void add_detokenize_command(CLI::App& app);  // quern detokenize [-m MODEL] [-p IDS | --jsonl]: ids to text
 void add_synth_command(CLI::App& app);  // quern synth PRESET --quant TYPE -o FILE: synthetic GGUF
+void add_imatrix_command(CLI::App& app);  // quern imatrix -f TEXT: importance matrix for quantize --imatrix
 void add_quantize_command(CLI::App& app);  // quern quantize IN OUT TYPE: requantize a GGUF model
 void add_template_command(CLI::App& app);  // quern template --messages FILE: render a chat template
 void add_chat_command(CLI::App& app);  // quern chat [-m MODEL]: interactive chat with the model's template

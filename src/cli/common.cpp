@@ -46,45 +46,6 @@ std::string resolve_model_path(const std::string& path) {
     return path;
 }
 
-namespace {
-
-/// tokenizer_config.json's chat_template (a string, or a list of
-/// {"name", "template"} objects) and chat_template.jinja, by name.
-std::map<std::string, std::string> hf_chat_templates(const std::string& dir) {
-    namespace fs = std::filesystem;
-    std::map<std::string, std::string> t;
-    auto read = [](const fs::path& p) {
-        std::ifstream f(p, std::ios::binary);
-        std::stringstream ss;
-        ss << f.rdbuf();
-        return ss.str();
-    };
-    std::error_code ec;
-    const fs::path cfg = fs::path(dir) / "tokenizer_config.json";
-    if (fs::exists(cfg, ec)) {
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(read(cfg));
-        } catch (const nlohmann::json::exception& e) {
-            fail("{}: not valid JSON ({})", cfg.string(), e.what());
-        }
-        const nlohmann::json ct = j.is_object() ? j.value("chat_template", nlohmann::json()) : nlohmann::json();
-        if (ct.is_string()) t[""] = ct.get<std::string>();
-        if (ct.is_array())
-            for (const auto& e : ct)
-                if (e.is_object() && e.value("name", nlohmann::json()).is_string() &&
-                    e.value("template", nlohmann::json()).is_string()) {
-                    const std::string n = e["name"].get<std::string>();
-                    t[n == "default" ? "" : n] = e["template"].get<std::string>();
-                }
-    }
-    const fs::path jinja = fs::path(dir) / "chat_template.jinja";  // newer transformers save it here
-    if (!t.count("") && fs::exists(jinja, ec)) t[""] = read(jinja);
-    return t;
-}
-
-}  // namespace
-
 LoadedModel load_model(const std::string& path, const ModelOptions& opts) {
     const double t0 = now_seconds();
     LoadedModel m;
@@ -113,6 +74,24 @@ LoadedModel load_model(const std::string& path, const ModelOptions& opts) {
     m.model->set_options(opts);
     m.load_seconds = now_seconds() - t0;
     return m;
+}
+
+void add_chunks_option(CLI::App* cmd, int64_t& chunks, const char* what) {
+    cmd->add_option("--chunks", chunks, what)
+        ->capture_default_str()
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+                long long n = 0;
+                size_t used = 0;
+                try {
+                    n = std::stoll(v, &used);
+                } catch (const std::exception&) {
+                    used = 0;
+                }
+                if (used != v.size() || v.empty()) return "'" + v + "' is not an integer";
+                return n == -1 || n >= 1 ? "" : "must be -1 (all chunks) or at least 1";
+            },
+            "-1|N>=1"));
 }
 
 void add_threads_option(CLI::App* cmd, int& threads) {

@@ -63,6 +63,9 @@ namespace quern::cli {
 /// is clamped to them with a note, since spinning workers would only wait on
 /// each other).
 void add_threads_option(CLI::App* cmd, int& threads);
+/// Adds --chunks N (-1: every chunk of the text; else at least 1) for the
+/// commands that cut a text into chunks (perplexity, imatrix).
+void add_chunks_option(CLI::App* cmd, int64_t& chunks, const char* what);
 /// Adds --fast-act (one-level 8-bit activations) to a command.
 void add_model_options(CLI::App* cmd, ModelOptions& opts);
 /// Where a command runs the model (--device and the GPU's options).

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     add_perplexity_command(app);
     add_bench_command(app);
     add_synth_command(app);
+    add_imatrix_command(app);
     add_quantize_command(app);
     add_tokenize_command(app);
     add_detokenize_command(app);

@@ -69,6 +69,30 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     return c;
 }
 
+void ModelConfig::write_gguf(GgufWriter& w) const {
+    const ArchDef* def = find_arch(arch);
+    if (!def) fail("cannot write a GGUF file of unknown architecture '{}'", arch);
+    const std::string a = arch + ".";  // llama.cpp's key prefix: the architecture
+    w.set_string("general.architecture", arch);
+    w.set_string("general.name", name);
+    w.set_u32(a + "context_length", static_cast<uint32_t>(n_ctx_train));
+    w.set_u32(a + "embedding_length", static_cast<uint32_t>(n_embd));
+    w.set_u32(a + "block_count", static_cast<uint32_t>(n_layer + n_nextn));
+    w.set_u32(a + "feed_forward_length", static_cast<uint32_t>(n_ff));
+    w.set_u32(a + "attention.head_count", static_cast<uint32_t>(n_head));
+    w.set_u32(a + "attention.head_count_kv", static_cast<uint32_t>(n_head_kv));
+    w.set_f32(a + "rope.freq_base", rope_base);
+    w.set_f32(a + "attention.layer_norm_rms_epsilon", rms_eps);
+    if (sliding_window > 0) w.set_u32(a + "attention.sliding_window", static_cast<uint32_t>(sliding_window));
+    w.set_u32(a + "vocab_size", static_cast<uint32_t>(n_vocab));
+    if (moe()) {
+        w.set_u32(a + "expert_count", static_cast<uint32_t>(n_expert));
+        w.set_u32(a + "expert_used_count", static_cast<uint32_t>(n_expert_used));
+        w.set_bool(a + "expert_weights_norm", expert_weights_norm);
+    }
+    def->gguf_write(*this, w, a);  // the family's own keys
+}
+
 void ModelConfig::validate() const {
     auto pos = [](const char* what, int64_t v) {
         if (v <= 0 || v > (int64_t{1} << 31)) fail("model hyper-parameter {} = {} is out of range", what, v);

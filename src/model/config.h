@@ -11,6 +11,7 @@
 namespace quern {
 
 class GgufFile;
+class GgufWriter;
 
 struct ModelConfig {
     std::string arch = "llama";  // general.architecture
@@ -138,6 +139,12 @@ struct ModelConfig {
     static ModelConfig from_hf_config(std::string_view json_text, const std::string& where);
     /// Checks internal consistency (positive sizes, head counts divide, ...).
     void validate() const;
+    /// Writes the GGUF keys from_gguf reads back into this config:
+    /// general.architecture and general.name, the {arch}. keys every family
+    /// shares, then the family's own (ArchDef::gguf_write). RoPE frequency
+    /// factors are a tensor (rope_freqs.weight), not a key: the caller adds
+    /// it. quern::Error for an architecture no family writes.
+    void write_gguf(GgufWriter& w) const;
 };
 
 }  // namespace quern

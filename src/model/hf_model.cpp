@@ -136,6 +136,32 @@ HfFolder resolve_hf_folder(const std::string& path) {
     return f;
 }
 
+std::map<std::string, std::string> hf_chat_templates(const std::string& dir) {
+    std::map<std::string, std::string> t;
+    std::error_code ec;
+    const fs::path cfg = fs::path(dir) / "tokenizer_config.json";
+    if (fs::exists(cfg, ec)) {
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(read_text(cfg.string()));
+        } catch (const nlohmann::json::exception& e) {
+            fail("{}: not valid JSON ({})", cfg.string(), e.what());
+        }
+        const nlohmann::json ct = j.is_object() ? j.value("chat_template", nlohmann::json()) : nlohmann::json();
+        if (ct.is_string()) t[""] = ct.get<std::string>();
+        if (ct.is_array())
+            for (const auto& e : ct)
+                if (e.is_object() && e.value("name", nlohmann::json()).is_string() &&
+                    e.value("template", nlohmann::json()).is_string()) {
+                    const std::string n = e["name"].get<std::string>();
+                    t[n == "default" ? "" : n] = e["template"].get<std::string>();
+                }
+    }
+    const fs::path jinja = fs::path(dir) / "chat_template.jinja";  // newer transformers save it here
+    if (!t.count("") && fs::exists(jinja, ec)) t[""] = read_text(jinja.string());
+    return t;
+}
+
 std::unique_ptr<Model> load_hf_model(const std::string& path) {
     const HfFolder folder = resolve_hf_folder(path);
     ModelConfig cfg = ModelConfig::from_hf_config(read_text(folder.config), folder.config);

@@ -1,6 +1,7 @@
 // Hugging Face model folders: config.json + safetensors weights (one file or
 // shards with model.safetensors.index.json) → a Model.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 
@@ -50,5 +51,11 @@ HfFolder resolve_hf_folder(const std::string& path);
 /// (through the safetensors reader) malformed or truncated files; naming the
 /// key and the file for a quantization scheme quern cannot run.
 std::unique_ptr<Model> load_hf_model(const std::string& path);
+
+/// The chat templates of folder `dir` by name ("" the default):
+/// tokenizer_config.json's chat_template (a string, or a list of {"name",
+/// "template"} objects), else chat_template.jinja. quern::Error for a
+/// tokenizer_config.json that is not JSON.
+std::map<std::string, std::string> hf_chat_templates(const std::string& dir);
 
 }  // namespace quern

@@ -44,12 +44,18 @@ void Model::set_trace(TraceFn t) {
     if (runner_) runner_->set_trace(trace_);
 }
 
+void Model::set_activation_observer(ActivationFn f) {
+    observe_ = std::move(f);
+    if (runner_) runner_->set_activation_observer(observe_);
+}
+
 void Model::forward(const int32_t* tokens, int64_t n, KvCache& cache, float* logits, bool all_logits,
                     ThreadPool& pool) {
     if (!runner_) {
         runner_ = std::make_unique<cpu::ProgramRunner>(program_);
         runner_->set_options(opts_);
         runner_->set_trace(trace_);
+        runner_->set_activation_observer(observe_);
     }
     runner_->forward(tokens, n, cache, logits, all_logits, pool);
 }

@@ -43,6 +43,9 @@ public:
     /// Makes forward() report intermediate tensors of its last position to
     /// `t` (null: off, the default).
     void set_trace(TraceFn t);
+    /// Makes forward() show every matrix product's input rows to `f`
+    /// (ActivationFn; null: off, the default).
+    void set_activation_observer(ActivationFn f);
 
     /// A KV cache for one sequence of up to n_ctx positions.
     KvCache make_cache(int64_t n_ctx) const {
@@ -77,6 +80,7 @@ private:
     Program embedding_;  // empty when program_ names its hidden rows
     ModelOptions opts_;
     TraceFn trace_;
+    ActivationFn observe_;
     std::unique_ptr<cpu::ProgramRunner> runner_;  // forward()'s, made on first use
 };
 

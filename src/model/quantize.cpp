@@ -1,10 +1,13 @@
 #include "model/quantize.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "model/hf_model.h"
+#include "model/hf_to_gguf.h"
 #include "quant/reference.h"
 
 namespace quern {
@@ -37,26 +40,54 @@ MixModel mix_model(const GgufFile& f) {
 
 }  // namespace
 
+QuantizeSource gguf_quantize_source(const std::string& path) {
+    auto f = std::make_shared<GgufFile>(path);
+    QuantizeSource src;
+    src.mix = mix_model(*f);
+    for (const GgufTensorInfo& t : f->tensors()) {
+        const uint8_t* data = f->data(t);
+        const size_t rs = row_size(t.type, t.ne[0]);
+        src.tensors.push_back({t.name, t.type, t.ne, static_cast<int>(t.n_dims),
+                               [data, rs](int64_t r) { return data + rs * static_cast<size_t>(r); }, data});
+    }
+    src.write_metadata = [f](GgufWriter& w) {
+        for (const GgufKV& kv : f->metadata()) {
+            const std::string& k = kv.key;
+            if (k == "general.file_type" || k == "general.quantization_version" || k == "general.alignment" ||
+                k.rfind("split.", 0) == 0)
+                continue;
+            w.set(k, kv.value);
+        }
+        if (f->find("general.alignment")) w.set_alignment(static_cast<uint32_t>(f->alignment()));
+    };
+    src.owner = f;
+    return src;
+}
+
 QuantizeReport quantize_gguf(const std::string& in, const std::string& out, const QuantizeOptions& opts,
                              ThreadPool& pool,
                              const std::function<void(uint64_t done, uint64_t total)>& progress) {
+    namespace fs = std::filesystem;
     std::error_code ec;
-    if (!opts.dry_run && std::filesystem::equivalent(in, out, ec)) fail("the output file is the input file '{}'", in);
-    GgufFile f(in);
-    MixPlanner plan(opts.type, mix_model(f));
+    if (!opts.dry_run && fs::equivalent(in, out, ec)) fail("the output file is the input file '{}'", in);
+    const QuantizeSource src = is_hf_model_path(in) || fs::is_directory(in) ? hf_quantize_source(in)
+                                                                             : gguf_quantize_source(in);
+    MixModel mm = src.mix;
+    mm.has_imatrix = opts.imatrix != nullptr;
+    MixPlanner plan(opts.type, mm);
     QuantizeReport rep;
     // llama-quantize's tensor order: the tensors outside layers, then layer
     // by layer, by name within each (the mix's counters follow it too).
-    std::vector<const GgufTensorInfo*> infos;
-    for (const GgufTensorInfo& t : f.tensors()) infos.push_back(&t);
-    std::stable_sort(infos.begin(), infos.end(), [&](const GgufTensorInfo* a, const GgufTensorInfo* b) {
+    std::vector<const QuantizeSource::Tensor*> infos;
+    for (const QuantizeSource::Tensor& t : src.tensors) infos.push_back(&t);
+    std::stable_sort(infos.begin(), infos.end(), [&](const QuantizeSource::Tensor* a, const QuantizeSource::Tensor* b) {
         const int la = tensor_layer(a->name), lb = tensor_layer(b->name);
         return la != lb ? la < lb : a->name < b->name;
     });
     // The types first, so that a refusal comes before any work.
     bool warned = false;
-    for (const GgufTensorInfo* tp : infos) {
-        const GgufTensorInfo& t = *tp;
+    for (const QuantizeSource::Tensor* tp : infos) {
+        const QuantizeSource::Tensor& t = *tp;
         QuantizedTensor q{t.name, t.type, t.type};
         q.to = plan.choose(t.name, t.type, t.ne, t.n_dims, &q.fell_back);
         if (q.to != q.from) {
@@ -70,42 +101,75 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
                 opts.on_requantize(t.name, q.from, q.to);
                 warned = true;
             }
+        } else if (static_cast<uint32_t>(q.to) >= kDTypeQuernBase) {
+            fail("tensor '{}' would stay in quern's own {} layout, which a GGUF file cannot hold", t.name,
+                 dtype_name(q.to));
         }
         rep.tensors.push_back(q);
     }
+    // Which converted matrices have importance weights ({ne0, n_expert}
+    // floats, made when the tensor is written), checked before any work too.
+    if (opts.imatrix) {
+        for (size_t i = 0; i < infos.size(); ++i) {
+            const QuantizeSource::Tensor& t = *infos[i];
+            QuantizedTensor& q = rep.tensors[i];
+            const auto it = opts.imatrix->entries.find(t.name);
+            if (q.to == q.from || it == opts.imatrix->entries.end()) continue;
+            if (static_cast<int64_t>(it->second.sums.size()) != t.ne[0] * t.ne[2]) {
+                // The token embedding never meets a matrix product: an entry
+                // of another width there is someone else's, as llama.cpp says.
+                if (t.name == "token_embd.weight") continue;
+                fail("the importance matrix has {} weights for '{}', which needs {} ({} columns × {} experts): it "
+                     "was made from another model",
+                     it->second.sums.size(), t.name, t.ne[0] * t.ne[2], t.ne[0], t.ne[2]);
+            }
+            q.weighted = true;
+        }
+    }
 
     GgufWriter w;
-    for (const GgufKV& kv : f.metadata()) {
-        const std::string& k = kv.key;
-        if (k == "general.file_type" || k == "general.quantization_version" || k == "general.alignment" ||
-            k.rfind("split.", 0) == 0)
-            continue;
-        w.set(k, kv.value);
-    }
-    if (f.find("general.alignment")) w.set_alignment(static_cast<uint32_t>(f.alignment()));
+    src.write_metadata(w);
     w.set_u32("general.quantization_version", 2);
     w.set_u32("general.file_type", static_cast<uint32_t>(opts.type));
+    if (opts.imatrix) {  // what llama-quantize records (strings cut at 127 bytes, as it does)
+        w.set_string("quantize.imatrix.file", opts.imatrix_file.substr(0, 127));
+        if (!opts.imatrix->datasets.empty())
+            w.set_string("quantize.imatrix.dataset", opts.imatrix->datasets[0].substr(0, 127));
+        w.set_u32("quantize.imatrix.entries_count", static_cast<uint32_t>(opts.imatrix->entries.size()));
+        if (opts.imatrix->chunk_count > 0)
+            w.set_u32("quantize.imatrix.chunks_count", static_cast<uint32_t>(opts.imatrix->chunk_count));
+    }
 
     // Each converted tensor is made when the writer reaches it: one tensor's
     // bytes in memory at a time.
     for (size_t i = 0; i < infos.size(); ++i) {
-        const GgufTensorInfo& t = *infos[i];
+        const QuantizeSource::Tensor& t = *infos[i];
         const QuantizedTensor& q = rep.tensors[i];
-        rep.bytes_in += t.nbytes;
-        const uint8_t* src = f.data(t);
         const int64_t n = t.ne[0], rows = t.ne[1] * t.ne[2] * t.ne[3];
-        rep.bytes_out += row_size(q.to, n) * static_cast<uint64_t>(rows);
-        if (q.to == q.from) {
-            w.add_tensor(t.name, q.to, t.ne, t.n_dims, src);
+        const size_t rs_in = row_size(q.from, n), rs_out = row_size(q.to, n);
+        rep.bytes_in += rs_in * static_cast<uint64_t>(rows);
+        rep.bytes_out += rs_out * static_cast<uint64_t>(rows);
+        if (q.to == q.from && t.contiguous) {
+            w.add_tensor(t.name, q.to, t.ne, t.n_dims, t.contiguous);
             continue;
         }
-        w.add_tensor(t.name, q.to, t.ne, t.n_dims, [&pool, src, q, n, rows](uint8_t* dst) {
-            const size_t rs_in = row_size(q.from, n), rs_out = row_size(q.to, n);
+        const int64_t rows_per_expert = t.ne[1];
+        const Imatrix* im = q.weighted ? opts.imatrix : nullptr;
+        w.add_tensor(t.name, q.to, t.ne, t.n_dims, [&pool, &t, q, n, rows, rs_in, rs_out, im, rows_per_expert](uint8_t* dst) {
+            const std::vector<float> importance = im ? im->importance(q.name) : std::vector<float>{};
+            const float* imp = importance.empty() ? nullptr : importance.data();
             pool.parallel_for(rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(n, 1)), [&](int64_t r0, int64_t r1, int) {
                 std::vector<float> row(static_cast<size_t>(n));
                 for (int64_t r = r0; r < r1; ++r) {
-                    dequantize_row_ref(q.from, src + rs_in * static_cast<size_t>(r), row.data(), n);
-                    quantize_row_ref(q.to, row.data(), dst + rs_out * static_cast<size_t>(r), n);
+                    uint8_t* d = dst + rs_out * static_cast<size_t>(r);
+                    if (q.to == q.from) {  // rows gathered as they are
+                        std::memcpy(d, t.row(r), rs_out);
+                        continue;
+                    }
+                    dequantize_row_ref(q.from, t.row(r), row.data(), n);
+                    // An expert's rows take its own slice of the weights.
+                    const float* w_row = imp ? imp + (r / rows_per_expert) * n : nullptr;
+                    quantize_row_weighted(q.to, row.data(), d, n, w_row);
                 }
             });
         });

@@ -437,28 +437,9 @@ void write_synthetic_gguf(const SynthModel& m, const std::string& path,
                  "--synthetic ... --quant {})",
                  name, dtype_name(t->type), m.scheme);
     GgufWriter w;
-    const std::string a = c.arch + ".";  // llama.cpp's key prefix: the architecture
-    w.set_string("general.architecture", c.arch);
-    w.set_string("general.name", c.name);
+    c.write_gguf(w);
     w.set_u32("general.file_type", synth_file_type(m.scheme));
     w.set_u32("general.quantization_version", 2);
-    w.set_u32(a + "context_length", static_cast<uint32_t>(c.n_ctx_train));
-    w.set_u32(a + "embedding_length", static_cast<uint32_t>(c.n_embd));
-    w.set_u32(a + "block_count", static_cast<uint32_t>(c.n_layer + c.n_nextn));
-    w.set_u32(a + "feed_forward_length", static_cast<uint32_t>(c.n_ff));
-    w.set_u32(a + "attention.head_count", static_cast<uint32_t>(c.n_head));
-    w.set_u32(a + "attention.head_count_kv", static_cast<uint32_t>(c.n_head_kv));
-    w.set_f32(a + "rope.freq_base", c.rope_base);
-    w.set_f32(a + "attention.layer_norm_rms_epsilon", c.rms_eps);
-    if (c.sliding_window > 0) w.set_u32(a + "attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
-    w.set_u32(a + "vocab_size", static_cast<uint32_t>(c.n_vocab));
-    if (c.moe()) {
-        w.set_u32(a + "expert_count", static_cast<uint32_t>(c.n_expert));
-        w.set_u32(a + "expert_used_count", static_cast<uint32_t>(c.n_expert_used));
-    }
-    const ArchDef* def = find_arch(c.arch);
-    if (!def) fail("synthetic model of unknown architecture '{}'", c.arch);
-    def->gguf_write(c, w, a);  // the family's own keys
 
     // Byte-level BPE vocabulary: the 256 byte characters, three specials, then
     // reserved control tokens up to n_vocab. No merges: text encodes to bytes.

@@ -12,12 +12,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <string>
 #include <unistd.h>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "formats/gguf.h"
+#include "formats/imatrix.h"
 #include "model/model.h"
 #include "model/quantize.h"
 #include "model/synth.h"
@@ -178,6 +180,81 @@ TEST_F(QuantizeFile, TensorsAreTheReferenceQuantizersRows) {
     // It loads and runs.
     auto model = Model::from_gguf(std::make_shared<GgufFile>(out));
     EXPECT_EQ(model->config().n_layer, synth_tiny(synth_preset("llama3-1b")).cfg.n_layer);
+}
+
+// With an importance matrix: each matrix it names is quantized row by row
+// under its weights (quantize_row_weighted), the output records the matrix as
+// llama-quantize does, Q4_0's first eighth of FFN down becomes Q4_1, and an
+// entry of another width is refused before anything is written.
+TEST_F(QuantizeFile, ImportanceMatrixWeightsTheRows) {
+    GgufFile in(f16_);
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+    Imatrix im;
+    im.datasets = {"calibration.txt"};
+    im.chunk_count = 3;
+    for (const GgufTensorInfo& t : in.tensors()) {
+        if (t.name.rfind("blk.", 0) != 0 || t.n_dims < 2) continue;
+        std::vector<float> x(static_cast<size_t>(t.ne[0]));
+        for (float& v : x) v = ud(rng) * ud(rng) * 4.0f;
+        im.accumulate(t.name, 1, 0, x.data(), 1, t.ne[0]);
+    }
+    ThreadPool pool(2);
+    const std::string out = (dir_ / "q4_0.gguf").string();
+    QuantizeOptions o{FileType::Q4_0};
+    o.imatrix = &im;
+    o.imatrix_file = "m.imatrix";
+    const QuantizeReport r = quantize_gguf(f16_, out, o, pool);
+    GgufFile q(out);
+    EXPECT_EQ(q.get_string("quantize.imatrix.file"), "m.imatrix");
+    EXPECT_EQ(q.get_string("quantize.imatrix.dataset"), "calibration.txt");
+    EXPECT_EQ(q.get_int("quantize.imatrix.entries_count"), static_cast<int64_t>(im.entries.size()));
+    EXPECT_EQ(q.get_int("quantize.imatrix.chunks_count"), 3);
+    // Q4_0's first eighth of FFN down becomes Q4_1 (the tiny file has too few
+    // layers for an eighth; the rule on a 32-layer model's counters).
+    MixModel mm;
+    mm.arch = "llama";
+    mm.n_layer = 32;
+    mm.has_imatrix = true;
+    EXPECT_EQ(mix_tensor_type(FileType::Q4_0, mm, "blk.3.ffn_down.weight", 4096, 0, 3), DType::Q4_1);
+    EXPECT_EQ(mix_tensor_type(FileType::Q5_0, mm, "blk.3.ffn_down.weight", 4096, 0, 3), DType::Q5_1);
+    EXPECT_EQ(mix_tensor_type(FileType::Q4_0, mm, "blk.4.ffn_down.weight", 4096, 0, 4), DType::Q4_0);
+    mm.has_imatrix = false;
+    EXPECT_EQ(mix_tensor_type(FileType::Q4_0, mm, "blk.3.ffn_down.weight", 4096, 0, 3), DType::Q4_0);
+    int weighted = 0;
+    for (const QuantizedTensor& t : r.tensors) {
+        const auto imp = im.importance(t.name);
+        EXPECT_EQ(t.weighted, !imp.empty() && t.to != t.from) << t.name;
+        if (!t.weighted) continue;
+        ++weighted;
+        const GgufTensorInfo& s = *in.find_tensor(t.name);
+        const GgufTensorInfo& d = *q.find_tensor(t.name);
+        std::vector<float> row(static_cast<size_t>(s.ne[0]));
+        std::vector<uint8_t> want(row_size(d.type, s.ne[0])), plain(want.size());
+        const size_t rs_in = row_size(s.type, s.ne[0]);
+        int differs = 0;
+        for (int64_t i = 0; i < s.ne[1]; i += 5) {
+            dequantize_row_ref(s.type, in.data(s) + rs_in * static_cast<size_t>(i), row.data(), s.ne[0]);
+            quantize_row_weighted(d.type, row.data(), want.data(), s.ne[0], imp.data());
+            ASSERT_EQ(0, std::memcmp(q.data(d) + want.size() * static_cast<size_t>(i), want.data(), want.size()))
+                << t.name << " row " << i;
+            quantize_row_ref(d.type, row.data(), plain.data(), s.ne[0]);
+            differs += plain != want;
+        }
+        EXPECT_GT(differs, 0) << t.name << ": the weights changed nothing";
+    }
+    EXPECT_GT(weighted, 20);
+    // An entry made for another model (another width) is refused.
+    std::vector<float> x(7, 1.0f);
+    im.entries.erase("blk.1.attn_q.weight");
+    im.accumulate("blk.1.attn_q.weight", 1, 0, x.data(), 1, 7);
+    try {
+        quantize_gguf(f16_, (dir_ / "bad.gguf").string(), o, pool);
+        FAIL() << "a 7-wide entry was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("blk.1.attn_q.weight"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir_ / "bad.gguf"));
 }
 
 TEST_F(QuantizeFile, RequantizingIsRefusedUnlessAsked) {

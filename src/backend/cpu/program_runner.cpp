@@ -274,6 +274,7 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
                 for (size_t j = 0; j < op.pieces.size(); ++j) {
                     const LinearPiece& pc = op.pieces[j];
                     const int64_t N = pc.w->ne[1];
+                    if (observe_) observe_(*pc.w, -1, x, n);
                     float* y = s.slot(s.slots_of[sz(op.out.id)][j], n * N);
                     mm(*pc.w, x, n, y, N, pool, j > 0, pass.path, pass.fp8_act);
                     if (pc.bias) add_bias(y, *pc.bias, n, N);
@@ -453,7 +454,15 @@ void ProgramRunner::run_moe(const Op& op, Pass& pass, ThreadPool& pool) {
     const auto mat = [&](const Tensor& W, const float* x, int64_t rows, float* y, int64_t ld, bool same) {
         mm(W, x, rows, y, ld, pool, same, pass.path, pass.fp8_act);
     };
+    // An expert's matrix as the activation observer names it: its bank's
+    // stacked tensor and its index, or a tensor of its own.
+    const auto observe = [&](const ExpertBank& bank, int64_t x, const float* in_rows, int64_t rows) {
+        if (!observe_) return;
+        if (bank.stacked) observe_(*bank.stacked, x, in_rows, rows);
+        else observe_(*bank.experts[sz(x)], -1, in_rows, rows);
+    };
     s.router.resize(sz(nb * X));
+    if (observe_) observe_(*sp.router, -1, h, nb);
     mat(*sp.router, h, nb, s.router.data(), X, false);
     s.sel.resize(sz(nb * k));
     s.selw.resize(sz(nb * k));
@@ -468,10 +477,13 @@ void ProgramRunner::run_moe(const Op& op, Pass& pass, ThreadPool& pool) {
         const int64_t b = s.moe_off[sz(x)], cnt = s.moe_off[sz(x + 1)] - b;
         if (cnt == 0) continue;
         for (int64_t j = 0; j < cnt; ++j) std::copy_n(h + s.moe_ent[sz(b + j)] / k * E, E, s.xe.data() + j * E);
+        observe(sp.gate, x, s.xe.data(), cnt);
+        observe(sp.up, x, s.xe.data(), cnt);
         mat(*sp.gate.experts[sz(x)], s.xe.data(), cnt, s.ge.data(), F, false);
         mat(*sp.up.experts[sz(x)], s.xe.data(), cnt, s.ue.data(), F, true);
         if (sp.act == GluAct::GeluTanh) geglu_tanh(s.ge.data(), s.ue.data(), s.ge.data(), cnt * F);
         else swiglu(s.ge.data(), s.ue.data(), s.ge.data(), cnt * F);
+        observe(sp.down, x, s.ge.data(), cnt);
         mat(*sp.down.experts[sz(x)], s.ge.data(), cnt, s.ye.data(), E, false);
         for (int64_t j = 0; j < cnt; ++j)
             std::copy_n(s.ye.data() + j * E, E, s.eo.data() + s.moe_ent[sz(b + j)] * E);

@@ -28,6 +28,8 @@ public:
     /// Reports the program's traced values of forward()'s last position to
     /// `t` (null: off).
     void set_trace(TraceFn t) { trace_ = std::move(t); }
+    /// Shows every matrix product's input rows to `f` (null: off).
+    void set_activation_observer(ActivationFn f) { observe_ = std::move(f); }
 
     /// Runs n tokens of one sequence at positions cache.size() ..
     /// cache.size()+n-1, appending their keys/values to `cache`, in passes of
@@ -75,6 +77,7 @@ private:
     const Program& p_;
     ModelOptions opts_;
     TraceFn trace_;
+    ActivationFn observe_;
     std::unique_ptr<State> st_;  // the compiled plan, value slots and scratch (program_runner.cpp)
 };
 

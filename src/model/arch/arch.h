@@ -89,6 +89,10 @@ struct ArchDef {
     /// layer; its logits predict x_{p+2} and its Program::hidden feeds the
     /// next draft step. Null for families without one.
     Program (*build_draft)(const ModelConfig& c, const BoundWeights& w) = nullptr;
+    /// The family's GGUF files store q and k rows permuted for interleaved
+    /// RoPE pairs (llama.cpp's converter permutes the checkpoint's rows);
+    /// writing a checkpoint as GGUF must do the same (model/hf_to_gguf.h).
+    bool gguf_permutes_qk = false;
 };
 
 /// The family with this general.architecture, or null.

@@ -71,6 +71,6 @@ Program build(const ModelConfig& c, const BoundWeights& w) {
 
 }  // namespace
 
-extern const ArchDef kGranite{"granite", {"granite"}, gguf_config, {}, hf_config, {}, tensors, build, gguf_write};
+extern const ArchDef kGranite{"granite", {"granite"}, gguf_config, {}, hf_config, {}, tensors, build, gguf_write, nullptr, true};
 
 }  // namespace quern::arch

@@ -47,6 +47,6 @@ Program build_llama(const ModelConfig& c, const BoundWeights& w) {
     return output_head(b, c, w, x);
 }
 
-extern const ArchDef kLlama{"llama", {"llama", "mixtral"}, gguf_config, {}, hf_config, {}, tensors, build_llama, gguf_write_llama};
+extern const ArchDef kLlama{"llama", {"llama", "mixtral"}, gguf_config, {}, hf_config, {}, tensors, build_llama, gguf_write_llama, nullptr, true};
 
 }  // namespace quern::arch

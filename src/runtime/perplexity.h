@@ -1,0 +1,23 @@
+// Perplexity as llama.cpp's llama-perplexity (and llama-imatrix) compute it:
+// a text is cut into chunks of n_ctx tokens, each evaluated from an empty
+// cache, and only the predictions of the second half of each chunk are
+// scored, so every scored token has at least n_ctx/2 tokens of context.
+#pragma once
+#include <cstdint>
+
+namespace quern {
+
+struct PerplexitySum {
+    double nll = 0;   ///< Σ −log p(token)
+    double nll2 = 0;  ///< Σ log² p(token), for the error estimate
+    int64_t count = 0;
+
+    /// Scores rows first .. n−2 of one chunk: row i's logits (n_vocab
+    /// floats) predict tokens[i+1].
+    void add_chunk(const float* logits, const int32_t* tokens, int64_t n, int64_t n_vocab, int64_t first);
+    double ppl() const;
+    /// The standard error of ppl(), as llama-perplexity prints it.
+    double err() const;
+};
+
+}  // namespace quern

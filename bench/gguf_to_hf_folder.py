@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Write a Hugging Face folder from a llama / qwen2 GGUF file, for checking
+"""Write a Hugging Face folder from a llama / qwen2 / gemma3 GGUF file, for checking
 `quern quantize FOLDER` on real weights (bench/run_hf_quantize_cpu.sh): the
 tensors dequantized to F16 (or F32) under transformers' names, q/k rows of a
 llama model put back in the checkpoint order (GGUF files store them permuted
-for interleaved RoPE), config.json from the GGUF keys, and tokenizer.json /
+for interleaved RoPE), Gemma's RMSNorm weights as w − 1 (GGUF stores 1 + w),
+config.json from the GGUF keys, and tokenizer.json /
 tokenizer_config.json from tools/tok_gguf_to_tokenizer_json.py.
 
     python3 bench/gguf_to_hf_folder.py MODEL.gguf OUT_DIR [--dtype f16|f32]
@@ -24,6 +25,8 @@ import tok_gguf_to_tokenizer_json  # noqa: E402
 NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
          "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+GEMMA = dict(NAMES, ffn_norm="pre_feedforward_layernorm", post_attention_norm="post_attention_layernorm",
+             post_ffw_norm="post_feedforward_layernorm", attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
 
 
 def field(r, key, default=None):
@@ -48,8 +51,9 @@ def main():
     a = ap.parse_args()
     r = GGUFReader(a.gguf)
     arch = field(r, "general.architecture")
-    if arch not in ("llama", "qwen2"):
-        sys.exit(f"{arch}: only llama and qwen2 GGUF files are written back")
+    if arch not in ("llama", "qwen2", "gemma3"):
+        sys.exit(f"{arch}: only llama, qwen2 and gemma3 GGUF files are written back")
+    names = GEMMA if arch == "gemma3" else NAMES
     p = arch + "."
     n_head, n_kv = field(r, p + "attention.head_count"), field(r, p + "attention.head_count_kv")
     dt = np.float16 if a.dtype == "f16" else np.float32
@@ -64,11 +68,13 @@ def main():
         elif t.name == "output.weight":
             name = "lm_head.weight"
         elif parts[0] == "blk":
-            name = f"model.layers.{parts[1]}.{NAMES[parts[2]]}.{parts[3]}"
+            name = f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
             if arch == "llama" and parts[2] in ("attn_q", "attn_k"):
                 w = unpermute(w, n_head if parts[2] == "attn_q" else n_kv)
         else:
             continue
+        if arch == "gemma3" and t.name.endswith("norm.weight"):
+            w = w - 1.0
         tensors[name] = np.ascontiguousarray(w.astype(np.float32 if w.ndim == 1 else dt))
     os.makedirs(a.out, exist_ok=True)
     save_file(tensors, os.path.join(a.out, "model.safetensors"))
@@ -85,6 +91,15 @@ def main():
            "torch_dtype": "float16" if a.dtype == "f16" else "float32"}
     if arch == "qwen2":
         cfg["use_sliding_window"] = False
+    if arch == "gemma3":
+        cfg.update({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                    "head_dim": field(r, p + "attention.key_length"), "hidden_activation": "gelu_pytorch_tanh",
+                    "query_pre_attn_scalar": field(r, p + "attention.key_length"),
+                    "sliding_window": field(r, p + "attention.sliding_window"),
+                    "sliding_window_pattern": field(r, p + "attention.sliding_window_pattern", 6),
+                    "rope_local_base_freq": field(r, p + "rope.freq_base_swa", 10000.0),
+                    "final_logit_softcapping": None, "attn_logit_softcapping": None})
+        del cfg["hidden_act"]
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     tok, tok_cfg = tok_gguf_to_tokenizer_json.convert(a.gguf)

@@ -98,7 +98,7 @@ void add_quantize_command(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("quantize", "Quantize a GGUF model or a Hugging Face folder into a GGUF file type");
     cmd->add_option("input", o->in,
                     "GGUF file (F32 / F16 / BF16; a quantized one is requantized with a warning), or a Hugging Face "
-                    "folder (safetensors BF16 / F16 / F32, FP8 / NVFP4 dequantized; byte-level BPE tokenizer.json)")
+                    "folder (safetensors BF16 / F16 / F32, FP8 / NVFP4 dequantized; its tokenizer.json)")
         ->required();
     cmd->add_option("output", o->out, "GGUF file to write")->required();
     cmd->add_option("type", o->type, std::string("File type: ") + quern::file_type_names())->required();

@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "formats/gguf.h"
@@ -48,9 +50,33 @@ std::string gguf_pre_name(const VocabData& d) {
     return {};
 }
 
-/// The folder's tokenizer as GGUF describes one (pre-tokenizer by name, no
-/// tokenizer.json pipeline), checked to encode probe texts as the
-/// tokenizer.json does.
+/// SentencePiece scores for a BPE-with-byte-fallback vocabulary (Llama 2,
+/// Mistral, Gemma as tokenizer.json stores them): GGUF's "llama" tokenizer
+/// merges the adjacent pair whose result scores highest, so the piece a merge
+/// of rank r makes scores −r (its earliest merge); pieces no merge makes score
+/// below every merge.
+std::vector<float> spm_scores(const VocabData& d) {
+    std::unordered_map<std::string, size_t> id;
+    for (size_t i = 0; i < d.tokens.size(); ++i) id.emplace(d.tokens[i], i);
+    std::vector<float> scores(d.tokens.size(), std::nanf(""));
+    const auto made = [&](const std::string& piece, size_t rank) {
+        const auto it = id.find(piece);
+        if (it != id.end() && std::isnan(scores[it->second])) scores[it->second] = -static_cast<float>(rank);
+    };
+    for (size_t r = 0; r < d.merge_pairs.size(); ++r) made(d.merge_pairs[r].first + d.merge_pairs[r].second, r);
+    for (size_t r = 0; r < d.merges.size(); ++r) {
+        const size_t sp = d.merges[r].find(' ');
+        if (sp != std::string::npos) made(d.merges[r].substr(0, sp) + d.merges[r].substr(sp + 1), r);
+    }
+    const float floor = -static_cast<float>(d.merge_pairs.size() + d.merges.size()) - 1.0f;
+    for (float& s : scores)
+        if (std::isnan(s)) s = floor;
+    return scores;
+}
+
+/// The folder's tokenizer as GGUF describes one (byte-level BPE with its
+/// pre-tokenizer's name, or SentencePiece with scores), checked to encode
+/// probe texts as the tokenizer.json does.
 VocabData gguf_vocab(const std::string& dir, const ModelConfig& c) {
     const fs::path tj = fs::path(dir) / "tokenizer.json";
     const std::string json = read_optional(tj);
@@ -58,34 +84,40 @@ VocabData gguf_vocab(const std::string& dir, const ModelConfig& c) {
         fail("{} has no tokenizer.json: a GGUF file carries its tokenizer, so quern quantize needs the folder's", dir);
     VocabData hf = Tokenizer::vocab_from_hf_json(json, read_optional(fs::path(dir) / "tokenizer_config.json"),
                                                  read_optional(fs::path(dir) / "generation_config.json"), tj.string());
-    if (hf.kind != VocabKind::Bpe)
-        fail("{}: SentencePiece-style vocabularies (Llama 2, Mistral, Gemma, Phi-3) are not written to GGUF yet; "
-             "convert the folder with llama.cpp's convert_hf_to_gguf.py and quantize that file",
-             tj.string());
     VocabData g;
-    g.kind = VocabKind::Bpe;
-    g.pre = gguf_pre_name(hf);
-    if (g.pre.empty())
-        fail("{}: its pre-tokenizer is none that llama.cpp names (GPT-2, Llama 3, Qwen2, Qwen3.5, StarCoder, "
-             "DeepSeek, Falcon), so a GGUF file cannot describe it",
-             tj.string());
     g.arch = c.arch;
     g.tokens = hf.tokens;
     g.types = hf.types;
-    g.merges = hf.merges;
-    for (const auto& [l, r] : hf.merge_pairs) g.merges.push_back(l + " " + r);
     g.bos = hf.bos, g.eos = hf.eos, g.unk = hf.unk, g.pad = hf.pad;
     g.add_bos = hf.add_bos;
     g.add_eos = hf.add_eos;
-    // The GGUF form must split text as the tokenizer.json does.
+    if (hf.kind == VocabKind::Bpe) {
+        g.kind = VocabKind::Bpe;
+        g.pre = gguf_pre_name(hf);
+        if (g.pre.empty())
+            fail("{}: its pre-tokenizer is none that llama.cpp names (GPT-2, Llama 3, Qwen2, Qwen3.5, StarCoder, "
+                 "DeepSeek, Falcon), so a GGUF file cannot describe it",
+                 tj.string());
+        g.merges = hf.merges;
+        for (const auto& [l, r] : hf.merge_pairs) g.merges.push_back(l + " " + r);
+    } else {
+        if (!hf.byte_fallback)
+            fail("{}: a SentencePiece-style vocabulary without byte fallback has no GGUF form quern writes", tj.string());
+        g.kind = VocabKind::Spm;
+        g.pre = "default";
+        g.scores = spm_scores(hf);
+        g.add_space_prefix = hf.add_space_prefix;
+        if (g.unk >= 0) g.types[static_cast<size_t>(g.unk)] = TokenType::Unknown;
+    }
+    // The GGUF form must encode text as the tokenizer.json does.
     const Tokenizer a(std::move(hf)), b{VocabData(g)};
     for (const char* probe : {"Hello world! It's 2026: 3.14159 and 1234567 tokens.",
                               "  leading spaces,\ttabs\nand\r\nnewlines  ", "Grüße, naïve café — 東京 ŝ ﬁ 😀 ١٢٣",
                               "def f(x):\n    return x**2  # comment\n"}) {
         if (a.encode(probe, false, false) != b.encode(probe, false, false))
-            fail("{}: as GGUF's '{}' tokenizer it would encode \"{}\" differently (a normalizer or split llama.cpp "
+            fail("{}: as a GGUF {} tokenizer it would encode \"{}\" differently (a normalizer or split llama.cpp "
                  "does not apply), so a GGUF file cannot carry it",
-                 tj.string(), g.pre, probe);
+                 tj.string(), g.kind == VocabKind::Bpe ? "'" + g.pre + "'" : std::string("SentencePiece"), probe);
     }
     if (static_cast<int64_t>(g.tokens.size()) > c.n_vocab)
         fail("{} has {} tokens but the embedding only {} rows", tj.string(), g.tokens.size(), c.n_vocab);
@@ -95,18 +127,21 @@ VocabData gguf_vocab(const std::string& dir, const ModelConfig& c) {
     for (int64_t i = static_cast<int64_t>(g.tokens.size()); i < c.n_vocab; ++i) {
         g.tokens.push_back(fmt::format("[PAD{}]", i));
         g.types.push_back(TokenType::Unused);
+        if (!g.scores.empty()) g.scores.push_back(g.scores.back());
     }
     return g;
 }
 
 void write_vocab(const VocabData& v, const std::map<std::string, std::string>& templates, GgufWriter& w) {
-    w.set_string("tokenizer.ggml.model", "gpt2");
+    const bool spm = v.kind == VocabKind::Spm;
+    w.set_string("tokenizer.ggml.model", spm ? "llama" : "gpt2");
     w.set_string("tokenizer.ggml.pre", v.pre);
     w.set_string_array("tokenizer.ggml.tokens", v.tokens);
+    if (spm) w.set_f32_array("tokenizer.ggml.scores", v.scores);
     std::vector<int32_t> types;
     for (TokenType t : v.types) types.push_back(static_cast<int32_t>(t));
     w.set_i32_array("tokenizer.ggml.token_type", types);
-    w.set_string_array("tokenizer.ggml.merges", v.merges);
+    if (!spm) w.set_string_array("tokenizer.ggml.merges", v.merges);
     const auto id = [&](const char* key, int32_t v_id) {
         if (v_id >= 0) w.set_u32(key, static_cast<uint32_t>(v_id));
     };
@@ -116,6 +151,7 @@ void write_vocab(const VocabData& v, const std::map<std::string, std::string>& t
     id("tokenizer.ggml.padding_token_id", v.pad);
     w.set_bool("tokenizer.ggml.add_bos_token", v.add_bos);
     w.set_bool("tokenizer.ggml.add_eos_token", v.add_eos);
+    if (spm) w.set_bool("tokenizer.ggml.add_space_prefix", v.add_space_prefix);
     for (const auto& [name, text] : templates)
         w.set_string(name.empty() ? "tokenizer.chat_template" : "tokenizer.chat_template." + name, text);
 }

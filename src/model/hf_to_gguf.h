@@ -17,9 +17,11 @@ namespace quern {
 
 /// The source of `folder` (or a file inside it: hf_model.h). quern::Error,
 /// before any work, for what the HF loader refuses, a folder without
-/// tokenizer.json, a tokenizer GGUF cannot describe (SentencePiece-style
-/// vocabularies, a pre-tokenizer llama.cpp has no name for, one whose GGUF
-/// form would encode a probe text differently), more tokens than the
+/// tokenizer.json, a tokenizer GGUF cannot describe (a pre-tokenizer
+/// llama.cpp has no name for, a SentencePiece-style vocabulary without byte
+/// fallback, one whose GGUF form — byte-level BPE, or SentencePiece with
+/// scores derived from the merges — would encode a probe text differently),
+/// more tokens than the
 /// embedding has rows, and RoPE factors in a family whose GGUF files have no
 /// place for them.
 QuantizeSource hf_quantize_source(const std::string& folder);

@@ -53,6 +53,47 @@ std::string byte_tokenizer_json(const nlohmann::json& normalizer = {{"type", "NF
     return j.dump();
 }
 
+/// A SentencePiece-style tokenizer.json (BPE with byte fallback, as Llama 2
+/// and Gemma ship): <unk> <s> </s>, the byte tokens of every byte UTF-8 can
+/// hold, "▁", five letters and the four pieces their merges make; 256 tokens
+/// in all.
+std::string spm_tokenizer_json() {
+    nlohmann::json vocab = nlohmann::json::object();
+    int id = 0;
+    for (const char* s : {"<unk>", "<s>", "</s>"}) vocab[s] = id++;
+    for (int b = 0; b < 256; ++b)
+        if (!(b == 0xC0 || b == 0xC1 || b >= 0xF5)) vocab[fmt::format("<0x{:02X}>", b)] = id++;
+    const std::string sp = "\u2581";
+    for (const std::string& piece : {sp, std::string("t"), std::string("h"), std::string("e"), std::string("i"),
+                                     std::string("n"), sp + "t", std::string("he"), sp + "the", std::string("in")})
+        vocab[piece] = id++;
+    const nlohmann::json merges = {sp + " t", "h e", sp + "t he", "i n"};
+    nlohmann::json added = nlohmann::json::array();
+    for (int i = 0; i < 3; ++i)
+        added.push_back({{"id", i}, {"content", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>"}, {"special", true},
+                         {"lstrip", false}, {"rstrip", false}, {"single_word", false}, {"normalized", false}});
+    const nlohmann::json j = {
+        {"version", "1.0"},
+        {"added_tokens", added},
+        {"normalizer",
+         {{"type", "Sequence"},
+          {"normalizers",
+           {{{"type", "Prepend"}, {"prepend", sp}},
+            {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}}}}}},
+        {"pre_tokenizer", nullptr},
+        {"decoder",
+         {{"type", "Sequence"},
+          {"decoders",
+           {{{"type", "Replace"}, {"pattern", {{"String", sp}}}, {"content", " "}},
+            {{"type", "ByteFallback"}},
+            {{"type", "Fuse"}},
+            {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+        {"model",
+         {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"unk_token", "<unk>"}, {"byte_fallback", true},
+          {"fuse_unk", true}, {"ignore_merges", false}}}};
+    return j.dump();
+}
+
 class HfToGguf : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -145,6 +186,25 @@ TEST_F(HfToGguf, Q8_0FromBf16AndFp8) {
         for (size_t i = 0; i < a.size(); ++i) dot += double(a[i]) * b[i], na += double(a[i]) * a[i], nb += double(b[i]) * b[i];
         EXPECT_GT(dot / std::sqrt(na * nb), 0.999) << arch << " " << kind;
         EXPECT_GT(r.tensors.size(), 10u);
+    }
+}
+
+// A SentencePiece-style tokenizer.json becomes GGUF's "llama" tokenizer
+// (scores from the merges, byte tokens typed as such), encoding as before.
+TEST_F(HfToGguf, SentencePieceVocabulary) {
+    const std::string src = folder("llama", "fp32", spm_tokenizer_json());
+    const std::string out = (dir_ / "spm.gguf").string();
+    ThreadPool pool(2);
+    quantize_gguf(src, out, QuantizeOptions{FileType::Q8_0}, pool);
+    GgufFile f(out);
+    EXPECT_EQ(f.get_string("tokenizer.ggml.model"), "llama");
+    EXPECT_EQ(f.get_float_array("tokenizer.ggml.scores").size(), 256u);
+    EXPECT_EQ(f.get_int_array("tokenizer.ggml.token_type")[5], 6);  // <0x02>: a byte token
+    const auto a = Tokenizer::from_gguf(f);
+    const auto b = Tokenizer::from_file(src);
+    for (const char* s : {"the world is in order", "Hello, world! 12345", " naïve\n\ttext 😀 東京"}) {
+        EXPECT_EQ(a->encode(s, true, false), b->encode(s, true, false)) << s;
+        EXPECT_EQ(a->decode(a->encode(s, false, false)), b->decode(b->encode(s, false, false))) << s;
     }
 }
 

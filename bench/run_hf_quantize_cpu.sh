@@ -18,7 +18,7 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 Q=$HERE/build/quern
 M=${QUERN_HOME:-$HOME/.cache/quern}/models
 MODELS=("$@")
-[ ${#MODELS[@]} -gt 0 ] || MODELS=("$M/SmolLM2-135M-Instruct.Q4_1.gguf" "$M/qwen2.5-coder-0.5b-instruct.gguf")
+[ ${#MODELS[@]} -gt 0 ] || MODELS=("$M/SmolLM2-135M-Instruct.Q4_1.gguf" "$M/qwen2.5-coder-0.5b-instruct.gguf" "$M/gemma-3-270m-q4_k_m.gguf")
 TEXT=$HERE/tests/data/genesis-kjv.txt
 mkdir -p "$OUT"
 for src in "${MODELS[@]}"; do

@@ -32,7 +32,7 @@ void imatrix(const ImatrixOptions& o) {
     const std::string text = read_input_file(o.file, "text file");
     LoadedModel m = load_model(o.model, o.mopts);
     const Tokenizer& tok = *m.tokenizer;
-    const int64_t n_vocab = m.model->config().n_vocab, n_ctx = o.n_ctx;
+    const int64_t n_ctx = o.n_ctx;
     const std::vector<int32_t> ids = tok.encode(text, true, false);
     int64_t n_chunk = static_cast<int64_t>(ids.size()) / n_ctx;
     if (n_chunk == 0)
@@ -52,24 +52,13 @@ void imatrix(const ImatrixOptions& o) {
     std::fprintf(stderr, "quern: %s: %zu tokens, %lld chunks of %lld\n", o.file.c_str(), ids.size(),
                  static_cast<long long>(n_chunk), static_cast<long long>(n_ctx));
     ThreadPool pool(o.threads);
-    KvCache cache = m.model->make_cache(n_ctx);
-    std::vector<float> logits(static_cast<size_t>(n_ctx * n_vocab));
     PerplexitySum ppl;
     const bool tty = stderr_is_tty() && !o.json;
     const double t0 = now_seconds();
-    for (int64_t c = 0; c < n_chunk; ++c) {
-        std::vector<int32_t> chunk(ids.begin() + c * n_ctx, ids.begin() + (c + 1) * n_ctx);
-        if (tok.add_bos()) chunk[0] = tok.bos();
-        cache.clear();
-        m.model->forward(chunk.data(), n_ctx, cache, logits.data(), true, pool);
-        ppl.add_chunk(logits.data(), chunk.data(), n_ctx, n_vocab, n_ctx / 2);
+    score_chunks(*m.model, tok, ids, n_ctx, n_chunk, pool, ppl, [&](int64_t c) {
         im.chunk_count = c + 1;
-        if (tty) {
-            const double el = now_seconds() - t0;
-            std::fprintf(stderr, "\r[%lld/%lld] PPL %.4f  (%.0f tok/s, %.0f s left)   ", static_cast<long long>(c + 1),
-                         static_cast<long long>(n_chunk), ppl.ppl(), (c + 1) * n_ctx / el, el / (c + 1) * (n_chunk - c - 1));
-        }
-    }
+        if (tty) print_chunk_progress(c, n_chunk, n_ctx, ppl.ppl(), t0);
+    });
     if (tty) std::fputc('\n', stderr);
     m.model->set_activation_observer(nullptr);
     if (im.entries.empty())

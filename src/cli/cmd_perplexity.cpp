@@ -35,7 +35,6 @@ void perplexity(const PplOptions& o) {
     const std::string name = o.file == "-" ? "stdin" : o.file;  // for messages
 
     LoadedModel m = load_model(o.model, o.mopts);
-    const auto& cfg = m.model->config();
     const Tokenizer& tok = *m.tokenizer;
     const double t_tok = now_seconds();
     std::vector<int32_t> ids = tok.encode(text, true, false);
@@ -50,25 +49,12 @@ void perplexity(const PplOptions& o) {
                  ids.size(), tok_s, static_cast<long long>(n_chunk), static_cast<long long>(n_ctx));
 
     ThreadPool pool(o.threads);
-    KvCache cache = m.model->make_cache(n_ctx);
-    std::vector<float> logits(static_cast<size_t>(n_ctx * cfg.n_vocab));
-    const int64_t first = n_ctx / 2;
     PerplexitySum sum;
     const bool tty = stderr_is_tty();
     const double t0 = now_seconds();
-    for (int64_t c = 0; c < n_chunk; ++c) {
-        std::vector<int32_t> chunk(ids.begin() + c * n_ctx, ids.begin() + (c + 1) * n_ctx);
-        if (tok.add_bos()) chunk[0] = tok.bos();
-        cache.clear();
-        m.model->forward(chunk.data(), n_ctx, cache, logits.data(), true, pool);
-        sum.add_chunk(logits.data(), chunk.data(), n_ctx, cfg.n_vocab, first);
-        if (tty) {
-            const double el = now_seconds() - t0;
-            std::fprintf(stderr, "\r[%lld/%lld] PPL %.4f  (%.0f tok/s, %.0f s left)   ", static_cast<long long>(c + 1),
-                         static_cast<long long>(n_chunk), sum.ppl(), (c + 1) * n_ctx / el,
-                         el / (c + 1) * (n_chunk - c - 1));
-        }
-    }
+    score_chunks(*m.model, tok, ids, n_ctx, n_chunk, pool, sum, [&](int64_t c) {
+        if (tty) print_chunk_progress(c, n_chunk, n_ctx, sum.ppl(), t0);
+    });
     if (tty) std::fputc('\n', stderr);
     const double ppl = sum.ppl(), err = sum.err();
     const int64_t count = sum.count;

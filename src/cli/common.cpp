@@ -76,6 +76,13 @@ LoadedModel load_model(const std::string& path, const ModelOptions& opts) {
     return m;
 }
 
+void print_chunk_progress(int64_t c, int64_t n_chunk, int64_t n_ctx, double ppl, double t0) {
+    const double el = now_seconds() - t0;
+    std::fprintf(stderr, "\r[%lld/%lld] PPL %.4f  (%.0f tok/s, %.0f s left)   ", static_cast<long long>(c + 1),
+                 static_cast<long long>(n_chunk), ppl, static_cast<double>((c + 1) * n_ctx) / el,
+                 el / static_cast<double>(c + 1) * static_cast<double>(n_chunk - c - 1));
+}
+
 void add_chunks_option(CLI::App* cmd, int64_t& chunks, const char* what) {
     cmd->add_option("--chunks", chunks, what)
         ->capture_default_str()

@@ -66,6 +66,9 @@ void add_threads_option(CLI::App* cmd, int& threads);
 /// Adds --chunks N (-1: every chunk of the text; else at least 1) for the
 /// commands that cut a text into chunks (perplexity, imatrix).
 void add_chunks_option(CLI::App* cmd, int64_t& chunks, const char* what);
+/// "\r[c+1/n] PPL x (tok/s, s left)" on stderr after chunk c of a text
+/// started at t0 (now_seconds()).
+void print_chunk_progress(int64_t c, int64_t n_chunk, int64_t n_ctx, double ppl, double t0);
 /// Adds --fast-act (one-level 8-bit activations) to a command.
 void add_model_options(CLI::App* cmd, ModelOptions& opts);
 /// Where a command runs the model (--device and the GPU's options).

@@ -80,8 +80,13 @@ float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L,
     return scale;
 }
 
-float fit_symmetric_refine(int n, int nmax, const float* x, int8_t* L) {
-    float max = 0, amax = 0;
+namespace {
+
+/// The value of largest magnitude (the first one on ties); false, with L
+/// zeroed, for an all-zero group.
+bool signed_max(int n, const float* x, int8_t* L, float& max) {
+    float amax = 0;
+    max = 0;
     for (int i = 0; i < n; ++i) {
         const float ax = std::fabs(x[i]);
         if (ax > amax) {
@@ -89,10 +94,16 @@ float fit_symmetric_refine(int n, int nmax, const float* x, int8_t* L) {
             max = x[i];
         }
     }
-    if (amax < kGroupMaxEps) {
-        std::fill(L, L + n, int8_t{0});
-        return 0.f;
-    }
+    if (amax >= kGroupMaxEps) return true;
+    std::fill(L, L + n, int8_t{0});
+    return false;
+}
+
+}  // namespace
+
+float fit_symmetric_refine(int n, int nmax, const float* x, int8_t* L) {
+    float max;
+    if (!signed_max(n, x, L, max)) return 0.f;
     const float iscale = static_cast<float>(-nmax) / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; ++i) {
@@ -131,18 +142,8 @@ float fit_symmetric_refine(int n, int nmax, const float* x, int8_t* L) {
 }
 
 float fit_symmetric_search(int n, int nmax, const float* x, int8_t* L, const float* qw) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; ++i) {
-        const float ax = std::fabs(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
-    if (amax < kGroupMaxEps) {
-        std::fill(L, L + n, int8_t{0});
-        return 0.f;
-    }
+    float max;
+    if (!signed_max(n, x, L, max)) return 0.f;
     auto sums_for = [&](float iscale, float& sumlx, float& suml2, bool write_L) {
         sumlx = 0;
         suml2 = 0;

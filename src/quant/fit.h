@@ -7,6 +7,7 @@
 // that files quantized here equal llama-quantize's.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -48,6 +49,19 @@ float fit_symmetric_search(int n, int nmax, const float* x, int8_t* L, const flo
 /// error, then up to 5 passes of coordinate descent. Used for the scales and
 /// mins of a super-block. Returns scale (0 for an all-zero group).
 float fit_positive(int n, int nmax, const float* x, uint8_t* L, const float* w);
+
+/// The weights of n elements under importance weights: imp·sqrt(σ² + x²)
+/// (ggml's quant_weights scaling; σ² the caller's mean square).
+inline void importance_weights(int n, const float* x, const float* imp, float sigma2, float* w) {
+    for (int i = 0; i < n; ++i) w[i] = imp[i] * std::sqrt(sigma2 + x[i] * x[i]);
+}
+
+/// The sum of x² over n elements, in order.
+inline float sum_squares(int64_t n, const float* x) {
+    float s = 0;
+    for (int64_t i = 0; i < n; ++i) s += x[i] * x[i];
+    return s;
+}
 
 /// Packs the 2-bit values L[0..255] as Q2_K/Q3_K store them: element
 /// 128·h + 32·j + l goes to bits 2j.. of qs[32·h + l].

@@ -237,17 +237,7 @@ void from_float_q4_0(const float* x, void* y, int64_t k) {
 namespace {
 
 /// σ² of a row of k floats: the mean of x².
-float row_sigma2(const float* x, int64_t k) {
-    float sum_x2 = 0;
-    for (int64_t j = 0; j < k; ++j) sum_x2 += x[j] * x[j];
-    return sum_x2 / static_cast<float>(k);
-}
-
-/// The weights of block ib of a row.
-void block_weights(const float* x, float sigma2, const float* imp, int64_t ib, float* w) {
-    const float* xb = x + 32 * ib;
-    for (int j = 0; j < 32; ++j) w[j] = imp[32 * ib + j] * std::sqrt(sigma2 + xb[j] * xb[j]);
-}
+float row_sigma2(const float* x, int64_t k) { return sum_squares(k, x) / static_cast<float>(k); }
 
 /// Low nibbles of codes j and j+16 in qs[j]; bit 4 of each into qh (5-bit types).
 void pack_nibbles(const uint8_t* L, uint8_t* qs, uint8_t* qh_bytes) {
@@ -268,7 +258,7 @@ void weighted_symmetric(const float* x, void* y, int64_t k, const float* imp, in
     for (int64_t ib = 0; ib < k / 32; ++ib) {
         float w[32];
         int8_t L[32];
-        block_weights(x, sigma2, imp, ib, w);
+        importance_weights(32, x + 32 * ib, imp + 32 * ib, sigma2, w);
         B b{};
         b.d = fp32_to_fp16(fit_symmetric_search(32, nmax, x + 32 * ib, L, w));
         uint8_t u[32];
@@ -287,7 +277,7 @@ void weighted_affine(const float* x, void* y, int64_t k, const float* imp, int n
     for (int64_t ib = 0; ib < k / 32; ++ib) {
         float w[32], the_min;
         uint8_t L[32], Laux[32];
-        block_weights(x, sigma2, imp, ib, w);
+        importance_weights(32, x + 32 * ib, imp + 32 * ib, sigma2, w);
         const float d = fit_scale_min(32, nmax, x + 32 * ib, w, L, &the_min, Laux, -0.9f, 0.05f, 36, false);
         B b{};
         b.d = fp32_to_fp16(d);

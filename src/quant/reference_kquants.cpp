@@ -156,13 +156,11 @@ void scale_min_super_block(const float* x, int nmax, float rmin, int nstep, B& b
 // weights instead of max/63. Q5_K caps the codes at 63 (clamp_63).
 template <class B>
 void scale_min_super_block_weighted(const float* x, const float* imp, int nmax, bool clamp_63, B& b, uint8_t* L) {
-    float sum_x2 = 0;
-    for (int l = 0; l < QK_K; ++l) sum_x2 += x[l] * x[l];
-    const float sigma2 = 2 * sum_x2 / QK_K;
+    const float sigma2 = 2 * sum_squares(QK_K, x) / QK_K;
     float weights[32], sw[8], mins[8], scales[8];
     uint8_t Laux[32], Ls[8], Lm[8];
     for (int j = 0; j < 8; ++j) {
-        for (int l = 0; l < 32; ++l) weights[l] = imp[32 * j + l] * std::sqrt(sigma2 + x[32 * j + l] * x[32 * j + l]);
+        importance_weights(32, x + 32 * j, imp + 32 * j, sigma2, weights);
         float sumw = 0;
         for (int l = 0; l < 32; ++l) sumw += weights[l];
         sw[j] = sumw;
@@ -267,13 +265,11 @@ void from_float_weighted_q2_K(const float* x, void* y, int64_t k, const float* i
     for (int64_t i = 0; i < k / QK_K; ++i) {
         const float* xb = x + i * QK_K;
         const float* qw = imp + i * QK_K;
-        float sumx2 = 0;
-        for (int j = 0; j < QK_K; ++j) sumx2 += xb[j] * xb[j];
-        const float sigma2 = sumx2 / QK_K;
+        const float sigma2 = sum_squares(QK_K, xb) / QK_K;
         uint8_t L[QK_K], Laux[16], Ls[16], Lm[16];
         float weight[16], mins[16], scales[16], sw[16] = {};
         for (int j = 0; j < 16; ++j) {
-            for (int l = 0; l < 16; ++l) weight[l] = qw[16 * j + l] * std::sqrt(sigma2 + xb[16 * j + l] * xb[16 * j + l]);
+            importance_weights(16, xb + 16 * j, qw + 16 * j, sigma2, weight);
             for (int l = 0; l < 16; ++l) sw[j] += weight[l];
             scales[j] = fit_scale_min(16, 3, xb + 16 * j, weight, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36, false);
         }
@@ -328,13 +324,11 @@ void from_float_weighted_q3_K(const float* x, void* y, int64_t k, const float* i
     for (int64_t i = 0; i < k / QK_K; ++i) {
         const float* xb = x + i * QK_K;
         const float* qw = imp + i * QK_K;
-        float sumx2 = 0;
-        for (int j = 0; j < QK_K; ++j) sumx2 += xb[j] * xb[j];
-        const float sigma2 = 2 * sumx2 / QK_K;
+        const float sigma2 = 2 * sum_squares(QK_K, xb) / QK_K;
         int8_t L[QK_K], Ls[16];
         float weight[16], scales[16], sw[16];
         for (int j = 0; j < 16; ++j) {
-            for (int l = 0; l < 16; ++l) weight[l] = qw[16 * j + l] * std::sqrt(sigma2 + xb[16 * j + l] * xb[16 * j + l]);
+            importance_weights(16, xb + 16 * j, qw + 16 * j, sigma2, weight);
             float sumw = 0;
             for (int l = 0; l < 16; ++l) sumw += weight[l];
             sw[j] = sumw;

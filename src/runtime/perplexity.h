@@ -4,8 +4,15 @@
 // scored, so every scored token has at least n_ctx/2 tokens of context.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/thread_pool.h"
 
 namespace quern {
+
+class Model;
+class Tokenizer;
 
 struct PerplexitySum {
     double nll = 0;   ///< Σ −log p(token)
@@ -19,5 +26,13 @@ struct PerplexitySum {
     /// The standard error of ppl(), as llama-perplexity prints it.
     double err() const;
 };
+
+/// Runs chunks 0 .. n_chunk−1 of n_ctx tokens of `ids` through `model` on
+/// the CPU, each from an empty cache with its first token replaced by BOS
+/// when the tokenizer adds one, and scores the second half of each into
+/// `sum`; after_chunk(c) follows chunk c (progress). quern::Error when ids
+/// hold fewer than n_chunk chunks.
+void score_chunks(Model& model, const Tokenizer& tok, const std::vector<int32_t>& ids, int64_t n_ctx, int64_t n_chunk,
+                  ThreadPool& pool, PerplexitySum& sum, const std::function<void(int64_t c)>& after_chunk = {});
 
 }  // namespace quern

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "chat/eval.h"
 #include "chat/pystr.h"
@@ -63,6 +64,9 @@ double py_ffloordiv(double a, double b) {
 
 Value repeat(Interp& in, const Value& seq, int64_t n) {
     if (n < 0) n = 0;
+    // Python gives an empty sequence for any count: no loop over n (which may
+    // be 2^63 - 1) for nothing.
+    if (seq.is_string() ? seq.str().empty() : seq.items().empty()) n = 0;
     if (seq.is_string()) {
         const std::string& s = seq.str();
         if (n > 0 && s.size() > 0 && static_cast<uint64_t>(n) > in.options().limits.max_output / s.size())
@@ -476,19 +480,25 @@ std::string percent_format(Interp& in, std::string_view fmt, const Value& args, 
             else if (c == '0') zero = true;
             else break;
         }
+        // A width or precision: digits (saturating just past the largest
+        // width allowed, so no count of digits overflows) or '*'.
         auto read_num = [&](int& n) {
             if (i < fmt.size() && fmt[i] == '*') {
                 const Value& w = next_arg();
                 if (!is_intlike(w)) type_error("* wants int");
-                check_width(std::abs(w.as_int()));
-                n = static_cast<int>(w.as_int());
+                const int64_t v = w.as_int();
+                check_width(v == std::numeric_limits<int64_t>::min() ? kMaxFieldWidth + 1 : std::abs(v));
+                n = static_cast<int>(v);
                 ++i;
                 return;
             }
+            int64_t v = n;
             while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') {
-                n = std::min(n * 10 + (fmt[i] - '0'), 1 << 30);
+                v = std::min<int64_t>(v * 10 + (fmt[i] - '0'), kMaxFieldWidth + 1);
                 ++i;
             }
+            check_width(v);
+            n = static_cast<int>(v);
         };
         int width = 0, prec = -1;
         read_num(width);

@@ -5,6 +5,8 @@
 // the broad comparisons live in chat_templates_test and jinja_diff_test.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <filesystem>
 
 #include "chat/chat.h"
@@ -149,6 +151,20 @@ TEST(Jinja, UntrustedTemplatesAreBounded) {
     std::string deep = "{{ ";
     for (int i = 0; i < 10000; ++i) deep += "x|trim|";
     EXPECT_EQ(error_of(deep + "trim }}").rfind("TemplateSyntaxError", 0), 0u);
+    // Empty sequences repeated 2^63 - 1 times: empty at once, as in Python
+    // (the count once looped with nothing to charge against the budget).
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(render("[{{ '' * 9223372036854775807 }}|{{ ([] * 9223372036854775807) | length }}|"
+                     "{{ (() * 9223372036854775807) | length }}|{{ 9223372036854775807 * '' }}]"),
+              "[|0|0|]");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    // %-format widths: digits that would overflow an int, and '*' widths of
+    // any size, are refused as too large (never wrapped into a small or
+    // negative width).
+    for (const char* f : {"{{ '%9999999999d' % 1 }}", "{{ '%99999999999s' % 'x' }}", "{{ '%.99999999999f' % 1.5 }}",
+                          "{{ '%*d' % (-9223372036854775807 - 1, 1) }}", "{{ '%*s' % (9223372036854775807, 'x') }}"})
+        EXPECT_EQ(error_of(f).rfind("MemoryError", 0), 0u) << f << ": " << error_of(f);
+    EXPECT_EQ(render("{{ '%5d|%-4s|%.2f' % (42, 'ab', 3.14159) }}"), "   42|ab  |3.14");
 }
 
 TEST(Jinja, StrftimeNowUsesTheGivenTime) {

@@ -70,7 +70,8 @@ std::vector<Want> expected_tensors(const ModelConfig& c) {
                                                                : e.hf_shape;
         if (e.kind == TensorKind::Experts) {
             for (int64_t x = 0; x < e.n_expert; ++x)
-                w.push_back({fmt::format(fmt::runtime(e.hf), x), fmt::format(fmt::runtime(e.gguf_expert), x), stored});
+                w.push_back({fmt::format(fmt::runtime(e.hf), x), fmt::format(fmt::runtime(e.gguf_expert), x), stored,
+                             false, false, false, {}});
         } else {
             w.push_back({e.hf, e.gguf, stored, e.hf_add_one, e.hf_neg_exp, e.kind == TensorKind::Vector, e.shape});
         }
@@ -85,8 +86,8 @@ bool ignorable(const std::string& name, const ModelConfig& c) {
     // config does not declare (Qwen3-Next style), or its blocks past the
     // first (quern drafts with one, as llama.cpp does).
     if (name.starts_with("model.visual.")) return true;
-    if (c.has_recurrent_state() && name.starts_with("mtp.") && (c.n_nextn == 0 || name.starts_with("mtp.layers.") &&
-                                                                                       !name.starts_with("mtp.layers.0.")))
+    if (c.has_recurrent_state() && name.starts_with("mtp.") &&
+        (c.n_nextn == 0 || (name.starts_with("mtp.layers.") && !name.starts_with("mtp.layers.0."))))
         return true;
     return c.tie_embeddings && name == "lm_head.weight";        // tied: transformers uses the embedding
 }

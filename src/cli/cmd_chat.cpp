@@ -17,6 +17,7 @@
 #include <random>
 
 #include "chat/chat.h"
+#include "chat/prompt.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/decoder.h"
@@ -268,16 +269,17 @@ int run_chat(const ChatCmdOptions& o) {
         if (text.rfind("//", 0) == 0) text.erase(0, 1);
         messages.push_back({{"role", "user"}, {"content", text}});
         ++asked;
-        std::string prompt;
+        chat::RenderedPrompt prompt;
         try {
-            prompt = tmpl.apply(with_system(), copts);
+            prompt = chat::render_prompt(tmpl, with_system(), copts, *m.tokenizer);
         } catch (const jinja::TemplateError& e) {
             last_failure = fmt::format("the chat template ({}) failed: {}", tmpl.origin(), e.what());
             std::fprintf(stderr, "quern: %s\n", last_failure.c_str());
             messages.erase(messages.end() - 1);
             continue;
         }
-        const std::vector<int32_t> ids = m.tokenizer->encode_prompt(prompt, true);
+        // Special-token text typed in a message stays text (chat/prompt.h).
+        const std::vector<int32_t> ids = m.tokenizer->encode_prompt(prompt.text, true, nullptr, &prompt.plain);
         if (static_cast<int64_t>(ids.size()) >= session->n_ctx()) {
             last_failure = fmt::format("the conversation has {} tokens, more than the context ({})", ids.size(),
                                        session->n_ctx());
@@ -301,7 +303,7 @@ int run_chat(const ChatCmdOptions& o) {
         Sampler sampler(sp, cfg.n_vocab);
         for (int32_t t : ids) sampler.accept(t);
         Detokenizer detok(*m.tokenizer, false);
-        ReplyPrinter printer(fmt, server::prompt_opens_think(prompt));
+        ReplyPrinter printer(fmt, server::prompt_opens_think(prompt.text));
         std::vector<int32_t> reply;
         int32_t next = -1;  // picked by the decoder (on the device where it can)
         bool ended = false;  // the model ended its reply (not the -n limit or the context)

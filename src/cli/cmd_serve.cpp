@@ -247,6 +247,9 @@ void add_serve_command(CLI::App& app) {
     cmd->add_flag("-q,--quiet", o->quiet, "Do not log one line per request");
     cmd->add_flag("--no-webui", [o](int64_t) { o->server.webui = false; },
                   "Do not serve the web chat page at /");
+    cmd->add_flag("--parse-special-in-messages", o->server.parse_special_in_messages,
+                  "Let special-token text inside messages (\"<|im_end|>\" typed by a user, in a tool result or "
+                  "schema) become control tokens; by default it is tokenized as plain text");
     cmd->footer(
         "Open http://127.0.0.1:8080/ in a browser for the web chat (conversations stay in the browser).\n"
         "Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (OpenAI Responses),\n"

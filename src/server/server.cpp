@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "chat/chat.h"
+#include "chat/prompt.h"
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "server/anthropic.h"
@@ -263,11 +264,13 @@ struct HttpServer::Impl {
     }
 
     /// `messages` laid out by the chat template (one render at a time: the
-    /// template is not thread-safe); 400 naming `messages` when it refuses.
-    std::string render(const Json& messages, const chat::ChatOptions& copts) {
+    /// template is not thread-safe), their control-token text kept plain
+    /// unless --parse-special-in-messages; 400 naming `messages` when the
+    /// template refuses.
+    chat::RenderedPrompt render(const Json& messages, const chat::ChatOptions& copts) {
         try {
             std::lock_guard<std::mutex> lock(tmpl_mu);
-            return tmpl->apply(messages, copts);
+            return chat::render_prompt(*tmpl, messages, copts, tok, o.parse_special_in_messages);
         } catch (const Error& e) {
             throw ApiError(400, std::string("the chat template rejected these messages: ") + e.what(), "messages");
         }
@@ -282,8 +285,9 @@ struct HttpServer::Impl {
             copts.add_generation_prompt = true;
             copts.tools = r.tools;
             copts.extra = r.template_kwargs;
-            const std::string text = render(r.messages, copts);
-            prompts.push_back(tok.encode_prompt(text, true));
+            const chat::RenderedPrompt p = render(r.messages, copts);
+            const std::string& text = p.text;
+            prompts.push_back(tok.encode_prompt(text, true, nullptr, &p.plain));
             // What the model writes besides its answer, as its template shows.
             r.output = detect_output_format(tmpl->source());
             if (o.tool_format) {
@@ -426,7 +430,8 @@ struct HttpServer::Impl {
                                               (body["add_generation_prompt"].is_boolean() &&
                                                body["add_generation_prompt"].get<bool>());
                 copts.tools = r.tools;
-                ids = tok.encode_prompt(render(r.messages, copts), true);
+                const chat::RenderedPrompt p = render(r.messages, copts);
+                ids = tok.encode_prompt(p.text, true, nullptr, &p.plain);
             } else if (body.contains("prompt") && body["prompt"].is_string()) {
                 const bool special = !body.contains("add_special_tokens") ||
                                      (body["add_special_tokens"].is_boolean() && body["add_special_tokens"].get<bool>());

@@ -51,6 +51,10 @@ struct ServerOptions {
     /// The web chat page at / (server/webui.h); quern serve --no-webui
     /// turns it off.
     bool webui = true;
+    /// Control-token text inside messages becomes control tokens (quern
+    /// serve --parse-special-in-messages); by default it stays plain text, so
+    /// only the chat template's markup makes them (chat/prompt.h).
+    bool parse_special_in_messages = false;
 };
 
 class HttpServer {

@@ -337,9 +337,16 @@ Tokenizer::~Tokenizer() = default;
 
 // ---------------------------------------------------------------- encoding
 
-void Tokenizer::split_special(std::string_view text, bool parse_special, std::vector<Fragment>& frags) const {
+void Tokenizer::split_special(std::string_view text, bool parse_special, const PlainRanges* plain,
+                              std::vector<Fragment>& frags) const {
     frags.clear();
     size_t start = 0, i = 0;
+    size_t r = 0;  // the first plain range that ends after i
+    const auto in_plain = [&](size_t b, size_t e) {
+        if (!plain) return false;
+        while (r < plain->size() && (*plain)[r].second <= b) ++r;
+        return r < plain->size() && (*plain)[r].first < e;
+    };
     while (i < text.size()) {
         // Most positions cannot start any special token: two table lookups.
         const auto b0 = static_cast<uint8_t>(text[i]);
@@ -354,6 +361,7 @@ void Tokenizer::split_special(std::string_view text, bool parse_special, std::ve
             if (!parse_special && d_.types[id] != TokenType::UserDefined) continue;
             const std::string& s = d_.tokens[id];
             if (text.size() - i < s.size() || text.compare(i, s.size(), s) != 0) continue;
+            if (d_.types[id] != TokenType::UserDefined && in_plain(i, i + s.size())) continue;
             auto fl = d_.added_flags.find(id);
             flags = fl == d_.added_flags.end() ? nullptr : &fl->second;
             if (flags && flags->single_word &&
@@ -414,12 +422,13 @@ void Tokenizer::encode_text(std::string_view text, bool at_input_start, std::vec
     for (size_t i = 0; i < sc.pre.size(); ++i) encode_piece(sc.pre[i], out, sc);
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special,
+                                       const PlainRanges* plain) const {
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 4);
     if (add_special && d_.add_bos && d_.bos >= 0) out.push_back(d_.bos);
     Scratch sc;
-    split_special(text, parse_special, sc.frags);
+    split_special(text, parse_special, plain, sc.frags);
     for (const Fragment& f : sc.frags) {
         if (f.id >= 0)
             out.push_back(f.id);
@@ -430,8 +439,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
     return out;
 }
 
-std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text, bool parse_special, bool* bos_in_text) const {
-    std::vector<int32_t> ids = encode(text, false, parse_special);
+std::vector<std::string_view> Tokenizer::control_texts() const {
+    std::vector<std::string_view> out;
+    for (int32_t id : specials_)
+        if (d_.types[id] != TokenType::UserDefined) out.emplace_back(d_.tokens[id]);
+    return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_prompt(std::string_view text, bool parse_special, bool* bos_in_text,
+                                              const PlainRanges* plain) const {
+    std::vector<int32_t> ids = encode(text, false, parse_special, plain);
     const bool wants = d_.add_bos && d_.bos >= 0;
     const bool has = wants && !ids.empty() && ids.front() == d_.bos;
     if (bos_in_text) *bos_in_text = has;

@@ -143,15 +143,23 @@ public:
     /// holding tokenizer.json (and tokenizer_config.json etc.).
     static std::unique_ptr<Tokenizer> from_file(const std::string& path);
 
+    /// Byte ranges [begin, end) of a text, sorted and disjoint, where control
+    /// token text stays plain text even with parse_special (the message
+    /// contents of a rendered chat prompt: chat::render_prompt).
+    using PlainRanges = std::vector<std::pair<size_t, size_t>>;
+
     /// Text to ids. `add_special` adds BOS/EOS as add_bos/add_eos say;
-    /// `parse_special` lets CONTROL token text in `text` become those tokens.
-    std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const;
+    /// `parse_special` lets CONTROL token text in `text` become those tokens,
+    /// except where it overlaps one of `plain`.
+    std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special,
+                                const PlainRanges* plain = nullptr) const;
     /// A prompt's ids, by the one rule every command follows (run, chat,
     /// serve, template's --tokens): encode(text, no specials, parse_special)
     /// with BOS in front where the model adds one (add_bos), unless the text
     /// already begins with it — then not twice, as transformers does, and
     /// *bos_in_text is set (callers warn). Never EOS.
-    std::vector<int32_t> encode_prompt(std::string_view text, bool parse_special, bool* bos_in_text = nullptr) const;
+    std::vector<int32_t> encode_prompt(std::string_view text, bool parse_special, bool* bos_in_text = nullptr,
+                                       const PlainRanges* plain = nullptr) const;
 
     /// Raw bytes the token stands for: byte characters mapped back to bytes
     /// (BPE); "▁" -> space and <0xNN> -> that byte (SPM). Control and unknown
@@ -184,6 +192,9 @@ public:
     bool is_eog(int32_t id) const;
     /// Control / user-defined / unknown tokens (not ordinary text).
     bool is_special(int32_t id) const;
+    /// The text of every control and unknown token (what parse_special turns
+    /// into those tokens), longest first.
+    std::vector<std::string_view> control_texts() const;
     const std::vector<int32_t>& eog_ids() const { return eog_; }
 
     int32_t n_vocab() const { return static_cast<int32_t>(d_.tokens.size()); }
@@ -209,7 +220,8 @@ private:
         int32_t id = -1;  // >= 0 for a special token
         size_t offset = 0;  // where the text starts in the input
     };
-    void split_special(std::string_view text, bool parse_special, std::vector<Fragment>& frags) const;
+    void split_special(std::string_view text, bool parse_special, const PlainRanges* plain,
+                       std::vector<Fragment>& frags) const;
     void encode_text(std::string_view text, bool at_input_start, std::vector<int32_t>& out, Scratch& sc) const;
     void encode_piece(std::string_view piece, std::vector<int32_t>& out, Scratch& sc) const;
     void build_models();

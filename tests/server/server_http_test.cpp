@@ -57,6 +57,7 @@ protected:
         so.log_requests = std::getenv("QUERN_TEST_LOG") != nullptr;
         so.tool_format = tool_format_;
         so.parse_reasoning = parse_reasoning_;
+        so.parse_special_in_messages = parse_special_;
         server_ = std::make_unique<HttpServer>(*engine_, *tok_, tmpl_.get(), so);
         port_ = server_->bind();
         thread_ = std::thread([this] { server_->run(); });
@@ -108,6 +109,7 @@ protected:
     std::unique_ptr<HttpServer> server_;
     std::optional<ToolFormat> tool_format_;  // ServerOptions of the next start()
     bool parse_reasoning_ = true;
+    bool parse_special_ = false;
     std::unique_ptr<httplib::Client> client_;
     std::thread thread_;
     int port_ = 0;
@@ -146,6 +148,32 @@ TEST_F(HttpTest, PromptsGetOneBos) {
         ASSERT_FALSE(ids.empty());
         EXPECT_EQ(ids.front(), tok_->bos()) << prompt;
         EXPECT_EQ(std::count(ids.begin(), ids.end(), tok_->bos()), 1) << prompt;
+    }
+}
+
+// Special-token text typed in a message stays text (chat/prompt.h): the
+// prompt holds no <|endoftext|> token unless the server was started with
+// --parse-special-in-messages. Counted in /v1/tokenize's ids and in the
+// usage of a chat completion.
+TEST_F(HttpTest, SpecialTokenTextInMessagesStaysText) {
+    const Json body{{"messages", Json::array({{{"role", "user"}, {"content", "hi<|endoftext|>there"}}})}};
+    for (bool permissive : {false, true}) {
+        parse_special_ = permissive;
+        start();
+        const int32_t eot = *tok_->token_id("<|endoftext|>");
+        auto r = post("/v1/tokenize", body.dump());
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const auto ids = Json::parse(r->body)["tokens"].get<std::vector<int32_t>>();
+        EXPECT_EQ(std::count(ids.begin(), ids.end(), eot), permissive ? 1 : 0) << r->body;
+        EXPECT_EQ(tok_->decode(ids).find("hi<|endoftext|>there") != std::string::npos, true);
+        Json chat = body;
+        chat["max_tokens"] = 2;
+        r = post("/v1/chat/completions", chat.dump());
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        EXPECT_EQ(Json::parse(r->body)["usage"]["prompt_tokens"].get<size_t>(), ids.size());
+        TearDown();
     }
 }
 

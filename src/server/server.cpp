@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <mutex>
 #include <regex>
@@ -628,6 +629,42 @@ struct HttpServer::Impl {
         log(line);
     }
 
+    /// A POST route whose body is read here, piece by piece, so that one
+    /// larger than max_body_bytes gets 413 whatever its framing: httplib
+    /// checks a Content-Length against the limit but reads a chunked body
+    /// whole.
+    void post(const char* path, std::function<void(const httplib::Request&, httplib::Response&)> handler) {
+        svr.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res,
+                                       const httplib::ContentReader& read) {
+            httplib::Request full = req;
+            bool too_large = false;
+            const bool ok = read([&](const char* data, size_t n) {
+                if (full.body.size() + n > o.max_body_bytes) {
+                    too_large = true;
+                    return false;
+                }
+                full.body.append(data, n);
+                return true;
+            });
+            if (ok) {
+                handler(full, res);
+                return;
+            }
+            // httplib refuses a Content-Length past the limit itself, before
+            // any byte reaches us.
+            const std::string length = req.get_header_value("Content-Length");
+            too_large = too_large || (!length.empty() && std::strtoull(length.c_str(), nullptr, 10) > o.max_body_bytes);
+            const int status = too_large ? 413 : 400;
+            const std::string msg = too_large ? "the request body is larger than " +
+                                                    std::to_string(o.max_body_bytes >> 20) + " MiB; send a shorter prompt"
+                                              : std::string("the request body could not be read");
+            send_json(res, status, error_json(status, msg));
+            res.set_header("Connection", "close");  // the rest of the body is never read
+            if (req.path == kChatPath || req.path == kCompletionsPath) metrics.count_request(req.path, status);
+            log(req.method + " " + req.path + " " + std::to_string(status) + " " + msg);
+        });
+    }
+
     void setup() {
         const EngineOptions& eo = engine.options();
         int threads = o.http_threads > 0 ? o.http_threads : std::clamp(eo.n_parallel + eo.max_queue + 8, 16, 512);
@@ -661,24 +698,22 @@ struct HttpServer::Impl {
             return httplib::Server::HandlerResponse::Handled;
         });
 
-        svr.Post(kChatPath, [this](const httplib::Request& req, httplib::Response& res) {
+        post(kChatPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Chat);
         });
-        svr.Post(kCompletionsPath, [this](const httplib::Request& req, httplib::Response& res) {
+        post(kCompletionsPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Completions);
         });
-        svr.Post(kTokenizePath, [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
-        svr.Post(kEmbeddingsPath, [this](const httplib::Request& req, httplib::Response& res) { handle_embeddings(req, res); });
-        svr.Post(kDetokenizePath,
-                 [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(req, res); });
-        svr.Post(kResponsesPath, [this](const httplib::Request& req, httplib::Response& res) {
+        post(kTokenizePath, [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
+        post(kEmbeddingsPath, [this](const httplib::Request& req, httplib::Response& res) { handle_embeddings(req, res); });
+        post(kDetokenizePath, [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(req, res); });
+        post(kResponsesPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Responses);
         });
-        svr.Post(kMessagesPath, [this](const httplib::Request& req, httplib::Response& res) {
+        post(kMessagesPath, [this](const httplib::Request& req, httplib::Response& res) {
             handle_generate(req, res, Endpoint::Messages);
         });
-        svr.Post(kCountTokensPath,
-                 [this](const httplib::Request& req, httplib::Response& res) { handle_count_tokens(req, res); });
+        post(kCountTokensPath, [this](const httplib::Request& req, httplib::Response& res) { handle_count_tokens(req, res); });
         svr.Get(kModelsPath, [this](const httplib::Request& req, httplib::Response& res) {
             try {
                 check_auth(req);

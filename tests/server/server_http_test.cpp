@@ -177,6 +177,50 @@ TEST_F(HttpTest, SpecialTokenTextInMessagesStaysText) {
     }
 }
 
+// A chunked body is held to the same size limit as one with a
+// Content-Length (the fixture's: 64 KiB): the server answers 413 and closes
+// after reading at most the limit (a client still writing sees the close),
+// while a small chunked body is answered, and the server stays up.
+TEST_F(HttpTest, ChunkedBodiesHaveTheSizeLimit) {
+    start();
+    size_t sent = 0;
+    auto big = client_->Post(
+        "/v1/chat/completions",
+        [&](size_t, httplib::DataSink& sink) {
+            const std::string piece(16 * 1024, ' ');
+            if (sent >= (size_t{64} << 20)) {  // 64 MiB, if nobody stops us
+                sink.done();
+                return true;
+            }
+            sent += piece.size();
+            return sink.write(piece.data(), piece.size());
+        },
+        "application/json");
+    if (big) EXPECT_EQ(big->status, 413) << big->body;
+    else  // the write the close cut short
+        EXPECT_TRUE(big.error() == httplib::Error::Write || big.error() == httplib::Error::Canceled)
+            << httplib::to_string(big.error());
+    EXPECT_LT(sent, size_t{16} << 20) << "the server read on past the limit";
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    const std::string small = kChat;
+    auto ok = client_->Post(
+        "/v1/chat/completions",
+        [&, done = false](size_t, httplib::DataSink& sink) mutable {
+            if (done) {
+                sink.done();
+                return true;
+            }
+            done = true;
+            return sink.write(small.data(), small.size());
+        },
+        "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << ok->body;
+    auto health = client_->Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+}
+
 TEST_F(HttpTest, ChatAndCompletionsStreamedAndNot) {
     start();
     const std::string body = kChat.substr(0, kChat.size() - 1) + R"(, "stop": "STOP", "seed": 3})";

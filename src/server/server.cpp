@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "server/anthropic.h"
+#include "server/connection_pool.h"
 #include "server/api.h"
 #include "server/embeddings.h"
 #include "server/generation.h"
@@ -667,8 +668,13 @@ struct HttpServer::Impl {
 
     void setup() {
         const EngineOptions& eo = engine.options();
-        int threads = o.http_threads > 0 ? o.http_threads : std::clamp(eo.n_parallel + eo.max_queue + 8, 16, 512);
-        svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+        // Idle workers kept: enough for every running and waiting request; more
+        // threads as connections come, up to the cap (ConnectionPool).
+        const int floor = std::clamp(eo.n_parallel + eo.max_queue + 8, 16, 512);
+        const int cap = o.http_threads > 0 ? o.http_threads : std::max(floor, 4096);
+        svr.new_task_queue = [floor, cap] {
+            return new ConnectionPool(static_cast<size_t>(std::min(floor, cap)), static_cast<size_t>(cap));
+        };
         svr.set_payload_max_length(o.max_body_bytes);
         svr.set_tcp_nodelay(true);
         svr.set_keep_alive_max_count(1000);

@@ -31,7 +31,9 @@ struct ServerOptions {
     std::string model_id = "default";      ///< what /v1/models lists and requests may name
     std::string api_key;                   ///< "": no authentication
     size_t max_body_bytes = size_t{8} << 20;  ///< larger bodies get 413
-    int http_threads = 0;                  ///< 0: enough for every running and waiting request
+    /// The most connection threads (one per open connection; idle ones
+    /// exit down to enough for every running and waiting request); 0: 4096.
+    int http_threads = 0;
     bool log_requests = true;              ///< one line per request on stderr
     /// What a request's absent sampling fields become: OpenAI's defaults, or
     /// the model's generation_config.json over them (quern serve).

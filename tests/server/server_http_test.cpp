@@ -7,10 +7,12 @@
 
 #include <optional>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -482,6 +484,47 @@ TEST_F(HttpTest, Refusals) {
 
 // A POST without Content-Length (and not chunked) gets 411 at once instead
 // of a server waiting for a body until the client gives up.
+// Slow and idle clients park threads of their own (server/connection_pool.h):
+// with 300 connections that sent one byte of a request (slowloris) and 700
+// that sent nothing, /health and a chat request are still answered at once
+// (the fixed pool of the old server, 20 workers here, stalled them for the
+// 30 s read timeout).
+TEST_F(HttpTest, SlowAndIdleConnectionsDoNotStallTheServer) {
+    start();
+    rlimit lim{};
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    const int n = static_cast<int>(std::min<rlim_t>(1000, lim.rlim_cur > 300 ? (lim.rlim_cur - 200) / 2 : 50));
+    std::vector<int> fds;
+    for (int i = 0; i < n; ++i) {
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        ASSERT_GE(fd, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(port_));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+        if (i < n * 3 / 10) ASSERT_EQ(::send(fd, "P", 1, 0), 1);
+        fds.push_back(fd);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all accepted and waiting
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(5, 0);
+    std::vector<double> ms;
+    for (int i = 0; i < 5; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto h = c.Get("/health");
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        ASSERT_TRUE(h) << "no answer with " << n << " slow and idle connections open";
+        EXPECT_EQ(h->status, 200);
+    }
+    std::sort(ms.begin(), ms.end());
+    EXPECT_LT(ms[2], 500.0) << n << " connections open: median /health " << ms[2] << " ms";
+    auto r = c.Post("/v1/chat/completions", kChat, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    for (int fd : fds) ::close(fd);
+}
+
 TEST_F(HttpTest, PostWithoutContentLengthIs411) {
     start();
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -690,17 +690,30 @@ struct HttpServer::Impl {
         // Transfer-Encoding: httplib would read its body until the client
         // closes the connection (the client waits for an answer meanwhile).
         // Answer 411 before any body is read.
+        //
+        // A Content-Length past the body limit: answer 413 now and close.
+        // httplib would first read (and discard) that many bytes, holding the
+        // connection's thread until its read timeout.
         svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
             const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
-            if (!body_method || req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+            if (!body_method || req.has_header("Transfer-Encoding")) return httplib::Server::HandlerResponse::Unhandled;
+            int status = 0;
+            std::string msg;
+            if (!req.has_header("Content-Length")) {
+                status = 411;
+                msg = req.method + " " + req.path +
+                      " has no Content-Length; send the JSON body with one (or with chunked Transfer-Encoding)";
+            } else if (std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > o.max_body_bytes) {
+                status = 413;
+                msg = "the request body is larger than " + std::to_string(o.max_body_bytes >> 20) +
+                      " MiB; send a shorter prompt";
+            } else {
                 return httplib::Server::HandlerResponse::Unhandled;
-            const std::string msg = req.method + " " + req.path +
-                                    " has no Content-Length; send the JSON body with one (or with chunked "
-                                    "Transfer-Encoding)";
-            send_json(res, 411, error_json(411, msg));
+            }
+            send_json(res, status, error_json(status, msg));
             res.set_header("Connection", "close");
-            if (req.path == kChatPath || req.path == kCompletionsPath) metrics.count_request(req.path, 411);
-            log(req.method + " " + req.path + " 411 " + msg);
+            if (req.path == kChatPath || req.path == kCompletionsPath) metrics.count_request(req.path, status);
+            log(req.method + " " + req.path + " " + std::to_string(status) + " " + msg);
             return httplib::Server::HandlerResponse::Handled;
         });
 

@@ -525,6 +525,36 @@ TEST_F(HttpTest, SlowAndIdleConnectionsDoNotStallTheServer) {
     for (int fd : fds) ::close(fd);
 }
 
+// A Content-Length far past the limit gets 413 at once, before any of the
+// body is read (the server once read and discarded bytes until its 30 s read
+// timeout before answering).
+TEST_F(HttpTest, HugeContentLengthIs413AtOnce) {
+    start();
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{2, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string req =
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: 9999999999\r\n\r\n{\"prompt\": \"";
+    ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string got;
+    char buf[4096];
+    // Until the whole answer is in (its JSON error ends the body).
+    for (ssize_t k; got.find("}}") == std::string::npos && (k = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+        got.append(buf, static_cast<size_t>(k));
+    ::close(fd);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << got;
+    EXPECT_NE(got.find("Connection: close"), std::string::npos) << got;
+}
+
 TEST_F(HttpTest, PostWithoutContentLengthIs411) {
     start();
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -25,6 +25,8 @@ namespace quern::cli {
 namespace {
 
 constexpr double kGraceSeconds = 10;
+/// After the last request: how long open connections may hold the exit.
+constexpr double kStopSeconds = 3;
 
 struct ServeOptions {
     ModelOptions mopts;
@@ -165,6 +167,20 @@ int serve(ServeOptions& o) {
         const double end2 = now_seconds() + 2;
         while (http.in_flight() > 0 && now_seconds() < end2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
         http.stop();
+        // Connections that stay open (idle keep-alive, a client sending a
+        // byte at a time) would hold run() until their read timeouts: after
+        // kStopSeconds, or at another signal, exit without them.
+        const double end3 = now_seconds() + kStopSeconds;
+        while (!done.load()) {
+            const bool signalled = wait_signal(sigs, 0.1);
+            if (!signalled && now_seconds() < end3) continue;
+            if (done.load()) return;
+            std::fprintf(stderr, "quern: stopped; %s\n",
+                         signalled ? "connections still open were dropped (second signal)"
+                                   : "connections still open after the stop deadline were dropped");
+            std::fflush(stderr);
+            std::_Exit(signalled ? 130 : 0);
+        }
     });
     http.run();
     done.store(true);
@@ -257,7 +273,8 @@ void add_serve_command(CLI::App& app) {
         "/v1/detokenize, GET /v1/models, GET /health, GET /metrics, GET / (web chat). Tool calls and <think> reasoning are parsed\n"
         "from the output of models whose chat template writes them; response_format json_object / json_schema,\n"
         "a GBNF 'grammar' and vLLM's guided_* fields constrain decoding.\n"
-        "Bodies over 8 MiB get 413. SIGINT/SIGTERM: new requests get 503, running ones get 10 s to finish.\n"
+        "Bodies over 8 MiB get 413. SIGINT/SIGTERM: new requests get 503, running ones get 10 s to finish, open\n"
+        "connections 3 s more; a second signal stops at once.\n"
         "Sampling fields a request leaves out take OpenAI's defaults (temperature 1, top_p 1, no top_k / min_p),\n"
         "or those of a Hugging Face folder's generation_config.json (do_sample false: temperature 0).\n"
         "Examples:\n"

@@ -16,6 +16,8 @@ from its start-up line) with the default model, and checks:
     401, 404 (route, model), 413, 429, 503 (while shutting down);
   - isolation: 16 concurrent requests with different prompts and parameters
     each equal the same request run alone;
+  - shutdown with 20 connections that never finish a request: exit within
+    the stop deadline, at once on a second signal;
   - robustness: malformed JSON, wrong types, huge / negative / NaN numbers,
     unknown fields, empty messages, 1 MB prompts, abrupt disconnects,
     interleaved with valid requests that must all be answered correctly; a
@@ -529,6 +531,38 @@ def test_embeddings(s, c):
         check(st == 400 and json.loads(data)["error"]["param"] == param, f"embeddings {body}: {st} {data[:120]!r}")
 
 
+def test_shutdown_with_open_connections(quern, model):
+    """SIGTERM with connections that never finish a request (slowloris, idle):
+    the server exits within its stop deadline (3 s after the last request);
+    a second signal exits at once."""
+    for second_signal in (False, True):
+        s3 = Server(quern, ["--parallel", "2"], model)
+        socks = []
+        try:
+            for i in range(20):
+                k = socket.create_connection(("127.0.0.1", s3.port))
+                if i % 2 == 0:
+                    k.sendall(b"P")  # one byte of a request line
+                socks.append(k)
+            time.sleep(0.3)
+            t0 = time.time()
+            s3.proc.send_signal(signal.SIGTERM)
+            if second_signal:
+                time.sleep(0.5)
+                s3.proc.send_signal(signal.SIGTERM)
+            s3.proc.wait(30)
+            took = time.time() - t0
+            limit = 1.5 if second_signal else 5.0
+            check(took < limit, f"exit took {took:.1f} s with 20 open connections (second signal: {second_signal})")
+            want = 130 if second_signal else 0
+            check(s3.proc.returncode == want, f"exit status {s3.proc.returncode}, expected {want}")
+            print(f"  exited {took:.2f} s after SIGTERM{' x2' if second_signal else ''} with 20 open connections")
+        finally:
+            for k in socks:
+                k.close()
+            s3.stop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quern", required=True)
@@ -547,6 +581,7 @@ def main():
             ("stop strings and logprobs", lambda: test_stop(s, c)),
             ("errors", lambda: test_errors(s, c, args.quern, args.model)),
             ("embeddings", lambda: test_embeddings(s, c)),
+            ("shutdown with open connections", lambda: test_shutdown_with_open_connections(args.quern, args.model)),
         ]
         for name, fn in steps:
             t = time.time()

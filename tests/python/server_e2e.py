@@ -16,6 +16,8 @@ from its start-up line) with the default model, and checks:
     401, 404 (route, model), 413, 429, 503 (while shutting down);
   - isolation: 16 concurrent requests with different prompts and parameters
     each equal the same request run alone;
+  - a chat template repeating empty sequences 2^63 - 1 times, given by
+    --chat-template-file and by a GGUF: chat answers at once, /health too;
   - shutdown with 20 connections that never finish a request: exit within
     the stop deadline, at once on a second signal;
   - robustness: malformed JSON, wrong types, huge / negative / NaN numbers,
@@ -531,6 +533,64 @@ def test_embeddings(s, c):
         check(st == 400 and json.loads(data)["error"]["param"] == param, f"embeddings {body}: {st} {data[:120]!r}")
 
 
+HOSTILE_TEMPLATE = ("{{ '' * 9223372036854775807 }}{{ ([] * 9223372036854775807) | length }}"
+                    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                    "<|im_start|>assistant\n")
+
+
+def gguf_with_template(src, dst, template):
+    """A copy of GGUF file `src` whose tokenizer.chat_template is `template`."""
+    from gguf import GGUFReader, GGUFWriter, GGUFValueType
+    r = GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = GGUFWriter(dst, arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.chat_template"):
+            continue
+        t = f.types[0]
+        if t == GGUFValueType.ARRAY:
+            w.add_array(name, f.contents())
+        else:
+            w.add_key_value(name, f.contents(), t)
+    w.add_string("tokenizer.chat_template", template)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_hostile_template(quern, model):
+    """A chat template that repeats empty sequences 2^63 - 1 times, given by
+    --chat-template-file and by a GGUF's tokenizer.chat_template: chat
+    answers at once and /health keeps answering."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        tfile = os.path.join(d, "hostile.jinja")
+        with open(tfile, "w") as f:
+            f.write(HOSTILE_TEMPLATE)
+        src = model or os.path.join(os.environ.get("QUERN_HOME", os.path.expanduser("~/.cache/quern")), "models",
+                                    "SmolLM2-135M-Instruct.Q4_1.gguf")
+        hostile_gguf = os.path.join(d, "hostile.gguf")
+        gguf_with_template(src, hostile_gguf, HOSTILE_TEMPLATE)
+        for how, args, m in (("--chat-template-file", ["--chat-template-file", tfile], model),
+                             ("GGUF tokenizer.chat_template", [], hostile_gguf)):
+            s4 = Server(quern, ["--parallel", "2"] + args, m)
+            try:
+                t0 = time.time()
+                status, _, body = s4.raw("POST", "/v1/chat/completions", json.dumps(
+                    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+                took = time.time() - t0
+                check(status == 200, f"{how}: status {status} {body[:200]}")
+                check(took < 5, f"{how}: the chat request took {took:.1f} s")
+                status, _, _ = s4.raw("GET", "/health")
+                check(status == 200, f"{how}: /health {status}")
+                print(f"  {how}: chat answered in {took * 1000:.0f} ms, /health ok")
+            finally:
+                s4.stop()
+
+
 def test_shutdown_with_open_connections(quern, model):
     """SIGTERM with connections that never finish a request (slowloris, idle):
     the server exits within its stop deadline (3 s after the last request);
@@ -582,6 +642,7 @@ def main():
             ("errors", lambda: test_errors(s, c, args.quern, args.model)),
             ("embeddings", lambda: test_embeddings(s, c)),
             ("shutdown with open connections", lambda: test_shutdown_with_open_connections(args.quern, args.model)),
+            ("hostile template", lambda: test_hostile_template(args.quern, args.model)),
         ]
         for name, fn in steps:
             t = time.time()

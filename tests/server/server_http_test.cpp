@@ -28,6 +28,22 @@ using namespace quern::server;
 
 namespace {
 
+/// A TCP connection to the test server's port (-1 on failure).
+int connect_raw(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+
 const char* kText = "Hello, wörld! 你好 STOP tail";
 
 class HttpTest : public ::testing::Test {
@@ -496,13 +512,8 @@ TEST_F(HttpTest, SlowAndIdleConnectionsDoNotStallTheServer) {
     const int n = static_cast<int>(std::min<rlim_t>(1000, lim.rlim_cur > 300 ? (lim.rlim_cur - 200) / 2 : 50));
     std::vector<int> fds;
     for (int i = 0; i < n; ++i) {
-        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        const int fd = connect_raw(port_);
         ASSERT_GE(fd, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_port = htons(static_cast<uint16_t>(port_));
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
         if (i < n * 3 / 10) ASSERT_EQ(::send(fd, "P", 1, 0), 1);
         fds.push_back(fd);
     }
@@ -530,13 +541,8 @@ TEST_F(HttpTest, SlowAndIdleConnectionsDoNotStallTheServer) {
 // timeout before answering).
 TEST_F(HttpTest, HugeContentLengthIs413AtOnce) {
     start();
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int fd = connect_raw(port_);
     ASSERT_GE(fd, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port_));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
     timeval tv{2, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     const std::string req =
@@ -557,13 +563,8 @@ TEST_F(HttpTest, HugeContentLengthIs413AtOnce) {
 
 TEST_F(HttpTest, PostWithoutContentLengthIs411) {
     start();
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int fd = connect_raw(port_);
     ASSERT_GE(fd, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port_));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
     timeval tv{5, 0};  // the answer must come well before this
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";

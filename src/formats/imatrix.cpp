@@ -27,6 +27,44 @@ std::vector<float> Imatrix::importance(const std::string& name) const {
 
 namespace {
 
+/// "blk.3.ffn_up_exps.weight" -> the names of its experts as tensors of
+/// their own, "blk.3.ffn_up.E.weight"; empty for another name.
+std::vector<std::string> expert_names(const std::string& name, int64_t n_expert) {
+    const std::string suffix = "_exps.weight";
+    if (n_expert < 2 || name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        return {};
+    const std::string base = name.substr(0, name.size() - suffix.size());
+    std::vector<std::string> out;
+    for (int64_t e = 0; e < n_expert; ++e) out.push_back(base + "." + std::to_string(e) + ".weight");
+    return out;
+}
+
+}  // namespace
+
+size_t Imatrix::importance_size(const std::string& name, int64_t n_expert) const {
+    if (const auto it = entries.find(name); it != entries.end()) return it->second.sums.size();
+    size_t n = 0;
+    const std::vector<std::string> parts = expert_names(name, n_expert);
+    for (const std::string& p : parts) {
+        const auto it = entries.find(p);
+        if (it == entries.end() || it->second.counts.size() != 1) return 0;
+        n += it->second.sums.size();
+    }
+    return n;
+}
+
+std::vector<float> Imatrix::importance(const std::string& name, int64_t n_expert) const {
+    if (entries.count(name) || importance_size(name, n_expert) == 0) return importance(name);
+    std::vector<float> out;
+    for (const std::string& p : expert_names(name, n_expert)) {
+        const std::vector<float> part = importance(p);
+        out.insert(out.end(), part.begin(), part.end());
+    }
+    return out;
+}
+
+namespace {
+
 Imatrix read_gguf(const std::string& path) {
     GgufFile f(path);
     Imatrix m;

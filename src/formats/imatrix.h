@@ -37,6 +37,15 @@ struct Imatrix {
     /// sums / counts; 1 for a matrix that saw no tokens, an expert never
     /// routed to, as llama-quantize does). Empty when `name` has no entry.
     std::vector<float> importance(const std::string& name) const;
+    /// The same for a tensor of n_expert matrices, and for an expert bank
+    /// "P_exps.weight" without an entry of its own, its experts' entries
+    /// "P.E.weight" (E = 0 .. n_expert−1) side by side: what a model whose
+    /// experts are tensors of their own yields (Hugging Face folders, older
+    /// Mixtral GGUF files). Empty when an expert is missing.
+    std::vector<float> importance(const std::string& name, int64_t n_expert) const;
+    /// How many weights importance(name, n_expert) gives (0: none), without
+    /// making them.
+    size_t importance_size(const std::string& name, int64_t n_expert) const;
 
     /// Adds `rows` activation rows (n_in floats each, row-major) that met
     /// matrix `mat` of the n_mat of `name` (an expert's index; 0 for a plain

@@ -113,15 +113,15 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
         for (size_t i = 0; i < infos.size(); ++i) {
             const QuantizeSource::Tensor& t = *infos[i];
             QuantizedTensor& q = rep.tensors[i];
-            const auto it = opts.imatrix->entries.find(t.name);
-            if (q.to == q.from || it == opts.imatrix->entries.end()) continue;
-            if (static_cast<int64_t>(it->second.sums.size()) != t.ne[0] * t.ne[2]) {
+            const size_t have = opts.imatrix->importance_size(t.name, t.ne[2]);
+            if (q.to == q.from || have == 0) continue;
+            if (static_cast<int64_t>(have) != t.ne[0] * t.ne[2]) {
                 // The token embedding never meets a matrix product: an entry
                 // of another width there is someone else's, as llama.cpp says.
                 if (t.name == "token_embd.weight") continue;
                 fail("the importance matrix has {} weights for '{}', which needs {} ({} columns × {} experts): it "
                      "was made from another model",
-                     it->second.sums.size(), t.name, t.ne[0] * t.ne[2], t.ne[0], t.ne[2]);
+                     have, t.name, t.ne[0] * t.ne[2], t.ne[0], t.ne[2]);
             }
             q.weighted = true;
         }
@@ -156,7 +156,7 @@ QuantizeReport quantize_gguf(const std::string& in, const std::string& out, cons
         const int64_t rows_per_expert = t.ne[1];
         const Imatrix* im = q.weighted ? opts.imatrix : nullptr;
         w.add_tensor(t.name, q.to, t.ne, t.n_dims, [&pool, &t, q, n, rows, rs_in, rs_out, im, rows_per_expert](uint8_t* dst) {
-            const std::vector<float> importance = im ? im->importance(q.name) : std::vector<float>{};
+            const std::vector<float> importance = im ? im->importance(q.name, t.ne[2]) : std::vector<float>{};
             const float* imp = importance.empty() ? nullptr : importance.data();
             pool.parallel_for(rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(n, 1)), [&](int64_t r0, int64_t r1, int) {
                 std::vector<float> row(static_cast<size_t>(n));

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "formats/gguf.h"
+#include "formats/imatrix.h"
 #include "model/hf_model.h"
 #include "model/model.h"
 #include "model/quantize.h"
@@ -206,6 +208,29 @@ TEST_F(HfToGguf, SentencePieceVocabulary) {
         EXPECT_EQ(a->encode(s, true, false), b->encode(s, true, false)) << s;
         EXPECT_EQ(a->decode(a->encode(s, false, false)), b->decode(b->encode(s, false, false))) << s;
     }
+}
+
+// An importance matrix collected on the folder (experts as tensors of their
+// own) weights the stacked expert banks of the GGUF file.
+TEST_F(HfToGguf, ImatrixFromTheFolderWeightsStackedExperts) {
+    const std::string src = folder("qwen3_moe", "fp32", byte_tokenizer_json());
+    auto hf = load_hf_model(src);
+    Imatrix im;
+    hf->set_activation_observer([&](const Tensor& w, int64_t expert, const float* x, int64_t rows) {
+        if (w.name.rfind("blk.", 0) == 0) im.accumulate(w.name, expert < 0 ? 1 : w.ne[2], std::max<int64_t>(expert, 0), x, rows, w.ne[0]);
+    });
+    logits_of(*hf, golden_tokens("qwen3_moe"));
+    ThreadPool pool(2);
+    QuantizeOptions o{FileType::Q8_0};
+    o.imatrix = &im;
+    const QuantizeReport r = quantize_gguf(src, (dir_ / "moe_imatrix.gguf").string(), o, pool);
+    int banks = 0;
+    for (const QuantizedTensor& t : r.tensors)
+        if (t.name.find("_exps.weight") != std::string::npos) {
+            ++banks;
+            EXPECT_TRUE(t.weighted) << t.name;
+        }
+    EXPECT_GT(banks, 0);
 }
 
 TEST_F(HfToGguf, WhatGgufCannotCarryIsRefused) {

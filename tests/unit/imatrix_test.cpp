@@ -75,6 +75,23 @@ TEST(Imatrix, AccumulatesSquaresPerColumn) {
     EXPECT_THROW(m.accumulate("blk.0.ffn_up_exps.weight", 2, 2, x.data(), 1, n_in), Error);      // no such expert
 }
 
+// An expert bank's weights from experts collected as tensors of their own
+// (blk.N.X.E.weight: Hugging Face folders, older Mixtral files) when the
+// bank itself (blk.N.X_exps.weight) has no entry.
+TEST(Imatrix, ExpertBankFromPerExpertEntries) {
+    Imatrix m;
+    for (int e = 0; e < 3; ++e) {
+        const std::vector<float> x = {float(e), 1, 2, 3};
+        m.accumulate("blk.0.ffn_up." + std::to_string(e) + ".weight", 1, 0, x.data(), 1, 4);
+    }
+    EXPECT_EQ(m.importance_size("blk.0.ffn_up_exps.weight", 3), 12u);
+    EXPECT_EQ(m.importance("blk.0.ffn_up_exps.weight", 3),
+              (std::vector<float>{0, 1, 4, 9, 1, 1, 4, 9, 4, 1, 4, 9}));
+    EXPECT_EQ(m.importance_size("blk.0.ffn_up_exps.weight", 4), 0u);  // expert 3 missing
+    EXPECT_TRUE(m.importance("blk.0.ffn_up_exps.weight", 4).empty());
+    EXPECT_EQ(m.importance_size("blk.0.ffn_up.1.weight", 1), 4u);  // a plain entry as it is
+}
+
 TEST_F(ImatrixFiles, GgufRoundTripsInLlamaImatrixLayout) {
     std::mt19937 rng(std::random_device{}());
     Imatrix m;

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
         "  quern bench -p 512 -n 128 -r 5\n"
         "  quern perplexity -f tests/data/genesis-kjv.txt -c 512\n"
         "  quern inspect ~/.cache/quern/models/SmolLM2-135M-Instruct.Q4_1.gguf\n"
-        "  quern serve --port 8080\n"
+        "  quern quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M\n"
+        "  quern serve --port 8080             # then open http://127.0.0.1:8080/ for the web chat\n"
         "Run 'quern COMMAND --help' for the options of a command.");
     add_run_command(app);
     add_inspect_command(app);

@@ -348,13 +348,11 @@ void Tokenizer::split_special(std::string_view text, bool parse_special, const P
         return r < plain->size() && (*plain)[r].first < e;
     };
     while (i < text.size()) {
-        // Most positions cannot start any special token: two table lookups.
-        const auto b0 = static_cast<uint8_t>(text[i]);
-        if (!special_single_[b0] &&
-            (i + 1 >= text.size() || !special_pair_[b0 * 256u + static_cast<uint8_t>(text[i + 1])])) {
+        if (!may_start_special(text, i)) {
             ++i;
             continue;
         }
+        const auto b0 = static_cast<uint8_t>(text[i]);
         int32_t found = -1;
         const AddedTokenFlags* flags = nullptr;
         for (int32_t id : specials_by_byte_[b0]) {
@@ -439,10 +437,31 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
     return out;
 }
 
-std::vector<std::string_view> Tokenizer::control_texts() const {
-    std::vector<std::string_view> out;
-    for (int32_t id : specials_)
-        if (d_.types[id] != TokenType::UserDefined) out.emplace_back(d_.tokens[id]);
+bool Tokenizer::may_start_special(std::string_view text, size_t i) const {
+    // Most positions cannot start any special token: two table lookups.
+    const auto b0 = static_cast<uint8_t>(text[i]);
+    return special_single_[b0] ||
+           (i + 1 < text.size() && special_pair_[b0 * 256u + static_cast<uint8_t>(text[i + 1])]);
+}
+
+Tokenizer::PlainRanges Tokenizer::control_spans(std::string_view text) const {
+    PlainRanges out;
+    for (size_t i = 0; i < text.size();) {
+        size_t len = 0;
+        if (may_start_special(text, i))
+            for (int32_t id : specials_by_byte_[static_cast<uint8_t>(text[i])]) {  // longest first
+                const std::string& s = d_.tokens[id];
+                if (d_.types[id] == TokenType::UserDefined || text.compare(i, s.size(), s) != 0) continue;
+                len = s.size();
+                break;
+            }
+        if (len == 0) {
+            ++i;
+            continue;
+        }
+        out.emplace_back(i, i + len);
+        i += len;
+    }
     return out;
 }
 

@@ -160,6 +160,10 @@ public:
     /// *bos_in_text is set (callers warn). Never EOS.
     std::vector<int32_t> encode_prompt(std::string_view text, bool parse_special, bool* bos_in_text = nullptr,
                                        const PlainRanges* plain = nullptr) const;
+    /// Where control and unknown token text stands in `text` (what
+    /// parse_special would turn into those tokens; longest match first, no
+    /// overlaps), sorted.
+    PlainRanges control_spans(std::string_view text) const;
 
     /// Raw bytes the token stands for: byte characters mapped back to bytes
     /// (BPE); "▁" -> space and <0xNN> -> that byte (SPM). Control and unknown
@@ -192,9 +196,7 @@ public:
     bool is_eog(int32_t id) const;
     /// Control / user-defined / unknown tokens (not ordinary text).
     bool is_special(int32_t id) const;
-    /// The text of every control and unknown token (what parse_special turns
-    /// into those tokens), longest first.
-    std::vector<std::string_view> control_texts() const;
+
     const std::vector<int32_t>& eog_ids() const { return eog_; }
 
     int32_t n_vocab() const { return static_cast<int32_t>(d_.tokens.size()); }
@@ -222,6 +224,8 @@ private:
     };
     void split_special(std::string_view text, bool parse_special, const PlainRanges* plain,
                        std::vector<Fragment>& frags) const;
+    /// Whether a special token may start at text[i] (its first one or two bytes).
+    bool may_start_special(std::string_view text, size_t i) const;
     void encode_text(std::string_view text, bool at_input_start, std::vector<int32_t>& out, Scratch& sc) const;
     void encode_piece(std::string_view piece, std::vector<int32_t>& out, Scratch& sc) const;
     void build_models();

@@ -1,16 +1,11 @@
 // Implementations of quant/fit.h; see there for what each fit does.
+#include "quant/no_fp_contract.h"  // first: applies to everything below, fit.h's inline code too
 #include "quant/fit.h"
 
 #include <cmath>
 
 #include "quant/ref_rows.h"
 
-// The float expressions keep ggml's evaluation order (reference.cpp: the FMA note).
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
 
 namespace quern::ref {
 

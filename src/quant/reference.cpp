@@ -7,6 +7,7 @@
 // quantize_row_*_ref (ggml-quants.c), which gguf.quants in Python also
 // follows. No expression may be contracted into an FMA: GCC does not contract
 // in ISO mode (-std=c++20), and clang is told so below.
+#include "quant/no_fp_contract.h"  // first: applies to everything below, fit.h's inline code too
 #include "quant/reference.h"
 
 #include <algorithm>
@@ -21,11 +22,6 @@
 #include "quant/ref_rows.h"
 #include "quant/traits.h"
 
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
 
 namespace quern::ref {
 

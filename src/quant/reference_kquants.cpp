@@ -15,6 +15,7 @@
 //
 // The float expressions keep ggml's evaluation order so that results match
 // ggml's reference quantizers; see reference.cpp for the FMA note.
+#include "quant/no_fp_contract.h"  // first: applies to everything below, fit.h's inline code too
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,11 +25,6 @@
 #include "quant/fit.h"
 #include "quant/ref_rows.h"
 
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
 
 namespace quern::ref {
 

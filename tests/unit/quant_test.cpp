@@ -324,6 +324,16 @@ INSTANTIATE_TEST_SUITE_P(Types, QuantVsGguf, testing::ValuesIn(kGgufQuantTypes),
 // Fixtures made by ggml's quantize_row_*_ref (tests/data/quant/README.md):
 // the only independent check of the K-quant, Q8_1 and Q8_K quantizers.
 
+/// Block by block, naming the first ones that differ from ggml's.
+void expect_blocks_equal(DType t, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                         const std::string& name) {
+    const auto unit = static_cast<size_t>(dtype_info(t).type_size);
+    for (size_t b = 0; b < want.size() / unit; ++b)
+        EXPECT_EQ(std::memcmp(got.data() + b * unit, want.data() + b * unit, unit), 0)
+            << name << " block " << b << " (super-block " << b * dtype_info(t).block_size / 256
+            << ") differs from ggml";
+}
+
 class QuantVsGgml : public testing::TestWithParam<std::string> {};
 
 TEST_P(QuantVsGgml, BitExact) {
@@ -334,11 +344,7 @@ TEST_P(QuantVsGgml, BitExact) {
     ASSERT_EQ(want.size(), row_size(t, k)) << "fixture size";
     std::vector<uint8_t> got(want.size(), 0xA5);
     quantize_row_ref(t, x.data(), got.data(), k);
-    const auto unit = static_cast<size_t>(dtype_info(t).type_size);
-    for (size_t b = 0; b < want.size() / unit; ++b)
-        EXPECT_EQ(std::memcmp(got.data() + b * unit, want.data() + b * unit, unit), 0)
-            << GetParam() << " block " << b << " (super-block " << b * dtype_info(t).block_size / 256
-            << ") differs from ggml";
+    expect_blocks_equal(t, got, want, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, QuantVsGgml,
@@ -362,11 +368,7 @@ TEST_P(QuantWeightedVsGgml, BitExact) {
     std::vector<uint8_t> got(want.size(), 0xA5);
     for (int r = 0; r < quern_fixture::kImatrixRows; ++r)
         quantize_row_weighted(t, x.data() + r * n, got.data() + r * rs, n, w.data());
-    const auto unit = static_cast<size_t>(dtype_info(t).type_size);
-    for (size_t b = 0; b < want.size() / unit; ++b)
-        EXPECT_EQ(std::memcmp(got.data() + b * unit, want.data() + b * unit, unit), 0)
-            << GetParam() << " block " << b << " (super-block " << b * dtype_info(t).block_size / 256
-            << ") differs from ggml";
+    expect_blocks_equal(t, got, want, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, QuantWeightedVsGgml,

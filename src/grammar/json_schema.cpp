@@ -284,14 +284,21 @@ private:
             R"((\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29))";
         static const std::string time =
             R"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))";
-        static const std::string label = R"([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)";
+        // A DNS label: 1-63 characters, no hyphen at either end.
+        const auto label_upto = [](int n) { return "[A-Za-z0-9]([A-Za-z0-9-]{0," + std::to_string(n - 2) + "}[A-Za-z0-9])?"; };
+        static const std::string label = label_upto(63);
+        // RFC 1035 caps a name at 253 characters, which a regular pattern can
+        // only keep by bounding the label count: up to four labels of full
+        // length (3 * 63 + 61 + 3 dots = 253), or five to nine short ones.
+        static const std::string hostname = "(" + label + "(\\." + label + "){0,2}(\\." + label_upto(61) + ")?|" +
+                                            label_upto(26) + "(\\." + label_upto(26) + "){4,8})";
         static const std::string octet = R"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
         if (f == "date") return "^" + date + "$";
         if (f == "time") return "^" + time + "$";
         if (f == "date-time") return "^" + date + "T" + time + "$";
         if (f == "uuid") return R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)";
         if (f == "email") return "^[A-Za-z0-9._%+-]{1,64}@" + label + "(\\." + label + "){1,4}$";
-        if (f == "hostname") return "^" + label + "(\\." + label + "){0,8}$";
+        if (f == "hostname") return "^" + hostname + "$";
         if (f == "ipv4") return "^" + octet + "(\\." + octet + "){3}$";
         if (f == "uri") {  // RFC 3986: scheme ":" ("//" host [":" port] path | path) ["?" query] ["#" fragment]
             static const std::string seg = R"(([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2}))";

@@ -101,6 +101,7 @@ TEST(JsonSchema, StringLengthsPatternsAndFormats) {
         for (const auto& v : c.ok) EXPECT_TRUE(schema_accepts(schema, v)) << c.pattern << " " << v;
         for (const auto& v : c.bad) EXPECT_FALSE(schema_accepts(schema, v)) << c.pattern << " " << v;
     }
+    const std::string L63(63, 'q');
     const std::vector<std::tuple<const char*, std::vector<std::string>, std::vector<std::string>>> formats = {
         {"date", {"2026-12-05", "2024-02-29", "2000-02-29", "2026-04-30", "2026-01-31"},
          {"2026-13-01", "26-12-05", "2026-12-5", "1999-02-31", "2026-02-29", "1900-02-29", "2026-04-31", "2026-00-10"}},
@@ -110,7 +111,9 @@ TEST(JsonSchema, StringLengthsPatternsAndFormats) {
         {"uuid", {"123e4567-e89b-12d3-a456-426614174000"}, {"123e4567e89b12d3a456426614174000"}},
         {"email", {"ada.lovelace+x@example.co.uk"}, {"ada@", "ada@localhost", "a b@x.org"}},
         {"ipv4", {"192.168.0.255", "0.0.0.0"}, {"256.1.1.1", "1.2.3", "01.2.3.4"}},
-        {"hostname", {"example.com", "a-b.c"}, {"-a.com", "a..b"}},
+        {"hostname", {"example.com", "a-b.c", "a.b.c.d.e.f.g.h.i", L63 + "." + L63 + "." + L63 + "." + L63.substr(2)},
+         // too long: a 64-character label; four full labels are 255 characters, over RFC 1035's 253
+         {"-a.com", "a..b", L63 + "x", L63 + "." + L63 + "." + L63 + "." + L63}},
         {"uri", {"https://example.com:8080/a/b%20c?b=c&d=/e?#frag/x", "urn:isbn:0451450523", "mailto:ada@example.org"},
          {"//example.com", "http://a b", "anyOf:[]", "a:b#c#d", "http://x/%zz"}},
     };

@@ -145,13 +145,16 @@ def main():
                         st.add("disconnect done")
                     elif kind == "slowloris":
                         s = socket.create_connection(("127.0.0.1", port), timeout=30)
-                        for b in b"GET /health HTTP/1.1\r\n":
-                            if time.time() >= stop:
-                                break
-                            s.send(bytes([b]))
-                            time.sleep(1)
+                        try:
+                            for b in b"GET /health HTTP/1.1\r\n":
+                                if time.time() >= stop:
+                                    break
+                                s.send(bytes([b]))
+                                time.sleep(1)
+                            st.add("slowloris done")
+                        except OSError:  # the header deadline passed: the server answered and closed
+                            st.add(f"slowloris cut {s.recv(64)[9:12].decode(errors='replace') or '-'}")
                         s.close()
-                        st.add("slowloris done")
                     elif kind == "oversized":
                         r = raw(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                                       b"\r\nContent-Length: 99999999999\r\n\r\n{")
@@ -163,8 +166,8 @@ def main():
                                       {"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
                                       encode_chunked=True)
                             st.add(f"chunked {c.getresponse().status}")
-                        except OSError:
-                            st.add("chunked cut")  # the server closed after its 413
+                        except OSError:  # the server answered 413 at the limit and stopped reading
+                            st.add("chunked cut")
                         c.close()
                     else:
                         r = raw(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/"

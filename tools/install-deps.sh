@@ -15,7 +15,7 @@ install_debs() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${opts[@]}" "${missing[@]}" >/dev/null
 }
 install_debs -- build-essential cmake ninja-build ccache pkg-config \
-  libfmt-dev libpcre2-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libspdlog-dev \
+  libfmt-dev libpcre2-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libboost1.81-dev libspdlog-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3-pip libedit-dev
 # The web chat: marked and highlight.js are embedded in the binary at build
 # time; Chromium and its WebDriver run its test (tests/python/webui_e2e.py).

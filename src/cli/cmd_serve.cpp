@@ -24,7 +24,6 @@
 namespace quern::cli {
 namespace {
 
-constexpr double kGraceSeconds = 10;
 /// After the last request: how long open connections may hold the exit.
 constexpr double kStopSeconds = 3;
 
@@ -41,6 +40,9 @@ struct ServeOptions {
     std::string tool_format = "auto";
     std::string reasoning_format = "auto";
     bool quiet = false;
+    /// After SIGTERM: how long running requests may go on before they are
+    /// cut off (finish_reason "abort").
+    double grace_seconds = 10;
 };
 
 /// Waits up to `seconds` for SIGINT/SIGTERM (blocked in every thread); true when one came.
@@ -152,24 +154,24 @@ int serve(ServeOptions& o) {
         if (done.load()) return;
         http.begin_shutdown();
         std::fprintf(stderr, "quern: shutting down: finishing %d request(s) (up to %.0f s; Ctrl-C again stops now)\n",
-                     http.in_flight(), kGraceSeconds);
-        const double end = now_seconds() + kGraceSeconds;
+                     http.in_flight(), o.grace_seconds);
+        const double end = now_seconds() + o.grace_seconds;
         while (http.in_flight() > 0 && now_seconds() < end)
             if (wait_signal(sigs, 0.1)) {
-                // a second signal: stop now (idle keep-alive connections would hold a clean exit for seconds)
+                // a second signal: stop now, cutting the running requests off
                 const int cut = http.in_flight();
                 engine->shutdown();
                 std::fprintf(stderr, "quern: stopped at once; %d request(s) cut off\n", cut);
                 std::fflush(stderr);
                 std::_Exit(130);
             }
-        engine->shutdown();  // cancels what is left: those streams end with an error event
+        engine->shutdown();  // cuts off what is left: those answers end with finish_reason "abort"
         const double end2 = now_seconds() + 2;
         while (http.in_flight() > 0 && now_seconds() < end2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
         http.stop();
-        // Connections that stay open (idle keep-alive, a client sending a
-        // byte at a time) would hold run() until their read timeouts: after
-        // kStopSeconds, or at another signal, exit without them.
+        // Idle connections close at stop(); a worker still writing to a
+        // client that reads nothing would hold run() until its write
+        // timeout: after kStopSeconds, or at another signal, exit without it.
         const double end3 = now_seconds() + kStopSeconds;
         while (!done.load()) {
             const bool signalled = wait_signal(sigs, 0.1);
@@ -261,6 +263,11 @@ void add_serve_command(CLI::App& app) {
     add_threads_option(cmd, o->engine.n_threads);
     add_spec_options(cmd, o->spec);
     cmd->add_flag("-q,--quiet", o->quiet, "Do not log one line per request");
+    cmd->add_option("--shutdown-grace", o->grace_seconds,
+                    "Seconds running requests may go on after SIGTERM / Ctrl-C; then they end with finish_reason "
+                    "\"abort\" and the server exits (a second signal exits at once)")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 3600.0));
     cmd->add_flag("--no-webui", [o](int64_t) { o->server.webui = false; },
                   "Do not serve the web chat page at /");
     cmd->add_flag("--parse-special-in-messages", o->server.parse_special_in_messages,

@@ -179,6 +179,9 @@ Json anthropic_error_json(int status, const std::string& message) {
 std::string anthropic_stop_reason(const ChoiceResult& c) {
     if (c.finish_reason == "tool_calls") return "tool_use";
     if (c.finish_reason == "length") return "max_tokens";
+    // cut off by a server shutdown: Anthropic's "the turn was paused; send
+    // it back to continue"
+    if (c.finish_reason == "abort") return "pause_turn";
     if (!c.stop_sequence.empty()) return "stop_sequence";
     return "end_turn";
 }

@@ -207,10 +207,11 @@ void Generation::on_event(Choice& c, const EventQueue::Item& item, Sink& sink, b
             if (!c.finished) finish(c, "length", sink, client_ok);
             break;
         case FinishReason::Cancelled:
-            c.finished = true;
-            c.finish_reason = "error";
-            if (error_.empty()) error_ = "the request was cancelled before it finished (the server is shutting down)";
-            if (metrics_) metrics_->count_finish("cancelled");
+            // The engine let go of a choice nobody here cancelled: the server
+            // is shutting down. What was generated is sent, ended with
+            // finish_reason "abort" (as vLLM names it), not as an error.
+            emit(c, {}, true, sink, client_ok);
+            if (!c.finished) finish(c, "abort", sink, client_ok);
             break;
         case FinishReason::Error:
             c.finished = true;

@@ -212,9 +212,10 @@ Json response_output_items(const ChoiceResult& c, const std::string& p) {
 
 Json response_object_json(const ResponseMeta& m, const ChoiceResult& c, const Usage& u, const Json& output,
                           const std::string& prev) {
-    const bool cut = c.finish_reason == "length";
+    const bool cut = c.finish_reason == "length" || c.finish_reason == "abort";
     Json o = base_object(m, cut ? "incomplete" : "completed", prev);
-    if (cut) o["incomplete_details"] = Json{{"reason", "max_output_tokens"}};
+    // "abort": cut off by a server shutdown
+    if (cut) o["incomplete_details"] = Json{{"reason", c.finish_reason == "abort" ? "abort" : "max_output_tokens"}};
     o["output"] = output;
     o["usage"] = usage_of(u);
     return o;
@@ -354,7 +355,8 @@ std::string ResponsesStream::finish(const ChoiceResult& c, const Usage& u) {
         out += open(Item::Message);
         out += close();
     }
-    out += event(c.finish_reason == "length" ? "response.incomplete" : "response.completed",
+    const bool cut = c.finish_reason == "length" || c.finish_reason == "abort";
+    out += event(cut ? "response.incomplete" : "response.completed",
                  Json{{"response", response_object_json(m_, c, u, done_, prev_)}});
     return out;
 }

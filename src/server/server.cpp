@@ -1,6 +1,5 @@
 #include "server/server.h"
 
-#include <httplib.h>
 #include <strings.h>
 
 #include <algorithm>
@@ -17,10 +16,10 @@
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "server/anthropic.h"
-#include "server/connection_pool.h"
 #include "server/api.h"
 #include "server/embeddings.h"
 #include "server/generation.h"
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/responses.h"
 #include "server/tool_grammar.h"
@@ -48,37 +47,6 @@ const char* kRoutes =
     "POST /v1/messages/count_tokens, POST /v1/embeddings, POST /v1/tokenize, POST /v1/detokenize, "
     "GET /v1/models, GET /health, GET /metrics";
 
-/// Every route setup() registers: its method and its path pattern (matched
-/// against the whole path, as httplib does). A request whose path matches a
-/// route but whose method does not is answered 405 with an Allow header.
-struct Route {
-    const char* method;
-    const char* pattern;
-    bool webui = false;  ///< registered only with the web chat on
-};
-const Route kRouteTable[] = {{"POST", kChatPath},     {"POST", kCompletionsPath}, {"POST", kMessagesPath},
-                             {"POST", kCountTokensPath}, {"POST", kResponsesPath}, {"POST", kTokenizePath},
-                             {"POST", kDetokenizePath}, {"POST", kEmbeddingsPath}, {"GET", kModelsPath}, {"GET", kModelPath},
-                             {"GET", kHealthPath},   {"GET", kMetricsPath}, {"GET", kWebPath, true}};
-
-/// The methods the routes of `path` answer ("GET, HEAD" for a GET route, as
-/// httplib answers HEAD with the GET handler); "" when no route has the path.
-std::string allowed_methods(const std::string& path, bool webui) {
-    static const std::vector<std::pair<const Route*, std::regex>> table = [] {
-        std::vector<std::pair<const Route*, std::regex>> t;
-        for (const Route& r : kRouteTable) t.emplace_back(&r, std::regex(r.pattern));
-        return t;
-    }();
-    std::string allow;
-    for (const auto& [route, re] : table) {
-        if ((route->webui && !webui) || !std::regex_match(path, re)) continue;
-        const std::string method = route->method;
-        const std::string m = method == "GET" ? "GET, HEAD" : method;
-        if (allow.find(m) == std::string::npos) allow += (allow.empty() ? "" : ", ") + m;
-    }
-    return allow;
-}
-
 bool equal_constant_time(const std::string& a, const std::string& b) {
     unsigned char diff = a.size() == b.size() ? 0 : 1;
     const size_t n = std::max(a.size(), b.size());
@@ -87,12 +55,13 @@ bool equal_constant_time(const std::string& a, const std::string& b) {
     return diff == 0;
 }
 
-void send_json(httplib::Response& res, int status, const Json& body) {
+void send_json(http::Response& res, int status, const Json& body) {
     res.status = status;
     res.set_content(dump(body), "application/json");
+    res.stream = nullptr;
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void send_error(http::Response& res, const ApiError& e) {
     send_json(res, e.status, error_json(e));
     if (e.status == 429) res.set_header("Retry-After", "1");
 }
@@ -105,7 +74,7 @@ const char* kWebCsp =
 
 /// Answers GET / and /webui/NAME from the embedded files; a browser that
 /// holds the same bytes (If-None-Match) gets 304.
-void send_web_asset(const httplib::Request& req, httplib::Response& res) {
+void send_web_asset(const http::Request& req, http::Response& res) {
     const WebAsset* a = find_web_asset(req.path);
     if (!a) {
         send_json(res, 404, error_json(404, "the web chat has no file " + req.path));
@@ -116,13 +85,13 @@ void send_web_asset(const httplib::Request& req, httplib::Response& res) {
     res.set_header("Cache-Control", "no-cache");  // revalidate: a new binary may serve new files
     res.set_header("X-Content-Type-Options", "nosniff");
     if (a->path == "/") res.set_header("Content-Security-Policy", kWebCsp);
-    if (req.get_header_value("If-None-Match") == etag) {
+    if (req.header("If-None-Match") == etag) {
         res.status = 304;
         return;
     }
     std::string type(a->content_type);
     if (type.starts_with("text/")) type += "; charset=utf-8";
-    res.set_content(a->body.data(), a->body.size(), type);
+    res.set_content(std::string(a->body), type);
 }
 
 /// What a generation request keeps between its handler and its content provider.
@@ -144,8 +113,8 @@ struct Pending {
 /// Server-sent events: one chunk per piece of text, one per finish.
 class SseSink : public Sink {
 public:
-    SseSink(httplib::DataSink& ds, const Pending& p) : ds_(ds), p_(p) {}
-    bool write(const std::string& s) { return ds_.write(s.data(), s.size()); }
+    SseSink(http::BodyWriter& ds, const Pending& p) : ds_(ds), p_(p) {}
+    bool write(const std::string& s) { return ds_.write(s); }
     bool text(int choice, const std::string& text, const std::vector<TokenLogprob>* lps) override {
         return write(sse_event(chunk_json(p_.meta, choice, nullptr, text, lps, "", p_.include_usage)));
     }
@@ -155,21 +124,21 @@ public:
     bool finish(int choice, const std::string& reason) override {
         return write(sse_event(chunk_json(p_.meta, choice, nullptr, "", nullptr, reason, p_.include_usage)));
     }
-    bool alive() override { return ds_.is_writable(); }
+    bool alive() override { return ds_.alive(); }
 
 private:
-    httplib::DataSink& ds_;
+    http::BodyWriter& ds_;
     const Pending& p_;
 };
 
 /// A non-streamed response: only watches the connection while generating.
 class WatchSink : public Sink {
 public:
-    explicit WatchSink(httplib::DataSink& ds) : ds_(ds) {}
-    bool alive() override { return ds_.is_writable(); }
+    explicit WatchSink(http::BodyWriter& ds) : ds_(ds) {}
+    bool alive() override { return ds_.alive(); }
 
 private:
-    httplib::DataSink& ds_;
+    http::BodyWriter& ds_;
 };
 
 /// A streamed response whose events a Stream (ResponsesStream,
@@ -177,31 +146,20 @@ private:
 template <class Stream>
 class EventSink final : public Sink {
 public:
-    EventSink(httplib::DataSink& ds, Stream& st) : ds_(ds), st_(st) {}
+    EventSink(http::BodyWriter& ds, Stream& st) : ds_(ds), st_(st) {}
     /// Writes s (nothing when empty); false when the client is gone.
-    bool put(const std::string& s) { return s.empty() || ds_.write(s.data(), s.size()); }
+    bool put(const std::string& s) { return s.empty() || ds_.write(s); }
     bool text(int, const std::string& t, const std::vector<TokenLogprob>*) override {
         ChatDelta d;
         d.content = t;
         return put(st_.delta(d));
     }
     bool delta(int, const ChatDelta& d, const std::vector<TokenLogprob>*) override { return put(st_.delta(d)); }
-    bool alive() override { return ds_.is_writable(); }
+    bool alive() override { return ds_.alive(); }
 
 private:
-    httplib::DataSink& ds_;
+    http::BodyWriter& ds_;
     Stream& st_;
-};
-
-/// httplib's server with a listen backlog fit for bursts of clients (the
-/// library's compiled-in backlog is 5: a burst of connections beyond it waits
-/// for SYN retransmits, a second or more).
-class Listener : public httplib::Server {
-public:
-    void widen_backlog(int backlog) {
-        const int fd = svr_sock_.load();
-        if (fd >= 0) ::listen(fd, backlog);  // Linux takes a new backlog for a listening socket
-    }
 };
 
 }  // namespace
@@ -211,7 +169,7 @@ struct HttpServer::Impl {
     const Tokenizer& tok;
     const chat::ChatTemplate* tmpl;
     ServerOptions o;
-    Listener svr;
+    http::Server svr;
     Metrics metrics;
     ResponseStore responses;  // for previous_response_id
     std::mutex tmpl_mu;
@@ -222,7 +180,7 @@ struct HttpServer::Impl {
     int port = 0;
 
     Impl(Engine& e, const Tokenizer& t, const chat::ChatTemplate* tp, ServerOptions opts)
-        : engine(e), tok(t), tmpl(tp), o(std::move(opts)) {}
+        : engine(e), tok(t), tmpl(tp), o(std::move(opts)), svr(limits(), [this](auto&&... a) { on_error(a...); }) {}
 
     void log(const std::string& line) {
         if (!o.log_requests) return;
@@ -230,16 +188,16 @@ struct HttpServer::Impl {
         std::fflush(stderr);
     }
 
-    void check_auth(const httplib::Request& req) const {
+    void check_auth(const http::Request& req) const {
         if (o.api_key.empty()) return;
         // Anthropic's clients send the key as x-api-key.
         if (req.has_header("x-api-key")) {
-            if (!equal_constant_time(req.get_header_value("x-api-key"), o.api_key))
+            if (!equal_constant_time(req.header("x-api-key"), o.api_key))
                 throw ApiError(401, "the API key is not valid: send the key quern serve was started with (--api-key)",
                                "", "invalid_api_key");
             return;
         }
-        const std::string h = req.get_header_value("Authorization");
+        const std::string h = req.header("Authorization");
         if (h.size() < 7 || strncasecmp(h.c_str(), "bearer ", 7) != 0)
             throw ApiError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY' "
                                 "with the key quern serve was started with (--api-key)", "", "missing_api_key");
@@ -341,7 +299,7 @@ struct HttpServer::Impl {
         return prompts;
     }
 
-    void handle_generate(const httplib::Request& hreq, httplib::Response& res, Endpoint ep) {
+    void handle_generate(const http::Request& hreq, http::Response& res, Endpoint ep) {
         const double t0 = mono_seconds();
         const std::string endpoint = ep == Endpoint::Chat        ? kChatPath
                                      : ep == Endpoint::Messages  ? kMessagesPath
@@ -397,10 +355,8 @@ struct HttpServer::Impl {
                 res.set_header("Cache-Control", "no-cache");
                 res.set_header("X-Accel-Buffering", "no");
             }
-            res.set_chunked_content_provider(
-                r.stream ? "text/event-stream" : "application/json",
-                [this, p](size_t, httplib::DataSink& ds) { return provide(*p, ds); },
-                [this, p](bool) { close(*p, 499); });
+            res.content_type = r.stream ? "text/event-stream" : "application/json";
+            res.stream = [this, p](http::BodyWriter& w) { return provide(*p, w); };
         } catch (const ApiError& e) {
             if (ep == Endpoint::Messages) {
                 send_json(res, e.status, anthropic_error_json(e.status, e.what()));
@@ -417,7 +373,7 @@ struct HttpServer::Impl {
     /// or {"messages": [...]} rendered by the chat template as a request
     /// would be (add_generation_prompt, default true); vLLM's answer shape:
     /// count, max_model_len, tokens (and token_strs with return_token_strs).
-    void handle_tokenize(const httplib::Request& hreq, httplib::Response& res) {
+    void handle_tokenize(const http::Request& hreq, http::Response& res) {
         try {
             check_auth(hreq);
             const Json body = parse_body(hreq.body);
@@ -455,7 +411,7 @@ struct HttpServer::Impl {
     }
 
     /// POST /v1/embeddings: OpenAI's request and answer (server/embeddings.h).
-    void handle_embeddings(const httplib::Request& hreq, httplib::Response& res) {
+    void handle_embeddings(const http::Request& hreq, http::Response& res) {
         try {
             check_auth(hreq);
             if (!o.embed) throw ApiError(501, "this server computes no embeddings", "", "not_implemented");
@@ -475,7 +431,7 @@ struct HttpServer::Impl {
     }
 
     /// POST /v1/detokenize: {"tokens": [ids]} → {"prompt": text}.
-    void handle_detokenize(const httplib::Request& hreq, httplib::Response& res) {
+    void handle_detokenize(const http::Request& hreq, http::Response& res) {
         try {
             check_auth(hreq);
             const Json body = parse_body(hreq.body);
@@ -495,7 +451,7 @@ struct HttpServer::Impl {
     }
 
     /// POST /v1/messages/count_tokens: the prompt's tokens as the template renders it.
-    void handle_count_tokens(const httplib::Request& hreq, httplib::Response& res) {
+    void handle_count_tokens(const http::Request& hreq, http::Response& res) {
         try {
             check_auth(hreq);
             ApiRequest r = parse_messages_request(parse_body(hreq.body), tok.n_vocab(), o.sampling_defaults, true);
@@ -509,7 +465,7 @@ struct HttpServer::Impl {
 
     /// A /v1/responses response, streamed (its event sequence) or not; kept
     /// for previous_response_id when it completed.
-    bool provide_response(Pending& p, httplib::DataSink& ds) {
+    bool provide_response(Pending& p, http::BodyWriter& ds) {
         Generation& g = *p.gen;
         const auto error_body = [&] { return dump(error_json(500, g.error(), "", "", "server_error")); };
         if (p.stream) {
@@ -525,19 +481,18 @@ struct HttpServer::Impl {
         WatchSink sink(ds);
         if (!g.run(sink)) return false;
         if (!g.error().empty()) {
-            const std::string body = error_body();
-            return ds.write(body.data(), body.size());
+            return ds.write(error_body());
         }
         const ChoiceResult r = g.results().front();
         const std::string body = dump(response_object_json(
             p.meta, r, g.usage(), response_output_items(r, p.meta.id.substr(5)), p.previous));
-        if (!ds.write(body.data(), body.size())) return false;
+        if (!ds.write(body)) return false;
         if (p.store) responses.put(p.meta.id, response_history(p.continuation, r));
         return true;
     }
 
     /// A streamed /v1/messages response: Anthropic's events.
-    bool provide_messages_stream(Pending& p, httplib::DataSink& ds) {
+    bool provide_messages_stream(Pending& p, http::BodyWriter& ds) {
         Generation& g = *p.gen;
         AnthropicStream st(p.meta);
         EventSink<AnthropicStream> sink(ds, st);
@@ -553,7 +508,7 @@ struct HttpServer::Impl {
     }
 
     /// Writes the response of an admitted request (on its HTTP thread).
-    bool provide(Pending& p, httplib::DataSink& ds) {
+    bool provide(Pending& p, http::BodyWriter& ds) {
         if (p.ran) return false;
         p.ran = true;
         Generation& g = *p.gen;
@@ -570,7 +525,7 @@ struct HttpServer::Impl {
                     const std::string body = g.error().empty()
                                                  ? dump(messages_response_json(p.meta, g.results().front(), g.usage()))
                                                  : dump(anthropic_error_json(500, g.error()));
-                    ok = ds.write(body.data(), body.size());
+                    ok = ds.write(body);
                 }
             }
         } else if (p.stream) {
@@ -590,7 +545,7 @@ struct HttpServer::Impl {
             if (ok) {
                 const std::string body = g.error().empty() ? dump(response_json(p.meta, g.results(), g.usage()))
                                                            : dump(error_json(500, g.error(), "", "", "server_error"));
-                ok = ds.write(body.data(), body.size());
+                ok = ds.write(body);
             }
         }
         if (!ok) {
@@ -598,7 +553,6 @@ struct HttpServer::Impl {
             close(p, 499);
             return false;
         }
-        ds.done();
         close(p, g.error().empty() ? 200 : 500);
         return true;
     }
@@ -630,110 +584,69 @@ struct HttpServer::Impl {
         log(line);
     }
 
-    /// A POST route whose body is read here, piece by piece, so that one
-    /// larger than max_body_bytes gets 413 whatever its framing: httplib
-    /// checks a Content-Length against the limit but reads a chunked body
-    /// whole.
-    void post(const char* path, std::function<void(const httplib::Request&, httplib::Response&)> handler) {
-        svr.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res,
-                                       const httplib::ContentReader& read) {
-            httplib::Request full = req;
-            bool too_large = false;
-            const bool ok = read([&](const char* data, size_t n) {
-                if (full.body.size() + n > o.max_body_bytes) {
-                    too_large = true;
-                    return false;
-                }
-                full.body.append(data, n);
-                return true;
-            });
-            if (ok) {
-                handler(full, res);
-                return;
-            }
-            // httplib refuses a Content-Length past the limit itself, before
-            // any byte reaches us.
-            const std::string length = req.get_header_value("Content-Length");
-            too_large = too_large || (!length.empty() && std::strtoull(length.c_str(), nullptr, 10) > o.max_body_bytes);
-            const int status = too_large ? 413 : 400;
-            const std::string msg = too_large ? "the request body is larger than " +
-                                                    std::to_string(o.max_body_bytes >> 20) + " MiB; send a shorter prompt"
-                                              : std::string("the request body could not be read");
-            send_json(res, status, error_json(status, msg));
-            res.set_header("Connection", "close");  // the rest of the body is never read
-            if (req.path == kChatPath || req.path == kCompletionsPath) metrics.count_request(req.path, status);
-            log(req.method + " " + req.path + " " + std::to_string(status) + " " + msg);
-        });
+    /// The transport's bounds from the server's options.
+    http::Limits limits() const {
+        const EngineOptions& eo = engine.options();
+        http::Limits l = o.http;
+        l.min_idle_workers = std::min(std::max(l.min_idle_workers, std::min(eo.n_parallel + eo.max_queue + 8, 512)),
+                                      l.max_workers);
+        return l;
+    }
+
+    std::string too_large_message() const {
+        const size_t n = o.http.max_body_bytes;
+        const std::string size = n >= (size_t{1} << 20) ? std::to_string(n >> 20) + " MiB" : std::to_string(n >> 10) + " KiB";
+        return "the request body is larger than " + size + "; send a shorter prompt";
+    }
+
+    /// Requests the transport refuses itself (no route, wrong method,
+    /// malformed or oversized, too slow, too many connections) get the same
+    /// JSON error shape as the API's own refusals.
+    void on_error(const http::Request& req, int status, const std::string& message, const std::string& allow,
+                  http::Response& res) {
+        std::string msg = message;
+        if (status == 404) {
+            msg = "no route " + req.method + " " + req.path + "; this server answers " + kRoutes +
+                  (o.webui ? ", GET / (the web chat)" : "");
+        } else if (status == 405) {
+            msg = req.method + " is not allowed on " + req.path + "; it answers " + allow;
+        } else if (status == 413) {
+            msg = too_large_message();
+        } else if (status == 411) {
+            msg = req.method + " " + req.path +
+                  " has no Content-Length; send the JSON body with one (or with chunked Transfer-Encoding)";
+        } else if (status == 500) {
+            msg = "internal error: " + message;
+        } else if (msg.empty()) {
+            msg = "the request could not be read (HTTP status " + std::to_string(status) + ")";
+        }
+        send_json(res, status, error_json(status, msg));
+        if (req.path == kChatPath || req.path == kCompletionsPath) metrics.count_request(req.path, status);
+        log((req.method.empty() ? std::string("-") : req.method + " " + req.path) + " " + std::to_string(status) + " " +
+            msg);
     }
 
     void setup() {
-        const EngineOptions& eo = engine.options();
-        // Idle workers kept: enough for every running and waiting request; more
-        // threads as connections come, up to the cap (ConnectionPool).
-        const int floor = std::clamp(eo.n_parallel + eo.max_queue + 8, 16, 512);
-        const int cap = o.http_threads > 0 ? o.http_threads : std::max(floor, 4096);
-        svr.new_task_queue = [floor, cap] {
-            return new ConnectionPool(static_cast<size_t>(std::min(floor, cap)), static_cast<size_t>(cap));
+        const auto route = [this](const char* method, const char* path, void (Impl::*fn)(const http::Request&, http::Response&)) {
+            svr.route(method, path, [this, fn](const http::Request& req, http::Response& res) { (this->*fn)(req, res); });
         };
-        svr.set_payload_max_length(o.max_body_bytes);
-        svr.set_tcp_nodelay(true);
-        svr.set_keep_alive_max_count(1000);
-        // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which lets
-        // a second server bind the same port and silently take half the traffic.
-        svr.set_socket_options([](socket_t sock) {
-            int yes = 1;
-            ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof yes);
-        });
-        svr.set_write_timeout(30, 0);
-        svr.set_read_timeout(30, 0);
-        // A POST, PUT or PATCH with neither Content-Length nor chunked
-        // Transfer-Encoding: httplib would read its body until the client
-        // closes the connection (the client waits for an answer meanwhile).
-        // Answer 411 before any body is read.
-        //
-        // A Content-Length past the body limit: answer 413 now and close.
-        // httplib would first read (and discard) that many bytes, holding the
-        // connection's thread until its read timeout.
-        svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-            const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
-            if (!body_method || req.has_header("Transfer-Encoding")) return httplib::Server::HandlerResponse::Unhandled;
-            int status = 0;
-            std::string msg;
-            if (!req.has_header("Content-Length")) {
-                status = 411;
-                msg = req.method + " " + req.path +
-                      " has no Content-Length; send the JSON body with one (or with chunked Transfer-Encoding)";
-            } else if (std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > o.max_body_bytes) {
-                status = 413;
-                msg = "the request body is larger than " + std::to_string(o.max_body_bytes >> 20) +
-                      " MiB; send a shorter prompt";
-            } else {
-                return httplib::Server::HandlerResponse::Unhandled;
-            }
-            send_json(res, status, error_json(status, msg));
-            res.set_header("Connection", "close");
-            if (req.path == kChatPath || req.path == kCompletionsPath) metrics.count_request(req.path, status);
-            log(req.method + " " + req.path + " " + std::to_string(status) + " " + msg);
-            return httplib::Server::HandlerResponse::Handled;
-        });
-
-        post(kChatPath, [this](const httplib::Request& req, httplib::Response& res) {
+        svr.route("POST", kChatPath, [this](const http::Request& req, http::Response& res) {
             handle_generate(req, res, Endpoint::Chat);
         });
-        post(kCompletionsPath, [this](const httplib::Request& req, httplib::Response& res) {
+        svr.route("POST", kCompletionsPath, [this](const http::Request& req, http::Response& res) {
             handle_generate(req, res, Endpoint::Completions);
         });
-        post(kTokenizePath, [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
-        post(kEmbeddingsPath, [this](const httplib::Request& req, httplib::Response& res) { handle_embeddings(req, res); });
-        post(kDetokenizePath, [this](const httplib::Request& req, httplib::Response& res) { handle_detokenize(req, res); });
-        post(kResponsesPath, [this](const httplib::Request& req, httplib::Response& res) {
+        svr.route("POST", kResponsesPath, [this](const http::Request& req, http::Response& res) {
             handle_generate(req, res, Endpoint::Responses);
         });
-        post(kMessagesPath, [this](const httplib::Request& req, httplib::Response& res) {
+        svr.route("POST", kMessagesPath, [this](const http::Request& req, http::Response& res) {
             handle_generate(req, res, Endpoint::Messages);
         });
-        post(kCountTokensPath, [this](const httplib::Request& req, httplib::Response& res) { handle_count_tokens(req, res); });
-        svr.Get(kModelsPath, [this](const httplib::Request& req, httplib::Response& res) {
+        route("POST", kTokenizePath, &Impl::handle_tokenize);
+        route("POST", kEmbeddingsPath, &Impl::handle_embeddings);
+        route("POST", kDetokenizePath, &Impl::handle_detokenize);
+        route("POST", kCountTokensPath, &Impl::handle_count_tokens);
+        svr.route("GET", kModelsPath, [this](const http::Request& req, http::Response& res) {
             try {
                 check_auth(req);
                 send_json(res, 200, Json{{"object", "list"}, {"data", Json::array({model_json()})}});
@@ -741,62 +654,24 @@ struct HttpServer::Impl {
                 send_error(res, e);
             }
         });
-        svr.Get(kModelPath, [this](const httplib::Request& req, httplib::Response& res) {
+        svr.route("GET", kModelPath, [this](const http::Request& req, http::Response& res) {
             try {
                 check_auth(req);
-                const std::string name = req.matches[1];
+                const std::string& name = req.matches.at(1);
                 if (name != o.model_id) check_model(name);
                 send_json(res, 200, model_json());
             } catch (const ApiError& e) {
                 send_error(res, e);
             }
         });
-        svr.Get(kHealthPath, [this](const httplib::Request&, httplib::Response& res) {
+        svr.route("GET", kHealthPath, [this](const http::Request&, http::Response& res) {
             if (draining.load()) send_json(res, 503, Json{{"status", "shutting down"}});
             else send_json(res, 200, Json{{"status", "ok"}});
         });
-        if (o.webui) svr.Get(kWebPath, send_web_asset);
-        svr.Get(kMetricsPath, [this](const httplib::Request&, httplib::Response& res) {
+        if (o.webui) svr.route("GET", kWebPath, send_web_asset);
+        svr.route("GET", kMetricsPath, [this](const http::Request&, http::Response& res) {
             res.set_content(metrics.render(engine.stats(), engine.options(), in_flight.load()),
                             "text/plain; version=0.0.4; charset=utf-8");
-        });
-        // Errors httplib finds itself (no route, body too large, malformed
-        // HTTP) get the same JSON shape; our own error bodies pass through.
-        svr.set_error_handler(httplib::Server::HandlerWithResponse(
-            [this](const httplib::Request& req, httplib::Response& res) -> httplib::Server::HandlerResponse {
-                if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-                std::string msg;
-                if (res.status == 404) {
-                    if (const std::string allow = allowed_methods(req.path, o.webui); !allow.empty()) {
-                        res.status = 405;
-                        res.set_header("Allow", allow);
-                        msg = req.method + " is not allowed on " + req.path + "; it answers " + allow;
-                    } else {
-                        msg = "no route " + req.method + " " + req.path + "; this server answers " + kRoutes +
-                              (o.webui ? ", GET / (the web chat)" : "");
-                    }
-                }
-                if (res.status == 413)
-                    msg = "the request body is larger than " + std::to_string(o.max_body_bytes >> 20) +
-                          " MiB; send a shorter prompt";
-                else if (msg.empty())
-                    msg = "the request could not be read (HTTP status " + std::to_string(res.status) + ")";
-                send_json(res, res.status, error_json(res.status, msg));
-                const bool gen = req.path == kChatPath || req.path == kCompletionsPath;
-                if (gen) metrics.count_request(req.path, res.status);
-                log(req.method + " " + req.path + " " + std::to_string(res.status) + " " + msg);
-                return httplib::Server::HandlerResponse::Handled;
-            }));
-        svr.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-            std::string what = "unknown error";
-            try {
-                if (ep) std::rethrow_exception(ep);
-            } catch (const std::exception& e) {
-                what = e.what();
-            } catch (...) {
-            }
-            send_json(res, 500, error_json(500, "internal error: " + what));
-            log(req.method + " " + req.path + " 500 internal error: " + what);
         });
     }
 };
@@ -808,29 +683,14 @@ HttpServer::HttpServer(Engine& engine, const Tokenizer& tok, const chat::ChatTem
 
 HttpServer::~HttpServer() { stop(); }
 
-int HttpServer::bind() {
-    Impl& m = *impl_;
-    if (m.o.port == 0) {
-        m.port = m.svr.bind_to_any_port(m.o.host);
-        if (m.port <= 0) fail("cannot listen on {} (is the address one of this machine's?); pick another with --host", m.o.host);
-    } else {
-        if (!m.svr.bind_to_port(m.o.host, m.o.port))
-            fail("cannot listen on {}:{} (in use, or not an address of this machine); pick another with --port / --host",
-                 m.o.host, m.o.port);
-        m.port = m.o.port;
-    }
-    m.svr.widen_backlog(1024);
-    return m.port;
-}
+int HttpServer::bind() { return impl_->port = impl_->svr.bind(impl_->o.host, impl_->o.port); }
 
-void HttpServer::run() { impl_->svr.listen_after_bind(); }
+void HttpServer::run() { impl_->svr.run(); }
 
 void HttpServer::begin_shutdown() { impl_->draining.store(true); }
 
 int HttpServer::in_flight() const { return impl_->in_flight.load(); }
 
-void HttpServer::stop() {
-    if (impl_->svr.is_running()) impl_->svr.stop();
-}
+void HttpServer::stop() { impl_->svr.stop(); }
 
 }  // namespace quern::server

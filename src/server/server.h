@@ -1,7 +1,8 @@
-// The OpenAI-compatible HTTP server over an Engine (cpp-httplib underneath):
+// The OpenAI-compatible HTTP server over an Engine, on the event-driven
+// transport of server/http_transport.h:
 //   POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/ID]
 //   GET /health                 GET /metrics (Prometheus text)
-// Each connection is served on its own HTTP thread; a generation request
+// A request, once read whole, runs on a worker thread: a generation request
 // validates and tokenizes there, submits to the engine and then waits on its
 // own event queue (see generation.h), so the engine thread never waits on
 // the network. Errors use OpenAI's JSON error shape.
@@ -14,6 +15,7 @@
 
 #include "server/api.h"
 #include "server/chat_output.h"
+#include "server/http_transport.h"
 
 namespace quern {
 class Engine;
@@ -30,10 +32,10 @@ struct ServerOptions {
     int port = 8080;                       ///< 0: any free port (bind() says which)
     std::string model_id = "default";      ///< what /v1/models lists and requests may name
     std::string api_key;                   ///< "": no authentication
-    size_t max_body_bytes = size_t{8} << 20;  ///< larger bodies get 413
-    /// The most connection threads (one per open connection; idle ones
-    /// exit down to enough for every running and waiting request); 0: 4096.
-    int http_threads = 0;
+    /// The HTTP transport's bounds: body and header sizes, the time to
+    /// receive a request, keep-alive, connections and workers.
+    /// min_idle_workers is raised to cover every running and waiting request.
+    http::Limits http;
     bool log_requests = true;              ///< one line per request on stderr
     /// What a request's absent sampling fields become: OpenAI's defaults, or
     /// the model's generation_config.json over them (quern serve).

@@ -591,10 +591,53 @@ def test_hostile_template(quern, model):
                 s4.stop()
 
 
+def test_shutdown_aborts_streams(quern, model):
+    """SIGTERM with 32 running streams and --shutdown-grace 1: after the grace
+    every stream ends with a finish_reason ("abort" for those cut off) and
+    [DONE], and the process exits within the grace plus its stop deadline."""
+    s5 = Server(quern, ["--parallel", "32", "--shutdown-grace", "1", "-c", "512"], model)
+    results = [None] * 32
+    started = threading.Barrier(33)
+
+    def one(i):
+        c = http.client.HTTPConnection("127.0.0.1", s5.port, timeout=60)
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True})
+        c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        first = r.read(1)  # the stream has begun
+        started.wait(30)
+        data = first + r.read()
+        results[i] = [ln[6:] for ln in data.decode().split("\n") if ln.startswith("data: ")]
+
+    try:
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+        for t in ts:
+            t.start()
+        started.wait(60)
+        t0 = time.time()
+        s5.proc.send_signal(signal.SIGTERM)
+        for t in ts:
+            t.join(30)
+        s5.proc.wait(30)
+        took = time.time() - t0
+        check(took < 1 + 3 + 1, f"exit took {took:.1f} s with --shutdown-grace 1")
+        reasons = set()
+        for i, ev in enumerate(results):
+            check(ev and ev[-1] == "[DONE]", f"stream {i} did not end with [DONE]: {ev[-2:] if ev else ev}")
+            last = json.loads(ev[-2])
+            check("error" not in last, f"stream {i} ended with an error: {ev[-2]}")
+            reasons.add(last["choices"][0]["finish_reason"])
+        check(reasons == {"abort"}, f"finish reasons {reasons}")
+        print(f"  32 streams cut off with finish_reason abort; exit {took:.2f} s after SIGTERM")
+    finally:
+        s5.stop()
+
+
 def test_shutdown_with_open_connections(quern, model):
     """SIGTERM with connections that never finish a request (slowloris, idle):
-    the server exits within its stop deadline (3 s after the last request);
-    a second signal exits at once."""
+    they hold no request, so the server exits at once. With a stream still
+    running, the first signal waits for it (the grace period); a second one
+    exits at once."""
     for second_signal in (False, True):
         s3 = Server(quern, ["--parallel", "2"], model)
         socks = []
@@ -604,15 +647,23 @@ def test_shutdown_with_open_connections(quern, model):
                 if i % 2 == 0:
                     k.sendall(b"P")  # one byte of a request line
                 socks.append(k)
+            if second_signal:  # a long stream keeps the first signal waiting
+                k = socket.create_connection(("127.0.0.1", s3.port))
+                body = json.dumps({"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True, "stream": True})
+                k.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+                check(b"200 OK" in k.recv(4096), "the long stream did not start")
+                socks.append(k)
             time.sleep(0.3)
             t0 = time.time()
             s3.proc.send_signal(signal.SIGTERM)
             if second_signal:
                 time.sleep(0.5)
+                check(s3.proc.poll() is None, "the first signal did not wait for the running stream")
                 s3.proc.send_signal(signal.SIGTERM)
             s3.proc.wait(30)
             took = time.time() - t0
-            limit = 1.5 if second_signal else 5.0
+            limit = 1.5
             check(took < limit, f"exit took {took:.1f} s with 20 open connections (second signal: {second_signal})")
             want = 130 if second_signal else 0
             check(s3.proc.returncode == want, f"exit status {s3.proc.returncode}, expected {want}")
@@ -642,6 +693,7 @@ def main():
             ("errors", lambda: test_errors(s, c, args.quern, args.model)),
             ("embeddings", lambda: test_embeddings(s, c)),
             ("shutdown with open connections", lambda: test_shutdown_with_open_connections(args.quern, args.model)),
+            ("shutdown cuts streams off", lambda: test_shutdown_aborts_streams(args.quern, args.model)),
             ("hostile template", lambda: test_hostile_template(args.quern, args.model)),
         ]
         for name, fn in steps:

@@ -1,14 +1,9 @@
-// The threads that serve httplib's connections. httplib's own ThreadPool has
-// a fixed size: connections that send slowly (slowloris) or sit idle between
-// keep-alive requests each hold a worker, and once they hold all of them
-// /health and every request wait. Here a connection that finds no idle
-// worker gets a new thread (up to a cap), so slow or idle clients only park
-// threads of their own; workers idle for a while exit down to a floor.
-// Header-only: httplib's build flags change its types, so only server.cpp
-// (compiled with them) includes it.
+// The threads that run the HTTP transport's requests (http_transport.h). A
+// request that finds no idle worker gets a new thread, up to a cap (beyond,
+// requests wait in order); workers idle for a while exit down to a floor.
+// Requests in flight are few next to open connections: idle and slow
+// connections wait on the event loop and hold no worker.
 #pragma once
-#include <httplib.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -16,18 +11,19 @@
 #include <mutex>
 #include <thread>
 
-namespace quern::server {
+namespace quern::server::http {
 
-class ConnectionPool : public httplib::TaskQueue {
+class WorkerPool {
 public:
     /// Keeps up to `floor` idle workers; never more than `cap` threads
-    /// (beyond, connections wait in order for a worker).
-    ConnectionPool(size_t floor, size_t cap) : floor_(floor), cap_(cap < 1 ? 1 : cap) {}
-    ~ConnectionPool() override { shutdown(); }
-    ConnectionPool(const ConnectionPool&) = delete;
-    ConnectionPool& operator=(const ConnectionPool&) = delete;
+    /// (beyond, requests wait in order for a worker).
+    WorkerPool(size_t floor, size_t cap) : floor_(floor), cap_(cap < 1 ? 1 : cap) {}
+    ~WorkerPool() { shutdown(); }
+    WorkerPool(const WorkerPool&) = delete;
+    WorkerPool& operator=(const WorkerPool&) = delete;
 
-    void enqueue(std::function<void()> fn) override {
+    /// Runs fn on a worker.
+    void enqueue(std::function<void()> fn) {
         std::lock_guard<std::mutex> lock(mu_);
         jobs_.push_back(std::move(fn));
         if (jobs_.size() > idle_ && threads_ < cap_) {
@@ -37,9 +33,9 @@ public:
         cv_.notify_one();
     }
 
-    /// Runs the queued connections to their end, then returns once every
+    /// Runs the queued requests to their end, then returns once every
     /// worker has exited.
-    void shutdown() override {
+    void shutdown() {
         std::unique_lock<std::mutex> lock(mu_);
         stop_ = true;
         cv_.notify_all();
@@ -77,4 +73,4 @@ private:
     bool stop_ = false;
 };
 
-}  // namespace quern::server
+}  // namespace quern::server::http

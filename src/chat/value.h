@@ -96,7 +96,7 @@ public:
     const Value* find(const Value& key) const;
     const Value* find(std::string_view key) const;
     const std::vector<std::pair<Value, Value>>& items() const { return items_; }
-    size_t size() const { return items_.size(); }
+    size_t size() const;  // defined below Value: the pair needs Value complete
     /// Nesting of lists/dicts inside (set when wrapped in a Value).
     uint32_t depth = 1;
 
@@ -203,6 +203,8 @@ private:
 };
 
 /// Positional and keyword arguments of a call.
+inline size_t DictData::size() const { return items_.size(); }
+
 struct CallArgs {
     std::vector<Value> pos;
     std::vector<std::pair<std::string, Value>> kw;

@@ -297,7 +297,7 @@ TEST_F(HttpTest, ChatAndCompletionsStreamedAndNot) {
         if (c["choices"][0]["delta"].contains("content")) text += c["choices"][0]["delta"]["content"].get<std::string>();
         if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
     }
-    EXPECT_EQ(text, j["choices"][0]["message"]["content"]);
+    EXPECT_EQ(text, j["choices"][0]["message"]["content"].get<std::string>());
     EXPECT_EQ(finish, "stop");
 
     // completions with include_usage: exactly one usage chunk, last before [DONE], with empty choices
@@ -431,8 +431,8 @@ TEST_F(HttpTest, ReasoningAndToolCallsAreParsed) {
             }
         if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
     }
-    EXPECT_EQ(reasoning, m["reasoning_content"]);
-    EXPECT_EQ(content, m["content"]);
+    EXPECT_EQ(reasoning, m["reasoning_content"].get<std::string>());
+    EXPECT_EQ(content, m["content"].get<std::string>());
     ASSERT_EQ(calls.size(), 2u);
     EXPECT_GT(pieces, 2);
     EXPECT_EQ(calls[0]["function"]["arguments"], m["tool_calls"][0]["function"]["arguments"]);

@@ -21,7 +21,11 @@ struct Interp::DepthGuard {
     ~DepthGuard() { --in.depth_; }
 };
 
-Interp::Interp(const Program& prog, const RenderOptions& opts) : prog_(prog), opts_(opts) {}
+Interp::Interp(const Program& prog, const RenderOptions& opts)
+    : prog_(prog), opts_(opts),
+      deadline_(std::chrono::steady_clock::now() +
+                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                    std::chrono::duration<double>(opts.limits.max_seconds))) {}
 
 Interp::~Interp() {
     // Break the cycles scope -> macro -> scope and namespace -> namespace.
@@ -36,6 +40,11 @@ Interp::~Interp() {
 void Interp::step() {
     if (++steps_ > opts_.limits.max_steps)
         raise("TemplateRuntimeError", "template evaluation exceeded " + std::to_string(opts_.limits.max_steps) + " steps");
+    // The clock every 1024 steps: a step is a fraction of a microsecond,
+    // but one (a filter over a long string) can take far longer.
+    if ((steps_ & 1023) == 0 && std::chrono::steady_clock::now() > deadline_)
+        raise("TemplateRuntimeError", "template evaluation took longer than " +
+                                          std::to_string(static_cast<int>(opts_.limits.max_seconds)) + " s");
 }
 
 void Interp::charge(uint64_t n) {

@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <chrono>
+
 #include "chat/ast.h"
 #include "chat/value.h"
 
@@ -30,6 +32,7 @@ struct RenderLimits {
     size_t max_output = 32ull << 20;    // bytes of rendered text (also per macro call / block)
     int max_depth = 600;                // nested evaluation frames (recursion)
     int max_call_depth = 60;            // nested macro calls
+    double max_seconds = 5;             // wall-clock time of the whole render
 };
 
 /// Settings of a render.
@@ -106,6 +109,7 @@ private:
     const Program& prog_;
     RenderOptions opts_;
     uint64_t steps_ = 0, bytes_ = 0;
+    std::chrono::steady_clock::time_point deadline_;  // start + max_seconds
     int depth_ = 0, call_depth_ = 0;
     Value context_;                                        // the render variables (a dict)
     std::unordered_map<std::string, Value> exported_;      // top-level assignments

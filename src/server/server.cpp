@@ -172,7 +172,6 @@ struct HttpServer::Impl {
     http::Server svr;
     Metrics metrics;
     ResponseStore responses;  // for previous_response_id
-    std::mutex tmpl_mu;
     std::mutex embed_mu;  // embeddings run one at a time (each a CPU pass on every core)
     std::atomic<bool> draining{false};
     std::atomic<int> in_flight{0};
@@ -223,13 +222,13 @@ struct HttpServer::Impl {
                     {"max_model_len", engine.options().n_ctx}};
     }
 
-    /// `messages` laid out by the chat template (one render at a time: the
-    /// template is not thread-safe), their control-token text kept plain
-    /// unless --parse-special-in-messages; 400 naming `messages` when the
-    /// template refuses.
+    /// `messages` laid out by the chat template (renders run at once on
+    /// their workers: a parsed template is immutable, and each render has
+    /// its own step, size and time budgets), their control-token text kept
+    /// plain unless --parse-special-in-messages; 400 naming `messages` when
+    /// the template refuses.
     chat::RenderedPrompt render(const Json& messages, const chat::ChatOptions& copts) {
         try {
-            std::lock_guard<std::mutex> lock(tmpl_mu);
             return chat::render_prompt(*tmpl, messages, copts, tok, o.parse_special_in_messages);
         } catch (const Error& e) {
             throw ApiError(400, std::string("the chat template rejected these messages: ") + e.what(), "messages");
@@ -399,7 +398,10 @@ struct HttpServer::Impl {
                 throw ApiError(400, "give 'prompt' (a string) or 'messages'", "prompt");
             }
             Json out{{"count", ids.size()}, {"max_model_len", engine.options().n_ctx}, {"tokens", ids}};
-            if (body.value("return_token_strs", false)) {
+            const Json* strs_flag = body.contains("return_token_strs") ? &body["return_token_strs"] : nullptr;
+            if (strs_flag && !strs_flag->is_boolean() && !strs_flag->is_null())
+                throw ApiError(400, "'return_token_strs' must be true or false", "return_token_strs");
+            if (strs_flag && strs_flag->is_boolean() && strs_flag->get<bool>()) {
                 Json strs = Json::array();
                 for (int32_t id : ids) strs.push_back(tok.token_to_piece(id, true));
                 out["token_strs"] = std::move(strs);

@@ -4,6 +4,10 @@
 // strings were checked against Python jinja2 3.1 with Hugging Face's settings;
 // the broad comparisons live in chat_templates_test and jinja_diff_test.
 #include <gtest/gtest.h>
+#include <thread>
+#include <sstream>
+#include <fstream>
+#include <atomic>
 
 #include <chrono>
 
@@ -165,6 +169,44 @@ TEST(Jinja, UntrustedTemplatesAreBounded) {
                           "{{ '%*d' % (-9223372036854775807 - 1, 1) }}", "{{ '%*s' % (9223372036854775807, 'x') }}"})
         EXPECT_EQ(error_of(f).rfind("MemoryError", 0), 0u) << f << ": " << error_of(f);
     EXPECT_EQ(render("{{ '%5d|%-4s|%.2f' % (42, 'ab', 3.14159) }}"), "   42|ab  |3.14");
+}
+
+// A render has a wall-clock budget too: steps that each take long (a filter
+// over a long string) cannot hold a thread past it.
+TEST(Jinja, RenderTimeIsBounded) {
+    quern::jinja::RenderOptions ro;
+    ro.limits.max_seconds = 0.3;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string e = error_of(
+        "{% set s = 'ab ' * 200000 %}{% for i in range(1000) %}{% for j in range(1000) %}{% set t = s | upper %}"
+        "{% endfor %}{% endfor %}", {}, ro);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(e.find("longer than"), std::string::npos) << e;
+    EXPECT_LT(took, 2.0);
+}
+
+// A parsed template is immutable: renders from many threads at once give
+// what one render alone gives (quern serve renders without a lock).
+TEST(Chat, ConcurrentRendersAgree) {
+    std::ifstream f(std::string(QUERN_TESTDATA_DIR) + "/chat-templates/Qwen3-Coder.jinja");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const quern::chat::ChatTemplate t(ss.str(), "", "<|im_end|>", "Qwen3-Coder");
+    const Json msgs = Json::parse(R"([{"role": "system", "content": "S"}, {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "w",
+         "arguments": {"city": "Paris", "days": [1, 2]}}}]}, {"role": "tool", "content": "sunny"}])");
+    quern::chat::ChatOptions o;
+    o.tools = Json::parse(R"([{"type": "function", "function": {"name": "w", "description": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+    const std::string alone = t.apply(msgs, o);
+    std::atomic<int> same{0};
+    std::vector<std::thread> ts;
+    for (int k = 0; k < 8; ++k)
+        ts.emplace_back([&] {
+            for (int i = 0; i < 40; ++i) same += t.apply(msgs, o) == alone;
+        });
+    for (auto& th : ts) th.join();
+    EXPECT_EQ(same.load(), 8 * 40);
 }
 
 TEST(Jinja, StrftimeNowUsesTheGivenTime) {

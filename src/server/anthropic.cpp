@@ -90,7 +90,7 @@ Json usage_of(const Usage& u) {
 
 }  // namespace
 
-ApiRequest parse_messages_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults, bool count_only) {
+static ApiRequest parse_messages_request_unguarded(const Json& body, int32_t n_vocab, const SamplingParams& defaults, bool count_only) {
     // Fields that would change the output and are not implemented: refused
     // by name (those that change nothing here are accepted).
     static const std::pair<const char*, const char*> kRefused[] = {
@@ -162,6 +162,10 @@ ApiRequest parse_messages_request(const Json& body, int32_t n_vocab, const Sampl
     ApiRequest r = parse_chat_request(oa, n_vocab, defaults);
     r.endpoint = Endpoint::Messages;
     return r;
+}
+
+ApiRequest parse_messages_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults, bool count_only) {
+    return parse_or_400(body, [&] { return parse_messages_request_unguarded(body, n_vocab, defaults, count_only); });
 }
 
 Json anthropic_error_json(int status, const std::string& message) {

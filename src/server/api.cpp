@@ -399,7 +399,7 @@ SamplingParams api_default_sampling() {
     return sp;
 }
 
-ApiRequest parse_chat_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults) {
+static ApiRequest parse_chat_request_unguarded(const Json& body, int32_t n_vocab, const SamplingParams& defaults) {
     ApiRequest r;
     r.endpoint = Endpoint::Chat;
     const Json* msgs = field(body, "messages");
@@ -474,7 +474,11 @@ ApiRequest parse_chat_request(const Json& body, int32_t n_vocab, const SamplingP
     return r;
 }
 
-ApiRequest parse_completion_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults) {
+ApiRequest parse_chat_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults) {
+    return parse_or_400(body, [&] { return parse_chat_request_unguarded(body, n_vocab, defaults); });
+}
+
+static ApiRequest parse_completion_request_unguarded(const Json& body, int32_t n_vocab, const SamplingParams& defaults) {
     ApiRequest r;
     r.endpoint = Endpoint::Completions;
     const Json* p = field(body, "prompt");
@@ -513,6 +517,10 @@ ApiRequest parse_completion_request(const Json& body, int32_t n_vocab, const Sam
     if (field(body, "best_of") && get_int(body, "best_of", 1, kMaxChoices, 1) > r.n)
         bad("best_of", "'best_of' greater than 'n' is not supported by this server");
     return r;
+}
+
+ApiRequest parse_completion_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults) {
+    return parse_or_400(body, [&] { return parse_completion_request_unguarded(body, n_vocab, defaults); });
 }
 
 Json usage_json(const Usage& u) {

@@ -44,6 +44,19 @@ std::string dump(const Json& j);
 /// deeper than 64 levels give ApiError 400.
 Json parse_body(std::string_view body);
 
+/// Runs a request parser so that nothing but ApiError leaves it: a body
+/// that is not an object, or a field of a type the parser did not expect
+/// that reached a typed JSON accessor, is a 400, not an internal error.
+template <class F>
+auto parse_or_400(const Json& body, F&& parse) -> decltype(parse()) {
+    if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+    try {
+        return parse();
+    } catch (const nlohmann::json::exception& e) {
+        throw ApiError(400, std::string("a field of the request has the wrong type: ") + e.what());
+    }
+}
+
 /// Messages: Anthropic's /v1/messages, Responses: OpenAI's /v1/responses,
 /// both chat requests (server/anthropic.h, server/responses.h).
 enum class Endpoint { Chat, Completions, Messages, Responses };

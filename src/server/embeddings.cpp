@@ -38,7 +38,7 @@ std::string base64_of(const std::vector<float>& v) {
 
 }  // namespace
 
-EmbeddingRequest parse_embeddings_request(const Json& body, const Tokenizer& tok, int64_t n_ctx, int64_t n_embd) {
+static EmbeddingRequest parse_embeddings_request_unguarded(const Json& body, const Tokenizer& tok, int64_t n_ctx, int64_t n_embd) {
     EmbeddingRequest r;
     if (body.contains("model") && body["model"].is_string()) r.model = body["model"].get<std::string>();
     if (!body.contains("input")) bad("input", "'input' is required: a string, a list of strings or of token ids");
@@ -85,6 +85,10 @@ EmbeddingRequest parse_embeddings_request(const Json& body, const Tokenizer& tok
         r.dimensions = d.get<int64_t>();
     }
     return r;
+}
+
+EmbeddingRequest parse_embeddings_request(const Json& body, const Tokenizer& tok, int64_t n_ctx, int64_t n_embd) {
+    return parse_or_400(body, [&] { return parse_embeddings_request_unguarded(body, tok, n_ctx, n_embd); });
 }
 
 Json embeddings_response_json(const EmbeddingRequest& req, const std::string& model_id, std::vector<std::vector<float>> vectors) {

@@ -123,7 +123,7 @@ Json base_object(const ResponseMeta& m, const char* status, const std::string& p
 
 }  // namespace
 
-ApiRequest parse_responses_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults,
+static ApiRequest parse_responses_request_unguarded(const Json& body, int32_t n_vocab, const SamplingParams& defaults,
                                    const Json* history) {
     // Fields that would change the output and are not implemented: refused
     // by name (those that change nothing here are accepted).
@@ -199,6 +199,11 @@ ApiRequest parse_responses_request(const Json& body, int32_t n_vocab, const Samp
     r.endpoint = Endpoint::Responses;
     r.continuation = std::move(convo);
     return r;
+}
+
+ApiRequest parse_responses_request(const Json& body, int32_t n_vocab, const SamplingParams& defaults,
+                                   const Json* history) {
+    return parse_or_400(body, [&] { return parse_responses_request_unguarded(body, n_vocab, defaults, history); });
 }
 
 Json response_output_items(const ChoiceResult& c, const std::string& p) {

@@ -15,7 +15,9 @@
 
 #include "chat/chat.h"
 #include "fake_engine.h"
+#include "server/anthropic.h"
 #include "server/api.h"
+#include "server/responses.h"
 #include "server/generation.h"
 #include "server/stop.h"
 #include "tokenizer/tokenizer.h"
@@ -716,4 +718,36 @@ TEST(ServerApi, MutatedBodiesGiveApiErrorsOnly) {
         }
     }
     EXPECT_GT(accepted, 100);  // some mutations stay valid
+}
+
+// Found by tests/fuzz/fuzz_requests.cpp: a field of a type the parser did
+// not check reached a typed JSON accessor and escaped as an internal error
+// (a 500). Every parser now answers 400 for those and for a body that is
+// not an object.
+TEST(ServerApi, FieldsOfTheWrongTypeAre400) {
+    const auto status_of = [](auto&& parse) {
+        try {
+            parse();
+            return 200;
+        } catch (const ApiError& e) {
+            return e.status;
+        }
+    };
+    const SamplingParams d = api_default_sampling();
+    const Json responses = Json::parse(R"({"input": "hi", "background": "yes"})");
+    EXPECT_EQ(status_of([&] { parse_responses_request(responses, kVocab, d, nullptr); }), 400);
+    const Json messages = Json::parse(R"({"max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": "x", "is_error": "very"}]}]})");
+    EXPECT_EQ(status_of([&] { parse_messages_request(messages, kVocab, d); }), 400);
+    const Json choice = Json::parse(R"({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"name": "w", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": 3}})");
+    EXPECT_EQ(status_of([&] { parse_messages_request(choice, kVocab, d); }), 400);
+    for (const char* text : {"8", "[]", "\"x\"", "null"}) {
+        const Json j = Json::parse(text);
+        EXPECT_EQ(status_of([&] { parse_chat_request(j, kVocab, d); }), 400) << text;
+        EXPECT_EQ(status_of([&] { parse_completion_request(j, kVocab, d); }), 400) << text;
+        EXPECT_EQ(status_of([&] { parse_messages_request(j, kVocab, d); }), 400) << text;
+        EXPECT_EQ(status_of([&] { parse_responses_request(j, kVocab, d, nullptr); }), 400) << text;
+    }
 }

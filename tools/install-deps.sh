@@ -17,6 +17,9 @@ install_debs() {
 install_debs -- build-essential cmake ninja-build ccache pkg-config \
   libfmt-dev libpcre2-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libboost1.81-dev libspdlog-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3-pip libedit-dev
+# The sanitizer job and the fuzz harnesses (tools/sanitize.sh, tools/fuzz.sh):
+# clang with its sanitizer and libFuzzer runtimes.
+install_debs -- clang-16 libclang-rt-16-dev
 # The web chat: marked and highlight.js are embedded in the binary at build
 # time; Chromium and its WebDriver run its test (tests/python/webui_e2e.py).
 # Without recommends: Chromium's would pull in a desktop's worth of packages.

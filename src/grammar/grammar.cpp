@@ -129,6 +129,9 @@ private:
             default: --i_; error("a known escape (\\n \\t \\r \\\\ \\\" \\] \\xHH \\uHHHH)");
         }
     }
+    static constexpr int kMaxGroupDepth = 128;
+    int group_depth_ = 0;
+
     std::vector<std::vector<Element>> alternatives() {
         std::vector<std::vector<Element>> alts{sequence()};
         while (i_ < t_.size() && t_[i_] == '|') {
@@ -175,10 +178,15 @@ private:
                 ++i_;
                 unit.push_back(std::move(e));
             } else if (c == '(') {
+                // Groups parse recursively: bound the nesting, or a request's
+                // "((((..." would overflow the stack.
+                if (++group_depth_ > kMaxGroupDepth)
+                    fail("grammar: groups are nested more than {} deep", kMaxGroupDepth);
                 ++i_;
                 auto alts = alternatives();
                 if (i_ >= t_.size() || t_[i_] != ')') error("')'");
                 ++i_;
+                --group_depth_;
                 unit.push_back(ref(new_rule(std::move(alts))));
             } else if (name_char(c)) {
                 unit.push_back(ref(rule_index(ident())));

@@ -105,6 +105,12 @@ TEST(Grammar, ErrorsNameTheProblem) {
     EXPECT_NE(error_of("root ::= \"a").find("line 1"), std::string::npos);
     EXPECT_NE(error_of("root ::= \"a\"\nroot ::= \"b\"").find("defined twice"), std::string::npos);
     EXPECT_NE(error_of("root ::= [z-a]").find("range"), std::string::npos);
+    // Found by tests/fuzz/fuzz_requests.cpp: a request's grammar of 100,000
+    // nested groups overflowed the stack; groups now nest at most 128 deep.
+    EXPECT_NE(error_of("root ::= " + std::string(100000, '(') + "\"a\"" + std::string(100000, ')'))
+                  .find("nested more than 128 deep"),
+              std::string::npos);
+    EXPECT_EQ(error_of("root ::= " + std::string(100, '(') + "\"a\"" + std::string(100, ')')), "");
 }
 
 TEST(Grammar, JsonAcceptsRandomDocumentsAndRefusesBrokenOnes) {

@@ -355,7 +355,7 @@ def test_errors(s, c, quern, model):
                                  {"Authorization": "Bearer sekrit"})
         check(status == 503 and "error" in json.loads(body), f"a request while shutting down: {status} {body}")
         rest = list(it)
-        check(rest and rest[-1].choices[0].finish_reason == "length", "the running stream should finish")
+        check(rest and rest[-1].choices[0].finish_reason in ("length", "abort"), "the running stream should finish")
         sc.close()
         t0 = time.time()
         s2.proc.wait(30)

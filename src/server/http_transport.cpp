@@ -88,10 +88,10 @@ public:
         if (!ok_ || data.empty()) return ok_;
         char size[24];
         const int n = std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-        std::string chunk(size, static_cast<size_t>(n));
-        chunk.append(data);
-        chunk += "\r\n";
-        return ok_ = send_all(fd_, chunk, idle_);
+        chunk_.assign(size, static_cast<size_t>(n));  // keeps its capacity: no allocation per token
+        chunk_.append(data);
+        chunk_ += "\r\n";
+        return ok_ = send_all(fd_, chunk_, idle_);
     }
     bool alive() override {
         if (!ok_) return false;
@@ -106,6 +106,7 @@ private:
     int fd_;
     std::chrono::milliseconds idle_;
     bool ok_;
+    std::string chunk_;  // size line, data, CRLF
 };
 
 struct Route {
@@ -120,7 +121,6 @@ bool Request::has_header(std::string_view name) const {
     return std::any_of(headers.begin(), headers.end(), [&](const auto& h) { return iequal(h.first, name); });
 }
 std::string Request::header(std::string_view name) const { return find_header(headers, name); }
-std::string Response::header(std::string_view name) const { return find_header(headers, name); }
 
 class Connection;
 
@@ -133,7 +133,6 @@ struct Server::Impl {
     asio::steady_timer accept_retry{io};
     WorkerPool pool;
     std::atomic<bool> stopping{false};
-    std::atomic<bool> running{false};
     mutable std::mutex mu;  // guards open and per_client
     std::unordered_set<std::shared_ptr<Connection>> open;
     std::map<std::string, int> per_client;
@@ -271,7 +270,7 @@ private:
         });
     }
 
-    /// What has been read of the request, for an error answer.
+    /// The request line as read (also all an error answer knows).
     Request partial() const {
         Request r;
         if (!parser_) return r;
@@ -318,15 +317,11 @@ private:
     }
 
     void dispatch() {
+        Request r = partial();
         auto msg = parser_->release();
         parser_.reset();
-        Request r;
-        r.method = std::string(msg.method_string());
-        r.target = std::string(msg.target());
-        r.path = r.target.substr(0, r.target.find('?'));
         for (const auto& f : msg) r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
         r.body = std::move(msg.body());
-        r.remote = remote_;
         const bool keep_alive = msg.keep_alive() && ++served_ < srv_.lim.max_keep_alive_requests;
         busy_ = true;
         hold_.emplace(srv_.io.get_executor());  // run() lasts while a worker answers
@@ -490,14 +485,12 @@ int Server::bind(const std::string& host, int port) {
 void Server::run() {
     Impl& m = *impl_;
     if (!m.acceptor.is_open()) fail("http::Server::run: call bind() first");
-    m.running = true;
     m.accept();
     // A second thread for the event loop: parsing one request never delays
     // accepting the next connection.
     std::thread second([&m] { m.io.run(); });
     m.io.run();
     second.join();
-    m.running = false;
 }
 
 void Server::stop() {
@@ -515,14 +508,5 @@ void Server::stop() {
         for (auto& c : all) asio::post(c->executor(), [c] { c->close_if_idle(); });
     });
 }
-
-bool Server::running() const { return impl_->running; }
-
-int Server::connections() const {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    return static_cast<int>(impl_->open.size());
-}
-
-int Server::workers() const { return static_cast<int>(impl_->pool.threads()); }
 
 }  // namespace quern::server::http

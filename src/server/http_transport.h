@@ -68,7 +68,6 @@ struct Response {
     bool close = false;  ///< close the connection after this response
 
     void set_header(std::string name, std::string value) { headers.emplace_back(std::move(name), std::move(value)); }
-    std::string header(std::string_view name) const;
     void set_content(std::string b, std::string type) {
         body = std::move(b);
         content_type = std::move(type);
@@ -124,11 +123,6 @@ public:
     /// Stops accepting, closes idle connections now and each busy one once
     /// its response ends. Safe from any thread, more than once.
     void stop();
-    bool running() const;
-    /// Connections open now (idle, reading or being answered).
-    int connections() const;
-    /// Worker threads alive now.
-    int workers() const;
 
 private:
     friend class Connection;

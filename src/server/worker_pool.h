@@ -42,11 +42,6 @@ public:
         done_.wait(lock, [this] { return threads_ == 0; });
     }
 
-    size_t threads() const {
-        std::lock_guard<std::mutex> lock(mu_);
-        return threads_;
-    }
-
 private:
     void work() {
         std::unique_lock<std::mutex> lock(mu_);
@@ -66,7 +61,7 @@ private:
     }
 
     const size_t floor_, cap_;
-    mutable std::mutex mu_;
+    std::mutex mu_;
     std::condition_variable cv_, done_;
     std::deque<std::function<void()>> jobs_;
     size_t threads_ = 0, idle_ = 0;

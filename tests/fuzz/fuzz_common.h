@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <string_view>
@@ -21,8 +22,8 @@ inline constexpr std::string_view kSplit = "\n--8<--\n";
 inline const std::string& scratch_dir() {
     static const std::string dir = [] {
         const char* base = std::getenv("TMPDIR");
-        std::string d = std::string(base ? base : "/dev/shm") + "/quern-fuzz-" + std::to_string(::getpid());
-        std::system(("mkdir -p '" + d + "'").c_str());
+        const std::string d = std::string(base ? base : "/dev/shm") + "/quern-fuzz-" + std::to_string(::getpid());
+        std::filesystem::create_directories(d);
         return d;
     }();
     return dir;

@@ -6,15 +6,17 @@
 # grow in build-san/corpus/NAME between runs; a crash, a sanitizer report, a
 # 10 s hang or 2 GiB of memory fails the run and leaves its input in
 # build-san/crashes/. A short summary per harness (runs, executions, corpus)
-# goes to stdout.
+# goes to stdout. QUERN_FUZZ_RUNS=N also stops each harness after N
+# executions (the recorded long runs of bench/fuzz.md use it).
 #   tools/fuzz.sh [SECONDS] [NAME...]     (default: 60 s each, every harness)
 # Examples:
 #   tools/fuzz.sh 20                      CI's bounded run
 #   QUERN_FUZZ_JOBS=2 tools/fuzz.sh 3600 jinja
+#   QUERN_FUZZ_RUNS=10000000 tools/fuzz.sh 86400 gguf
 #   build-san/fuzz_gguf build-san/crashes/gguf-crash-...   replays one input
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 secs=${1:-60}
 shift || true
 names=("$@")
@@ -29,10 +31,12 @@ jobs=${QUERN_FUZZ_JOBS:-1}
 par=()
 # Parallel jobs write their logs to fuzz-N.log in the working folder.
 ((jobs > 1)) && par=(-fork="$jobs" -ignore_crashes=0)
+[[ -n "${QUERN_FUZZ_RUNS:-}" ]] && par+=(-runs="$QUERN_FUZZ_RUNS")
 status=0
 for n in "${names[@]}"; do
   mkdir -p "$B/corpus/$n"
   log="$B/fuzz-$n.log"
+  start=$SECONDS
   if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
       "$B/fuzz_$n" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
       -max_len=262144 -print_final_stats=1 "${par[@]}" \
@@ -42,6 +46,6 @@ for n in "${names[@]}"; do
     status=1
   fi
   execs=$(awk '/stat::number_of_executed_units/ {s += $2} /^#[0-9]+.*(DONE|pulse|NEW|REDUCE)/ {n = substr($1, 2)} END {print (s ? s : n + 0)}' "$log")
-  echo "fuzz $n: $secs s, $execs executions, corpus $(ls "$B/corpus/$n" | wc -l) files"
+  echo "fuzz $n: $((SECONDS - start)) s, $execs executions, corpus $(ls "$B/corpus/$n" | wc -l) files"
 done
 exit $status

@@ -24,7 +24,8 @@
 namespace quern::cli {
 namespace {
 
-/// After the last request: how long open connections may hold the exit.
+/// After the shutdown grace: how long cut-off answers and open connections
+/// may hold the exit (the process exits by grace + kStopSeconds).
 constexpr double kStopSeconds = 3;
 
 struct ServeOptions {
@@ -166,20 +167,20 @@ int serve(ServeOptions& o) {
                 std::_Exit(130);
             }
         engine->shutdown();  // cuts off what is left: those answers end with finish_reason "abort"
-        const double end2 = now_seconds() + 2;
-        while (http.in_flight() > 0 && now_seconds() < end2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        // One hard deadline for the rest: the cut-off answers get their last
+        // chunk out, then open connections (a client that reads nothing, a
+        // worker stuck in a chat-template render) are dropped at exit.
+        const double hard = now_seconds() + kStopSeconds, flush = now_seconds() + 1;
+        while (http.in_flight() > 0 && now_seconds() < flush)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
         http.stop();
-        // Idle connections close at stop(); a worker still writing to a
-        // client that reads nothing would hold run() until its write
-        // timeout: after kStopSeconds, or at another signal, exit without it.
-        const double end3 = now_seconds() + kStopSeconds;
         while (!done.load()) {
             const bool signalled = wait_signal(sigs, 0.1);
-            if (!signalled && now_seconds() < end3) continue;
+            if (!signalled && now_seconds() < hard) continue;
             if (done.load()) return;
             std::fprintf(stderr, "quern: stopped; %s\n",
                          signalled ? "connections still open were dropped (second signal)"
-                                   : "connections still open after the stop deadline were dropped");
+                                   : "connections still open at the stop deadline were dropped");
             std::fflush(stderr);
             std::_Exit(signalled ? 130 : 0);
         }
@@ -280,8 +281,9 @@ void add_serve_command(CLI::App& app) {
         "/v1/detokenize, GET /v1/models, GET /health, GET /metrics, GET / (web chat). Tool calls and <think> reasoning are parsed\n"
         "from the output of models whose chat template writes them; response_format json_object / json_schema,\n"
         "a GBNF 'grammar' and vLLM's guided_* fields constrain decoding.\n"
-        "Bodies over 8 MiB get 413. SIGINT/SIGTERM: new requests get 503, running ones get 10 s to finish, open\n"
-        "connections 3 s more; a second signal stops at once.\n"
+        "Bodies over 8 MiB get 413. SIGINT/SIGTERM: new requests get 503, running ones get 10 s to finish\n"
+        "(--shutdown-grace), then end with finish_reason \"abort\"; the process exits 3 s later at most, even with a\n"
+        "worker still busy; a second signal stops at once.\n"
         "Sampling fields a request leaves out take OpenAI's defaults (temperature 1, top_p 1, no top_k / min_p),\n"
         "or those of a Hugging Face folder's generation_config.json (do_sample false: temperature 0).\n"
         "Examples:\n"

@@ -674,6 +674,51 @@ def test_shutdown_with_open_connections(quern, model):
             s3.stop()
 
 
+STALLING_TEMPLATE = ("{% if messages[0].content == 'stall' %}{% set s = 'x' * 4000000 %}"
+                     "{% for i in range(100000) %}{% for j in range(100) %}{% if 'y' in s %}{% endif %}"
+                     "{% endfor %}{% endfor %}{% endif %}"
+                     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                     "<|im_start|>assistant\n")
+
+
+def test_shutdown_with_stuck_render(quern, model):
+    """SIGTERM while a chat-template render runs (a loop that would spend its
+    whole 5 s render budget scanning a 4 MB string): with --shutdown-grace
+    0.5 the process exits by the grace plus the 3 s stop deadline, before the
+    render would have ended."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        tfile = os.path.join(d, "stall.jinja")
+        with open(tfile, "w") as f:
+            f.write(STALLING_TEMPLATE)
+        s6 = Server(quern, ["--parallel", "2", "--shutdown-grace", "0.5", "--chat-template-file", tfile], model)
+        try:
+            status, _, body = s6.raw("POST", "/v1/chat/completions", json.dumps(
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+            check(status == 200, f"a chat request that does not stall: {status} {body[:200]}")
+            k = socket.create_connection(("127.0.0.1", s6.port))
+            body = json.dumps({"messages": [{"role": "user", "content": "stall"}], "max_tokens": 2})
+            k.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+            time.sleep(0.5)  # the render is under way
+            t0 = time.time()
+            s6.proc.send_signal(signal.SIGTERM)
+            s6.proc.wait(30)
+            took = time.time() - t0
+            k.settimeout(5)
+            try:
+                answer = k.recv(4096)
+            except OSError:
+                answer = b""
+            k.close()
+            check(answer == b"", f"the stalled request was answered before the exit: {answer[:120]!r}")
+            check(took < 0.5 + 3 + 1, f"exit took {took:.1f} s with a render running and --shutdown-grace 0.5")
+            check(any("stop deadline were dropped" in ln for ln in s6.lines), "no stop-deadline line in the log")
+            print(f"  exit {took:.2f} s after SIGTERM with a template render still running")
+        finally:
+            s6.stop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quern", required=True)
@@ -695,6 +740,7 @@ def main():
             ("shutdown with open connections", lambda: test_shutdown_with_open_connections(args.quern, args.model)),
             ("shutdown cuts streams off", lambda: test_shutdown_aborts_streams(args.quern, args.model)),
             ("hostile template", lambda: test_hostile_template(args.quern, args.model)),
+            ("shutdown with a stuck render", lambda: test_shutdown_with_stuck_render(args.quern, args.model)),
         ]
         for name, fn in steps:
             t = time.time()

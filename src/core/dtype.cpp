@@ -12,7 +12,7 @@ namespace {
 // Block sizes and byte sizes follow ggml's block definitions (ggml-common.h),
 // and for quern's own F8_E4M3_B32 / NVFP4 the structs of src/quant/blocks.h,
 // which static_asserts the same numbers against them.
-constexpr std::array<DTypeInfo, 26> kTypes{{
+constexpr std::array<DTypeInfo, 27> kTypes{{
     {DType::F32, "F32", 1, 4},
     {DType::F16, "F16", 1, 2},
     {DType::Q4_0, "Q4_0", 32, 18},
@@ -33,6 +33,7 @@ constexpr std::array<DTypeInfo, 26> kTypes{{
     {DType::I64, "I64", 1, 8},
     {DType::F64, "F64", 1, 8},
     {DType::BF16, "BF16", 1, 2},
+    {DType::MXFP4, "MXFP4", 32, 17},
     {DType::U8, "U8", 1, 1},
     {DType::BOOL, "BOOL", 1, 1},
     {DType::F8_E4M3, "F8_E4M3", 1, 1},

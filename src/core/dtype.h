@@ -35,6 +35,7 @@ enum class DType : uint32_t {
     I64 = 27,
     F64 = 28,
     BF16 = 30,
+    MXFP4 = 39,  // OCP MX FP4: 32 E2M1 codes, one E8M0 scale (block_mxfp4, 17 bytes; gpt-oss experts)
     // quern-only types (not GGML's; see kDTypeQuernBase)
     U8 = 1024,
     BOOL = 1025,     // one byte per element, 0 or 1 (not checked)

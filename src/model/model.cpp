@@ -13,7 +13,8 @@ namespace quern {
 const std::vector<DType>& matmul_weight_types() {
     static const std::vector<DType> k{DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,        DType::Q4_1,
                                       DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,        DType::Q3_K,
-                                      DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F8_E4M3_B32, DType::NVFP4};
+                                      DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F8_E4M3_B32, DType::NVFP4,
+                                      DType::MXFP4};
     return k;
 }
 

@@ -9,6 +9,8 @@
 //   Q5_1: q * d + m
 //   Q8_0: q * d                       q signed 8-bit
 //   Q8_1: q * d                       s = d * sum(q) (activation type)
+//   MXFP4: e2m1(q) * 2^(e - 127)      q = E2M1 nibble, low nibbles are elements 0..15,
+//                                     high 16..31; e = E8M0 scale (OCP MX v1.0)
 //   K-quants: 256-element super-blocks of sub-blocks with 6-bit (Q3_K..Q5_K)
 //   or 4-bit (Q2_K) / 8-bit (Q6_K) sub-block scales; see src/quant/reference.cpp.
 //
@@ -75,6 +77,17 @@ struct block_q8_1 {
     int8_t qs[QK8_1];
 };
 static_assert(sizeof(block_q8_1) == 36);
+
+// MXFP4 (OCP Microscaling, FP4 E2M1 elements with an E8M0 block scale; the
+// experts of gpt-oss): ggml's block_mxfp4. Hugging Face checkpoints store the
+// same codes with element 2i in the low nibble of byte i and the scales in a
+// tensor of their own; the loader repacks them into this layout.
+inline constexpr int QK_MXFP4 = 32;
+struct block_mxfp4 {
+    uint8_t e;
+    uint8_t qs[QK_MXFP4 / 2];
+};
+static_assert(sizeof(block_mxfp4) == 17);
 
 // 2-bit: 16 sub-blocks of 16; scales[i] low nibble = scale, high nibble = min.
 struct block_q2_K {

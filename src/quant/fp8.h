@@ -16,6 +16,7 @@
 // to zero).
 #pragma once
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -52,6 +53,14 @@ float fp8_e5m2_to_float(uint8_t v);
 /// float → E5M2: round to nearest even; overflow → ±inf (IEEE behaviour);
 /// NaN → 0x7F.
 uint8_t float_to_fp8_e5m2(float x);
+
+/// E8M0 byte (an MX block scale: 8 exponent bits, bias 127, no sign or
+/// mantissa) → 2^(e - 127), exact (0 gives the subnormal 2^-127); NaN for
+/// 0xFF. Inline: the MXFP4 kernels call it once per block.
+inline float e8m0_to_float(uint8_t e) {
+    const uint32_t bits = e == 0 ? 0x00400000u : e == 0xFF ? 0x7FC00000u : static_cast<uint32_t>(e) << 23;
+    return std::bit_cast<float>(bits);
+}
 
 /// E2M1 nibble (low 4 bits of v) → float.
 float fp4_e2m1_to_float(uint8_t v);

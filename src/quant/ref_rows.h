@@ -28,6 +28,8 @@ void to_float_q8_K(const void* x, float* y, int64_t k);
 // quern's FP8 / NVFP4 weight layouts (reference_fp.cpp; quant/blocks.h)
 void to_float_f8_b32(const void* x, float* y, int64_t k);
 void to_float_nvfp4(const void* x, float* y, int64_t k);
+// GGML's MXFP4 (reference_fp.cpp)
+void to_float_mxfp4(const void* x, float* y, int64_t k);
 
 // ---- from float (quantize), following ggml's quantize_row_*_ref
 void from_float_f32(const float* x, void* y, int64_t k);
@@ -61,6 +63,7 @@ void from_float_weighted_q6_K(const float* x, void* y, int64_t k, const float* i
 // quern's FP8 / NVFP4 weight layouts (reference_fp.cpp)
 void from_float_f8_b32(const float* x, void* y, int64_t k);
 void from_float_nvfp4(const float* x, void* y, int64_t k);
+void from_float_mxfp4(const float* x, void* y, int64_t k);
 
 /// Throws quern::Error unless k is a non-negative multiple of block_size.
 void check_row_length(const char* type_name, int block_size, int64_t k);

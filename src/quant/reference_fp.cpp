@@ -1,5 +1,5 @@
 // Scalar reference rows of quern's FP8 and NVFP4 weight layouts
-// (F8_E4M3_B32, NVFP4; quant/blocks.h). Decoding is exact: each element is
+// (F8_E4M3_B32, NVFP4; quant/blocks.h) and of GGML's MXFP4. Decoding is exact: each element is
 // the f32 product the SIMD kernels compute (e4m3(q) * d; e2m1(q) * s with
 // s = f32(e4m3(sc) * d)), and the kernels are tested against these.
 //
@@ -12,6 +12,10 @@
 //                sc = E4M3(absmax(group) / (6 * d)), an all-zero group
 //                taking sc = E4M3(1) as NVIDIA's model optimizer does;
 //                q = E2M1(x / f32(e4m3(sc) * d)) (0 where that scale is 0).
+//   MXFP4:       GGML's layout of the OCP MX FP4 format; the scale is the
+//                spec's shared exponent floor(log2(absmax(block))) − 2 (the
+//                largest E2M1 exponent), e = 0 for an all-zero block, and
+//                q = E2M1(x / 2^(e − 127)), saturating at ±6.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -91,6 +95,41 @@ void from_float_nvfp4(const float* x, void* y, int64_t k) {
                 const uint8_t hi = s > 0.0f ? float_to_fp4_e2m1(xg[2 * i + 1] / s) : 0;
                 blk.qs[g * NVFP4_GROUP / 2 + i] = static_cast<uint8_t>(lo | (hi << 4));
             }
+        }
+        std::memcpy(out + b * sizeof(blk), &blk, sizeof(blk));
+    }
+}
+
+void to_float_mxfp4(const void* x, float* y, int64_t k) {
+    check_row_length("MXFP4", QK_MXFP4, k);
+    const auto* in = static_cast<const uint8_t*>(x);
+    for (int64_t b = 0; b < k / QK_MXFP4; ++b) {
+        block_mxfp4 blk;
+        std::memcpy(&blk, in + b * sizeof(blk), sizeof(blk));
+        const float s = e8m0_to_float(blk.e);
+        float* yb = y + b * QK_MXFP4;
+        for (int j = 0; j < QK_MXFP4 / 2; ++j) {
+            yb[j] = fp4_e2m1_to_float(blk.qs[j] & 0xF) * s;
+            yb[j + QK_MXFP4 / 2] = fp4_e2m1_to_float(blk.qs[j] >> 4) * s;
+        }
+    }
+}
+
+void from_float_mxfp4(const float* x, void* y, int64_t k) {
+    check_row_length("MXFP4", QK_MXFP4, k);
+    auto* out = static_cast<uint8_t*>(y);
+    for (int64_t b = 0; b < k / QK_MXFP4; ++b) {
+        const float* xb = x + b * QK_MXFP4;
+        const float m = absmax(xb, QK_MXFP4);
+        block_mxfp4 blk;
+        int ex = 0;
+        if (m > 0.0f && std::isfinite(m)) std::frexp(m, &ex);  // m = f · 2^ex, f in [0.5, 1): floor(log2 m) = ex − 1
+        blk.e = m > 0.0f ? static_cast<uint8_t>(std::clamp(ex - 1 - 2 + 127, 0, 254)) : 0;
+        const float s = e8m0_to_float(blk.e);
+        for (int j = 0; j < QK_MXFP4 / 2; ++j) {
+            const uint8_t lo = float_to_fp4_e2m1(xb[j] / s);
+            const uint8_t hi = float_to_fp4_e2m1(xb[j + QK_MXFP4 / 2] / s);
+            blk.qs[j] = static_cast<uint8_t>(lo | (hi << 4));
         }
         std::memcpy(out + b * sizeof(blk), &blk, sizeof(blk));
     }

@@ -28,6 +28,7 @@ static_assert(sizeof(block_q6_K) == 2 + QK_K / 16 + 3 * QK_K / 4);              
 static_assert(sizeof(block_q8_K) == sizeof(float) + QK_K + QK_K / 16 * sizeof(int16_t));  // 292
 // quern's own layouts: an f32 scale, then codes (and NVFP4's E4M3 group scales).
 static_assert(QK_F8 == 32 && sizeof(block_f8_b32) == 4 + QK_F8);                                    // 36
+static_assert(QK_MXFP4 == 32 && sizeof(block_mxfp4) == 1 + QK_MXFP4 / 2);  // 17 (ggml's block_mxfp4)
 static_assert(QK_NVFP4 == 64 && sizeof(block_nvfp4) == 4 + QK_NVFP4 / NVFP4_GROUP + QK_NVFP4 / 2);  // 40
 
 template <class Block>
@@ -36,7 +37,7 @@ constexpr int bytes() {
 }
 
 using namespace ref;
-constexpr std::array<QuantTraits, 17> kTraits{{
+constexpr std::array<QuantTraits, 18> kTraits{{
     {DType::F32, 1, 4, to_float_f32, from_float_f32, DType::F32},
     {DType::F16, 1, 2, to_float_f16, from_float_f16, DType::F32},
     {DType::BF16, 1, 2, to_float_bf16, from_float_bf16, DType::F32},
@@ -55,6 +56,7 @@ constexpr std::array<QuantTraits, 17> kTraits{{
     // weight-only: the matmul dequantizes inside its float kernels, activations stay f32
     {DType::F8_E4M3_B32, QK_F8, bytes<block_f8_b32>(), to_float_f8_b32, from_float_f8_b32, DType::F32},
     {DType::NVFP4, QK_NVFP4, bytes<block_nvfp4>(), to_float_nvfp4, from_float_nvfp4, DType::F32},
+    {DType::MXFP4, QK_MXFP4, bytes<block_mxfp4>(), to_float_mxfp4, from_float_mxfp4, DType::F32},
 }};
 
 }  // namespace

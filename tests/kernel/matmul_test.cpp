@@ -7,7 +7,7 @@
 // and differ only in summation order; the dot products are summed in double.
 // Tolerance: 1e-4 * sum |w_k x_k| per output, plus, for Q4_1/Q5_1, the
 // rounding of Q8_1's fp16 s field (the scalar kernel uses it as ggml does).
-// The weight-only F8_E4M3_B32 / NVFP4 take f32 activations, as F32 weights do.
+// The weight-only F8_E4M3_B32 / NVFP4 / MXFP4 take f32 activations, as F32 weights do.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -88,6 +88,7 @@ std::vector<uint8_t> random_blocks(DType t, int64_t M, int64_t K, std::mt19937& 
                     if ((b[4 + j] & 0x7F) == 0x7F) b[4 + j] ^= 1;
                 break;
             }
+            case DType::MXFP4: b[0] = static_cast<uint8_t>(118 + byte(rng) % 12); break;  // scales 2^-9 .. 2^2
             case DType::NVFP4: {
                 const float s = d(rng) * 0.01f;
                 std::memcpy(b, &s, 4);
@@ -282,7 +283,7 @@ TEST_P(MatmulTest, DecodePathMatchesReference) {
 
 const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,        DType::Q4_1, DType::Q5_0,
                         DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,        DType::Q4_K, DType::Q5_K,
-                        DType::Q6_K, DType::F8_E4M3_B32,       DType::NVFP4};
+                        DType::Q6_K, DType::F8_E4M3_B32,       DType::NVFP4, DType::MXFP4};
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, Isa>>& info) {
     return std::string(dtype_name(std::get<0>(info.param))) + "_" + std::string(cpu::isa_name(std::get<1>(info.param)));
@@ -473,7 +474,8 @@ TEST_P(DecodeEqualsGemm, Bitwise) {
 TEST(MatmulBounds, NothingReadPastTheLastRow) {
     const long page = sysconf(_SC_PAGESIZE);
     std::mt19937 rng(7);
-    for (DType t : {DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::F16, DType::F8_E4M3_B32, DType::NVFP4}) {
+    for (DType t :
+         {DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::F16, DType::F8_E4M3_B32, DType::NVFP4, DType::MXFP4}) {
         const int64_t K = 768, M = 45;
         const size_t rb = row_size(t, K);
         const std::vector<uint8_t> w = dtype_is_quantized(t) ? random_blocks(t, M, K, rng) : gaussian_weights(t, M, K, rng);
@@ -552,7 +554,7 @@ TEST(MatmulBatchInvariance, EachFamilyComputesRowsIndependently) {
 TEST(MatmulWeightOnly, KernelsDecodeEveryWeightExactly) {
     std::mt19937 rng(static_cast<uint32_t>(test_seed()));
     SCOPED_TRACE(seed_note());
-    for (DType t : {DType::F8_E4M3_B32, DType::NVFP4}) {
+    for (DType t : {DType::F8_E4M3_B32, DType::NVFP4, DType::MXFP4}) {
         const int64_t K = 192, M = 19;
         const std::vector<uint8_t> w = random_blocks(t, M, K, rng);
         const Tensor W = Tensor::contiguous(t, {K, M, 1, 1}, const_cast<uint8_t*>(w.data()), "w");

@@ -309,3 +309,74 @@ TEST(Fp8, Nvfp4BlocksDecodeAsTheCheckpointLayout) {
     }
     EXPECT_THROW(quantize_row_ref(DType::NVFP4, x.data(), q.data(), 96), Error);
 }
+
+// MXFP4 (GGML's block_mxfp4, OCP MX v1.0 FP4): 17-byte blocks of 32, an E8M0
+// scale byte then 16 code bytes, element j < 16 in the low nibble of byte j
+// and element j + 16 in its high nibble. Every code in both nibbles, at
+// several scales, decodes to the spec's value: E2M1 (sign, 2 exponent bits of
+// bias 1, 1 mantissa bit) times 2^(e - 127); GGML's equivalent form, its
+// doubled integer table {0, 1, 2, 3, 4, 6, 8, 12} times 2^(e - 128), agrees.
+TEST(Fp8, Mxfp4BlocksDecodeAsTheSpecSays) {
+    ASSERT_EQ(static_cast<uint32_t>(DType::MXFP4), 39u);  // GGML_TYPE_MXFP4
+    ASSERT_EQ(dtype_info(DType::MXFP4).block_size, 32);
+    ASSERT_EQ(dtype_info(DType::MXFP4).type_size, 17);
+    ASSERT_EQ(row_size(DType::MXFP4, 64), 34u);
+    const auto spec = [](int code) {  // E2M1 from its fields
+        const int s = code >> 3, ex = (code >> 1) & 3, m = code & 1;
+        const double mag = ex == 0 ? m * 0.5 : (1.0 + m * 0.5) * std::ldexp(1.0, ex - 1);
+        return s ? -mag : mag;
+    };
+    const int kDoubled[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+    for (int e : {0, 1, 100, 126, 127, 128, 140, 250}) {  // 254 · 6 would overflow f32
+        uint8_t blk[17];
+        blk[0] = static_cast<uint8_t>(e);
+        for (int j = 0; j < 16; ++j) blk[1 + j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+        float y[32];
+        dequantize_row_ref(DType::MXFP4, blk, y, 32);
+        for (int j = 0; j < 32; ++j) {
+            const int code = j < 16 ? j : 15 - (j - 16);
+            const double want = spec(code) * std::ldexp(1.0, e - 127);
+            EXPECT_EQ(static_cast<double>(y[j]), want) << "e " << e << " element " << j;
+            const double ggml = (code & 8 ? -1 : 1) * kDoubled[code & 7] * std::ldexp(1.0, e - 128);
+            EXPECT_EQ(static_cast<double>(y[j]), ggml) << "e " << e << " element " << j;
+        }
+        EXPECT_EQ(e8m0_to_float(static_cast<uint8_t>(e)), std::ldexp(1.0f, e - 127));
+    }
+    EXPECT_TRUE(std::isnan(e8m0_to_float(0xFF)));
+}
+
+// The MXFP4 quantizer: the spec's shared exponent floor(log2(amax)) - 2, each
+// element the nearest E2M1 value of x / scale (ties to even, saturating at
+// 6); an all-zero block gets e = 0 and zero codes.
+TEST(Fp8, Mxfp4QuantizerTakesTheSharedExponent) {
+    std::mt19937 rng(31);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const int64_t k = 128;
+    std::vector<float> x(k), y(k);
+    for (auto& v : x) v = g(rng) * 3.0f;
+    for (int i = 32; i < 64; ++i) x[static_cast<size_t>(i)] = 0.0f;
+    x[70] = 1e-30f;  // a block of one tiny element: e = 25
+    for (int i = 64; i < 96; ++i)
+        if (i != 70) x[static_cast<size_t>(i)] = 0.0f;
+    std::vector<uint8_t> q(row_size(DType::MXFP4, k));
+    quantize_row_ref(DType::MXFP4, x.data(), q.data(), k);
+    dequantize_row_ref(DType::MXFP4, q.data(), y.data(), k);
+    for (int64_t b = 0; b < k / 32; ++b) {
+        block_mxfp4 blk;
+        std::memcpy(&blk, q.data() + b * 17, 17);
+        float am = 0.0f;
+        for (int j = 0; j < 32; ++j) am = std::max(am, std::fabs(x[static_cast<size_t>(b * 32 + j)]));
+        const int want_e = am > 0.0f ? static_cast<int>(std::floor(std::log2(am))) - 2 + 127 : 0;
+        EXPECT_EQ(blk.e, want_e) << "block " << b;
+        const float s = std::ldexp(1.0f, blk.e - 127);
+        for (int j = 0; j < 32; ++j) {
+            const size_t i = static_cast<size_t>(b * 32 + j);
+            const uint8_t code = j < 16 ? blk.qs[j] & 0xF : blk.qs[j - 16] >> 4;
+            EXPECT_EQ(code, float_to_fp4_e2m1(x[i] / s)) << i;
+            EXPECT_EQ(y[i], fp4_e2m1_to_float(code) * s) << i;
+            // within half a step of the largest binade, or saturated at 6 · s
+            EXPECT_LE(std::fabs(y[i] - x[i]), std::max(s, std::fabs(x[i]) - 6.0f * s) + 1e-38f) << i;
+        }
+    }
+    EXPECT_THROW(quantize_row_ref(DType::MXFP4, x.data(), q.data(), 48), Error);
+}

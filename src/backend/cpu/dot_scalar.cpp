@@ -302,7 +302,7 @@ float dot_bf16(int64_t K, const void* w, const void* x) {
     });
 }
 
-// Weight-only FP8 / NVFP4: each weight decoded to the reference's f32 value
+// Weight-only FP8 / NVFP4 / MXFP4: each weight decoded to the reference's f32 value
 // (quant/reference_fp.cpp), then summed as the float types are.
 float dot_f8_b32(int64_t K, const void* w, const void* x) {
     return dot_float(K, w, x, [](const void* p, int64_t i) {
@@ -321,6 +321,15 @@ float dot_nvfp4(int64_t K, const void* w, const void* x) {
         const float s = kFp8E4M3Values[b[offsetof(block_nvfp4, sc) + j / NVFP4_GROUP]] * d;
         const uint8_t q = b[offsetof(block_nvfp4, qs) + j / 2];
         return fp4_e2m1_to_float(j % 2 ? q >> 4 : q & 0xF) * s;
+    });
+}
+
+float dot_mxfp4(int64_t K, const void* w, const void* x) {
+    return dot_float(K, w, x, [](const void* p, int64_t i) {
+        const uint8_t* b = static_cast<const uint8_t*>(p) + (i / QK_MXFP4) * sizeof(block_mxfp4);
+        const int64_t j = i % QK_MXFP4;
+        const uint8_t q = b[offsetof(block_mxfp4, qs) + j % (QK_MXFP4 / 2)];
+        return fp4_e2m1_to_float(j < QK_MXFP4 / 2 ? q & 0xF : q >> 4) * e8m0_to_float(b[0]);
     });
 }
 
@@ -350,7 +359,9 @@ const FKernels fkernels{4,
                         fgemm<dot_f8_b32>,
                         fgemm<dot_nvfp4>,
                         fgemm<dot_f8_b32>,
-                        fgemm<dot_nvfp4>};
+                        fgemm<dot_nvfp4>,
+                        fgemm<dot_mxfp4>,
+                        fgemm<dot_mxfp4>};
 
 ScalarDotFn dot_fn(DType t) {
     switch (t) {
@@ -359,6 +370,7 @@ ScalarDotFn dot_fn(DType t) {
         case DType::BF16: return dot_bf16;
         case DType::F8_E4M3_B32: return dot_f8_b32;
         case DType::NVFP4: return dot_nvfp4;
+        case DType::MXFP4: return dot_mxfp4;
         case DType::Q4_0: return dot_q4_0;
         case DType::Q4_1: return dot_q4_1;
         case DType::Q5_0: return dot_q5_0;

@@ -1,5 +1,5 @@
 // AVX2 kernels for float weights (F32, F16, BF16, and the weight-only
-// F8_E4M3_B32 / NVFP4 decoded on load: kernels.h) x float activations.
+// F8_E4M3_B32 / NVFP4 / MXFP4 decoded on load: kernels.h) x float activations.
 // y[c*ldy + r] = sum_k W[r][k] * x[c][k], fp32 accumulation.
 // Register tile: R = 4 weight rows x C <= 2 activation rows (8 ymm
 // accumulators, 8 elements per step, weights converted exactly on load), a
@@ -101,6 +101,30 @@ struct LoadNvfp4 {
         const uint8_t* b = p + (k / QK_NVFP4) * static_cast<int64_t>(sizeof(block_nvfp4));
         const uint8_t q = b[offsetof(block_nvfp4, qs) + (k % QK_NVFP4) / 2];
         return fp4_e2m1_to_float(k % 2 ? q >> 4 : q & 0xF) * scale(b, k);
+    }
+};
+
+// Weight-only MXFP4: the 8 weights at element k (k % 8 == 0), the low
+// (elements 0..15 of the block) or high (16..31) nibbles of 8 code bytes;
+// the magnitude and sign as for NVFP4, times 2^(e − 127).
+struct LoadMxfp4 {
+    static __m256 load(const uint8_t* p, int64_t k) {
+        const uint8_t* b = p + (k / QK_MXFP4) * static_cast<int64_t>(sizeof(block_mxfp4));
+        const int j = static_cast<int>(k % QK_MXFP4);
+        __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + offsetof(block_mxfp4, qs) + j % 16));
+        if (j >= 16) v = _mm_srli_epi16(v, 4);
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F)));
+        const __m256 mag =
+            _mm256_permutevar8x32_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), idx);
+        const __m256 sign = _mm256_castsi256_ps(
+            _mm256_and_si256(_mm256_slli_epi32(idx, 28), _mm256_set1_epi32(static_cast<int>(0x80000000u))));
+        return _mm256_mul_ps(_mm256_or_ps(mag, sign), _mm256_set1_ps(e8m0_to_float(b[0])));
+    }
+    static float one(const uint8_t* p, int64_t k) {
+        const uint8_t* b = p + (k / QK_MXFP4) * static_cast<int64_t>(sizeof(block_mxfp4));
+        const int j = static_cast<int>(k % QK_MXFP4);
+        const uint8_t q = b[offsetof(block_mxfp4, qs) + j % 16];
+        return fp4_e2m1_to_float(j < 16 ? q & 0xF : q >> 4) * e8m0_to_float(b[0]);
     }
 };
 
@@ -215,6 +239,8 @@ const FKernels fkernels{4,
                         fgemm<LoadF8, true>,
                         fgemm<LoadNvfp4, true>,
                         fgemm<LoadF8, false>,
-                        fgemm<LoadNvfp4, false>};
+                        fgemm<LoadNvfp4, false>,
+                        fgemm<LoadMxfp4, true>,
+                        fgemm<LoadMxfp4, false>};
 
 }  // namespace quern::cpu::avx2

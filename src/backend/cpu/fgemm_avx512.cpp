@@ -1,5 +1,5 @@
 // AVX-512 kernels for float weights (F32, F16, BF16, and the weight-only
-// F8_E4M3_B32 / NVFP4 decoded on load: kernels.h) x float activations.
+// F8_E4M3_B32 / NVFP4 / MXFP4 decoded on load: kernels.h) x float activations.
 // y[c*ldy + r] = sum_k W[r][k] * x[c][k], fp32 accumulation.
 //
 // Register tile: R = 4 weight rows x C <= 4 activation rows, 16 zmm
@@ -90,6 +90,21 @@ struct LoadNvfp4 {
         const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
                                           -2.0f, -3.0f, -4.0f, -6.0f);
         return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(codes), lut), _mm512_set1_ps(s));
+    }
+    static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) { return _mm512_maskz_mov_ps(m, load(p, k)); }
+};
+
+// Weight-only MXFP4: the 16 weights at element k (k % 16 == 0): the low
+// (elements 0..15 of the block) or high (16..31) nibbles of its 16 code
+// bytes through the E2M1 table, times 2^(e − 127).
+struct LoadMxfp4 {
+    static __m512 load(const uint8_t* p, int64_t k) {
+        const uint8_t* b = p + (k / QK_MXFP4) * static_cast<int64_t>(sizeof(block_mxfp4));
+        __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + offsetof(block_mxfp4, qs)));
+        if (k % QK_MXFP4) v = _mm_srli_epi16(v, 4);
+        const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                          -2.0f, -3.0f, -4.0f, -6.0f);
+        return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(v), lut), _mm512_set1_ps(e8m0_to_float(b[0])));
     }
     static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) { return _mm512_maskz_mov_ps(m, load(p, k)); }
 };
@@ -210,6 +225,8 @@ const FKernels fkernels{4,
                         fgemm<LoadF8, true>,
                         fgemm<LoadNvfp4, true>,
                         fgemm<LoadF8, false>,
-                        fgemm<LoadNvfp4, false>};
+                        fgemm<LoadNvfp4, false>,
+                        fgemm<LoadMxfp4, true>,
+                        fgemm<LoadMxfp4, false>};
 
 }  // namespace quern::cpu::avx512

@@ -164,14 +164,14 @@ struct QKernels {
 /// ldw bytes (type F32/F16/BF16, or a weight-only type below), x rows stride
 /// ldx floats.
 ///
-/// Weight-only FP8 / NVFP4 (F8_E4M3_B32, NVFP4; quant/blocks.h) run through
+/// Weight-only FP8 / NVFP4 / MXFP4 (F8_E4M3_B32, NVFP4, MXFP4; quant/blocks.h) run through
 /// the same kernels: the per-type loader turns the codes of one vector's worth
 /// of elements (16 on AVX-512, 8 on AVX2; always inside one block, K being a
 /// multiple of the block size) into f32 weights in registers — E4M3 codes
 /// through F16 (sign-extend, shift, mask: the E4M3 bits become an F16 value
 /// 2^-8 times theirs, converted exactly by vcvtph2ps) times d * 256; E2M1
 /// codes through a 16-entry table (vpermps) times the group's
-/// f32(e4m3(sc) * d) — so every weight is exactly the scalar reference's
+/// f32(e4m3(sc) * d), or MXFP4's 2^(e − 127) — so every weight is exactly the scalar reference's
 /// value (quant/reference_fp.cpp) and the product with f32 activations
 /// rounds as for F32 weights. The kernels stay memory-bound in decode; the
 /// dequantization costs a few instructions per vector.
@@ -188,12 +188,14 @@ struct FKernels {
     // the same without the decode special case (nc <= 3): every output
     // element computed alike whatever nr and nc (batch-invariant)
     FGemmFn f32_tiled, f16_tiled, bf16_tiled;
-    // weight-only F8_E4M3_B32 and NVFP4, with and without the decode case
-    FGemmFn f8, nvfp4, f8_tiled, nvfp4_tiled;
+    // weight-only F8_E4M3_B32, NVFP4 and MXFP4, with and without the decode case
+    FGemmFn f8, nvfp4, f8_tiled, nvfp4_tiled, mxfp4, mxfp4_tiled;
 };
 /// True for the types the float kernels run although their blocks hold more
-/// than one element (F8_E4M3_B32, NVFP4).
-inline bool is_weight_only_type(DType t) { return t == DType::F8_E4M3_B32 || t == DType::NVFP4; }
+/// than one element (F8_E4M3_B32, NVFP4, MXFP4).
+inline bool is_weight_only_type(DType t) {
+    return t == DType::F8_E4M3_B32 || t == DType::NVFP4 || t == DType::MXFP4;
+}
 
 // ---------------------------------------------------------------- per-level tables
 #define QUERN_CPU_DECLARE_UNPACKERS(X)                                                                           \

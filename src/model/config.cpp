@@ -2,12 +2,42 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/arch/arch.h"
 
 namespace quern {
+
+std::vector<float> yarn_freq_factors(double base, int64_t rope_dim, double factor, double orig_ctx, double beta_fast,
+                                     double beta_slow, bool truncate) {
+    if (!(factor > 0) || !(orig_ctx > 0) || !(base > 1) || rope_dim <= 0 || rope_dim % 2 != 0)
+        fail("YaRN needs factor > 0, an original context > 0, a RoPE base > 1 and an even rope dimension (got {}, {}, "
+             "{}, {})",
+             factor, orig_ctx, base, rope_dim);
+    const double d = static_cast<double>(rope_dim);
+    // The pair index whose wavelength fits `turns` rotations into orig_ctx.
+    const auto dim_of = [&](double turns) {
+        return d * std::log(orig_ctx / (turns * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+    };
+    double lo = dim_of(beta_fast), hi = dim_of(beta_slow);
+    if (truncate) lo = std::floor(lo), hi = std::ceil(hi);
+    lo = std::max(lo, 0.0);
+    hi = std::min(hi, d - 1);
+    if (lo == hi) hi += 0.001;  // as transformers does: no zero-width ramp
+    std::vector<float> f(static_cast<size_t>(rope_dim / 2));
+    for (int64_t i = 0; i < rope_dim / 2; ++i) {
+        const double ramp = std::clamp((static_cast<double>(i) - lo) / (hi - lo), 0.0, 1.0);
+        const double extrapolate = 1.0 - ramp;  // 1: the pair keeps its frequency
+        f[static_cast<size_t>(i)] = static_cast<float>(1.0 / ((1.0 - extrapolate) / factor + extrapolate));
+    }
+    return f;
+}
+
+float yarn_attn_factor(double factor) {
+    return factor <= 1.0 ? 1.0f : static_cast<float>(0.1 * std::log(factor) + 1.0);
+}
 
 float ModelConfig::qk_scale() const {
     const float s = attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -24,6 +54,39 @@ std::string GgufKeys::get_string(std::string_view key, std::string_view def) con
     return f.get_string(prefix + std::string(key), def);
 }
 bool GgufKeys::has_tensor(std::string_view name) const { return f.find_tensor(name) != nullptr; }
+
+namespace {
+
+// {arch}.rope.scaling.* as llama.cpp reads them (llama-model.cpp, with
+// llama-context.cpp's YaRN magnitude: 1 + 0.1 · ln(factor) times
+// rope.scaling.attn_factor): linear and YaRN here; LongRoPE (Phi-3) and
+// families that scale some layers only (Gemma 3) in their own hooks.
+void read_rope_scaling(const GgufKeys& k, ModelConfig& c) {
+    const std::string type = k.get_string("rope.scaling.type", "none");
+    if (type == "none" || type == "longrope") return;
+    const double factor = k.get_float("rope.scaling.factor", 0.0);
+    if (!(factor > 0)) fail("gguf key '{}rope.scaling.factor' must be positive for {} scaling, got {}", k.prefix, type, factor);
+    if (type == "linear") {
+        c.rope_freq_factors.assign(static_cast<size_t>(std::max<int64_t>(c.rope_dim / 2, 0)), static_cast<float>(factor));
+    } else if (type == "yarn") {
+        if (k.get_float("rope.scaling.yarn_log_multiplier", 0.0) != 0.0)
+            fail("gguf key '{}rope.scaling.yarn_log_multiplier' (DeepSeek's YaRN variant) is not supported", k.prefix);
+        if (k.get_float("rope.scaling.yarn_ext_factor", 1.0) != 1.0)
+            fail("gguf key '{}rope.scaling.yarn_ext_factor' other than 1 is not supported", k.prefix);
+        c.rope_yarn_factor = static_cast<float>(factor);
+        c.rope_orig_ctx = k.get_int("rope.scaling.original_context_length");
+        c.yarn_beta_fast = static_cast<float>(k.get_float("rope.scaling.yarn_beta_fast", 32.0));
+        c.yarn_beta_slow = static_cast<float>(k.get_float("rope.scaling.yarn_beta_slow", 1.0));
+        c.rope_freq_factors = yarn_freq_factors(c.rope_base, c.rope_dim, factor, static_cast<double>(c.rope_orig_ctx),
+                                                c.yarn_beta_fast, c.yarn_beta_slow, true);
+        c.rope_attn_factor =
+            yarn_attn_factor(factor) * static_cast<float>(k.get_float("rope.scaling.attn_factor", 1.0));
+    } else {
+        fail("gguf key '{}rope.scaling.type' = '{}' is not supported (none, linear, yarn)", k.prefix, type);
+    }
+}
+
+}  // namespace
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     ModelConfig c;
@@ -64,6 +127,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     } else {
         c.n_ff_exp = 0;
     }
+    read_rope_scaling(k, c);
     def->gguf_config(k, c);
     c.validate();
     return c;
@@ -85,6 +149,13 @@ void ModelConfig::write_gguf(GgufWriter& w) const {
     w.set_f32(a + "attention.layer_norm_rms_epsilon", rms_eps);
     if (sliding_window > 0) w.set_u32(a + "attention.sliding_window", static_cast<uint32_t>(sliding_window));
     w.set_u32(a + "vocab_size", static_cast<uint32_t>(n_vocab));
+    if (rope_yarn_factor > 0.0f) {
+        w.set_string(a + "rope.scaling.type", "yarn");
+        w.set_f32(a + "rope.scaling.factor", rope_yarn_factor);
+        w.set_u32(a + "rope.scaling.original_context_length", static_cast<uint32_t>(rope_orig_ctx));
+        w.set_f32(a + "rope.scaling.yarn_beta_fast", yarn_beta_fast);
+        w.set_f32(a + "rope.scaling.yarn_beta_slow", yarn_beta_slow);
+    }
     if (moe()) {
         w.set_u32(a + "expert_count", static_cast<uint32_t>(n_expert));
         w.set_u32(a + "expert_used_count", static_cast<uint32_t>(n_expert_used));

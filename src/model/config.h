@@ -13,6 +13,20 @@ namespace quern {
 class GgufFile;
 class GgufWriter;
 
+/// YaRN's per-pair RoPE frequency divisors (rope_dim / 2 of them, as
+/// ModelConfig::rope_freq_factors): pair i of base^(-2i/rope_dim) keeps its
+/// frequency (extrapolation) below the correction range, turns `factor` times
+/// slower (interpolation) above it, and blends linearly inside it; the range
+/// is where pairs make beta_fast and beta_slow turns over orig_ctx positions,
+/// floored and ceiled when `truncate` (llama.cpp always; transformers unless
+/// rope_parameters.truncate is false). transformers' _compute_yarn_parameters;
+/// ggml's rope_yarn.
+std::vector<float> yarn_freq_factors(double base, int64_t rope_dim, double factor, double orig_ctx, double beta_fast,
+                                     double beta_slow, bool truncate);
+/// YaRN's magnitude scale of cos and sin: 0.1 · ln(factor) + 1 (1 when
+/// factor <= 1).
+float yarn_attn_factor(double factor);
+
 struct ModelConfig {
     std::string arch = "llama";  // general.architecture
     std::string name;            // general.name
@@ -59,6 +73,13 @@ struct ModelConfig {
     int64_t rope_orig_ctx = 0;
     float rope_attn_factor = 1.0f;
     bool longrope() const { return !rope_factors_long.empty(); }
+
+    // YaRN (Peng et al. 2023; gpt-oss, long-context Qwen): kept as the
+    // per-pair divisors of rope_freq_factors and the magnitude scale of
+    // rope_attn_factor (yarn_freq_factors); the parameters themselves stay
+    // for writing GGUF keys back. rope_yarn_factor 0: no YaRN.
+    float rope_yarn_factor = 0.0f;
+    float yarn_beta_fast = 32.0f, yarn_beta_slow = 1.0f;
 
     // Gemma 2 / Gemma 3 (defaults leave the other architectures unchanged).
     float embd_scale = 0.0f;      ///< token embeddings are multiplied by this (0: not scaled); Gemma: sqrt(n_embd)
@@ -131,7 +152,7 @@ struct ModelConfig {
     /// max_position_embeddings, vocab_size, tie_word_embeddings,
     /// attention_bias) with the family's defaults, the family's own keys
     /// (ArchDef::hf_config), then RoPE: rope_theta, rope_scaling or
-    /// rope_parameters (none, "default", "linear", "llama3", "longrope"/"su";
+    /// rope_parameters (none, "default", "linear", "llama3", "longrope"/"su", "yarn";
     /// partial_rotary_factor). RoPE is NeoX-ordered (HF's rotate_half).
     /// `where` names the file in errors. Throws quern::Error naming the key
     /// and the file for a missing or malformed key, an unknown model_type and

@@ -228,6 +228,35 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
             if (rs.contains("attention_factor") && !rs["attention_factor"].is_null())
                 af = k.get_float(rs, "attention_factor", prefix + "attention_factor");
             c.rope_attn_factor = static_cast<float>(af);
+        } else if (type == "yarn") {
+            // transformers' _compute_yarn_parameters: factor (else
+            // max_position_embeddings / original), beta_fast / beta_slow
+            // (32 / 1), truncate (true), attention_factor (else 0.1 ln(factor) + 1,
+            // or the mscale / mscale_all_dim ratio, which is refused).
+            if (c.rope_dim <= 0 || c.rope_dim % 2 != 0)
+                fail("{}: the rotated head width {} must be positive and even", where, c.rope_dim);
+            for (const char* key : {"mscale", "mscale_all_dim"})
+                if (rs.contains(key) && !rs[key].is_null())
+                    fail("{}: key '{}{}' (DeepSeek's YaRN variant) is not supported", where, prefix, key);
+            const double orig = k.get_float(rs, "original_max_position_embeddings", prefix + "original_max_position_embeddings");
+            const double factor = rs.contains("factor") && !rs["factor"].is_null()
+                                      ? k.get_float(rs, "factor", prefix + "factor")
+                                      : k.get_float("max_position_embeddings", 0.0) / orig;
+            const auto opt = [&](const char* key, double def) {
+                return rs.contains(key) && !rs[key].is_null() ? k.get_float(rs, key, prefix + key) : def;
+            };
+            bool truncate = true;
+            if (rs.contains("truncate") && !rs["truncate"].is_null()) {
+                if (!rs["truncate"].is_boolean()) fail("{}: key '{}truncate' must be true or false", where, prefix);
+                truncate = rs["truncate"].get<bool>();
+            }
+            c.rope_yarn_factor = static_cast<float>(factor);
+            c.rope_orig_ctx = static_cast<int64_t>(orig);
+            c.yarn_beta_fast = static_cast<float>(opt("beta_fast", 32.0));
+            c.yarn_beta_slow = static_cast<float>(opt("beta_slow", 1.0));
+            c.rope_freq_factors =
+                yarn_freq_factors(base, c.rope_dim, factor, orig, c.yarn_beta_fast, c.yarn_beta_slow, truncate);
+            c.rope_attn_factor = static_cast<float>(opt("attention_factor", yarn_attn_factor(factor)));
         } else if (type == "llama3") {
             if (c.rope_dim <= 0 || c.rope_dim % 2 != 0)
                 fail("{}: head_dim {} must be positive and even", where, c.rope_dim);
@@ -237,7 +266,7 @@ ModelConfig ModelConfig::from_hf_config(std::string_view json_text, const std::s
             if (!(factor > 0)) fail("{}: {}factor must be positive, got {}", where, prefix, factor);
             if (c.rope_dim > 0) c.rope_freq_factors.assign(static_cast<size_t>(c.rope_dim / 2), static_cast<float>(factor));
         } else if (type != "default") {
-            fail("{}: {}rope_type '{}' is not supported (supported: default, linear, llama3, longrope)", where, prefix, type);
+            fail("{}: {}rope_type '{}' is not supported (supported: default, linear, llama3, longrope, yarn)", where, prefix, type);
         }
     }
     if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0)

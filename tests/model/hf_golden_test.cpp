@@ -1,5 +1,6 @@
 // Hugging Face checkpoints against transformers: tiny random Llama, Qwen2,
-// Qwen3, Gemma 2, Gemma 3, Mixtral, Qwen3-MoE and Phi-3 models saved in fp32 and bf16 (tests/data/hf, made by
+// Qwen3, Gemma 2, Gemma 3, Mixtral, Qwen3-MoE, Phi-3, Granite, Qwen3.5 and
+// gpt-oss models saved in fp32 and bf16 (gpt-oss also with MXFP4 experts) (tests/data/hf, made by
 // tools/make_hf_golden.py) give logits at every position within cosine 0.9999
 // (fp32) / 0.999 (bf16) of transformers' and the same argmax, and so do the
 // Llama and Qwen3 ones quantized to FP8 and NVFP4 (within 0.9999 of
@@ -70,7 +71,7 @@ TEST_P(HfGolden, LogitsMatchTransformersAtEveryPosition) {
         ModelOptions o;
         o.precise_activations = precise;
         model->set_options(o);
-        KvCache cache = model->make_cache(64);
+        KvCache cache = model->make_cache(std::max<int64_t>(64, n));
         std::vector<float> out(static_cast<size_t>(n * V));
         model->forward(fx.tokens.data(), n, cache, out.data(), true, pool);
         double worst = 1.0;
@@ -106,7 +107,8 @@ TEST_P(HfGolden, BatchedForwardMatches) {
     auto runner = make_cpu_batch_runner(*model, pool);
     auto kv = runner->make_kv_pool((n + 15) / 16, 16, "test");
     runner->make_state_slots(1);  // Qwen3.5's recurrent state (others have none)
-    std::vector<int32_t> blocks{0, 1, 2, 3};
+    std::vector<int32_t> blocks(static_cast<size_t>((n + 15) / 16));
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
     std::vector<float> logits(static_cast<size_t>(V));
     for (int64_t p = 0; p < n;) {
         const int64_t len = std::min<int64_t>(p == 0 ? 5 : 7, n - p);
@@ -138,6 +140,10 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden,
                                            // Gated DeltaNet + gated attention, 64 positions
                                            Case{"qwen3_5", "fp32", 0.9999}, Case{"qwen3_5", "bf16", 0.999},
                                            Case{"qwen3_5_moe", "fp32", 0.9999}, Case{"qwen3_5_moe", "bf16", 0.999},
+                                           // sinks, alternating window 32, YaRN, biased experts; 300 positions;
+                                           // MXFP4 experts against transformers' dequantization of them
+                                           Case{"gpt_oss", "fp32", 0.9999}, Case{"gpt_oss", "bf16", 0.999},
+                                           Case{"gpt_oss", "mxfp4", 0.9999},
                                            // LongRoPE: past the original context (long factors) and within it
                                            Case{"phi3_longrope", "fp32", 0.9999}, Case{"phi3_longrope", "bf16", 0.999},
                                            Case{"phi3_longrope_short", "fp32", 0.9999},
@@ -276,8 +282,20 @@ TEST_F(HfCheckpointCopy, ConfigErrorsNameTheKeyAndFile) {
     EXPECT_NE(e.find("'num_attention_heads' must be an integer"), std::string::npos) << e;
     e = with([](nlohmann::json& c) { c["use_sliding_window"] = true; });
     EXPECT_NE(e.find("use_sliding_window"), std::string::npos) << e;
+    e = with([](nlohmann::json& c) { c["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 4.0}, {"rope_theta", 1e6}}; });
+    EXPECT_NE(e.find("rope_type 'dynamic'"), std::string::npos) << e;
     e = with([](nlohmann::json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e6}}; });
-    EXPECT_NE(e.find("rope_type 'yarn'"), std::string::npos) << e;
+    EXPECT_NE(e.find("'rope_parameters.original_max_position_embeddings' is missing"), std::string::npos) << e;
+    e = with([](nlohmann::json& c) {
+        c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e6},
+                                {"original_max_position_embeddings", 64}, {"mscale_all_dim", 1.0}};
+    });
+    EXPECT_NE(e.find("mscale_all_dim"), std::string::npos) << e;  // DeepSeek's variant: refused by name
+    e = with([](nlohmann::json& c) {
+        c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e6},
+                                {"original_max_position_embeddings", 64}};
+    });
+    EXPECT_EQ(e, "");  // YaRN loads (gpt_oss's golden test checks its numbers)
     e = with([](nlohmann::json& c) { c["hidden_act"] = "gelu"; });
     EXPECT_NE(e.find("hidden_act 'gelu'"), std::string::npos) << e;
     e = with([](nlohmann::json& c) { c["num_key_value_heads"] = 3; });

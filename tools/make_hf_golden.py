@@ -114,6 +114,10 @@ try:  # transformers >= 5.2
     from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 except ImportError:
     Qwen3_5ForCausalLM = Qwen3_5TextConfig = None
+try:
+    from transformers import GptOssConfig, GptOssForCausalLM
+except ImportError:
+    GptOssConfig = None
 
 VOCAB = 256
 N_TOKENS = 24
@@ -198,8 +202,18 @@ if Qwen3_5TextConfig is not None:
         linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=32,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}))
+if GptOssConfig is not None:
+    # gpt-oss: layers sliding, full, sliding, full (window 32 of 300 tokens);
+    # heads of 16 with sinks; 8 experts of 32, 4 per token, biased, their
+    # clamped SwiGLU reached (gate|up drawn 4x wider); YaRN with factor 8 over
+    # an original context of 64, not truncated, as the released config has it.
+    MODELS["gpt_oss"] = (GptOssConfig, GptOssForCausalLM, dict(
+        num_hidden_layers=4, head_dim=16, num_local_experts=8, num_experts_per_tok=4, intermediate_size=32,
+        sliding_window=32, max_position_embeddings=512, tie_word_embeddings=False, attention_bias=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64}))
 N_TOKENS_OF = {"gemma2": 32, "gemma3": 32, "phi3_longrope": 24, "phi3_longrope_short": 12, "qwen3_5": 64,
-               "qwen3_5_moe": 64}
+               "qwen3_5_moe": 64, "gpt_oss": 300}
 
 LONGROPE_GPU = {**LONGROPE["rope_parameters"],
                 "short_factor": [1.0, 1.05, 1.1, 1.2, 1.3, 1.45, 1.6, 1.8, 2.0, 2.2, 2.5, 2.8, 3.1, 3.4, 3.8, 4.2],
@@ -236,7 +250,14 @@ def randomise(model, seed):
             if name.endswith("norm.weight"):
                 zc = zero_centred and not name.endswith("linear_attn.norm.weight")
                 p.copy_((0.0 if zc else 1.0) + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith(".bias"):
+            elif name.endswith("self_attn.sinks"):  # gpt-oss: logits of the scale of the scores
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                # gpt-oss stacks experts input-major ([expert, in, out]); gate|up
+                # wide enough that its clamp at 7 bites
+                wide = 4.0 if name.endswith("gate_up_proj") else 1.0
+                p.copy_(wide * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-2]))
+            elif name.endswith(".bias") or name.endswith("_proj_bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
             elif name.endswith("embed_tokens.weight"):
                 p.copy_(torch.randn(p.shape, generator=g))
@@ -248,11 +269,15 @@ def randomise(model, seed):
 
 # Architectures whose golden.json also holds transformers' greedy continuation
 # of the prompt (this many new tokens, float64, with its cache).
-GREEDY = {"qwen3_5": 16, "qwen3_5_moe": 16}
+GREEDY = {"qwen3_5": 16, "qwen3_5_moe": 16, "gpt_oss": 16}
+
+
+def eager_experts(path):
+    return {"experts_implementation": "eager"} if "moe" in path or "mixtral" in path or "gpt_oss" in path else {}
 
 
 def greedy_continuation(path, cls, ids, n):
-    extra = {"experts_implementation": "eager"} if "moe" in path else {}
+    extra = eager_experts(path)
     model = cls.from_pretrained(path, dtype=torch.float32, **extra).double().eval()
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
@@ -344,12 +369,80 @@ def add_mtp_head(root, d, cls, ids, seed):
     return {"logits_file": "fp32.mtp.logits", "positions": n}
 
 
-def reference_logits(path, cls, ids):
+def reference_logits(path, cls, ids, truncate_yarn=False, experts=None):
     # Eager experts: the grouped-matmul path has no float64 kernel.
-    extra = {"experts_implementation": "eager"} if "moe" in path or "mixtral" in path else {}
-    model = cls.from_pretrained(path, dtype=torch.float32, **extra).double().eval()
+    model = cls.from_pretrained(path, dtype=torch.float32, **eager_experts(path)).double().eval()
+    if experts is not None:  # dequantized expert banks in place of the checkpoint's
+        with torch.no_grad():
+            for k, v in model.state_dict().items():
+                if k in experts:
+                    v.copy_(torch.from_numpy(experts[k]))
+    if truncate_yarn:  # llama.cpp's YaRN: the correction range floored and ceiled
+        model.config.rope_parameters["truncate"] = True
+        model.model.rotary_emb = type(model.model.rotary_emb)(model.config).double()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+# ---------------------------------------------------------------- gpt-oss MXFP4 experts
+
+def mxfp4_quantize(w):
+    """[..., R, K] float32 -> (blocks uint8 [..., R, K/32, 16], scales uint8 [..., R, K/32]) in the checkpoint
+    layout (element 2i in the low nibble of byte i): the OCP MX shared exponent floor(log2(amax)) - 2 (scale
+    byte 0 for an all-zero block), codes E2M1(w / 2^(e - 127)), nearest, ties to even, saturating."""
+    b = w.reshape(*w.shape[:-1], w.shape[-1] // 32, 32).astype(np.float32)
+    amax = np.abs(b).max(axis=-1)
+    e = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1))) - 2 + 127, 0)
+    e = np.clip(e, 0, 254).astype(np.uint8)
+    codes = to_e2m1(b / np.ldexp(np.float32(1), e.astype(np.int32) - 127)[..., None])
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return blocks, e
+
+
+def make_gpt_oss_mxfp4(root, cls, ids, meta):
+    """OUT/gpt_oss/mxfp4: the fp32 checkpoint with its expert banks in MXFP4 (gate_up_proj_blocks /
+    _scales, down_proj_blocks / _scales; quantization_config quant_method mxfp4), the rest fp32; its
+    reference runs on the banks as transformers' convert_moe_packed_tensors dequantizes them."""
+    from safetensors.numpy import load_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    src, d = os.path.join(root, "fp32"), os.path.join(root, "mxfp4")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    deq = {}
+    for k in list(sd):
+        if k.endswith("experts.gate_up_proj") or k.endswith("experts.down_proj"):
+            w = np.swapaxes(sd.pop(k), 1, 2)  # [X, out, in]
+            blocks, scales = mxfp4_quantize(w)
+            sd[k + "_blocks"], sd[k + "_scales"] = blocks, scales
+            back = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+            deq[k] = back.numpy().astype(np.float64)  # back to [X, in, out]
+    save_file({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sd.items()}, os.path.join(d, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "mxfp4",
+                                     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                "model.embed_tokens", "lm_head"]}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    shutil.copy(os.path.join(src, "generation_config.json"), d)
+    for variant, trunc in (("mxfp4", False), ("mxfp4_truncated", True)):
+        logits = reference_logits(src, cls, ids, truncate_yarn=trunc, experts=deq)
+        logits.astype("<f4").tofile(os.path.join(root, variant + ".logits"))
+        if not trunc:
+            top2 = np.sort(logits, axis=1)[:, -2:]
+            gap = float((top2[:, 1] - top2[:, 0]).min())
+    meta["checkpoints"]["mxfp4"] = {"folder": "mxfp4", "logits_file": "mxfp4.logits", "min_top2_gap": gap,
+                                    "files": sorted(os.listdir(d))}
+
+
+def add_truncated_yarn_reference(root, cls, ids, meta):
+    """fp32 logits with llama.cpp's YaRN (truncated correction range), the reference of the GGUF files
+    llama.cpp's converter writes from these checkpoints (tools/make_llamacpp_gguf.py)."""
+    logits = reference_logits(os.path.join(root, "fp32"), cls, ids, truncate_yarn=True)
+    logits.astype("<f4").tofile(os.path.join(root, "fp32_truncated.logits"))
+    meta["llamacpp_references"] = {"fp32": "fp32_truncated.logits", "mxfp4": "mxfp4_truncated.logits"}
 
 
 # ---------------------------------------------------------------- reference quantizers (numpy)
@@ -643,6 +736,9 @@ def main():
                 "files": sorted(os.listdir(d))}
             model.float()
         make_quantized(name, cls, root, ids, meta)
+        if name == "gpt_oss" and not args.gpu_shapes:
+            make_gpt_oss_mxfp4(root, cls, ids, meta)
+            add_truncated_yarn_reference(root, cls, ids, meta)
         if name in MTP and not args.gpu_shapes:
             meta["mtp"] = add_mtp_head(root, os.path.join(root, "fp32"), cls, ids, 5000 + i)
         if name in GREEDY:

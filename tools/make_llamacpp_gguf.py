@@ -9,7 +9,8 @@ test can load the result and compare its logits with the same golden logits
 transformers computed for the checkpoint (the weights are identical; only
 their layout and names differ).
 
-  OUT/NAME/llamacpp-f32.gguf   converted with --outtype f32
+  OUT/NAME/llamacpp-VARIANT.gguf   converted with --outtype f32 (VARIANT: fp32, or
+                                   gpt-oss's mxfp4, whose experts stay MXFP4)
 
 The fixtures have no tokenizer (their vocabulary is 256 ids), so the script
 gives the converter a byte-level BPE tokenizer of 256 tokens (255 bytes and
@@ -34,7 +35,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-FIXTURES = {"qwen3_5": "fp32", "qwen3_5_moe": "fp32"}
+# Per fixture, the checkpoints to convert (gpt-oss's MXFP4 one keeps its
+# experts in MXFP4: the converter repacks them into GGML's blocks).
+FIXTURES = {"qwen3_5": ["fp32"], "qwen3_5_moe": ["fp32"], "gpt_oss": ["fp32", "mxfp4"]}
 
 
 def byte_tokenizer(folder: Path):
@@ -74,7 +77,7 @@ def convert(llama_cpp: Path, src: Path, out: Path):
         byte_tokenizer(folder)
         cfg = json.loads((folder / "config.json").read_text())
         args = [str(folder), "--outtype", "f32", "--outfile", str(out)]
-        if not cfg.get("mtp_num_hidden_layers"):
+        if "mtp_num_hidden_layers" in cfg and not cfg["mtp_num_hidden_layers"]:  # Qwen3.5: the flag exists
             args.append("--no-mtp")
         argv, sys.argv = sys.argv, ["convert_hf_to_gguf.py", *args]
         try:
@@ -90,10 +93,11 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated fixtures (default: all)")
     a = ap.parse_args()
     only = set(filter(None, a.only.split(",")))
-    for name, variant in FIXTURES.items():
+    for name, variants in FIXTURES.items():
         if only and name not in only:
             continue
-        convert(a.llama_cpp.resolve(), a.out / name / variant, a.out / name / f"llamacpp-{variant}.gguf")
+        for variant in variants:
+            convert(a.llama_cpp.resolve(), a.out / name / variant, a.out / name / f"llamacpp-{variant}.gguf")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ Value take_mixer(Reader& r, Value h, BlockPlanLayer& L, BlockPlan& b, size_t il,
     if (r.next_is(OpKind::Attention, in.out)) {
         const Op& at = r.take(OpKind::Attention, in.out, "attention");
         L.attn = &p.attention[static_cast<size_t>(at.spec)];
+        if (L.attn->sinks) fail("layer {}: attention sinks (gpt-oss) are not supported on the GPU yet", il);
         if (L.attn->kv_layer != b.n_kv_layers)
             fail("layer {} attends over KV-cache layer {} where {} was expected", il, L.attn->kv_layer, b.n_kv_layers);
         ++b.n_kv_layers;
@@ -191,6 +192,9 @@ BlockPlan plan_blocks(const Program& p) {
             const Op& m = r.take(OpKind::Moe, h, "");
             L.moe = &p.moe[static_cast<size_t>(m.spec)];
             L.act = L.moe->act;
+            if (L.moe->router_bias || L.moe->gate.bias || L.moe->up.bias || L.moe->down.bias ||
+                L.act == GluAct::SwiGluOai)
+                fail("layer {}: expert biases and the clamped SwiGLU (gpt-oss) are not supported on the GPU yet", il);
             same(b.n_expert, L.moe->n_expert, "experts", il);
             same(b.n_expert_used, L.moe->n_used, "experts per token", il);
             same(b.n_ff_exp, L.moe->n_ff, "an expert width of", il);
@@ -258,6 +262,13 @@ BlockPlan plan_blocks(const Program& p) {
 }
 
 std::string cuda_unsupported(const Program& p) {
+    // gpt-oss's pieces, named as what the kernels lack rather than as a
+    // program that does not fit
+    for (const AttentionSpec& a : p.attention)
+        if (a.sinks) return "attention sinks (gpt-oss)";
+    for (const MoeSpec& m : p.moe)
+        if (m.router_bias || m.gate.bias || m.up.bias || m.down.bias || m.act == GluAct::SwiGluOai)
+            return "biased experts with the clamped SwiGLU (gpt-oss)";
     BlockPlan b;
     try {
         b = plan_blocks(p);

@@ -149,6 +149,7 @@ Value ProgramBuilder::attention(Value qkv, const AttentionSpec& s) {
              s.head_dim);
     if (s.q_norm) require_f32_vector(*s.q_norm, s.head_dim, "q norm");
     if (s.k_norm) require_f32_vector(*s.k_norm, s.head_dim, "k norm");
+    if (s.sinks) require_f32_vector(*s.sinks, s.n_head, "attention sinks");
     if ((s.q_norm || s.k_norm) && !(s.norm_eps > 0.0f)) fail("attention of layer {}: q/k norm without an epsilon", layer_);
     if (s.window < 0 || s.softcap < 0.0f || !(s.scale > 0.0f))
         fail("attention of layer {}: window {}, soft-cap {} and scale {} out of range", layer_, s.window, s.softcap,
@@ -164,6 +165,8 @@ Value ProgramBuilder::attention(Value qkv, const AttentionSpec& s) {
 Value ProgramBuilder::glu(Value gate_up, GluAct act) {
     const ValueInfo& xi = info(gate_up);
     if (xi.width % 2 != 0) fail("program: a gated FFN's input [gate | up] has odd width {}", xi.width);
+    if (act == GluAct::Sigmoid || act == GluAct::SwiGluOai)
+        fail("program: a gated FFN is SiLU or GELU (the clamped SwiGLU is the experts')");
     Op op;
     op.kind = OpKind::Glu;
     op.in[0] = gate_up;
@@ -175,7 +178,7 @@ Value ProgramBuilder::gate(Value x, Value g, GluAct act) {
     const ValueInfo& xi = info(x);
     if (info(g).width != xi.width && info(g).width != 1)
         fail("program: gate of width {} for a value of width {}", info(g).width, xi.width);
-    if (act == GluAct::GeluTanh) fail("program: an output gate is SiLU or sigmoid");
+    if (act != GluAct::SiLU && act != GluAct::Sigmoid) fail("program: an output gate is SiLU or sigmoid");
     Op op;
     op.kind = OpKind::Gate;
     op.in[0] = x;
@@ -224,6 +227,17 @@ Value ProgramBuilder::moe(Value x, MoeSpec s) {
     bank(s.gate, xi.width, s.n_ff, "gate");
     bank(s.up, xi.width, s.n_ff, "up");
     bank(s.down, s.n_ff, xi.width, "down");
+    if (s.router_bias) require_f32_vector(*s.router_bias, s.n_expert, "router bias");
+    for (const ExpertBank* b : {&s.gate, &s.up, &s.down}) {
+        const Tensor* t = b->bias;
+        const int64_t N = b == &s.down ? xi.width : s.n_ff;
+        if (t && (t->type != DType::F32 || t->ne[0] != N || t->ne[1] != s.n_expert || t->ne[2] != 1 || t->ne[3] != 1))
+            fail("expert layer {}: expert bias '{}' must be F32 of {} × {}", layer_, t->name, N, s.n_expert);
+    }
+    if (s.act == GluAct::Sigmoid) fail("expert layer {}: sigmoid is an output gate, not an expert activation", layer_);
+    if (s.act == GluAct::SwiGluOai && !(s.glu_alpha > 0.0f && s.glu_limit > 0.0f))
+        fail("expert layer {}: the clamped SwiGLU needs α > 0 and a limit > 0 (got {}, {})", layer_, s.glu_alpha,
+             s.glu_limit);
     Op op;
     op.kind = OpKind::Moe;
     op.in[0] = x;

@@ -82,6 +82,11 @@ enum class GluAct : uint8_t {
     SiLU,      ///< SwiGLU (Shazeer 2020): silu(g) · u
     GeluTanh,  ///< GeGLU with GELU's tanh approximation (transformers' gelu_pytorch_tanh)
     Sigmoid,   ///< Gate only: x · sigmoid(g)
+    /// Experts only: gpt-oss's clamped SwiGLU (OpenAI's reference
+    /// implementation; transformers' GptOssExperts): g = min(gate, limit),
+    /// u = clamp(up, −limit, limit), out = g · sigmoid(α · g) · (u + 1), with
+    /// α and limit from MoeSpec (1.702 and 7).
+    SwiGluOai,
 };
 
 /// One matrix of a Linear op: w has ne = {K, N} (K the input width, N its
@@ -112,7 +117,8 @@ struct RopeSpec {
 /// when present), RoPE, the row's k and v written to the cache of layer
 /// `kv_layer` at the row's position, then softmax(scale · q·k (soft-capped)) ·
 /// v over the positions the row sees (window > 0: the last `window`
-/// positions, itself included).
+/// positions, itself included), each head's sink logit (when present) joining
+/// its softmax denominator.
 struct AttentionSpec {
     int kv_layer = 0;
     int n_head = 0, n_head_kv = 0, head_dim = 0;
@@ -123,6 +129,9 @@ struct AttentionSpec {
     const Tensor* q_norm = nullptr;
     const Tensor* k_norm = nullptr;
     float norm_eps = 0.0f;
+    /// n_head F32 logits, one per query head, in each head's softmax
+    /// denominator with no value (attention sinks: gpt-oss); null: none.
+    const Tensor* sinks = nullptr;
     int64_t q_dim() const { return int64_t{n_head} * head_dim; }
     int64_t kv_dim() const { return int64_t{n_head_kv} * head_dim; }
 };
@@ -133,19 +142,26 @@ struct AttentionSpec {
 struct ExpertBank {
     const Tensor* stacked = nullptr;
     std::vector<const Tensor*> experts;
+    /// Per-expert output biases: F32 of ne = {N, n_expert} (row x is expert
+    /// x's N floats), or null.
+    const Tensor* bias = nullptr;
 };
 
 /// A mixture-of-experts FFN (Shazeer et al. 2017; top-k routing): router logits
-/// r = in0 · routerᵀ, p = softmax(r), the n_used experts of largest p
-/// (ties: lower index first), weights p_j (divided by their sum when
-/// renormalize); out = Σ_j w_j · down_j(act(gate_j · x) · up_j · x).
+/// r = in0 · routerᵀ (+ router_bias), p = softmax(r), the n_used experts of
+/// largest p (ties: lower index first), weights p_j (divided by their sum
+/// when renormalize: the softmax of the chosen logits alone, as gpt-oss
+/// computes it); out = Σ_j w_j · down_j(act(gate_j · x, up_j · x)), each
+/// product plus its bank's bias row j when the bank has biases.
 struct MoeSpec {
-    const Tensor* router = nullptr;  ///< ne = {n_embd, n_expert}
+    const Tensor* router = nullptr;       ///< ne = {n_embd, n_expert}
+    const Tensor* router_bias = nullptr;  ///< n_expert F32, or null
     ExpertBank gate, up, down;
     int n_expert = 0, n_used = 0;
     int64_t n_ff = 0;  ///< an expert's FFN width
     bool renormalize = true;
     GluAct act = GluAct::SiLU;
+    float glu_alpha = 0.0f, glu_limit = 0.0f;  ///< act SwiGluOai's α and clamp limit
 };
 
 /// Gated DeltaNet linear attention (Yang et al. 2024, "Gated Delta Networks:

@@ -221,6 +221,7 @@ std::unique_ptr<Model> load_hf_model(const std::string& path) {
             w.add(std::move(t), st);
         }
     }
+    if (const ArchDef* def = find_arch(cfg.arch); def && def->hf_load) def->hf_load(cfg, *st, w, used);
     for (const auto& e : st->tensors())
         if (!used.count(e.info->name) && !ignorable(e.info->name, cfg) &&
             !(quant.kind != HfQuantKind::None && hf_quant_unused_tensor(e.info->name)))

@@ -276,6 +276,12 @@ HfQuantConfig parse_modelopt(const Obj& q) {
 HfQuantConfig parse_quantization_config(const Obj& q) {
     const std::string method = lower(q.str("quant_method"));
     if (method == "fp8") return parse_fine_grained_fp8(q);
+    if (method == "mxfp4") {  // transformers' Mxfp4Config: the experts' _blocks / _scales, read by the architecture
+        HfQuantConfig c;
+        c.kind = HfQuantKind::Mxfp4;
+        c.description = "MXFP4 experts";
+        return c;
+    }
     if (method == "compressed-tensors") return parse_compressed_tensors(q);
     if (method.rfind("modelopt", 0) == 0) {
         if (const json* inner = q.object("quantization")) return parse_modelopt(q.sub(*inner, "quantization"));
@@ -539,6 +545,10 @@ bool hf_is_quantized_weight(const HfQuantConfig& q, const SafetensorsModel::Entr
         fail("tensor '{}' in {} has dtype {}, but {} has no quantization_config (nor is there an "
              "hf_quant_config.json): its scales cannot be known; use the checkpoint's original config files",
              e.info->name, e.file->path(), e.info->dtype, config_path);
+    if (q.kind == HfQuantKind::Mxfp4)
+        fail("tensor '{}' in {} has dtype {}; in an MXFP4 checkpoint only the expert banks' _blocks / _scales are "
+             "quantized, and only for architectures that have them (gpt-oss)",
+             e.info->name, e.file->path(), e.info->dtype);
     const bool fp4 = q.kind == HfQuantKind::Nvfp4;
     if ((t == DType::U8) != fp4)
         fail("tensor '{}' in {} has dtype {}, but the {} checkpoint ({}) stores its quantized weights as {}",

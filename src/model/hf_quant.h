@@ -51,6 +51,7 @@ enum class HfQuantKind {
     Fp8Channel,  ///< E4M3 codes, one scale per output row
     Fp8Tensor,   ///< E4M3 codes, one scale for the tensor
     Nvfp4,       ///< packed E2M1 pairs, E4M3 scale per 16, f32 global scale
+    Mxfp4,       ///< gpt-oss: MXFP4 expert banks (the architecture's ArchDef::hf_load reads them); the rest float
 };
 
 /// The quantization scheme of a checkpoint folder.

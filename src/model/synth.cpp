@@ -177,6 +177,33 @@ ModelConfig granite_shape(std::string name, int64_t vocab, int64_t embd, int64_t
     return c;
 }
 
+/// gpt-oss shapes (llama.cpp arch "gpt-oss", the published configs): width
+/// 2880, 64 query heads and 8 KV heads of 64, experts of width 2880 with 4
+/// used per token, a 128-position window on even layers, q/k/v/o biases,
+/// attention sinks, NeoX RoPE at base 150000 with YaRN (factor 32 over 4096
+/// positions), the clamped SwiGLU (α 1.702, limit 7).
+ModelConfig gpt_oss_shape(std::string name, int64_t layers, int64_t experts) {
+    ModelConfig c = shape(std::move(name), 201088, 2880, layers, 64, 8, 2880, 131072, 150000.0f, 1e-5f);
+    c.arch = "gpt-oss";
+    c.head_dim = c.rope_dim = 64;
+    c.rope_neox = true;
+    c.qkv_bias = c.out_bias = true;
+    c.n_expert = experts;
+    c.n_expert_used = 4;
+    c.n_ff_exp = 2880;
+    c.expert_weights_norm = true;
+    c.sliding_window = 128;
+    c.swa_layers.resize(static_cast<size_t>(layers));
+    for (int64_t il = 0; il < layers; il += 2) c.swa_layers[static_cast<size_t>(il)] = 1;
+    c.rope_yarn_factor = 32.0f;
+    c.rope_orig_ctx = 4096;
+    c.rope_freq_factors = yarn_freq_factors(c.rope_base, c.rope_dim, 32.0, 4096.0, 32.0, 1.0, true);
+    c.rope_attn_factor = yarn_attn_factor(32.0);
+    c.extra["swiglu_alpha"] = 1.702f;
+    c.extra["swiglu_limit"] = 7.0f;
+    return c;
+}
+
 bool is_k_quant(DType t) {
     return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
 }
@@ -219,6 +246,12 @@ const std::vector<SynthPreset>& synth_presets() {
         {"qwen3.5-35b-a3b", "Qwen3.5-35B-A3B / Qwen3.6-35B-A3B text shape: 30 Gated DeltaNet and 10 gated-attention "
                             "layers, 256 experts of width 512, 8 per token, a shared expert of 512",
          qwen35_shape("synthetic qwen3.5-35b-a3b", 248320, 2048, 40, 16, 2, 512, 16, 32, 256, 512, 8), false},
+        {"gpt-oss-20b", "gpt-oss-20b shape: 24 layers of 32 experts (4 per token), attention sinks, window 128 on "
+                        "every other layer, YaRN (20.9B parameters, 3.6B active)",
+         gpt_oss_shape("synthetic gpt-oss-20b", 24, 32), false},
+        {"gpt-oss-120b", "gpt-oss-120b shape: 36 layers of 128 experts (4 per token), otherwise as gpt-oss-20b "
+                         "(116.8B parameters, 5.1B active)",
+         gpt_oss_shape("synthetic gpt-oss-120b", 36, 128), false},
         {"granite-3.1-2b", "Granite-3.1-2B shape: embeddings x 12, branches x 0.22, scores x 1/64, logits / 8, tied "
                            "output (2.53B parameters)",
          granite_shape("synthetic granite-3.1-2b", 49155, 2048, 40, 32, 8, 8192, 131072, 5000000.0f, 12.0f, 0.22f,
@@ -257,7 +290,11 @@ SynthPreset synth_tiny(const SynthPreset& p) {
     if (o.attn_scale > 0.0f) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     if (o.sliding_window > 0) c.sliding_window = std::min<int64_t>(o.sliding_window, 4);
     if (!o.swa_layers.empty()) c.swa_layers.resize(static_cast<size_t>(c.n_layer));  // the pattern starts at layer 0
-    if (!o.rope_freq_factors.empty()) c.rope_freq_factors.assign(static_cast<size_t>(c.rope_dim / 2), o.rope_freq_factors[0]);
+    if (o.rope_yarn_factor > 0.0f)  // YaRN's divisors depend on the rotated width
+        c.rope_freq_factors = yarn_freq_factors(c.rope_base, c.rope_dim, o.rope_yarn_factor,
+                                                static_cast<double>(o.rope_orig_ctx), o.yarn_beta_fast, o.yarn_beta_slow, true);
+    else if (!o.rope_freq_factors.empty())
+        c.rope_freq_factors.assign(static_cast<size_t>(c.rope_dim / 2), o.rope_freq_factors[0]);
     if (o.has_recurrent_state()) {  // 2 key heads and 4 value heads of 32; the layer pattern kept
         c.ssm_group_count = 2;
         c.ssm_state_size = 32;
@@ -277,16 +314,16 @@ SynthPreset synth_tiny(const SynthPreset& p) {
 
 namespace {
 // The schemes, as listed to users; the quern-only layouts live in memory only.
-constexpr const char* kGgufSchemes = "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32, "
-                                     "or a mix: Q4_K_M, Q5_K_M";
-constexpr const char* kMemorySchemes = "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32, "
-                                       "F8_E4M3_B32, NVFP4, or a mix: Q4_K_M, Q5_K_M";
+constexpr const char* kGgufSchemes = "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, F16, BF16, "
+                                     "F32, or a mix: Q4_K_M, Q5_K_M, MXFP4_MOE";
+constexpr const char* kMemorySchemes = "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, F16, BF16, "
+                                       "F32, F8_E4M3_B32, NVFP4, or a mix: Q4_K_M, Q5_K_M, MXFP4_MOE";
 }  // namespace
 
 std::string synth_scheme(const std::string& name, bool gguf) {
     std::string up = name;
     for (char& ch : up) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-    if (up == "Q4_K_M" || up == "Q5_K_M") return up;
+    if (up == "Q4_K_M" || up == "Q5_K_M" || up == "MXFP4_MOE") return up;
     const auto d = dtype_from_name(up);
     const bool quern_only = d && (*d == DType::F8_E4M3_B32 || *d == DType::NVFP4);
     if (!d || !quant_ref_supports(*d) || *d == DType::Q8_1 || *d == DType::Q8_K || (gguf && quern_only)) {
@@ -310,6 +347,9 @@ DType synth_tensor_type(const std::string& scheme_name, const std::string& name,
         m.tied_embeddings = false;  // the mixes give a tied embedding the output's type elsewhere
         return mix_tensor_type(*file_type_from_name(scheme), m, name, ne0, layer, layer);
     }
+    // llama.cpp's MXFP4_MOE (how gpt-oss GGUF files ship): expert banks in
+    // MXFP4, the other matrices in Q8_0.
+    if (scheme == "MXFP4_MOE") return name.find("_exps.") != std::string::npos ? DType::MXFP4 : DType::Q8_0;
     DType t = *dtype_from_name(scheme);
     if (is_k_quant(t) && ne0 % 256 != 0) {
         switch (t) {
@@ -326,6 +366,7 @@ uint32_t synth_file_type(const std::string& scheme_name) {
     const std::string scheme = synth_scheme(scheme_name, false);
     if (scheme == "Q4_K_M") return 15;
     if (scheme == "Q5_K_M") return 17;
+    if (scheme == "MXFP4_MOE") return 38;  // LLAMA_FTYPE_MOSTLY_MXFP4_MOE
     const auto d = dtype_from_name(scheme);
     if (!d) return 0;
     switch (*d) {

@@ -26,7 +26,9 @@ struct SynthPreset {
 /// llama3-8b, qwen2-7b (arch qwen2: q/k/v biases), qwen3-30b-a3b (arch qwen3moe),
 /// mixtral-8x7b (arch llama with experts), qwen3-8b (arch qwen3),
 /// gemma2-2b (gemma2), gemma3-270m and gemma3-4b (gemma3), phi3-mini (phi3,
-/// fused attn_qkv and gate/up), granite-3.1-2b (granite). Each config is the
+/// fused attn_qkv and gate/up), granite-3.1-2b (granite), gpt-oss-20b and
+/// gpt-oss-120b (gpt-oss: sinks, alternating window, YaRN, biased experts;
+/// scheme MXFP4_MOE as their GGUF files ship). Each config is the
 /// one ModelConfig::from_gguf reads back from the file write_synthetic_gguf
 /// writes for it.
 const std::vector<SynthPreset>& synth_presets();
@@ -51,7 +53,8 @@ std::string synth_scheme(const std::string& name, bool gguf);
 
 /// The block type a weight gets under a quantization scheme (any case): a plain type
 /// name ("Q8_0", "Q4_K", "F16", ...) applies to every 2-D weight; "Q4_K_M" and
-/// "Q5_K_M" follow llama.cpp's per-tensor choices (attn_v and ffn_down of
+/// "Q5_K_M" follow llama.cpp's per-tensor choices (and "MXFP4_MOE" its:
+/// expert banks MXFP4, other matrices Q8_0) (attn_v and ffn_down of
 /// some layers and the output in Q6_K, a fused attn_qkv in Q5_K / Q6_K, the
 /// rest in Q4_K / Q5_K; make_synthetic gives a tied token_embd the output's
 /// type). A K-quant that

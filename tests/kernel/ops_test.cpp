@@ -285,3 +285,91 @@ TEST(Ops, SlidingWindowAndSoftcapAttention) {
                 }
     }
 }
+
+// Attention sinks (gpt-oss; transformers' eager attention with s_aux): each
+// head's sink logit joins its softmax denominator and weighs no value. Against
+// a double reference, with windows, on the row path (vectorized head sizes
+// and not), the GEMM path, a paged cache and the batched paged entry point;
+// sinks up to several times the scores' scale, so that some heads give most
+// of their weight to the sink.
+TEST(Ops, AttentionSinksJoinTheDenominator) {
+    auto rng = make_rng();
+    for (int hd : {40, 12}) {
+        const int n_head = 4, n_kv = 2, ctx = 120;
+        const int64_t kvs = n_kv * hd;
+        auto k = randn(rng, size_t(ctx) * kvs), v = randn(rng, size_t(ctx) * kvs);
+        const int64_t bs = 16, nblk = (ctx + bs - 1) / bs;
+        std::vector<int32_t> table(static_cast<size_t>(nblk));
+        for (int64_t b = 0; b < nblk; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>((b * 5 + 2) % nblk);
+        std::vector<float> pk(static_cast<size_t>(nblk * bs * kvs), NAN), pv(pk.size(), NAN);
+        for (int64_t p = 0; p < ctx; ++p) {
+            const int64_t row = table[static_cast<size_t>(p / bs)] * bs + p % bs;
+            std::copy_n(k.data() + p * kvs, kvs, pk.data() + row * kvs);
+            std::copy_n(v.data() + p * kvs, kvs, pv.data() + row * kvs);
+        }
+        const cpu::PagedKv view{pk.data(), pv.data(), table.data(), bs, kvs};
+        const float scale = 1.0f / std::sqrt(float(hd));
+        auto sinks = randn(rng, n_head, 3.0f);
+        sinks[0] = 8.0f;  // a head that mostly attends to nothing
+        for (int n : {3, 20, 100})
+            for (int64_t window : {int64_t{0}, int64_t{7}}) {
+                std::vector<int32_t> pos{0, 5, 36};
+                if (n > 3) {
+                    pos.clear();
+                    for (int t = 0; t < n; ++t) pos.push_back(ctx - n + t);
+                }
+                auto q = randn(rng, size_t(n) * n_head * hd);
+                std::vector<float> out(size_t(n) * n_head * hd, NAN), paged(out.size(), NAN), batched(out.size(), NAN);
+                ThreadPool pool(2);
+                cpu::attention(q.data(), k.data(), v.data(), kvs, pos.data(), n, n_head, n_kv, hd, scale, out.data(),
+                               pool, window, 0.0f, sinks.data());
+                cpu::attention_paged(q.data(), view, pos.data(), n, n_head, n_kv, hd, scale, paged.data(), pool, window,
+                                     0.0f, sinks.data());
+                const cpu::PagedAttnSeq seq{q.data(), view, pos.data(), n, batched.data()};
+                cpu::attention_paged_batch(&seq, 1, n_head, n_kv, hd, scale, pool, window, 0.0f, sinks.data());
+                for (int t = 0; t < n; ++t)
+                    for (int h = 0; h < n_head; ++h) {
+                        const int kh = h / (n_head / n_kv);
+                        const int lo = window > 0 ? std::max<int>(0, pos[t] - static_cast<int>(window) + 1) : 0;
+                        std::vector<double> s(pos[t] + 1, 0.0);
+                        double mx = sinks[h], sum = 0;
+                        for (int p = lo; p <= pos[t]; ++p) {
+                            double d = 0;
+                            for (int i = 0; i < hd; ++i) d += double(q[(t * n_head + h) * hd + i]) * k[p * kvs + kh * hd + i];
+                            mx = std::max(mx, s[p] = d * scale);
+                        }
+                        for (int p = lo; p <= pos[t]; ++p) sum += (s[p] = std::exp(s[p] - mx));
+                        sum += std::exp(sinks[h] - mx);
+                        for (int i = 0; i < hd; ++i) {
+                            double o = 0;
+                            for (int p = lo; p <= pos[t]; ++p) o += s[p] / sum * v[p * kvs + kh * hd + i];
+                            const size_t at = size_t((t * n_head + h) * hd + i);
+                            const auto where = [&] {
+                                return ::testing::Message() << "hd " << hd << " n " << n << " window " << window
+                                                            << " row " << t << " head " << h;
+                            };
+                            EXPECT_NEAR(out[at], o, 1e-4) << where();
+                            EXPECT_NEAR(paged[at], o, 1e-4) << "paged " << where();
+                            EXPECT_NEAR(batched[at], o, 1e-4) << "batched " << where();
+                        }
+                    }
+            }
+    }
+}
+
+// gpt-oss's clamped SwiGLU against its definition, with gates and ups past
+// the clamp on both sides.
+TEST(Ops, ClampedSwigluOfGptOss) {
+    auto rng = make_rng();
+    auto g = randn(rng, 1000, 6.0f), u = randn(rng, 1000, 6.0f);
+    std::vector<float> o(1000, NAN);
+    cpu::swiglu_oai(g.data(), u.data(), o.data(), 1000, 1.702f, 7.0f);
+    int clamped = 0;
+    for (int i = 0; i < 1000; ++i) {
+        const double x = std::min<double>(g[i], 7.0), y = std::clamp<double>(u[i], -7.0, 7.0);
+        clamped += g[i] > 7.0f || std::fabs(u[i]) > 7.0f;
+        const double ref = x / (1.0 + std::exp(-1.702 * x)) * (y + 1.0);
+        EXPECT_NEAR(o[i], ref, 1e-5 * (1 + std::fabs(ref))) << i;
+    }
+    EXPECT_GT(clamped, 100);
+}

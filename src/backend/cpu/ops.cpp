@@ -21,10 +21,10 @@ void axpy_f32(float a, const float* x, float* y, int n);
 // Defined in ops_avx2.cpp.
 float dot_f32_avx2(const float* a, const float* b, int n);
 void axpy_f32_avx2(float a, const float* x, float* y, int n);
-void softmax_scaled_avx2(float* x, int64_t n, float scale);
+void softmax_scaled_avx2(float* x, int64_t n, float scale, float sink);
 void attend_heads_avx2(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
                        int64_t stride, int64_t len, int64_t skip, int head_dim, float scale, float softcap,
-                       float* const* scores, float* const* o);
+                       const float* sinks, float* const* scores, float* const* o);
 void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n);
 
 namespace {
@@ -47,27 +47,32 @@ void axpy_f32(float a, const float* x, float* y, int n) {
     for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-// x = softmax(x * scale), in place.
-void softmax_scaled(float* x, int64_t n, float scale) {
-    if (kHaveAvx2) return softmax_scaled_avx2(x, n, scale);
+// x = softmax(x * scale), in place. A finite `sink` is one more logit in
+// the denominator that takes no weight of its own (an attention sink).
+void softmax_scaled(float* x, int64_t n, float scale, float sink = -INFINITY) {
+    if (kHaveAvx2) return softmax_scaled_avx2(x, n, scale, sink);
     float mx = -INFINITY;
     for (int64_t p = 0; p < n; ++p) mx = std::max(mx, x[p] *= scale);
+    const bool has_sink = sink > -INFINITY;
+    if (has_sink) mx = std::max(mx, sink);
     float sum = 0.0f;
     for (int64_t p = 0; p < n; ++p) sum += (x[p] = std::exp(x[p] - mx));
+    if (has_sink) sum += std::exp(sink - mx);
     const float inv = 1.0f / sum;
     for (int64_t p = 0; p < n; ++p) x[p] *= inv;
 }
 
 // Attention weights of one query row from its raw scores x[0..len): x[p] =
 // softmax over p in [skip, len) of cap(x[p] * scale), cap(s) = softcap *
-// tanh(s / softcap) when softcap > 0; x[0..skip) = 0 (positions outside a
-// sliding window). The plain causal case (skip 0, no cap) is softmax_scaled.
-void attn_softmax(float* x, int64_t len, int64_t skip, float scale, float softcap) {
+// tanh(s / softcap) when softcap > 0, with the head's sink logit (finite:
+// gpt-oss) in the denominator; x[0..skip) = 0 (positions outside a sliding
+// window). The plain causal case (skip 0, no cap, no sink) is softmax_scaled.
+void attn_softmax(float* x, int64_t len, int64_t skip, float scale, float softcap, float sink) {
     if (softcap > 0.0f) {
         for (int64_t p = skip; p < len; ++p) x[p] = softcap * std::tanh(x[p] * scale / softcap);
-        softmax_scaled(x + skip, len - skip, 1.0f);
+        softmax_scaled(x + skip, len - skip, 1.0f, sink);
     } else {
-        softmax_scaled(x + skip, len - skip, scale);
+        softmax_scaled(x + skip, len - skip, scale, sink);
     }
     std::fill(x, x + skip, 0.0f);
 }
@@ -129,6 +134,14 @@ void swiglu(const float* gate, const float* up, float* out, int64_t count) {
     }
 }
 
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t count, float alpha, float limit) {
+    for (int64_t i = 0; i < count; ++i) {
+        const float g = std::min(gate[i], limit);
+        const float u = std::clamp(up[i], -limit, limit);
+        out[i] = g / (1.0f + std::exp(-alpha * g)) * (u + 1.0f);
+    }
+}
+
 void geglu_tanh(const float* gate, const float* up, float* out, int64_t count) {
     constexpr float kSqrt2OverPi = 0.7978845608028654f;
     for (int64_t i = 0; i < count; ++i) {
@@ -184,7 +197,7 @@ constexpr int64_t kQBlock = 64;
 
 void attention_gemm(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos, int64_t n,
                     int n_head, int n_head_kv, int head_dim, float scale, float* out, ThreadPool& pool,
-                    int64_t window, float softcap) {
+                    int64_t window, float softcap, const float* sinks) {
     const int group = n_head / n_head_kv;
     int64_t L = 0;
     for (int64_t t = 0; t < n; ++t) L = std::max<int64_t>(L, pos[t] + 1);
@@ -217,7 +230,8 @@ void attention_gemm(const float* q, const float* k, const float* v, int64_t kv_s
             for (int64_t t = 0; t < nt; ++t) {
                 float* row = s.data() + t * lb;
                 const int64_t len = pos[t0 + t] + 1;
-                attn_softmax(row, len, window > 0 ? std::max<int64_t>(0, len - window) : 0, scale, softcap);
+                attn_softmax(row, len, window > 0 ? std::max<int64_t>(0, len - window) : 0, scale, softcap,
+                             sinks ? sinks[h] : -INFINITY);
                 std::fill(row + len, row + lb, 0.0f);
             }
             Tensor vtt = Tensor::contiguous(DType::F32, {lb, head_dim, 1, 1}, vt + static_cast<int64_t>(kvh) * head_dim * L);
@@ -238,16 +252,17 @@ namespace {
 // vb[p / bs] (values), pointers already at the KV head's columns. Head i's
 // output goes to o[i]. scores[i]: room for len floats. The first `skip`
 // positions are masked out (a sliding window starting inside the first
-// block); softcap as in attn_softmax.
+// block); softcap as in attn_softmax; sinks: head i's sink logit sinks[i],
+// or null.
 void attend_heads(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
                   int64_t stride, int64_t len, int64_t skip, int head_dim, float scale, float softcap,
-                  float* const* scores, float* const* o) {
+                  const float* sinks, float* const* scores, float* const* o) {
     if (kHaveAvx2 && head_dim % 8 == 0)
-        return attend_heads_avx2(nh, qh, kb, vb, bs, stride, len, skip, head_dim, scale, softcap, scores, o);
+        return attend_heads_avx2(nh, qh, kb, vb, bs, stride, len, skip, head_dim, scale, softcap, sinks, scores, o);
     for (int i = 0; i < nh; ++i) {
         float* sc = scores[i];
         for (int64_t p = skip; p < len; ++p) sc[p] = dot_f32(qh[i], kb[p / bs] + (p % bs) * stride, head_dim);
-        attn_softmax(sc, len, skip, scale, softcap);
+        attn_softmax(sc, len, skip, scale, softcap, sinks ? sinks[i] : -INFINITY);
         std::fill(o[i], o[i] + head_dim, 0.0f);
         for (int64_t p = skip; p < len; ++p) axpy_f32(sc[p], vb[p / bs] + (p % bs) * stride, o[i], head_dim);
     }
@@ -276,7 +291,7 @@ RowScratch& row_scratch(int64_t scores, int64_t n_blocks) {
 // at the block holding it (the rows of that block before it are masked).
 void attend_one(const float* q, const float* k, const float* v, const int32_t* block_table, int64_t block_size,
                 int64_t kv_stride, const int32_t* pos, int64_t t, int g, int n_head, int group, int head_dim,
-                float scale, int64_t window, float softcap, float* out) {
+                float scale, int64_t window, float softcap, const float* sinks, float* out) {
     const int64_t end = static_cast<int64_t>(pos[t]) + 1;
     const int64_t lo = window > 0 ? std::max<int64_t>(0, end - window) : 0;  // first visible position
     const int64_t first_blk = block_table ? lo / block_size : 0;
@@ -303,34 +318,36 @@ void attend_one(const float* q, const float* k, const float* v, const int32_t* b
             sc[i] = rs.scores.data() + (h0 + i) * len;
             o[i] = out + (t * n_head + h) * head_dim;
         }
-        attend_heads(nh, qh, rs.kb.data(), rs.vb.data(), bs, kv_stride, len, skip, head_dim, scale, softcap, sc, o);
+        const float* sk = sinks ? sinks + static_cast<int64_t>(g) * group + h0 : nullptr;
+        attend_heads(nh, qh, rs.kb.data(), rs.vb.data(), bs, kv_stride, len, skip, head_dim, scale, softcap, sk, sc, o);
     }
 }
 
 // One query row at a time (work items: (row, KV head) pairs).
 void attention_rows(const float* q, const float* k, const float* v, const int32_t* block_table, int64_t block_size,
                     int64_t kv_stride, const int32_t* pos, int64_t n, int n_head, int n_head_kv, int head_dim,
-                    float scale, int64_t window, float softcap, float* out, ThreadPool& pool) {
+                    float scale, int64_t window, float softcap, const float* sinks, float* out, ThreadPool& pool) {
     const int group = n_head / n_head_kv;
     pool.parallel_for(n * n_head_kv, 1, [&](int64_t b, int64_t e, int) {
         for (int64_t w = b; w < e; ++w)
             attend_one(q, k, v, block_table, block_size, kv_stride, pos, w / n_head_kv,
-                       static_cast<int>(w % n_head_kv), n_head, group, head_dim, scale, window, softcap, out);
+                       static_cast<int>(w % n_head_kv), n_head, group, head_dim, scale, window, softcap, sinks, out);
     });
 }
 
 }  // namespace
 
 void attention_paged(const float* q, const PagedKv& kv, const int32_t* pos, int64_t n, int n_head, int n_head_kv,
-                     int head_dim, float scale, float* out, ThreadPool& pool, int64_t window, float softcap) {
+                     int head_dim, float scale, float* out, ThreadPool& pool, int64_t window, float softcap,
+                     const float* sinks) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
     if (kv.block_size <= 0) fail("attention_paged: block size must be positive");
     attention_rows(q, kv.k, kv.v, kv.block_table, kv.block_size, kv.kv_stride, pos, n, n_head, n_head_kv, head_dim,
-                   scale, window, softcap, out, pool);
+                   scale, window, softcap, sinks, out, pool);
 }
 
 void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int n_head_kv, int head_dim, float scale,
-                           ThreadPool& pool, int64_t window, float softcap) {
+                           ThreadPool& pool, int64_t window, float softcap, const float* sinks) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
     thread_local std::vector<int64_t> first;  // first (row, KV head) work item of each sequence
     first.resize(static_cast<size_t>(n_seqs) + 1);
@@ -348,20 +365,20 @@ void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int
             const PagedAttnSeq& sq = seqs[s];
             attend_one(sq.q, sq.kv.k, sq.kv.v, sq.kv.block_table, sq.kv.block_size, sq.kv.kv_stride, sq.pos,
                        (w - fst[s]) / n_head_kv, static_cast<int>((w - fst[s]) % n_head_kv), n_head, group, head_dim,
-                       scale, window, softcap, sq.out);
+                       scale, window, softcap, sinks, sq.out);
         }
     });
 }
 
 void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
                int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
-               ThreadPool& pool, int64_t window, float softcap) {
+               ThreadPool& pool, int64_t window, float softcap, const float* sinks) {
     if (n_head % n_head_kv != 0) fail("attention: n_head {} is not a multiple of n_head_kv {}", n_head, n_head_kv);
     if (n >= 16)
         return attention_gemm(q, k, v, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, out, pool, window,
-                              softcap);
+                              softcap, sinks);
     return attention_rows(q, k, v, nullptr, 0, kv_stride, pos, n, n_head, n_head_kv, head_dim, scale, window, softcap,
-                          out, pool);
+                          sinks, out, pool);
 }
 
 }  // namespace quern::cpu

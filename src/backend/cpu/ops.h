@@ -34,6 +34,11 @@ void rope_inv_freq(int rope_dim, float base, const float* freq_factors, float* i
 /// SwiGLU (Shazeer 2020): out = silu(gate) * up elementwise, count elements.
 void swiglu(const float* gate, const float* up, float* out, int64_t count);
 
+/// gpt-oss's clamped SwiGLU (GluAct::SwiGluOai): g = min(gate, limit),
+/// u = clamp(up, −limit, limit), out = g · sigmoid(alpha · g) · (u + 1)
+/// elementwise, count elements. out may alias gate.
+void swiglu_oai(const float* gate, const float* up, float* out, int64_t count, float alpha, float limit);
+
 /// GeGLU with the tanh approximation of GELU (Shazeer 2020; transformers'
 /// gelu_pytorch_tanh): out = gelu(gate) * up elementwise,
 /// gelu(x) = 0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³))). out may alias gate.
@@ -65,9 +70,12 @@ void get_rows(const Tensor& table, const int32_t* ids, int64_t n, float* out);
 ///     LLAMA_SWA_TYPE_STANDARD); 0: the whole prefix.
 ///   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap)
 ///     before the softmax (transformers' attn_logit_softcapping); 0: none.
+///   sinks: n_head logits, one per query head, each joining its head's
+///     softmax denominator without a value (attention sinks; gpt-oss,
+///     transformers' s_aux); null: none.
 void attention(const float* q, const float* k, const float* v, int64_t kv_stride, const int32_t* pos,
                int64_t n, int n_head, int n_head_kv, int head_dim, float scale, float* out,
-               ThreadPool& pool, int64_t window = 0, float softcap = 0.0f);
+               ThreadPool& pool, int64_t window = 0, float softcap = 0.0f, const float* sinks = nullptr);
 
 /// Where a sequence's keys and values live in a paged cache: position p is
 /// row (block_table[p / block_size] * block_size + p % block_size) of k and
@@ -84,11 +92,11 @@ struct PagedKv {
 /// is computed by the same arithmetic whatever n, pos or the other rows are
 /// (the property the serving engine's batch invariance rests on), at the
 /// price of no GEMM for long prompts. Same shapes and conventions as
-/// attention() (window and softcap included); the block table must cover
-/// positions 0..max(pos).
+/// attention() (window, softcap and sinks included); the block table must
+/// cover positions 0..max(pos).
 void attention_paged(const float* q, const PagedKv& kv, const int32_t* pos, int64_t n, int n_head, int n_head_kv,
                      int head_dim, float scale, float* out, ThreadPool& pool, int64_t window = 0,
-                     float softcap = 0.0f);
+                     float softcap = 0.0f, const float* sinks = nullptr);
 
 /// One sequence's query rows for attention_paged_batch: q, pos, n and out as
 /// in attention_paged, over the cache rows kv.
@@ -102,9 +110,9 @@ struct PagedAttnSeq {
 
 /// attention_paged for several sequences in one parallel region (the work
 /// items are all (query row, KV head) pairs): every row is computed exactly
-/// as attention_paged computes it (same window and softcap for all).
+/// as attention_paged computes it (same window, softcap and sinks for all).
 void attention_paged_batch(const PagedAttnSeq* seqs, int n_seqs, int n_head, int n_head_kv, int head_dim, float scale,
-                           ThreadPool& pool, int64_t window = 0, float softcap = 0.0f);
+                           ThreadPool& pool, int64_t window = 0, float softcap = 0.0f, const float* sinks = nullptr);
 
 /// Numerically stable in-place softmax of n floats.
 void softmax(float* x, int64_t n);

@@ -84,7 +84,7 @@ void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n) {
     for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-void softmax_scaled_avx2(float* x, int64_t n, float scale) {
+void softmax_scaled_avx2(float* x, int64_t n, float scale, float sink) {
     const __m256 vs = _mm256_set1_ps(scale);
     __m256 vm = _mm256_set1_ps(-INFINITY);
     int64_t i = 0;
@@ -95,6 +95,8 @@ void softmax_scaled_avx2(float* x, int64_t n, float scale) {
     }
     float mx = hmax(vm);
     for (; i < n; ++i) mx = std::fmax(mx, x[i] *= scale);
+    const bool has_sink = sink > -INFINITY;
+    if (has_sink) mx = std::fmax(mx, sink);
     const __m256 vmx = _mm256_set1_ps(mx);
     __m256 vsum = _mm256_setzero_ps();
     for (i = 0; i + 8 <= n; i += 8) {
@@ -104,6 +106,7 @@ void softmax_scaled_avx2(float* x, int64_t n, float scale) {
     }
     float sum = hsum(vsum);
     for (; i < n; ++i) sum += (x[i] = std::exp(x[i] - mx));
+    if (has_sink) sum += std::exp(sink - mx);
     const __m256 inv = _mm256_set1_ps(1.0f / sum);
     for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
     for (; i < n; ++i) x[i] *= 1.0f / sum;
@@ -168,7 +171,7 @@ inline void fetch_rows(const float* p, int64_t stride, int64_t n, int64_t bytes)
 
 void attend_heads_avx2(int nh, const float* const* qh, const float* const* kb, const float* const* vb, int64_t bs,
                        int64_t stride, int64_t len, int64_t skip, int head_dim, float scale, float softcap,
-                       float* const* scores, float* const* o) {
+                       const float* sinks, float* const* scores, float* const* o) {
     // Scores: each key row loaded once for the nh heads; per head the same
     // two-accumulator sum as a single-head dot product. The cache rows are
     // fetched a few rows ahead (blocks are scattered in memory, so the
@@ -205,15 +208,17 @@ void attend_heads_avx2(int nh, const float* const* qh, const float* const* kb, c
             }
         }
     }
-    // Weights: softmax over the window [skip, len), soft-capped scores when
-    // softcap > 0; the masked rows before the window weigh 0.
+    // Weights: softmax over the window [skip, len) and the head's sink,
+    // soft-capped scores when softcap > 0; the masked rows before the window
+    // weigh 0.
     for (int h = 0; h < nh; ++h) {
         float* s = scores[h];
+        const float sink = sinks ? sinks[h] : -INFINITY;
         if (softcap > 0.0f) {
             for (int64_t p = skip; p < len; ++p) s[p] = softcap * std::tanh(s[p] * scale / softcap);
-            softmax_scaled_avx2(s + skip, len - skip, 1.0f);
+            softmax_scaled_avx2(s + skip, len - skip, 1.0f, sink);
         } else {
-            softmax_scaled_avx2(s + skip, len - skip, scale);
+            softmax_scaled_avx2(s + skip, len - skip, scale, sink);
         }
         for (int64_t p = 0; p < skip; ++p) s[p] = 0.0f;
     }

@@ -31,10 +31,16 @@ constexpr int64_t kDeltaChunk = 16;  // tokens per chunk of a lone sequence's de
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
 /// y[r] += b for n rows of dim floats.
-void add_bias(float* y, const Tensor& b, int64_t n, int64_t dim) {
-    const auto* bv = static_cast<const float*>(b.data);
+void add_bias_rows(float* y, int64_t n, int64_t dim, const float* b) {
     for (int64_t r = 0; r < n; ++r)
-        for (int64_t i = 0; i < dim; ++i) y[r * dim + i] += bv[i];
+        for (int64_t i = 0; i < dim; ++i) y[r * dim + i] += b[i];
+}
+void add_bias(float* y, const Tensor& b, int64_t n, int64_t dim) {
+    add_bias_rows(y, n, dim, static_cast<const float*>(b.data));
+}
+/// Expert x's row of a bank's biases (F32, ne = {N, n_expert}).
+const float* bias_row(const Tensor& b, int64_t x) {
+    return reinterpret_cast<const float*>(static_cast<const uint8_t*>(b.data) + x * static_cast<int64_t>(b.nb[1]));
 }
 
 }  // namespace
@@ -407,12 +413,13 @@ void ProgramRunner::run_attention(const Op& op, Pass& pass, ThreadPool& pool) {
         r0 = r1;
     }
     float* o = s.slot(s.slots_of[sz(op.out.id)][0], T * qd);
+    const float* sinks = sp.sinks ? static_cast<const float*>(sp.sinks->data) : nullptr;
     if (pass.cache) {
         KvCache& c = *pass.cache;
         std::copy_n(k, T * kvd, c.k(sp.kv_layer, pass.p0));
         std::copy_n(v, T * kvd, c.v(sp.kv_layer, pass.p0));
         attention(q, c.k(sp.kv_layer), c.v(sp.kv_layer), kvd, s.pos.data(), T, sp.n_head, sp.n_head_kv, sp.head_dim,
-                  sp.scale, o, pool, sp.window, sp.softcap);
+                  sp.scale, o, pool, sp.window, sp.softcap, sinks);
         return;
     }
     const PagedKvStore& st = *pass.store;
@@ -433,7 +440,7 @@ void ProgramRunner::run_attention(const Op& op, Pass& pass, ThreadPool& pool) {
     }
     // One parallel region for every sequence's rows.
     attention_paged_batch(s.attn_seqs.data(), pass.n_seqs, sp.n_head, sp.n_head_kv, sp.head_dim, sp.scale, pool,
-                          sp.window, sp.softcap);
+                          sp.window, sp.softcap, sinks);
 }
 
 void ProgramRunner::run_moe(const Op& op, Pass& pass, ThreadPool& pool) {
@@ -464,6 +471,7 @@ void ProgramRunner::run_moe(const Op& op, Pass& pass, ThreadPool& pool) {
     s.router.resize(sz(nb * X));
     if (observe_) observe_(*sp.router, -1, h, nb);
     mat(*sp.router, h, nb, s.router.data(), X, false);
+    if (sp.router_bias) add_bias_rows(s.router.data(), nb, X, static_cast<const float*>(sp.router_bias->data));
     s.sel.resize(sz(nb * k));
     s.selw.resize(sz(nb * k));
     moe_route(s.router.data(), nb, X, k, sp.renormalize, s.sel.data(), s.selw.data());
@@ -481,10 +489,15 @@ void ProgramRunner::run_moe(const Op& op, Pass& pass, ThreadPool& pool) {
         observe(sp.up, x, s.xe.data(), cnt);
         mat(*sp.gate.experts[sz(x)], s.xe.data(), cnt, s.ge.data(), F, false);
         mat(*sp.up.experts[sz(x)], s.xe.data(), cnt, s.ue.data(), F, true);
+        if (sp.gate.bias) add_bias_rows(s.ge.data(), cnt, F, bias_row(*sp.gate.bias, x));
+        if (sp.up.bias) add_bias_rows(s.ue.data(), cnt, F, bias_row(*sp.up.bias, x));
         if (sp.act == GluAct::GeluTanh) geglu_tanh(s.ge.data(), s.ue.data(), s.ge.data(), cnt * F);
+        else if (sp.act == GluAct::SwiGluOai)
+            swiglu_oai(s.ge.data(), s.ue.data(), s.ge.data(), cnt * F, sp.glu_alpha, sp.glu_limit);
         else swiglu(s.ge.data(), s.ue.data(), s.ge.data(), cnt * F);
         observe(sp.down, x, s.ge.data(), cnt);
         mat(*sp.down.experts[sz(x)], s.ge.data(), cnt, s.ye.data(), E, false);
+        if (sp.down.bias) add_bias_rows(s.ye.data(), cnt, E, bias_row(*sp.down.bias, x));
         for (int64_t j = 0; j < cnt; ++j)
             std::copy_n(s.ye.data() + j * E, E, s.eo.data() + s.moe_ent[sz(b + j)] * E);
     }

@@ -5,6 +5,7 @@
 // docs/adding-an-architecture.md walks through one.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,6 +19,8 @@ namespace quern {
 
 class GgufFile;
 class GgufWriter;
+class SafetensorsModel;
+class WeightStore;
 
 /// Typed reads of a GGUF file's `{arch}.` keys (the prefix added here).
 struct GgufKeys {
@@ -93,6 +96,13 @@ struct ArchDef {
     /// RoPE pairs (llama.cpp's converter permutes the checkpoint's rows);
     /// writing a checkpoint as GGUF must do the same (model/hf_to_gguf.h).
     bool gguf_permutes_qk = false;
+    /// Loads the checkpoint tensors the table leaves to the family (entries
+    /// with no Hugging Face name whose checkpoint layout is the family's own:
+    /// gpt-oss's stacked, interleaved or MXFP4 expert banks) into `w` under
+    /// their GGUF names, adding every checkpoint tensor it read to `used`.
+    /// Null: the table names every checkpoint tensor.
+    void (*hf_load)(const ModelConfig& c, const SafetensorsModel& st, WeightStore& w,
+                    std::set<std::string>& used) = nullptr;
 };
 
 /// The family with this general.architecture, or null.

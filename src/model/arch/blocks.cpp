@@ -151,7 +151,7 @@ Value gated_ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, 
     return b.linear(b.glu(b.linear(h, std::move(gu)), act), w.get(blk(il, "ffn_down.weight")));
 }
 
-Value moe_ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, Value h, GluAct act) {
+MoeSpec moe_spec(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, GluAct act) {
     MoeSpec s;
     s.router = &w.get(blk(il, "ffn_gate_inp.weight"));
     s.n_expert = static_cast<int>(c.n_expert);
@@ -172,7 +172,11 @@ Value moe_ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, in
     s.gate = bank("ffn_gate", c.n_ff_exp);
     s.up = bank("ffn_up", c.n_ff_exp);
     s.down = bank("ffn_down", c.n_embd);
-    return b.moe(h, std::move(s));
+    return s;
+}
+
+Value moe_ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, Value h, GluAct act) {
+    return b.moe(h, moe_spec(b, c, w, il, act));
 }
 
 void trace_layer(ProgramBuilder& b, int64_t il, Value x) { b.trace(x, fmt::format("blk.{}", il)); }

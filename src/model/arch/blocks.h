@@ -64,8 +64,12 @@ Value self_attention(ProgramBuilder& b, const ModelConfig& c, const BoundWeights
 /// (gate and up from the rows of a fused ffn_up with `fused_gate_up`).
 Value gated_ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, Value h, GluAct act,
                 bool fused_gate_up = false);
-/// The expert FFN of layer il over h (c.n_expert experts, c.n_expert_used
-/// per token, renormalised when c.expert_weights_norm).
+/// The expert FFN spec of layer il: router ffn_gate_inp, banks
+/// ffn_{gate,up,down}_exps (3-D tensors seen as one view per expert, or the
+/// per-expert tensors), c.n_expert experts, c.n_expert_used per token,
+/// renormalised when c.expert_weights_norm; no biases.
+MoeSpec moe_spec(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, GluAct act);
+/// The expert FFN of layer il over h (moe_spec's).
 Value moe_ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, Value h, GluAct act);
 /// The residual stream after layer il, traced as "blk.il".
 void trace_layer(ProgramBuilder& b, int64_t il, Value x);

@@ -7,7 +7,8 @@
 namespace quern {
 
 namespace arch {
-extern const ArchDef kLlama, kQwen2, kQwen3, kQwen3Moe, kQwen35, kQwen35Moe, kPhi3, kGemma2, kGemma3, kGranite;
+extern const ArchDef kLlama, kQwen2, kQwen3, kQwen3Moe, kQwen35, kQwen35Moe, kPhi3, kGemma2, kGemma3, kGranite,
+    kGptOss;
 }
 
 namespace {
@@ -15,7 +16,7 @@ namespace {
 const std::vector<const ArchDef*>& registry() {
     static const std::vector<const ArchDef*> r{&arch::kLlama,  &arch::kQwen2,  &arch::kQwen3,
                                                &arch::kQwen3Moe, &arch::kQwen35, &arch::kQwen35Moe, &arch::kPhi3,
-                                               &arch::kGemma2, &arch::kGemma3, &arch::kGranite};
+                                               &arch::kGemma2, &arch::kGemma3, &arch::kGranite, &arch::kGptOss};
     return r;
 }
 

@@ -39,6 +39,9 @@ QWEN2 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\
          r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 QWEN35 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"""
           r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+GPT4O = (r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+         r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+         r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 DS_LETTER_RANGES = [
     (0x41, 0x5A), (0x61, 0x7A), (0xB5, 0xB5), (0xC0, 0xD6), (0xD8, 0xF6), (0xF8, 0x1BA), (0x1BC, 0x1BF),
     (0x1C4, 0x293), (0x295, 0x2AF), (0x370, 0x373), (0x376, 0x376), (0x377, 0x377), (0x37B, 0x37D),
@@ -87,6 +90,7 @@ FAMILIES = {
     "llama3": ["llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"],
     "qwen2": ["qwen2", "stablelm2", "hunyuan", "megrez", "deepseek-r1-qwen"],
     "qwen35": ["qwen35"],
+    "gpt-4o": ["gpt-4o", "llama4"],
     "deepseek-llm": ["deepseek-llm"],
     "deepseek-coder": ["deepseek-coder"],
     "deepseek-v3": ["deepseek-v3"],
@@ -108,6 +112,7 @@ def pre_tokenizer_steps(family):
         "llama3": [_split(LLAMA3), _byte_level(False)],
         "qwen2": [_split(QWEN2), _byte_level(False)],
         "qwen35": [_split(QWEN35), _byte_level(False)],
+        "gpt-4o": [_split(GPT4O), _byte_level(False)],
         "deepseek-llm": [_split(r"[\r\n]"), _split(r"\s?[" + _cls(DS_LETTER_RANGES) + "]+"),
                          _split(r"\s?[" + _cls(DS_PUNCT_RANGES) + "]+"), _split(r"\s+$"), _split(DS_CJK),
                          _digits(True), _byte_level(False)],

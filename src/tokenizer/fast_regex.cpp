@@ -287,6 +287,117 @@ Result llama3(std::string_view s, size_t pos, size_t& b, size_t& e) {
     return newline_or_whitespace_tail(c, pos, e);  // c0 is \s here
 }
 
+// ---------------------------------------------------------------- GPT-4o (o200k)
+// P?A*B+C?|P?A+B*C?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with P = [^\r\n\p{L}\p{N}], A = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}],
+// B = [\p{Ll}\p{Lm}\p{Lo}\p{M}], C = (?i:'s|'t|'re|'ve|'m|'ll|'d).
+bool case_a(unsigned x) { return is(x, kMark) || (is(x, kLetter) && !is(x, kLower)); }
+bool case_b(unsigned x) { return is(x, kMark) || (is(x, kLetter) && !is(x, kUpper)); }
+
+// The optional contraction after a letter run ending at `i`.
+Result with_contraction(const Cursor& c, size_t i, size_t& e) {
+    if (i < c.n && c.s[i] == '\'') {
+        const Result r = contraction_ci(c, i, e);
+        if (r != Result::NoMatch) return r;
+    }
+    return done(i, e);
+}
+
+// A*B+ from i as a backtracking engine takes it: A* greedy, then giving
+// characters back until B+ can start; kBail when B+ never can (NoMatch),
+// `unknown` set when an unclassified character decides.
+size_t upper_then_lower(const Cursor& c, size_t i, bool& unknown) {
+    std::vector<size_t> starts;  // where each character of the A run starts
+    size_t j = i;
+    while (j < c.n) {
+        size_t len;
+        const unsigned x = c.at(j, len);
+        if (x & kUnknown) {
+            unknown = true;
+            return kBail;
+        }
+        if (!case_a(x)) break;
+        starts.push_back(j);
+        j += len;
+    }
+    for (size_t k = starts.size() + 1; k-- > 0;) {
+        const size_t at = k == starts.size() ? j : starts[k];
+        if (at >= c.n) continue;
+        size_t len;
+        const unsigned x = c.at(at, len);
+        if (x & kUnknown) {
+            unknown = true;
+            return kBail;
+        }
+        if (!case_b(x)) continue;
+        const size_t end = c.run(at, [](unsigned y, uint32_t) { return case_b(y); });
+        if (end == kBail) unknown = true;
+        return end;
+    }
+    return kBail;
+}
+
+// A+B* from i: kBail when i holds no A character.
+size_t upper_then_any_lower(const Cursor& c, size_t i, bool& unknown) {
+    const size_t j = c.run(i, [](unsigned y, uint32_t) { return case_a(y); });
+    if (j == kBail) unknown = true;
+    if (j == kBail || j == i) return kBail;
+    const size_t end = c.run(j, [](unsigned y, uint32_t) { return case_b(y); });
+    if (end == kBail) unknown = true;
+    return end;
+}
+
+Result gpt4o_at(const Cursor& c, size_t pos, size_t& e) {
+    size_t len0;
+    const unsigned c0 = c.at(pos, len0);
+    if (c0 & kUnknown) return Result::Unknown;
+    const char ch = c.s[pos];
+    const bool prefix = ch != '\r' && ch != '\n' && !(c0 & (kLetter | kNumber));
+    // The letter alternatives: with the optional prefix character taken
+    // first, then without it (which can only start with a mark).
+    for (size_t (*alt)(const Cursor&, size_t, bool&) : {upper_then_lower, upper_then_any_lower})
+        for (const size_t start : {prefix ? pos + len0 : kBail, pos}) {
+            if (start == kBail) continue;
+            bool unknown = false;
+            const size_t end = alt(c, start, unknown);
+            if (unknown) return Result::Unknown;
+            if (end != kBail) return with_contraction(c, end, e);
+        }
+    // \p{N}{1,3}
+    if (c0 & kNumber) {
+        size_t i = pos + len0;
+        for (int k = 1; k < 3 && i < c.n; ++k) {
+            size_t len;
+            const unsigned x = c.at(i, len);
+            if (x & kUnknown) return Result::Unknown;
+            if (!(x & kNumber)) break;
+            i += len;
+        }
+        return done(i, e);
+    }
+    //  ?[^\s\p{L}\p{N}]+[\r\n/]*
+    size_t start = kBail;
+    if (ch == ' ') {
+        if (pos + 1 < c.n) {
+            size_t len1;
+            const unsigned c1 = c.at(pos + 1, len1);
+            if (c1 & kUnknown) return Result::Unknown;
+            if (other(c1)) start = pos + 1;
+        }
+    } else if (other(c0)) {
+        start = pos;
+    }
+    if (start != kBail) {
+        size_t end = c.run(start, [](unsigned x, uint32_t) { return other(x); });
+        if (end == kBail) return Result::Unknown;
+        while (end < c.n && (c.s[end] == '\r' || c.s[end] == '\n' || c.s[end] == '/')) ++end;
+        return done(end, e);
+    }
+    return newline_or_whitespace_tail(c, pos, e);  // c0 is \s here
+}
+
+Result gpt4o(std::string_view s, size_t pos, size_t& b, size_t& e) { return search(s, pos, b, e, gpt4o_at); }
+
 // ---------------------------------------------------------------- DeepSeek V3
 // [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
 //  ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
@@ -541,6 +652,7 @@ const Matcher kMatchers[] = {
     {patterns::kLlama3, llama3<3>},
     {patterns::kQwen2, llama3<1>},
     {patterns::kQwen35, llama3<1, true>},
+    {patterns::kGpt4o, gpt4o},
     {patterns::kDeepseek3Main, deepseek3},
     {patterns::kDigit, digit},
     {patterns::kDigitRun, digit_run},

@@ -3,7 +3,8 @@
 // Each matcher finds the leftmost match at or after a position as the regex
 // does, as long as every character it has to look at is valid UTF-8;
 // otherwise it answers Unknown and the caller asks PCRE2. Character classes
-// (\p{L}, \p{N}, \p{P}, \p{S}, \p{M}, \s) come from unicode_classes.inc:
+// (\p{L}, \p{N}, \p{P}, \p{S}, \p{M}, \s, and the letter cases
+// [\p{Lu}\p{Lt}] and \p{Ll}) come from unicode_classes.inc:
 // Unicode 16.0 with \s = White_Space, the classes of the regex engine of
 // Hugging Face `tokenizers` (the system PCRE2 has Unicode 14 and counts U+180E
 // as \s). The control flow of each regex is written out by hand and tested
@@ -36,7 +37,9 @@ enum ClassBit : unsigned {
     kSymbol = 8,   // \p{S}
     kMark = 16,    // \p{M}
     kSpace = 32,   // \s
-    kUnknown = 128,  // invalid UTF-8: not classified
+    kUpper = 64,   // \p{Lu} or \p{Lt} (GPT-4o's case split)
+    kLower = 128,  // \p{Ll}
+    kUnknown = 256,  // invalid UTF-8: not classified
 };
 
 /// Class bits of a code point (0 for unassigned and other categories).

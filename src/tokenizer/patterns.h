@@ -23,6 +23,14 @@ inline constexpr const char* kQwen2 =
 inline constexpr const char* kQwen35 =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// GPT-4o's o200k (o200k_harmony: gpt-oss; Llama 4): letter runs split by case
+// (upper then lower, contractions kept), numbers in groups of up to three,
+// punctuation runs taking trailing newlines and slashes.
+inline constexpr const char* kGpt4o =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 // DeepSeek LLM: a sequence of Split steps, then individual digits. Its
 // classes are enumerated code point ranges; they are written as \x{...}
 // escapes so no editor or tool can change them by Unicode normalization

@@ -36,6 +36,7 @@ const std::vector<FamilyNames>& pre_names() {
         {"llama3", {"llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"}},
         {"qwen2", {"qwen2", "stablelm2", "hunyuan", "megrez", "deepseek-r1-qwen"}},
         {"qwen35", {"qwen35"}},
+        {"gpt-4o", {"gpt-4o", "llama4"}},
         {"deepseek-llm", {"deepseek-llm"}},
         {"deepseek-coder", {"deepseek-coder"}},
         {"deepseek-v3", {"deepseek-v3"}},
@@ -67,6 +68,8 @@ Family family_for(std::string_view pre, bool& known) {
         return {"qwen2", {split_step(kQwen2), bl_noregex}};
     if (is("qwen35"))
         return {"qwen35", {split_step(kQwen35), bl_noregex}};
+    if (is("gpt-4o"))
+        return {"gpt-4o", {split_step(kGpt4o), bl_noregex}};
     if (is("deepseek-llm"))
         return {"deepseek-llm",
                 {split_step(kCrLf), split_step(kDeepseekLlmLetters), split_step(kDeepseekLlmPunct),

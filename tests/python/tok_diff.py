@@ -5,7 +5,7 @@
 
 For every vocabulary available (the GGUF vocabs in ../shared/testdata/vocab,
 the default model SmolLM2-135M-Instruct when fetched, and the GPT-2 vocab run
-with the Llama 3 / Qwen2 / DeepSeek LLM / DeepSeek V3 pre-tokenizers, whose
+with the Llama 3 / Qwen2 / Qwen3.5 / GPT-4o / DeepSeek LLM / DeepSeek V3 pre-tokenizers, whose
 real vocabularies are not in the test data), it
 
 1. turns the GGUF vocab into the tokenizer.json the model would ship
@@ -68,7 +68,7 @@ import tok_gguf_to_tokenizer_json as conv  # noqa: E402
 
 DEFAULT_SEED = 20260601
 VOCABS = ["gpt-2", "llama-spm", "phi-3", "falcon", "deepseek-coder", "starcoder", "gpt-neox", "baichuan"]
-SYNTHETIC = ["llama3", "qwen2", "qwen35", "deepseek-llm", "deepseek-v3"]  # pre-tokenizers run with the GPT-2 vocab
+SYNTHETIC = ["llama3", "qwen2", "qwen35", "gpt-4o", "deepseek-llm", "deepseek-v3"]  # pre-tokenizers run with the GPT-2 vocab
 
 # ---------------------------------------------------------------- random text
 

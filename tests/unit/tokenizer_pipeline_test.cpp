@@ -323,7 +323,9 @@ namespace {
 std::vector<std::string> agreed_characters() {
     const std::pair<const char*, unsigned> probes[] = {{R"(\A\p{L}\z)", fastre::kLetter}, {R"(\A\p{N}\z)", fastre::kNumber},
                                                        {R"(\A\p{P}\z)", fastre::kPunct},  {R"(\A\p{S}\z)", fastre::kSymbol},
-                                                       {R"(\A\p{M}\z)", fastre::kMark},   {R"(\A\s\z)", fastre::kSpace}};
+                                                       {R"(\A\p{M}\z)", fastre::kMark},   {R"(\A\s\z)", fastre::kSpace},
+                                                       {R"(\A[\p{Lu}\p{Lt}]\z)", fastre::kUpper},
+                                                       {R"(\A\p{Ll}\z)", fastre::kLower}};
     std::vector<std::unique_ptr<Regex>> re;
     for (const auto& p : probes) re.push_back(std::make_unique<Regex>(p.first, false));
     const std::pair<uint32_t, uint32_t> blocks[] = {
@@ -364,13 +366,16 @@ TEST(FastRegex, AgreesWithPcre2) {
     const std::vector<std::string> chars = agreed_characters();
     ASSERT_GT(chars.size(), 5000u);
     const char* pats[] = {patterns::kGpt2,           patterns::kLlama3,         patterns::kQwen2,
+                          patterns::kQwen35,         patterns::kGpt4o,
                           patterns::kDeepseek3Main,   patterns::kDigit,          patterns::kDigitRun,
                           patterns::kDigits1to3,      patterns::kThreeAsciiDigits, patterns::kCrLf,
                           patterns::kSpaceLetters,    patterns::kSpacePunct,     patterns::kFalconPunct,
                           patterns::kPunctOne,        patterns::kDeepseekLlmLetters, patterns::kDeepseekLlmPunct,
                           patterns::kTrailingSpace,   patterns::kDeepseekCjk,    patterns::kDeepseek3Cjk};
     const std::vector<std::string> pieces = {" ", "  ", "\n", "\r\n", "\t", "'s", "'T", "'ll", "'RE", "'\xC5\xBF",
-                                             "a", "Z", "7", "123", "!", ".", "(", "\xC2\xA0", "\xE3\x80\x80"};
+                                             "a", "Z", "7", "123", "!", ".", "(", "\xC2\xA0", "\xE3\x80\x80",
+                                             "/", "Ab", "aB", "ABc", "\xC7\x85" /* U+01C5, title case */,
+                                             "\xCC\x81" /* U+0301, a mark */, "\xCA\xB0" /* U+02B0, Lm */};
     std::mt19937 rng(42);
     for (const char* p : pats) {
         const Regex fast(p, true), slow(p, false);

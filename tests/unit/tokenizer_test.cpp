@@ -230,6 +230,19 @@ TEST(PreTokenizer, Qwen35KeepsCombiningMarksInWords) {
     EXPECT_EQ(PreTokenizer("qwen35").family(), "qwen35");
 }
 
+// GPT-4o's o200k regex (gpt-oss): words split by case (upper run, then a
+// lower run), contractions kept with their word, digits in threes,
+// punctuation taking trailing slashes and newlines. The expected split is
+// Hugging Face tokenizers' Split of the same regex.
+TEST(PreTokenizer, Gpt4oSplitsWordsByCase) {
+    const std::string text = "HelloWorld ABCdef XMLHttpRequest 1234567 it's THEY'RE ./a/b//\n\n  x";
+    EXPECT_EQ(PreTokenizer("gpt-4o").split(text),
+              (std::vector<std::string>{"Hello", "World", " ABCdef", " XMLHttp", "Request", " ", "123", "456", "7",
+                                        " it's", " THEY'RE", " ./", "a", "/b", "//\n\n", " ", " x"}));
+    EXPECT_EQ(PreTokenizer("gpt-4o").family(), "gpt-4o");
+    EXPECT_EQ(PreTokenizer("llama4").family(), "gpt-4o");
+}
+
 // ---------------------------------------------------------------- reference vectors
 
 class VocabVectors : public ::testing::TestWithParam<std::string> {};

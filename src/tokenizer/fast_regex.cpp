@@ -144,6 +144,42 @@ size_t skip_crlf(const Cursor& c, size_t i) {
     return i;
 }
 
+// \p{N}{1,max} from `pos`, a number of len0 bytes.
+Result numbers(const Cursor& c, size_t pos, size_t len0, int max, size_t& e) {
+    size_t i = pos + len0;
+    for (int k = 1; k < max && i < c.n; ++k) {
+        size_t len;
+        const unsigned x = c.at(i, len);
+        if (x & kUnknown) return Result::Unknown;
+        if (!(x & kNumber)) break;
+        i += len;
+    }
+    return done(i, e);
+}
+
+// ` ?P+T*` from `pos` (class c0) for a punctuation class P and trailing
+// bytes T (tail(byte)); NoMatch when neither pos nor (after a space) the
+// next character is P.
+template <class Punct, class Tail>
+Result punct_run(const Cursor& c, size_t pos, unsigned c0, Punct punct, Tail tail, size_t& e) {
+    size_t start = kBail;
+    if (c.s[pos] == ' ') {
+        if (pos + 1 < c.n) {
+            size_t len1;
+            const unsigned c1 = c.at(pos + 1, len1);
+            if (c1 & kUnknown) return Result::Unknown;
+            if (punct(c1, 0)) start = pos + 1;
+        }
+    } else if (punct(c0, 0)) {
+        start = pos;
+    }
+    if (start == kBail) return Result::NoMatch;
+    size_t end = c.run(start, punct);
+    if (end == kBail) return Result::Unknown;
+    while (end < c.n && tail(c.s[end])) ++end;
+    return done(end, e);
+}
+
 // Searches for the leftmost position where `match_at(cursor, i, end)`
 // matches; match_at answers Match / NoMatch (nothing starts at i) / Unknown.
 template <class MatchAt>
@@ -256,34 +292,10 @@ Result llama3(std::string_view s, size_t pos, size_t& b, size_t& e) {
         if (c1 & kWord) return done(c.run(pos + len0, letters), e);
     }
     // \p{N}{1,MaxDigits}
-    if (c0 & kNumber) {
-        size_t i = pos + len0;
-        for (int k = 1; k < MaxDigits && i < c.n; ++k) {
-            size_t len;
-            const unsigned x = c.at(i, len);
-            if (x & kUnknown) return Result::Unknown;
-            if (!(x & kNumber)) break;
-            i += len;
-        }
-        return done(i, e);
-    }
+    if (c0 & kNumber) return numbers(c, pos, len0, MaxDigits, e);
     //  ?[^\s\p{L}\p{N}]+[\r\n]*
-    size_t start = kBail;
-    if (ch == ' ') {
-        if (pos + 1 < c.n) {
-            size_t len1;
-            const unsigned c1 = c.at(pos + 1, len1);
-            if (c1 & kUnknown) return Result::Unknown;
-            if (punct(c1, 0)) start = pos + 1;
-        }
-    } else if (punct(c0, 0)) {
-        start = pos;
-    }
-    if (start != kBail) {
-        const size_t end = c.run(start, punct);
-        if (end == kBail) return Result::Unknown;
-        return done(skip_crlf(c, end), e);
-    }
+    const Result r = punct_run(c, pos, c0, punct, [](char t) { return t == '\r' || t == '\n'; }, e);
+    if (r != Result::NoMatch) return r;
     return newline_or_whitespace_tail(c, pos, e);  // c0 is \s here
 }
 
@@ -364,35 +376,11 @@ Result gpt4o_at(const Cursor& c, size_t pos, size_t& e) {
             if (end != kBail) return with_contraction(c, end, e);
         }
     // \p{N}{1,3}
-    if (c0 & kNumber) {
-        size_t i = pos + len0;
-        for (int k = 1; k < 3 && i < c.n; ++k) {
-            size_t len;
-            const unsigned x = c.at(i, len);
-            if (x & kUnknown) return Result::Unknown;
-            if (!(x & kNumber)) break;
-            i += len;
-        }
-        return done(i, e);
-    }
+    if (c0 & kNumber) return numbers(c, pos, len0, 3, e);
     //  ?[^\s\p{L}\p{N}]+[\r\n/]*
-    size_t start = kBail;
-    if (ch == ' ') {
-        if (pos + 1 < c.n) {
-            size_t len1;
-            const unsigned c1 = c.at(pos + 1, len1);
-            if (c1 & kUnknown) return Result::Unknown;
-            if (other(c1)) start = pos + 1;
-        }
-    } else if (other(c0)) {
-        start = pos;
-    }
-    if (start != kBail) {
-        size_t end = c.run(start, [](unsigned x, uint32_t) { return other(x); });
-        if (end == kBail) return Result::Unknown;
-        while (end < c.n && (c.s[end] == '\r' || c.s[end] == '\n' || c.s[end] == '/')) ++end;
-        return done(end, e);
-    }
+    const Result r = punct_run(c, pos, c0, [](unsigned x, uint32_t) { return other(x); },
+                               [](char t) { return t == '\r' || t == '\n' || t == '/'; }, e);
+    if (r != Result::NoMatch) return r;
     return newline_or_whitespace_tail(c, pos, e);  // c0 is \s here
 }
 

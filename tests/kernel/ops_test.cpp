@@ -222,6 +222,28 @@ TEST(Ops, GegluTanhSoftcapScale) {
     for (int i = 0; i < 1000; ++i) EXPECT_EQ(y[i], g[i] * 0.5f);
 }
 
+// A contiguous cache's rows copied into a paged one of blocks of 16 in a
+// scrambled order (block b of the sequence at pool block (b * mul + add) % n).
+struct ScrambledPages {
+    std::vector<int32_t> table;
+    std::vector<float> k, v;
+    cpu::PagedKv view;
+    ScrambledPages(const std::vector<float>& kc, const std::vector<float>& vc, int64_t ctx, int64_t kvs, int64_t mul,
+                   int64_t add) {
+        const int64_t bs = 16, nblk = (ctx + bs - 1) / bs;
+        table.resize(static_cast<size_t>(nblk));
+        for (int64_t b = 0; b < nblk; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>((b * mul + add) % nblk);
+        k.assign(static_cast<size_t>(nblk * bs * kvs), NAN);
+        v.assign(k.size(), NAN);
+        for (int64_t p = 0; p < ctx; ++p) {
+            const int64_t row = table[static_cast<size_t>(p / bs)] * bs + p % bs;
+            std::copy_n(kc.data() + p * kvs, kvs, k.data() + row * kvs);
+            std::copy_n(vc.data() + p * kvs, kvs, v.data() + row * kvs);
+        }
+        view = cpu::PagedKv{k.data(), v.data(), table.data(), bs, kvs};
+    }
+};
+
 // Sliding windows (query at p sees p - window + 1 .. p) and soft-capped scores
 // against a double reference, on the row path (vectorized head sizes and
 // not), the GEMM path, and a paged cache whose windows start mid-block.
@@ -231,17 +253,8 @@ TEST(Ops, SlidingWindowAndSoftcapAttention) {
         const int n_head = 4, n_kv = 2, ctx = 150;
         const int64_t kvs = n_kv * hd;
         auto k = randn(rng, size_t(ctx) * kvs), v = randn(rng, size_t(ctx) * kvs);
-        // Paged copy, blocks of 16 in a scrambled order.
-        const int64_t bs = 16, nblk = (ctx + bs - 1) / bs;
-        std::vector<int32_t> table(static_cast<size_t>(nblk));
-        for (int64_t b = 0; b < nblk; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>((b * 7 + 3) % nblk);
-        std::vector<float> pk(static_cast<size_t>(nblk * bs * kvs), NAN), pv(pk.size(), NAN);
-        for (int64_t p = 0; p < ctx; ++p) {
-            const int64_t row = table[static_cast<size_t>(p / bs)] * bs + p % bs;
-            std::copy_n(k.data() + p * kvs, kvs, pk.data() + row * kvs);
-            std::copy_n(v.data() + p * kvs, kvs, pv.data() + row * kvs);
-        }
-        const cpu::PagedKv view{pk.data(), pv.data(), table.data(), bs, kvs};
+        const ScrambledPages pages(k, v, ctx, kvs, 7, 3);
+        const cpu::PagedKv& view = pages.view;
         const float scale = 1.0f / std::sqrt(float(hd));
         for (int n : {3, 20, 100})
             for (int64_t window : {1, 7, 40})
@@ -298,16 +311,8 @@ TEST(Ops, AttentionSinksJoinTheDenominator) {
         const int n_head = 4, n_kv = 2, ctx = 120;
         const int64_t kvs = n_kv * hd;
         auto k = randn(rng, size_t(ctx) * kvs), v = randn(rng, size_t(ctx) * kvs);
-        const int64_t bs = 16, nblk = (ctx + bs - 1) / bs;
-        std::vector<int32_t> table(static_cast<size_t>(nblk));
-        for (int64_t b = 0; b < nblk; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>((b * 5 + 2) % nblk);
-        std::vector<float> pk(static_cast<size_t>(nblk * bs * kvs), NAN), pv(pk.size(), NAN);
-        for (int64_t p = 0; p < ctx; ++p) {
-            const int64_t row = table[static_cast<size_t>(p / bs)] * bs + p % bs;
-            std::copy_n(k.data() + p * kvs, kvs, pk.data() + row * kvs);
-            std::copy_n(v.data() + p * kvs, kvs, pv.data() + row * kvs);
-        }
-        const cpu::PagedKv view{pk.data(), pv.data(), table.data(), bs, kvs};
+        const ScrambledPages pages(k, v, ctx, kvs, 5, 2);
+        const cpu::PagedKv& view = pages.view;
         const float scale = 1.0f / std::sqrt(float(hd));
         auto sinks = randn(rng, n_head, 3.0f);
         sinks[0] = 8.0f;  // a head that mostly attends to nothing

@@ -231,6 +231,21 @@ void hf_experts(const HfKeys& k, ModelConfig& c) {
         fail("{}: shared experts are not supported", k.where);
 }
 
+bool hf_layer_types(const HfKeys& k, ModelConfig& c) {
+    if (!k.has("layer_types")) return false;
+    const nlohmann::json& lt = k.j["layer_types"];
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.n_layer)
+        fail("{}: key 'layer_types' must be an array of num_hidden_layers ({}) strings", k.where, c.n_layer);
+    c.swa_layers.assign(lt.size(), 0);
+    for (size_t il = 0; il < lt.size(); ++il) {
+        const std::string t = lt[il].is_string() ? lt[il].get<std::string>() : lt[il].dump();
+        if (t != "sliding_attention" && t != "full_attention")
+            fail("{}: layer_types entry '{}' is not supported (sliding_attention, full_attention)", k.where, t);
+        c.swa_layers[il] = t == "sliding_attention";
+    }
+    return true;
+}
+
 void gguf_write_heads(const ModelConfig& c, GgufWriter& w, const std::string& a, bool key_length, bool rope_dim) {
     if (key_length || c.head_dim != c.n_embd / c.n_head) {
         w.set_u32(a + "attention.key_length", static_cast<uint32_t>(c.head_dim));

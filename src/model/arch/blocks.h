@@ -93,6 +93,9 @@ void hf_require_silu(const HfKeys& k);
 void hf_full_attention(const HfKeys& k);
 void hf_uniform_window(const HfKeys& k, ModelConfig& c);
 void hf_experts(const HfKeys& k, ModelConfig& c);
+/// config.json's layer_types (sliding_attention / full_attention per layer)
+/// into c.swa_layers; false when the key is absent (c untouched).
+bool hf_layer_types(const HfKeys& k, ModelConfig& c);
 
 /// GGUF keys of the heads as llama.cpp's converter writes them:
 /// attention.key_length / value_length when `key_length` (the config gives

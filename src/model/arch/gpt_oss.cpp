@@ -65,19 +65,8 @@ void hf_config(const HfKeys& k, const std::string&, ModelConfig& c) {
     if (c.sliding_window <= 0) fail("{}: sliding_window must be positive, got {}", k.where, c.sliding_window);
     if (c.n_layer > 0 && c.n_layer <= (int64_t{1} << 20)) {
         c.swa_layers.assign(static_cast<size_t>(c.n_layer), 0);
-        if (k.has("layer_types")) {
-            const nlohmann::json& lt = k.j["layer_types"];
-            if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.n_layer)
-                fail("{}: key 'layer_types' must be an array of num_hidden_layers ({}) strings", k.where, c.n_layer);
-            for (size_t il = 0; il < lt.size(); ++il) {
-                const std::string t = lt[il].is_string() ? lt[il].get<std::string>() : lt[il].dump();
-                if (t != "sliding_attention" && t != "full_attention")
-                    fail("{}: layer_types entry '{}' is not supported (sliding_attention, full_attention)", k.where, t);
-                c.swa_layers[il] = t == "sliding_attention";
-            }
-        } else {
+        if (!hf_layer_types(k, c))  // GptOssConfig's default: sliding from layer 0, every other layer
             for (int64_t il = 0; il < c.n_layer; il += 2) c.swa_layers[static_cast<size_t>(il)] = 1;
-        }
     }
     c.extra["swiglu_alpha"] = static_cast<float>(k.get_float("swiglu_alpha", kSwigluAlpha));
     c.extra["swiglu_limit"] = static_cast<float>(k.get_float("swiglu_limit", kSwigluLimit));

@@ -136,11 +136,12 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
             step_attention(L, P, deferred, short_ctx);
             if (!L.attn_gate.empty()) mixed = step_attn_gate(L);
         }
+        QuantizedActivation& xo = L.delta ? xq_delta_ : xq_attn_;
         if (fuse) {  // x += W_o·a; the FFN norm's activation without its scale
-            gemv_residual_norm(ctx_, L.wo.w, xq_attn_, x, L.ffn_norm, xq_embd_, ss_parts_.as<float>());
+            gemv_residual_norm(ctx_, L.wo.w, xo, x, L.ffn_norm, xq_embd_, ss_parts_.as<float>());
             mark("gemv_o");
         } else {
-            if (!sk("wo")) mm(L.wo, mixed, xq_attn_, h);
+            if (!sk("wo")) mm(L.wo, mixed, xo, h);
             if (L.post_attn_norm)
                 rms_norm_q8_1(h, nullptr, L.post_attn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
             if (P.attn_out_scale != 1.0f) scale_softcap(hres, c.n_embd, P.attn_out_scale, 0.0f, s);

@@ -133,7 +133,10 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
     logits_ = fbuf(c.n_vocab);
     argmax_scratch_ = DeviceBuffer(argmax_scratch_bytes(c.n_vocab));
     xq_embd_ = QuantizedActivation(c.n_embd, levels_);
-    xq_attn_ = QuantizedActivation(std::max(c.q_dim(), VD), levels_);
+    // The output projection's input, quantized at its own width: attention's
+    // q_dim, a DeltaNet's value_dim (the GEMV checks the width).
+    xq_attn_ = QuantizedActivation(c.q_dim(), levels_);
+    if (VD > 0) xq_delta_ = QuantizedActivation(VD, levels_);
     if (ff > 0) xq_ff_ = QuantizedActivation(ff, levels_);
     {
         // Every GEMV must read the quantized activation (F8_E4M3_B32, like

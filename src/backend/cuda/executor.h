@@ -155,7 +155,7 @@ private:
     void make_lone_state(const Program& program);
     /// Decode step, layer L (normed input in xn_ / xq_embd_): the DeltaNet
     /// mixer through its output projection into h_; the output gate of
-    /// gated attention (attn_ → xq_attn_, returns the gated floats); the
+    /// gated attention (attn_ → xq_attn_, returns the gated floats; a DeltaNet quantizes into xq_delta_); the
     /// shared expert added into h_.
     const float* step_delta(const LayerWeights& L);
     const float* step_attn_gate(const LayerWeights& L);
@@ -395,7 +395,7 @@ private:
 
     // Per-step activations.
     DeviceBuffer x_, h_, hpost_, xn_, qkv_, attn_, gu_, ffh_, logits_, attn_scratch_, argmax_scratch_, tokens_, ctl_;
-    QuantizedActivation xq_embd_, xq_attn_, xq_ff_;
+    QuantizedActivation xq_embd_, xq_attn_, xq_ff_, xq_delta_;  // xq_delta_: a DeltaNet layer's gated output
     // Mixture of experts: router logits (n_expert), the chosen ids and
     // weights (n_expert_used each, written by moe_route on the device), the
     // experts' outputs (n_expert_used rows of n_embd) and the SwiGLU

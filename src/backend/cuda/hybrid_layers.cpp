@@ -180,8 +180,8 @@ const float* CudaExecutor::step_delta(const LayerWeights& L) {
     delta_rule(sxc_.as<float>(), sba_.as<float>(), sy_.as<float>(), q, D, s);
     mark("delta_rule");
     rms_norm_groups(sy_.as<float>(), L.delta_norm, syn_.as<float>(), VD, 1, VD, D.head_v, c.rms_eps, s);
-    swiglu_q8_1(sz_.as<float>(), syn_.as<float>(), sgated_.as<float>(), xq_attn_.q(), xq_attn_.info(), VD, s,
-                xq_attn_.q2(), xq_attn_.info2(), kGateSiLU);
+    swiglu_q8_1(sz_.as<float>(), syn_.as<float>(), sgated_.as<float>(), xq_delta_.q(), xq_delta_.info(), VD, s,
+                xq_delta_.q2(), xq_delta_.info2(), kGateSiLU);
     mark("gate");
     return sgated_.as<float>();
 }

@@ -316,11 +316,14 @@ Result with_contraction(const Cursor& c, size_t i, size_t& e) {
 }
 
 // A*B+ from i as a backtracking engine takes it: A* greedy, then giving
-// characters back until B+ can start; kBail when B+ never can (NoMatch),
-// `unknown` set when an unclassified character decides.
+// characters back until B+ can start. B+ starts at the first position from
+// the end of the A run backwards that holds a B character: the run's end
+// itself (a B-only character), else the run's last character in both
+// classes (after it the run holds A-only ones, so B+ is that one
+// character). kBail when there is none (NoMatch), `unknown` set when an
+// unclassified character decides.
 size_t upper_then_lower(const Cursor& c, size_t i, bool& unknown) {
-    std::vector<size_t> starts;  // where each character of the A run starts
-    size_t j = i;
+    size_t j = i, last_both = kBail;
     while (j < c.n) {
         size_t len;
         const unsigned x = c.at(j, len);
@@ -329,24 +332,22 @@ size_t upper_then_lower(const Cursor& c, size_t i, bool& unknown) {
             return kBail;
         }
         if (!case_a(x)) break;
-        starts.push_back(j);
+        if (case_b(x)) last_both = j;
         j += len;
     }
-    for (size_t k = starts.size() + 1; k-- > 0;) {
-        const size_t at = k == starts.size() ? j : starts[k];
-        if (at >= c.n) continue;
+    if (j < c.n) {
         size_t len;
-        const unsigned x = c.at(at, len);
-        if (x & kUnknown) {
-            unknown = true;
-            return kBail;
+        const unsigned x = c.at(j, len);  // classified: the loop above stopped on it
+        if (case_b(x)) {
+            const size_t end = c.run(j, [](unsigned y, uint32_t) { return case_b(y); });
+            if (end == kBail) unknown = true;
+            return end;
         }
-        if (!case_b(x)) continue;
-        const size_t end = c.run(at, [](unsigned y, uint32_t) { return case_b(y); });
-        if (end == kBail) unknown = true;
-        return end;
     }
-    return kBail;
+    if (last_both == kBail) return kBail;
+    size_t len;
+    c.at(last_both, len);
+    return last_both + len;
 }
 
 // A+B* from i: kBail when i holds no A character.

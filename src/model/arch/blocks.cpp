@@ -121,7 +121,7 @@ Value embed(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w) {
 }
 
 Value self_attention(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, Value h,
-                     bool fused_qkv) {
+                     bool fused_qkv, const Tensor* sinks) {
     std::vector<LinearPiece> qkv;
     if (fused_qkv) {
         // One matrix of q, k then v rows, used as its three parts.
@@ -135,7 +135,9 @@ Value self_attention(ProgramBuilder& b, const ModelConfig& c, const BoundWeights
             qkv.push_back({&w.get(blk(il, (std::string(p) + ".weight").c_str())),
                            c.qkv_bias ? &w.get(blk(il, (std::string(p) + ".bias").c_str())) : nullptr});
     }
-    Value a = b.attention(b.linear(h, std::move(qkv)), attention_spec(c, w, b, il));
+    AttentionSpec spec = attention_spec(c, w, b, il);
+    spec.sinks = sinks;
+    Value a = b.attention(b.linear(h, std::move(qkv)), spec);
     return b.linear(a, w.get(blk(il, "attn_output.weight")), c.out_bias ? &w.get(blk(il, "attn_output.bias")) : nullptr);
 }
 

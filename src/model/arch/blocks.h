@@ -56,10 +56,10 @@ AttentionSpec attention_spec(const ModelConfig& c, const BoundWeights& w, Progra
 /// token_embd rows (× c.embd_scale when set).
 Value embed(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w);
 /// Q|K|V projection (attn_q/k/v with their biases, or the rows of attn_qkv),
-/// attention, output projection (attn_output + bias) of layer il over the
-/// normed input h.
+/// attention (with `sinks`, n_head F32 logits, when given), output
+/// projection (attn_output + bias) of layer il over the normed input h.
 Value self_attention(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, Value h,
-                     bool fused_qkv = false);
+                     bool fused_qkv = false, const Tensor* sinks = nullptr);
 /// gate|up projection, act(gate) · up, down projection of layer il over h
 /// (gate and up from the rows of a fused ffn_up with `fused_gate_up`).
 Value gated_ffn(ProgramBuilder& b, const ModelConfig& c, const BoundWeights& w, int64_t il, Value h, GluAct act,

@@ -105,14 +105,8 @@ Program build(const ModelConfig& c, const BoundWeights& w) {
     for (int64_t il = 0; il < c.n_layer; ++il) {
         b.set_layer(static_cast<int>(il));
         Value h = b.rms_norm(x, w.get(blk(il, "attn_norm.weight")), c.rms_eps);
-        std::vector<LinearPiece> qkv;
-        for (const char* p : {"attn_q", "attn_k", "attn_v"})
-            qkv.push_back({&w.get(blk(il, (std::string(p) + ".weight").c_str())),
-                           &w.get(blk(il, (std::string(p) + ".bias").c_str()))});
-        AttentionSpec as = attention_spec(c, w, b, il);
-        as.sinks = &w.get(blk(il, "attn_sinks.weight"));
-        const Value a = b.attention(b.linear(h, std::move(qkv)), as);
-        x = b.add(x, b.linear(a, w.get(blk(il, "attn_output.weight")), &w.get(blk(il, "attn_output.bias"))));
+        // q/k/v/o biases come with the config (qkv_bias, out_bias)
+        x = b.add(x, self_attention(b, c, w, il, h, false, &w.get(blk(il, "attn_sinks.weight"))));
         h = b.rms_norm(x, w.get(blk(il, "post_attention_norm.weight")), c.rms_eps);
         MoeSpec m = moe_spec(b, c, w, il, GluAct::SwiGluOai);
         m.router_bias = &w.get(blk(il, "ffn_gate_inp.bias"));

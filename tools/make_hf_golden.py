@@ -57,6 +57,9 @@ write:
                           than quern's 64-element NVFP4 blocks)
   OUT/qwen3_5/fp8_block   the same two for Qwen3.5, its DeltaNet in_proj_qkv,
   OUT/qwen3_5/nvfp4       in_proj_z and out_proj quantized too
+  OUT/qwen3_5_moe/fp8_block, nvfp4 (--gpu-shapes only) the same for the MoE
+                          model, each expert's matrices stored and quantized
+                          alone (experts.N.gate_proj ..., as published)
 
 Qwen3.5 (dense and MoE): the fp32 checkpoint also carries a
 multi-token-prediction head (mtp.*, config mtp_num_hidden_layers 1) drawn at
@@ -581,6 +584,11 @@ QUANT_FIXTURES = {
         ("nvfp4", {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"],
                    "producer": MODELOPT_PRODUCER}, None),
     ],
+    "qwen3_5_moe": [
+        ("fp8_block", dict(FINE_GRAINED, weight_block_size=[32, 32]), None),
+        ("nvfp4", {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"],
+                   "producer": MODELOPT_PRODUCER}, None),
+    ],
     "qwen3": [
         ("fp8_block", dict(FINE_GRAINED, weight_block_size=[32, 32]), None),
         ("nvfp4", {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"],
@@ -636,6 +644,54 @@ def quantize_checkpoint(variant, qcfg, sd):
     return out, deq
 
 
+def split_expert_banks(sd):
+    """transformers holds an MoE layer's experts as stacked banks
+    (experts.gate_up_proj [E, 2F, K], gate rows first; experts.down_proj
+    [E, K, F]); published checkpoints, the quantized ones included, store one
+    matrix per expert (experts.N.gate_proj.weight ...), as save_pretrained
+    writes them. Those per-expert names, so that each is quantized alone."""
+    out = {}
+    for k, v in sd.items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            f = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{k[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = v[e, :f].copy()
+                out[f"{k[:-len('gate_up_proj')]}{e}.up_proj.weight"] = v[e, f:].copy()
+        elif k.endswith("mlp.experts.down_proj"):
+            for e in range(v.shape[0]):
+                out[f"{k[:-len('down_proj')]}{e}.down_proj.weight"] = v[e].copy()
+        else:
+            out[k] = v
+    return out
+
+
+def stack_expert_banks(deq, params):
+    """The dequantized weights under the model's own parameter names: per-expert
+    matrices stacked back into the banks split_expert_banks split."""
+    out, banks = {}, {}
+    for k, v in deq.items():
+        parts = k.split(".")
+        if len(parts) >= 4 and parts[-4] == "experts" and parts[-3].isdigit() and k not in params:
+            prefix = ".".join(parts[:-3])
+            banks.setdefault(prefix, {})[(int(parts[-3]), parts[-2])] = v
+        else:
+            out[k] = v
+    for prefix, m in banks.items():
+        n = 1 + max(e for e, _ in m)
+        gu = params[prefix + ".gate_up_proj"].detach().numpy().copy()
+        down = params[prefix + ".down_proj"].detach().numpy().copy()
+        for e in range(n):
+            f = gu.shape[1] // 2
+            if (e, "gate_proj") in m:
+                gu[e, :f] = m[(e, "gate_proj")]
+            if (e, "up_proj") in m:
+                gu[e, f:] = m[(e, "up_proj")]
+            if (e, "down_proj") in m:
+                down[e] = m[(e, "down_proj")]
+        out[prefix + ".gate_up_proj"], out[prefix + ".down_proj"] = gu, down
+    return out
+
+
 def make_quantized(name, cls, root, ids, meta):
     check_e4m3_against_torch()
     src = os.path.join(root, "bf16")
@@ -643,6 +699,7 @@ def make_quantized(name, cls, root, ids, meta):
     sd = {k: v.detach().numpy().copy() for k, v in base.state_dict().items()}
     if base.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
+    sd = split_expert_banks(sd)
     for variant, qcfg, modelopt in QUANT_FIXTURES.get(name, []):
         d = os.path.join(root, variant)
         shutil.rmtree(d, ignore_errors=True)
@@ -662,10 +719,10 @@ def make_quantized(name, cls, root, ids, meta):
                 json.dump({"producer": MODELOPT_PRODUCER, "quantization": modelopt}, f, indent=4)
                 f.write("\n")
         # reference: the float model with the dequantized weights, in float64
-        model = cls.from_pretrained(src, dtype=torch.float32)
+        model = cls.from_pretrained(src, dtype=torch.float32, **eager_experts(src))
         with torch.no_grad():
             params = dict(model.named_parameters())
-            for k, v in deq.items():
+            for k, v in stack_expert_banks(deq, params).items():
                 params[k].copy_(torch.from_numpy(v))
             logits = model.double().eval()(torch.tensor([ids])).logits[0].float().numpy()
         logits.astype("<f4").tofile(os.path.join(root, variant + ".logits"))

@@ -108,15 +108,22 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3", "fp8_block", 0.9999}, Case{"qwen3", "nvfp4", 0.9999},
                       Case{"qwen3_5", "fp32", 0.9999}, Case{"qwen3_5", "bf16", 0.999},
                       Case{"qwen3_5", "fp8_block", 0.9999}, Case{"qwen3_5", "nvfp4", 0.9999},
-                      Case{"qwen3_5_moe", "fp32", 0.9999}, Case{"qwen3_5_moe", "bf16", 0.999}),
+                      Case{"qwen3_5_moe", "fp32", 0.9999}, Case{"qwen3_5_moe", "bf16", 0.999},
+                      Case{"qwen3_5_moe", "fp8_block", 0.9999}, Case{"qwen3_5_moe", "nvfp4", 0.9999}),
     [](const auto& info) { return info.param.arch + "_" + info.param.checkpoint; });
 
 // Qwen3.5 (DeltaNet layers with their recurrent state, gated attention;
 // dense and MoE with a shared expert) on the GPU, prompts through the
-// batched prefill: the whole prompt in one call, and cut in two calls at
-// several places, gives transformers' logits at the cut and at the end; the
-// greedy continuation is transformers'; a session truncated to 0 starts its
-// state again.
+// batched prefill. The prefill multiplies in BF16 (a routing near-tie may
+// part from fp32), so against transformers it is held to the batched
+// prefill's tolerance (0.999, as CudaSession's prefill tests); what the
+// recurrent state must carry exactly is checked GPU against GPU: the prompt
+// cut in two calls at several places gives the one call's last logits
+// (0.9999: the GEMMs of other row counts may round a few BF16 values the
+// other way), and the first call's last row is the token-by-token path's
+// (decode steps, fp32 activations: 0.9999 against transformers). The greedy
+// continuation is transformers'; a session truncated to 0 starts its state
+// again.
 TEST(HfGoldenCudaHybrid, PromptPassesChunksAndGreedy) {
     if (cuda::CudaContext::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
     for (const char* arch : {"qwen3_5", "qwen3_5_moe"}) {
@@ -133,21 +140,38 @@ TEST(HfGoldenCudaHybrid, PromptPassesChunksAndGreedy) {
         cuda::SessionOptions o;
         o.verbose = false;
         auto s = test::cuda_session(*model, o, 128);
-        std::vector<float> out(static_cast<size_t>(V));
-        const auto expect_row = [&](int64_t t, const std::string& what) {
-            const float* r = ref.data() + t * V;
-            EXPECT_GE(cosine_similarity(out.data(), r, V), 0.9999) << arch << " " << what << " position " << t;
-            EXPECT_EQ(argmax(out.data(), V), argmax(r, V)) << arch << " " << what << " position " << t;
-        };
-        s->eval(tokens.data(), n, out.data());
-        expect_row(n - 1, "one call");
+        std::vector<float> out(static_cast<size_t>(V)), one(static_cast<size_t>(V));
+        const auto cos_ref = [&](int64_t t) { return cosine_similarity(out.data(), ref.data() + t * V, V); };
+        s->eval(tokens.data(), n, one.data());
+        out = one;
+        std::printf("%s one call: cosine to transformers 1 - %.2e\n", arch, 1.0 - cos_ref(n - 1));
+        EXPECT_GE(cos_ref(n - 1), 0.999) << arch << " one call";
+        EXPECT_EQ(argmax(one.data(), V), argmax(ref.data() + (n - 1) * V, V)) << arch << " one call";
         for (int64_t cut : {1, 9, 40, 63}) {
             s->truncate(0);
             s->eval(tokens.data(), cut, out.data());
-            expect_row(cut - 1, "first call, cut at " + std::to_string(cut));
+            const double first = cos_ref(cut - 1);
+            EXPECT_GE(first, cut < cuda::kPrefillMinTokens ? 0.9999 : 0.999) << arch << " first call, cut " << cut;
             s->eval(tokens.data() + cut, n - cut, out.data());
-            expect_row(n - 1, "second call, cut at " + std::to_string(cut));
+            const double again = cosine_similarity(out.data(), one.data(), V);
+            std::printf("%s cut at %2lld: first call 1 - %.2e to transformers, second call 1 - %.2e to transformers "
+                        "and 1 - %.2e to the one call\n",
+                        arch, static_cast<long long>(cut), 1.0 - first, 1.0 - cos_ref(n - 1), 1.0 - again);
+            EXPECT_GE(again, 0.9999) << arch << " second call against the one call, cut at " << cut;
+            EXPECT_EQ(argmax(out.data(), V), argmax(one.data(), V)) << arch << " cut at " << cut;
         }
+        // The first rows token by token (decode steps), then the same
+        // prefix's last row through the prefill: the DeltaNet state the
+        // decode steps keep is the one the prefill keeps.
+        s->truncate(0);
+        for (int64_t t = 0; t < 40; ++t) s->eval(&tokens[static_cast<size_t>(t)], 1, out.data());
+        std::vector<float> steps = out;
+        s->truncate(0);
+        s->eval(tokens.data(), 40, out.data());
+        std::printf("%s 40 tokens: decode steps 1 - %.2e, prefill 1 - %.2e to transformers; prefill to steps 1 - %.2e\n",
+                    arch, 1.0 - cosine_similarity(steps.data(), ref.data() + 39 * V, V), 1.0 - cos_ref(39),
+                    1.0 - cosine_similarity(out.data(), steps.data(), V));
+        EXPECT_GE(cosine_similarity(steps.data(), ref.data() + 39 * V, V), 0.9999) << arch << " decode steps";
         s->truncate(0);
         s->eval(tokens.data(), n, out.data());
         std::vector<int32_t> got{static_cast<int32_t>(argmax(out.data(), V))};

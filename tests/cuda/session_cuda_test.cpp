@@ -956,6 +956,41 @@ TEST(CudaSession, MoeVerify) {
     }
 }
 
+// The tiny Qwen3.5 presets (DeltaNet layers, gated attention; the MoE one
+// with a shared expert) against the CPU layer by layer: token by token
+// through the decode step (the same 8-bit activations as the CPU: cosine
+// ~1 - 1e-7), and the prompt through the batched prefill (BF16) for the
+// dense preset and for the MoE one with every expert used (8 of 8). With
+// routing, a near-tie the BF16 prefill parts sends a row to another expert
+// (the Q4_K_M model: 0.9984 from blk.3 on an H100, 0.99997 with every
+// expert), as MoeVerify says of the other expert models.
+TEST(CudaSession, HybridVerify) {
+    REQUIRE_GPU();
+    ThreadPool pool(0);
+    const std::vector<int32_t> ids = {1, 15, 300, 400, 77, 123, 9, 60, 128, 5, 33, 210};
+    struct Case {
+        const char* preset;
+        bool every_expert;
+    };
+    for (const Case& k : {Case{"qwen3.5-27b", false}, Case{"qwen3.5-35b-a3b", false}, Case{"qwen3.5-35b-a3b", true}})
+        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16"})
+            for (const bool prefill : {false, true}) {
+                if (prefill && std::string(k.preset) == "qwen3.5-35b-a3b" && !k.every_expert) continue;
+                SynthPreset p = synth_tiny(synth_preset(k.preset));
+                if (k.every_expert) p.cfg.n_expert_used = p.cfg.n_expert;
+                SynthModel sm = make_synthetic(p, scheme, 29);
+                auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
+                auto cpu = make_cpu_session(*model, 64, pool);
+                auto gpu = gpu_session(*model, 64, prefill);
+                const VerifyResult v = expect_verify(
+                    *cpu, *gpu, ids,
+                    fmt::format("{:<16}{} {:<7} {}", k.preset, k.every_expert ? " all" : "    ", scheme,
+                                prefill ? "prefill" : "steps  "));
+                for (const auto& [name, c] : v.cosines) std::printf("  %s %.7f", name.c_str(), c);
+                std::printf("\n");
+            }
+}
+
 // The refusals that remain for expert models name the limit.
 TEST(CudaSession, MoeLimitsAreRefusedByName) {
     SynthPreset p = synth_tiny(synth_preset("qwen3-30b-a3b"));

@@ -169,14 +169,6 @@ std::string gpu_unsupported(const Model& m) {
     return "";
 }
 
-std::string gpu_unverified(const Model& m) {
-    // Written with tests that passed on the CPU only: no GPU was lent when it
-    // landed. Remove once tests/cuda (hf_golden, batch, delta_rule) pass on one.
-    if (!m.program().delta_net.empty())
-        return "Gated DeltaNet layers (Qwen3.5), whose GPU path has not been run on a GPU yet";
-    return "";
-}
-
 void warn_past_trained_context(const ModelConfig& c, int64_t n_ctx) {
     if (c.n_ctx_train > 0 && n_ctx > c.n_ctx_train)
         std::fprintf(stderr,
@@ -212,12 +204,6 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
         warn_gpu_options_ignored(opts);
         return make_cpu_session(model, n_ctx, pool);
     }
-    if (const std::string why = gpu_unverified(model); opts.device == "auto" && !why.empty()) {
-        if (verbose)
-            std::fprintf(stderr, "quern: running on the CPU: %s (--device cuda to try it)\n", why.c_str());
-        warn_gpu_options_ignored(opts);
-        return make_cpu_session(model, n_ctx, pool);
-    }
 #ifdef QUERN_HAVE_CUDA
     cuda::SessionOptions so;
     so.gpu_mem_fraction = opts.gpu_mem;
@@ -236,8 +222,6 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
 std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOptions& opts, bool verbose) {
     if (const std::string why = gpu_unsupported(model); !why.empty())
         fail("the GPU backend does not compute {} yet; use --device cpu", why);
-    if (const std::string why = gpu_unverified(model); opts.device == "auto" && !why.empty())
-        fail("{} (--device cuda to try it)", why);
 #ifdef QUERN_HAVE_CUDA
     cuda::SessionOptions so;
     so.fp8_weights = opts.gpu_weights == "fp8";

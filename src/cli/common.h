@@ -98,10 +98,6 @@ void warn_past_trained_context(const ModelConfig& c, int64_t n_ctx);
 /// builds) any weight type without a CUDA kernel (none of the types the CPU
 /// runs, F8_E4M3_B32 and NVFP4 of FP8 / NVFP4 checkpoints included).
 std::string gpu_unsupported(const Model& m);
-/// What in a loaded model the CUDA backend computes but has not been checked
-/// on a GPU ("" when nothing): --device auto keeps such models on the CPU,
-/// --device cuda runs them.
-std::string gpu_unverified(const Model& m);
 /// A session for `model` with n_ctx positions on the device `opts` selects
 /// (CPU sessions use `pool`; --device auto runs on the CPU, with a note, a
 /// model that gpu_unsupported() names a feature of; a CPU session warns of

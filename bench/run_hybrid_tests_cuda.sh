@@ -1,10 +1,12 @@
 #!/bin/bash
 # The GPU checks of the hybrid (Qwen3.5) path, from prebuilt binaries
 # (bench/pack_cuda.sh quern and the tests/cuda binaries into BIN_DIR): the
-# DeltaNet and gated kernels against their references, transformers' logits
-# on the Qwen3.5 GPU fixtures (token by token, prompt passes, chunks,
-# greedy), the batch runner against the CPU's with state slots, `quern run
-# --verify` on the tiny Qwen3.5 presets, then the other GPU suites. The
+# DeltaNet and gated kernels against their references, the hybrid tests
+# (the tiny presets against the CPU, prompt passes in chunks, greedy, the
+# serving engine with state slots), transformers' logits on the Qwen3.5 GPU
+# fixtures (token by token), the batch runner against the CPU's with state
+# slots, `quern run --verify` on the tiny Qwen3.5 presets, then the other
+# GPU suites. The
 # decode-step listings go to OUT_DIR/lowering (copy them to tests/data/lowering
 # when a change is intended). Logs in OUT_DIR; the repository root must be
 # reachable at the path the tests were built with (QUERN_SOURCE_DIR).
@@ -19,9 +21,10 @@ run() {
   t=$1
   timeout "${T:-150}" "$B/$t" >"$OUT/$t.log" 2>&1
   echo "== $t exit $?"
-  grep -E "FAILED|Failure|PASSED|worst|one call" "$OUT/$t.log" | head -24
+  grep -E "FAILED|Failure|PASSED|worst|one call|cut at|requests as alone" "$OUT/$t.log" | head -40
 }
 run test_delta_rule_cuda
+run test_hybrid_cuda
 run test_hf_golden_cuda
 run test_batch_cuda
 for p in qwen3.5-27b qwen3.5-35b-a3b; do

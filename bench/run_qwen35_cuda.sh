@@ -7,7 +7,8 @@
 #   bench/run_qwen35_cuda.sh QUERN_BIN_DIR LLAMA_BIN_DIR OUT_DIR [WORK_DIR] [PRESETS]
 # QUERN_BIN_DIR holds quern and lib/ (bench/pack_cuda.sh); LLAMA_BIN_DIR holds
 # llama-bench and llama-batched-bench (either may be missing: skipped).
-# Results: OUT_DIR/quern.jsonl, OUT_DIR/llama.jsonl, OUT_DIR/llama-batched.txt.
+# Results: OUT_DIR/quern.jsonl, OUT_DIR/llama.jsonl, OUT_DIR/llama-batched.txt,
+# OUT_DIR/quern-profile-PRESET.txt (quern's decode step per op kind).
 set -u
 BIN=$1
 LB=$2
@@ -28,6 +29,9 @@ for p in $PRESETS; do
     rows "$p" | tee -a "$OUT/quern.jsonl"
   "$BIN/quern" bench -m "$f" --device cuda --batch 1,32,128 -p 128 -n 128 -r 1 --json 2>>"$OUT/quern-stderr.log" |
     rows "$p" | tee -a "$OUT/quern.jsonl"
+  # Time per op kind of the decode step (the DeltaNet's conv + state update
+  # + readout is "delta_rule"): the recurrent step's bandwidth.
+  "$BIN/quern" bench -m "$f" --device cuda -p 0 -n 64 -r 1 --cuda-profile >"$OUT/quern-profile-$p.txt" 2>&1
   if [ -x "$LB/llama-bench" ]; then
     "$LB/llama-bench" -m "$f" -ngl 99 -p 512,8192 -n 0 -r 3 -o jsonl 2>>"$OUT/llama-stderr.log" | tee -a "$OUT/llama.jsonl"
     "$LB/llama-bench" -m "$f" -ngl 99 -p 0 -n 128 -d 0,4096,32768 -r 3 -o jsonl 2>>"$OUT/llama-stderr.log" |

@@ -245,14 +245,7 @@ int32_t argmax_of(const std::vector<float>& v) {
     return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-std::unique_ptr<Session> gpu_session(const Model& m, int64_t n_ctx = 512, bool batched_prefill = true,
-                                     int64_t prefill_chunk = 512) {
-    cuda::SessionOptions o;
-    o.verbose = false;
-    o.batched_prefill = batched_prefill;
-    o.prefill_chunk = prefill_chunk;
-    return test::cuda_session(m, o, n_ctx);
-}
+using test::gpu_session;
 
 TEST(CudaSession, DefaultModelMatchesGoldenLogits) {
     REQUIRE_GPU();
@@ -284,20 +277,7 @@ TEST(CudaSession, DefaultModelMatchesGoldenLogits) {
     EXPECT_GE(agree * 100, positions * 98);
 }
 
-// verify_sessions(cpu, gpu, ids) with one report line, "<label> verify:
-// logits cosine …, worst traced …, argmax …", and its verdict as a failure
-// naming the label and the first diverging layer. Returns the result.
-VerifyResult expect_verify(Session& cpu, Session& gpu, const std::vector<int32_t>& ids, const std::string& label) {
-    const VerifyResult v = verify_sessions(cpu, gpu, ids);
-    double worst = 1;
-    for (const auto& [n, c] : v.cosines) worst = std::min(worst, c);
-    std::printf("%s verify: logits cosine %.7f, worst traced %.7f, argmax %d/%d", label.c_str(), v.logits_cosine,
-                worst, v.argmax_ref, v.argmax_test);
-    if (v.argmax_ref != v.argmax_test) std::printf(" (the CPU scores %d %.3g below %d)", v.argmax_test, v.argmax_gap, v.argmax_ref);
-    std::printf("\n");
-    EXPECT_TRUE(v.ok) << label << " first diverging: " << v.first_diverging;
-    return v;
-}
+using test::expect_verify;
 
 TEST(CudaSession, DefaultModelVerifyPasses) {
     REQUIRE_GPU();
@@ -954,41 +934,6 @@ TEST(CudaSession, MoeVerify) {
             EXPECT_TRUE(v.first_diverging.empty()) << v.first_diverging;
         }
     }
-}
-
-// The tiny Qwen3.5 presets (DeltaNet layers, gated attention; the MoE one
-// with a shared expert) against the CPU layer by layer: token by token
-// through the decode step (the same 8-bit activations as the CPU: cosine
-// ~1 - 1e-7), and the prompt through the batched prefill (BF16) for the
-// dense preset and for the MoE one with every expert used (8 of 8). With
-// routing, a near-tie the BF16 prefill parts sends a row to another expert
-// (the Q4_K_M model: 0.9984 from blk.3 on an H100, 0.99997 with every
-// expert), as MoeVerify says of the other expert models.
-TEST(CudaSession, HybridVerify) {
-    REQUIRE_GPU();
-    ThreadPool pool(0);
-    const std::vector<int32_t> ids = {1, 15, 300, 400, 77, 123, 9, 60, 128, 5, 33, 210};
-    struct Case {
-        const char* preset;
-        bool every_expert;
-    };
-    for (const Case& k : {Case{"qwen3.5-27b", false}, Case{"qwen3.5-35b-a3b", false}, Case{"qwen3.5-35b-a3b", true}})
-        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16"})
-            for (const bool prefill : {false, true}) {
-                if (prefill && std::string(k.preset) == "qwen3.5-35b-a3b" && !k.every_expert) continue;
-                SynthPreset p = synth_tiny(synth_preset(k.preset));
-                if (k.every_expert) p.cfg.n_expert_used = p.cfg.n_expert;
-                SynthModel sm = make_synthetic(p, scheme, 29);
-                auto model = Model::from_weights(sm.cfg, std::move(sm.weights));
-                auto cpu = make_cpu_session(*model, 64, pool);
-                auto gpu = gpu_session(*model, 64, prefill);
-                const VerifyResult v = expect_verify(
-                    *cpu, *gpu, ids,
-                    fmt::format("{:<16}{} {:<7} {}", k.preset, k.every_expert ? " all" : "    ", scheme,
-                                prefill ? "prefill" : "steps  "));
-                for (const auto& [name, c] : v.cosines) std::printf("  %s %.7f", name.c_str(), c);
-                std::printf("\n");
-            }
 }
 
 // The refusals that remain for expert models name the limit.

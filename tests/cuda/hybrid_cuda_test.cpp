@@ -172,17 +172,6 @@ TEST(CudaHybrid, ServingGivesEachRequestItsOwnTokens) {
         auto tok = Tokenizer::from_file(tj.string());
         fs::remove(tj);
         constexpr int kRequests = 32;
-        const auto request = [&](int i) {
-            GenerationRequest r;
-            const size_t len = 5 + static_cast<size_t>(i) * 7 % 40;
-            const size_t from = i % 3 == 0 ? 0 : static_cast<size_t>(i % 20);
-            r.prompt.assign(tokens.begin() + static_cast<std::ptrdiff_t>(from),
-                            tokens.begin() + static_cast<std::ptrdiff_t>(from + len));
-            r.max_tokens = 6 + i % 5;
-            r.ignore_eos = true;
-            r.sampling.temperature = 0;
-            return r;
-        };
         cuda::SessionOptions so;
         so.verbose = false;
         const auto run = [&](const EngineOptions& o, EngineStats* stats) {
@@ -190,7 +179,7 @@ TEST(CudaHybrid, ServingGivesEachRequestItsOwnTokens) {
             std::vector<std::vector<int32_t>> out(kRequests);
             std::vector<std::promise<void>> done(kRequests);
             for (int i = 0; i < kRequests; ++i)
-                e->submit(request(i), [&, i](const TokenEvent& ev) {
+                e->submit(hf_test::mixed_request(tokens, i), [&, i](const TokenEvent& ev) {
                     if (ev.token >= 0) out[static_cast<size_t>(i)].push_back(ev.token);
                     if (ev.last) done[static_cast<size_t>(i)].set_value();
                     return true;

@@ -1,7 +1,8 @@
 // Shared helpers of the Hugging Face checkpoint tests (hf_golden_test.cpp,
 // hf_quant_test.cpp): the fixture folder, a fixture's golden facts and
 // logits, a temporary copy of a checkpoint to damage, safetensors headers to
-// edit in place, and a byte-level tokenizer.json for `quern run`.
+// edit in place, a byte-level tokenizer.json for `quern run`, and the mixed
+// requests of the hybrid serving tests.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 
 #include "core/error.h"
 #include "model/hf_model.h"
+#include "runtime/engine.h"
 
 namespace quern::hf_test {
 
@@ -115,5 +117,20 @@ inline std::string byte_tokenizer_json() {
     return j.dump();
 }
 
+
+/// Request i of the serving tests' mix over a fixture's prompt `tokens`
+/// (at least 64): 5 to 44 tokens, every third from the start (a shared
+/// prefix), the others from offset i % 20; 6 to 10 greedy tokens, EOS ignored.
+inline GenerationRequest mixed_request(const std::vector<int32_t>& tokens, int i) {
+    GenerationRequest r;
+    const size_t len = 5 + static_cast<size_t>(i) * 7 % 40;
+    const size_t from = i % 3 == 0 ? 0 : static_cast<size_t>(i % 20);
+    r.prompt.assign(tokens.begin() + static_cast<std::ptrdiff_t>(from),
+                    tokens.begin() + static_cast<std::ptrdiff_t>(from + len));
+    r.max_tokens = 6 + i % 5;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    return r;
+}
 
 }  // namespace quern::hf_test

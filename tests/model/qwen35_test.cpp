@@ -189,21 +189,11 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     auto tok = Tokenizer::from_file(tj.string());
     fs::remove(tj);
     constexpr int kRequests = 32;
-    const auto request = [&](int i) {
-        GenerationRequest r;
-        const size_t len = 5 + static_cast<size_t>(i) * 7 % 40;
-        const size_t from = i % 3 == 0 ? 0 : static_cast<size_t>(i % 20);  // every third shares the start
-        r.prompt.assign(f.tokens.begin() + from, f.tokens.begin() + from + len);
-        r.max_tokens = 6 + i % 5;
-        r.ignore_eos = true;
-        r.sampling.temperature = 0;
-        return r;
-    };
     const auto run = [&](Engine& e, int n) {
         std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
         std::vector<std::promise<void>> done(static_cast<size_t>(n));
         for (int i = 0; i < n; ++i)
-            e.submit(request(i), [&, i](const TokenEvent& ev) {
+            e.submit(hf_test::mixed_request(f.tokens, i), [&, i](const TokenEvent& ev) {
                 if (ev.token >= 0) out[static_cast<size_t>(i)].push_back(ev.token);
                 if (ev.last) done[static_cast<size_t>(i)].set_value();
                 return true;

@@ -78,15 +78,26 @@ __global__ void delta_conv_state_kernel(const float* __restrict__ x, DeltaSeqs s
     for (int t = 0; t < K - 1; ++t) state[int64_t{t} * C + c] = keep[t];
 }
 
-/// One block per (sequence, value head); column j of the head's state (a
-/// value element) split over P = DK / 32 neighbouring threads, 32 key rows
-/// each in registers for the sequence's rows; Sᵀk and Sᵀq summed across
-/// the P threads by shuffles.
+/// Value columns per block of delta_rule_kernel<DK>: 64 threads (DK = 64,
+/// 128), 64 columns at DK = 32, at most the head's head_v.
+template <int DK>
+int delta_rule_columns(int head_v) {
+    return std::min(64 / (DK / 32), head_v);
+}
+
+/// One block per (sequence, value head, group of delta_rule_columns value
+/// columns): the columns of a head's state are independent (each its own
+/// Sᵀk, update and readout), so a head spreads over several blocks — on an
+/// H100 a decode step of the 27B shape was bound by 48 blocks holding whole
+/// heads. Column j (a value element) is split over P = DK / 32 neighbouring
+/// threads, 32 key rows each in registers for the sequence's rows; Sᵀk and
+/// Sᵀq summed across the P threads by shuffles.
 template <int DK>
 __global__ void delta_rule_kernel(const float* __restrict__ xc, const float* __restrict__ ba, float* __restrict__ y,
                                   DeltaSeqs seqs, DeltaLayer L, int64_t C) {
     constexpr int P = DK / 32, R = 32;
-    const int s = blockIdx.x, h = blockIdx.y, t = threadIdx.x, j = t / P, part = t % P;
+    const int s = blockIdx.x, h = blockIdx.y, t = threadIdx.x, part = t % P;
+    const int j = static_cast<int>(blockIdx.z) * static_cast<int>(blockDim.x / P) + t / P;
     const int dv = L.head_v, nk = L.n_k_heads, nv = L.n_v_heads;
     const int kh = L.kv_tiled ? h % nk : h / (nv / nk);
     const int64_t kd = int64_t{nk} * DK, VD = int64_t{nv} * dv;
@@ -167,12 +178,19 @@ void delta_rule(const float* xc, const float* ba, float* y, const DeltaSeqs& seq
     check_layer(L, seqs);
     if (seqs.n_seqs <= 0) return;
     const int64_t C = L.conv_dim();
-    const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads));
-    const unsigned threads = static_cast<unsigned>(L.head_v * (L.head_k / 32));  // P threads per value element
+    // P threads per value element, delta_rule_columns elements per block.
+    const auto launch = [&](auto kernel, int dk) {
+        const int cols = dk == 32 ? delta_rule_columns<32>(L.head_v)
+                         : dk == 64 ? delta_rule_columns<64>(L.head_v)
+                                    : delta_rule_columns<128>(L.head_v);
+        const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads),
+                        static_cast<unsigned>(L.head_v / cols));
+        kernel<<<grid, static_cast<unsigned>(cols * (dk / 32)), 0, stream>>>(xc, ba, y, seqs, L, C);
+    };
     switch (L.head_k) {
-        case 32: delta_rule_kernel<32><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
-        case 64: delta_rule_kernel<64><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
-        default: delta_rule_kernel<128><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
+        case 32: launch(delta_rule_kernel<32>, 32); break;
+        case 64: launch(delta_rule_kernel<64>, 64); break;
+        default: launch(delta_rule_kernel<128>, 128); break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
 }

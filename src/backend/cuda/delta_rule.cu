@@ -78,12 +78,9 @@ __global__ void delta_conv_state_kernel(const float* __restrict__ x, DeltaSeqs s
     for (int t = 0; t < K - 1; ++t) state[int64_t{t} * C + c] = keep[t];
 }
 
-/// Value columns per block of delta_rule_kernel<DK>: 64 threads (DK = 64,
-/// 128), 64 columns at DK = 32, at most the head's head_v.
-template <int DK>
-int delta_rule_columns(int head_v) {
-    return std::min(64 / (DK / 32), head_v);
-}
+/// Value columns per block of delta_rule_kernel: 64 threads (head_k 64 or
+/// 128: 2 or 4 threads a column), 64 columns at head_k 32, at most head_v.
+int delta_rule_columns(int head_k, int head_v) { return std::min(64 / (head_k / 32), head_v); }
 
 /// One block per (sequence, value head, group of delta_rule_columns value
 /// columns): the columns of a head's state are independent (each its own
@@ -178,19 +175,15 @@ void delta_rule(const float* xc, const float* ba, float* y, const DeltaSeqs& seq
     check_layer(L, seqs);
     if (seqs.n_seqs <= 0) return;
     const int64_t C = L.conv_dim();
-    // P threads per value element, delta_rule_columns elements per block.
-    const auto launch = [&](auto kernel, int dk) {
-        const int cols = dk == 32 ? delta_rule_columns<32>(L.head_v)
-                         : dk == 64 ? delta_rule_columns<64>(L.head_v)
-                                    : delta_rule_columns<128>(L.head_v);
-        const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads),
-                        static_cast<unsigned>(L.head_v / cols));
-        kernel<<<grid, static_cast<unsigned>(cols * (dk / 32)), 0, stream>>>(xc, ba, y, seqs, L, C);
-    };
+    // head_k / 32 threads per value element, delta_rule_columns elements per block.
+    const int cols = delta_rule_columns(L.head_k, L.head_v);
+    const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads),
+                    static_cast<unsigned>(L.head_v / cols));
+    const auto threads = static_cast<unsigned>(cols * (L.head_k / 32));
     switch (L.head_k) {
-        case 32: launch(delta_rule_kernel<32>, 32); break;
-        case 64: launch(delta_rule_kernel<64>, 64); break;
-        default: launch(delta_rule_kernel<128>, 128); break;
+        case 32: delta_rule_kernel<32><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
+        case 64: delta_rule_kernel<64><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
+        default: delta_rule_kernel<128><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
 }

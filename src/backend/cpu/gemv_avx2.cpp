@@ -77,6 +77,7 @@ void gemv_l4(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t l
         const bool two = b0 + 1 < nb;
         const uint8_t* p0 = w + b0 * BS;
         const uint8_t* p1 = p0 + BS;
+        prefetch_span<2 * BS>(p0 + kGemvPrefetchBytes);
         const __m256i q = _mm256_set_m128i(two ? load128(p1 + QS) : _mm_setzero_si128(), load128(p0 + QS));
         __m256i lo = _mm256_and_si256(q, m4);
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -118,6 +119,7 @@ void gemv_q8_0(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t
     for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < K / 32; ++b) {
         const uint8_t* p = w + b * BS;
+        prefetch_span<BS>(p + kGemvPrefetchBytes);
         const __m256i q = load256(p + 2);
         const __m256i aq = _mm256_sign_epi8(q, q);
         const __m256 d = _mm256_set1_ps(f16(p));
@@ -286,6 +288,7 @@ template <class T, int NC>
 void gemv_k(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t ldy) {
     KAcc acc[NC];
     for (int64_t i = 0; i < K / QK_K; ++i) {
+        prefetch_span<T::BS>(w + i * T::BS + kGemvPrefetchBytes);
         const T blk(w + i * T::BS);
         __m256i I[NC];
 #pragma GCC unroll 8

@@ -120,6 +120,7 @@ void gemv_l4(int64_t K, const uint8_t* w0, size_t ldw, int nr, const GemvAct* ac
         for (int c = 0; c < NC; ++c) acc[c] = accm[c] = _mm512_setzero_ps();
         for (int64_t g = 0; g < ng; ++g) {
             const uint8_t* p = w + 4 * g * T::BS;
+            prefetch_span<4 * T::BS>(p + kGemvPrefetchBytes);
             __m512i A, B;
             if (4 * g + 4 <= nb) {
                 A = _mm512_loadu_si512(p);
@@ -176,6 +177,7 @@ void gemv_q8_0(int64_t K, const uint8_t* w0, size_t ldw, int nr, const GemvAct* 
         for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
         for (int64_t g = 0; g < ng; ++g) {
             const uint8_t* p = w + 4 * g * BS;
+            prefetch_span<4 * BS>(p + kGemvPrefetchBytes);
             __m512i w01, w23, A, B;
             if (4 * g + 4 <= nb) {
                 w01 = _mm512_inserti64x4(
@@ -415,6 +417,7 @@ void gemv_k(int64_t K, const uint8_t* w0, size_t ldw, int nr, const GemvAct* act
         KAcc acc[NC];
         for (int64_t i = 0; i < K / QK_K; ++i) {
             KW kw;
+            prefetch_span<T::BS>(w + i * T::BS + kGemvPrefetchBytes);
             T::load(w + i * T::BS, kw);
 #pragma GCC unroll 8
             for (int c = 0; c < NC; ++c) T::dot(kw, act[c].a + 256 * i, act[c].kb + 16 * i, act[c].kd[i], acc[c]);

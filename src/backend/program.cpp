@@ -6,8 +6,6 @@
 
 namespace quern {
 
-namespace {
-
 const char* kind_name(OpKind k) {
     switch (k) {
         case OpKind::Embed: return "embed";
@@ -28,6 +26,8 @@ const char* kind_name(OpKind k) {
     }
     return "?";
 }
+
+namespace {
 
 void require_f32_vector(const Tensor& t, int64_t n, const char* what) {
     if (t.type != DType::F32 || t.nelements() != n || t.ne[0] != n)

@@ -77,6 +77,9 @@ enum class OpKind : uint8_t {
     Trace,       ///< reports in0's last row under `name` (TraceFn); no output
 };
 
+/// The op kind's name as Program::describe prints it ("rms_norm", "linear", ...).
+const char* kind_name(OpKind k);
+
 /// The gate activation of a gated FFN.
 enum class GluAct : uint8_t {
     SiLU,      ///< SwiGLU (Shazeer 2020): silu(g) · u

@@ -82,6 +82,8 @@ void bench_batched(const BenchOptions& o) {
         fail("--batch takes one -p and one -n value and no -d");
     const int n_prompt = o.n_prompt[0], n_gen = o.n_gen[0];
     if (n_gen <= 0 || n_prompt <= 0) fail("--batch needs -p and -n greater than 0");
+    if (o.dev.cpu_profile)
+        fail("--cpu-profile times one sequence's passes; run it without --batch (quern bench -p N -n N --cpu-profile)");
     const std::string path = resolve_model_path(o.model);
     if (is_hf_model_path(path) || std::filesystem::is_directory(path))
         fail("--batch needs a GGUF file (its tokenizer feeds the serving engine); '{}' is a Hugging Face folder", path);

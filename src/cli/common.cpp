@@ -135,6 +135,9 @@ void add_device_options(CLI::App* cmd, DeviceOptions& opts) {
     cmd->add_flag("--cuda-profile", opts.cuda_profile,
                   "Time every GPU op kind with CUDA events (kernels launched one by one) and print the time per op "
                   "kind of decode steps, prompt chunks and batch passes at exit");
+    cmd->add_flag("--cpu-profile", opts.cpu_profile,
+                  "Time every op of the CPU's forward passes and print, at exit, the time per op (matrix products "
+                  "by weight and type, with the GB/s they read) of decode steps and prompt passes");
     cmd->add_option("--gpu-weights", opts.gpu_weights,
                     "Weights on the GPU: native (as the file stores them) or fp8 (every layer matrix converted at "
                     "load to FP8 E4M3 with one scale per output channel; prefill in FP8 on the tensor cores)")
@@ -197,13 +200,16 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
     warn_past_trained_context(model.config(), n_ctx);
     if (!use_cuda(opts)) {
         warn_gpu_options_ignored(opts);
-        return make_cpu_session(model, n_ctx, pool);
+        return make_cpu_session(model, n_ctx, pool, opts.cpu_profile);
     }
     if (const std::string why = gpu_unsupported(model); opts.device == "auto" && !why.empty()) {
         if (verbose) std::fprintf(stderr, "quern: the GPU backend does not compute %s yet; running on the CPU\n", why.c_str());
         warn_gpu_options_ignored(opts);
-        return make_cpu_session(model, n_ctx, pool);
+        return make_cpu_session(model, n_ctx, pool, opts.cpu_profile);
     }
+    if (opts.cpu_profile)
+        std::fprintf(stderr, "quern: warning: --cpu-profile times the CPU backend and this run is on the GPU "
+                             "(--cuda-profile times it; --device cpu runs on the CPU)\n");
 #ifdef QUERN_HAVE_CUDA
     cuda::SessionOptions so;
     so.gpu_mem_fraction = opts.gpu_mem;

@@ -79,8 +79,10 @@ struct DeviceOptions {
     bool no_graph = false;        ///< launch kernels one by one instead of a CUDA graph
     std::string gpu_weights = "native";  ///< native | fp8 (--gpu-weights)
     bool cuda_profile = false;    ///< GPU time per op kind, printed at exit (--cuda-profile)
+    bool cpu_profile = false;     ///< CPU wall time per op, printed at exit (--cpu-profile)
 };
-/// Adds --device, --kv-tokens, --gpu-mem, --no-cuda-graph, --gpu-weights and --cuda-profile to a command.
+/// Adds --device, --kv-tokens, --gpu-mem, --no-cuda-graph, --gpu-weights, --cuda-profile and --cpu-profile to a
+/// command.
 void add_device_options(CLI::App* cmd, DeviceOptions& opts);
 /// Whether `opts` selects the GPU (auto: when this build has CUDA and a GPU is
 /// present). quern::Error for --device cuda without a GPU or without the CUDA

@@ -127,9 +127,9 @@ std::unique_ptr<Session> make_executor_session(const Model& model, std::unique_p
     return std::make_unique<Session>(model.config(), std::move(executor), n_ctx);
 }
 
-std::unique_ptr<Session> make_cpu_session(Model& model, int64_t n_ctx, ThreadPool& pool) {
+std::unique_ptr<Session> make_cpu_session(Model& model, int64_t n_ctx, ThreadPool& pool, bool profile) {
     if (n_ctx < 1) fail("context size must be at least 1 (got {})", n_ctx);
-    return make_executor_session(model, cpu::make_executor(model.program(), model.options(), pool), n_ctx);
+    return make_executor_session(model, cpu::make_executor(model.program(), model.options(), pool, profile), n_ctx);
 }
 
 }  // namespace quern

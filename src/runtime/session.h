@@ -105,8 +105,9 @@ private:
 };
 
 /// A session on the CPU backend (cpu::make_executor with the model's
-/// options): `model` and `pool` must outlive it.
-std::unique_ptr<Session> make_cpu_session(Model& model, int64_t n_ctx, ThreadPool& pool);
+/// options): `model` and `pool` must outlive it. profile: the time of every
+/// op, printed to stderr when the session ends (--cpu-profile).
+std::unique_ptr<Session> make_cpu_session(Model& model, int64_t n_ctx, ThreadPool& pool, bool profile = false);
 
 /// A session on a device backend's executor (cuda::make_executor over
 /// model.program()); `model` must outlive it.

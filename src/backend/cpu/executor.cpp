@@ -1,6 +1,7 @@
 #include "backend/cpu/executor.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/program_runner.h"
@@ -21,8 +22,16 @@ bool starts_at_zero(const int32_t* table, int64_t n_blocks) {
 
 class CpuExecutor final : public Executor {
 public:
-    CpuExecutor(const Program& p, const ModelOptions& o, ThreadPool& pool) : p_(p), pool_(pool), runner_(p) {
+    CpuExecutor(const Program& p, const ModelOptions& o, ThreadPool& pool, bool profile)
+        : p_(p), pool_(pool), runner_(p) {
         runner_.set_options(o);
+        if (profile) {
+            profile_ = std::make_unique<OpProfile>();
+            runner_.set_profile(profile_.get());
+        }
+    }
+    ~CpuExecutor() override {
+        if (profile_) profile_->print();
     }
     std::string device_name() const override { return "CPU"; }
 
@@ -122,6 +131,7 @@ private:
     const Program& p_;
     ThreadPool& pool_;
     ProgramRunner runner_;
+    std::unique_ptr<OpProfile> profile_;  // --cpu-profile: printed when the executor goes
     std::vector<float> k_, v_, state_, saved_state_;
     std::vector<float> slots_;  // batched passes' recurrent state (make_state_slots)
     int64_t n_slots_ = 0;
@@ -133,8 +143,9 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Executor> make_executor(const Program& program, const ModelOptions& opts, ThreadPool& pool) {
-    return std::make_unique<CpuExecutor>(program, opts, pool);
+std::unique_ptr<Executor> make_executor(const Program& program, const ModelOptions& opts, ThreadPool& pool,
+                                        bool profile) {
+    return std::make_unique<CpuExecutor>(program, opts, pool, profile);
 }
 
 }  // namespace quern::cpu

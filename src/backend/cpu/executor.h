@@ -16,7 +16,9 @@ namespace quern::cpu {
 /// 0, 1, 2, ...) run ProgramRunner::forward on a contiguous view of the
 /// storage — the arithmetic of Model::forward, bit for bit; others
 /// ProgramRunner::forward_batch (batch-invariant GEMMs). The next token is
-/// the host's argmax of the logits; no sampling chain runs here.
-std::unique_ptr<Executor> make_executor(const Program& program, const ModelOptions& opts, ThreadPool& pool);
+/// the host's argmax of the logits; no sampling chain runs here. profile:
+/// time every op (OpProfile) and print the table when the executor is destroyed.
+std::unique_ptr<Executor> make_executor(const Program& program, const ModelOptions& opts, ThreadPool& pool,
+                                        bool profile = false);
 
 }  // namespace quern::cpu

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 #include <cstring>
 
 #include "backend/cpu/delta_rule.h"
@@ -38,6 +39,26 @@ void add_bias_rows(float* y, int64_t n, int64_t dim, const float* b) {
 void add_bias(float* y, const Tensor& b, int64_t n, int64_t dim) {
     add_bias_rows(y, n, dim, static_cast<const float*>(b.data));
 }
+/// A matrix's profile label: its tensor name without the layer ("blk.N.",
+/// "layers.N.") or ".weight", and its type: "ffn_down Q6_K".
+std::string weight_label(const Tensor& w) {
+    std::string out;
+    size_t at = 0;
+    while (at <= w.name.size()) {
+        const size_t dot = std::min(w.name.find('.', at), w.name.size());
+        const std::string part = w.name.substr(at, dot - at);
+        const bool layer = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!layer && part != "blk" && part != "layers" && part != "weight" && !part.empty())
+            out += (out.empty() ? "" : ".") + part;
+        at = dot + 1;
+    }
+    return (out.empty() ? std::string("matmul") : out) + " " + std::string(dtype_name(w.type));
+}
+
+double seconds_since(OpProfile::Clock::time_point t0) {
+    return std::chrono::duration<double>(OpProfile::Clock::now() - t0).count();
+}
+
 /// Expert x's row of a bank's biases (F32, ne = {N, n_expert}).
 const float* bias_row(const Tensor& b, int64_t x) {
     return reinterpret_cast<const float*>(static_cast<const uint8_t*>(b.data) + x * static_cast<int64_t>(b.nb[1]));
@@ -248,6 +269,7 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
     for (const Op& op : p_.ops) {
         const Value in = op.in[0];
         if (in.valid() && p_.values[sz(in.id)].head && m == 0) continue;  // no rows want logits in this pass
+        const auto t0 = profile_ ? OpProfile::Clock::now() : OpProfile::Clock::time_point{};
         switch (op.kind) {
             case OpKind::Embed:
                 get_rows(*op.weight, s.toks.data(), T, out(op));
@@ -282,8 +304,10 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
                     const int64_t N = pc.w->ne[1];
                     if (observe_) observe_(*pc.w, -1, x, n);
                     float* y = s.slot(s.slots_of[sz(op.out.id)][j], n * N);
+                    const auto tm = profile_ ? OpProfile::Clock::now() : OpProfile::Clock::time_point{};
                     mm(*pc.w, x, n, y, N, pool, j > 0, pass.path, pass.fp8_act);
                     if (pc.bias) add_bias(y, *pc.bias, n, N);
+                    if (profile_) profile_->add(weight_label(*pc.w), seconds_since(tm), pc.w->nbytes());
                 }
                 break;
             }
@@ -360,7 +384,10 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
                 }
                 break;
         }
+        if (profile_ && op.kind != OpKind::Linear && op.kind != OpKind::Trace)
+            profile_->add(kind_name(op.kind), seconds_since(t0), 0);
     }
+    if (profile_) profile_->end_pass(T);
 }
 
 void ProgramRunner::run_attention(const Op& op, Pass& pass, ThreadPool& pool) {

@@ -8,6 +8,7 @@
 
 #include "backend/forward_batch.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/op_profile.h"
 #include "backend/program.h"
 #include "core/kv_cache.h"
 #include "core/thread_pool.h"
@@ -30,6 +31,9 @@ public:
     void set_trace(TraceFn t) { trace_ = std::move(t); }
     /// Shows every matrix product's input rows to `f` (null: off).
     void set_activation_observer(ActivationFn f) { observe_ = std::move(f); }
+    /// Times every op of every pass into `p` (null: off, the default); `p`
+    /// must outlive the runner or be unset first.
+    void set_profile(OpProfile* p) { profile_ = p; }
 
     /// Runs n tokens of one sequence at positions cache.size() ..
     /// cache.size()+n-1, appending their keys/values to `cache`, in passes of
@@ -78,6 +82,7 @@ private:
     ModelOptions opts_;
     TraceFn trace_;
     ActivationFn observe_;
+    OpProfile* profile_ = nullptr;
     std::unique_ptr<State> st_;  // the compiled plan, value slots and scratch (program_runner.cpp)
 };
 

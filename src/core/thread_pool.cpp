@@ -36,22 +36,38 @@ ThreadPool::~ThreadPool() {
     for (auto& t : threads_) t.join();
 }
 
-void ThreadPool::run(const std::function<void(int, int)>& fn) {
+namespace {
+
+constexpr uint64_t kClosed = uint64_t{1} << 31;
+constexpr uint64_t kJoined = kClosed - 1;  // mask of the joined count
+
+/// Spins briefly, then yields, until `done` reaches `want`: the workers
+/// usually finish within microseconds of the caller, and yielding lets a
+/// worker waiting for a CPU (a busy machine) run here.
+void wait_for(const std::atomic<int>& done, int want) {
+    for (int spins = 0; done.load(std::memory_order_acquire) != want; ++spins) {
+        if (spins < 4096) QUERN_PAUSE();
+        else std::this_thread::yield();
+    }
+}
+
+}  // namespace
+
+void ThreadPool::start(const std::function<void(int, int)>& fn, bool shared) {
     if (n_threads_ == 1) {
         fn(0, 1);
         return;
     }
     job_ = &fn;
-    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    done_.store(0, std::memory_order_relaxed);
+    const uint32_t g = generation_.load(std::memory_order_relaxed) + 1;
+    gate_.store(uint64_t{g} << 32, std::memory_order_relaxed);
+    generation_.store(g, std::memory_order_release);  // publishes job_, done_ and gate_
     generation_.notify_all();
     fn(0, n_threads_);
-    // Spin briefly (the workers usually finish within microseconds of us), then
-    // yield so that a worker waiting for a CPU (a busy machine) can run here.
-    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
-        if (spins < 4096) QUERN_PAUSE();
-        else std::this_thread::yield();
-    }
+    if (!shared) return wait_for(done_, n_threads_ - 1);
+    const uint64_t gate = gate_.fetch_or(kClosed, std::memory_order_acq_rel);
+    wait_for(done_, static_cast<int>(gate & kJoined));
 }
 
 void ThreadPool::worker(int ith) {
@@ -74,8 +90,18 @@ void ThreadPool::worker(int ith) {
         }
         seen = g;
         if (stop_.load()) return;
+        // Join region g unless it has closed (a shared region the caller
+        // finished without us) or a later one has begun.
+        uint64_t gate = gate_.load(std::memory_order_acquire);
+        bool joined = false;
+        while ((gate >> 32) == g && !(gate & kClosed))
+            if (gate_.compare_exchange_weak(gate, gate + 1, std::memory_order_acq_rel)) {
+                joined = true;
+                break;
+            }
+        if (!joined) continue;
         (*job_)(ith, n_threads_);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
+        done_.fetch_add(1, std::memory_order_acq_rel);
     }
 }
 

@@ -76,6 +76,31 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
     }
 }
 
+// share(): the caller always runs fn as thread 0, each worker at most once,
+// and work claimed from a shared counter is all done when it returns, over
+// many back-to-back regions (workers joining late or not at all).
+TEST(ThreadPool, ShareRunsTheCallerAndFinishesClaimedWork) {
+    for (int nt : {2, 3, 4}) {
+        ThreadPool pool(nt);
+        for (int rep = 0; rep < 500; ++rep) {
+            std::vector<std::atomic<int>> hits(257), ran(static_cast<size_t>(nt));
+            std::atomic<int64_t> next{0};
+            pool.share([&](int ith, int nth) {
+                EXPECT_EQ(nth, nt);
+                ran[static_cast<size_t>(ith)]++;
+                for (int64_t i; (i = next.fetch_add(1)) < 257;) hits[static_cast<size_t>(i)]++;
+            });
+            ASSERT_EQ(ran[0].load(), 1);
+            for (auto& r : ran) ASSERT_LE(r.load(), 1);
+            for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+        }
+        // run() after share(): every thread once, whatever joined before.
+        std::vector<std::atomic<int>> seen(static_cast<size_t>(nt));
+        pool.run([&](int ith, int) { seen[static_cast<size_t>(ith)]++; });
+        for (auto& v : seen) EXPECT_EQ(v.load(), 1);
+    }
+}
+
 TEST(ThreadPool, RunGivesEachThreadItsIndex) {
     ThreadPool pool(3);
     std::vector<std::atomic<int>> seen(3);

@@ -40,6 +40,7 @@
 #include "backend/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -96,9 +97,30 @@ struct Carver {
 
 // Decode-style split: one contiguous range of rows per thread (multiples of
 // `align` rows), so that each thread streams one long run of memory, which the
-// hardware prefetchers follow; interleaved small chunks defeat them. (Handing
-// out several ranges per thread dynamically copes better with a descheduled
-// thread on a busy machine but measured ~30% slower decode on an idle one.)
+// prefetchers follow; interleaved small chunks defeat them. A thread works
+// through its range front to back a chunk at a time and then takes chunks from
+// the back of ranges left unfinished — a worker descheduled on a busy machine
+// (or one that never joined: ThreadPool::share) no longer holds up the op.
+// (Handing out small ranges from one counter also copes with that, but
+// measured ~30% slower decode on an idle machine.)
+struct alignas(64) RowRange {
+    std::atomic<uint64_t> fb;  // front (low 32 bits) and back (high 32 bits), in units
+};
+
+/// Claims up to `chunk` units of r: from the front (its owner) or the back.
+bool claim(RowRange& r, int64_t chunk, bool front, int64_t& u0, int64_t& u1) {
+    uint64_t v = r.fb.load(std::memory_order_relaxed);
+    for (;;) {
+        const int64_t f = static_cast<int64_t>(v & 0xFFFFFFFFu), b = static_cast<int64_t>(v >> 32);
+        if (f >= b) return false;
+        u0 = front ? f : std::max(f, b - chunk);
+        u1 = front ? std::min(b, f + chunk) : b;
+        const uint64_t nv = front ? (v & ~uint64_t{0xFFFFFFFFu}) | static_cast<uint64_t>(u1)
+                                  : (static_cast<uint64_t>(u0) << 32) | static_cast<uint64_t>(f);
+        if (r.fb.compare_exchange_weak(v, nv, std::memory_order_relaxed)) return true;
+    }
+}
+
 template <class F>
 void split_rows(ThreadPool& pool, int64_t M, int64_t align, F&& fn) {
     const int nth = pool.size();
@@ -106,11 +128,26 @@ void split_rows(ThreadPool& pool, int64_t M, int64_t align, F&& fn) {
         fn(int64_t(0), M);
         return;
     }
-    pool.run([&](int ith, int n) {
-        const int64_t units = (M + align - 1) / align;
-        const int64_t u0 = units * ith / n, u1 = units * (ith + 1) / n;
-        const int64_t r0 = std::min(M, u0 * align), r1 = std::min(M, u1 * align);
-        if (r0 < r1) fn(r0, r1);
+    const int64_t units = (M + align - 1) / align;
+    thread_local std::unique_ptr<RowRange[]> ranges;
+    thread_local int n_ranges = 0;
+    if (n_ranges < nth) {
+        ranges = std::make_unique<RowRange[]>(static_cast<size_t>(nth));
+        n_ranges = nth;
+    }
+    for (int t = 0; t < nth; ++t) {
+        const int64_t u0 = units * t / nth, u1 = units * (t + 1) / nth;
+        ranges[t].fb.store((static_cast<uint64_t>(u1) << 32) | static_cast<uint64_t>(u0), std::memory_order_relaxed);
+    }
+    RowRange* rr = ranges.get();
+    // Sixteen chunks to a range: a late thread's range is taken over in pieces.
+    const int64_t chunk = std::max<int64_t>(1, units / nth / 16);
+    pool.share([&](int ith, int n) {
+        int64_t u0 = 0, u1 = 0;
+        const auto rows = [&] { fn(std::min(M, u0 * align), std::min(M, u1 * align)); };
+        while (claim(rr[ith], chunk, true, u0, u1)) rows();
+        for (int k = 1; k < n; ++k)
+            while (claim(rr[(ith + k) % n], chunk, false, u0, u1)) rows();
     });
 }
 

@@ -10,12 +10,7 @@
 # Result: OUT_DIR/bin-cpu/llama-bench, OUT_DIR/bin-cpu/llama-perplexity.
 set -euo pipefail
 OUT=$(mkdir -p "$1" && cd "$1" && pwd)
-VER=${2:-0.3.36}
-cd "$OUT"
-[ -f "llama_cpp_python-$VER.tar.gz" ] ||
-  python3 -m pip download -q "llama-cpp-python==$VER" --no-binary :all: --no-deps -d "$OUT"
-[ -d "llama_cpp_python-$VER" ] || tar xzf "llama_cpp_python-$VER.tar.gz"
-SRC=$OUT/llama_cpp_python-$VER/vendor/llama.cpp
+SRC=$(bash "$(dirname "$0")/fetch_llamacpp_src.sh" "$OUT" "${2:-0.3.36}")
 has() { grep -qw "$1" /proc/cpuinfo && echo ON || echo OFF; }
 cmake -S "$SRC" -B "$OUT/build-cpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_CUDA=OFF \
   -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_BMI2="$(has bmi2)" -DGGML_FMA="$(has fma)" \

@@ -9,12 +9,7 @@
 # Result: OUT_DIR/bin/llama-bench, OUT_DIR/bin/llama-batched-bench.
 set -euo pipefail
 OUT=$(mkdir -p "$1" && cd "$1" && pwd)
-VER=${2:-0.3.36}
-cd "$OUT"
-[ -f "llama_cpp_python-$VER.tar.gz" ] ||
-  python3 -m pip download -q "llama-cpp-python==$VER" --no-binary :all: --no-deps -d "$OUT"
-[ -d "llama_cpp_python-$VER" ] || tar xzf "llama_cpp_python-$VER.tar.gz"
-SRC=$OUT/llama_cpp_python-$VER/vendor/llama.cpp
+SRC=$(bash "$(dirname "$0")/fetch_llamacpp_src.sh" "$OUT" "${2:-0.3.36}")
 cmake -S "$SRC" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_NATIVE=OFF \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_SERVER=OFF >/dev/null

@@ -353,7 +353,9 @@ void matmul_q_decode(const Tensor& W, const float* x, int64_t n, float* y, int64
         uint8_t* wb = tl_work.get(work);
         for (int64_t r = r0; r < r1; r += NR) {
             const int nr = static_cast<int>(std::min<int64_t>(NR, r1 - r));
-            const int next = static_cast<int>(std::clamp<int64_t>(r1 - r - NR, 0, NR));  // this thread's next panel
+            // The panel after this one in memory: this thread's next, also
+            // across the chunks split_rows hands out (rows past r1 exist below M).
+            const int next = static_cast<int>(std::clamp<int64_t>(M - r - NR, 0, NR));
             qk.decode(K, W.type, form, w + r * ldw, ldw, nr, next, panels, static_cast<int>(n), y + r,
                       static_cast<size_t>(ldy), wb);
         }

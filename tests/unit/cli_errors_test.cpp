@@ -1,7 +1,8 @@
 // The quern binary's answers to command lines a user gets wrong: a known
 // command missing its argument is not reported as an unknown command; a
 // context whose KV cache cannot fit in memory is refused, naming the flag;
-// chat templates that do not parse or render, conflicting options. Models are
+// chat templates that do not parse or render, conflicting options; what
+// --cpu-profile prints, and its refusal with --batch. Models are
 // test-sized synthetic ones that quern synth writes.
 #include <gtest/gtest.h>
 
@@ -387,3 +388,21 @@ TEST(CliChat, ReasoningStaysOffStdoutWhenPiped) {
 }
 
 }  // namespace
+
+// --cpu-profile: a table per kind of pass, matrix products by weight role and
+// type with the bytes and GB/s they read, the other ops by kind; with --batch
+// (whose passes it does not time) it is refused with what to run instead.
+TEST(CliErrors, CpuProfilePrintsEveryOpAndIsRefusedWithBatch) {
+    if (!have_quern()) GTEST_SKIP() << "quern is not built";
+    const Result r = run("bench -m '" + tiny_model() + "' --device cpu -p 8 -n 4 -r 1 -t 1 --cpu-profile");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.err.find("CPU profile of decode steps"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("CPU profile of prompt passes"), std::string::npos) << r.err;
+    for (const char* label : {"ffn_down Q8_0", "attn_q Q8_0", "attention", "rms_norm", "total"})
+        EXPECT_NE(r.err.find(label), std::string::npos) << label << " missing:\n" << r.err;
+    EXPECT_NE(r.err.find("GB/s"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("blk."), std::string::npos) << "labels keep the layer number:\n" << r.err;
+    const Result b = run("bench -m '" + tiny_model() + "' --device cpu --batch 2 -p 8 -n 4 --cpu-profile");
+    EXPECT_NE(b.rc, 0);
+    EXPECT_NE(b.err.find("without --batch"), std::string::npos) << b.err;
+}

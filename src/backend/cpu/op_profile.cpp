@@ -5,30 +5,21 @@
 
 namespace quern::cpu {
 
+void OpProfile::begin_pass(int64_t rows) {
+    cur_ = rows == 1 ? &decode_ : &prompt_;
+    ++cur_->passes;
+    cur_->rows += rows;
+}
+
 void OpProfile::add(const std::string& label, double seconds, uint64_t bytes) {
-    auto it = std::find_if(pass_.begin(), pass_.end(), [&](const Entry& e) { return e.label == label; });
-    if (it == pass_.end()) {
-        pass_.push_back({label, seconds, bytes});
+    auto& es = cur_->entries;
+    auto it = std::find_if(es.begin(), es.end(), [&](const Entry& e) { return e.label == label; });
+    if (it == es.end()) {
+        es.push_back({label, seconds, bytes});
     } else {
         it->seconds += seconds;
         it->bytes += bytes;
     }
-}
-
-void OpProfile::end_pass(int64_t rows) {
-    Table& t = rows == 1 ? decode_ : prompt_;
-    for (const Entry& e : pass_) {
-        auto it = std::find_if(t.entries.begin(), t.entries.end(), [&](const Entry& x) { return x.label == e.label; });
-        if (it == t.entries.end()) {
-            t.entries.push_back(e);
-        } else {
-            it->seconds += e.seconds;
-            it->bytes += e.bytes;
-        }
-    }
-    pass_.clear();
-    ++t.passes;
-    t.rows += rows;
 }
 
 void OpProfile::print(const Table& t, const char* what) {

@@ -15,11 +15,12 @@ namespace quern::cpu {
 
 class OpProfile {
 public:
+    /// Starts a pass of `rows` rows: its ops count as a decode step's
+    /// (rows == 1) or a prompt pass's.
+    void begin_pass(int64_t rows);
     /// Adds one op's time to the current pass under `label`; `bytes`: weight
     /// bytes it read (0: none counted).
     void add(const std::string& label, double seconds, uint64_t bytes);
-    /// Ends a pass of `rows` rows (decode steps: rows == 1).
-    void end_pass(int64_t rows);
     /// Per label: µs per pass, share, GB/s of weight reads, for decode steps
     /// and prompt passes (stderr, as --cuda-profile).
     void print() const;
@@ -37,8 +38,8 @@ private:
         int64_t passes = 0, rows = 0;
     };
     static void print(const Table& t, const char* what);
-    std::vector<Entry> pass_;  // the pass in progress
     Table decode_, prompt_;
+    Table* cur_ = &decode_;  // the current pass's table
 };
 
 }  // namespace quern::cpu

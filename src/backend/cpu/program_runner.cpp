@@ -12,8 +12,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <string>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/delta_rule.h"
 #include "backend/cpu/moe_route.h"
@@ -266,6 +266,7 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
     const auto same_slot = [&](Value a, Value b) {
         return s.slots_of[sz(a.id)].size() == 1 && s.slots_of[sz(a.id)][0] == s.slots_of[sz(b.id)][0];
     };
+    if (profile_) profile_->begin_pass(T);
     for (const Op& op : p_.ops) {
         const Value in = op.in[0];
         if (in.valid() && p_.values[sz(in.id)].head && m == 0) continue;  // no rows want logits in this pass
@@ -307,7 +308,10 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
                     const auto tm = profile_ ? OpProfile::Clock::now() : OpProfile::Clock::time_point{};
                     mm(*pc.w, x, n, y, N, pool, j > 0, pass.path, pass.fp8_act);
                     if (pc.bias) add_bias(y, *pc.bias, n, N);
-                    if (profile_) profile_->add(weight_label(*pc.w), seconds_since(tm), pc.w->nbytes());
+                    if (profile_) {
+                        const double dt = seconds_since(tm);  // before the label is built
+                        profile_->add(weight_label(*pc.w), dt, pc.w->nbytes());
+                    }
                 }
                 break;
             }
@@ -384,10 +388,11 @@ void ProgramRunner::run(Pass& pass, ThreadPool& pool) {
                 }
                 break;
         }
-        if (profile_ && op.kind != OpKind::Linear && op.kind != OpKind::Trace)
-            profile_->add(kind_name(op.kind), seconds_since(t0), 0);
+        if (profile_ && op.kind != OpKind::Linear && op.kind != OpKind::Trace) {
+            const double dt = seconds_since(t0);
+            profile_->add(kind_name(op.kind), dt, 0);
+        }
     }
-    if (profile_) profile_->end_pass(T);
 }
 
 void ProgramRunner::run_attention(const Op& op, Pass& pass, ThreadPool& pool) {

@@ -1134,11 +1134,11 @@ TEST(CudaPrefill, RopeKvStoreMatchesCpu) {
     }
 }
 
-// prefill_attention against cpu::attention: head sizes 64 and 128 (and 32,
-// 256), GQA 4:1, at the start of the cache and after 45 or 200 positions
+// prefill_attention against cpu::attention: head sizes 64, 128 and 256 (and
+// 32, 96: the scalar kernel), GQA 4:1 and 6:1, at the start of the cache and after 45 or 200 positions
 // (several 32-key steps, partial ones), sliding windows and soft-capping,
 // both cache types; for the tensor-core path, several 64-row query tiles and
-// 64-key tiles, partial ones, and windows that leave whole key tiles masked
+// key tiles (64 keys; 32 for heads of 256), partial ones, and windows that leave whole key tiles masked
 // for some rows of a tile.
 TEST(CudaPrefill, AttentionMatchesCpu) {
     REQUIRE_GPU();
@@ -1158,7 +1158,8 @@ TEST(CudaPrefill, AttentionMatchesCpu) {
                           Case{128, 8, 2, 150, 0, 0, 0.0f}, Case{64, 4, 1, 130, 70, 0, 0.0f},
                           Case{128, 8, 2, 200, 300, 100, 0.0f}, Case{64, 8, 4, 130, 0, 5, 0.0f},
                           Case{128, 4, 2, 97, 33, 0, 50.0f}, Case{96, 8, 2, 40, 30, 0, 0.0f},
-                          Case{96, 32, 32, 20, 100, 16, 0.0f}}) {
+                          Case{96, 32, 32, 20, 100, 16, 0.0f}, Case{256, 24, 4, 150, 70, 0, 0.0f},
+                          Case{256, 8, 2, 97, 33, 0, 50.0f}, Case{256, 4, 2, 130, 200, 40, 0.0f}}) {
         for (cuda::KvType kvt : {cuda::KvType::F16, cuda::KvType::F32}) {
             const int n_ctx = c.pos0 + c.n + 3;
             const int qd = c.n_head * c.hd, kvd = c.n_head_kv * c.hd;

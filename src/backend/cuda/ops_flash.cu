@@ -1,7 +1,10 @@
 // Prefill attention on the tensor cores (FlashAttention-2's tiling: Dao,
 // "FlashAttention-2: Faster Attention with Better Parallelism and Work
-// Partitioning", 2023), for an f16 KV cache and heads of 64 or 128. API and
+// Partitioning", 2023), for an f16 KV cache and heads of 64, 128 or 256. API and
 // semantics: prefill_attention in ops.h, which routes these cases here.
+// Heads of 256 (Gemma, Qwen3.5's attention layers) take the same kernel with
+// 32-key tiles: 64-key ones would need ~300 registers a thread for S, the
+// query fragments and O together.
 //
 // prefill_flash_kernel<HD, SOFTCAP>
 //   Shapes:  q: n rows at stride ldq floats, n_head·HD each (rotated,
@@ -12,10 +15,11 @@
 //            are launched first), warp w rows 64t+16w .. +15. KV head
 //            h / (n_head / n_head_kv).
 //   Math:    each warp holds its 16 scaled query rows as f16 A fragments
-//            (mma.m16n8k16); the block walks its keys 64 at a time: K and V
+//            (mma.m16n8k16); the block walks its keys kTile(HD) at a time (64;
+//            32 for heads of 256): K and V
 //            tiles are copied to shared memory (rows padded by 8 halves, so
 //            that fragment loads and ldmatrix hit 32 distinct banks),
-//            S = Q·Kᵀ (16 × 64 per warp, fp32 accumulators), the mask
+//            S = Q·Kᵀ (16 × tile per warp, fp32 accumulators), the mask
 //            (causal, window, end of the context) and the soft-cap on S,
 //            the online softmax in fp32 (row max and sum over the quad of
 //            lanes sharing a row), P rounded to f16 and reused in registers
@@ -40,7 +44,8 @@ namespace quern::cuda {
 namespace {
 
 constexpr int kBr = 64;     // query rows per block (16 per warp)
-constexpr int kBc = 64;     // keys per tile
+/// Keys per tile: 64, or 32 for heads of 256 (registers: see the top).
+__host__ __device__ constexpr int kTile(int hd) { return hd > 128 ? 32 : 64; }
 constexpr int kWarps = 4;
 constexpr int kPad = 8;     // halves of padding per shared-memory row
 
@@ -76,6 +81,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     constexpr int LD = HD + kPad;  // shared row stride in halves
     constexpr int KS = HD / 16;    // k-steps of Q·Kᵀ
     constexpr int NT = HD / 8;     // n-tiles of O
+    constexpr int kBc = kTile(HD);
     __shared__ __align__(16) __half ks[kBc * LD];
     __shared__ __align__(16) __half vs[kBc * LD];
 
@@ -136,7 +142,7 @@ __global__ void __launch_bounds__(32 * kWarps)
         __syncthreads();
         if (kv0 > pos0 + r0 + 15) continue;  // every key of the tile is after the warp's last row (warp-uniform)
 
-        // S = Q·Kᵀ: 8 n-tiles of 8 keys.
+        // S = Q·Kᵀ: n-tiles of 8 keys.
         float s[kBc / 8][4];
 #pragma unroll
         for (int j = 0; j < kBc / 8; ++j) {
@@ -248,7 +254,8 @@ void launch(const float* q, int64_t ldq, const void* kc, const void* vc, int n, 
 
 bool prefill_flash_supported(KvType kv_type, int head_dim, int64_t ldq, int64_t ldo) {
     // float2 loads of q and stores of out need even strides.
-    return kv_type == KvType::F16 && (head_dim == 64 || head_dim == 128) && ldq % 2 == 0 && ldo % 2 == 0;
+    return kv_type == KvType::F16 && (head_dim == 64 || head_dim == 128 || head_dim == 256) && ldq % 2 == 0 &&
+           ldo % 2 == 0;
 }
 
 void prefill_flash_attention(const float* q, int64_t ldq, const void* k_cache, const void* v_cache, int n, int pos0,
@@ -256,6 +263,8 @@ void prefill_flash_attention(const float* q, int64_t ldq, const void* k_cache, c
                              float* out, int64_t ldo, cudaStream_t stream) {
     if (head_dim == 64)
         launch<64>(q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream);
+    else if (head_dim == 256)
+        launch<256>(q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream);
     else
         launch<128>(q, ldq, k_cache, v_cache, n, pos0, n_head, n_head_kv, scale, window, softcap, out, ldo, stream);
     QUERN_CUDA_CHECK_LAUNCH();

@@ -10,7 +10,7 @@
 namespace quern::cuda {
 
 /// Whether prefill_flash_attention takes this case: an f16 KV cache, heads
-/// of 64 or 128 elements, even row strides (in floats) of q and out.
+/// of 64, 128 or 256 elements, even row strides (in floats) of q and out.
 bool prefill_flash_supported(KvType kv_type, int head_dim, int64_t ldq, int64_t ldo);
 
 /// prefill_attention's contract (ops.h) on the tensor cores, for the cases

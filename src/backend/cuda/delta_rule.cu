@@ -1,8 +1,10 @@
 // Gated DeltaNet kernels (delta_rule.h).
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/delta_rule.h"
+#include "backend/cuda/tuning.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 namespace quern::cuda {
@@ -91,9 +93,10 @@ int delta_rule_columns(int head_k, int head_v) { return std::min(64 / (head_k / 
 /// Sᵀq summed across the P threads by shuffles.
 template <int DK>
 __global__ void delta_rule_kernel(const float* __restrict__ xc, const float* __restrict__ ba, float* __restrict__ y,
-                                  DeltaSeqs seqs, DeltaLayer L, int64_t C) {
+                                  DeltaSeqs seqs, DeltaLayer L, int64_t C, int max_rows) {
     constexpr int P = DK / 32, R = 32;
     const int s = blockIdx.x, h = blockIdx.y, t = threadIdx.x, part = t % P;
+    if (seqs.n_rows[s] > max_rows) return;  // the chunked kernel's sequence
     const int j = static_cast<int>(blockIdx.z) * static_cast<int>(blockDim.x / P) + t / P;
     const int dv = L.head_v, nk = L.n_k_heads, nv = L.n_v_heads;
     const int kh = L.kv_tiled ? h % nk : h / (nv / nk);
@@ -170,8 +173,8 @@ void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, con
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
-void delta_rule(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
-                cudaStream_t stream) {
+void delta_rule_tokens(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
+                       int max_rows, cudaStream_t stream) {
     check_layer(L, seqs);
     if (seqs.n_seqs <= 0) return;
     const int64_t C = L.conv_dim();
@@ -181,11 +184,25 @@ void delta_rule(const float* xc, const float* ba, float* y, const DeltaSeqs& seq
                     static_cast<unsigned>(L.head_v / cols));
     const auto threads = static_cast<unsigned>(cols * (L.head_k / 32));
     switch (L.head_k) {
-        case 32: delta_rule_kernel<32><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
-        case 64: delta_rule_kernel<64><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
-        default: delta_rule_kernel<128><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C); break;
+        case 32: delta_rule_kernel<32><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C, max_rows); break;
+        case 64: delta_rule_kernel<64><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C, max_rows); break;
+        default: delta_rule_kernel<128><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C, max_rows); break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void delta_rule(const float* xc, const float* ba, float* y, int64_t n, const DeltaSeqs& seqs, const DeltaLayer& L,
+                cudaStream_t stream) {
+    check_layer(L, seqs);
+    if (seqs.n_seqs <= 0) return;
+    // A pass of one row per sequence (a decode step) has nothing to chunk.
+    const int chunk_rows = tuning().delta_chunk_rows;
+    if (n <= seqs.n_seqs || !delta_rule_chunked_supported(L) || chunk_rows <= 0 || n < chunk_rows) {
+        delta_rule_tokens(xc, ba, y, seqs, L, INT32_MAX, stream);
+        return;
+    }
+    delta_rule_tokens(xc, ba, y, seqs, L, chunk_rows - 1, stream);
+    delta_rule_chunked(xc, ba, y, seqs, L, chunk_rows, stream);
 }
 
 }  // namespace quern::cuda

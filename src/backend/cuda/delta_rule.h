@@ -48,10 +48,29 @@ void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, con
 
 /// The gated delta rule over each sequence's rows, in order, on its state:
 /// per value head, β = sigmoid(b), g = a_coef · softplus(a + dt_bias) from
-/// ba (n × 2·n_v_heads, [b | a]); the state is held in registers for the
-/// whole run (read and written once per call: a decode step is bound by
-/// that traffic), y (n × n_v_heads·head_v) the outputs Sᵀq.
-void delta_rule(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
+/// ba (n × 2·n_v_heads, [b | a]); y (n × n_v_heads·head_v) the outputs Sᵀq.
+/// n: the pass's rows. Sequences of at least Tuning::delta_chunk_rows rows
+/// (when n > n_seqs and delta_rule_chunked_supported) take the chunked
+/// kernel, the others the token-by-token one: the state in registers for the
+/// whole run (read and written once per call: a decode step is bound by that
+/// traffic).
+void delta_rule(const float* xc, const float* ba, float* y, int64_t n, const DeltaSeqs& seqs, const DeltaLayer& L,
                 cudaStream_t stream);
+
+/// Whether delta_rule_chunked takes the layer's heads: square, of 32, 64 or 128.
+bool delta_rule_chunked_supported(const DeltaLayer& L);
+
+/// delta_rule's recurrence for the sequences of at least min_rows rows (the
+/// others are left alone), in chunks of 64 rows on the tensor cores (TF32
+/// products, fp32 accumulation: outputs within ~1e-3 relative of the token
+/// recurrence's); delta_rule_chunked.cu has the form. Throws quern::Error
+/// for heads it does not take.
+void delta_rule_chunked(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
+                        int min_rows, cudaStream_t stream);
+
+/// delta_rule's token-by-token kernel alone, for the sequences of at most
+/// max_rows rows.
+void delta_rule_tokens(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
+                       int max_rows, cudaStream_t stream);
 
 }  // namespace quern::cuda

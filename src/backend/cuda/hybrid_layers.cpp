@@ -177,7 +177,7 @@ const float* CudaExecutor::step_delta(const LayerWeights& L) {
     mark("gemv_qkv");
     const DeltaSeqs& q = step_delta_[static_cast<size_t>(L.delta_index)];
     delta_conv(sqkv_.as<float>(), sxc_.as<float>(), 1, q, D, s);
-    delta_rule(sxc_.as<float>(), sba_.as<float>(), sy_.as<float>(), q, D, s);
+    delta_rule(sxc_.as<float>(), sba_.as<float>(), sy_.as<float>(), 1, q, D, s);
     mark("delta_rule");
     rms_norm_groups(sy_.as<float>(), L.delta_norm, syn_.as<float>(), VD, 1, VD, D.head_v, c.rms_eps, s);
     swiglu_q8_1(sz_.as<float>(), syn_.as<float>(), sgated_.as<float>(), xq_delta_.q(), xq_delta_.info(), VD, s,
@@ -220,7 +220,7 @@ void CudaExecutor::rows_delta(const LayerWeights& L, int64_t n, uint16_t* xb, fl
     mark("gemm_qkv");
     const DeltaSeqs& q = rows_delta_[L.delta_index];
     delta_conv(QKV, pxc_.as<float>(), n, q, D, s);
-    delta_rule(pxc_.as<float>(), pba_.as<float>(), py_.as<float>(), q, D, s);
+    delta_rule(pxc_.as<float>(), pba_.as<float>(), py_.as<float>(), n, q, D, s);
     mark("delta_rule");
     rms_norm_groups(py_.as<float>(), L.delta_norm, ZY + VD, 2 * VD, n, VD, D.head_v, c.rms_eps, s);
     glu_rows_bf16(ZY, 2 * VD, n, VD, xb, kGateSiLU, s);

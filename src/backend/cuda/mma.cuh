@@ -1,7 +1,7 @@
 // Tensor-core and asynchronous-copy primitives (PTX ISA 8.x:
-// mma.sync.m16n8k16, wgmma.mma_async, cp.async), shared by the GEMM kernels that stage their
-// operands in shared memory themselves (bq_gemm.cu, grouped_gemm.cu,
-// ops_prefill.cu's paged attention).
+// mma.sync.m16n8k16 and m16n8k8, wgmma.mma_async, cp.async), shared by the kernels that stage
+// their operands in shared memory themselves (bq_gemm.cu, grouped_gemm.cu,
+// ops_prefill.cu's paged attention, delta_rule_chunked.cu).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,6 +16,25 @@ namespace quern::cuda::mma {
 /// D[g][2c, 2c+1], d[2..3] = D[g+8][2c, 2c+1].
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// x rounded to TF32 (cvt.rna: to nearest, ties away from zero), the form
+/// mma_tf32 takes its inputs in.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+/// d += A·B for one m16n8k8 tile, TF32 inputs (to_tf32), fp32 accumulators.
+/// Lane L = 4g + c holds: a[0] = A[g][c], a[1] = A[g+8][c], a[2] = A[g][c+4],
+/// a[3] = A[g+8][c+4]; b0 = B[c][g], b1 = B[c+4][g]; d[0..1] = D[g][2c, 2c+1],
+/// d[2..3] = D[g+8][2c, 2c+1] (mma_bf16's accumulator layout).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

@@ -47,6 +47,7 @@ const Tuning& tuning() {
         x.bq_blocks_per_sm = static_cast<int>(std::max<int64_t>(0, env_int("QUERN_CUDA_BQ_BLOCKS_PER_SM", 0)));
         x.paged_splits = static_cast<int>(std::max<int64_t>(0, env_int("QUERN_CUDA_PAGED_SPLITS", 0)));
         x.dq_tokens = static_cast<int>(env_int("QUERN_CUDA_DQ_TOKENS", 0));
+        x.delta_chunk_rows = static_cast<int>(std::max<int64_t>(0, env_int("QUERN_CUDA_DELTA_CHUNK_ROWS", 32)));
         return x;
     }();
     return t;

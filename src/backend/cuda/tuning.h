@@ -44,6 +44,10 @@ struct Tuning {
     /// QUERN_CUDA_DQ_TOKENS=64|128: token tile of dq_gemm_grouped (0: 128
     /// where the groups average more than 96 rows).
     int dq_tokens = 0;
+    /// QUERN_CUDA_DELTA_CHUNK_ROWS=N: a pass's sequences of at least N rows
+    /// take the chunked delta rule (delta_rule.h), the others the token
+    /// recurrence (0: none chunked; default 32).
+    int delta_chunk_rows = 32;
 };
 
 /// The switches, read from the environment on the first call.

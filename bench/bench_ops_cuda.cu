@@ -1,6 +1,7 @@
 // Timings of the non-GEMV CUDA decode kernels (src/backend/cuda/ops.h) on
 // Llama-3-8B shapes (dim 4096, 32 query / 8 KV heads of 128, FFN 14336,
-// vocab 128256).
+// vocab 128256), and of the Gated DeltaNet kernels (delta_rule.h) on a
+// Qwen3.5-27B layer.
 //
 //   bench_ops_cuda [--reps N]
 //
@@ -10,6 +11,8 @@
 // all) that each launch reads DRAM rather than the L2. Bytes = what the
 // kernel must read + write (attention: K and V rows 0..pos of one layer).
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +23,7 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/delta_rule.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/ops.h"
@@ -74,6 +78,82 @@ DeviceBuffer random_buffer(size_t n_floats, cudaStream_t s, std::mt19937& rng) {
     DeviceBuffer b(n_floats * 4);
     b.upload(h.data(), n_floats * 4, s);
     return b;
+}
+
+/// One Gated DeltaNet layer of the Qwen3.5-27B shape (16 key / 48 value
+/// heads of 128, conv of 4 taps over 10240 channels): the decode step's conv
+/// + recurrence for 1, 32 and 128 sequences (bytes: each sequence's conv
+/// and delta-rule state read and written, its q|k|v row read, the conv's
+/// output written and read, y written; enough state copies that the L2
+/// holds none), and a 2048-row prompt of one sequence by the token
+/// recurrence and by the chunked form with 1, 2 and 4 blocks a head (tok/s
+/// of the layer's conv + recurrence).
+void bench_delta_rule(CudaContext& ctx, std::mt19937& rng) {
+    const cudaStream_t s = ctx.stream();
+    const int nk = 16, nv = 48, d = 128, K = 4;
+    const int64_t C = 2 * int64_t{nk} * d + int64_t{nv} * d, state = (K - 1) * C + int64_t{nv} * d * d;
+    std::vector<float> conv(static_cast<size_t>(C * K)), a(nv), dt(nv);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& v : conv) v = 0.5f * nd(rng);
+    for (int h = 0; h < nv; ++h) a[static_cast<size_t>(h)] = -std::exp(0.5f * nd(rng)), dt[static_cast<size_t>(h)] = nd(rng);
+    DeviceBuffer dconv(conv.size() * 4), da(a.size() * 4), ddt(dt.size() * 4);
+    dconv.upload(conv.data(), conv.size() * 4, s);
+    da.upload(a.data(), a.size() * 4, s);
+    ddt.upload(dt.data(), dt.size() * 4, s);
+    DeltaLayer L{nk, nv, d, d, K, false, dconv.as<float>(), da.as<float>(), ddt.as<float>()};
+    const int64_t max_rows = 2048;
+    auto x = random_buffer(static_cast<size_t>(max_rows * C), s, rng);
+    auto ba = random_buffer(static_cast<size_t>(max_rows * 2 * nv), s, rng);
+    DeviceBuffer xc(static_cast<size_t>(max_rows * C) * 4), y(static_cast<size_t>(max_rows * nv * d) * 4);
+    // Sequence arrays: `copies` sets of n state slots, one DeltaSeqs each.
+    const auto seq_sets = [&](int n, int rows, int copies, std::vector<DeviceBuffer>& keep) {
+        std::vector<DeltaSeqs> sets;
+        for (int c = 0; c < copies; ++c) {
+            keep.emplace_back(static_cast<size_t>(n * state) * 4);
+            keep.back().fill_bytes(0, s);
+            std::vector<int32_t> r0(static_cast<size_t>(n)), nr(static_cast<size_t>(n), rows);
+            std::vector<float*> ptr(static_cast<size_t>(n));
+            for (int i = 0; i < n; ++i) {
+                r0[static_cast<size_t>(i)] = i * rows;
+                ptr[static_cast<size_t>(i)] = keep.back().as<float>() + i * state;
+            }
+            keep.emplace_back(static_cast<size_t>(n) * (8 + sizeof(float*)));
+            auto* base = keep.back().as<uint8_t>();
+            keep.back().upload(r0.data(), r0.size() * 4, s);
+            QUERN_CUDA_CHECK(cudaMemcpyAsync(base + 4 * n, nr.data(), nr.size() * 4, cudaMemcpyHostToDevice, s));
+            QUERN_CUDA_CHECK(cudaMemcpyAsync(base + 8 * n, ptr.data(), ptr.size() * sizeof(float*), cudaMemcpyHostToDevice, s));
+            ctx.synchronize();
+            sets.push_back(DeltaSeqs{reinterpret_cast<int32_t*>(base), reinterpret_cast<int32_t*>(base + 4 * n),
+                                     reinterpret_cast<float* const*>(base + 8 * n), n});
+        }
+        return sets;
+    };
+    for (int n : {1, 32, 128}) {
+        std::vector<DeviceBuffer> keep;
+        const double per_set = static_cast<double>(n) * static_cast<double>(state) * 4;
+        const int copies = static_cast<int>(std::min(64.0, std::max(1.0, (256 << 20) / per_set + 1)));
+        const auto sets = seq_sets(n, 1, copies, keep);
+        const double us = time_graph(ctx, std::max(16, copies), [&](int i) {
+            const DeltaSeqs& q = sets[static_cast<size_t>(i % copies)];
+            delta_conv(x.as<float>(), xc.as<float>(), n, q, L, s);
+            delta_rule(xc.as<float>(), ba.as<float>(), y.as<float>(), n, q, L, s);
+        });
+        const double bytes = static_cast<double>(n) * (2.0 * state * 4 + 3.0 * C * 4 + nv * d * 4 + 2 * nv * 4);
+        report("DeltaNet decode conv+rule 27B layer, " + std::to_string(n) + " seq (" + std::to_string(copies) + " copies)",
+               us, bytes);
+    }
+    for (int groups : {0, 1, 2, 4}) {  // 0: token by token; else chunked, value columns over that many blocks
+        std::vector<DeviceBuffer> keep;
+        const auto sets = seq_sets(1, static_cast<int>(max_rows), 1, keep);
+        const double us = time_graph(ctx, 4, [&](int) {
+            delta_conv(x.as<float>(), xc.as<float>(), max_rows, sets[0], L, s);
+            if (groups) delta_rule_chunked(xc.as<float>(), ba.as<float>(), y.as<float>(), sets[0], L, 1, s, groups);
+            else delta_rule_tokens(xc.as<float>(), ba.as<float>(), y.as<float>(), sets[0], L, INT32_MAX, s);
+        });
+        const std::string name = groups ? "chunked, " + std::to_string(groups) + " block(s) a head" : "token by token";
+        std::printf("%-44s %9.1f us  %8.0f tok/s\n", ("DeltaNet prompt 2048 rows, " + name).c_str(), us,
+                    max_rows / (us * 1e-6));
+    }
 }
 
 }  // namespace
@@ -185,6 +265,8 @@ int main(int argc, char** argv) {
             report("decode_attention_rope (fused) f16, pos " + std::to_string(p), fused, bytes);
         }
     }
+
+    bench_delta_rule(ctx, rng);
 
     // Embedding row (Q6_K-sized table slice is enough: one row is read) and argmax.
     DeviceBuffer table(static_cast<size_t>(1024) * 4096 * 2);

@@ -118,11 +118,13 @@ protected:
     }
 };
 
-/// How a pass runs the recurrence: delta_rule (its own choice per
-/// sequence), or delta_rule_chunked for every sequence.
-enum class Mode { Dispatch, AllChunked };
+/// What a pass holds and how it runs the recurrence: mixed row counts
+/// through delta_rule (its own choice per sequence) or delta_rule_chunked
+/// for every sequence; or one row per sequence (a decode step: the conv
+/// kernel moves the conv state on itself).
+enum class Mode { Dispatch, AllChunked, DecodeStep };
 
-void check_pass(const Shape& sh, Mode mode) {
+void check_pass(const Shape& sh, Mode mode, int col_groups = 0) {
     std::mt19937 rng(static_cast<uint32_t>(sh.dk * 131 + sh.dv * 7 + sh.nv + sh.tiled));
     std::normal_distribution<float> nd(0.0f, 1.0f);
     Layer L{sh};
@@ -134,7 +136,8 @@ void check_pass(const Shape& sh, Mode mode) {
     }
     // Decode rows, short prompt chunks (the token kernel) and long ones (the
     // chunked kernel from 32 rows: whole chunks of 64 and partial ones).
-    const std::vector<int> n_rows{1, 5, 17, 1, 200, 64, 31, 33};
+    const std::vector<int> n_rows =
+        mode == Mode::DecodeStep ? std::vector<int>{1, 1, 1} : std::vector<int>{1, 5, 17, 1, 200, 64, 31, 33};
     std::vector<int> row0;
     int n = 0;
     for (int c : n_rows) {
@@ -186,7 +189,7 @@ void check_pass(const Shape& sh, Mode mode) {
     ds.n_seqs = static_cast<int>(n_rows.size());
     const auto pass = [&] {
         delta_conv(d_x.as<float>(), d_xc.as<float>(), n, ds, dl, stream);
-        if (mode == Mode::AllChunked) delta_rule_chunked(d_xc.as<float>(), d_ba.as<float>(), d_y.as<float>(), ds, dl, 1, stream);
+        if (mode == Mode::AllChunked) delta_rule_chunked(d_xc.as<float>(), d_ba.as<float>(), d_y.as<float>(), ds, dl, 1, stream, col_groups);
         else delta_rule(d_xc.as<float>(), d_ba.as<float>(), d_y.as<float>(), n, ds, dl, stream);
     };
     pass();
@@ -227,12 +230,18 @@ void check_pass(const Shape& sh, Mode mode) {
 
 TEST_P(DeltaRuleCuda, ConvAndRecurrenceMatchTheHost) { check_pass(GetParam(), Mode::Dispatch); }
 
+TEST_P(DeltaRuleCuda, DecodeStepMatchesTheHost) { check_pass(GetParam(), Mode::DecodeStep); }
+
 TEST_P(DeltaRuleCuda, ChunkedFormMatchesTheHostForEveryLength) {
     DeltaLayer dl;
     dl.head_k = GetParam().dk;
     dl.head_v = GetParam().dv;
     if (!delta_rule_chunked_supported(dl)) GTEST_SKIP() << "heads the chunked kernel does not take";
-    check_pass(GetParam(), Mode::AllChunked);
+    for (int groups : {1, 2, 4}) {  // heads of 128 split their value columns over 1, 2 or 4 blocks
+        SCOPED_TRACE("column groups " + std::to_string(groups));
+        check_pass(GetParam(), Mode::AllChunked, groups);
+        if (GetParam().dk != 128) break;  // other heads take one block
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, DeltaRuleCuda,

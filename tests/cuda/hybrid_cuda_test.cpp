@@ -49,7 +49,8 @@ const std::string kGpuDir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf_gpu/
 // dense preset and for the MoE one with every expert used (8 of 8). With
 // routing, a near-tie the BF16 prefill parts sends a row to another expert
 // (the Q4_K_M model: 0.9984 from blk.3 on an H100, 0.99997 with every
-// expert), as MoeVerify says of the other expert models.
+// expert), as MoeVerify says of the other expert models. Weights in Q8_0,
+// Q4_K_M, F16, block-scaled FP8 and NVFP4 (the issue's `run --verify` set).
 TEST(CudaHybrid, VerifyAgainstTheCpu) {
     REQUIRE_GPU();
     ThreadPool pool(0);
@@ -59,7 +60,7 @@ TEST(CudaHybrid, VerifyAgainstTheCpu) {
         bool every_expert;
     };
     for (const Case& k : {Case{"qwen3.5-27b", false}, Case{"qwen3.5-35b-a3b", false}, Case{"qwen3.5-35b-a3b", true}})
-        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16"})
+        for (const char* scheme : {"Q8_0", "Q4_K_M", "F16", "F8_E4M3_B32", "NVFP4"})
             for (const bool prefill : {false, true}) {
                 if (prefill && std::string(k.preset) == "qwen3.5-35b-a3b" && !k.every_expert) continue;
                 SynthPreset p = synth_tiny(synth_preset(k.preset));

@@ -23,9 +23,12 @@ __device__ int seq_of_row(const int32_t* row0, int n_seqs, int r) {
 }
 
 /// One block per (row, head slot): slots [0, n_k) are q heads, [n_k, 2 n_k)
-/// k heads, then the v heads; one thread per channel of the head.
+/// k heads, then the v heads; one thread per channel of the head. With
+/// `shift` (every sequence has one row: a decode step) the thread that read
+/// a channel's conv state also moves it on by the row, saving
+/// delta_conv_state_kernel's launch.
 __global__ void delta_conv_kernel(const float* __restrict__ x, float* __restrict__ xc, DeltaSeqs seqs, DeltaLayer L,
-                                  int64_t C) {
+                                  int64_t C, bool shift) {
     const int r = blockIdx.x, slot = blockIdx.y, t = threadIdx.x;
     const int nk = L.n_k_heads;
     const bool qk = slot < 2 * nk;
@@ -33,7 +36,7 @@ __global__ void delta_conv_kernel(const float* __restrict__ x, float* __restrict
     const int64_t c0 = qk ? int64_t{slot} * L.head_k : 2 * int64_t{nk} * L.head_k + int64_t{slot - 2 * nk} * L.head_v;
     const int s = seq_of_row(seqs.row0, seqs.n_seqs, r);
     const int j = r - seqs.row0[s];  // the row's place in its sequence's rows of this pass
-    const float* state = seqs.state[s];
+    const float* state = seqs.state[s];  // (shift: written below by this thread only)
     const int K = L.conv_kernel;
     float v = 0.0f;
     if (t < width) {
@@ -45,6 +48,11 @@ __global__ void delta_conv_kernel(const float* __restrict__ x, float* __restrict
             acc += in * L.conv[c * K + tap];
         }
         v = acc / (1.0f + expf(-acc));
+        if (shift) {
+            float* st = seqs.state[s];
+            for (int t = 0; t < K - 2; ++t) st[int64_t{t} * C + c] = st[int64_t{t + 1} * C + c];
+            st[int64_t{K - 2} * C + c] = x[int64_t{r} * C + c];
+        }
     }
     if (qk) {
         __shared__ float part[32];
@@ -165,9 +173,11 @@ void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, con
     if (n <= 0 || seqs.n_seqs <= 0) return;
     const int64_t C = L.conv_dim();
     const int threads = std::max(L.head_k, L.head_v);
+    const bool shift = n == seqs.n_seqs;  // rows >= 1 each: one per sequence
     delta_conv_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * L.n_k_heads + L.n_v_heads)), threads, 0,
-                        stream>>>(x, xc, seqs, L, C);
+                        stream>>>(x, xc, seqs, L, C, shift);
     QUERN_CUDA_CHECK_LAUNCH();
+    if (shift) return;
     delta_conv_state_kernel<<<dim3(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>((C + 255) / 256)), 256, 0,
                               stream>>>(x, seqs, L.conv_kernel, C);
     QUERN_CUDA_CHECK_LAUNCH();

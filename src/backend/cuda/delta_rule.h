@@ -63,10 +63,12 @@ bool delta_rule_chunked_supported(const DeltaLayer& L);
 /// delta_rule's recurrence for the sequences of at least min_rows rows (the
 /// others are left alone), in chunks of 64 rows on the tensor cores (TF32
 /// products, fp32 accumulation: outputs within ~1e-3 relative of the token
-/// recurrence's); delta_rule_chunked.cu has the form. Throws quern::Error
-/// for heads it does not take.
+/// recurrence's); delta_rule_chunked.cu has the form. col_groups: blocks per
+/// value head of 128 (1, 2 or 4; 0: Tuning::delta_col_groups, else as many
+/// as the SMs hold at once; other heads take 1). Throws quern::Error for
+/// heads it does not take.
 void delta_rule_chunked(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
-                        int min_rows, cudaStream_t stream);
+                        int min_rows, cudaStream_t stream, int col_groups = 0);
 
 /// delta_rule's token-by-token kernel alone, for the sequences of at most
 /// max_rows rows.

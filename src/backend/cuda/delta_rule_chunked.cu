@@ -13,13 +13,15 @@
 // inverting the four 16 × 16 diagonal blocks of I + L by substitution, then
 // the blocks below them, block row by block row.
 //
-// One block of 8 warps per (sequence, value head) carries the state in
-// shared memory through the sequence's chunks; every matrix of the chunk is
-// in shared memory too (rows padded by 4 floats: the fragment reads of rows
-// and of columns both hit 32 distinct banks). Heads of 128 take 207 KiB.
+// One block of 8 warps per (sequence, value head, group of value columns)
+// carries its columns of the state in shared memory through the sequence's
+// chunks; every matrix of the chunk is in shared memory too (rows padded by 4
+// floats: the fragment reads of rows and of columns both hit 32 distinct
+// banks). Heads of 128 take 207 KiB whole, 146 KiB in halves.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/delta_rule.h"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/tuning.h"
 
 #include <string>
 
@@ -31,17 +33,19 @@ constexpr int kRows = 64;           // rows per chunk
 constexpr int kThreads = 256;       // 8 warps
 constexpr int kPadT = kRows + 4;    // row stride of the 64 × 64 matrices (floats)
 
-/// The block's shared memory (offsets in floats) for heads of D × D.
-template <int D>
+/// The block's shared memory (offsets in floats) for heads of D × D, DC of
+/// the value columns.
+template <int D, int DC>
 struct Smem {
-    static constexpr int P = D + 4;  // row stride of the 64 × D and D × D matrices
+    static constexpr int P = D + 4;   // row stride of the 64 × D matrices
+    static constexpr int PV = DC + 4;  // row stride of the 64 × DC and D × DC ones
     static constexpr int k = 0;                    // K rows (64 × D)
     static constexpr int q = k + kRows * P;        // Q rows, then W
-    static constexpr int v = q + kRows * P;        // V rows, then V'
-    static constexpr int t = v + kRows * P;        // L, then T (64 × 64)
+    static constexpr int v = q + kRows * P;        // V rows (the block's columns), then V'
+    static constexpr int t = v + kRows * PV;       // L, then T (64 × 64)
     static constexpr int a = t + kRows * kPadT;    // A (64 × 64)
-    static constexpr int s = a + kRows * kPadT;    // the state (D × D, row i a key element)
-    static constexpr int dinv = s + D * P;         // the diagonal blocks of T (4 × 16 × 16)
+    static constexpr int s = a + kRows * kPadT;    // the state's columns (D × DC, row i a key element)
+    static constexpr int dinv = s + D * PV;        // the diagonal blocks of T (4 × 16 × 16)
     static constexpr int x = dinv + 4 * 256;       // a block row's partial products (3 × 16 × 16)
     static constexpr int gam = x + 3 * 256;        // γ_t
     static constexpr int eg = gam + kRows;         // e^γ_t
@@ -121,46 +125,56 @@ __device__ void invert_unit_lower(float* sT, float* sDi, float* sX) {
     }
 }
 
-/// One block per (sequence, value head) of the sequences with at least
-/// min_rows rows; heads of D × D.
-template <int D>
+/// One block per (sequence, value head, group of D / G value columns) of
+/// the sequences with at least min_rows rows; heads of D × D. The groups of
+/// a head each compute the chunk's A, T and W (the same), and their own
+/// columns of U, V', O and the state: G > 1 trades that repeated work for
+/// more SMs when the heads alone would leave most idle.
+template <int D, int G>
 __global__ void __launch_bounds__(kThreads)
     delta_chunk_kernel(const float* __restrict__ xc, const float* __restrict__ ba, float* __restrict__ y,
                        DeltaSeqs seqs, DeltaLayer L, int64_t C, int min_rows) {
-    using M = Smem<D>;
-    constexpr int P = M::P;
-    constexpr int NO = D / 16;  // n-tiles per warp of a 64 × D product (4 row tiles × 2 column halves)
-    constexpr int H = D / 2;
+    constexpr int DC = D / G;
+    using M = Smem<D, DC>;
+    constexpr int P = M::P, PV = M::PV;
+    constexpr int NO = DC / 16;  // n-tiles per warp of a 64 × DC product (4 row tiles × 2 column halves)
+    constexpr int H = DC / 2;
     extern __shared__ float sm[];
     float *sK = sm + M::k, *sQ = sm + M::q, *sV = sm + M::v, *sT = sm + M::t, *sA = sm + M::a, *sS = sm + M::s;
     float *sG = sm + M::gam, *sE = sm + M::eg, *sF = sm + M::f, *sB = sm + M::beta;
-    const int s = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int s = blockIdx.x, h = blockIdx.y, col0 = static_cast<int>(blockIdx.z) * DC;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n = seqs.n_rows[s];
     if (n < min_rows) return;  // the token kernel's sequence
     const int nk = L.n_k_heads, nv = L.n_v_heads;
     const int kh = L.kv_tiled ? h % nk : h / (nv / nk);
     const int64_t kd = int64_t{nk} * D, VD = int64_t{nv} * D;
-    float* Sg = seqs.state[s] + int64_t{L.conv_kernel - 1} * C + int64_t{h} * D * D;
-    for (int i = tid; i < D * D; i += kThreads) sS[(i / D) * P + i % D] = Sg[i];
+    float* Sg = seqs.state[s] + int64_t{L.conv_kernel - 1} * C + int64_t{h} * D * D + col0;
+    for (int i = tid; i < D * DC; i += kThreads) sS[(i / DC) * PV + i % DC] = Sg[(i / DC) * D + i % DC];
     const float a_coef = L.a_coef[h], dt_bias = L.dt_bias[h];
     const int rt = warp & 3, half = warp >> 2;  // the warp's row tile and column half of a 64 × N product
     for (int c0 = 0; c0 < n; c0 += kRows) {
         const int len = min(kRows, n - c0);
         const int64_t rbase = int64_t{seqs.row0[s]} + c0;
-        // The chunk's q, k and v rows (zeros past its end: they add nothing
-        // to the state), β and the log decay (0 past the end).
+        // The chunk's q and k rows and the block's columns of v (zeros past
+        // its end: they add nothing to the state), β and the log decay (0
+        // past the end).
         for (int i = tid; i < kRows * D / 4; i += kThreads) {
             const int t = i / (D / 4), c4 = 4 * (i % (D / 4));
-            float4 q{0.0f, 0.0f, 0.0f, 0.0f}, k = q, v = q;
+            float4 q{0.0f, 0.0f, 0.0f, 0.0f}, k = q;
             if (t < len) {
                 const float* row = xc + (rbase + t) * C;
                 q = *reinterpret_cast<const float4*>(row + int64_t{kh} * D + c4);
                 k = *reinterpret_cast<const float4*>(row + kd + int64_t{kh} * D + c4);
-                v = *reinterpret_cast<const float4*>(row + 2 * kd + int64_t{h} * D + c4);
             }
             *reinterpret_cast<float4*>(sQ + t * P + c4) = q;
             *reinterpret_cast<float4*>(sK + t * P + c4) = k;
-            *reinterpret_cast<float4*>(sV + t * P + c4) = v;
+        }
+        for (int i = tid; i < kRows * DC / 4; i += kThreads) {
+            const int t = i / (DC / 4), c4 = 4 * (i % (DC / 4));
+            float4 v{0.0f, 0.0f, 0.0f, 0.0f};
+            if (t < len) v = *reinterpret_cast<const float4*>(xc + (rbase + t) * C + 2 * kd + int64_t{h} * D + col0 + c4);
+            *reinterpret_cast<float4*>(sV + t * PV + c4) = v;
         }
         if (tid < kRows) {
             float lg = 0.0f, beta = 0.0f;
@@ -215,20 +229,21 @@ __global__ void __launch_bounds__(kThreads)
         {
             const float *qa = sQ + rt * 16 * P, *e = sE + rt * 16, *sb = sS + half * H;
             warp_mma<NO>(acc_o, D, [&](int i, int k) { return qa[i * P + k] * e[i]; },
-                         [&](int k, int j) { return sb[k * P + j]; });
+                         [&](int k, int j) { return sb[k * PV + j]; });
         }
         __syncthreads();
         invert_unit_lower(sT, sm + M::dinv, sm + M::x);
         // U and W (T is lower triangular: a row tile needs its first
-        // 16·(rt + 1) columns); W replaces Q.
+        // 16·(rt + 1) columns); W (64 × D) replaces Q.
         float acc_u[NO][4] = {};
         {
-            float acc_w[NO][4] = {};
-            const float *ta = sT + rt * 16 * kPadT, *vb = sV + half * H, *kb = sK + half * H;
+            constexpr int NW = D / 16;
+            float acc_w[NW][4] = {};
+            const float *ta = sT + rt * 16 * kPadT, *vb = sV + half * H, *kb = sK + half * (D / 2);
             const auto at = [&](int i, int k) { return ta[i * kPadT + k]; };
-            warp_mma<NO>(acc_u, 16 * (rt + 1), at, [&](int k, int j) { return vb[k * P + j] * sB[k]; });
-            warp_mma<NO>(acc_w, 16 * (rt + 1), at, [&](int k, int j) { return kb[k * P + j] * sB[k] * sE[k]; });
-            float* wq = sQ + rt * 16 * P + half * H;
+            warp_mma<NO>(acc_u, 16 * (rt + 1), at, [&](int k, int j) { return vb[k * PV + j] * sB[k]; });
+            warp_mma<NW>(acc_w, 16 * (rt + 1), at, [&](int k, int j) { return kb[k * P + j] * sB[k] * sE[k]; });
+            float* wq = sQ + rt * 16 * P + half * (D / 2);
             warp_each(acc_w, [&](int i, int j, float& v) { wq[i * P + j] = v; });
         }
         __syncthreads();
@@ -236,9 +251,9 @@ __global__ void __launch_bounds__(kThreads)
         {
             const float *wa = sQ + rt * 16 * P, *sb = sS + half * H;
             warp_mma<NO>(acc_u, D, [&](int i, int k) { return -wa[i * P + k]; },
-                         [&](int k, int j) { return sb[k * P + j]; });
-            float* vv = sV + rt * 16 * P + half * H;
-            warp_each(acc_u, [&](int i, int j, float& v) { vv[i * P + j] = v; });
+                         [&](int k, int j) { return sb[k * PV + j]; });
+            float* vv = sV + rt * 16 * PV + half * H;
+            warp_each(acc_u, [&](int i, int j, float& v) { vv[i * PV + j] = v; });
         }
         __syncthreads();
         // O += A V' to the output rows; the state moves to the chunk's end
@@ -246,39 +261,50 @@ __global__ void __launch_bounds__(kThreads)
         {
             const float *aa = sA + rt * 16 * kPadT, *vb = sV + half * H;
             warp_mma<NO>(acc_o, 16 * (rt + 1), [&](int i, int k) { return aa[i * kPadT + k]; },
-                         [&](int k, int j) { return vb[k * P + j]; });
-            float* yo = y + rbase * VD + int64_t{h} * D + half * H;
+                         [&](int k, int j) { return vb[k * PV + j]; });
+            float* yo = y + rbase * VD + int64_t{h} * D + col0 + half * H;
             warp_each(acc_o, [&](int i, int j, float& v) {
                 const int r = 16 * rt + i;
                 if (r < len) yo[int64_t{r} * VD + j] = v;
             });
         }
         {
-            constexpr int RT = D / 16, NS = D * D / 1024;  // state row tiles; n-tiles per warp
+            constexpr int RT = D / 16, NS = D * DC / 1024;  // state row tiles; n-tiles per warp
             const int srt = warp % RT, sc0 = (warp / RT) * 8 * NS;
             float acc_s[NS][4];
-            float* so = sS + srt * 16 * P + sc0;
+            float* so = sS + srt * 16 * PV + sc0;
             const float eC = sE[kRows - 1];
-            warp_each(acc_s, [&](int i, int j, float& v) { v = so[i * P + j] * eC; });
+            warp_each(acc_s, [&](int i, int j, float& v) { v = so[i * PV + j] * eC; });
             const float *ka = sK + srt * 16, *vb = sV + sc0;
             warp_mma<NS>(acc_s, kRows, [&](int i, int k) { return ka[k * P + i] * sF[k]; },
-                         [&](int k, int j) { return vb[k * P + j]; });
-            warp_each(acc_s, [&](int i, int j, float& v) { so[i * P + j] = v; });
+                         [&](int k, int j) { return vb[k * PV + j]; });
+            warp_each(acc_s, [&](int i, int j, float& v) { so[i * PV + j] = v; });
         }
         __syncthreads();
     }
-    for (int i = tid; i < D * D; i += kThreads) Sg[i] = sS[(i / D) * P + i % D];
+    for (int i = tid; i < D * DC; i += kThreads) Sg[(i / DC) * D + i % DC] = sS[(i / DC) * PV + i % DC];
 }
 
-template <int D>
+template <int D, int G>
 void launch(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L, int min_rows,
             cudaStream_t stream) {
-    constexpr int smem = Smem<D>::total * static_cast<int>(sizeof(float));
+    constexpr int smem = Smem<D, D / G>::total * static_cast<int>(sizeof(float));
     // Per call: the attribute is per device.
-    QUERN_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads));
-    delta_chunk_kernel<D><<<grid, kThreads, smem, stream>>>(xc, ba, y, seqs, L, L.conv_dim(), min_rows);
+    QUERN_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads), G);
+    delta_chunk_kernel<D, G><<<grid, kThreads, smem, stream>>>(xc, ba, y, seqs, L, L.conv_dim(), min_rows);
     QUERN_CUDA_CHECK_LAUNCH();
+}
+
+/// Column groups per head for heads of 128: the most (4, 2, 1) whose blocks
+/// the device's SMs hold at once — as many sequences as the pass has are
+/// counted, though only the long ones run.
+int pick_groups(const DeltaSeqs& seqs, const DeltaLayer& L) {
+    int dev = 0, sms = 0;
+    QUERN_CUDA_CHECK(cudaGetDevice(&dev));
+    QUERN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int64_t heads = int64_t{seqs.n_seqs} * L.n_v_heads;
+    return heads * 4 <= sms ? 4 : heads * 2 <= sms ? 2 : 1;
 }
 
 }  // namespace
@@ -288,7 +314,7 @@ bool delta_rule_chunked_supported(const DeltaLayer& L) {
 }
 
 void delta_rule_chunked(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
-                        int min_rows, cudaStream_t stream) {
+                        int min_rows, cudaStream_t stream, int col_groups) {
     if (!delta_rule_chunked_supported(L))
         throw_error("chunked delta rule: heads of " + std::to_string(L.head_k) + " x " + std::to_string(L.head_v) +
                     " (it takes square heads of 32, 64 or 128)");
@@ -297,11 +323,17 @@ void delta_rule_chunked(const float* xc, const float* ba, float* y, const DeltaS
                     std::to_string(L.n_k_heads) + " key heads");
     if (!L.a_coef || !L.dt_bias || !seqs.row0 || !seqs.n_rows || !seqs.state)
         throw_error("chunked delta rule: a null parameter or sequence array");
+    if (col_groups != 0 && col_groups != 1 && col_groups != 2 && col_groups != 4)
+        throw_error("chunked delta rule: " + std::to_string(col_groups) + " column groups (0, 1, 2 or 4)");
     if (seqs.n_seqs <= 0) return;
-    switch (L.head_k) {
-        case 32: launch<32>(xc, ba, y, seqs, L, min_rows, stream); break;
-        case 64: launch<64>(xc, ba, y, seqs, L, min_rows, stream); break;
-        default: launch<128>(xc, ba, y, seqs, L, min_rows, stream); break;
+    if (L.head_k != 128) col_groups = 1;
+    else if (col_groups == 0) col_groups = tuning().delta_col_groups > 0 ? tuning().delta_col_groups : pick_groups(seqs, L);
+    switch (L.head_k * 8 + col_groups) {
+        case 32 * 8 + 1: launch<32, 1>(xc, ba, y, seqs, L, min_rows, stream); break;
+        case 64 * 8 + 1: launch<64, 1>(xc, ba, y, seqs, L, min_rows, stream); break;
+        case 128 * 8 + 1: launch<128, 1>(xc, ba, y, seqs, L, min_rows, stream); break;
+        case 128 * 8 + 2: launch<128, 2>(xc, ba, y, seqs, L, min_rows, stream); break;
+        default: launch<128, 4>(xc, ba, y, seqs, L, min_rows, stream); break;
     }
 }
 

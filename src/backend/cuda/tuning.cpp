@@ -48,6 +48,8 @@ const Tuning& tuning() {
         x.paged_splits = static_cast<int>(std::max<int64_t>(0, env_int("QUERN_CUDA_PAGED_SPLITS", 0)));
         x.dq_tokens = static_cast<int>(env_int("QUERN_CUDA_DQ_TOKENS", 0));
         x.delta_chunk_rows = static_cast<int>(std::max<int64_t>(0, env_int("QUERN_CUDA_DELTA_CHUNK_ROWS", 32)));
+        x.delta_col_groups = static_cast<int>(env_int("QUERN_CUDA_DELTA_COL_GROUPS", 0));
+        if (x.delta_col_groups != 1 && x.delta_col_groups != 2 && x.delta_col_groups != 4) x.delta_col_groups = 0;
         return x;
     }();
     return t;

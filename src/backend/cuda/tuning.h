@@ -48,6 +48,9 @@ struct Tuning {
     /// take the chunked delta rule (delta_rule.h), the others the token
     /// recurrence (0: none chunked; default 32).
     int delta_chunk_rows = 32;
+    /// QUERN_CUDA_DELTA_COL_GROUPS=1|2|4: blocks per value head of the
+    /// chunked delta rule (0: as many as the SMs hold at once).
+    int delta_col_groups = 0;
 };
 
 /// The switches, read from the environment on the first call.

@@ -165,6 +165,17 @@ BlockPlan plan_blocks(const Program& p) {
         out = op.out;
         return op.weight;
     };
+    // A NextN draft head: [RMSNorm(embed) | RMSNorm(given row)] through eh_proj.
+    if (r.next_is(OpKind::RmsNorm, x) && r.i + 1 < p.ops.size() && p.ops[r.i + 1].kind == OpKind::Input) {
+        Value e, g, h;
+        b.nextn_enorm = norm(x, "", e);
+        g = p.ops[r.i++].out;
+        if (p.width(g) != b.n_embd) fail("a draft head's given rows of {} floats (the model's are {})", p.width(g), b.n_embd);
+        b.nextn_hnorm = norm(g, "the norm of the draft head's given rows", h);
+        const Op& cat = r.take(OpKind::Concat, e, "the draft head's concatenation");
+        if (cat.in[1].id != h.id) r.misfit("the draft head's concatenation of its two normed rows");
+        b.nextn_eh_proj = r.single(cat.out, "the draft head's projection", x);
+    }
     // A branch's tail: [RMSNorm] [Scale] then the add into the residual stream x.
     Value x_in;
     const auto residual = [&](Value branch, const Tensor*& post_norm, float& scale, const char* add) {
@@ -277,6 +288,7 @@ std::string cuda_unsupported(const Program& p) {
         if (what == "an attention output bias") return what;
         return "a program that is not a stack of pre-norm decoder blocks (" + what + ")";
     }
+    if (b.draft()) return "a multi-token-prediction draft head (its NextN prologue has no GPU kernels yet)";
     // Mixture of experts: the limits of the device routing (cuda::moe_route:
     // at most 1024 experts, 16 used per token) and the per-slot activation
     // layout (expert widths in whole 32-element blocks).

@@ -11,7 +11,9 @@
 // Linear_b|a(h))), Linear_z(h), SiLU); and the shared expert, beside routed
 // experts, Gate(Linear_down(Glu(Linear_gate|up(h))), Linear_1(h), Sigmoid).
 //
-// and the head RMSNorm → Linear → [Scale] → [Softcap] on the selected rows. Which
+// and the head RMSNorm → Linear → [Scale] → [Softcap] on the selected rows. A
+// draft head's program opens with a NextN prologue instead of the bare
+// embedding: Linear_eh(Concat(RMSNorm(embed), RMSNorm(Input))). Which
 // kernels run it — a norm folded into the next GEMV's activation, a GEMV
 // adding its output into the residual stream and leaving the next norm's
 // activation, Q|K|V and gate|up read in one launch, RoPE + KV write +
@@ -62,6 +64,13 @@ struct BlockPlanLayer {
 struct BlockPlan {
     const Tensor* embd = nullptr;
     float embd_scale = 0.0f;  ///< 0: not scaled
+    // A NextN (multi-token-prediction) draft head's program (ArchDef::
+    // build_draft) opens with x = eh_proj · [RMSNorm(embed) | RMSNorm(hidden
+    // row given with the pass)] before its decoder block; null otherwise.
+    const Tensor* nextn_enorm = nullptr;
+    const Tensor* nextn_hnorm = nullptr;
+    const Tensor* nextn_eh_proj = nullptr;  ///< 2·n_embd → n_embd
+    bool draft() const { return nextn_eh_proj != nullptr; }
     std::vector<BlockPlanLayer> layers;
     const Tensor* out_norm = nullptr;
     const Tensor* output = nullptr;

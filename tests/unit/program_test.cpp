@@ -86,6 +86,30 @@ TEST(Program, EveryPresetLowersToDecoderBlocks) {
     }
 }
 
+// A Qwen3.5 preset's NextN draft head (its own program: the prologue
+// eh_proj · [RMSNorm(embed) | RMSNorm(given row)], one attention block, the
+// shared head) is recognised with its three prologue tensors, and the GPU
+// says by name that it does not run it yet.
+TEST(Program, DraftHeadPlansWithItsNextnPrologue) {
+    for (const char* name : {"qwen3.5-27b", "qwen3.5-35b-a3b"}) {
+        SynthModel sm = make_synthetic(synth_tiny(synth_preset(name)), "Q8_0", 3);
+        auto m = Model::from_weights(sm.cfg, std::move(sm.weights));
+        ASSERT_NE(m->draft_program(), nullptr) << name;
+        const BlockPlan trunk = plan_blocks(m->program()), head = plan_blocks(*m->draft_program());
+        EXPECT_FALSE(trunk.draft()) << name;
+        ASSERT_TRUE(head.draft()) << name;
+        const std::string L = std::to_string(sm.cfg.n_layer);
+        EXPECT_EQ(head.nextn_enorm->name, "blk." + L + ".nextn.enorm.weight") << name;
+        EXPECT_EQ(head.nextn_hnorm->name, "blk." + L + ".nextn.hnorm.weight") << name;
+        EXPECT_EQ(head.nextn_eh_proj->name, "blk." + L + ".nextn.eh_proj.weight") << name;
+        EXPECT_EQ(head.n_layer, 1) << name;
+        EXPECT_EQ(head.n_kv_layers, 1) << name;
+        EXPECT_FALSE(head.hybrid()) << name;
+        EXPECT_EQ(head.n_embd, trunk.n_embd) << name;
+        EXPECT_NE(cuda_unsupported(*m->draft_program()).find("draft head"), std::string::npos) << name;
+    }
+}
+
 // The Hugging Face test checkpoints, LongRoPE ones included, lower too; a
 // program of another shape is refused by name.
 TEST(Program, CheckpointsLowerAndOtherShapesAreRefused) {

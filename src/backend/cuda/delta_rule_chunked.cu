@@ -17,7 +17,8 @@
 // carries its columns of the state in shared memory through the sequence's
 // chunks; every matrix of the chunk is in shared memory too (rows padded by 4
 // floats: the fragment reads of rows and of columns both hit 32 distinct
-// banks). Heads of 128 take 207 KiB whole, 146 KiB in halves.
+// banks). Heads of 128 take 207 KiB whole, 159 KiB in halves, 135 KiB in
+// quarters: one block an SM.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/delta_rule.h"
 #include "backend/cuda/mma.cuh"

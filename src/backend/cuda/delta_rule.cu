@@ -50,7 +50,7 @@ __global__ void delta_conv_kernel(const float* __restrict__ x, float* __restrict
         v = acc / (1.0f + expf(-acc));
         if (shift) {
             float* st = seqs.state[s];
-            for (int t = 0; t < K - 2; ++t) st[int64_t{t} * C + c] = st[int64_t{t + 1} * C + c];
+            for (int i = 0; i < K - 2; ++i) st[int64_t{i} * C + c] = st[int64_t{i + 1} * C + c];
             st[int64_t{K - 2} * C + c] = x[int64_t{r} * C + c];
         }
     }
@@ -151,7 +151,9 @@ __global__ void delta_rule_kernel(const float* __restrict__ xc, const float* __r
     for (int i = 0; i < R; ++i) S[int64_t{part * R + i} * dv + j] = st[i];
 }
 
-void check_layer(const DeltaLayer& L, const DeltaSeqs& seqs) {
+}  // namespace
+
+void check_delta_layer(const DeltaLayer& L, const DeltaSeqs& seqs) {
     const auto ok_head = [](int d) { return d == 32 || d == 64 || d == 128; };
     if (!ok_head(L.head_k) || !ok_head(L.head_v))
         throw_error("delta rule: heads of " + std::to_string(L.head_k) + " x " + std::to_string(L.head_v) +
@@ -165,11 +167,9 @@ void check_layer(const DeltaLayer& L, const DeltaSeqs& seqs) {
         throw_error("delta rule: a null parameter or sequence array");
 }
 
-}  // namespace
-
 void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, const DeltaLayer& L,
                 cudaStream_t stream) {
-    check_layer(L, seqs);
+    check_delta_layer(L, seqs);
     if (n <= 0 || seqs.n_seqs <= 0) return;
     const int64_t C = L.conv_dim();
     const int threads = std::max(L.head_k, L.head_v);
@@ -183,10 +183,11 @@ void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, con
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
-void delta_rule_tokens(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
-                       int max_rows, cudaStream_t stream) {
-    check_layer(L, seqs);
-    if (seqs.n_seqs <= 0) return;
+namespace {
+
+/// delta_rule_tokens after its checks.
+void launch_tokens(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
+                   int max_rows, cudaStream_t stream) {
     const int64_t C = L.conv_dim();
     // head_k / 32 threads per value element, delta_rule_columns elements per block.
     const int cols = delta_rule_columns(L.head_k, L.head_v);
@@ -201,17 +202,25 @@ void delta_rule_tokens(const float* xc, const float* ba, float* y, const DeltaSe
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
+}  // namespace
+
+void delta_rule_tokens(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
+                       int max_rows, cudaStream_t stream) {
+    check_delta_layer(L, seqs);
+    if (seqs.n_seqs > 0) launch_tokens(xc, ba, y, seqs, L, max_rows, stream);
+}
+
 void delta_rule(const float* xc, const float* ba, float* y, int64_t n, const DeltaSeqs& seqs, const DeltaLayer& L,
                 cudaStream_t stream) {
-    check_layer(L, seqs);
+    check_delta_layer(L, seqs);
     if (seqs.n_seqs <= 0) return;
     // A pass of one row per sequence (a decode step) has nothing to chunk.
     const int chunk_rows = tuning().delta_chunk_rows;
     if (n <= seqs.n_seqs || !delta_rule_chunked_supported(L) || chunk_rows <= 0 || n < chunk_rows) {
-        delta_rule_tokens(xc, ba, y, seqs, L, INT32_MAX, stream);
+        launch_tokens(xc, ba, y, seqs, L, INT32_MAX, stream);
         return;
     }
-    delta_rule_tokens(xc, ba, y, seqs, L, chunk_rows - 1, stream);
+    launch_tokens(xc, ba, y, seqs, L, chunk_rows - 1, stream);
     delta_rule_chunked(xc, ba, y, seqs, L, chunk_rows, stream);
 }
 

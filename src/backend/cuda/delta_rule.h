@@ -57,6 +57,11 @@ void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, con
 void delta_rule(const float* xc, const float* ba, float* y, int64_t n, const DeltaSeqs& seqs, const DeltaLayer& L,
                 cudaStream_t stream);
 
+/// Throws quern::Error naming what the kernels do not take: heads other
+/// than 32, 64 or 128, a conv of other than 2 to 8 taps, value heads that
+/// are not a multiple of the key heads, a null parameter or sequence array.
+void check_delta_layer(const DeltaLayer& L, const DeltaSeqs& seqs);
+
 /// Whether delta_rule_chunked takes the layer's heads: square, of 32, 64 or 128.
 bool delta_rule_chunked_supported(const DeltaLayer& L);
 

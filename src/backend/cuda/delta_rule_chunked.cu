@@ -316,14 +316,10 @@ bool delta_rule_chunked_supported(const DeltaLayer& L) {
 
 void delta_rule_chunked(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
                         int min_rows, cudaStream_t stream, int col_groups) {
+    check_delta_layer(L, seqs);
     if (!delta_rule_chunked_supported(L))
         throw_error("chunked delta rule: heads of " + std::to_string(L.head_k) + " x " + std::to_string(L.head_v) +
                     " (it takes square heads of 32, 64 or 128)");
-    if (L.n_k_heads < 1 || L.n_v_heads < L.n_k_heads || L.n_v_heads % L.n_k_heads != 0)
-        throw_error("chunked delta rule: " + std::to_string(L.n_v_heads) + " value heads over " +
-                    std::to_string(L.n_k_heads) + " key heads");
-    if (!L.a_coef || !L.dt_bias || !seqs.row0 || !seqs.n_rows || !seqs.state)
-        throw_error("chunked delta rule: a null parameter or sequence array");
     if (col_groups != 0 && col_groups != 1 && col_groups != 2 && col_groups != 4)
         throw_error("chunked delta rule: " + std::to_string(col_groups) + " column groups (0, 1, 2 or 4)");
     if (seqs.n_seqs <= 0) return;

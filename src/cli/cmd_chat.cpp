@@ -198,7 +198,7 @@ int run_chat(const ChatCmdOptions& o) {
     std::vector<int32_t> cached;  // the tokens whose keys/values are in the session's cache
     std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
     const uint64_t seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : std::random_device{}();
-    Decoder decoder(*session, *m.model, o.spec, pool, seed);
+    Decoder decoder(*session, *m.model, o.spec, o.dev, pool, seed);
     if (o.seed < 0 && base_sp.temperature > 0 && o.verbose) std::fprintf(stderr, "quern: seed %llu\n", static_cast<unsigned long long>(seed));
 
     // A chat in which no message got a reply (the template failed on each,

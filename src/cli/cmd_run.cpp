@@ -90,7 +90,7 @@ int run(const RunOptions& o) {
         session->clear();
     }
     std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
-    Decoder decoder(*session, *m.model, o.spec, pool, sp.seed);
+    Decoder decoder(*session, *m.model, o.spec, o.dev, pool, sp.seed);
 
     const double t0 = now_seconds();
     decoder.eval(ids.data(), static_cast<int64_t>(ids.size()), logits.data());

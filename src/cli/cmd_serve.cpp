@@ -98,7 +98,7 @@ int serve(ServeOptions& o) {
                     backend = r->backend_name();
                     return r;
                 },
-                *m.tokenizer, o.engine);
+                *m.tokenizer, o.engine, gpu_draft_factory(*m.model, o.dev));
         } catch (const Error& e) {
             if (o.dev.device == "cuda") throw;
             std::fprintf(stderr, "quern: not serving on the GPU (%s); serving on the CPU\n", e.what());

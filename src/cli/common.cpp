@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include "core/thread_pool.h"
 #include "model/hf_model.h"
+#include "runtime/speculative.h"
 #ifdef QUERN_HAVE_CUDA
 #include "backend/cuda/session.h"
 #include "backend/cuda/weights.h"
@@ -195,6 +196,24 @@ void warn_gpu_options_ignored(const DeviceOptions& opts) {
                  given.find(',', 1) == std::string::npos ? "" : "s", given.c_str() + 2);
 }
 
+#ifdef QUERN_HAVE_CUDA
+namespace {
+
+/// The CUDA executor's options from the command line's (no memory budget,
+/// one sequence).
+cuda::SessionOptions gpu_session_options(const Model& model, const DeviceOptions& opts, bool verbose) {
+    cuda::SessionOptions so;
+    so.cuda_graph = !opts.no_graph;
+    so.fp8_weights = opts.gpu_weights == "fp8";
+    so.precise_activations = model.options().precise_activations;
+    so.profile = opts.cuda_profile;
+    so.verbose = verbose;
+    return so;
+}
+
+}  // namespace
+#endif
+
 std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceOptions& opts, ThreadPool& pool,
                                       bool verbose) {
     warn_past_trained_context(model.config(), n_ctx);
@@ -211,13 +230,8 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
         std::fprintf(stderr, "quern: warning: --cpu-profile times the CPU backend and this run is on the GPU "
                              "(--cuda-profile times it; --device cpu runs on the CPU)\n");
 #ifdef QUERN_HAVE_CUDA
-    cuda::SessionOptions so;
+    cuda::SessionOptions so = gpu_session_options(model, opts, verbose);
     so.gpu_mem_fraction = opts.gpu_mem;
-    so.cuda_graph = !opts.no_graph;
-    so.fp8_weights = opts.gpu_weights == "fp8";
-    so.precise_activations = model.options().precise_activations;
-    so.profile = opts.cuda_profile;
-    so.verbose = verbose;
     return make_executor_session(model, cuda::make_executor(model.program(), so),
                                  opts.kv_tokens > 0 ? opts.kv_tokens : n_ctx);
 #else
@@ -225,22 +239,46 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
 #endif
 }
 
+std::unique_ptr<Session> make_draft_session(Model& model, const Session& target, const DeviceOptions& opts,
+                                            ThreadPool& pool) {
+    if (target.backend_name() == "CPU") return make_cpu_draft_session(model, target.n_ctx(), pool);
+#ifdef QUERN_HAVE_CUDA
+    // Its weights (one decoder layer, eh_proj, and its own copies of the
+    // embedding table and the LM head) and a one-layer KV cache beside the
+    // model's; every pass of it goes through the batched rows path.
+    return make_draft_session(model, cuda::make_executor(draft_program_of(model), gpu_session_options(model, opts, false)),
+                              target.n_ctx());
+#else
+    (void)opts;
+    fail("this build has no CUDA backend; use --device cpu");
+#endif
+}
+
 std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOptions& opts, bool verbose) {
     if (const std::string why = gpu_unsupported(model); !why.empty())
         fail("the GPU backend does not compute {} yet; use --device cpu", why);
 #ifdef QUERN_HAVE_CUDA
-    cuda::SessionOptions so;
-    so.fp8_weights = opts.gpu_weights == "fp8";
-    so.cuda_graph = !opts.no_graph;  // decode passes as graphs
-    so.precise_activations = model.options().precise_activations;
-    so.profile = opts.cuda_profile;
-    so.verbose = verbose;
+    cuda::SessionOptions so = gpu_session_options(model, opts, verbose);
     so.batches = true;
     return make_executor_runner(model, cuda::make_executor(model.program(), so));
 #else
     (void)opts;
     (void)verbose;
     fail("this build has no CUDA backend; use --device cpu");
+#endif
+}
+
+DraftFactory gpu_draft_factory(Model& model, const DeviceOptions& opts) {
+    if (!model.draft_program()) return {};
+#ifdef QUERN_HAVE_CUDA
+    return [&model, opts](ThreadPool&) {
+        cuda::SessionOptions so = gpu_session_options(model, opts, false);
+        so.batches = true;
+        return cuda::make_executor(*model.draft_program(), so);
+    };
+#else
+    (void)opts;
+    return {};
 #endif
 }
 

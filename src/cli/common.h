@@ -10,6 +10,7 @@
 #include "model/model.h"
 #include "runtime/generation_defaults.h"
 #include "runtime/batch_runner.h"
+#include "runtime/engine.h"
 #include "runtime/session.h"
 #include "runtime/verify.h"
 #include "tokenizer/tokenizer.h"
@@ -114,6 +115,15 @@ std::unique_ptr<Session> make_session(Model& model, int64_t n_ctx, const DeviceO
 /// `model`; quern::Error when the build has no CUDA backend or the model is
 /// not supported there (saying to use --device cpu).
 std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOptions& opts, bool verbose);
+/// The executor of the model's NextN draft head beside make_gpu_batch_runner's
+/// (batches on), for make_engine; empty when the model has none or the build
+/// has no CUDA backend.
+DraftFactory gpu_draft_factory(Model& model, const DeviceOptions& opts);
+/// A session of the model's NextN draft head beside `target`, on its
+/// backend (the CPU, or the GPU with the options `opts` gives), of
+/// target.n_ctx() positions. quern::Error when the model has no head.
+std::unique_ptr<Session> make_draft_session(Model& model, const Session& target, const DeviceOptions& opts,
+                                            ThreadPool& pool);
 /// Prints a verify result to stderr: one line when it passes; the per-layer
 /// cosines and the first diverging layer when it fails.
 void print_verify(const VerifyResult& v, const std::string& backend);

@@ -9,23 +9,22 @@ namespace quern::cli {
 
 void add_spec_options(CLI::App* cmd, SpecOptions& o) {
     cmd->add_option("--spec", o.method,
-                    "Speculative decoding: 'mtp' drafts with the model's own multi-token-prediction head (Qwen3.5; "
-                    "CPU for now) and keeps what the model agrees with — same output distribution, fewer passes")
+                    "Speculative decoding: 'mtp' drafts with the model's own multi-token-prediction head (Qwen3.5) "
+                    "and keeps what the model agrees with — same output distribution, fewer passes")
         ->check(CLI::IsMember({"mtp"}));
     cmd->add_option("--spec-draft", o.n_draft, "Tokens drafted per speculative round")
         ->capture_default_str()
         ->check(CLI::Range(1, 16));
 }
 
-Decoder::Decoder(Session& session, Model& model, const SpecOptions& o, ThreadPool& pool, uint64_t seed)
+Decoder::Decoder(Session& session, Model& model, const SpecOptions& o, const DeviceOptions& dev, ThreadPool& pool,
+                 uint64_t seed)
     : s_(session) {
     if (o.method.empty()) return;
-    if (session.backend_name() != "CPU")
-        fail("--spec mtp runs on the CPU so far; add --device cpu (the GPU's decode step is already one pass per token)");
     if (!model.draft_program())
         fail("--spec mtp: this model has no multi-token-prediction head (a Qwen3.5 checkpoint with its mtp.* tensors, "
              "or a GGUF converted without --no-mtp); drop --spec");
-    spec_ = std::make_unique<Speculator>(session, make_mtp_drafter(make_cpu_draft_session(model, session.n_ctx(), pool)),
+    spec_ = std::make_unique<Speculator>(session, make_mtp_drafter(make_draft_session(model, session, dev, pool)),
                                          o.n_draft, seed);
 }
 

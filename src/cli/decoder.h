@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/common.h"
 #include "runtime/speculative.h"
 
 namespace CLI {
@@ -25,9 +26,10 @@ void add_spec_options(CLI::App* cmd, SpecOptions& o);
 
 class Decoder {
 public:
-    /// quern::Error when `o` asks for drafts the model or the session's
-    /// backend cannot give (no NextN head; the GPU).
-    Decoder(Session& session, Model& model, const SpecOptions& o, ThreadPool& pool, uint64_t seed);
+    /// The draft head (with `o`) runs on the session's backend (the GPU with
+    /// the options `dev` gives). quern::Error when the model has no NextN head.
+    Decoder(Session& session, Model& model, const SpecOptions& o, const DeviceOptions& dev, ThreadPool& pool,
+            uint64_t seed);
 
     /// Prompt tokens at session.size() (the last one's logits into `logits`).
     void eval(const int32_t* tokens, int64_t n, float* logits);

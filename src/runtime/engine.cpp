@@ -39,6 +39,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/cpu/executor.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "grammar/token_matcher.h"
@@ -98,14 +99,14 @@ class BatchEngine final : public Engine {
 public:
     // The options are checked before the runner is made (a GPU runner loads
     // the model onto the device).
-    /// draft: the model's NextN draft program (with its options) for
-    /// speculative rounds, or null.
-    BatchEngine(const RunnerFactory& make_runner, const Tokenizer& tok, const EngineOptions& o, const Program* draft,
-                const ModelOptions& draft_opts)
+    /// make_draft: the executor of the model's NextN draft program for
+    /// speculative rounds, on the runner's backend (empty: the model has none).
+    BatchEngine(const RunnerFactory& make_runner, const Tokenizer& tok, const EngineOptions& o,
+                const DraftFactory& make_draft)
         : tok_(tok), opts_(checked(o)), pool_(o.n_threads), runner_(make_runner(pool_)), cfg_(runner_->config()) {
-        if (o.spec_draft > 0 && !draft)
-            fail("speculative decoding: this model has no multi-token-prediction head (or the engine runs on a GPU, "
-                 "where serving drafts nothing yet); drop --spec");
+        if (o.spec_draft > 0 && !make_draft)
+            fail("speculative decoding: this model has no multi-token-prediction head (a Qwen3.5 checkpoint with its "
+                 "mtp.* tensors, or a GGUF converted without --no-mtp); drop --spec");
         const int64_t bs = 16;
         const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
         const char* flag = o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel";
@@ -125,7 +126,8 @@ public:
             for (int64_t i = n_snaps_; i-- > 0;) free_snaps_.push_back(static_cast<int32_t>(o.n_parallel + i));
         }
         if (o.spec_draft > 0)
-            heads_ = std::make_unique<SpecHeads>(*draft, draft_opts, pool_, kv_->n_blocks(), bs, o.n_parallel);
+            heads_ = std::make_unique<SpecHeads>(make_draft(pool_), cfg_.n_embd, cfg_.n_vocab, kv_->n_blocks(), bs,
+                                                 o.n_parallel);
         worker_ = std::thread([this] { loop(); });
     }
     ~BatchEngine() override { shutdown(); }
@@ -793,13 +795,16 @@ private:
 }  // namespace
 
 std::unique_ptr<Engine> make_engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& opts) {
+    DraftFactory draft;
+    if (const Program* p = model.draft_program())
+        draft = [p, &model](ThreadPool& pool) { return cpu::make_executor(*p, model.options(), pool); };
     return std::make_unique<BatchEngine>([&model](ThreadPool& pool) { return make_cpu_batch_runner(model, pool); },
-                                         tokenizer, opts, model.draft_program(), model.options());
+                                         tokenizer, opts, draft);
 }
 
 std::unique_ptr<Engine> make_engine(const RunnerFactory& make_runner, const Tokenizer& tokenizer,
-                                    const EngineOptions& opts) {
-    return std::make_unique<BatchEngine>(make_runner, tokenizer, opts, nullptr, ModelOptions{});
+                                    const EngineOptions& opts, const DraftFactory& make_draft) {
+    return std::make_unique<BatchEngine>(make_runner, tokenizer, opts, make_draft);
 }
 
 }  // namespace quern

@@ -146,10 +146,16 @@ class ThreadPool;
 /// Makes the engine's runner, given the engine's thread pool (which the
 /// runner may use; it outlives the runner).
 using RunnerFactory = std::function<std::unique_ptr<BatchRunner>(ThreadPool&)>;
+class Executor;
+/// Makes the executor of the model's NextN draft program (speculative
+/// rounds, EngineOptions::spec_draft) on the runner's backend.
+using DraftFactory = std::function<std::unique_ptr<Executor>(ThreadPool&)>;
 /// An engine whose forward passes run on the runner `make_runner` returns
-/// (make_cpu_batch_runner, make_executor_runner over cuda::make_executor); quern::Error from the
-/// factory propagates.
+/// (make_cpu_batch_runner, make_executor_runner over cuda::make_executor),
+/// its draft head (when spec_draft > 0) on the executor `make_draft`
+/// returns (empty: the model has none; then spec_draft > 0 is refused).
+/// quern::Error from the factories propagates.
 std::unique_ptr<Engine> make_engine(const RunnerFactory& make_runner, const Tokenizer& tokenizer,
-                                    const EngineOptions& opts);
+                                    const EngineOptions& opts, const DraftFactory& make_draft = {});
 
 }  // namespace quern

@@ -2,19 +2,17 @@
 
 #include <algorithm>
 
-#include "backend/cpu/executor.h"
 #include "core/error.h"
 #include "runtime/speculative.h"
 
 namespace quern {
 
-SpecHeads::SpecHeads(const Program& draft, const ModelOptions& opts, ThreadPool& pool, int64_t n_blocks,
+SpecHeads::SpecHeads(std::unique_ptr<Executor> x, int64_t n_embd, int64_t n_vocab, int64_t n_blocks,
                      int64_t block_size, int n_slots)
-    : x_(cpu::make_executor(draft, opts, pool)), n_vocab_(draft.n_vocab), n_embd_(0) {
-    for (const Op& op : draft.ops)
-        if (op.kind == OpKind::Input) n_embd_ = draft.width(op.out);
-    if (n_embd_ <= 0) fail("speculative decoding: the draft program reads no hidden rows");
-    x_->make_kv_storage(n_blocks, block_size, "--spec-draft");
+    : x_(std::move(x)), n_vocab_(n_vocab), n_embd_(n_embd) {
+    if (!x_) fail("speculative decoding needs the draft head's executor");
+    if (x_->make_kv_storage(n_blocks, block_size, "--spec-draft") < n_blocks)
+        fail("the draft head's KV cache of {} blocks does not fit beside the model's (lower -c or --parallel)", n_blocks);
     heads_.resize(static_cast<size_t>(n_slots));
 }
 

@@ -17,16 +17,17 @@
 #include <vector>
 
 #include "backend/executor.h"
-#include "core/thread_pool.h"
 #include "runtime/sampler.h"
 
 namespace quern {
 
 class SpecHeads {
 public:
-    /// The draft program `draft` on the CPU over n_blocks blocks of
-    /// block_size positions (the engine's), for n_slots sequences.
-    SpecHeads(const Program& draft, const ModelOptions& opts, ThreadPool& pool, int64_t n_blocks, int64_t block_size,
+    /// The draft program on `x` (an executor made over it on the engine's
+    /// backend: cpu::make_executor, cuda::make_executor with batches), over
+    /// n_blocks blocks of block_size positions (the engine's), for n_slots
+    /// sequences; n_embd and n_vocab are the model's.
+    SpecHeads(std::unique_ptr<Executor> x, int64_t n_embd, int64_t n_vocab, int64_t n_blocks, int64_t block_size,
               int n_slots);
 
     /// Slot i's head starts over at position pos (a new request, a prefix

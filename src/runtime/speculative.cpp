@@ -246,14 +246,22 @@ void Speculator::step(int32_t tok, Sampler& sampler, std::vector<int32_t>& out) 
     stats_.emitted += j + 1;
 }
 
-std::unique_ptr<Session> make_cpu_draft_session(const Model& model, int64_t n_ctx, ThreadPool& pool) {
+const Program& draft_program_of(const Model& model) {
     const Program* p = model.draft_program();
     if (!p)
         fail("this model has no multi-token-prediction head to draft with (a Qwen3.5 checkpoint with its mtp.* "
              "tensors, or a GGUF converted without --no-mtp)");
+    return *p;
+}
+
+std::unique_ptr<Session> make_draft_session(const Model& model, std::unique_ptr<Executor> executor, int64_t n_ctx) {
     ModelConfig c = model.config();
     c.recurrent_layers.clear();  // the head is one attention layer: no recurrent state
-    return std::make_unique<Session>(c, cpu::make_executor(*p, model.options(), pool), n_ctx);
+    return std::make_unique<Session>(c, std::move(executor), n_ctx);
+}
+
+std::unique_ptr<Session> make_cpu_draft_session(const Model& model, int64_t n_ctx, ThreadPool& pool) {
+    return make_draft_session(model, cpu::make_executor(draft_program_of(model), model.options(), pool), n_ctx);
 }
 
 }  // namespace quern

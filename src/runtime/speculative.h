@@ -115,8 +115,13 @@ private:
     SpecStats stats_;
 };
 
-/// A session over model.draft_program() on the CPU (quern::Error when the
-/// model has no NextN head); `model` and `pool` must outlive it.
+/// model.draft_program(), or quern::Error saying the model has no NextN head.
+const Program& draft_program_of(const Model& model);
+/// A session of n_ctx positions over the model's draft program on
+/// `executor` (made over draft_program_of(model) on any backend).
+std::unique_ptr<Session> make_draft_session(const Model& model, std::unique_ptr<Executor> executor, int64_t n_ctx);
+/// make_draft_session on the CPU (quern::Error when the model has no NextN
+/// head); `model` and `pool` must outlive it.
 std::unique_ptr<Session> make_cpu_draft_session(const Model& model, int64_t n_ctx, ThreadPool& pool);
 
 }  // namespace quern

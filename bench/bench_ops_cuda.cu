@@ -86,8 +86,9 @@ DeviceBuffer random_buffer(size_t n_floats, cudaStream_t s, std::mt19937& rng) {
 /// and delta-rule state read and written, its q|k|v row read, the conv's
 /// output written and read, y written; enough state copies that the L2
 /// holds none), and a 2048-row prompt of one sequence by the token
-/// recurrence and by the chunked form with 1, 2 and 4 blocks a head (tok/s
-/// of the layer's conv + recurrence).
+/// recurrence and by the chunked form with 1, 2 and 4 blocks a head, with
+/// 48 value heads and with the 35B-A3B's 32 (tok/s of the layer's conv +
+/// recurrence).
 void bench_delta_rule(CudaContext& ctx, std::mt19937& rng) {
     const cudaStream_t s = ctx.stream();
     const int nk = 16, nv = 48, d = 128, K = 4;
@@ -139,20 +140,26 @@ void bench_delta_rule(CudaContext& ctx, std::mt19937& rng) {
             delta_rule(xc.as<float>(), ba.as<float>(), y.as<float>(), n, q, L, s);
         });
         const double bytes = static_cast<double>(n) * (2.0 * state * 4 + 3.0 * C * 4 + nv * d * 4 + 2 * nv * 4);
-        report("DeltaNet decode conv+rule 27B layer, " + std::to_string(n) + " seq (" + std::to_string(copies) + " copies)",
+        report(std::string("DeltaNet decode 27B layer, ") + std::to_string(n) +
+                   " seq (" + std::to_string(copies) + " copies)",
                us, bytes);
     }
-    for (int groups : {0, 1, 2, 4}) {  // 0: token by token; else chunked, value columns over that many blocks
-        std::vector<DeviceBuffer> keep;
-        const auto sets = seq_sets(1, static_cast<int>(max_rows), 1, keep);
-        const double us = time_graph(ctx, 4, [&](int) {
-            delta_conv(x.as<float>(), xc.as<float>(), max_rows, sets[0], L, s);
-            if (groups) delta_rule_chunked(xc.as<float>(), ba.as<float>(), y.as<float>(), sets[0], L, 1, s, groups);
-            else delta_rule_tokens(xc.as<float>(), ba.as<float>(), y.as<float>(), sets[0], L, INT32_MAX, s);
-        });
-        const std::string name = groups ? "chunked, " + std::to_string(groups) + " block(s) a head" : "token by token";
-        std::printf("%-44s %9.1f us  %8.0f tok/s\n", ("DeltaNet prompt 2048 rows, " + name).c_str(), us,
-                    max_rows / (us * 1e-6));
+    for (int heads : {48, 32}) {  // the 27B's value heads, the 35B-A3B's
+        DeltaLayer Lh = L;
+        Lh.n_v_heads = heads;
+        for (int groups : {0, 1, 2, 4}) {  // 0: token by token; else chunked, value columns over that many blocks
+            std::vector<DeviceBuffer> keep;
+            const auto sets = seq_sets(1, static_cast<int>(max_rows), 1, keep);
+            const double us = time_graph(ctx, 4, [&](int) {
+                delta_conv(x.as<float>(), xc.as<float>(), max_rows, sets[0], Lh, s);
+                if (groups) delta_rule_chunked(xc.as<float>(), ba.as<float>(), y.as<float>(), sets[0], Lh, 1, s, groups);
+                else delta_rule_tokens(xc.as<float>(), ba.as<float>(), y.as<float>(), sets[0], Lh, INT32_MAX, s);
+            });
+            const std::string name = groups ? "chunked, " + std::to_string(groups) + " block(s) a head" : "token by token";
+            std::printf("%-56s %9.1f us  %8.0f tok/s\n",
+                        ("DeltaNet prompt 2048 rows, " + std::to_string(heads) + " heads, " + name).c_str(), us,
+                        max_rows / (us * 1e-6));
+        }
     }
 }
 

@@ -88,32 +88,27 @@ __global__ void delta_conv_state_kernel(const float* __restrict__ x, DeltaSeqs s
     for (int t = 0; t < K - 1; ++t) state[int64_t{t} * C + c] = keep[t];
 }
 
-/// Value columns per block of delta_rule_kernel: 64 threads (head_k 64 or
-/// 128: 2 or 4 threads a column), 64 columns at head_k 32, at most head_v.
-int delta_rule_columns(int head_k, int head_v) { return std::min(64 / (head_k / 32), head_v); }
-
-/// One block per (sequence, value head, group of delta_rule_columns value
-/// columns): the columns of a head's state are independent (each its own
-/// Sᵀk, update and readout), so a head spreads over several blocks — on an
-/// H100 a decode step of the 27B shape was bound by 48 blocks holding whole
-/// heads. Column j (a value element) is split over P = DK / 32 neighbouring
-/// threads, 32 key rows each in registers for the sequence's rows; Sᵀk and
-/// Sᵀq summed across the P threads by shuffles.
-template <int DK>
-__global__ void delta_rule_kernel(const float* __restrict__ xc, const float* __restrict__ ba, float* __restrict__ y,
+/// One block per (sequence, value head, group of DV / CG value columns),
+/// 8 row parts × DV / CG / 4 column quads of threads: a thread holds DK / 8
+/// key rows × 4 value columns of the state in registers (float4 loads along
+/// a row: a warp reads whole 128-byte row segments), Sᵀk and Sᵀq summed over
+/// the row parts in shared memory.
+template <int DK, int DV, int CG>
+__global__ void delta_rows_kernel(const float* __restrict__ xc, const float* __restrict__ ba, float* __restrict__ y,
                                   DeltaSeqs seqs, DeltaLayer L, int64_t C, int max_rows) {
-    constexpr int P = DK / 32, R = 32;
-    const int s = blockIdx.x, h = blockIdx.y, t = threadIdx.x, part = t % P;
+    constexpr int NC = DV / CG, QB = NC / 4, R = DK / 8;
+    const int s = blockIdx.x, h = blockIdx.y, t = threadIdx.x, quad = t % QB, rp = t / QB;
     if (seqs.n_rows[s] > max_rows) return;  // the chunked kernel's sequence
-    const int j = static_cast<int>(blockIdx.z) * static_cast<int>(blockDim.x / P) + t / P;
-    const int dv = L.head_v, nk = L.n_k_heads, nv = L.n_v_heads;
+    const int j0 = static_cast<int>(blockIdx.z) * NC + 4 * quad;
+    const int nk = L.n_k_heads, nv = L.n_v_heads;
     const int kh = L.kv_tiled ? h % nk : h / (nv / nk);
-    const int64_t kd = int64_t{nk} * DK, VD = int64_t{nv} * dv;
-    float* S = seqs.state[s] + int64_t{L.conv_kernel - 1} * C + int64_t{h} * DK * dv;
+    const int64_t kd = int64_t{nk} * DK, VD = int64_t{nv} * DV;
+    float* S = seqs.state[s] + int64_t{L.conv_kernel - 1} * C + int64_t{h} * DK * DV + j0;
     __shared__ float q[DK], k[DK];
-    float st[R];
+    __shared__ float4 red[8][QB];
+    float4 st[R];
 #pragma unroll
-    for (int i = 0; i < R; ++i) st[i] = S[int64_t{part * R + i} * dv + j];
+    for (int i = 0; i < R; ++i) st[i] = *reinterpret_cast<const float4*>(S + int64_t{rp * R + i} * DV);
     const float a_coef = L.a_coef[h], dt_bias = L.dt_bias[h];
     const int r0 = seqs.row0[s], n = seqs.n_rows[s];
     for (int r = r0; r < r0 + n; ++r) {
@@ -127,28 +122,68 @@ __global__ void delta_rule_kernel(const float* __restrict__ xc, const float* __r
         const float u = a + dt_bias;
         const float softplus = u > 20.0f ? u : log1pf(expf(u));
         const float decay = expf(a_coef * softplus), beta = 1.0f / (1.0f + expf(-b));
-        float mem = 0.0f;
+        float4 m{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < R; ++i) {
-            st[i] *= decay;
-            mem += st[i] * k[part * R + i];
+            const float kk = k[rp * R + i];
+            st[i].x *= decay, st[i].y *= decay, st[i].z *= decay, st[i].w *= decay;
+            m.x += st[i].x * kk, m.y += st[i].y * kk, m.z += st[i].z * kk, m.w += st[i].w * kk;
         }
+        red[rp][quad] = m;
+        __syncthreads();
+        float4 mem{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int o = 1; o < P; o <<= 1) mem += __shfl_xor_sync(0xffffffffu, mem, o);
-        const float delta = (row[2 * kd + int64_t{h} * dv + j] - mem) * beta;
-        float o = 0.0f;
+        for (int p = 0; p < 8; ++p) mem.x += red[p][quad].x, mem.y += red[p][quad].y, mem.z += red[p][quad].z, mem.w += red[p][quad].w;
+        const float4 v = *reinterpret_cast<const float4*>(row + 2 * kd + int64_t{h} * DV + j0);
+        const float4 d{(v.x - mem.x) * beta, (v.y - mem.y) * beta, (v.z - mem.z) * beta, (v.w - mem.w) * beta};
+        float4 o{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < R; ++i) {
-            st[i] += k[part * R + i] * delta;
-            o += st[i] * q[part * R + i];
+            const float kk = k[rp * R + i], qq = q[rp * R + i];
+            st[i].x += kk * d.x, st[i].y += kk * d.y, st[i].z += kk * d.z, st[i].w += kk * d.w;
+            o.x += st[i].x * qq, o.y += st[i].y * qq, o.z += st[i].z * qq, o.w += st[i].w * qq;
         }
+        __syncthreads();  // every thread has read Sᵀk's parts
+        red[rp][quad] = o;
+        __syncthreads();
+        if (rp == 0) {
+            float4 sum{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int m = 1; m < P; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
-        if (part == 0) y[int64_t{r} * VD + int64_t{h} * dv + j] = o;
-        __syncthreads();  // q and k are overwritten by the next row
+            for (int p = 0; p < 8; ++p) sum.x += red[p][quad].x, sum.y += red[p][quad].y, sum.z += red[p][quad].z, sum.w += red[p][quad].w;
+            *reinterpret_cast<float4*>(y + int64_t{r} * VD + int64_t{h} * DV + j0) = sum;
+        }
     }
 #pragma unroll
-    for (int i = 0; i < R; ++i) S[int64_t{part * R + i} * dv + j] = st[i];
+    for (int i = 0; i < R; ++i) *reinterpret_cast<float4*>(S + int64_t{rp * R + i} * DV) = st[i];
+}
+
+template <int DK, int DV, int CG>
+void launch_rows(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L, int max_rows,
+                 cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads), CG);
+    delta_rows_kernel<DK, DV, CG><<<grid, 8 * (DV / CG / 4), 0, stream>>>(xc, ba, y, seqs, L, L.conv_dim(), max_rows);
+}
+
+template <int DK, int DV>
+void launch_rows_dv(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
+                    int max_rows, int cg, cudaStream_t stream) {
+    if constexpr (DV >= 128) {
+        if (cg >= 4) return launch_rows<DK, DV, 4>(xc, ba, y, seqs, L, max_rows, stream);
+    }
+    if constexpr (DV >= 64) {
+        if (cg >= 2) return launch_rows<DK, DV, 2>(xc, ba, y, seqs, L, max_rows, stream);
+    }
+    launch_rows<DK, DV, 1>(xc, ba, y, seqs, L, max_rows, stream);
+}
+
+template <int DK>
+void launch_rows_dk(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
+                    int max_rows, int cg, cudaStream_t stream) {
+    switch (L.head_v) {
+        case 32: launch_rows_dv<DK, 32>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
+        case 64: launch_rows_dv<DK, 64>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
+        default: launch_rows_dv<DK, 128>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
+    }
 }
 
 }  // namespace
@@ -185,19 +220,20 @@ void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, con
 
 namespace {
 
-/// delta_rule_tokens after its checks.
+/// delta_rule_tokens after its checks. Column groups: enough blocks for
+/// every SM (a lone sequence's 48 heads of the 27B shape take 4 blocks
+/// each), whole heads once the sequences alone give 4 blocks an SM.
 void launch_tokens(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
                    int max_rows, cudaStream_t stream) {
-    const int64_t C = L.conv_dim();
-    // head_k / 32 threads per value element, delta_rule_columns elements per block.
-    const int cols = delta_rule_columns(L.head_k, L.head_v);
-    const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads),
-                    static_cast<unsigned>(L.head_v / cols));
-    const auto threads = static_cast<unsigned>(cols * (L.head_k / 32));
+    int dev = 0, sms = 0;
+    QUERN_CUDA_CHECK(cudaGetDevice(&dev));
+    QUERN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int64_t heads = int64_t{seqs.n_seqs} * L.n_v_heads;
+    const int cg = heads >= 4 * int64_t{sms} ? 1 : heads >= sms ? 2 : 4;
     switch (L.head_k) {
-        case 32: delta_rule_kernel<32><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C, max_rows); break;
-        case 64: delta_rule_kernel<64><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C, max_rows); break;
-        default: delta_rule_kernel<128><<<grid, threads, 0, stream>>>(xc, ba, y, seqs, L, C, max_rows); break;
+        case 32: launch_rows_dk<32>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
+        case 64: launch_rows_dk<64>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
+        default: launch_rows_dk<128>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
     }
     QUERN_CUDA_CHECK_LAUNCH();
 }

@@ -288,7 +288,6 @@ std::string cuda_unsupported(const Program& p) {
         if (what == "an attention output bias") return what;
         return "a program that is not a stack of pre-norm decoder blocks (" + what + ")";
     }
-    if (b.draft()) return "a multi-token-prediction draft head (its NextN prologue has no GPU kernels yet)";
     // Mixture of experts: the limits of the device routing (cuda::moe_route:
     // at most 1024 experts, 16 used per token) and the per-slot activation
     // layout (expert widths in whole 32-element blocks).

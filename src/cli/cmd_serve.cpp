@@ -290,7 +290,7 @@ void add_serve_command(CLI::App& app) {
         "  quern serve\n"
         "  quern serve -m model.gguf --port 8000 -c 8192 --parallel 8 --api-key secret\n"
         "  quern serve -m llama3-8b.gguf --device cuda --parallel 64 --token-budget 2048\n"
-        "  quern serve -m Qwen3.5-2B --spec mtp --spec-draft 2   # drafts by the model's MTP head (CPU)\n"
+        "  quern serve -m Qwen3.5-2B --spec mtp --spec-draft 2   # drafts by the model's MTP head\n"
         "  curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
         "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi!\"}], \"max_tokens\": 32}'\n"
         "  curl http://127.0.0.1:8080/v1/completions -H 'Content-Type: application/json' \\\n"

@@ -66,8 +66,9 @@ public:
     /// n tokens when all_logits, else for the last; `hidden` (when not null)
     /// the program's hidden rows (Program::hidden, n_embd floats each) of
     /// every token; `hidden_in` gives the rows of a program that reads some
-    /// (a NextN draft head: n rows of n_embd). quern::Error where the backend
-    /// hands out no such rows (the GPU).
+    /// (a NextN draft head: n rows of n_embd). On the GPU such a pass goes
+    /// through the batched rows path whatever n (quern::Error for a model
+    /// without one: a weight type with no GPU GEMM).
     void eval_rows(const int32_t* tokens, int64_t n, float* logits, bool all_logits, float* hidden,
                    const float* hidden_in = nullptr);
 

@@ -44,41 +44,19 @@ void CudaExecutor::prepare_batches() {
     // GPU's memory stays free for the KV cache and the passes' scratch; the
     // copies stop at the first that would not leave it, and the rest are
     // dequantized per pass as the prefill does.
+    // First the small-batch (bq) layouts: passes of few rows read those
+    // instead of the 16-bit copies (on an H200 decode of one sequence in a
+    // batch runs 1.3× faster, of 8 1.26×), and where no BF16 copy fits,
+    // passes of up to 64 rows.
+    const size_t bq_total = make_small_layouts();
+    size_t bytes = bq_total;  // all copies
     size_t free_b = 0, total_b = 0;
     QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    free_b += bq_total;  // measured after the bq layouts
     const size_t keep = total_b / 4;
-    size_t bytes = 0, bq_total = 0;  // all copies; the bq layouts among them
-    // First the small-batch (bq) layouts of the quantized matrices (5.5 or
-    // 11 bits per weight): passes of few rows read those instead of the
-    // 16-bit copies (PrefillGemm::uses_bq says up to how many; on an H200
-    // decode of one sequence in a batch runs 1.3× faster, of 8 1.26×), and
-    // where no BF16 copy fits, passes of up to 64 rows.
-    // Makes one more copy of `need` bytes with make() while a quarter of the
-    // memory stays free; the first that does not fit (or fails) clears `room`.
     const auto copy_if_room = [&](bool& room, size_t need, const auto& make) {
-        if (!room) return;
-        if (bytes + need + keep > free_b) {
-            room = false;
-            return;
-        }
-        try {
-            make();
-            bytes += need;
-        } catch (const Error&) {
-            cudaGetLastError();
-            room = false;
-        }
+        copy_while_room(room, bytes, free_b, keep, need, make);
     };
-    {
-        bool room = true;
-        const auto small = [&](DeviceWeight& w) {
-            if (!w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K)) return;
-            copy_if_room(room, bq_bytes(w), [&] { make_resident_bq(w, ctx_.stream()); });
-        };
-        for_each_layer_matrix(small, /*experts=*/false);
-        small(output_.w);
-    }
-    bq_total = bytes;
     bool full = true;
     // The Q|K|V and the gate|up pieces of a layer share one copy, rows
     // stacked in output order: one GEMM per group instead of one per piece
@@ -123,6 +101,7 @@ void CudaExecutor::prepare_batches() {
     for (auto& L : layers_)
         if (L.moe) resident(L.router.w);
     resident(output_.w);
+    if (eh_proj_.w.q) resident(eh_proj_.w);
     // Graphs for passes of single rows, where no product of such a pass
     // dequantizes tiles on the second stream (the products' own streams and
     // events would fall outside the graph) and expert layers group on the
@@ -135,6 +114,7 @@ void CudaExecutor::prepare_batches() {
             small = small && (w.bf16 || w.bq);
         };
         for_each_layer_matrix(check, /*experts=*/false);
+        check(eh_proj_.w);
         bool grouped = true;
         for (auto& L : layers_) {
             if (!L.moe) continue;
@@ -151,6 +131,22 @@ void CudaExecutor::prepare_batches() {
         std::fprintf(stderr, "quern: %.2f GiB of BF16 weight copies on the GPU for batches%s\n", gib(static_cast<double>(bytes - bq_total)),
                      full ? "" : " (no more fit beside a free quarter of GPU memory: the rest are dequantized per pass)");
     batches_ready_ = true;
+}
+
+size_t CudaExecutor::make_small_layouts() {
+    if (small_layouts_) return 0;
+    small_layouts_ = true;
+    size_t free_b = 0, total_b = 0, bytes = 0;
+    QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    bool room = true;
+    const auto small = [&](DeviceWeight& w) {
+        if (!w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K)) return;
+        copy_while_room(room, bytes, free_b, total_b / 4, bq_bytes(w), [&] { make_resident_bq(w, ctx_.stream()); });
+    };
+    for_each_layer_matrix(small, /*experts=*/false);
+    small(output_.w);
+    if (eh_proj_.w.q) small(eh_proj_.w);
+    return bytes;
 }
 
 void CudaExecutor::forward_batch(const SeqBatch* seqs, int n_seqs) {
@@ -239,14 +235,21 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
     // The pass's integers, one host buffer (kept between passes) in the
     // device layout: ids (n) | positions (n) | table offsets (n) | rows whose
     // logits are read (nh) | the segments' block tables.
-    const auto wants_head = [&](const BatchSegment& g) {
+    // Rows of a segment whose logits are read: every row of a sequence
+    // that wants all its rows' logits, else its last row.
+    const auto head_rows = [&](const BatchSegment& g) -> int64_t {
         const SeqBatch& q = seqs[g.seq];
-        return (q.logits || q.next) && g.off + g.n == q.n;
+        if (q.all_logits && q.logits) return g.n;
+        return (q.logits || q.next) && g.off + g.n == q.n ? 1 : 0;
     };
     const auto blocks_of = [&](const BatchSegment& g) { return (seqs[g.seq].n_past + g.off + g.n + bs - 1) / bs; };
     int64_t n = 0, nh = 0, nt = 0;
     bool single = true;  // every segment one row: the pass may run as a graph
-    for (const BatchSegment& g : segs) n += g.n, nh += wants_head(g), nt += blocks_of(g), single = single && g.n == 1;
+    bool hidden = false;  // some sequence wants its hidden rows
+    for (const BatchSegment& g : segs) {
+        n += g.n, nh += head_rows(g), nt += blocks_of(g), single = single && g.n == 1;
+        hidden = hidden || seqs[g.seq].hidden;
+    }
     const bool lr = rope_live_ != nullptr;  // LongRoPE: the rows' choices follow the head rows
     // A graph pass pads its rows to np (graph_bucket) and its integers sit at
     // fixed places of bgints_; padding rows read token 0 at position 0 from a
@@ -270,8 +273,11 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
     int32_t* lrow = head + hc;
     int32_t* tables = lrow + (lr ? nr : 0);
     head_seq_.clear();
+    head_row_.clear();
+    seg_row0_.clear();
     int64_t r = 0, t0 = 0;
     for (const BatchSegment& g : segs) {
+        seg_row0_.push_back(r);
         const SeqBatch& q = seqs[g.seq];
         const int64_t nb = blocks_of(g);
         std::copy(q.block_table, q.block_table + nb, tables + t0);
@@ -283,9 +289,10 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
             toff[r] = static_cast<int32_t>(t0);
             if (lr) lrow[r] = lg;
         }
-        if (wants_head(g)) {
-            head[head_seq_.size()] = static_cast<int32_t>(r - 1);
+        for (int64_t k = head_rows(g); k > 0; --k) {
+            head[head_seq_.size()] = static_cast<int32_t>(r - k);
             head_seq_.push_back(&q);
+            head_row_.push_back(g.off + g.n - k);
         }
         t0 += nb;
     }
@@ -324,15 +331,34 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
         pr.inv_freq_long = rope_long_;
     }
     if (c.hybrid()) set_batch_delta(seqs, segs, nr - n);
+    if (c.draft()) {  // the given rows, in the pass's row order
+        bhin_.resize(static_cast<size_t>(n * E));
+        for (size_t i = 0; i < segs.size(); ++i) {
+            const BatchSegment& g = segs[i];
+            std::copy_n(seqs[g.seq].hidden_in + g.off * E, g.n * E, bhin_.data() + seg_row0_[i] * E);
+        }
+        QUERN_CUDA_CHECK(cudaMemcpyAsync(phin_.data(), bhin_.data(), bhin_.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+    }
     if (!np || !replay_layers(d, np, keys, pr)) layer_rows(d, nr, 0, &pr);
+    float* X = px_.as<float>();
+    const float* HRES = c.post_norms ? phpost_.as<float>() : ph_.as<float>();
+    if (hidden) {
+        // Every row through the output norm (the last residual added in),
+        // in floats: the hidden rows the sequences that ask get.
+        rms_norm_q8_1(X, HRES, out_norm_, phout_.as<float>(), nullptr, nullptr, n, E, c.rms_eps, s);
+        for (size_t i = 0; i < segs.size(); ++i) {
+            const BatchSegment& g = segs[i];
+            if (float* h = seqs[g.seq].hidden)
+                QUERN_CUDA_CHECK(cudaMemcpyAsync(h + g.off * E, phout_.as<float>() + seg_row0_[i] * E,
+                                                 static_cast<size_t>(g.n * E) * sizeof(float), cudaMemcpyDeviceToHost, s));
+        }
+    }
     if (nh > 0) {
-        // The final norm on every row (the last residual added in), then the
-        // rows that need logits gathered and multiplied by the output head,
-        // at most 256 at a time.
-        float* X = px_.as<float>();
-        const float* HRES = c.post_norms ? phpost_.as<float>() : ph_.as<float>();
+        // The final norm on every row (the last residual added in unless the
+        // hidden rows did), then the rows that need logits gathered and
+        // multiplied by the output head, at most 256 at a time.
         uint16_t* xb = gemm_->act_bf16();
-        rms_norm_bf16(X, HRES, out_norm_, xb, n, E, c.rms_eps, s);
+        rms_norm_bf16(X, hidden ? nullptr : HRES, out_norm_, xb, n, E, c.rms_eps, s);
         for (int64_t h0 = 0; h0 < nh; h0 += kHeadRows) {
             const int64_t m = std::min(kHeadRows, nh - h0);
             gather_rows_bf16(xb, E, d + 3 * nr + h0, m, bhead_x_.as<uint16_t>(), s);
@@ -342,10 +368,11 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
             bool greedy = false;
             for (int64_t j = 0; j < m; ++j) {
                 const SeqBatch& q = *head_seq_[static_cast<size_t>(h0 + j)];
+                const int64_t row = head_row_[static_cast<size_t>(h0 + j)];
                 if (q.logits)
-                    QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits, blogits_.as<float>() + j * V, static_cast<size_t>(V) * 4,
-                                                     cudaMemcpyDeviceToHost, s));
-                greedy = greedy || q.next;
+                    QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits + (q.all_logits ? row * V : 0), blogits_.as<float>() + j * V,
+                                                     static_cast<size_t>(V) * 4, cudaMemcpyDeviceToHost, s));
+                greedy = greedy || (q.next && row == q.n - 1);
             }
             if (greedy) {  // every row's argmax in one launch (the others' go unread)
                 argmax_rows(blogits_.as<float>(), m, V, V, bargmax_.data(), bgreedy_.as<int32_t>(), s);
@@ -353,8 +380,10 @@ void CudaExecutor::batch_pass(const SeqBatch* seqs, const std::vector<BatchSegme
                                                  cudaMemcpyDeviceToHost, s));
             }
             ctx_.synchronize();  // blogits_ and hgreedy_ are reused
-            for (int64_t j = 0; j < m; ++j)
-                if (int32_t* gdst = head_seq_[static_cast<size_t>(h0 + j)]->next) *gdst = hgreedy_.as<int32_t>()[j];
+            for (int64_t j = 0; j < m; ++j) {
+                const SeqBatch& q = *head_seq_[static_cast<size_t>(h0 + j)];
+                if (q.next && head_row_[static_cast<size_t>(h0 + j)] == q.n - 1) *q.next = hgreedy_.as<int32_t>()[j];
+            }
         }
         mark("head");
     }

@@ -180,6 +180,9 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
                 ok = ok && g(L.down);
             }
         }
+        // A draft head's passes all read given rows: its prologue exists only
+        // on the rows path.
+        if (c.draft()) ok = ok && g(eh_proj_);
         prefill_supported_ = ok;
     }
 
@@ -256,9 +259,6 @@ void CudaExecutor::forward(const ForwardBatch& fb) {
     for (int i = 0; i < fb.n_seqs; ++i) {
         const SeqBatch& q = fb.seqs[i];
         if (q.n < 1 || !q.tokens || !q.block_table || q.n_past < 0) fail("forward: sequence {} is empty", i);
-        if (q.all_logits || q.hidden_in || q.hidden)
-            fail("forward: the GPU hands out no per-row logits or hidden rows yet (speculative decoding runs on the "
-                 "CPU)");
         for (int64_t j = 0; j < q.n; ++j)
             if (q.tokens[j] < 0 || q.tokens[j] >= c.n_vocab)
                 fail("token id {} is outside the vocabulary [0, {})", q.tokens[j], c.n_vocab);
@@ -269,6 +269,11 @@ void CudaExecutor::forward(const ForwardBatch& fb) {
         }
     }
     if (fb.n_seqs == 1 && !fb.invariant && zero_based) return forward_lone(fb.seqs[0], fb.trace);
+    for (int i = 0; i < fb.n_seqs; ++i)
+        if (c.draft() != (fb.seqs[i].hidden_in != nullptr)) {
+            if (c.draft()) fail("forward: sequence {} brings no hidden rows for the draft head", i);
+            fail("forward: sequence {} brings given rows this program does not read", i);
+        }
     if (c.hybrid())
         for (int i = 0; i < fb.n_seqs; ++i)
             if (fb.seqs[i].state_slot < 0 || fb.seqs[i].state_slot >= n_slots_)
@@ -292,9 +297,21 @@ void CudaExecutor::forward_lone(const SeqBatch& q, const TraceFn* trace) {
     }
     if (q.n_past == 0 && lone_state_.data()) lone_state_.fill_bytes(0, ctx_.stream());  // a new sequence
     float* logits = q.logits;
-    if (q.next && !logits && (q.n != 1 || trace)) {
+    if (q.next && !logits && (q.n != 1 || trace || q.hidden || q.hidden_in)) {
         host_logits_.resize(static_cast<size_t>(plan_.n_vocab));
         logits = host_logits_.data();
+    }
+    if (q.all_logits || q.hidden || q.hidden_in || plan_.draft()) {
+        if (trace || q.sampling) fail("forward: a pass with per-row outputs or given rows takes no trace or device sampling");
+        SeqBatch r = q;
+        r.logits = logits;
+        r.all_logits = q.all_logits && q.logits;
+        eval_rows(r);
+        if (q.next) {
+            const float* last = logits + (r.all_logits ? (q.n - 1) * plan_.n_vocab : 0);
+            *q.next = static_cast<int32_t>(std::max_element(last, last + plan_.n_vocab) - last);
+        }
+        return;
     }
     if (trace) {
         eval_traced(q.tokens, q.n, logits, *trace);
@@ -408,6 +425,11 @@ void CudaExecutor::upload_weights() {
     embd_ = owned_.back().data();
     out_norm_ = upload_f32(*c.out_norm);
     output_.w = upload_weight(ctx_, *c.output);
+    if (c.draft()) {
+        nextn_enorm_ = upload_f32(*c.nextn_enorm);
+        nextn_hnorm_ = upload_f32(*c.nextn_hnorm);
+        eh_proj_.w = upload_weight(ctx_, *c.nextn_eh_proj);
+    }
 
     layers_.resize(static_cast<size_t>(c.n_layer));
     for (int64_t il = 0; il < c.n_layer; ++il) {

@@ -24,6 +24,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/session.h"
 #include "backend/cuda/weights.h"
+#include "core/error.h"
 
 namespace quern::cuda {
 
@@ -101,6 +102,26 @@ private:
 
 inline double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
+/// Makes one more resident copy of `need` bytes with make() while `keep`
+/// bytes of the `free_b` measured before the copies stay free (`bytes`: the
+/// copies made so far, updated); the first that does not fit, or whose
+/// make() throws quern::Error (out of memory), clears `room` and ends them.
+template <class Make>
+void copy_while_room(bool& room, size_t& bytes, size_t free_b, size_t keep, size_t need, const Make& make) {
+    if (!room) return;
+    if (bytes + need + keep > free_b) {
+        room = false;
+        return;
+    }
+    try {
+        make();
+        bytes += need;
+    } catch (const Error&) {
+        cudaGetLastError();
+        room = false;
+    }
+}
+
 class CudaExecutor final : public Executor {
 public:
     CudaExecutor(const Program& program, const SessionOptions& opt);
@@ -125,6 +146,14 @@ public:
     /// copies of the dense matrices (as memory allows). quern::Error when the
     /// model has no batched path on this GPU.
     void prepare_batches();
+    /// The bq layouts (bq_gemm.h: 5.5 or 11 bits per weight) of the dense
+    /// layer matrices, the output head and a draft head's eh_proj, while a
+    /// quarter of the GPU's memory stays free: passes of few rows
+    /// (PrefillGemm::uses_bq) multiply those instead of dequantizing each
+    /// matrix to BF16 per pass. Once (later calls: 0); returns the bytes made.
+    /// prepare_batches, and a lone sequence's first pass of per-row logits
+    /// (speculative verification).
+    size_t make_small_layouts();
     int64_t graph_replays() const override { return graph_replays_; }
     /// The lowered decode step of a lone sequence (with the greedy head), as
     /// the kernels its CUDA graph launches in stream order: demangled names
@@ -249,7 +278,27 @@ private:
     /// (tokens already on the device; head: logits of the last row into logits_).
     bool use_prefill(int64_t n) const;
     void prefill(const int32_t* tokens, int64_t n, float* logits);
-    void prefill_chunk(int64_t pos0, int64_t n, bool head);
+    /// What a chunk of rows hands out beyond the last row's logits (host
+    /// pointers at the chunk's first row, or null): every row's hidden row
+    /// (Program::hidden: the residual stream through the output norm, n_embd
+    /// floats) and every row's logits (n_vocab floats).
+    struct RowsOut {
+        float* hidden = nullptr;
+        float* logits = nullptr;
+    };
+    void prefill_chunk(int64_t pos0, int64_t n, bool head, const RowsOut* out = nullptr);
+    /// A lone sequence's pass that hands out per-row outputs or reads given
+    /// rows (SeqBatch::all_logits, hidden, hidden_in: speculative decoding's
+    /// verification and draft passes), through the rows path whatever n.
+    void eval_rows(const SeqBatch& q);
+    /// The rows' hidden rows into phout_ (n rows: X += HRES first, normed by
+    /// the output norm), then the head's GEMV on each row r of `rows`, its
+    /// logits downloaded to logits + r · n_vocab.
+    void rows_outputs(int64_t n, float* hidden, float* logits, const std::vector<int64_t>& rows);
+    /// A draft head's first step over n rows (layer_rows, plan_.draft()):
+    /// X = eh_proj · [RMSNorm(embed(token)) | RMSNorm(given row)] with the
+    /// given rows in phin_.
+    void rows_nextn_prologue(const int32_t* dtokens, int64_t n, float* X);
     /// The layers over n rows whose token ids are on the device (dtokens):
     /// one sequence's positions pos0 .. pos0+n−1 over the session's cache
     /// (paged null), or rows of several sequences over the paged cache. The
@@ -342,6 +391,11 @@ private:
     bool rope_long_live_ = false;
     int64_t rope_call_last_ = -1;  // eval_traced: its whole call's last position (begin() is called twice)
     Piece output_;
+    // A NextN draft head's prologue (plan_.draft()): its two norms and the
+    // projection of [embedding | given row] (2·n_embd → n_embd).
+    const float* nextn_enorm_ = nullptr;
+    const float* nextn_hnorm_ = nullptr;
+    Piece eh_proj_;
 
     // Batched prefill: whether the model allows it (weight types with a
     // prefill GEMM, a supported head size), rows per chunk, and its scratch
@@ -350,6 +404,10 @@ private:
     int64_t prefill_rows_ = 0;
     std::unique_ptr<PrefillGemm> gemm_;
     DeviceBuffer px_, ph_, phpost_, pqkv_, pattn_, pgu_;
+    // Rows of n_embd floats: a draft head's given rows (phin_, zeroed at
+    // first so that padding rows read finite values), and the normed hidden
+    // rows a pass hands out (phout_; the prologue's BF16 norms before that).
+    DeviceBuffer phin_, phout_;
     // Expert prefill (n·k grouped rows, + 16 rows of padding): router logits,
     // the grouped rows' inputs (BF16), gate|up outputs, gated values (BF16)
     // and down outputs; the routing (grouped row of each entry, row of each
@@ -390,7 +448,11 @@ private:
     /// when its capture failed (the pair then always runs uncaptured).
     bool replay_layers(const int32_t* d, int64_t n, int64_t keys, const PagedRows& pr);
     std::vector<const SeqBatch*> head_seq_;   // the sequence of each head row
+    std::vector<int64_t> head_row_;           // and its row among the sequence's new tokens
+    std::vector<int64_t> seg_row0_;           // the pass's first row of each segment
+    std::vector<float> bhin_;                 // a draft head's given rows, in the pass's row order
     bool batches_ready_ = false;
+    bool small_layouts_ = false;  // make_small_layouts ran
     bool batch_runner_ = false;  // made with SessionOptions::batches (prepare_batches)
 
     // Per-step activations.

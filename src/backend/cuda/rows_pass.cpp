@@ -67,6 +67,11 @@ bool CudaExecutor::ensure_prefill_scratch() {
             pba_ = fb(2 * d->n_v_heads);
         }
         if (c.gates) pga_ = fb(2 * c.q_dim());
+        phout_ = fb(c.n_embd);
+        if (c.draft()) {
+            phin_ = fb(c.n_embd);
+            phin_.fill_bytes(0, ctx_.stream());
+        }
         if (c.n_ff_shexp > 0) {
             psh_g_ = DeviceBuffer(static_cast<size_t>(R * c.n_ff_shexp) * 2);
             psh_y_ = fb(c.n_embd);
@@ -93,7 +98,7 @@ bool CudaExecutor::ensure_prefill_scratch() {
         // 19.6k tok/s with 16·2^20, 21.9k with 64·2^20).
         // Tuning::prefill_tile: tiles of M·2^20 elements (for measuring).
         const int64_t VD = d ? d->value_dim() : 0;
-        const int64_t max_k = std::max({c.n_embd, c.q_dim(), c.n_ff, c.n_ff_exp, c.n_ff_shexp, VD});
+        const int64_t max_k = std::max({c.n_embd * (c.draft() ? 2 : 1), c.q_dim(), c.n_ff, c.n_ff_exp, c.n_ff_shexp, VD});
         const int64_t max_rows = std::max(
             {c.q_dim() + 2 * c.kv_dim(), c.n_embd, c.n_ff, c.n_ff_exp, c.n_ff_shexp, d ? d->conv_dim() : 0});
         int64_t tile = std::min(int64_t{64} << 20, (max_rows + 255) / 256 * 256 * max_k);
@@ -109,6 +114,7 @@ bool CudaExecutor::ensure_prefill_scratch() {
         gemm_.reset();
         px_ = DeviceBuffer(), ph_ = DeviceBuffer(), phpost_ = DeviceBuffer();
         pqkv_ = DeviceBuffer(), pattn_ = DeviceBuffer(), pgu_ = DeviceBuffer();
+        phin_ = DeviceBuffer(), phout_ = DeviceBuffer();
         pxc_ = DeviceBuffer(), pzy_ = DeviceBuffer(), py_ = DeviceBuffer(), pba_ = DeviceBuffer();
         pga_ = DeviceBuffer(), psh_g_ = DeviceBuffer(), psh_y_ = DeviceBuffer();
         pmoe_logits_ = DeviceBuffer(), pmoe_xg_ = DeviceBuffer(), pmoe_gu_ = DeviceBuffer(), pmoe_g_ = DeviceBuffer();
@@ -137,7 +143,7 @@ AttentionExtras CudaExecutor::attention_extras(const LayerWeights& L, const Bloc
     return ex;
 }
 
-void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head) {
+void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head, const RowsOut* out) {
     if (plan_.hybrid()) {  // the lone sequence's DeltaSeqs, with this chunk's rows
         const auto rows = static_cast<int32_t>(n);
         QUERN_CUDA_CHECK(cudaMemcpyAsync(dlone_.as<int32_t>() + 2, &rows, 4, cudaMemcpyHostToDevice, ctx_.stream()));
@@ -149,7 +155,12 @@ void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head) {
     const int64_t E = c.n_embd;
     float* X = px_.as<float>();
     const float* HRES = c.post_norms ? phpost_.as<float>() : ph_.as<float>();
-    if (head) {  // the last row only, through the decode step's output GEMV
+    if (out && (out->hidden || out->logits)) {
+        std::vector<int64_t> rows;
+        for (int64_t r = out->logits ? 0 : (head ? n - 1 : n); r < n; ++r) rows.push_back(r);
+        rows_outputs(n, out->hidden, out->logits, rows);
+        mark("head");
+    } else if (head) {  // the last row only, through the decode step's output GEMV
         float* xl = X + (n - 1) * E;
         const float* hl = HRES + (n - 1) * E;
         rms_norm_q8_1(xl, hl, out_norm_, xn_.as<float>(), xq_embd_.q(), xq_embd_.info(), 1, E, c.rms_eps, s,
@@ -165,6 +176,62 @@ void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head) {
     }
 }
 
+void CudaExecutor::rows_outputs(int64_t n, float* hidden, float* logits, const std::vector<int64_t>& rows) {
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    const int64_t E = c.n_embd, V = c.n_vocab;
+    const float* HRES = c.post_norms ? phpost_.as<float>() : ph_.as<float>();
+    float* HN = phout_.as<float>();
+    rms_norm_q8_1(px_.as<float>(), HRES, out_norm_, HN, nullptr, nullptr, n, E, c.rms_eps, s);
+    if (hidden)
+        QUERN_CUDA_CHECK(cudaMemcpyAsync(hidden, HN, static_cast<size_t>(n * E) * sizeof(float), cudaMemcpyDeviceToHost, s));
+    // Each row through the decode step's output GEMV (its quantized
+    // activation and rounding): a verification row's logits are computed as
+    // the step that would otherwise have produced them.
+    for (const int64_t r : rows) {
+        quantize_activation(ctx_, HN + r * E, xq_embd_);
+        mm(output_, HN + r * E, xq_embd_, logits_.as<float>());
+        if (c.logit_scale != 1.0f || c.final_softcap > 0.0f)
+            scale_softcap(logits_.as<float>(), V, c.logit_scale, c.final_softcap, s);
+        if (logits)
+            QUERN_CUDA_CHECK(cudaMemcpyAsync(logits + r * V, logits_.data(), static_cast<size_t>(V) * sizeof(float),
+                                             cudaMemcpyDeviceToHost, s));
+    }
+}
+
+void CudaExecutor::eval_rows(const SeqBatch& q) {
+    if (!prefill_supported_ || !ensure_prefill_scratch())
+        fail("this model has no batched GPU path (a weight type without a GPU GEMM, or no GPU memory for its scratch), "
+             "which per-row logits, hidden rows and draft heads take; use --device cpu");
+    const auto& c = plan_;
+    if (c.draft() && !q.hidden_in) fail("forward: a draft head's pass needs the model's hidden rows (SeqBatch::hidden_in)");
+    if (!c.draft() && q.hidden_in) fail("forward: this program reads no given rows");
+    const int64_t E = c.n_embd, V = c.n_vocab, n = q.n;
+    // A sequence that hands out hidden rows or reads them is speculating:
+    // verification passes of a few rows every few tokens, a draft head's
+    // passes of one row every token. Their matrices' bq layouts make such a
+    // pass cost about a decode step rather than a dequantization of every
+    // matrix (memory permitting); made on its first pass (the prompt's).
+    if (q.all_logits || q.hidden || c.draft()) make_small_layouts();
+    fed_ = false;
+    begin(q.tokens, n);
+    for (int64_t c0 = 0; c0 < n; c0 += prefill_rows_) {
+        const int64_t m = std::min(prefill_rows_, n - c0);
+        if (q.hidden_in)
+            QUERN_CUDA_CHECK(cudaMemcpyAsync(phin_.data(), q.hidden_in + c0 * E, static_cast<size_t>(m * E) * sizeof(float),
+                                             cudaMemcpyHostToDevice, ctx_.stream()));
+        RowsOut out;
+        out.hidden = q.hidden ? q.hidden + c0 * E : nullptr;
+        out.logits = q.all_logits && q.logits ? q.logits + c0 * V : nullptr;
+        prefill_chunk(n_past_ + c0, m, (q.logits || q.next) && !q.all_logits && c0 + m == n, &out);
+    }
+    n_past_ += n;
+    if (q.logits && !q.all_logits)
+        QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits, logits_.data(), static_cast<size_t>(V) * sizeof(float),
+                                         cudaMemcpyDeviceToHost, ctx_.stream()));
+    ctx_.synchronize();
+}
+
 void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, const PagedRows* paged) {
     const auto& c = plan_;
     const cudaStream_t s = ctx_.stream();
@@ -175,8 +242,12 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
     float* GU = pgu_.as<float>();
 
     mark("start");
-    get_rows(embd_type_, embd_, c.n_vocab, E, dtokens, n, X, s);
-    if (c.embd_scale > 0.0f) scale_softcap(X, n * E, c.embd_scale, 0.0f, s);
+    if (c.draft()) {
+        rows_nextn_prologue(dtokens, n, X);
+    } else {
+        get_rows(embd_type_, embd_, c.n_vocab, E, dtokens, n, X, s);
+        if (c.embd_scale > 0.0f) scale_softcap(X, n * E, c.embd_scale, 0.0f, s);
+    }
     mark("embed");
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const LayerWeights& L = layers_[static_cast<size_t>(il)];
@@ -226,6 +297,24 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
         if (P.ffn_out_scale != 1.0f) scale_softcap(HRES, n * E, P.ffn_out_scale, 0.0f, s);
         mark("norm");
     }
+}
+
+void CudaExecutor::rows_nextn_prologue(const int32_t* dtokens, int64_t n, float* X) {
+    const auto& c = plan_;
+    const cudaStream_t s = ctx_.stream();
+    const int64_t E = c.n_embd;
+    get_rows(embd_type_, embd_, c.n_vocab, E, dtokens, n, X, s);
+    // The two norms in BF16 side by side in phout_ (n rows of E each), then
+    // interleaved row by row into the GEMM's [e | h] input of 2·E.
+    auto* eb = phout_.as<uint16_t>();
+    uint16_t* hb = eb + n * E;
+    rms_norm_bf16(X, nullptr, nextn_enorm_, eb, n, E, c.rms_eps, s);
+    rms_norm_bf16(phin_.as<float>(), nullptr, nextn_hnorm_, hb, n, E, c.rms_eps, s);
+    uint16_t* cat = gemm_->act_bf16();
+    const size_t row = static_cast<size_t>(E) * 2;
+    QUERN_CUDA_CHECK(cudaMemcpy2DAsync(cat, 2 * row, eb, row, row, static_cast<size_t>(n), cudaMemcpyDeviceToDevice, s));
+    QUERN_CUDA_CHECK(cudaMemcpy2DAsync(cat + E, 2 * row, hb, row, row, static_cast<size_t>(n), cudaMemcpyDeviceToDevice, s));
+    gemm_->run_bf16(eh_proj_.w, cat, n, X, E, s);
 }
 
 void CudaExecutor::rows_attention(const LayerWeights& L, const BlockPlanLayer& P, int64_t n, int64_t pos0,

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <future>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -244,15 +243,7 @@ TEST(CudaMtp, ServingWithDraftsGivesTheSameTokens) {
             return cuda::make_executor(draft_program_of(*model), so);
         };
         auto e = make_engine([&](ThreadPool&) { return test::cuda_runner(*model, quiet()); }, *tok, o, draft);
-        std::vector<std::vector<int32_t>> out(kRequests);
-        std::vector<std::promise<void>> done(kRequests);
-        for (int i = 0; i < kRequests; ++i)
-            e->submit(hf_test::mixed_request(tokens, i), [&, i](const TokenEvent& ev) {
-                if (ev.token >= 0) out[static_cast<size_t>(i)].push_back(ev.token);
-                if (ev.last) done[static_cast<size_t>(i)].set_value();
-                return true;
-            });
-        for (auto& d : done) d.get_future().wait();
+        auto out = hf_test::run_mixed_requests(*e, tokens, kRequests);
         if (stats) *stats = e->stats();
         return out;
     };

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -131,6 +132,21 @@ inline GenerationRequest mixed_request(const std::vector<int32_t>& tokens, int i
     r.ignore_eos = true;
     r.sampling.temperature = 0;
     return r;
+}
+
+/// Submits mixed_request(tokens, i) for i < n to `e` at once and waits for
+/// all: each request's tokens.
+inline std::vector<std::vector<int32_t>> run_mixed_requests(Engine& e, const std::vector<int32_t>& tokens, int n) {
+    std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
+    std::vector<std::promise<void>> done(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i)
+        e.submit(mixed_request(tokens, i), [&, i](const TokenEvent& ev) {
+            if (ev.token >= 0) out[static_cast<size_t>(i)].push_back(ev.token);
+            if (ev.last) done[static_cast<size_t>(i)].set_value();
+            return true;
+        });
+    for (auto& d : done) d.get_future().wait();
+    return out;
 }
 
 }  // namespace quern::hf_test

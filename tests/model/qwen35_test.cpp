@@ -8,7 +8,6 @@
 #include <cstring>
 #include <functional>
 #include <fstream>
-#include <future>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -189,18 +188,7 @@ TEST_P(Qwen35, ServingGivesEachRequestItsOwnTokens) {
     auto tok = Tokenizer::from_file(tj.string());
     fs::remove(tj);
     constexpr int kRequests = 32;
-    const auto run = [&](Engine& e, int n) {
-        std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
-        std::vector<std::promise<void>> done(static_cast<size_t>(n));
-        for (int i = 0; i < n; ++i)
-            e.submit(hf_test::mixed_request(f.tokens, i), [&, i](const TokenEvent& ev) {
-                if (ev.token >= 0) out[static_cast<size_t>(i)].push_back(ev.token);
-                if (ev.last) done[static_cast<size_t>(i)].set_value();
-                return true;
-            });
-        for (auto& d : done) d.get_future().wait();
-        return out;
-    };
+    const auto run = [&](Engine& e, int n) { return hf_test::run_mixed_requests(e, f.tokens, n); };
     EngineOptions o;
     o.n_ctx = 64;
     o.n_parallel = 1;

@@ -40,6 +40,14 @@ public:
     /// quern::Error where the backend keeps no such state.
     virtual void save_lone_state() { fail("this backend keeps no recurrent state to save"); }
     virtual void restore_lone_state() { fail("this backend keeps no recurrent state to restore"); }
+    /// Whether a lone sequence's passes take SeqBatch::row_states (else a
+    /// verification pass is rolled back by save / restore_lone_state and the
+    /// kept rows evaluated again).
+    virtual bool keeps_row_states() const { return false; }
+    /// After the lone sequence's last pass, of n rows with row_states: the
+    /// sequence keeps that pass's first m rows (1 <= m <= n), its recurrent
+    /// state the one after row m − 1. quern::Error otherwise.
+    virtual void keep_lone_rows(int64_t m) { fail("this backend keeps no per-row recurrent state ({} rows)", m); }
     /// One forward pass over that storage: the sequences' new tokens, their
     /// keys and values written into their blocks, logits (host floats) or
     /// the next token for the sequences that ask. quern::Error (before

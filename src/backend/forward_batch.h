@@ -52,7 +52,15 @@ struct SeqBatch {
     /// Receives Program::hidden of every token (n rows of n_embd floats), or
     /// null.
     float* hidden = nullptr;
+    /// A lone sequence's pass of at most kMaxRowStateRows rows on an executor
+    /// that keeps_row_states(): its recurrent state after each row is kept,
+    /// so that Executor::keep_lone_rows can cut the pass back to any of its
+    /// rows without evaluating them again (speculative verification).
+    bool row_states = false;
 };
+
+/// The most rows of a SeqBatch::row_states pass (a round of 16 drafts).
+inline constexpr int64_t kMaxRowStateRows = 17;
 
 /// A forward pass of one or more sequences.
 struct ForwardBatch {

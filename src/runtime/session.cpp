@@ -24,6 +24,7 @@ Session::Session(const ModelConfig& cfg, std::unique_ptr<Executor> executor, int
 
 void Session::truncate(int64_t n) {
     saved_n_past_ = -1;
+    rows_pos_ = -1;
     n = std::clamp<int64_t>(n, 0, n_past_);
     if (n == n_past_) return;
     if (!cfg_.has_recurrent_state()) {
@@ -75,12 +76,28 @@ void Session::run(const int32_t* tokens, int64_t n, float* logits, int32_t* next
 void Session::eval(const int32_t* tokens, int64_t n, float* logits) { run(tokens, n, logits, nullptr, nullptr, nullptr); }
 
 void Session::eval_rows(const int32_t* tokens, int64_t n, float* logits, bool all_logits, float* hidden,
-                        const float* hidden_in) {
+                        const float* hidden_in, bool row_states) {
     SeqBatch rows;
     rows.all_logits = all_logits && logits;
     rows.hidden = hidden;
     rows.hidden_in = hidden_in;
+    rows_pos_ = -1;
+    if (row_states && keeps_row_states()) {
+        if (n > kMaxRowStateRows) fail("a pass keeping its rows' states takes at most {} tokens (got {})", kMaxRowStateRows, n);
+        rows.row_states = true;
+    }
+    const int64_t at = n_past_;
     run(tokens, n, logits, nullptr, nullptr, nullptr, rows);
+    if (rows.row_states) rows_pos_ = at, rows_n_ = n;
+}
+
+void Session::keep_rows(int64_t m) {
+    if (rows_pos_ < 0 || n_past_ != rows_pos_ + rows_n_ || m < 1 || m > rows_n_)
+        fail("keep_rows: {} tokens of a pass that kept no per-token state", m);
+    x_->keep_lone_rows(m);
+    n_past_ = rows_pos_ + m;
+    history_.resize(static_cast<size_t>(n_past_));
+    rows_pos_ = -1;
 }
 
 void Session::save_point() {

@@ -69,8 +69,18 @@ public:
     /// (a NextN draft head: n rows of n_embd). On the GPU such a pass goes
     /// through the batched rows path whatever n (quern::Error for a model
     /// without one: a weight type with no GPU GEMM).
+    /// row_states (where keeps_row_states(), at most kMaxRowStateRows
+    /// tokens): the pass keeps its recurrent state after each token, for
+    /// keep_rows.
     void eval_rows(const int32_t* tokens, int64_t n, float* logits, bool all_logits, float* hidden,
-                   const float* hidden_in = nullptr);
+                   const float* hidden_in = nullptr, bool row_states = false);
+    /// Whether eval_rows takes row_states: a model with recurrent state on a
+    /// backend that keeps them (the GPU).
+    bool keeps_row_states() const { return cfg_.has_recurrent_state() && x_->keeps_row_states(); }
+    /// Right after an eval_rows with row_states of n tokens: keeps the first
+    /// m of them (1 <= m <= n) and forgets the rest, recurrent state
+    /// included, without evaluating anything again. quern::Error otherwise.
+    void keep_rows(int64_t m);
 
     /// Remembers the sequence as it is (its length, and a model with
     /// recurrent state its state) so that back_to_save_point() can return to
@@ -103,6 +113,7 @@ private:
     std::vector<float> logits_;   // eval_sample's host logits, kept between tokens
     std::vector<int32_t> history_;  // the sequence's tokens (recurrent models: truncate replays them)
     int64_t saved_n_past_ = -1;     // save_point()'s length (-1: none)
+    int64_t rows_pos_ = -1, rows_n_ = 0;  // the last row_states pass: its first position and tokens
 };
 
 /// A session on the CPU backend (cpu::make_executor with the model's

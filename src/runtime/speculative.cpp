@@ -218,13 +218,16 @@ void Speculator::step(int32_t tok, Sampler& sampler, std::vector<int32_t>& out) 
     }
     drafter_->end();
 
-    // Verify tok and the drafts in one pass of the model.
+    // Verify tok and the drafts in one pass of the model. A recurrent
+    // state is kept after every row where the backend can (Session::
+    // keep_rows), else saved before the pass and the kept rows run again.
     const bool recurrent = target_.config().has_recurrent_state();
-    if (recurrent) target_.save_point();
+    const bool row_states = recurrent && target_.keeps_row_states() && k + 1 <= kMaxRowStateRows;
+    if (recurrent && !row_states) target_.save_point();
     tlogits_.resize(static_cast<size_t>((k + 1) * V));
     thidden_.resize(drafter_->reads_hidden() ? static_cast<size_t>((k + 1) * E) : 0);
     float* th = thidden_.empty() ? nullptr : thidden_.data();
-    target_.eval_rows(v.data(), k + 1, tlogits_.data(), true, th);
+    target_.eval_rows(v.data(), k + 1, tlogits_.data(), true, th, nullptr, row_states);
     int32_t own = -1;
     const int64_t j = judge_drafts(sampler, v.data() + 1, k, tlogits_.data(), qrows_.data(), own);
     out.insert(out.end(), v.begin() + 1, v.begin() + 1 + j);
@@ -232,7 +235,9 @@ void Speculator::step(int32_t tok, Sampler& sampler, std::vector<int32_t>& out) 
 
     // The model keeps tok and the j drafts it agreed with.
     if (j < k) {
-        if (recurrent) {
+        if (row_states) {
+            target_.keep_rows(j + 1);
+        } else if (recurrent) {
             target_.back_to_save_point();
             target_.eval_rows(v.data(), j + 1, nullptr, false, nullptr);
         } else {

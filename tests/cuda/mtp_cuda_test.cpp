@@ -146,6 +146,36 @@ TEST(CudaMtp, PresetHeadsMatchTheCpu) {
         }
 }
 
+// A verification pass that keeps its rows' recurrent states, cut back to m
+// of its 4 rows (Session::keep_rows), continues as a session that evaluated
+// only those m: the Qwen3.5 fixture (dense) and the tiny 35B-A3B preset.
+TEST(CudaMtp, KeptRowsContinueAsIfOnlyThoseRan) {
+    REQUIRE_GPU();
+    auto fixture = load_hf_model(kRoot + "fp32");
+    SynthModel sm = make_synthetic(synth_tiny(synth_preset("qwen3.5-35b-a3b")), "Q8_0", 37);
+    auto moe = Model::from_weights(sm.cfg, std::move(sm.weights));
+    const std::vector<int32_t> prompt{3, 141, 59, 26, 5, 35, 89, 79, 32, 38, 46, 26};
+    const std::vector<int32_t> round{7, 200, 13, 99}, next{42, 17};
+    for (const Model* m : {fixture.get(), moe.get()}) {
+        const int64_t V = m->config().n_vocab;
+        for (int64_t keep = 1; keep <= 4; ++keep) {
+            auto a = test::cuda_session(*m, quiet(), 64), b = test::cuda_session(*m, quiet(), 64);
+            ASSERT_TRUE(a->keeps_row_states());
+            std::vector<float> rows(static_cast<size_t>(4 * V)), la(static_cast<size_t>(2 * V)), lb(la.size());
+            a->eval_rows(prompt.data(), 12, nullptr, false, nullptr);
+            b->eval_rows(prompt.data(), 12, nullptr, false, nullptr);
+            a->eval_rows(round.data(), 4, rows.data(), true, nullptr, nullptr, true);
+            a->keep_rows(keep);
+            EXPECT_EQ(a->size(), 12 + keep);
+            b->eval_rows(round.data(), keep, rows.data(), true, nullptr);
+            a->eval_rows(next.data(), 2, la.data(), true, nullptr);
+            b->eval_rows(next.data(), 2, lb.data(), true, nullptr);
+            for (int64_t r = 0; r < 2; ++r)
+                EXPECT_GE(row_cosine(la, lb, r, V), 0.99999) << m->config().n_layer << " layers, kept " << keep << ", row " << r;
+        }
+    }
+}
+
 /// A greedy continuation of `prompt` by n tokens on the GPU through plain
 /// decode steps, with each step's margin between its two best logits.
 std::vector<int32_t> plain_greedy(const Model& m, const std::vector<int32_t>& prompt, int n, std::vector<float>& gap) {

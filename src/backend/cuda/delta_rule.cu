@@ -48,6 +48,13 @@ __global__ void delta_conv_kernel(const float* __restrict__ x, float* __restrict
             acc += in * L.conv[c * K + tap];
         }
         v = acc / (1.0f + expf(-acc));
+        if (seqs.snap && j < seqs.n_rows[s] - 1) {  // the conv state after this row: rows j − K + 2 .. j
+            float* snap = seqs.snap[s] + int64_t{j} * seqs.snap_stride;
+            for (int i = 0; i < K - 1; ++i) {
+                const int p = j - (K - 2) + i;
+                snap[int64_t{i} * C + c] = p >= 0 ? x[(int64_t{seqs.row0[s]} + p) * C + c] : state[int64_t{K - 1 + p} * C + c];
+            }
+        }
         if (shift) {
             float* st = seqs.state[s];
             for (int i = 0; i < K - 2; ++i) st[int64_t{i} * C + c] = st[int64_t{i + 1} * C + c];
@@ -152,6 +159,12 @@ __global__ void delta_rows_kernel(const float* __restrict__ xc, const float* __r
             for (int p = 0; p < 8; ++p) sum.x += red[p][quad].x, sum.y += red[p][quad].y, sum.z += red[p][quad].z, sum.w += red[p][quad].w;
             *reinterpret_cast<float4*>(y + int64_t{r} * VD + int64_t{h} * DV + j0) = sum;
         }
+        if (seqs.snap && r < r0 + n - 1) {  // the state after this row (DeltaSeqs::snap)
+            float* P = seqs.snap[s] + int64_t{r - r0} * seqs.snap_stride + int64_t{L.conv_kernel - 1} * C +
+                       int64_t{h} * DK * DV + j0;
+#pragma unroll
+            for (int i = 0; i < R; ++i) *reinterpret_cast<float4*>(P + int64_t{rp * R + i} * DV) = st[i];
+        }
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) *reinterpret_cast<float4*>(S + int64_t{rp * R + i} * DV) = st[i];
@@ -252,7 +265,7 @@ void delta_rule(const float* xc, const float* ba, float* y, int64_t n, const Del
     if (seqs.n_seqs <= 0) return;
     // A pass of one row per sequence (a decode step) has nothing to chunk.
     const int chunk_rows = tuning().delta_chunk_rows;
-    if (n <= seqs.n_seqs || !delta_rule_chunked_supported(L) || chunk_rows <= 0 || n < chunk_rows) {
+    if (n <= seqs.n_seqs || !delta_rule_chunked_supported(L) || chunk_rows <= 0 || n < chunk_rows || seqs.snap) {
         launch_tokens(xc, ba, y, seqs, L, INT32_MAX, stream);
         return;
     }

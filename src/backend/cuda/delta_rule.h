@@ -24,6 +24,13 @@ struct DeltaSeqs {
     const int32_t* n_rows = nullptr; ///< its rows (>= 1)
     float* const* state = nullptr;   ///< its recurrent state (this layer's slot)
     int n_seqs = 0;
+    /// Or null. Else the state after each row j < n_rows − 1 of sequence s
+    /// (the conv rows and the heads, in the state's own layout) is also
+    /// written at snap[s] + j · snap_stride: a speculative verification pass
+    /// keeps the states a rejected draft would otherwise make it recompute.
+    /// Those passes take the token-by-token kernel whatever their rows.
+    float* const* snap = nullptr;
+    int64_t snap_stride = 0;
 };
 
 /// The layer's shape and parameters.

@@ -138,6 +138,8 @@ public:
     void copy_state_slot(int32_t from, int32_t to) override;
     void save_lone_state() override;
     void restore_lone_state() override;
+    bool keeps_row_states() const override { return plan_.hybrid(); }
+    void keep_lone_rows(int64_t m) override;
     bool samples_on_device(const SamplingSpec& sp) const override;
     int64_t fp8_activation_rows() const override {
         return opt_.fp8_weights && prefill_supported_ ? kPrefillMinTokens : 0;
@@ -346,6 +348,17 @@ private:
     // sequence's lone_rows_delta_, or the batch pass's batch_delta_).
     int64_t state_floats_ = 0;
     int n_delta_ = 0;
+    // SeqBatch::row_states of the lone sequence: snap_ holds the state after
+    // each row but the last of the last such pass (snap_rows_ rows of
+    // state_floats_), lone_snap_delta_ the DeltaSeqs that write it (dsnap_:
+    // their per-layer pointers); that pass's first position and rows
+    // (rows 0: the last pass kept none).
+    DeviceBuffer snap_, dsnap_;
+    int64_t snap_rows_ = 0, snap_pos_ = 0, snap_n_ = 0;
+    std::vector<DeltaSeqs> lone_snap_delta_;
+    bool rows_snap_ = false;  // the lone chunk being run writes them
+    /// snap_ and lone_snap_delta_ for passes of up to `rows` rows.
+    void ensure_row_states(int64_t rows);
     DeviceBuffer lone_state_, lone_saved_, slots_, dlone_, bdelta_;
     int64_t n_slots_ = 0;
     std::vector<DeltaSeqs> step_delta_, lone_rows_delta_, batch_delta_;

@@ -119,6 +119,47 @@ void CudaExecutor::restore_lone_state() {
     fed_ = false;
 }
 
+void CudaExecutor::ensure_row_states(int64_t rows) {
+    if (rows <= snap_rows_) return;
+    const size_t per = static_cast<size_t>(state_floats_) * sizeof(float);
+    snap_ = DeviceBuffer();
+    snap_rows_ = 0;
+    try {
+        snap_ = DeviceBuffer(per * static_cast<size_t>(rows));
+    } catch (const Error&) {
+        cudaGetLastError();
+        fail("keeping the recurrent state of {} verified rows needs {:.2f} GiB of GPU memory (lower --spec-draft)", rows,
+             gib(static_cast<double>(per) * static_cast<double>(rows)));
+    }
+    snap_rows_ = rows;
+    // Per DeltaNet layer its part of snapshot row 0 (rows follow every
+    // state_floats_), beside the lone state's pointers of lone_rows_delta_.
+    std::vector<float*> ptrs;
+    for (const LayerWeights& L : layers_)
+        if (L.delta) ptrs.push_back(snap_.as<float>() + L.state_offset);
+    if (!dsnap_.data()) dsnap_ = DeviceBuffer(ptrs.size() * sizeof(float*));
+    dsnap_.upload(ptrs.data(), ptrs.size() * sizeof(float*), ctx_.stream());
+    lone_snap_delta_ = lone_rows_delta_;
+    auto* const* dp = dsnap_.as<float* const>();
+    for (size_t j = 0; j < lone_snap_delta_.size(); ++j) {
+        lone_snap_delta_[j].snap = dp + j;
+        lone_snap_delta_[j].snap_stride = state_floats_;
+    }
+}
+
+void CudaExecutor::keep_lone_rows(int64_t m) {
+    if (snap_n_ <= 0 || n_past_ != snap_pos_ + snap_n_ || m < 1 || m > snap_n_)
+        fail("keep_lone_rows: {} rows of a pass that kept no per-row state (or of {} rows)", m, snap_n_);
+    if (m < snap_n_) {
+        const size_t per = static_cast<size_t>(state_floats_) * sizeof(float);
+        QUERN_CUDA_CHECK(cudaMemcpyAsync(lone_state_.data(), snap_.as<uint8_t>() + per * static_cast<size_t>(m - 1), per,
+                                         cudaMemcpyDeviceToDevice, ctx_.stream()));
+        n_past_ = snap_pos_ + m;
+        fed_ = false;
+    }
+    snap_n_ = 0;
+}
+
 void CudaExecutor::set_batch_delta(const SeqBatch* seqs, const std::vector<BatchSegment>& segs, int64_t n_pad) {
     // Sequences: one per segment, then one per padding row (one row each,
     // on the spare slot, which make_state_slots zeroed: what padding rows

@@ -147,7 +147,7 @@ void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head, const RowsO
     if (plan_.hybrid()) {  // the lone sequence's DeltaSeqs, with this chunk's rows
         const auto rows = static_cast<int32_t>(n);
         QUERN_CUDA_CHECK(cudaMemcpyAsync(dlone_.as<int32_t>() + 2, &rows, 4, cudaMemcpyHostToDevice, ctx_.stream()));
-        rows_delta_ = lone_rows_delta_.data();
+        rows_delta_ = rows_snap_ ? lone_snap_delta_.data() : lone_rows_delta_.data();
     }
     layer_rows(tokens_.as<int32_t>() + pos0, n, pos0, nullptr);
     const auto& c = plan_;
@@ -213,6 +213,15 @@ void CudaExecutor::eval_rows(const SeqBatch& q) {
     // pass cost about a decode step rather than a dequantization of every
     // matrix (memory permitting); made on its first pass (the prompt's).
     if (q.all_logits || q.hidden || c.draft()) make_small_layouts();
+    snap_n_ = 0;
+    if (q.row_states && c.hybrid()) {
+        if (n > kMaxRowStateRows || n > prefill_rows_)
+            fail("forward: a pass keeping its rows' recurrent states takes at most {} rows (got {})", kMaxRowStateRows, n);
+        ensure_row_states(n - 1);
+        snap_pos_ = n_past_;
+        snap_n_ = n;
+    }
+    rows_snap_ = snap_n_ > 0;
     fed_ = false;
     begin(q.tokens, n);
     for (int64_t c0 = 0; c0 < n; c0 += prefill_rows_) {
@@ -225,6 +234,7 @@ void CudaExecutor::eval_rows(const SeqBatch& q) {
         out.logits = q.all_logits && q.logits ? q.logits + c0 * V : nullptr;
         prefill_chunk(n_past_ + c0, m, (q.logits || q.next) && !q.all_logits && c0 + m == n, &out);
     }
+    rows_snap_ = false;
     n_past_ += n;
     if (q.logits && !q.all_logits)
         QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits, logits_.data(), static_cast<size_t>(V) * sizeof(float),
@@ -495,6 +505,7 @@ void CudaExecutor::prefill_moe(const LayerWeights& L, const MoeSpec& spec, const
 }
 
 void CudaExecutor::prefill(const int32_t* tokens, int64_t n, float* logits) {
+    rows_snap_ = false;
     begin(tokens, n);  // the ids on the device (get_row reads them; the sampler's penalties later)
     for (int64_t c0 = 0; c0 < n; c0 += prefill_rows_) {
         const int64_t m = std::min(prefill_rows_, n - c0);

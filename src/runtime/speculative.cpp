@@ -222,7 +222,7 @@ void Speculator::step(int32_t tok, Sampler& sampler, std::vector<int32_t>& out) 
     // state is kept after every row where the backend can (Session::
     // keep_rows), else saved before the pass and the kept rows run again.
     const bool recurrent = target_.config().has_recurrent_state();
-    const bool row_states = recurrent && target_.keeps_row_states() && k + 1 <= kMaxRowStateRows;
+    const bool row_states = target_.keeps_row_states() && k + 1 <= kMaxRowStateRows;
     if (recurrent && !row_states) target_.save_point();
     tlogits_.resize(static_cast<size_t>((k + 1) * V));
     thidden_.resize(drafter_->reads_hidden() ? static_cast<size_t>((k + 1) * E) : 0);

@@ -33,10 +33,6 @@ using namespace quern;
 
 namespace {
 
-bool have_gpu() { return cuda::CudaContext::device_count() > 0; }
-#define REQUIRE_GPU() \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU"
-
 std::vector<int32_t> ids_of(int64_t n, int64_t seed, int64_t vocab) {
     std::vector<int32_t> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + seed * 101 + 3) % vocab);

@@ -18,6 +18,11 @@
 
 namespace quern::test {
 
+/// Whether a CUDA GPU is present; REQUIRE_GPU() skips a test without one.
+inline bool have_gpu() { return cuda::device_count() > 0; }
+#define REQUIRE_GPU() \
+    if (!quern::test::have_gpu()) GTEST_SKIP() << "no CUDA GPU"
+
 inline std::unique_ptr<Session> cuda_session(const Model& m, cuda::SessionOptions o, int64_t n_ctx) {
     o.precise_activations = m.options().precise_activations;
     return make_executor_session(m, cuda::make_executor(m.program(), o), n_ctx);

@@ -35,10 +35,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool have_gpu() { return cuda::CudaContext::device_count() > 0; }
-#define REQUIRE_GPU() \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU"
-
 const std::string kGpuDir = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf_gpu/";
 
 // The tiny Qwen3.5 presets (DeltaNet layers, gated attention; the MoE one

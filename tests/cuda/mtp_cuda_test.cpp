@@ -32,10 +32,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool have_gpu() { return cuda::CudaContext::device_count() > 0; }
-#define REQUIRE_GPU() \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU"
-
 const std::string kRoot = std::string(QUERN_SOURCE_DIR) + "/tests/data/hf_gpu/qwen3_5/";
 
 cuda::SessionOptions quiet() {

@@ -44,10 +44,6 @@ using namespace quern;
 
 namespace {
 
-bool have_gpu() { return cuda::CudaContext::device_count() > 0; }
-#define REQUIRE_GPU() \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU"
-
 using test::default_model_path;
 #define REQUIRE_MODEL() \
     if (!std::filesystem::exists(default_model_path())) GTEST_SKIP() << "default model not fetched"
@@ -99,8 +95,6 @@ void expect_two_levels(const std::vector<uint8_t>& got, size_t lb, const std::ve
     EXPECT_EQ(0, std::memcmp(got.data() + lb, q2.data(), K)) << what;
     EXPECT_EQ(0, std::memcmp(got.data() + lb + K, i2.data(), i2.size() * sizeof(cuda::ActBlockInfo))) << what;
 }
-
-
 
 TEST(CudaTwoLevel, QuantizeActivationMatchesHostBitExactly) {
     REQUIRE_GPU();

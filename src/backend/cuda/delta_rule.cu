@@ -1,4 +1,5 @@
 // Gated DeltaNet kernels (delta_rule.h).
+#include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/delta_rule.h"
 #include "backend/cuda/tuning.h"
@@ -238,9 +239,7 @@ namespace {
 /// each), whole heads once the sequences alone give 4 blocks an SM.
 void launch_tokens(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
                    int max_rows, cudaStream_t stream) {
-    int dev = 0, sms = 0;
-    QUERN_CUDA_CHECK(cudaGetDevice(&dev));
-    QUERN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int sms = CudaContext::current_sm_count();
     const int64_t heads = int64_t{seqs.n_seqs} * L.n_v_heads;
     const int cg = heads >= 4 * int64_t{sms} ? 1 : heads >= sms ? 2 : 4;
     switch (L.head_k) {

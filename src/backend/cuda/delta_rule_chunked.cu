@@ -19,6 +19,7 @@
 // floats: the fragment reads of rows and of columns both hit 32 distinct
 // banks). Heads of 128 take 207 KiB whole, 159 KiB in halves, 135 KiB in
 // quarters: one block an SM.
+#include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/delta_rule.h"
 #include "backend/cuda/mma.cuh"
@@ -301,9 +302,7 @@ void launch(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, c
 /// the device's SMs hold at once — as many sequences as the pass has are
 /// counted, though only the long ones run.
 int pick_groups(const DeltaSeqs& seqs, const DeltaLayer& L) {
-    int dev = 0, sms = 0;
-    QUERN_CUDA_CHECK(cudaGetDevice(&dev));
-    QUERN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int sms = CudaContext::current_sm_count();
     const int64_t heads = int64_t{seqs.n_seqs} * L.n_v_heads;
     return heads * 4 <= sms ? 4 : heads * 2 <= sms ? 2 : 1;
 }

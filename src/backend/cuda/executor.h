@@ -294,9 +294,10 @@ private:
     /// verification and draft passes), through the rows path whatever n.
     void eval_rows(const SeqBatch& q);
     /// The rows' hidden rows into phout_ (n rows: X += HRES first, normed by
-    /// the output norm), then the head's GEMV on each row r of `rows`, its
-    /// logits downloaded to logits + r · n_vocab.
-    void rows_outputs(int64_t n, float* hidden, float* logits, const std::vector<int64_t>& rows);
+    /// the output norm), then the head's GEMV on each row r of from .. n − 1
+    /// (logits_ keeps the last), its logits downloaded to logits + r · n_vocab
+    /// when logits is not null.
+    void rows_outputs(int64_t n, float* hidden, float* logits, int64_t from);
     /// A draft head's first step over n rows (layer_rows, plan_.draft()):
     /// X = eh_proj · [RMSNorm(embed(token)) | RMSNorm(given row)] with the
     /// given rows in phin_.

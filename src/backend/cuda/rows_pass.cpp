@@ -156,9 +156,7 @@ void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head, const RowsO
     float* X = px_.as<float>();
     const float* HRES = c.post_norms ? phpost_.as<float>() : ph_.as<float>();
     if (out && (out->hidden || out->logits)) {
-        std::vector<int64_t> rows;
-        for (int64_t r = out->logits ? 0 : (head ? n - 1 : n); r < n; ++r) rows.push_back(r);
-        rows_outputs(n, out->hidden, out->logits, rows);
+        rows_outputs(n, out->hidden, out->logits, out->logits ? 0 : head ? n - 1 : n);
         mark("head");
     } else if (head) {  // the last row only, through the decode step's output GEMV
         float* xl = X + (n - 1) * E;
@@ -176,7 +174,7 @@ void CudaExecutor::prefill_chunk(int64_t pos0, int64_t n, bool head, const RowsO
     }
 }
 
-void CudaExecutor::rows_outputs(int64_t n, float* hidden, float* logits, const std::vector<int64_t>& rows) {
+void CudaExecutor::rows_outputs(int64_t n, float* hidden, float* logits, int64_t from) {
     const auto& c = plan_;
     const cudaStream_t s = ctx_.stream();
     const int64_t E = c.n_embd, V = c.n_vocab;
@@ -188,7 +186,7 @@ void CudaExecutor::rows_outputs(int64_t n, float* hidden, float* logits, const s
     // Each row through the decode step's output GEMV (its quantized
     // activation and rounding): a verification row's logits are computed as
     // the step that would otherwise have produced them.
-    for (const int64_t r : rows) {
+    for (int64_t r = from; r < n; ++r) {
         quantize_activation(ctx_, HN + r * E, xq_embd_);
         mm(output_, HN + r * E, xq_embd_, logits_.as<float>());
         if (c.logit_scale != 1.0f || c.final_softcap > 0.0f)

@@ -299,6 +299,51 @@ TEST_F(MoeCudaTest, RouteReplaysInAGraph) {
     cudaGraphDestroy(g);
 }
 
+// With a shared expert gate the kernel routes as before and fills slot k:
+// id n_expert, weight sigmoid(w · x) (the float dot product within 1e-6 of
+// the double one, relative to Σ|w x|), in one launch and in rows of k + 1.
+TEST_F(MoeCudaTest, RouteFillsTheSharedExpertSlot) {
+    std::mt19937 rng(31);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (int n : {8, 256})
+        for (int k : {2, 8})
+            for (int64_t dim : {int64_t{96}, int64_t{2048}})
+                for (int pattern : {0, 1, 3}) {
+                    const std::string label = "n_expert " + std::to_string(n) + " k " + std::to_string(k) + " dim " +
+                                              std::to_string(dim) + " pattern " + std::to_string(pattern);
+                    const auto l = route_logits(n, pattern, rng);
+                    std::vector<float> x(static_cast<size_t>(dim)), w(x.size());
+                    for (auto& v : x) v = g(rng);
+                    for (auto& v : w) v = 0.05f * g(rng);
+                    std::vector<int32_t> want_ids(static_cast<size_t>(k));
+                    std::vector<float> want_w(static_cast<size_t>(k));
+                    quern::moe_route(l.data(), 1, n, k, true, want_ids.data(), want_w.data());
+                    double dot = 0, mag = 0;
+                    for (size_t i = 0; i < x.size(); ++i) dot += double(x[i]) * w[i], mag += std::fabs(double(x[i]) * w[i]);
+                    const double gate = 1.0 / (1.0 + std::exp(-dot));
+
+                    DeviceBuffer ld = to_device(l, *ctx_), xd = to_device(x, *ctx_), gd = to_device(w, *ctx_);
+                    DeviceBuffer idd(static_cast<size_t>(k + 1 + kGuard) * 4), wd(static_cast<size_t>(k + 1 + kGuard) * 4);
+                    idd.fill_bytes(0xFF, ctx_->stream());
+                    wd.fill_bytes(0xFF, ctx_->stream());
+                    cuda::moe_route(ld.as<float>(), n, k, true, idd.as<int32_t>(), wd.as<float>(), ctx_->stream(),
+                                    SharedExpertGate{xd.as<float>(), gd.as<float>(), dim});
+                    const auto ids = from_device<int32_t>(idd, static_cast<size_t>(k + 1 + kGuard), *ctx_);
+                    const auto wt = from_device<float>(wd, static_cast<size_t>(k + 1 + kGuard), *ctx_);
+                    for (int j = 0; j < k; ++j) {
+                        EXPECT_EQ(ids[size_t(j)], want_ids[size_t(j)]) << label << " slot " << j;
+                        EXPECT_NEAR(wt[size_t(j)], want_w[size_t(j)], 3e-7 * std::fabs(want_w[size_t(j)])) << label;
+                    }
+                    EXPECT_EQ(ids[size_t(k)], n) << label;
+                    EXPECT_NEAR(wt[size_t(k)], gate, 0.25 * 1e-6 * mag + 1e-7) << label;
+                    expect_guard(ids, static_cast<size_t>(k + 1), "ids");
+                    expect_guard(wt, static_cast<size_t>(k + 1), "weights");
+                }
+    DeviceBuffer b(64);
+    EXPECT_ANY_THROW(cuda::moe_route(b.as<float>(), 8, 2, true, b.as<int32_t>(), b.as<float>(), ctx_->stream(),
+                                     SharedExpertGate{nullptr, b.as<float>(), 8}));
+}
+
 TEST_F(MoeCudaTest, RouteRejectsBadSizes) {
     DeviceBuffer ld(8 * sizeof(float)), idd(32 * sizeof(int32_t)), wd(32 * sizeof(float));
     const cudaStream_t s = ctx_->stream();
@@ -357,6 +402,9 @@ struct IndexedCase {
     int64_t experts, rows, K;
     std::vector<int32_t> ids;  // one per slot; out-of-range ids are clamped
     bool per_slot;
+    // The bank uploaded from two tensors, the last expert on its own (as the
+    // decode step appends a shared expert to its bank).
+    bool last_apart = false;
 };
 
 // Runs gemv_indexed on a bank uploaded as one 3-D tensor and compares every
@@ -364,8 +412,13 @@ struct IndexedCase {
 int run_indexed(CudaContext& ctx, DType t, const IndexedCase& c, int levels, int config, std::mt19937& rng) {
     const int slots = static_cast<int>(c.ids.size());
     const std::vector<uint8_t> w = gaussian_weights(t, c.experts * c.rows, c.K, rng);
-    const Tensor bank = Tensor::contiguous(t, {c.K, c.rows, c.experts, 1}, const_cast<uint8_t*>(w.data()), "bank");
-    const DeviceWeight W = upload_weight(ctx, bank);
+    auto* wp = const_cast<uint8_t*>(w.data());
+    const Tensor bank = Tensor::contiguous(t, {c.K, c.rows, c.experts, 1}, wp, "bank");
+    const Tensor first = Tensor::contiguous(t, {c.K, c.rows, c.experts - 1, 1}, wp, "experts");
+    const Tensor last = Tensor::contiguous(t, {c.K, c.rows, 1, 1},
+                                           wp + row_size(t, c.K) * static_cast<size_t>((c.experts - 1) * c.rows), "shared");
+    const DeviceWeight W = c.last_apart ? upload_weight(ctx, std::vector<const Tensor*>{&first, &last})
+                                        : upload_weight(ctx, bank);
     const int64_t xlen = c.per_slot ? slots * c.K : c.K;
     const std::vector<float> x = random_activation(xlen, rng);
     DeviceBuffer xd = to_device(x, ctx), idd = to_device(c.ids, ctx);
@@ -432,6 +485,8 @@ TEST_F(MoeCudaTest, IndexedGemvMatchesReference) {
         {6, 96, 256, {2, 5, 0, 3}, true},
         {8, 64, 256, {7, 7}, true},
         {5, 40, 256, {9, -3}, false},
+        {6, 70, 512, {5, 0, 5}, false, true},
+        {4, 96, 256, {3, 1, 3}, true, true},
     };
     for (DType t : {DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q5_1, DType::Q5_K, DType::Q3_K,
                     DType::Q2_K, DType::NVFP4, DType::F16, DType::BF16, DType::F32, DType::F8_E4M3_B32}) {

@@ -24,10 +24,14 @@
 //    above, with every expert id on the device)
 //     r = W_router · xq                                   gemv (float or quantized router)
 //     ids[k], w[k] = top-k of softmax(r), renormalised    moe_route (one block, as the CPU's moe_route)
+//     (a shared expert in the banks: ids[k] = n_expert,     moe_route, SharedExpertGate
+//      w[k] = sigmoid(w_gate · xn); k + 1 slots below)
 //     g_s, u_s = W_gate/up[ids[s]] · xq for slots s < k   gemv_indexed: one launch per bank, grid.y = slot
 //     fq = Q8_1(SiLU(g) · u) over the k·n_ff_exp values   swiglu_q8_1 (one row; slot s at s·n_ff_exp)
 //     y_s = W_down[ids[s]] · fq_s                         gemv_indexed with per-slot activations
 //     h = Σ_s w_s · y_s                                   moe_weighted_sum (h added by the next norm)
+//     (a shared expert not in the banks: h += its own     step_shared_expert (hybrid_layers.cpp)
+//      gated FFN)
 //   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax or sample_token
 //   pos += 1; cur = next prompt token or sampled          advance_decode_position (greedy: in
 //                                                           argmax's final launch, argmax_advance)
@@ -152,38 +156,46 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
         if (L.moe) {
             // Mixture of experts, all on the device (the CPU's moe_ffn for one
             // row): router logits, moe_route writes the k ids and weights,
-            // the indexed GEMVs read the ids, h = Σ_j w_j · expert_j.
+            // the indexed GEMVs read the ids, h = Σ_j w_j · expert_j. A shared
+            // expert kept in the banks is slot k (its weight the sigmoid gate).
             const int k = static_cast<int>(c.n_expert_used);
+            const bool sh = shexp_in_banks_ && !L.sh_gate_up.empty() && !sk("shexp");
+            const int slots = k + (shexp_in_banks_ ? 1 : 0);  // the buffers' layout (xq_moe_ holds slots · F)
             const int64_t F = c.n_ff_exp;
             auto* ids = moe_ids_.as<int32_t>();
-            float* eg = gu_.as<float>();  // k rows of F: the chosen experts' gate outputs
-            float* eu = eg + k * F;       // and their up outputs
+            float* eg = gu_.as<float>();  // a row of F per slot: the gate outputs
+            float* eu = eg + slots * F;   // and the up outputs
             float* ef = ffh_.as<float>();
             if (!sk("router")) mm(L.router, xn, xq_embd_, moe_logits_.as<float>());
-            moe_route(moe_logits_.as<float>(), static_cast<int>(c.n_expert), k, P.moe->renormalize, ids,
-                      moe_w_.as<float>(), s);
+            if (!sk("topk"))
+                moe_route(moe_logits_.as<float>(), static_cast<int>(c.n_expert), k, P.moe->renormalize, ids,
+                          moe_w_.as<float>(), s, SharedExpertGate{xn, sh ? L.sh_gate : nullptr, c.n_embd});
             mark("moe_route");
+            // Without the shared slot's weights (shexp skipped) its rows
+            // still run, on whatever moe_w_ held: a timing switch only.
             if (!sk("gateup")) {
                 for (const auto& [bank, out] : {std::pair{&L.exp_gate, eg}, std::pair{&L.exp_up, eu}}) {
-                    if (gemv_takes_quantized_activation(bank->type)) gemv_indexed(ctx_, *bank, F, xq_embd_, false, ids, k, out);
-                    else gemv_indexed(ctx_, *bank, F, xn, false, ids, k, out);
+                    if (gemv_takes_quantized_activation(bank->type))
+                        gemv_indexed(ctx_, *bank, F, xq_embd_, false, ids, slots, out);
+                    else
+                        gemv_indexed(ctx_, *bank, F, xn, false, ids, slots, out);
                 }
             }
             mark("gemv_gate_up");
-            // One SwiGLU over the k·F elements; quantized as one row whose
+            // One SwiGLU over the slots·F elements; quantized as one row whose
             // slot s is elements s·F .. (gemv_indexed's per-slot layout).
             const bool qd = gemv_takes_quantized_activation(L.exp_down.type);
             if (!sk("swiglu"))
-                swiglu_q8_1(eg, eu, ef, qd ? xq_moe_.q() : nullptr, qd ? xq_moe_.info() : nullptr, k * F, s,
+                swiglu_q8_1(eg, eu, ef, qd ? xq_moe_.q() : nullptr, qd ? xq_moe_.info() : nullptr, slots * F, s,
                             qd ? xq_moe_.q2() : nullptr, qd ? xq_moe_.info2() : nullptr, P.act == GluAct::GeluTanh);
             mark("swiglu");
             float* ey = moe_y_.as<float>();
             if (!sk("down")) {
-                if (qd) gemv_indexed(ctx_, L.exp_down, c.n_embd, xq_moe_, true, ids, k, ey);
-                else gemv_indexed(ctx_, L.exp_down, c.n_embd, ef, true, ids, k, ey);
+                if (qd) gemv_indexed(ctx_, L.exp_down, c.n_embd, xq_moe_, true, ids, slots, ey);
+                else gemv_indexed(ctx_, L.exp_down, c.n_embd, ef, true, ids, slots, ey);
             }
-            moe_weighted_sum(ey, moe_w_.as<float>(), k, c.n_embd, h, s);
-            if (!L.sh_gate_up.empty()) step_shared_expert(L);
+            if (!sk("wsum")) moe_weighted_sum(ey, moe_w_.as<float>(), slots, c.n_embd, h, s);
+            if (!L.sh_gate_up.empty() && !shexp_in_banks_ && !sk("shexp")) step_shared_expert(L);
             if (L.post_ffn_norm)
                 rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
             if (P.ffn_out_scale != 1.0f) scale_softcap(hres, c.n_embd, P.ffn_out_scale, 0.0f, s);

@@ -107,7 +107,10 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
     xn_ = fbuf(c.n_embd);
     qkv_ = fbuf(c.q_dim() + 2 * c.kv_dim());
     attn_ = fbuf(c.q_dim());
-    const int64_t moe_ff = c.moe ? c.n_expert_used * c.n_ff_exp : 0;  // gate (or up) of all chosen experts
+    // The decode step's expert slots: the chosen experts, then the shared
+    // one where the banks hold it.
+    const int64_t slots = c.moe ? c.n_expert_used + (shexp_in_banks_ ? 1 : 0) : 0;
+    const int64_t moe_ff = slots * c.n_ff_exp;  // gate (or up) of every slot
     const int64_t ff = std::max(c.n_ff, c.n_ff_shexp);
     gu_ = fbuf(2 * std::max(moe_ff, ff));
     ffh_ = fbuf(std::max(moe_ff, ff));
@@ -125,9 +128,9 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
     if (c.n_ff_shexp > 0) sshared_ = fbuf(c.n_embd);
     if (c.moe) {
         moe_logits_ = fbuf(c.n_expert);
-        moe_ids_ = DeviceBuffer(static_cast<size_t>(c.n_expert_used) * sizeof(int32_t));
-        moe_w_ = fbuf(c.n_expert_used);
-        moe_y_ = fbuf(c.n_expert_used * c.n_embd);
+        moe_ids_ = DeviceBuffer(static_cast<size_t>(slots) * sizeof(int32_t));
+        moe_w_ = fbuf(slots);
+        moe_y_ = fbuf(slots * c.n_embd);
         xq_moe_ = QuantizedActivation(moe_ff, levels_);
     }
     logits_ = fbuf(c.n_vocab);
@@ -371,13 +374,30 @@ std::vector<Piece> CudaExecutor::upload_group(const std::vector<const Tensor*>& 
     return out;
 }
 
-DeviceWeight CudaExecutor::upload_bank(const ExpertBank& b, int64_t il, const char* what) {
-    if (b.stacked) return upload_weight(ctx_, *b.stacked);  // ne[2] flattened into N: expert e's rows at e·rows
-    std::vector<Piece> ps = upload_group(b.experts);
-    if (ps.size() != 1)
-        fail("layer {}: the {} experts' matrices have different types; the CUDA backend needs one type per bank", il,
-             what);
-    return std::move(ps[0].w);
+DeviceWeight CudaExecutor::upload_bank(const ExpertBank& b, const Tensor* shared, int64_t il, const char* what) {
+    std::vector<const Tensor*> parts = b.stacked ? std::vector<const Tensor*>{b.stacked} : b.experts;
+    for (const Tensor* t : parts)
+        if (t->type != parts[0]->type)
+            fail("layer {}: the {} experts' matrices have different types; the CUDA backend needs one type per bank",
+                 il, what);
+    if (shared) parts.push_back(shared);  // ne[2] flattened into N: expert e's rows at e·rows, the shared one's last
+    return upload_weight(ctx_, parts);
+}
+
+bool CudaExecutor::shared_expert_in_banks() const {
+    const auto& c = plan_;
+    if (c.n_ff_shexp == 0 || c.n_ff_shexp != c.n_ff_exp) return false;
+    const auto type_of = [](const ExpertBank& b) { return b.stacked ? b.stacked->type : b.experts[0]->type; };
+    for (const BlockPlanLayer& P : c.layers) {
+        if (!P.moe) continue;
+        const MoeSpec& m = *P.moe;
+        if (!P.shared_expert() || P.shexp_gate_up.size() != 2 || P.act != GluAct::SiLU) return false;
+        if (m.gate.bias || m.up.bias || m.down.bias) return false;
+        if (P.shexp_gate_up[0].w->type != type_of(m.gate) || P.shexp_gate_up[1].w->type != type_of(m.up) ||
+            P.shexp_down->type != type_of(m.down))
+            return false;
+    }
+    return true;
 }
 
 std::vector<Piece> CudaExecutor::upload_group(const std::vector<LinearPiece>& ps) {
@@ -431,6 +451,7 @@ void CudaExecutor::upload_weights() {
         eh_proj_.w = upload_weight(ctx_, *c.nextn_eh_proj);
     }
 
+    shexp_in_banks_ = shared_expert_in_banks();
     layers_.resize(static_cast<size_t>(c.n_layer));
     for (int64_t il = 0; il < c.n_layer; ++il) {
         const BlockPlanLayer& P = c.layers[static_cast<size_t>(il)];
@@ -445,9 +466,10 @@ void CudaExecutor::upload_weights() {
         if (P.moe) {
             L.moe = true;
             L.router.w = upload_weight(ctx_, *P.moe->router);
-            L.exp_gate = upload_bank(P.moe->gate, il, "gate");
-            L.exp_up = upload_bank(P.moe->up, il, "up");
-            L.exp_down = upload_bank(P.moe->down, il, "down");
+            const bool sh = shexp_in_banks_;
+            L.exp_gate = upload_bank(P.moe->gate, sh ? P.shexp_gate_up[0].w : nullptr, il, "gate");
+            L.exp_up = upload_bank(P.moe->up, sh ? P.shexp_gate_up[1].w : nullptr, il, "up");
+            L.exp_down = upload_bank(P.moe->down, sh ? P.shexp_down : nullptr, il, "down");
         } else {
             L.gate_up = upload_group(P.gate_up);
             L.down.w = upload_weight(ctx_, *P.down);

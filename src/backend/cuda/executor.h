@@ -226,7 +226,13 @@ private:
     void make_expert_bq();
     /// An expert bank: its 3-D tensor, or its per-expert 2-D tensors
     /// concatenated (one type).
-    DeviceWeight upload_bank(const ExpertBank& b, int64_t il, const char* what);
+    /// One expert bank as one device matrix; `shared` (or null) appended as
+    /// its last matrix (shexp_in_banks_).
+    DeviceWeight upload_bank(const ExpertBank& b, const Tensor* shared, int64_t il, const char* what);
+    /// Whether every expert layer's shared expert can ride in its banks as
+    /// matrix n_expert: SiLU experts of the shared expert's width and types,
+    /// no bank biases.
+    bool shared_expert_in_banks() const;
     /// A small tensor (norms, parameters) as device floats, dequantized
     /// when it is not F32.
     const float* upload_f32(const Tensor& t);
@@ -385,6 +391,10 @@ private:
     // activation; else one rms_norm_q8_1 launch per norm.
     bool fuse_norm_ = false;
     DeviceBuffer ss_parts_;  // n_embd/32 partial sums of x²
+    // The shared expert as matrix n_expert of every expert bank: the decode
+    // step runs it as one more slot of the indexed GEMVs (its weight, the
+    // sigmoid gate, from moe_route), not as four launches of its own.
+    bool shexp_in_banks_ = false;
 
     std::vector<DeviceBuffer> owned_;  // norm weights, embedding table
     std::vector<LayerWeights> layers_;

@@ -217,10 +217,13 @@ const float* CudaExecutor::step_delta(const LayerWeights& L) {
     for (const Piece& p : L.delta_ba) mm(p, xn, xq_embd_, sba_.as<float>());
     mark("gemv_qkv");
     const DeltaSeqs& q = step_delta_[static_cast<size_t>(L.delta_index)];
-    delta_conv(sqkv_.as<float>(), sxc_.as<float>(), 1, q, D, s);
-    delta_rule(sxc_.as<float>(), sba_.as<float>(), sy_.as<float>(), 1, q, D, s);
+    if (!skipped("delta")) {
+        delta_conv(sqkv_.as<float>(), sxc_.as<float>(), 1, q, D, s);
+        delta_rule(sxc_.as<float>(), sba_.as<float>(), sy_.as<float>(), 1, q, D, s);
+    }
     mark("delta_rule");
-    rms_norm_groups(sy_.as<float>(), L.delta_norm, syn_.as<float>(), VD, 1, VD, D.head_v, c.rms_eps, s);
+    if (!skipped("dnorm"))
+        rms_norm_groups(sy_.as<float>(), L.delta_norm, syn_.as<float>(), VD, 1, VD, D.head_v, c.rms_eps, s);
     swiglu_q8_1(sz_.as<float>(), syn_.as<float>(), sgated_.as<float>(), xq_delta_.q(), xq_delta_.info(), VD, s,
                 xq_delta_.q2(), xq_delta_.info2(), kGateSiLU);
     mark("gate");

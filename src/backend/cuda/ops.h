@@ -406,8 +406,17 @@ inline constexpr int kMaxExpertsUsed = 16;
 /// n_expert outside [1, kMaxExperts] or k outside [1, min(n_expert,
 /// kMaxExpertsUsed)]. NaN logits give distinct in-range ids (which ones is
 /// unspecified).
+/// With shared.w set, slot k also gets a shared expert (Qwen2-MoE / Qwen3.5's
+/// shared_expert, kept as matrix n_expert of the banks): ids[k] = n_expert,
+/// weights[k] = sigmoid(Σ_i shared.w[i] · shared.x[i]) over shared.dim
+/// floats, as add_sigmoid_gated computes it; ids and weights then hold k + 1.
+struct SharedExpertGate {
+    const float* x = nullptr;  ///< the layer's normed input (dim floats)
+    const float* w = nullptr;  ///< the gate's weight row (dim floats), or null: no shared slot
+    int64_t dim = 0;
+};
 void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32_t* ids, float* weights,
-               cudaStream_t stream);
+               cudaStream_t stream, const SharedExpertGate& shared = {});
 
 /// moe_route for n rows of logits at once (row r: logits + r·n_expert; its
 /// ids and weights at r·k), one thread block per row; same results and

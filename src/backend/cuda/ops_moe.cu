@@ -7,17 +7,21 @@
 //   Shapes:  logits: rows of n_expert floats; ids, weights: rows of k.
 //   Grid:    one block of 256 threads per row; thread t handles experts t,
 //            t + 256, ...
-//   Math:    as moe_route (src/backend/cpu/moe_route.cpp) step by step: the max (thread 0,
-//            in order), p_x = exp(double(l_x − max)) (the float difference
-//            widened, as the CPU), Σp in double by thread 0 in expert order,
-//            p_x /= Σ; the rank of x = #{y : p_y > p_x or (p_y == p_x and
+//   Math:    as moe_route (src/backend/cpu/moe_route.cpp) step by step: the max
+//            (std::max_element's value: exact in any order), p_x =
+//            exp(double(l_x − max)) (the float difference widened, as the
+//            CPU), Σp in double (warp shuffles: the order differs from the
+//            CPU's, a relative 1e-16 that reaches a float weight's last bit
+//            about once in 10⁸), p_x /= Σ; the rank of x = #{y : p_y > p_x or (p_y == p_x and
 //            y < x)}, so the expert of rank j < k takes slot j (descending p,
 //            ties to the lower index, as the CPU's partial_sort comparator);
 //            the chosen sum in slot order; w_j = float(p / chosen or p).
-//            Only exp's last bit may differ from the CPU (CUDA's double exp is
-//            within 1 ulp), which can move a weight by one float ulp and
-//            never changes the order of distinct logits.
-//   Bound:   latency (a few hundred bytes; n_expert² / 256 comparisons per thread).
+//            Only exp's last bit and the sum's may differ from the CPU (CUDA's
+//            double exp is within 1 ulp), which can move a weight by one float
+//            ulp and never changes the order of distinct logits.
+//   Bound:   latency (a few hundred bytes; n_expert² / 256 comparisons per
+//            thread); the max and the sum are block reductions, not chains of
+//            n_expert dependent shared-memory reads.
 //
 // moe_weighted_sum_kernel
 //   Shapes:  y: k rows of n floats (slot j at y + j·n); weights: k floats;
@@ -30,6 +34,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/ops.h"
 
 namespace quern::cuda {
@@ -37,39 +42,73 @@ namespace {
 
 constexpr int kRouteThreads = 256;
 
+// The block's maximum of v (NaN-free values) and sum of d: warp shuffles,
+// then one value a warp through shared memory. Every thread gets the result.
+__device__ float route_block_max(float v, float* red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int t = static_cast<int>(threadIdx.x);
+    if ((t & 31) == 0) red[t >> 5] = v;
+    __syncthreads();
+    v = red[0];
+    for (int w = 1; w < kRouteThreads / 32; ++w) v = fmaxf(v, red[w]);
+    return v;
+}
+
+__device__ double route_block_sum(double d, double* red) {
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    const int t = static_cast<int>(threadIdx.x);
+    if ((t & 31) == 0) red[t >> 5] = d;
+    __syncthreads();
+    d = 0;
+    for (int w = 0; w < kRouteThreads / 32; ++w) d += red[w];
+    return d;
+}
+
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_kernel(const float* __restrict__ logits, int n_expert, int k, bool renormalise,
-                     int32_t* __restrict__ ids, float* __restrict__ weights) {
-    __shared__ float l[kMaxExperts];
+                     int32_t* __restrict__ ids, float* __restrict__ weights, SharedExpertGate sh) {
     __shared__ double p[kMaxExperts];
     __shared__ int slot_of[kMaxExpertsUsed];
-    __shared__ double total;
-    __shared__ float max_logit;
+    __shared__ float red_max[kRouteThreads / 32];
+    __shared__ double red_sum[kRouteThreads / 32];
+    __shared__ float red_gate[32];
     const int t = static_cast<int>(threadIdx.x);
+    const int stride = k + (sh.w ? 1 : 0);
     logits += static_cast<int64_t>(blockIdx.x) * n_expert;  // block r: row r
-    ids += static_cast<int64_t>(blockIdx.x) * k;
-    weights += static_cast<int64_t>(blockIdx.x) * k;
+    ids += static_cast<int64_t>(blockIdx.x) * stride;
+    weights += static_cast<int64_t>(blockIdx.x) * stride;
     pdl_wait();
     pdl_trigger();
-    for (int x = t; x < n_expert; x += kRouteThreads) l[x] = logits[x];
+    if (sh.w) {  // slot k: the shared expert, weighted by sigmoid(w · x) (add_sigmoid_gated's arithmetic)
+        const float* x = sh.x + static_cast<int64_t>(blockIdx.x) * sh.dim;
+        float d = 0.0f;
+        for (int64_t i = t; i < sh.dim; i += kRouteThreads) d += x[i] * sh.w[i];
+        d = detail::block_sum(d, red_gate);
+        if (t == 0) {
+            ids[k] = n_expert;
+            weights[k] = 1.0f / (1.0f + expf(-d));
+        }
+    }
+    constexpr int kPer = kMaxExperts / kRouteThreads;  // experts t, t + 256, ... in registers
+    float l[kPer];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const int x = t + i * kRouteThreads;
+        l[i] = x < n_expert ? logits[x] : -INFINITY;
+        mx = fmaxf(mx, l[i]);  // fmaxf skips NaN
+    }
     if (t < kMaxExpertsUsed) slot_of[t] = t < n_expert ? t : 0;  // stays in range even for NaN logits
-    __syncthreads();
-    if (t == 0) {
-        float mx = l[0];
-        for (int x = 1; x < n_expert; ++x) mx = l[x] > mx ? l[x] : mx;  // std::max_element's first maximum
-        max_logit = mx;
+    mx = route_block_max(mx, red_max);
+    // std::max_element keeps a NaN first element and skips later NaNs.
+    if (logits[0] != logits[0]) mx = logits[0];
+    double part = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const int x = t + i * kRouteThreads;
+        if (x < n_expert) part += p[x] = exp(static_cast<double>(l[i] - mx));
     }
-    __syncthreads();
-    const float mx = max_logit;
-    for (int x = t; x < n_expert; x += kRouteThreads) p[x] = exp(static_cast<double>(l[x] - mx));
-    __syncthreads();
-    if (t == 0) {
-        double sum = 0;
-        for (int x = 0; x < n_expert; ++x) sum += p[x];
-        total = sum;
-    }
-    __syncthreads();
-    const double sum = total;
+    const double sum = route_block_sum(part, red_sum);  // ends after a barrier: p is complete
     for (int x = t; x < n_expert; x += kRouteThreads) p[x] /= sum;
     __syncthreads();
     // NaN probabilities (from non-finite logits) rank below every number,
@@ -200,14 +239,12 @@ void moe_weighted_sum_rows(const float* y, const int32_t* pos, const float* weig
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
-void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32_t* ids, float* weights,
-               cudaStream_t stream) {
-    moe_route_rows(logits, 1, n_expert, k, renormalise, ids, weights, stream);
-}
+namespace {
 
-void moe_route_rows(const float* logits, int64_t n, int n_expert, int k, bool renormalise, int32_t* ids,
-                    float* weights, cudaStream_t stream) {
+void launch_route(const float* logits, int64_t n, int n_expert, int k, bool renormalise, int32_t* ids,
+                  float* weights, const SharedExpertGate& sh, cudaStream_t stream) {
     if (!logits || !ids || !weights) throw_error("moe_route: null pointer");
+    if (sh.w && (!sh.x || sh.dim < 1)) throw_error("moe_route: a shared expert gate without its input");
     if (n < 1 || n > 0x7fffffff) throw_error("moe_route_rows: rows out of range");
     if (n_expert < 1 || n_expert > kMaxExperts)
         throw_error("moe_route: " + std::to_string(n_expert) + " experts (1.." + std::to_string(kMaxExperts) + ")");
@@ -215,8 +252,20 @@ void moe_route_rows(const float* logits, int64_t n, int n_expert, int k, bool re
         throw_error("moe_route: " + std::to_string(k) + " experts used of " + std::to_string(n_expert) + " (1.." +
                     std::to_string(kMaxExpertsUsed) + ")");
     launch_pdl(moe_route_kernel, dim3(static_cast<unsigned>(n)), dim3(kRouteThreads), 0, stream, logits, n_expert, k,
-               renormalise, ids, weights);
+               renormalise, ids, weights, sh);
     QUERN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32_t* ids, float* weights,
+               cudaStream_t stream, const SharedExpertGate& shared) {
+    launch_route(logits, 1, n_expert, k, renormalise, ids, weights, shared, stream);
+}
+
+void moe_route_rows(const float* logits, int64_t n, int n_expert, int k, bool renormalise, int32_t* ids,
+                    float* weights, cudaStream_t stream) {
+    launch_route(logits, n, n_expert, k, renormalise, ids, weights, SharedExpertGate{}, stream);
 }
 
 void moe_group_rows(const int32_t* ids, int64_t n, int k, int n_expert, int32_t* pos, int32_t* src, int32_t* offsets,

@@ -12,9 +12,12 @@
 namespace quern::cuda {
 
 struct Tuning {
-    /// QUERN_CUDA_SKIP=norm,qkv,attn,wo,gateup,swiglu,down,router: those ops
-    /// are left out of the decode step (wrong output; the step's time tells
-    /// what each costs inside the replayed graph, bench/decode-cuda-h200.md).
+    /// QUERN_CUDA_SKIP=norm,qkv,attn,wo,gateup,swiglu,down,router,topk,wsum,
+    /// shexp,delta,dnorm: those ops are left out of the decode step (wrong
+    /// output; the step's time tells what each costs inside the replayed
+    /// graph, bench/decode-cuda-h200.md). topk is the MoE routing kernel,
+    /// wsum the experts' weighted sum, shexp the whole shared expert, delta
+    /// the DeltaNet conv and recurrence, dnorm its per-head RMSNorm.
     std::string skip;
     /// QUERN_GEMV_CONFIG=TYPE=INDEX,TYPE@N=INDEX,...: a GEMV launch
     /// configuration per weight type (indices as bench_gemv_cuda lists them;

@@ -1,6 +1,8 @@
 #include "backend/cuda/weights.h"
 
 #include <array>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
@@ -71,24 +73,35 @@ bool cuda_weight_type_supported(DType t) {
     }
 }
 
-DeviceWeight upload_weight(CudaContext& ctx, const Tensor& w) {
+DeviceWeight upload_weight(CudaContext& ctx, const Tensor& w) { return upload_weight(ctx, std::vector<const Tensor*>{&w}); }
+
+DeviceWeight upload_weight(CudaContext& ctx, const std::vector<const Tensor*>& parts) {
+    if (parts.empty() || !parts[0]) fail("upload_weight: no tensor");
+    const Tensor& w = *parts[0];
     const std::string name = w.name.empty() ? std::string("(unnamed)") : w.name;
     if (!cuda_weight_type_supported(w.type))
         fail("tensor '{}': weight type {} has no CUDA kernel (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
              "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F8_E4M3_B32, NVFP4)",
              name, dtype_name(w.type));
-    if (w.device != Device::CPU || w.data == nullptr)
-        fail("tensor '{}': upload_weight needs host data", name);
     const int64_t K = w.ne[0];
-    const int64_t N = w.ne[1] * w.ne[2] * w.ne[3];
     const auto& info = dtype_info(w.type);
     const int64_t align_elems = w.type == DType::F32 ? 4 : (!dtype_is_quantized(w.type) ? 8 : info.block_size);
     if (K <= 0 || K % align_elems != 0 || K > (int64_t{1} << 30))
         fail("tensor '{}': row length {} must be a positive multiple of {} (at most 2^30) for CUDA {} weights", name,
              K, align_elems, dtype_name(w.type));
-    if (N <= 0 || w.ne[1] <= 0 || w.ne[2] <= 0 || w.ne[3] <= 0 || N > (int64_t{1} << 31) - 1)
-        fail("tensor '{}': {} rows is not a valid CUDA weight matrix", name, N);
-    if (w.nb[1] < w.row_bytes()) fail("tensor '{}': row stride {} is below the row size {}", name, w.nb[1], w.row_bytes());
+    int64_t N = 0;
+    for (const Tensor* p : parts) {
+        const std::string pn = p && !p->name.empty() ? p->name : std::string("(unnamed)");
+        if (!p || p->device != Device::CPU || p->data == nullptr) fail("tensor '{}': upload_weight needs host data", pn);
+        if (p->type != w.type || p->ne[0] != K)
+            fail("tensor '{}' ({}, rows of {}) cannot share one device matrix with '{}' ({}, rows of {})", pn,
+                 dtype_name(p->type), p->ne[0], name, dtype_name(w.type), K);
+        if (p->ne[1] <= 0 || p->ne[2] <= 0 || p->ne[3] <= 0) fail("tensor '{}': an empty dimension", pn);
+        if (p->nb[1] < p->row_bytes())
+            fail("tensor '{}': row stride {} is below the row size {}", pn, p->nb[1], p->row_bytes());
+        N += p->ne[1] * p->ne[2] * p->ne[3];
+    }
+    if (N > (int64_t{1} << 31) - 1) fail("tensor '{}': {} rows is not a valid CUDA weight matrix", name, N);
 
     ctx.make_current();
     const auto rows = stream_row_bytes(w.type, K);
@@ -111,11 +124,17 @@ DeviceWeight upload_weight(CudaContext& ctx, const Tensor& w) {
     dw.s2 = rows[3] ? base + off[3] : nullptr;
 
     const cudaStream_t stream = ctx.stream();
+    const auto copy_parts = [&](uint8_t* dst) {  // every part's rows, back to back
+        for (const Tensor* p : parts) {
+            copy_rows(*p, dst, stream);
+            dst += p->row_bytes() * static_cast<size_t>(p->ne[1] * p->ne[2] * p->ne[3]);
+        }
+    };
     if (!dtype_is_quantized(w.type)) {
-        copy_rows(w, static_cast<uint8_t*>(dw.q), stream);
+        copy_parts(static_cast<uint8_t*>(dw.q));
     } else {
         DeviceBuffer staging(w.row_bytes() * static_cast<size_t>(N));
-        copy_rows(w, staging.as<uint8_t>(), stream);
+        copy_parts(staging.as<uint8_t>());
         const int64_t n_blocks = N * (K / info.block_size);
         launch_repack(w.type, staging.as<uint8_t>(), n_blocks, K, dw.q, dw.q2, dw.s, dw.s2, stream);
         QUERN_CUDA_CHECK_LAUNCH();

@@ -67,6 +67,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/device_buffer.h"
 #include "core/dtype.h"
@@ -121,5 +122,12 @@ bool cuda_weight_type_supported(DType t);
 /// Needs transient device memory of one extra copy of the tensor for block
 /// types (the host bytes are staged, then repacked).
 DeviceWeight upload_weight(CudaContext& ctx, const Tensor& w);
+
+/// upload_weight of the rows of several host tensors as one matrix, in
+/// order: parts[0]'s N0 rows, then parts[1]'s, ... (an expert bank with the
+/// shared expert appended as one more matrix). Every part must have the
+/// first's type and K, else quern::Error naming both; other preconditions
+/// as above, per part, with N the total.
+DeviceWeight upload_weight(CudaContext& ctx, const std::vector<const Tensor*>& parts);
 
 }  // namespace quern::cuda

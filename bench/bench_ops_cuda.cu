@@ -1,7 +1,7 @@
 // Timings of the non-GEMV CUDA decode kernels (src/backend/cuda/ops.h) on
 // Llama-3-8B shapes (dim 4096, 32 query / 8 KV heads of 128, FFN 14336,
-// vocab 128256), and of the Gated DeltaNet kernels (delta_rule.h) on a
-// Qwen3.5-27B layer.
+// vocab 128256), of the Gated DeltaNet kernels (delta_rule.h) on a
+// Qwen3.5-27B layer, and of the MoE routing and gated RMSNorm of Qwen3.5.
 //
 //   bench_ops_cuda [--reps N]
 //
@@ -165,6 +165,42 @@ void bench_delta_rule(CudaContext& ctx, std::mt19937& rng) {
 
 }  // namespace
 
+/// The small kernels around a Qwen3.5 layer's GEMVs: the MoE routing of
+/// the 35B-A3B (256 experts, top 8, with and without the shared expert's
+/// gate over 2048 floats) and the DeltaNet output's gated RMSNorm (value
+/// width 6144 in heads of 128: the 27B) in one launch against the two it
+/// replaces. Launch-bound: the figure that matters is µs per launch.
+void bench_qwen35_small(CudaContext& ctx, std::mt19937& rng) {
+    const cudaStream_t s = ctx.stream();
+    const int L = 40, E = 256, k = 8, dim = 2048;
+    auto logits = random_buffer(E, s, rng), x = random_buffer(dim, s, rng), gw = random_buffer(dim, s, rng);
+    DeviceBuffer ids((k + 1) * 4), w((k + 1) * 4);
+    report("moe_route 256 experts, top 8", time_graph(ctx, L, [&](int) {
+               moe_route(logits.as<float>(), E, k, true, ids.as<int32_t>(), w.as<float>(), s);
+           }),
+           E * 4.0);
+    report("moe_route 256 experts, top 8, shared gate", time_graph(ctx, L, [&](int) {
+               moe_route(logits.as<float>(), E, k, true, ids.as<int32_t>(), w.as<float>(), s,
+                         SharedExpertGate{x.as<float>(), gw.as<float>(), dim});
+           }),
+           E * 4.0 + 2.0 * dim * 4);
+    const int VD = 6144, hv = 128;
+    auto y = random_buffer(VD, s, rng), z = random_buffer(VD, s, rng), nw = random_buffer(hv, s, rng);
+    auto yn = random_buffer(VD, s, rng), h = random_buffer(VD, s, rng);
+    QuantizedActivation xa(VD, 2);
+    report("gated_rms_norm_q8_1 6144 / 128", time_graph(ctx, L, [&](int) {
+               gated_rms_norm_q8_1(y.as<float>(), nw.as<float>(), z.as<float>(), h.as<float>(), xa.q(), xa.info(),
+                                   xa.q2(), xa.info2(), VD, hv, 1e-6f, s);
+           }),
+           VD * 4.0 * 3 + VD * 2.25);
+    report("rms_norm_groups + swiglu_q8_1 6144 / 128", time_graph(ctx, L, [&](int) {
+               rms_norm_groups(y.as<float>(), nw.as<float>(), yn.as<float>(), VD, 1, VD, hv, 1e-6f, s);
+               swiglu_q8_1(z.as<float>(), yn.as<float>(), h.as<float>(), xa.q(), xa.info(), VD, s, xa.q2(),
+                           xa.info2(), kGateSiLU);
+           }),
+           VD * 4.0 * 5 + VD * 2.25);
+}
+
 int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i)
         if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::atoi(argv[++i]);
@@ -178,6 +214,7 @@ int main(int argc, char** argv) {
     std::mt19937 rng(7);
     const int dim = 4096, ffn = 14336, n_head = 32, n_kv = 8, hd = 128, vocab = 128256;
     const int L = 64;
+    bench_qwen35_small(ctx, rng);
 
     auto x = random_buffer(dim, s, rng), res = random_buffer(dim, s, rng), w = random_buffer(dim, s, rng);
     auto y = random_buffer(dim, s, rng);

@@ -26,6 +26,7 @@
 #include "backend/cuda/context.h"
 #include "backend/cuda/delta_rule.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/gemv.h"
 #include "backend/cuda/ops.h"
 
 using namespace quern;
@@ -327,6 +328,48 @@ TEST(GatedOpsCuda, RmsNormGroups) {
                 }
             }
     }
+}
+
+// The decode step's gated RMSNorm in one launch: the floats against a
+// double-precision host norm and SiLU gate, and its quantized row (one and
+// two levels) byte for byte what quantize_activation makes of those floats.
+TEST(GatedOpsCuda, GatedRmsNormQ8_1) {
+    if (CudaContext::device_count() == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+    CudaContext ctx;
+    std::mt19937 rng(35);
+    for (const auto [width, group] : {std::tuple{6144, 128}, std::tuple{4096, 128}, std::tuple{96, 32}, std::tuple{1024, 1024}})
+        for (int levels : {1, 2}) {
+            const auto y = random_floats(static_cast<size_t>(width), rng, -3.0f, 3.0f);
+            const auto z = random_floats(static_cast<size_t>(width), rng, -6.0f, 6.0f);
+            const auto w = random_floats(static_cast<size_t>(group), rng, 0.5f, 1.5f);
+            DeviceBuffer dy = to_device(y, ctx.stream()), dz = to_device(z, ctx.stream()), dw = to_device(w, ctx.stream());
+            DeviceBuffer dh(static_cast<size_t>(width) * 4);
+            dh.fill_bytes(0xFF, ctx.stream());
+            QuantizedActivation a(width, levels), b(width, levels);
+            gated_rms_norm_q8_1(dy.as<float>(), dw.as<float>(), dz.as<float>(), dh.as<float>(), a.q(), a.info(), a.q2(),
+                                a.info2(), width, group, 1e-6f, ctx.stream());
+            const auto h = to_host(dh, static_cast<size_t>(width), ctx);
+            for (int64_t g0 = 0; g0 < width; g0 += group) {
+                double ss = 0;
+                for (int64_t i = 0; i < group; ++i) ss += double{y[g0 + i]} * y[g0 + i];
+                const double inv = 1.0 / std::sqrt(ss / group + 1e-6);
+                for (int64_t i = 0; i < group; ++i) {
+                    const double zi = z[g0 + i];
+                    const double want = zi / (1.0 + std::exp(-zi)) * (y[g0 + i] * inv * w[i]);
+                    ASSERT_NEAR(h[g0 + i], want, 2e-5 * std::fabs(want) + 1e-6) << "width " << width << " element " << g0 + i;
+                }
+            }
+            quantize_activation(ctx, dh.as<float>(), b);
+            const size_t bytes = a.level_bytes() * static_cast<size_t>(levels);
+            std::vector<uint8_t> ga(bytes), gb(bytes);
+            ctx.synchronize();
+            cudaMemcpy(ga.data(), a.q(), bytes, cudaMemcpyDeviceToHost);
+            cudaMemcpy(gb.data(), b.q(), bytes, cudaMemcpyDeviceToHost);
+            EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), bytes)) << "width " << width << " levels " << levels;
+        }
+    DeviceBuffer d(4096);
+    EXPECT_ANY_THROW(gated_rms_norm_q8_1(d.as<float>(), d.as<float>(), d.as<float>(), nullptr, nullptr, nullptr, nullptr,
+                                         nullptr, 96, 48, 1e-6f, ctx.stream()));
 }
 
 // The sigmoid gate (gated attention): swiglu_q8_1 and glu_rows_bf16 with

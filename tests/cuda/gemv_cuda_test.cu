@@ -544,7 +544,7 @@ TEST_F(CudaTest, ResidualNormFoldedIntoGemvs) {
                  std::runtime_error);
 }
 
-// gemv_pair: Q4_K Q|K with Q6_K V in one launch, bit for bit what two gemv
+// gemv_pair: Q4_K Q|K with Q6_K V (or a second Q4_K matrix) in one launch, bit for bit what two gemv
 // launches with R4 T64 U2 compute (the fused pair's row arithmetic), with and
 // without the deferred RMSNorm scale; other pairs fall back to two launches
 // with the default configurations. Outputs poisoned past N.
@@ -556,8 +556,8 @@ TEST_F(CudaTest, GemvPairMatchesSeparateLaunches) {
         DType t1, t2;
         bool fused;
     };
-    for (const Pair pr : {Pair{DType::Q4_K, DType::Q6_K, true}, Pair{DType::Q6_K, DType::Q4_K, false},
-                          Pair{DType::Q8_0, DType::Q6_K, false}})
+    for (const Pair pr : {Pair{DType::Q4_K, DType::Q6_K, true}, Pair{DType::Q4_K, DType::Q4_K, true},
+                          Pair{DType::Q6_K, DType::Q4_K, false}, Pair{DType::Q8_0, DType::Q6_K, false}})
         for (int levels : {1, 2})
             for (const Case& c : {Case{5120, 4096}, Case{640, 512}})
                 for (bool scaled : {false, true}) {

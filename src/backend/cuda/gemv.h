@@ -139,10 +139,11 @@ void gemv(CudaContext& ctx, const DeviceWeight& W, const QuantizedActivation& xq
 /// y1 = W1·xq and y2 = W2·xq (times the deferred RMSNorm scale when `norm`
 /// is given, as the gemv overload above) for two matrices of different
 /// weight types that read the same activation — Q4_K_M's Q|K (Q4_K) and V
-/// (Q6_K). One launch where a fused kernel exists for the pair (Q4_K then
-/// Q6_K: both matrices' rows computed as gemv's R4 T64 U2 configuration
-/// computes them — Q4_K's tuned one for Q|K, Q6_K's two-level one for V),
-/// else two gemv launches with their default configurations.
+/// (Q6_K), or a DeltaNet's [q|k|v] and z. One launch where a fused kernel
+/// exists for the pair (Q4_K then Q6_K, or both Q4_K: both matrices' rows
+/// computed as gemv's R4 T64 U2 configuration computes them — Q4_K's tuned
+/// one for Q|K, Q6_K's two-level one for V), else two gemv launches with
+/// their default configurations.
 /// (Tuning::gemv_config forcing either matrix's configuration takes the two launches.)
 /// Throws quern::Error as gemv for either matrix.
 void gemv_pair(CudaContext& ctx, const DeviceWeight& W1, float* y1, const DeviceWeight& W2, float* y2,

@@ -4,10 +4,12 @@
 // the decode step (one row, GEMVs) and of layer_rows (many rows, GEMMs).
 //
 // A DeltaNet layer, after the layer's RMSNorm:
-//   [q|k|v], z, [b|a] = projections of the normed row(s)     GEMV / PrefillGemm
+//   [q|k|v], z, [b|a] = projections of the normed row(s)     GEMV ([q|k|v] and z: gemv_pair) / PrefillGemm
 //   conv over the sequence's conv state, SiLU, q/k L2 norm   delta_conv (delta_rule.h)
 //   gated delta rule over the sequence's state               delta_rule
-//   y = RMSNorm per value head; g = SiLU(z) · y               rms_norm_groups, swiglu_q8_1 / glu_rows_bf16
+//   y = RMSNorm per value head; g = SiLU(z) · y               gated_rms_norm_q8_1 (decode; heads of 32k ≤
+//                                                             1024, else rms_norm_groups, swiglu_q8_1) /
+//                                                             rms_norm_groups, glu_rows_bf16 (rows)
 //   h = W_out · g                                            (the attention path's output projection)
 // Gated attention multiplies the attention output by sigmoid(W_gate · x)
 // before the output projection; a shared expert adds sigmoid(w · x) ·
@@ -212,8 +214,15 @@ const float* CudaExecutor::step_delta(const LayerWeights& L) {
     const DeltaLayer& D = L.dl;
     const int64_t VD = int64_t{D.n_v_heads} * D.head_v;
     const float* xn = xn_.as<float>();
-    for (const Piece& p : L.qkv) mm(p, xn, xq_embd_, sqkv_.as<float>());
-    for (const Piece& p : L.delta_z) mm(p, xn, xq_embd_, sz_.as<float>());
+    const auto q8 = [](const std::vector<Piece>& ps) {
+        return ps.size() == 1 && gemv_takes_quantized_activation(ps[0].w.type);
+    };
+    if (q8(L.qkv) && q8(L.delta_z)) {  // one launch where gemv_pair has a kernel for the two types
+        gemv_pair(ctx_, L.qkv[0].w, sqkv_.as<float>(), L.delta_z[0].w, sz_.as<float>(), xq_embd_);
+    } else {
+        for (const Piece& p : L.qkv) mm(p, xn, xq_embd_, sqkv_.as<float>());
+        for (const Piece& p : L.delta_z) mm(p, xn, xq_embd_, sz_.as<float>());
+    }
     for (const Piece& p : L.delta_ba) mm(p, xn, xq_embd_, sba_.as<float>());
     mark("gemv_qkv");
     const DeltaSeqs& q = step_delta_[static_cast<size_t>(L.delta_index)];
@@ -222,10 +231,16 @@ const float* CudaExecutor::step_delta(const LayerWeights& L) {
         delta_rule(sxc_.as<float>(), sba_.as<float>(), sy_.as<float>(), 1, q, D, s);
     }
     mark("delta_rule");
-    if (!skipped("dnorm"))
+    const bool one_launch = D.head_v % 32 == 0 && D.head_v <= 1024;
+    if (skipped("dnorm")) {  // timing only: the gate's output keeps the last step's values
+    } else if (one_launch) {
+        gated_rms_norm_q8_1(sy_.as<float>(), L.delta_norm, sz_.as<float>(), sgated_.as<float>(), xq_delta_.q(),
+                            xq_delta_.info(), xq_delta_.q2(), xq_delta_.info2(), VD, D.head_v, c.rms_eps, s);
+    } else {
         rms_norm_groups(sy_.as<float>(), L.delta_norm, syn_.as<float>(), VD, 1, VD, D.head_v, c.rms_eps, s);
-    swiglu_q8_1(sz_.as<float>(), syn_.as<float>(), sgated_.as<float>(), xq_delta_.q(), xq_delta_.info(), VD, s,
-                xq_delta_.q2(), xq_delta_.info2(), kGateSiLU);
+        swiglu_q8_1(sz_.as<float>(), syn_.as<float>(), sgated_.as<float>(), xq_delta_.q(), xq_delta_.info(), VD, s,
+                    xq_delta_.q2(), xq_delta_.info2(), kGateSiLU);
+    }
     mark("gate");
     return sgated_.as<float>();
 }

@@ -66,6 +66,20 @@ void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, A
 void rms_norm_groups(const float* x, const float* w, float* y, int64_t ldy, int64_t n, int64_t width, int64_t group,
                      float eps, cudaStream_t stream);
 
+/// The gated RMSNorm of one row of `width` floats in groups of `group` (a
+/// Gated DeltaNet's output: per value head RMSNorm, then SiLU of the z gate;
+/// FLA's / transformers' RMSNormGated), in one launch:
+///   h[i] = SiLU(z[i]) · y[i] / sqrt(mean over i's group of y² + eps) · w[i mod group]
+/// h (if not null) as floats and quantized into (xq, xinfo) as one row of
+/// width elements (if not null; the residual level into (xq2, xinfo2) when
+/// given), as rms_norm_groups followed by swiglu_q8_1(z, ·) computes it.
+/// Throws quern::Error for null y/w/z, group not a multiple of 32 in
+/// [32, 1024], width not a multiple of group, or mismatched quantization
+/// pointers.
+void gated_rms_norm_q8_1(const float* y, const float* w, const float* z, float* h, int8_t* xq, ActBlockInfo* xinfo,
+                         int8_t* xq2, ActBlockInfo* xinfo2, int64_t width, int64_t group, float eps,
+                         cudaStream_t stream);
+
 /// out[r·dim + i] += sigmoid(Σ_j x[r·dim + j] · w[j]) · y[r·dim + i] for n rows
 /// of dim (a shared expert's per-token gate): x floats, or BF16 bit patterns.
 void add_sigmoid_gated(const float* x, const float* w, const float* y, float* out, int64_t n, int64_t dim,

@@ -1,7 +1,8 @@
-// Per-group RMSNorm and the sigmoid-gated add of a shared expert (ops.h):
-// the small row kernels of gated layers (a DeltaNet's per-head output norm,
-// a shared expert's per-token gate).
+// Per-group RMSNorm, the gated RMSNorm of a DeltaNet's decode step and the
+// sigmoid-gated add of a shared expert (ops.h): the small row kernels of
+// gated layers.
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 
@@ -23,6 +24,29 @@ __global__ void rms_norm_groups_kernel(const float* __restrict__ x, const float*
     ss = detail::block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
     for (int64_t i = threadIdx.x; i < group; i += blockDim.x) y[r * ldy + g0 + i] = xr[i] * inv * w[i];
+}
+
+// gated_rms_norm_q8_1_kernel
+//   Grid:  one block per group (a DeltaNet value head) of `group` threads
+//          (a multiple of 32, ≤ 1024): thread i holds element g0 + i.
+//   Math:  RMSNorm of the group as rms_norm_groups_kernel (fp32 sum of
+//          squares, block_sum), then SiLU(z)·y as swiglu_q8_1 (glu_value),
+//          quantized per 32 elements (one warp each) as swiglu_q8_1 does.
+//   Bound: latency (a few KB).
+__global__ void gated_rms_norm_q8_1_kernel(const float* __restrict__ y, const float* __restrict__ w,
+                                           const float* __restrict__ z, float* __restrict__ h, int8_t* __restrict__ xq,
+                                           ActBlockInfo* __restrict__ xinfo, int8_t* __restrict__ xq2,
+                                           ActBlockInfo* __restrict__ xinfo2, int group, int64_t half_k, float eps) {
+    __shared__ float red[32];
+    pdl_wait_trigger(true);
+    const int t = static_cast<int>(threadIdx.x);
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * group + t;
+    const float v = y[i];
+    const float ss = detail::block_sum(v * v, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(group) + eps);
+    const float g = detail::glu_value(z[i], v * inv * w[t], kGateSiLU);
+    if (h) h[i] = g;
+    if (xq) detail::quantize_block_q8_1_l2(g, t & 31, i >> 5, xq, xinfo, xq2, xinfo2, half_k);
 }
 
 __device__ __forceinline__ float load_f(const float* p, int64_t i) { return p[i]; }
@@ -63,6 +87,19 @@ void rms_norm_groups(const float* x, const float* w, float* y, int64_t ldy, int6
     const int threads = group >= 256 ? 256 : static_cast<int>((group + 31) / 32 * 32);
     rms_norm_groups_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(width / group)), threads, 0, stream>>>(
         x, w, y, ldy, width, group, eps);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void gated_rms_norm_q8_1(const float* y, const float* w, const float* z, float* h, int8_t* xq, ActBlockInfo* xinfo,
+                         int8_t* xq2, ActBlockInfo* xinfo2, int64_t width, int64_t group, float eps,
+                         cudaStream_t stream) {
+    if (!y || !w || !z) throw_error("gated_rms_norm_q8_1: null pointer");
+    if (group < 32 || group > 1024 || group % 32 != 0 || width < group || width % group != 0 || width / group > 65535)
+        throw_error("gated_rms_norm_q8_1: bad shape");
+    if ((xq == nullptr) != (xinfo == nullptr) || (xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
+        throw_error("gated_rms_norm_q8_1: give xq with xinfo, and a residual level only with a first");
+    launch_pdl(gated_rms_norm_q8_1_kernel, dim3(static_cast<unsigned>(width / group)), dim3(static_cast<unsigned>(group)),
+               0, stream, y, w, z, h, xq, xinfo, xq2, xinfo2, static_cast<int>(group), width / 2, eps);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -67,7 +67,7 @@ __device__ double route_block_sum(double d, double* red) {
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_kernel(const float* __restrict__ logits, int n_expert, int k, bool renormalise,
                      int32_t* __restrict__ ids, float* __restrict__ weights, SharedExpertGate sh) {
-    __shared__ double p[kMaxExperts];
+    __shared__ double p[kMaxExperts], key[kMaxExperts];
     __shared__ int slot_of[kMaxExpertsUsed];
     __shared__ float red_max[kRouteThreads / 32];
     __shared__ double red_sum[kRouteThreads / 32];
@@ -109,16 +109,27 @@ __global__ void __launch_bounds__(kRouteThreads)
         if (x < n_expert) part += p[x] = exp(static_cast<double>(l[i] - mx));
     }
     const double sum = route_block_sum(part, red_sum);  // ends after a barrier: p is complete
-    for (int x = t; x < n_expert; x += kRouteThreads) p[x] /= sum;
-    __syncthreads();
     // NaN probabilities (from non-finite logits) rank below every number,
     // so the ranks stay a permutation and a row never names an expert twice.
     for (int x = t; x < n_expert; x += kRouteThreads) {
-        const double px = p[x] == p[x] ? p[x] : -1.0;
+        p[x] /= sum;
+        key[x] = p[x] == p[x] ? p[x] : -1.0;
+    }
+    __syncthreads();
+    // Ranks: 8 comparisons between checks for an early exit, so that the
+    // shared-memory reads of a thread overlap instead of forming one chain.
+    for (int x = t; x < n_expert; x += kRouteThreads) {
+        const double kx = key[x];
         int rank = 0;
-        for (int y = 0; y < n_expert && rank < k; ++y) {
-            const double py = p[y] == p[y] ? p[y] : -1.0;
-            rank += (py > px || (py == px && y < x)) ? 1 : 0;
+        for (int y0 = 0; y0 < n_expert && rank < k; y0 += 8) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int y = y0 + j;
+                if (y < n_expert) {
+                    const double ky = key[y];
+                    rank += (ky > kx || (ky == kx && y < x)) ? 1 : 0;
+                }
+            }
         }
         if (rank < k) slot_of[rank] = x;
     }

@@ -17,7 +17,7 @@ struct Tuning {
     /// output; the step's time tells what each costs inside the replayed
     /// graph, bench/decode-cuda-h200.md). topk is the MoE routing kernel,
     /// wsum the experts' weighted sum, shexp the whole shared expert, delta
-    /// the DeltaNet conv and recurrence, dnorm its per-head RMSNorm.
+    /// the DeltaNet conv and recurrence, dnorm its gated RMSNorm.
     std::string skip;
     /// QUERN_GEMV_CONFIG=TYPE=INDEX,TYPE@N=INDEX,...: a GEMV launch
     /// configuration per weight type (indices as bench_gemv_cuda lists them;

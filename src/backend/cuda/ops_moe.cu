@@ -12,16 +12,17 @@
 //            exp(double(l_x − max)) (the float difference widened, as the
 //            CPU), Σp in double (warp shuffles: the order differs from the
 //            CPU's, a relative 1e-16 that reaches a float weight's last bit
-//            about once in 10⁸), p_x /= Σ; the rank of x = #{y : p_y > p_x or (p_y == p_x and
-//            y < x)}, so the expert of rank j < k takes slot j (descending p,
-//            ties to the lower index, as the CPU's partial_sort comparator);
-//            the chosen sum in slot order; w_j = float(p / chosen or p).
-//            Only exp's last bit and the sum's may differ from the CPU (CUDA's
-//            double exp is within 1 ulp), which can move a weight by one float
-//            ulp and never changes the order of distinct logits.
-//   Bound:   latency (a few hundred bytes; n_expert² / 256 comparisons per
-//            thread); the max and the sum are block reductions, not chains of
-//            n_expert dependent shared-memory reads.
+//            about once in 10⁸), p_x /= Σ; slot j = the argmax of p over the
+//            experts not yet taken, ties to the lower index (the CPU's
+//            partial_sort comparator: descending p, then index), k rounds of
+//            a block reduction; the chosen sum in slot order; w_j = float(p /
+//            chosen or p). Only exp's last bit and the sum's may differ from
+//            the CPU (CUDA's double exp is within 1 ulp), which can move a
+//            weight by one float ulp and never changes the order of distinct
+//            logits.
+//   Bound:   latency (a few hundred bytes; k + 2 block reductions, where
+//            ranking every expert against every other would take n_expert² /
+//            256 double comparisons a thread, the bulk of a layer's routing).
 //
 // moe_weighted_sum_kernel
 //   Shapes:  y: k rows of n floats (slot j at y + j·n); weights: k floats;
@@ -67,8 +68,10 @@ __device__ double route_block_sum(double d, double* red) {
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_kernel(const float* __restrict__ logits, int n_expert, int k, bool renormalise,
                      int32_t* __restrict__ ids, float* __restrict__ weights, SharedExpertGate sh) {
-    __shared__ double p[kMaxExperts], key[kMaxExperts];
+    __shared__ double p[kMaxExperts];
     __shared__ int slot_of[kMaxExpertsUsed];
+    __shared__ double red_key[2][kRouteThreads / 32];
+    __shared__ int red_x[2][kRouteThreads / 32];
     __shared__ float red_max[kRouteThreads / 32];
     __shared__ double red_sum[kRouteThreads / 32];
     __shared__ float red_gate[32];
@@ -98,7 +101,6 @@ __global__ void __launch_bounds__(kRouteThreads)
         l[i] = x < n_expert ? logits[x] : -INFINITY;
         mx = fmaxf(mx, l[i]);  // fmaxf skips NaN
     }
-    if (t < kMaxExpertsUsed) slot_of[t] = t < n_expert ? t : 0;  // stays in range even for NaN logits
     mx = route_block_max(mx, red_max);
     // std::max_element keeps a NaN first element and skips later NaNs.
     if (logits[0] != logits[0]) mx = logits[0];
@@ -110,30 +112,41 @@ __global__ void __launch_bounds__(kRouteThreads)
     }
     const double sum = route_block_sum(part, red_sum);  // ends after a barrier: p is complete
     // NaN probabilities (from non-finite logits) rank below every number,
-    // so the ranks stay a permutation and a row never names an expert twice.
-    for (int x = t; x < n_expert; x += kRouteThreads) {
-        p[x] /= sum;
-        key[x] = p[x] == p[x] ? p[x] : -1.0;
-    }
-    __syncthreads();
-    // Ranks: 8 comparisons between checks for an early exit, so that the
-    // shared-memory reads of a thread overlap instead of forming one chain.
-    for (int x = t; x < n_expert; x += kRouteThreads) {
-        const double kx = key[x];
-        int rank = 0;
-        for (int y0 = 0; y0 < n_expert && rank < k; y0 += 8) {
+    // so a row never names an expert twice; experts past n_expert and those
+    // already taken rank below NaN.
+    double key[kPer];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int y = y0 + j;
-                if (y < n_expert) {
-                    const double ky = key[y];
-                    rank += (ky > kx || (ky == kx && y < x)) ? 1 : 0;
-                }
-            }
-        }
-        if (rank < k) slot_of[rank] = x;
+    for (int i = 0; i < kPer; ++i) {
+        const int x = t + i * kRouteThreads;
+        if (x < n_expert) p[x] /= sum;
+        key[i] = x >= n_expert ? -INFINITY : p[x] == p[x] ? p[x] : -1.0;
     }
-    __syncthreads();
+    // k rounds of a block-wide argmax (largest key, ties to the lower index):
+    // slot j takes the expert of rank j.
+    for (int j = 0; j < k; ++j) {
+        double bk = -INFINITY;
+        int bx = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i)
+            if (key[i] > bk) bk = key[i], bx = t + i * kRouteThreads;
+        for (int o = 16; o > 0; o >>= 1) {
+            const double ok = __shfl_xor_sync(0xffffffffu, bk, o);
+            const int ox = __shfl_xor_sync(0xffffffffu, bx, o);
+            if (ok > bk || (ok == bk && ox < bx)) bk = ok, bx = ox;
+        }
+        if ((t & 31) == 0) red_key[j & 1][t >> 5] = bk, red_x[j & 1][t >> 5] = bx;
+        __syncthreads();  // the other buffer is free again: everyone read it before this barrier
+        bk = red_key[j & 1][0], bx = red_x[j & 1][0];
+        for (int w = 1; w < kRouteThreads / 32; ++w) {
+            const double ok = red_key[j & 1][w];
+            const int ox = red_x[j & 1][w];
+            if (ok > bk || (ok == bk && ox < bx)) bk = ok, bx = ox;
+        }
+        if (t == 0) slot_of[j] = bx;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i)
+            if (t + i * kRouteThreads == bx) key[i] = -INFINITY;
+    }
     if (t == 0) {
         double chosen = 0;
         for (int j = 0; j < k; ++j) chosen += p[slot_of[j]];

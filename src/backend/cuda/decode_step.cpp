@@ -159,7 +159,7 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
             // the indexed GEMVs read the ids, h = Σ_j w_j · expert_j. A shared
             // expert kept in the banks is slot k (its weight the sigmoid gate).
             const int k = static_cast<int>(c.n_expert_used);
-            const bool sh = shexp_in_banks_ && !L.sh_gate_up.empty() && !sk("shexp");
+            const bool sh = shexp_in_banks_ && !sk("shexp");  // every expert layer has one then
             const int slots = k + (shexp_in_banks_ ? 1 : 0);  // the buffers' layout (xq_moe_ holds slots · F)
             const int64_t F = c.n_ff_exp;
             auto* ids = moe_ids_.as<int32_t>();

@@ -31,10 +31,14 @@ constexpr int kPairRows2 = 4, kPairUnroll2 = 2;  // Q6_K
 // Bytes per 256 weights, which weight a round of row groups when the grid is
 // split: Q4_K 144, Q6_K 210.
 template <class Op>
+constexpr bool kPairOp = std::is_same_v<Op, OpQ4_K> || std::is_same_v<Op, OpQ6_K>;
+
+template <class Op>
 constexpr int64_t kBytes256 = std::is_same_v<Op, OpQ6_K> ? 210 : 144;
 
 template <class Op>
 typename Op::Args pair_args(const GemvLaunch& l) {
+    static_assert(kPairOp<Op>, "gemv_pair has kernels for Q4_K and Q6_K only");
     if constexpr (std::is_same_v<Op, OpQ6_K>) return q6_k_args(l);
     else return q4_k_args(l);
 }

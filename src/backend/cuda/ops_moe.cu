@@ -43,18 +43,8 @@ namespace {
 
 constexpr int kRouteThreads = 256;
 
-// The block's maximum of v (NaN-free values) and sum of d: warp shuffles,
+// The block's sum of d in double (detail::block_sum's form): warp shuffles,
 // then one value a warp through shared memory. Every thread gets the result.
-__device__ float route_block_max(float v, float* red) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int t = static_cast<int>(threadIdx.x);
-    if ((t & 31) == 0) red[t >> 5] = v;
-    __syncthreads();
-    v = red[0];
-    for (int w = 1; w < kRouteThreads / 32; ++w) v = fmaxf(v, red[w]);
-    return v;
-}
-
 __device__ double route_block_sum(double d, double* red) {
     for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
     const int t = static_cast<int>(threadIdx.x);
@@ -72,7 +62,7 @@ __global__ void __launch_bounds__(kRouteThreads)
     __shared__ int slot_of[kMaxExpertsUsed];
     __shared__ double red_key[2][kRouteThreads / 32];
     __shared__ int red_x[2][kRouteThreads / 32];
-    __shared__ float red_max[kRouteThreads / 32];
+    __shared__ float red_max[32];
     __shared__ double red_sum[kRouteThreads / 32];
     __shared__ float red_gate[32];
     const int t = static_cast<int>(threadIdx.x);
@@ -101,7 +91,7 @@ __global__ void __launch_bounds__(kRouteThreads)
         l[i] = x < n_expert ? logits[x] : -INFINITY;
         mx = fmaxf(mx, l[i]);  // fmaxf skips NaN
     }
-    mx = route_block_max(mx, red_max);
+    mx = detail::block_max(mx, red_max);  // fmaxf: NaN-free
     // std::max_element keeps a NaN first element and skips later NaNs.
     if (logits[0] != logits[0]) mx = logits[0];
     double part = 0;

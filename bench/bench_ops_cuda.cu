@@ -184,6 +184,19 @@ void bench_qwen35_small(CudaContext& ctx, std::mt19937& rng) {
                          SharedExpertGate{x.as<float>(), gw.as<float>(), dim});
            }),
            E * 4.0 + 2.0 * dim * 4);
+    // The F32 router's GEMV then moe_route, as a decode step runs them (each
+    // layer its own 2 MB router).
+    std::vector<DeviceBuffer> routers;
+    for (int l = 0; l < L; ++l) routers.push_back(random_buffer(int64_t{E} * dim, s, rng));
+    DeviceWeight rw;
+    rw.type = DType::F32, rw.K = dim, rw.N = E;
+    report("router GEMV (F32 256 x 2048) + moe_route, shared gate", time_graph(ctx, L, [&](int l) {
+               rw.q = routers[size_t(l)].as<float>();
+               gemv(ctx, rw, x.as<float>(), logits.as<float>());
+               moe_route(logits.as<float>(), E, k, true, ids.as<int32_t>(), w.as<float>(), s,
+                         SharedExpertGate{x.as<float>(), gw.as<float>(), dim});
+           }),
+           E * dim * 4.0);
     const int VD = 6144, hv = 128;
     auto y = random_buffer(VD, s, rng), z = random_buffer(VD, s, rng), nw = random_buffer(hv, s, rng);
     auto yn = random_buffer(VD, s, rng), h = random_buffer(VD, s, rng);

@@ -544,22 +544,32 @@ TEST_F(MoeCudaTest, IndexedGemvRejectsBadArguments) {
 // moe_weighted_sum — captured once in a CUDA graph and replayed on new
 // inputs, against the CPU's order of operations in double (dequantized
 // weights, float x): the ids must be the CPU's, h within 2e-3 of its largest
-// element (two-level activations: ~1/127² of each block's maximum).
-TEST_F(MoeCudaTest, ExpertFfnInAGraphMatchesCpu) {
+// element (two-level activations: ~1/127² of each block's maximum). Both
+// bank layouts of the session: gate and up as two banks (a row of gates,
+// then one of ups), and as one bank whose matrix e is expert e's gate rows
+// then its up rows (one indexed GEMV of 2F rows a slot; the SwiGLU reads
+// [gate | up] rows at stride 2F).
+void expert_ffn_in_a_graph(CudaContext& ctx, bool one_bank) {
     constexpr int64_t E = 256, F = 256, X = 16;
     constexpr int k = 4;
-    std::mt19937 rng(31);
+    std::mt19937 rng(one_bank ? 37 : 31);
     const auto router = gaussian_weights(DType::F32, X, E, rng);
     const auto wg = gaussian_weights(DType::Q4_K, X * F, E, rng);
     const auto wu = gaussian_weights(DType::Q4_K, X * F, E, rng);
     const auto wd = gaussian_weights(DType::Q8_0, X * E, F, rng);
-    CudaContext& ctx = *ctx_;
     const auto bank = [&](DType t, int64_t K, int64_t rows, int64_t n, const std::vector<uint8_t>& data) {
         return upload_weight(ctx, Tensor::contiguous(t, {K, rows, n, 1}, const_cast<uint8_t*>(data.data()), "bank"));
     };
     const DeviceWeight R = bank(DType::F32, E, X, 1, router);
     const DeviceWeight G = bank(DType::Q4_K, E, F, X, wg);
     const DeviceWeight U = bank(DType::Q4_K, E, F, X, wu);
+    std::vector<uint8_t> wgu;  // expert e: its F gate rows, then its F up rows
+    const size_t mb = static_cast<size_t>(F) * row_size(DType::Q4_K, E);
+    for (int64_t e = 0; e < X; ++e) {
+        wgu.insert(wgu.end(), wg.begin() + e * mb, wg.begin() + (e + 1) * mb);
+        wgu.insert(wgu.end(), wu.begin() + e * mb, wu.begin() + (e + 1) * mb);
+    }
+    const DeviceWeight GU = bank(DType::Q4_K, E, 2 * F, X, wgu);
     const DeviceWeight D = bank(DType::Q8_0, F, E, X, wd);
 
     DeviceBuffer xd(E * sizeof(float)), logits(X * sizeof(float)), ids(k * sizeof(int32_t)), w(k * sizeof(float));
@@ -576,10 +586,16 @@ TEST_F(MoeCudaTest, ExpertFfnInAGraphMatchesCpu) {
     quantize_activation(ctx, xd.as<float>(), xq);
     gemv(ctx, R, xd.as<float>(), logits.as<float>());
     cuda::moe_route(logits.as<float>(), X, k, true, ids.as<int32_t>(), w.as<float>(), s);
-    gemv_indexed(ctx, G, F, xq, false, ids.as<int32_t>(), k, gu.as<float>());
-    gemv_indexed(ctx, U, F, xq, false, ids.as<int32_t>(), k, gu.as<float>() + k * F);
-    swiglu_q8_1(gu.as<float>(), gu.as<float>() + k * F, f.as<float>(), fq.q(), fq.info(), k * F, s, fq.q2(),
-                fq.info2());
+    if (one_bank) {
+        gemv_indexed(ctx, GU, 2 * F, xq, false, ids.as<int32_t>(), k, gu.as<float>());
+        swiglu_q8_1(gu.as<float>(), gu.as<float>() + F, f.as<float>(), fq.q(), fq.info(), k * F, s, fq.q2(),
+                    fq.info2(), kGateSiLU, F, 2 * F);
+    } else {
+        gemv_indexed(ctx, G, F, xq, false, ids.as<int32_t>(), k, gu.as<float>());
+        gemv_indexed(ctx, U, F, xq, false, ids.as<int32_t>(), k, gu.as<float>() + k * F);
+        swiglu_q8_1(gu.as<float>(), gu.as<float>() + k * F, f.as<float>(), fq.q(), fq.info(), k * F, s, fq.q2(),
+                    fq.info2());
+    }
     gemv_indexed(ctx, D, E, fq, true, ids.as<int32_t>(), k, y.as<float>());
     moe_weighted_sum(y.as<float>(), w.as<float>(), k, E, h.as<float>(), s);
     QUERN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
@@ -612,7 +628,7 @@ TEST_F(MoeCudaTest, ExpertFfnInAGraphMatchesCpu) {
         quern::moe_route(l.data(), 1, X, k, true, want_ids.data(), want_w.data());
         std::vector<double> ref(E, 0.0);
         for (int j = 0; j < k; ++j) {
-            ASSERT_EQ(got_ids[size_t(j)], want_ids[size_t(j)]) << "replay " << rep << " slot " << j;
+            ASSERT_EQ(got_ids[size_t(j)], want_ids[size_t(j)]) << "one bank " << one_bank << " replay " << rep << " slot " << j;
             const int64_t e = want_ids[size_t(j)];
             std::vector<float> a(F);
             for (int64_t i = 0; i < F; ++i) {
@@ -626,10 +642,16 @@ TEST_F(MoeCudaTest, ExpertFfnInAGraphMatchesCpu) {
         double mx = 0;
         for (double v : ref) mx = std::max(mx, std::fabs(v));
         for (int64_t o = 0; o < E; ++o)
-            EXPECT_NEAR(got_h[size_t(o)], ref[size_t(o)], 2e-3 * mx) << "replay " << rep << " h[" << o << "]";
+            EXPECT_NEAR(got_h[size_t(o)], ref[size_t(o)], 2e-3 * mx)
+                << "one bank " << one_bank << " replay " << rep << " h[" << o << "]";
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
+}
+
+TEST_F(MoeCudaTest, ExpertFfnInAGraphMatchesCpu) {
+    expert_ffn_in_a_graph(*ctx_, false);
+    expert_ffn_in_a_graph(*ctx_, true);
 }
 
 }  // namespace

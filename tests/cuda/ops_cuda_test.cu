@@ -180,6 +180,46 @@ TEST_F(OpsCuda, RmsNormQ8_1) {
     }
 }
 
+// A weighted residual of k rows (an expert layer's outputs summed by the next
+// norm) gives bit for bit what moe_weighted_sum's h added as a plain
+// residual gives: x, y and the quantized blocks; both kernels (dim 40000
+// takes the scalar one), one and several rows.
+TEST_F(OpsCuda, RmsNormQ8_1WeightedResidual) {
+    for (int64_t dim : {96, 2048, 40000})
+        for (int64_t n : {1, 2})
+            for (int k : {1, 9}) {
+                const std::string what = "dim " + std::to_string(dim) + " n " + std::to_string(n) + " k " +
+                                         std::to_string(k);
+                auto x = randv(n * dim, rng_, -3.0f, 3.0f);
+                auto rows = randv(n * k * dim, rng_);
+                auto rw = randv(n * k, rng_, 0.0f, 1.0f);
+                auto w = randv(dim, rng_, 0.5f, 1.5f);
+                auto drows = up(rows), drw = up(rw), dw = up(w);
+                auto dh = poisoned<float>(n * dim);
+                for (int64_t r = 0; r < n; ++r)
+                    moe_weighted_sum(drows.as<float>() + r * k * dim, drw.as<float>() + r * k, k, dim,
+                                     dh.as<float>() + r * dim, st());
+                auto dx1 = up(x), dx2 = up(x);
+                auto dy1 = poisoned<float>(n * dim), dy2 = poisoned<float>(n * dim);
+                QuantizedActivation q1(n * dim, 2), q2(n * dim, 2);
+                rms_norm_q8_1(dx1.as<float>(), dh.as<float>(), dw.as<float>(), dy1.as<float>(), q1.q(), q1.info(), n,
+                              dim, 1e-6f, st(), q1.q2(), q1.info2());
+                rms_norm_q8_1(dx2.as<float>(), drows.as<float>(), dw.as<float>(), dy2.as<float>(), q2.q(), q2.info(),
+                              n, dim, 1e-6f, st(), q2.q2(), q2.info2(), drw.as<float>(), k);
+                const auto x1 = down<float>(dx1, n * dim), x2 = down<float>(dx2, n * dim);
+                const auto y1 = down<float>(dy1, n * dim), y2 = down<float>(dy2, n * dim);
+                ASSERT_EQ(0, std::memcmp(x1.data(), x2.data(), x1.size() * 4)) << what << " x";
+                ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << what << " y";
+                const auto bytes = static_cast<int64_t>(2 * q1.level_bytes());  // what the two levels hold
+                const auto b1 = down<uint8_t>(q1.buffer(), bytes), b2 = down<uint8_t>(q2.buffer(), bytes);
+                ASSERT_EQ(0, std::memcmp(b1.data(), b2.data(), b1.size())) << what << " quantized";
+            }
+    auto d = poisoned<float>(64);
+    EXPECT_THROW(rms_norm_q8_1(d.as<float>(), d.as<float>(), d.as<float>(), nullptr, nullptr, nullptr, 1, 32, 1e-6f,
+                               st(), nullptr, nullptr, nullptr, 2),
+                 std::runtime_error);
+}
+
 TEST_F(OpsCuda, RmsNormMatchesQuantizeActivation) {
     // One row through rms_norm_q8_1 vs rms_norm's float output through quantize_activation:
     // the formats must be interchangeable for the GEMV.
@@ -222,6 +262,39 @@ TEST_F(OpsCuda, SwigluQ8_1) {
         expect_quantized(gh, gq.data(), gi.data(), count, "swiglu " + std::to_string(count));
         expect_guard(dh, count);
     }
+}
+
+// The row form (an expert bank's per-slot [gate | up] rows at stride 2F,
+// F = 80: rows that do not start on a 32-element block) gives exactly the
+// flat form's outputs on the gathered gates and ups; rows that do not tile
+// count are refused.
+TEST_F(OpsCuda, SwigluQ8_1Rows) {
+    constexpr int64_t F = 80, slots = 6, count = F * slots;
+    auto gu = randv(2 * count, rng_, -6.0f, 6.0f);
+    std::vector<float> g, u;
+    for (int64_t r = 0; r < slots; ++r) {
+        g.insert(g.end(), gu.begin() + r * 2 * F, gu.begin() + r * 2 * F + F);
+        u.insert(u.end(), gu.begin() + r * 2 * F + F, gu.begin() + (r + 1) * 2 * F);
+    }
+    auto dgu = up(gu), dg = up(g), du = up(u);
+    auto dh = poisoned<float>(count), dh2 = poisoned<float>(count);
+    auto dq = poisoned<int8_t>(count), dq2 = poisoned<int8_t>(count);
+    auto di = poisoned<ActBlockInfo>(count / 32), di2 = poisoned<ActBlockInfo>(count / 32);
+    swiglu_q8_1(dgu.as<float>(), dgu.as<float>() + F, dh.as<float>(), dq.as<int8_t>(), di.as<ActBlockInfo>(), count,
+                st(), nullptr, nullptr, kGateSiLU, F, 2 * F);
+    swiglu_q8_1(dg.as<float>(), du.as<float>(), dh2.as<float>(), dq2.as<int8_t>(), di2.as<ActBlockInfo>(), count,
+                st());
+    const auto h = down<float>(dh, count), h2 = down<float>(dh2, count);
+    ASSERT_EQ(0, std::memcmp(h.data(), h2.data(), h.size() * sizeof(float)));
+    const auto q = down<int8_t>(dq, count), q2 = down<int8_t>(dq2, count);
+    ASSERT_EQ(0, std::memcmp(q.data(), q2.data(), q.size()));
+    expect_guard(dh, count);
+    EXPECT_THROW(swiglu_q8_1(dgu.as<float>(), dgu.as<float>() + F, dh.as<float>(), nullptr, nullptr, count, st(),
+                             nullptr, nullptr, kGateSiLU, 7 * 11, 2 * F),
+                 std::runtime_error);
+    EXPECT_THROW(swiglu_q8_1(dgu.as<float>(), dgu.as<float>() + F, dh.as<float>(), nullptr, nullptr, count, st(),
+                             nullptr, nullptr, kGateSiLU, F, F - 1),
+                 std::runtime_error);
 }
 
 // scale_softcap against cpu::scale and cpu::softcap.

@@ -23,13 +23,15 @@
 //   (mixture-of-experts layers: in place of the FFN
 //    above, with every expert id on the device)
 //     r = W_router · xq                                   gemv (float or quantized router)
-//     ids[k], w[k] = top-k of softmax(r), renormalised    moe_route (one block, as the CPU's moe_route)
+//     ids[k], w[k] = top-k of softmax(r), renormalised    moe_route (one warp, as the CPU's moe_route)
 //     (a shared expert in the banks: ids[k] = n_expert,     moe_route, SharedExpertGate
 //      w[k] = sigmoid(w_gate · xn); k + 1 slots below)
-//     g_s, u_s = W_gate/up[ids[s]] · xq for slots s < k   gemv_indexed: one launch per bank, grid.y = slot
-//     fq = Q8_1(SiLU(g) · u) over the k·n_ff_exp values   swiglu_q8_1 (one row; slot s at s·n_ff_exp)
+//     [g_s | u_s] = W_gate_up[ids[s]] · xq for each slot  gemv_indexed: one launch (grid.y = slot), the
+//                                                           bank holding each expert's gate and up rows
+//     fq = Q8_1(SiLU(g) · u) over the slots·n_ff_exp      swiglu_q8_1 (one row; slot s at s·n_ff_exp)
 //     y_s = W_down[ids[s]] · fq_s                         gemv_indexed with per-slot activations
-//     h = Σ_s w_s · y_s                                   moe_weighted_sum (h added by the next norm)
+//     h = Σ_s w_s · y_s                                   in the next layer's norm (its weighted
+//                                                           residual), else moe_weighted_sum
 //     (a shared expert not in the banks: h += its own     step_shared_expert (hybrid_layers.cpp)
 //      gated FFN)
 //   xn, xq = RMSNorm(x += h, output_norm); logits = W_out · xq; sampled = argmax or sample_token
@@ -108,9 +110,14 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
     // The vector added to the residual stream: h, or (post-norms) its
     // normalized copy.
     float* hres = c.post_norms ? hpost_.as<float>() : h;
+    // An expert layer's outputs whose weighted sum the next norm adds
+    // (rms_norm_q8_1's weighted residual: no moe_weighted_sum launch), or 0.
+    int moe_rows = 0;
     const auto norm = [&](const float* w, bool residual) {
-        rms_norm_q8_1(x, residual ? hres : nullptr, w, xn, xq_embd_.q(), xq_embd_.info(), 1, c.n_embd, c.rms_eps, s,
-                      xq_embd_.q2(), xq_embd_.info2());
+        const int k = residual ? moe_rows : 0;
+        rms_norm_q8_1(x, k ? moe_y_.as<float>() : residual ? hres : nullptr, w, xn, xq_embd_.q(), xq_embd_.info(), 1,
+                      c.n_embd, c.rms_eps, s, xq_embd_.q2(), xq_embd_.info2(), k ? moe_w_.as<float>() : nullptr, k);
+        if (residual) moe_rows = 0;
     };
     const bool fuse = fuse_norm_;
     const auto sk = [](const char* what) { return skipped(what); };
@@ -163,8 +170,13 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
             const int slots = k + (shexp_in_banks_ ? 1 : 0);  // the buffers' layout (xq_moe_ holds slots · F)
             const int64_t F = c.n_ff_exp;
             auto* ids = moe_ids_.as<int32_t>();
-            float* eg = gu_.as<float>();  // a row of F per slot: the gate outputs
-            float* eu = eg + slots * F;   // and the up outputs
+            // A row of [gate | up] (2F) per slot from one bank, or a row of
+            // gates (slots · F) then one of ups from two.
+            const auto banks = L.gate_up_banks(F);
+            const bool one = banks.size() == 1;
+            float* eg = gu_.as<float>();
+            float* eu = one ? eg + F : eg + slots * F;
+            const int64_t ld = one ? 2 * F : F;
             float* ef = ffh_.as<float>();
             if (!sk("router")) mm(L.router, xn, xq_embd_, moe_logits_.as<float>());
             if (!sk("topk"))
@@ -174,11 +186,12 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
             // Without the shared slot's weights (shexp skipped) its rows
             // still run, on whatever moe_w_ held: a timing switch only.
             if (!sk("gateup")) {
-                for (const auto& [bank, out] : {std::pair{&L.exp_gate, eg}, std::pair{&L.exp_up, eu}}) {
-                    if (gemv_takes_quantized_activation(bank->type))
-                        gemv_indexed(ctx_, *bank, F, xq_embd_, false, ids, slots, out);
+                for (const auto& b : banks) {
+                    float* out = b.col == 0 ? eg : eu;
+                    if (gemv_takes_quantized_activation(b.w->type))
+                        gemv_indexed(ctx_, *b.w, b.rows, xq_embd_, false, ids, slots, out);
                     else
-                        gemv_indexed(ctx_, *bank, F, xn, false, ids, slots, out);
+                        gemv_indexed(ctx_, *b.w, b.rows, xn, false, ids, slots, out);
                 }
             }
             mark("gemv_gate_up");
@@ -187,15 +200,23 @@ void CudaExecutor::enqueue_step(Head head, const TraceFn* trace, bool short_ctx)
             const bool qd = gemv_takes_quantized_activation(L.exp_down.type);
             if (!sk("swiglu"))
                 swiglu_q8_1(eg, eu, ef, qd ? xq_moe_.q() : nullptr, qd ? xq_moe_.info() : nullptr, slots * F, s,
-                            qd ? xq_moe_.q2() : nullptr, qd ? xq_moe_.info2() : nullptr, P.act == GluAct::GeluTanh);
+                            qd ? xq_moe_.q2() : nullptr, qd ? xq_moe_.info2() : nullptr,
+                            P.act == GluAct::GeluTanh ? kGateGelu : kGateSiLU, F, ld);
             mark("swiglu");
             float* ey = moe_y_.as<float>();
             if (!sk("down")) {
                 if (qd) gemv_indexed(ctx_, L.exp_down, c.n_embd, xq_moe_, true, ids, slots, ey);
                 else gemv_indexed(ctx_, L.exp_down, c.n_embd, ef, true, ids, slots, ey);
             }
-            if (!sk("wsum")) moe_weighted_sum(ey, moe_w_.as<float>(), slots, c.n_embd, h, s);
-            if (!L.sh_gate_up.empty() && !shexp_in_banks_ && !sk("shexp")) step_shared_expert(L);
+            // The next layer's norm sums the slots where it adds them, unless
+            // something must see h first (a shared expert of its own, a
+            // post-norm or scale, the trace) or no layer follows.
+            const bool own_shexp = !L.sh_gate_up.empty() && !shexp_in_banks_;
+            const bool fold = !trace && !own_shexp && !L.post_ffn_norm && P.ffn_out_scale == 1.0f &&
+                              il + 1 < c.n_layer && !sk("norm");
+            if (fold) moe_rows = slots;
+            else if (!sk("wsum")) moe_weighted_sum(ey, moe_w_.as<float>(), slots, c.n_embd, h, s);
+            if (own_shexp && !sk("shexp")) step_shared_expert(L);
             if (L.post_ffn_norm)
                 rms_norm_q8_1(h, nullptr, L.post_ffn_norm, hres, nullptr, nullptr, 1, c.n_embd, c.rms_eps, s);
             if (P.ffn_out_scale != 1.0f) scale_softcap(hres, c.n_embd, P.ffn_out_scale, 0.0f, s);

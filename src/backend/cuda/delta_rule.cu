@@ -1,7 +1,10 @@
-// Gated DeltaNet kernels (delta_rule.h).
+// Gated DeltaNet kernels (delta_rule.h). Launched with PDL (launch.cuh):
+// each waits for its predecessor before it reads anything, so a decode
+// step's conv and recurrence launch while the GEMV before them drains.
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/delta_rule.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/tuning.h"
 
 #include <algorithm>
@@ -30,6 +33,8 @@ __device__ int seq_of_row(const int32_t* row0, int n_seqs, int r) {
 /// delta_conv_state_kernel's launch.
 __global__ void delta_conv_kernel(const float* __restrict__ x, float* __restrict__ xc, DeltaSeqs seqs, DeltaLayer L,
                                   int64_t C, bool shift) {
+    pdl_wait();
+    pdl_trigger();
     const int r = blockIdx.x, slot = blockIdx.y, t = threadIdx.x;
     const int nk = L.n_k_heads;
     const bool qk = slot < 2 * nk;
@@ -82,6 +87,8 @@ __global__ void delta_conv_kernel(const float* __restrict__ x, float* __restrict
 
 /// Each sequence's conv state becomes the last K − 1 rows it has seen.
 __global__ void delta_conv_state_kernel(const float* __restrict__ x, DeltaSeqs seqs, int K, int64_t C) {
+    pdl_wait();
+    pdl_trigger();
     const int s = blockIdx.x;
     const int64_t c = int64_t{blockIdx.y} * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -115,8 +122,15 @@ __global__ void delta_rows_kernel(const float* __restrict__ xc, const float* __r
     __shared__ float q[DK], k[DK];
     __shared__ float4 red[8][QB];
     float4 st[R];
+    // The state is read before the PDL wait: no kernel of this pass or step
+    // writes it before this one (the conv writes only the conv rows before
+    // it), and everything of earlier passes has completed (launch.cuh), so
+    // its load overlaps the predecessor's tail. The sequence arrays come
+    // from host copies that precede the pass.
 #pragma unroll
     for (int i = 0; i < R; ++i) st[i] = *reinterpret_cast<const float4*>(S + int64_t{rp * R + i} * DV);
+    pdl_wait();
+    pdl_trigger();
     const float a_coef = L.a_coef[h], dt_bias = L.dt_bias[h];
     const int r0 = seqs.row0[s], n = seqs.n_rows[s];
     for (int r = r0; r < r0 + n; ++r) {
@@ -175,7 +189,8 @@ template <int DK, int DV, int CG>
 void launch_rows(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L, int max_rows,
                  cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads), CG);
-    delta_rows_kernel<DK, DV, CG><<<grid, 8 * (DV / CG / 4), 0, stream>>>(xc, ba, y, seqs, L, L.conv_dim(), max_rows);
+    launch_pdl(delta_rows_kernel<DK, DV, CG>, grid, dim3(8 * (DV / CG / 4)), 0, stream, xc, ba, y, seqs, L, L.conv_dim(),
+               max_rows);
 }
 
 template <int DK, int DV>
@@ -223,12 +238,12 @@ void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, con
     const int64_t C = L.conv_dim();
     const int threads = std::max(L.head_k, L.head_v);
     const bool shift = n == seqs.n_seqs;  // rows >= 1 each: one per sequence
-    delta_conv_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * L.n_k_heads + L.n_v_heads)), threads, 0,
-                        stream>>>(x, xc, seqs, L, C, shift);
+    launch_pdl(delta_conv_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * L.n_k_heads + L.n_v_heads)),
+               dim3(threads), 0, stream, x, xc, seqs, L, C, shift);
     QUERN_CUDA_CHECK_LAUNCH();
     if (shift) return;
-    delta_conv_state_kernel<<<dim3(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>((C + 255) / 256)), 256, 0,
-                              stream>>>(x, seqs, L.conv_kernel, C);
+    launch_pdl(delta_conv_state_kernel, dim3(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>((C + 255) / 256)),
+               dim3(256), 0, stream, x, seqs, L.conv_kernel, C);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -21,6 +21,12 @@
 #include "quant/reference.h"
 
 namespace quern::cuda {
+namespace {
+
+/// The weight type of an expert bank (its 3-D tensor's, or its first expert's).
+DType bank_type(const ExpertBank& b) { return b.stacked ? b.stacked->type : b.experts[0]->type; }
+
+}  // namespace
 
 int device_count() { return CudaContext::device_count(); }
 
@@ -118,10 +124,9 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
     if (c.delta) {
         sqkv_ = fbuf(c.delta->conv_dim());
         sxc_ = fbuf(c.delta->conv_dim());
-        sz_ = fbuf(VD);
+        sbaz_ = fbuf(2 * c.delta->n_v_heads + VD);  // [b | a | z]
         sy_ = fbuf(VD);
         syn_ = fbuf(VD);
-        sba_ = fbuf(2 * c.delta->n_v_heads);
     }
     if (c.gates) sgate_ = fbuf(c.q_dim());
     if (c.delta || c.gates) sgated_ = fbuf(std::max(c.q_dim(), VD));
@@ -155,7 +160,9 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
         // add, which the GEMV epilogue cannot do, nor scale it: those
         // models keep the launches. So do expert layers, whose output is a weighted sum of
         // several GEMVs (moe_weighted_sum) rather than one GEMV's epilogue.
-        // Gated and DeltaNet layers read the normed row as floats too.
+        // Gated and DeltaNet layers keep them too: on the 27B hybrid (width
+        // 5120: gemv_residual_norm's 160 blocks of 32 rows on 132 SMs) the
+        // folded step measured 5 % slower (bench/qwen35-cuda.md).
         fuse_norm_ = all_q && !c.post_norms && !c.branch_scales && !c.moe && !c.gates && !c.hybrid();
         ss_parts_ = fbuf(c.n_embd / 32);
     }
@@ -172,12 +179,12 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
         bool ok = opt.batched_prefill && prefill_attention_head_dim_supported(static_cast<int>(c.head_dim)) &&
                   opt.prefill_chunk >= 1;
         for (const auto& L : layers_) {
-            for (const auto* ps : {&L.qkv, &L.attn_gate, &L.delta_z, &L.delta_ba, &L.sh_gate_up})
+            for (const auto* ps : {&L.qkv, &L.attn_gate, &L.delta_baz, &L.sh_gate_up})
                 for (const Piece& p : *ps) ok = ok && g(p);
             ok = ok && g(L.wo) && (L.sh_gate_up.empty() || g(L.sh_down));
             if (L.moe) {
-                ok = ok && g(L.router) && gemm_weight_type_supported(L.exp_gate.type) &&
-                     gemm_weight_type_supported(L.exp_up.type) && gemm_weight_type_supported(L.exp_down.type);
+                ok = ok && g(L.router) && gemm_weight_type_supported(L.exp_down.type);
+                for (const auto& b : L.gate_up_banks(c.n_ff_exp)) ok = ok && gemm_weight_type_supported(b.w->type);
             } else {
                 for (const Piece& p : L.gate_up) ok = ok && g(p);
                 ok = ok && g(L.down);
@@ -384,17 +391,46 @@ DeviceWeight CudaExecutor::upload_bank(const ExpertBank& b, const Tensor* shared
     return upload_weight(ctx_, parts);
 }
 
+DeviceWeight CudaExecutor::upload_gate_up_bank(const ExpertBank& gate, const ExpertBank& up, const Tensor* sh_gate,
+                                               const Tensor* sh_up, int64_t il) {
+    // Row views of expert e's matrix: a slab of the 3-D tensor, or its own.
+    const auto matrices = [&](const ExpertBank& b, const char* what) {
+        std::vector<Tensor> m;
+        if (b.stacked) {
+            for (int64_t e = 0; e < b.stacked->ne[2]; ++e) {
+                Tensor t = *b.stacked;
+                t.ne[2] = t.ne[3] = 1;
+                t.data = b.stacked->row(0, e);
+                m.push_back(std::move(t));
+            }
+        } else {
+            for (const Tensor* t : b.experts) m.push_back(*t);
+        }
+        for (const Tensor& t : m)
+            if (t.type != m[0].type || t.ne[2] * t.ne[3] != 1)
+                fail("layer {}: the {} experts' matrices have different types or shapes; the CUDA backend needs one "
+                     "type per bank",
+                     il, what);
+        return m;
+    };
+    const std::vector<Tensor> g = matrices(gate, "gate"), u = matrices(up, "up");
+    if (g.size() != u.size()) fail("layer {}: {} gate experts but {} up experts", il, g.size(), u.size());
+    std::vector<const Tensor*> parts;
+    for (size_t e = 0; e < g.size(); ++e) parts.insert(parts.end(), {&g[e], &u[e]});
+    if (sh_gate) parts.insert(parts.end(), {sh_gate, sh_up});
+    return upload_weight(ctx_, parts);
+}
+
 bool CudaExecutor::shared_expert_in_banks() const {
     const auto& c = plan_;
     if (c.n_ff_shexp == 0 || c.n_ff_shexp != c.n_ff_exp) return false;
-    const auto type_of = [](const ExpertBank& b) { return b.stacked ? b.stacked->type : b.experts[0]->type; };
     for (const BlockPlanLayer& P : c.layers) {
         if (!P.moe) continue;
         const MoeSpec& m = *P.moe;
         if (!P.shared_expert() || P.shexp_gate_up.size() != 2 || P.act != GluAct::SiLU) return false;
         if (m.gate.bias || m.up.bias || m.down.bias) return false;
-        if (P.shexp_gate_up[0].w->type != type_of(m.gate) || P.shexp_gate_up[1].w->type != type_of(m.up) ||
-            P.shexp_down->type != type_of(m.down))
+        if (P.shexp_gate_up[0].w->type != bank_type(m.gate) || P.shexp_gate_up[1].w->type != bank_type(m.up) ||
+            P.shexp_down->type != bank_type(m.down))
             return false;
     }
     return true;
@@ -467,8 +503,14 @@ void CudaExecutor::upload_weights() {
             L.moe = true;
             L.router.w = upload_weight(ctx_, *P.moe->router);
             const bool sh = shexp_in_banks_;
-            L.exp_gate = upload_bank(P.moe->gate, sh ? P.shexp_gate_up[0].w : nullptr, il, "gate");
-            L.exp_up = upload_bank(P.moe->up, sh ? P.shexp_gate_up[1].w : nullptr, il, "up");
+            const Tensor* sh_gate = sh ? P.shexp_gate_up[0].w : nullptr;
+            const Tensor* sh_up = sh ? P.shexp_gate_up[1].w : nullptr;
+            if (bank_type(P.moe->gate) == bank_type(P.moe->up)) {
+                L.exp_gate_up = upload_gate_up_bank(P.moe->gate, P.moe->up, sh_gate, sh_up, il);
+            } else {
+                L.exp_gate = upload_bank(P.moe->gate, sh_gate, il, "gate");
+                L.exp_up = upload_bank(P.moe->up, sh_up, il, "up");
+            }
             L.exp_down = upload_bank(P.moe->down, sh ? P.shexp_down : nullptr, il, "down");
         } else {
             L.gate_up = upload_group(P.gate_up);
@@ -544,8 +586,10 @@ void CudaExecutor::make_rope_tables() {
 void CudaExecutor::make_expert_bq() {
     const auto& c = plan_;
     for (auto& L : layers_) {
-        const std::pair<DeviceWeight*, int64_t> banks[] = {
-            {&L.exp_gate, c.n_ff_exp}, {&L.exp_up, c.n_ff_exp}, {&L.exp_down, c.n_embd}};
+        const std::pair<DeviceWeight*, int64_t> banks[] = {{&L.exp_gate_up, 2 * c.n_ff_exp},
+                                                             {&L.exp_gate, c.n_ff_exp},
+                                                             {&L.exp_up, c.n_ff_exp},
+                                                             {&L.exp_down, c.n_embd}};
         for (const auto& [b, rows] : banks) {
             if (!b->q || b->bq || rows % 16 != 0 || !bq_supported(b->type, b->K)) continue;
             size_t free_b = 0, total_b = 0;

@@ -48,11 +48,24 @@ struct LayerWeights {
     std::vector<Piece> gate_up;  // outputs into [gate | up]
     Piece down;
     // Mixture of experts (gate_up and down empty): the router (n_expert
-    // rows) and the three expert banks, each one matrix of n_expert × rows
-    // (expert e's rows first at e · rows; gemv_indexed).
+    // rows) and the expert banks, each one matrix of n_expert × rows (expert
+    // e's rows first at e · rows; gemv_indexed). Where gate and up share a
+    // type, one bank exp_gate_up whose matrix e is expert e's gate rows then
+    // its up rows (2 · n_ff_exp: one indexed GEMV, one grouped GEMM for
+    // both) and exp_gate, exp_up empty; else the two banks.
     bool moe = false;
     Piece router;
-    DeviceWeight exp_gate, exp_up, exp_down;
+    DeviceWeight exp_gate_up, exp_gate, exp_up, exp_down;
+    /// The banks behind a [gate | up] row of 2·F outputs (F = n_ff_exp):
+    /// each with its rows per matrix and where its outputs start in that row.
+    struct GateUpBank {
+        const DeviceWeight* w;
+        int64_t rows, col;
+    };
+    std::vector<GateUpBank> gate_up_banks(int64_t F) const {
+        if (exp_gate_up.N > 0) return {{&exp_gate_up, 2 * F, 0}};
+        return {{&exp_gate, F, 0}, {&exp_up, F, F}};
+    }
     // Batches: one BF16 copy of all Q|K|V (gate|up) pieces, rows stacked in
     // output order (type BF16, owning the pieces' copies), or empty.
     DeviceWeight qkv_bf16, gate_up_bf16;
@@ -60,11 +73,13 @@ struct LayerWeights {
     // sigmoid), or empty.
     std::vector<Piece> attn_gate;
     // A Gated DeltaNet layer (no attention): qkv is its [q | k | v]
-    // projection, wo its output; z (value_dim rows), [b | a], the per-head
-    // output norm, the conv and decay parameters (dl), and where its slot
-    // starts in a sequence's recurrent state.
+    // projection, wo its output; delta_baz its other input projections as
+    // outputs into a row [b | a | z] (2 · n_v_heads + value_dim: one matrix
+    // where the three share a type), the per-head output norm, the conv and
+    // decay parameters (dl), and where its slot starts in a sequence's
+    // recurrent state.
     bool delta = false;
-    std::vector<Piece> delta_z, delta_ba;
+    std::vector<Piece> delta_baz;
     const float* delta_norm = nullptr;
     DeltaLayer dl;
     int64_t state_offset = 0;
@@ -185,9 +200,9 @@ private:
     /// saved copy, and the DeltaSeqs arrays of the lone passes.
     void make_lone_state(const Program& program);
     /// Decode step, layer L (normed input in xn_ / xq_embd_): the DeltaNet
-    /// mixer through its output projection into h_; the output gate of
-    /// gated attention (attn_ → xq_attn_, returns the gated floats; a DeltaNet quantizes into xq_delta_); the
-    /// shared expert added into h_.
+    /// mixer up to its output projection's activation (xq_delta_; returns
+    /// the gated floats); the output gate of gated attention (attn_ →
+    /// xq_attn_, returns the gated floats); the shared expert added into h_.
     const float* step_delta(const LayerWeights& L);
     const float* step_attn_gate(const LayerWeights& L);
     void step_shared_expert(const LayerWeights& L);
@@ -205,14 +220,14 @@ private:
         for (auto& L : layers_) {
             for (auto& p : L.qkv) f(p.w);
             for (auto& p : L.attn_gate) f(p.w);
-            for (auto& p : L.delta_z) f(p.w);
-            for (auto& p : L.delta_ba) f(p.w);
+            for (auto& p : L.delta_baz) f(p.w);
             f(L.wo.w);
             for (auto& p : L.gate_up) f(p.w);
             f(L.down.w);
             for (auto& p : L.sh_gate_up) f(p.w);
             f(L.sh_down.w);
             if (experts) {
+                f(L.exp_gate_up);
                 f(L.exp_gate);
                 f(L.exp_up);
                 f(L.exp_down);
@@ -229,6 +244,11 @@ private:
     /// One expert bank as one device matrix; `shared` (or null) appended as
     /// its last matrix (shexp_in_banks_).
     DeviceWeight upload_bank(const ExpertBank& b, const Tensor* shared, int64_t il, const char* what);
+    /// The gate and up banks as one (LayerWeights::exp_gate_up): matrix e is
+    /// expert e's gate rows, then its up rows; the shared expert's (or null)
+    /// as matrix n_expert. Both banks must have one type.
+    DeviceWeight upload_gate_up_bank(const ExpertBank& gate, const ExpertBank& up, const Tensor* sh_gate,
+                                     const Tensor* sh_up, int64_t il);
     /// Whether every expert layer's shared expert can ride in its banks as
     /// matrix n_expert: SiLU experts of the shared expert's width and types,
     /// no bank biases.
@@ -372,10 +392,10 @@ private:
     const DeltaSeqs* rows_delta_ = nullptr;
     std::vector<int32_t> bdelta_host_;
     // Step scratch of the gated layers: DeltaNet [q|k|v] before and after
-    // the conv (conv_dim each), z, y, normed y (value_dim each), [b | a],
-    // the attention gate (q_dim), the gated output (max of both widths), the
+    // the conv (conv_dim each), [b | a | z] (2 · n_v_heads + value_dim), y,
+    // normed y (value_dim each), the attention gate (q_dim), the gated output (max of both widths), the
     // shared expert's output (n_embd).
-    DeviceBuffer sqkv_, sxc_, sz_, sy_, syn_, sba_, sgate_, sgated_, sshared_;
+    DeviceBuffer sqkv_, sxc_, sbaz_, sy_, syn_, sgate_, sgated_, sshared_;
     // Row scratch (prefill_rows_ rows): DeltaNet [q|k|v] after the conv, [z |
     // normed y], y, [b | a]; [gate | attention] of gated attention; the
     // shared expert's gated values (BF16) and output.

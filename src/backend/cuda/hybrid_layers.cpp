@@ -34,8 +34,13 @@ void CudaExecutor::upload_hybrid(const BlockPlanLayer& P, LayerWeights& L) {
     if (!P.attn_gate.empty()) L.attn_gate = upload_group(P.attn_gate);
     if (const DeltaNetSpec* d = P.delta) {
         L.delta = true;
-        L.delta_z = upload_group(std::vector<const Tensor*>{P.delta_z});
-        L.delta_ba = upload_group(P.delta_ba);
+        // [b | a | z]: the three input projections besides [q|k|v] as one
+        // matrix where they share a type, so that a decode step reads all
+        // four in one launch (gemv_pair with [q|k|v]).
+        std::vector<const Tensor*> baz;
+        for (const LinearPiece& p : P.delta_ba) baz.push_back(p.w);
+        baz.push_back(P.delta_z);
+        L.delta_baz = upload_group(baz);
         L.delta_norm = upload_f32(*P.delta_norm);
         L.dl = DeltaLayer{d->n_k_heads,         d->n_v_heads,         d->head_k,
                           d->head_v,            d->conv_kernel,       d->kv_tiled,
@@ -213,32 +218,37 @@ const float* CudaExecutor::step_delta(const LayerWeights& L) {
     const cudaStream_t s = ctx_.stream();
     const DeltaLayer& D = L.dl;
     const int64_t VD = int64_t{D.n_v_heads} * D.head_v;
-    const float* xn = xn_.as<float>();
     const auto q8 = [](const std::vector<Piece>& ps) {
         return ps.size() == 1 && gemv_takes_quantized_activation(ps[0].w.type);
     };
-    if (q8(L.qkv) && q8(L.delta_z)) {  // one launch where gemv_pair has a kernel for the two types
-        gemv_pair(ctx_, L.qkv[0].w, sqkv_.as<float>(), L.delta_z[0].w, sz_.as<float>(), xq_embd_);
+    float* ba = sbaz_.as<float>();  // [b | a | z]
+    float* z = ba + 2 * D.n_v_heads;
+    if (q8(L.qkv) && q8(L.delta_baz)) {
+        // One launch where gemv_pair has a kernel for the two types: Q4_K
+        // first (Q4_K_M gives [q|k|v] Q6_K on some layers, attn_v's rule).
+        const DeviceWeight &Wq = L.qkv[0].w, &Wb = L.delta_baz[0].w;
+        if (Wq.type == DType::Q6_K) gemv_pair(ctx_, Wb, ba, Wq, sqkv_.as<float>(), xq_embd_);
+        else gemv_pair(ctx_, Wq, sqkv_.as<float>(), Wb, ba, xq_embd_);
     } else {
+        const float* xn = xn_.as<float>();
         for (const Piece& p : L.qkv) mm(p, xn, xq_embd_, sqkv_.as<float>());
-        for (const Piece& p : L.delta_z) mm(p, xn, xq_embd_, sz_.as<float>());
+        for (const Piece& p : L.delta_baz) mm(p, xn, xq_embd_, ba);
     }
-    for (const Piece& p : L.delta_ba) mm(p, xn, xq_embd_, sba_.as<float>());
     mark("gemv_qkv");
     const DeltaSeqs& q = step_delta_[static_cast<size_t>(L.delta_index)];
     if (!skipped("delta")) {
         delta_conv(sqkv_.as<float>(), sxc_.as<float>(), 1, q, D, s);
-        delta_rule(sxc_.as<float>(), sba_.as<float>(), sy_.as<float>(), 1, q, D, s);
+        delta_rule(sxc_.as<float>(), ba, sy_.as<float>(), 1, q, D, s);
     }
     mark("delta_rule");
     // QUERN_CUDA_SKIP=dnorm (timing only) leaves the gate's output as the last step left it.
     const bool one_launch = D.head_v % 32 == 0 && D.head_v <= 1024;
     if (!skipped("dnorm") && one_launch) {
-        gated_rms_norm_q8_1(sy_.as<float>(), L.delta_norm, sz_.as<float>(), sgated_.as<float>(), xq_delta_.q(),
+        gated_rms_norm_q8_1(sy_.as<float>(), L.delta_norm, z, sgated_.as<float>(), xq_delta_.q(),
                             xq_delta_.info(), xq_delta_.q2(), xq_delta_.info2(), VD, D.head_v, c.rms_eps, s);
     } else if (!skipped("dnorm")) {
         rms_norm_groups(sy_.as<float>(), L.delta_norm, syn_.as<float>(), VD, 1, VD, D.head_v, c.rms_eps, s);
-        swiglu_q8_1(sz_.as<float>(), syn_.as<float>(), sgated_.as<float>(), xq_delta_.q(), xq_delta_.info(), VD, s,
+        swiglu_q8_1(z, syn_.as<float>(), sgated_.as<float>(), xq_delta_.q(), xq_delta_.info(), VD, s,
                     xq_delta_.q2(), xq_delta_.info2(), kGateSiLU);
     }
     mark("gate");
@@ -274,8 +284,15 @@ void CudaExecutor::rows_delta(const LayerWeights& L, int64_t n, uint16_t* xb, fl
     float* QKV = pqkv_.as<float>();
     float* ZY = pzy_.as<float>();  // [z | normed y] per row
     for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, C, s);
-    for (const Piece& p : L.delta_z) gemm_->run_bf16(p.w, xb, n, ZY + p.offset, 2 * VD, s);
-    for (const Piece& p : L.delta_ba) gemm_->run_bf16(p.w, xb, n, pba_.as<float>() + p.offset, BA, s);
+    // Each piece's outputs of the [b | a | z] row: its b|a rows into pba_,
+    // its z rows into ZY's z half.
+    for (const Piece& p : L.delta_baz) {
+        const int64_t end = p.offset + p.w.N, ba_end = std::min(end, BA);
+        if (p.offset < BA)
+            gemm_->run_bf16_rows(p.w, 0, ba_end - p.offset, xb, n, pba_.as<float>() + p.offset, BA, s);
+        const int64_t z0 = std::max(p.offset, BA);
+        if (end > z0) gemm_->run_bf16_rows(p.w, z0 - p.offset, end - z0, xb, n, ZY + (z0 - BA), 2 * VD, s);
+    }
     mark("gemm_qkv");
     const DeltaSeqs& q = rows_delta_[L.delta_index];
     delta_conv(QKV, pxc_.as<float>(), n, q, D, s);

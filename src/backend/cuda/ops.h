@@ -43,9 +43,13 @@ enum class KvType { F32, F16 };
 ///   xinfo2) also the residual y - d·q quantized with the scale d/254 (the second
 ///   level of a two-level QuantizedActivation).
 /// The sum of squares is accumulated in fp32 (the CPU uses double).
+/// With residual_k > 0, row r's residual is the weighted sum of residual_k
+/// rows, Σ_j residual_w[r·k + j] · residual[(r·k + j)·dim ..], in slot order
+/// with moe_weighted_sum's arithmetic: a mixture-of-experts layer's expert
+/// outputs summed where they are added, without a launch of their own.
 void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out, int8_t* xq, ActBlockInfo* xinfo,
                    int64_t n, int64_t dim, float eps, cudaStream_t stream, int8_t* xq2 = nullptr,
-                   ActBlockInfo* xinfo2 = nullptr);
+                   ActBlockInfo* xinfo2 = nullptr, const float* residual_w = nullptr, int residual_k = 0);
 
 /// The activation act(g) of a gated value act(g)·u: SiLU (SwiGLU), GELU
 /// with its tanh form (GeGLU, cpu::geglu_tanh), or the sigmoid (an output
@@ -57,8 +61,14 @@ enum GateAct : int { kGateSiLU = 0, kGateGelu = 1, kGateSigmoid = 2 };
 ///   null); h quantized into (xq, xinfo) as one row of `count` elements (if
 ///   not null); the residual into (xq2, xinfo2) when given (two-level, as
 ///   rms_norm_q8_1).
+/// With width > 0, gate and up are count / width rows of `width` floats at
+/// stride ld (>= width): element i reads gate[(i / width)·ld + i % width]
+/// (up likewise) — an expert bank's per-slot [gate | up] rows (gate = gu,
+/// up = gu + width, ld = 2·width); h stays count floats back to back. Throws
+/// quern::Error where the rows do not tile count.
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, int act = kGateSiLU);
+                 cudaStream_t stream, int8_t* xq2 = nullptr, ActBlockInfo* xinfo2 = nullptr, int act = kGateSiLU,
+                 int64_t width = 0, int64_t ld = 0);
 
 /// Per-group RMSNorm of n rows of `width` floats (width a multiple of
 /// `group`): y[r·ldy + i] = x[r·width + i] / sqrt(mean over i's group of x²
@@ -415,7 +425,7 @@ inline constexpr int kMaxExpertsUsed = 16;
 ///   lower index; weights[j] = p[ids[j]] / Σ_j p[ids[j]] when renormalise,
 ///   else p[ids[j]] (converted to float).
 /// logits: n_expert floats (the router GEMV's output); ids: k int32;
-/// weights: k floats (all device pointers). One thread block, no host
+/// weights: k floats (all device pointers). One warp, no host
 /// synchronization (graph-capturable). Throws quern::Error for null pointers,
 /// n_expert outside [1, kMaxExperts] or k outside [1, min(n_expert,
 /// kMaxExpertsUsed)]. NaN logits give distinct in-range ids (which ones is
@@ -433,7 +443,7 @@ void moe_route(const float* logits, int n_expert, int k, bool renormalise, int32
                cudaStream_t stream, const SharedExpertGate& shared = {});
 
 /// moe_route for n rows of logits at once (row r: logits + r·n_expert; its
-/// ids and weights at r·k), one thread block per row; same results and
+/// ids and weights at r·k), one warp per row; same results and
 /// errors as moe_route, plus n outside [1, 2^31).
 void moe_route_rows(const float* logits, int64_t n, int n_expert, int k, bool renormalise, int32_t* ids,
                     float* weights, cudaStream_t stream);

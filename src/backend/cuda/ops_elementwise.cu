@@ -73,6 +73,33 @@ __device__ __forceinline__ void quantize_chunk_q8_1_l2(const float (&v)[4], bool
     }
 }
 
+// The residual element i of a weighted sum of k rows of dim (rms_norm_q8_1's
+// residual_k): w_0·r_0[i] + w_1·r_1[i] + ... in slot order, separate
+// multiply and add (moe_weighted_sum_kernel's arithmetic).
+__device__ __forceinline__ float weighted_rows(const float* __restrict__ rows, const float* __restrict__ w, int k,
+                                               int64_t dim, int64_t i) {
+    float acc = __fmul_rn(w[0], rows[i]);  // rounded as moe_weighted_sum stores it: no FMA with the add after
+    for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(w[j], rows[static_cast<int64_t>(j) * dim + i]));
+    return acc;
+}
+
+// weighted_rows for elements 4c .. 4c + 3 (rows 16-byte aligned, dim % 4 == 0).
+__device__ __forceinline__ float4 weighted_rows4(const float* __restrict__ rows, const float* __restrict__ w, int k,
+                                                 int64_t dim, int c) {
+    const float4* r4 = reinterpret_cast<const float4*>(rows);
+    const int64_t dim4 = dim / 4;
+    float4 v = r4[c];
+    float4 acc = make_float4(__fmul_rn(w[0], v.x), __fmul_rn(w[0], v.y), __fmul_rn(w[0], v.z), __fmul_rn(w[0], v.w));
+    for (int j = 1; j < k; ++j) {
+        v = r4[j * dim4 + c];
+        acc.x = __fadd_rn(acc.x, __fmul_rn(w[j], v.x));
+        acc.y = __fadd_rn(acc.y, __fmul_rn(w[j], v.y));
+        acc.z = __fadd_rn(acc.z, __fmul_rn(w[j], v.z));
+        acc.w = __fadd_rn(acc.w, __fmul_rn(w[j], v.w));
+    }
+    return acc;
+}
+
 template <int KMAX>
 __global__ void __launch_bounds__(1024) rms_norm_q8_1_vec_kernel(float* x, const float* __restrict__ residual,
                                                                  const float* __restrict__ w, float* __restrict__ y,
@@ -80,14 +107,14 @@ __global__ void __launch_bounds__(1024) rms_norm_q8_1_vec_kernel(float* x, const
                                                                  ActBlockInfo* __restrict__ xinfo,
                                                                  int8_t* __restrict__ xq2,
                                                                  ActBlockInfo* __restrict__ xinfo2, int64_t dim,
-                                                                 float eps) {
+                                                                 float eps, const float* __restrict__ rw, int rk) {
     pdl_wait();
     pdl_trigger();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const int nc = static_cast<int>(dim / 4);
     float4* xr = reinterpret_cast<float4*>(x + r * dim);
-    const float4* rr = residual ? reinterpret_cast<const float4*>(residual + r * dim) : nullptr;
+    const float4* rr = residual && rk == 0 ? reinterpret_cast<const float4*>(residual + r * dim) : nullptr;
     const float4* wr = reinterpret_cast<const float4*>(w);
     float4 xv[KMAX], wv[KMAX];
 #pragma unroll
@@ -100,12 +127,18 @@ __global__ void __launch_bounds__(1024) rms_norm_q8_1_vec_kernel(float* x, const
             xv[k] = wv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
-    if (rr) {
+    if (rr || rk > 0) {
+        const float* rows = residual + r * rk * dim;
 #pragma unroll
         for (int k = 0; k < KMAX; ++k) {
             const int c = threadIdx.x + k * blockDim.x;
             if (c < nc) {
-                const float4 a = rr[c];
+                float4 a;
+                if (rr) {
+                    a = rr[c];
+                } else {
+                    a = weighted_rows4(rows, rw + r * rk, rk, dim, c);
+                }
                 xv[k].x += a.x, xv[k].y += a.y, xv[k].z += a.z, xv[k].w += a.w;
                 xr[c] = xv[k];
             }
@@ -148,13 +181,17 @@ constexpr int kNormThreads = 256;
 __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residual, const float* __restrict__ w,
                                      float* __restrict__ y, int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
                                      int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2, int64_t dim,
-                                     float eps) {
+                                     float eps, const float* __restrict__ rw, int rk) {
     pdl_wait();
     pdl_trigger();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     float* xr = x + r * dim;
-    const float ss = detail::add_residual_sum_squares(xr, residual ? residual + r * dim : nullptr, dim, red);
+    if (rk > 0)  // the weighted residual first; each thread's elements are its own in both loops
+        for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+            xr[i] += weighted_rows(residual + r * rk * dim, rw + r * rk, rk, dim, i);
+    const float ss =
+        detail::add_residual_sum_squares(xr, residual && rk == 0 ? residual + r * dim : nullptr, dim, red);
     const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t n_blocks = dim / 32;
@@ -169,7 +206,9 @@ __global__ void rms_norm_q8_1_kernel(float* x, const float* __restrict__ residua
 }
 
 // swiglu_q8_1_kernel
-//   Shapes:  gate, up, h: count floats; xq/xinfo: one row of count elements.
+//   Shapes:  h: count floats; xq/xinfo: one row of count elements; gate, up:
+//            rows of `width` floats at stride ld (element i: row i / width,
+//            column i % width; one row when width == count).
 //   Grid:    one warp per 32-element block (lane i: element 32b+i), 256
 //            threads per block, ceil(count/256) blocks.
 //   Bound:   latency (count ≤ ~50k: 8 bytes in, ~5.3 out per element).
@@ -178,14 +217,14 @@ template <int ACT>
 __global__ void swiglu_q8_1_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                                    float* __restrict__ h, int8_t* __restrict__ xq, ActBlockInfo* __restrict__ xinfo,
                                    int8_t* __restrict__ xq2, ActBlockInfo* __restrict__ xinfo2, int64_t n_blocks,
-                                   int64_t half_k, bool early) {
+                                   int64_t half_k, int64_t width, int64_t ld, bool early) {
     pdl_wait_trigger(early);
     const int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;  // whole warps leave together
     const int64_t i = 32 * b + lane;
-    const float g = gate[i];
-    const float v = detail::glu_value(g, up[i], ACT);
+    const int64_t r = i / width, at = r * ld + (i - r * width);
+    const float v = detail::glu_value(gate[at], up[at], ACT);
     if (h) h[i] = v;
     if (xq) quantize_block_q8_1_l2(v, lane, b, xq, xinfo, xq2, xinfo2, half_k);
 }
@@ -220,7 +259,10 @@ unsigned grid_for(int64_t items, int threads) {
 }  // namespace
 
 void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out, int8_t* xq, ActBlockInfo* xinfo,
-                   int64_t n, int64_t dim, float eps, cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2) {
+                   int64_t n, int64_t dim, float eps, cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2,
+                   const float* residual_w, int residual_k) {
+    if (residual_k < 0 || (residual_k > 0 && (!residual || !residual_w)))
+        throw_error("rms_norm_q8_1: a weighted residual needs its rows and weights");
     if (n < 1 || dim < 32 || dim % 32 != 0 || n > 0x7FFFFFFF)
         throw_error("rms_norm_q8_1: need n >= 1 and dim a positive multiple of 32");
     if (!x || !w) throw_error("rms_norm_q8_1: x and w are required");
@@ -237,26 +279,30 @@ void rms_norm_q8_1(float* x, const float* residual, const float* w, float* y_out
         const int64_t kmax = (nc + threads - 1) / threads;
         if (kmax <= 1)
             launch_pdl(rms_norm_q8_1_vec_kernel<1>, dim3(grid), dim3(threads), 0, stream, x, residual, w, y_out, xq, xinfo,
-                       xq2, xinfo2, dim, eps);
+                       xq2, xinfo2, dim, eps, residual_w, residual_k);
         else if (kmax <= 2)
             launch_pdl(rms_norm_q8_1_vec_kernel<2>, dim3(grid), dim3(threads), 0, stream, x, residual, w, y_out, xq, xinfo,
-                       xq2, xinfo2, dim, eps);
+                       xq2, xinfo2, dim, eps, residual_w, residual_k);
         else if (kmax <= 4)
             launch_pdl(rms_norm_q8_1_vec_kernel<4>, dim3(grid), dim3(threads), 0, stream, x, residual, w, y_out, xq, xinfo,
-                       xq2, xinfo2, dim, eps);
+                       xq2, xinfo2, dim, eps, residual_w, residual_k);
         else
             launch_pdl(rms_norm_q8_1_vec_kernel<8>, dim3(grid), dim3(threads), 0, stream, x, residual, w, y_out, xq, xinfo,
-                       xq2, xinfo2, dim, eps);
+                       xq2, xinfo2, dim, eps, residual_w, residual_k);
     } else {
         launch_pdl(rms_norm_q8_1_kernel, dim3(grid), dim3(kNormThreads), 0, stream, x, residual, w, y_out, xq, xinfo, xq2,
-                   xinfo2, dim, eps);
+                   xinfo2, dim, eps, residual_w, residual_k);
     }
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, ActBlockInfo* xinfo, int64_t count,
-                 cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2, int act) {
+                 cudaStream_t stream, int8_t* xq2, ActBlockInfo* xinfo2, int act, int64_t width, int64_t ld) {
     if (count < 32 || count % 32 != 0) throw_error("swiglu_q8_1: count must be a positive multiple of 32");
+    if (width == 0) width = ld = count;
+    if (width < 1 || count % width != 0 || ld < width)
+        throw_error("swiglu_q8_1: rows of " + std::to_string(width) + " at stride " + std::to_string(ld) +
+                    " do not tile " + std::to_string(count) + " elements");
     if (!gate || !up) throw_error("swiglu_q8_1: gate and up are required");
     if ((xq == nullptr) != (xinfo == nullptr)) throw_error("swiglu_q8_1: give both xq and xinfo, or neither");
     if ((xq2 == nullptr) != (xinfo2 == nullptr) || (xq2 && !xq))
@@ -266,7 +312,7 @@ void swiglu_q8_1(const float* gate, const float* up, float* h_out, int8_t* xq, A
     constexpr bool early = true;  // trigger the successor before the wait (launch.cuh)
     const auto launch = [&](auto kernel) {
         launch_pdl(kernel, dim3(grid), dim3(256), 0, stream, gate, up, h_out, xq, xinfo, xq2, xinfo2, n_blocks,
-                   count / 2, early);
+                   count / 2, width, ld, early);
     };
     if (act == kGateGelu) launch(swiglu_q8_1_kernel<kGateGelu>);
     else if (act == kGateSigmoid) launch(swiglu_q8_1_kernel<kGateSigmoid>);

@@ -4,25 +4,27 @@
 // captured decode step routes every replay without the host.
 //
 // moe_route_kernel
-//   Shapes:  logits: rows of n_expert floats; ids, weights: rows of k.
-//   Grid:    one block of 256 threads per row; thread t handles experts t,
-//            t + 256, ...
+//   Shapes:  logits: rows of n_expert floats; ids, weights: rows of k (k + 1
+//            with the shared slot).
+//   Grid:    one warp per row, kRouteWarps rows a block; lane i holds experts
+//            i, i + 32, ... in registers (PER of them: ceil(n_expert / 32)
+//            rounded up to a power of two). No shared memory and no block
+//            barrier: every reduction is warp shuffles.
 //   Math:    as moe_route (src/backend/cpu/moe_route.cpp) step by step: the max
 //            (std::max_element's value: exact in any order), p_x =
 //            exp(double(l_x − max)) (the float difference widened, as the
-//            CPU), Σp in double (warp shuffles: the order differs from the
-//            CPU's, a relative 1e-16 that reaches a float weight's last bit
-//            about once in 10⁸), p_x /= Σ; slot j = the argmax of p over the
+//            CPU), Σp in double (shuffles: the order differs from the CPU's,
+//            a relative 1e-16 that reaches a float weight's last bit about
+//            once in 10⁸), p_x /= Σ; slot j = the argmax of p over the
 //            experts not yet taken, ties to the lower index (the CPU's
 //            partial_sort comparator: descending p, then index), k rounds of
-//            a block reduction; the chosen sum in slot order; w_j = float(p /
+//            a warp argmax; the chosen sum in slot order; w_j = float(p /
 //            chosen or p). Only exp's last bit and the sum's may differ from
 //            the CPU (CUDA's double exp is within 1 ulp), which can move a
 //            weight by one float ulp and never changes the order of distinct
 //            logits.
-//   Bound:   latency (a few hundred bytes; k + 2 block reductions, where
-//            ranking every expert against every other would take n_expert² /
-//            256 double comparisons a thread, the bulk of a layer's routing).
+//   Bound:   latency (a few hundred bytes; k + 2 warp reductions of five
+//            shuffles — a block-wide argmax costs two barriers a round).
 //
 // moe_weighted_sum_kernel
 //   Shapes:  y: k rows of n floats (slot j at y + j·n); weights: k floats;
@@ -41,111 +43,98 @@
 namespace quern::cuda {
 namespace {
 
-constexpr int kRouteThreads = 256;
+constexpr int kRouteWarps = 4;  // rows a block
+static_assert(kMaxExpertsUsed <= 32, "lane j keeps slot j");
 
-// The block's sum of d in double (detail::block_sum's form): warp shuffles,
-// then one value a warp through shared memory. Every thread gets the result.
-__device__ double route_block_sum(double d, double* red) {
+__device__ __forceinline__ double warp_sum_double(double d) {
     for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    const int t = static_cast<int>(threadIdx.x);
-    if ((t & 31) == 0) red[t >> 5] = d;
-    __syncthreads();
-    d = 0;
-    for (int w = 0; w < kRouteThreads / 32; ++w) d += red[w];
     return d;
 }
 
-__global__ void __launch_bounds__(kRouteThreads)
-    moe_route_kernel(const float* __restrict__ logits, int n_expert, int k, bool renormalise,
-                     int32_t* __restrict__ ids, float* __restrict__ weights, SharedExpertGate sh) {
-    __shared__ double p[kMaxExperts];
-    __shared__ int slot_of[kMaxExpertsUsed];
-    __shared__ double red_key[2][kRouteThreads / 32];
-    __shared__ int red_x[2][kRouteThreads / 32];
-    __shared__ float red_max[32];
-    __shared__ double red_sum[kRouteThreads / 32];
-    __shared__ float red_gate[32];
-    const int t = static_cast<int>(threadIdx.x);
-    const int stride = k + (sh.w ? 1 : 0);
-    logits += static_cast<int64_t>(blockIdx.x) * n_expert;  // block r: row r
-    ids += static_cast<int64_t>(blockIdx.x) * stride;
-    weights += static_cast<int64_t>(blockIdx.x) * stride;
-    pdl_wait();
-    pdl_trigger();
-    if (sh.w) {  // slot k: the shared expert, weighted by sigmoid(w · x) (add_sigmoid_gated's arithmetic)
-        const float* x = sh.x + static_cast<int64_t>(blockIdx.x) * sh.dim;
-        float d = 0.0f;
-        for (int64_t i = t; i < sh.dim; i += kRouteThreads) d += x[i] * sh.w[i];
-        d = detail::block_sum(d, red_gate);
-        if (t == 0) {
-            ids[k] = n_expert;
-            weights[k] = 1.0f / (1.0f + expf(-d));
-        }
-    }
-    constexpr int kPer = kMaxExperts / kRouteThreads;  // experts t, t + 256, ... in registers
-    float l[kPer];
+// One row's routing by the calling warp (moe_route_kernel's Math, above).
+template <int PER>
+__device__ void route_row(const float* logits, int n_expert, int k, bool renormalise, int32_t* __restrict__ ids,
+                          float* __restrict__ weights, int lane) {
+    float l[PER];
     float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-        const int x = t + i * kRouteThreads;
+    for (int i = 0; i < PER; ++i) {
+        const int x = lane + 32 * i;
         l[i] = x < n_expert ? logits[x] : -INFINITY;
         mx = fmaxf(mx, l[i]);  // fmaxf skips NaN
     }
-    mx = detail::block_max(mx, red_max);  // fmaxf: NaN-free
+    mx = detail::warp_max(mx);
     // std::max_element keeps a NaN first element and skips later NaNs.
-    if (logits[0] != logits[0]) mx = logits[0];
+    const float l0 = __shfl_sync(0xffffffffu, l[0], 0);
+    if (l0 != l0) mx = l0;
+    double key[PER];  // p_x; experts past n_expert hold 0 until the ranking below
     double part = 0;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-        const int x = t + i * kRouteThreads;
-        if (x < n_expert) part += p[x] = exp(static_cast<double>(l[i] - mx));
+    for (int i = 0; i < PER; ++i) {
+        key[i] = lane + 32 * i < n_expert ? exp(static_cast<double>(l[i] - mx)) : 0.0;
+        part += key[i];
     }
-    const double sum = route_block_sum(part, red_sum);  // ends after a barrier: p is complete
-    // NaN probabilities (from non-finite logits) rank below every number,
-    // so a row never names an expert twice; experts past n_expert and those
-    // already taken rank below NaN.
-    double key[kPer];
+    const double sum = warp_sum_double(part);
+    // The ranking key: p_x; NaN probabilities (from non-finite logits) rank
+    // below every number (as -1: p >= 0 otherwise), so a row never names an
+    // expert twice; experts past n_expert and those already taken rank below
+    // NaN.
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-        const int x = t + i * kRouteThreads;
-        if (x < n_expert) p[x] /= sum;
-        key[i] = x >= n_expert ? -INFINITY : p[x] == p[x] ? p[x] : -1.0;
+    for (int i = 0; i < PER; ++i) {
+        const double p = key[i] / sum;
+        key[i] = lane + 32 * i >= n_expert ? -INFINITY : p == p ? p : -1.0;
     }
-    // k rounds of a block-wide argmax (largest key, ties to the lower index):
-    // slot j takes the expert of rank j.
+    // k rounds of a warp argmax (largest key, ties to the lower index): slot
+    // j takes the expert of rank j; lane j keeps it.
+    int my_x = 0;
+    double my_p = 0;
     for (int j = 0; j < k; ++j) {
         double bk = -INFINITY;
         int bx = 0x7fffffff;
 #pragma unroll
-        for (int i = 0; i < kPer; ++i)
-            if (key[i] > bk) bk = key[i], bx = t + i * kRouteThreads;
+        for (int i = 0; i < PER; ++i)
+            if (key[i] > bk) bk = key[i], bx = lane + 32 * i;
         for (int o = 16; o > 0; o >>= 1) {
             const double ok = __shfl_xor_sync(0xffffffffu, bk, o);
             const int ox = __shfl_xor_sync(0xffffffffu, bx, o);
             if (ok > bk || (ok == bk && ox < bx)) bk = ok, bx = ox;
         }
-        if ((t & 31) == 0) red_key[j & 1][t >> 5] = bk, red_x[j & 1][t >> 5] = bx;
-        __syncthreads();  // the other buffer is free again: everyone read it before this barrier
-        bk = red_key[j & 1][0], bx = red_x[j & 1][0];
-        for (int w = 1; w < kRouteThreads / 32; ++w) {
-            const double ok = red_key[j & 1][w];
-            const int ox = red_x[j & 1][w];
-            if (ok > bk || (ok == bk && ox < bx)) bk = ok, bx = ox;
-        }
-        if (t == 0) slot_of[j] = bx;
+        if (lane == j) my_x = bx, my_p = bk < 0 ? static_cast<double>(NAN) : bk;
 #pragma unroll
-        for (int i = 0; i < kPer; ++i)
-            if (t + i * kRouteThreads == bx) key[i] = -INFINITY;
+        for (int i = 0; i < PER; ++i)
+            if (lane + 32 * i == bx) key[i] = -INFINITY;
     }
-    if (t == 0) {
-        double chosen = 0;
-        for (int j = 0; j < k; ++j) chosen += p[slot_of[j]];
-        for (int j = 0; j < k; ++j) {
-            const int x = slot_of[j];
-            ids[j] = x;
-            weights[j] = static_cast<float>(renormalise ? p[x] / chosen : p[x]);
+    double chosen = 0;  // in slot order, as the CPU
+    for (int j = 0; j < k; ++j) chosen += __shfl_sync(0xffffffffu, my_p, j);
+    if (lane < k) {
+        ids[lane] = my_x;
+        weights[lane] = static_cast<float>(renormalise ? my_p / chosen : my_p);
+    }
+}
+
+template <int PER>
+__global__ void __launch_bounds__(32 * kRouteWarps)
+    moe_route_kernel(const float* __restrict__ logits, int64_t n, int n_expert, int k, bool renormalise,
+                     int32_t* __restrict__ ids, float* __restrict__ weights, SharedExpertGate sh) {
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
+    pdl_wait();
+    pdl_trigger();
+    if (row >= n) return;  // whole warps leave together
+    const int stride = k + (sh.w ? 1 : 0);
+    ids += row * stride;
+    weights += row * stride;
+    if (sh.w) {  // slot k: the shared expert, weighted by sigmoid(w · x) (add_sigmoid_gated's arithmetic)
+        const float* x = sh.x + row * sh.dim;
+        float d = 0.0f;
+        for (int64_t i = lane; i < sh.dim; i += 32) d += x[i] * sh.w[i];
+        d = detail::warp_sum(d);
+        if (lane == 0) {
+            ids[k] = n_expert;
+            weights[k] = 1.0f / (1.0f + expf(-d));
         }
     }
+    route_row<PER>(logits + row * n_expert, n_expert, k, renormalise, ids, weights, lane);
 }
 
 __global__ void moe_weighted_sum_kernel(const float* __restrict__ y, const float* __restrict__ w, int k, int64_t n,
@@ -265,8 +254,17 @@ void launch_route(const float* logits, int64_t n, int n_expert, int k, bool reno
     if (k < 1 || k > n_expert || k > kMaxExpertsUsed)
         throw_error("moe_route: " + std::to_string(k) + " experts used of " + std::to_string(n_expert) + " (1.." +
                     std::to_string(kMaxExpertsUsed) + ")");
-    launch_pdl(moe_route_kernel, dim3(static_cast<unsigned>(n)), dim3(kRouteThreads), 0, stream, logits, n_expert, k,
-               renormalise, ids, weights, sh);
+    const dim3 grid(static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps)), block(32 * kRouteWarps);
+    const auto launch = [&](auto kernel) {
+        launch_pdl(kernel, grid, block, 0, stream, logits, n, n_expert, k, renormalise, ids, weights, sh);
+    };
+    const int per = (n_expert + 31) / 32;
+    if (per <= 1) launch(moe_route_kernel<1>);
+    else if (per <= 2) launch(moe_route_kernel<2>);
+    else if (per <= 4) launch(moe_route_kernel<4>);
+    else if (per <= 8) launch(moe_route_kernel<8>);
+    else if (per <= 16) launch(moe_route_kernel<16>);
+    else launch(moe_route_kernel<32>);
     QUERN_CUDA_CHECK_LAUNCH();
 }
 

@@ -406,7 +406,9 @@ bool CudaExecutor::use_fused(const DeviceWeight& f, const std::vector<Piece>& ps
 
 bool CudaExecutor::moe_on_device(const LayerWeights& L) const {
     const auto grouped = [](const DeviceWeight& b) { return b.bq || dq_grouped_supported(b.type, b.K); };
-    return grouped(L.exp_gate) && grouped(L.exp_up) && grouped(L.exp_down);
+    bool ok = grouped(L.exp_down);
+    for (const auto& b : L.gate_up_banks(plan_.n_ff_exp)) ok = ok && grouped(*b.w);
+    return ok;
 }
 
 void CudaExecutor::prefill_moe(const LayerWeights& L, const MoeSpec& spec, const uint16_t* xb, int64_t n,
@@ -447,8 +449,7 @@ void CudaExecutor::prefill_moe(const LayerWeights& L, const MoeSpec& spec, const
         moe_group_rows(ids, n, k, static_cast<int>(NE), dpos, dsrc, doff, s);
         gather_rows_bf16(xb, E, dsrc, m, xg, s);
         mark("moe_route");
-        grouped(L.exp_gate, F, xg, gu, 2 * F);
-        grouped(L.exp_up, F, xg, gu + F, 2 * F);
+        for (const auto& b : L.gate_up_banks(F)) grouped(*b.w, b.rows, xg, gu + b.col, 2 * F);
         glu_rows_bf16(gu, 2 * F, m, F, g, spec.act == GluAct::GeluTanh, s);
         grouped(L.exp_down, E, g, y, E);
         moe_weighted_sum_rows(y, dpos, dw, n, k, E, out, s);
@@ -489,8 +490,8 @@ void CudaExecutor::prefill_moe(const LayerWeights& L, const MoeSpec& spec, const
         const int64_t o = offsets[static_cast<size_t>(x)];
         if (offsets[static_cast<size_t>(x) + 1] == o) continue;
         const int64_t r = rows_of(x);
-        gemm_->run_bf16_rows(L.exp_gate, x * F, F, xg + o * E, r, gu + o * 2 * F, 2 * F, s);
-        gemm_->run_bf16_rows(L.exp_up, x * F, F, xg + o * E, r, gu + o * 2 * F + F, 2 * F, s);
+        for (const auto& b : L.gate_up_banks(F))
+            gemm_->run_bf16_rows(*b.w, x * b.rows, b.rows, xg + o * E, r, gu + o * 2 * F + b.col, 2 * F, s);
     }
     glu_rows_bf16(gu, 2 * F, m, F, g, spec.act == GluAct::GeluTanh, s);
     for (int64_t x = 0; x < NE; ++x) {

@@ -6,10 +6,12 @@
 # Needs the CUDA toolkit, not a GPU; ~190 CUDA units (minutes on 16 cores,
 # about an hour on 2).
 #   bench/build_llamacpp_cuda.sh OUT_DIR [VERSION]
+#   LLAMA_SRC=DIR bench/build_llamacpp_cuda.sh OUT_DIR   (an unpacked llama.cpp
+#   source: a GPU machine without network builds the copy carried to it)
 # Result: OUT_DIR/bin/llama-bench, OUT_DIR/bin/llama-batched-bench.
 set -euo pipefail
 OUT=$(mkdir -p "$1" && cd "$1" && pwd)
-SRC=$(bash "$(dirname "$0")/fetch_llamacpp_src.sh" "$OUT" "${2:-0.3.36}")
+SRC=${LLAMA_SRC:-$(bash "$(dirname "$0")/fetch_llamacpp_src.sh" "$OUT" "${2:-0.3.36}")}
 cmake -S "$SRC" -B "$OUT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_NATIVE=OFF \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_SERVER=OFF >/dev/null

@@ -23,7 +23,13 @@
 // kernel of a step is launched after the previous step has completed, and
 // the decode position (written by the kernel that ends a step) and the KV
 // rows of earlier positions may be read early by the kernels of the step
-// after its first (the attention kernels do). Without the launch attribute
+// after its first (the attention kernels do). The DeltaNet token recurrence
+// also loads its recurrent state before its wait (delta_rule.cu): in the
+// step or pass only it writes that state (the conv before it writes the
+// conv rows), and the state's earlier writers (itself in an earlier step,
+// the chunked kernel, state copies) have completed: a step starts after the
+// previous one, and a pass's ordinary launches before each layer (GEMMs,
+// copies) wait for everything before them. Without the launch attribute
 // (or on a GPU before sm_90) both instructions are no-ops, so the same
 // kernels run correctly either way (bench/decode-cuda-h200.md has the
 // figures without the attribute and without the early triggers).

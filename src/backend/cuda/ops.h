@@ -433,7 +433,8 @@ inline constexpr int kMaxExpertsUsed = 16;
 /// With shared.w set, slot k also gets a shared expert (Qwen2-MoE / Qwen3.5's
 /// shared_expert, kept as matrix n_expert of the banks): ids[k] = n_expert,
 /// weights[k] = sigmoid(Σ_i shared.w[i] · shared.x[i]) over shared.dim
-/// floats, as add_sigmoid_gated computes it; ids and weights then hold k + 1.
+/// floats, add_sigmoid_gated's arithmetic summed in a warp's order (within
+/// float rounding of it); ids and weights then hold k + 1.
 struct SharedExpertGate {
     const float* x = nullptr;  ///< the layer's normed input (dim floats)
     const float* w = nullptr;  ///< the gate's weight row (dim floats), or null: no shared slot

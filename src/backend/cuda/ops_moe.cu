@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps)
     const int stride = k + (sh.w ? 1 : 0);
     ids += row * stride;
     weights += row * stride;
-    if (sh.w) {  // slot k: the shared expert, weighted by sigmoid(w · x) (add_sigmoid_gated's arithmetic)
+    if (sh.w) {  // slot k: the shared expert, weighted by sigmoid(w · x) (add_sigmoid_gated's, a warp's sum)
         const float* x = sh.x + row * sh.dim;
         float d = 0.0f;
         for (int64_t i = lane; i < sh.dim; i += 32) d += x[i] * sh.w[i];

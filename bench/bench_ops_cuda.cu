@@ -143,6 +143,15 @@ void bench_delta_rule(CudaContext& ctx, std::mt19937& rng) {
         report(std::string("DeltaNet decode 27B layer, ") + std::to_string(n) +
                    " seq (" + std::to_string(copies) + " copies)",
                us, bytes);
+        // The same step in one launch (delta_step: no xc round trip).
+        DeviceBuffer counts(static_cast<size_t>(n * nk) * sizeof(int));
+        counts.fill_bytes(0, s);
+        const double us1 = time_graph(ctx, std::max(16, copies), [&](int i) {
+            delta_step(x.as<float>(), ba.as<float>(), y.as<float>(), sets[static_cast<size_t>(i % copies)], L,
+                       counts.as<int>(), s);
+        });
+        report(std::string("DeltaNet decode 27B layer, ") + std::to_string(n) + " seq, one launch", us1,
+               static_cast<double>(n) * (2.0 * state * 4 + C * 4 + nv * d * 4 + 2 * nv * 4));
     }
     for (int heads : {48, 32}) {  // the 27B's value heads, the 35B-A3B's
         DeltaLayer Lh = L;

@@ -123,7 +123,9 @@ protected:
 /// through delta_rule (its own choice per sequence) or delta_rule_chunked
 /// for every sequence; or one row per sequence (a decode step: the conv
 /// kernel moves the conv state on itself).
-enum class Mode { Dispatch, AllChunked, DecodeStep };
+/// FusedStep: one row per sequence through delta_step (conv and recurrence
+/// in one launch).
+enum class Mode { Dispatch, AllChunked, DecodeStep, FusedStep };
 
 void check_pass(const Shape& sh, Mode mode, int col_groups = 0) {
     std::mt19937 rng(static_cast<uint32_t>(sh.dk * 131 + sh.dv * 7 + sh.nv + sh.tiled));
@@ -138,7 +140,8 @@ void check_pass(const Shape& sh, Mode mode, int col_groups = 0) {
     // Decode rows, short prompt chunks (the token kernel) and long ones (the
     // chunked kernel from 32 rows: whole chunks of 64 and partial ones).
     const std::vector<int> n_rows =
-        mode == Mode::DecodeStep ? std::vector<int>{1, 1, 1} : std::vector<int>{1, 5, 17, 1, 200, 64, 31, 33};
+        mode == Mode::DecodeStep || mode == Mode::FusedStep ? std::vector<int>{1, 1, 1}
+                                                            : std::vector<int>{1, 5, 17, 1, 200, 64, 31, 33};
     std::vector<int> row0;
     int n = 0;
     for (int c : n_rows) {
@@ -188,7 +191,13 @@ void check_pass(const Shape& sh, Mode mode, int col_groups = 0) {
     ds.n_rows = d_n.as<int32_t>();
     ds.state = d_ptrs.as<float*>();
     ds.n_seqs = static_cast<int>(n_rows.size());
+    DeviceBuffer d_counts(n_rows.size() * static_cast<size_t>(sh.nk) * sizeof(int));
+    d_counts.fill_bytes(0, stream);
     const auto pass = [&] {
+        if (mode == Mode::FusedStep) {
+            delta_step(d_x.as<float>(), d_ba.as<float>(), d_y.as<float>(), ds, dl, d_counts.as<int>(), stream);
+            return;
+        }
         delta_conv(d_x.as<float>(), d_xc.as<float>(), n, ds, dl, stream);
         if (mode == Mode::AllChunked) delta_rule_chunked(d_xc.as<float>(), d_ba.as<float>(), d_y.as<float>(), ds, dl, 1, stream, col_groups);
         else delta_rule(d_xc.as<float>(), d_ba.as<float>(), d_y.as<float>(), n, ds, dl, stream);
@@ -221,6 +230,11 @@ void check_pass(const Shape& sh, Mode mode, int col_groups = 0) {
                   tol)
             << "delta-rule state of sequence " << s << " (" << n_rows[s] << " rows)";
     }
+    if (mode == Mode::FusedStep) {  // every key head's counter back at zero
+        std::vector<int> counts(n_rows.size() * static_cast<size_t>(sh.nk), -1);
+        d_counts.download(counts.data(), counts.size() * sizeof(int), stream);
+        EXPECT_EQ(counts, std::vector<int>(counts.size(), 0));
+    }
     // The same inputs and states again: the same bits.
     for (size_t s = 0; s < states.size(); ++s) d_states[s].upload(states[s].data(), states[s].size() * 4, stream);
     pass();
@@ -232,6 +246,8 @@ void check_pass(const Shape& sh, Mode mode, int col_groups = 0) {
 TEST_P(DeltaRuleCuda, ConvAndRecurrenceMatchTheHost) { check_pass(GetParam(), Mode::Dispatch); }
 
 TEST_P(DeltaRuleCuda, DecodeStepMatchesTheHost) { check_pass(GetParam(), Mode::DecodeStep); }
+
+TEST_P(DeltaRuleCuda, FusedDecodeStepMatchesTheHost) { check_pass(GetParam(), Mode::FusedStep); }
 
 TEST_P(DeltaRuleCuda, ChunkedFormMatchesTheHostForEveryLength) {
     DeltaLayer dl;

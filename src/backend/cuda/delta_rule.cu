@@ -185,34 +185,156 @@ __global__ void delta_rows_kernel(const float* __restrict__ xc, const float* __r
     for (int i = 0; i < R; ++i) *reinterpret_cast<float4*>(S + int64_t{rp * R + i} * DV) = st[i];
 }
 
+/// One decode step (one row per sequence) of delta_conv and the token
+/// recurrence in one launch. Blocks and threads as delta_rows_kernel's; each
+/// block convolves its key head's q and k channels (every block of the key
+/// head does, from the same inputs: the q / k L2 norms are the block's own
+/// reductions) and its own value columns, into shared memory. A value
+/// channel's conv state is moved on by the thread that read it; the key
+/// head's q and k channels' by the last of its blocks to have read them
+/// (counters[s·n_k + kh] counts them in, that block sets it back to 0).
 template <int DK, int DV, int CG>
-void launch_rows(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L, int max_rows,
-                 cudaStream_t stream) {
-    const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads), CG);
-    launch_pdl(delta_rows_kernel<DK, DV, CG>, grid, dim3(8 * (DV / CG / 4)), 0, stream, xc, ba, y, seqs, L, L.conv_dim(),
-               max_rows);
+__global__ void delta_step_kernel(const float* __restrict__ x, const float* __restrict__ ba, float* __restrict__ y,
+                                  DeltaSeqs seqs, DeltaLayer L, int64_t C, int* __restrict__ counters) {
+    constexpr int NC = DV / CG, QB = NC / 4, R = DK / 8, NT = 8 * QB;
+    const int s = blockIdx.x, h = blockIdx.y, t = threadIdx.x, quad = t % QB, rp = t / QB;
+    const int c0 = static_cast<int>(blockIdx.z) * NC, j0 = c0 + 4 * quad;
+    const int nk = L.n_k_heads, nv = L.n_v_heads, K = L.conv_kernel;
+    const int kh = L.kv_tiled ? h % nk : h / (nv / nk);
+    const int64_t kd = int64_t{nk} * DK, VD = int64_t{nv} * DV;
+    float* cs = seqs.state[s];  // the conv state: K − 1 rows of C, then the heads
+    float* S = cs + int64_t{K - 1} * C + int64_t{h} * DK * DV + j0;
+    __shared__ float q[DK], k[DK], v[NC];
+    __shared__ float red[2][NT / 32];
+    __shared__ float4 red4[8][QB];
+    __shared__ bool last;
+    float4 st[R];
+    // The state before the PDL wait, as delta_rows_kernel (the conv state
+    // too: only this kernel of the step writes it).
+#pragma unroll
+    for (int i = 0; i < R; ++i) st[i] = *reinterpret_cast<const float4*>(S + int64_t{rp * R + i} * DV);
+    pdl_wait();
+    pdl_trigger();
+    const int r = seqs.row0[s];
+    const float* xr = x + int64_t{r} * C;
+    // The conv and SiLU of q (items 0 .. DK), k (DK .. 2DK) and the block's
+    // value columns (2DK ..), delta_conv_kernel's arithmetic.
+    for (int i = t; i < 2 * DK + NC; i += NT) {
+        const int64_t c = i < DK       ? int64_t{kh} * DK + i
+                          : i < 2 * DK ? kd + int64_t{kh} * DK + (i - DK)
+                                       : 2 * kd + int64_t{h} * DV + c0 + (i - 2 * DK);
+        float acc = 0.0f;
+        for (int tap = 0; tap < K - 1; ++tap) acc += cs[int64_t{tap} * C + c] * L.conv[c * K + tap];
+        acc += xr[c] * L.conv[c * K + K - 1];
+        const float val = acc / (1.0f + expf(-acc));
+        if (i < DK) {
+            q[i] = val;
+        } else if (i < 2 * DK) {
+            k[i - DK] = val;
+        } else {
+            v[i - 2 * DK] = val;
+            for (int tap = 0; tap < K - 2; ++tap) cs[int64_t{tap} * C + c] = cs[int64_t{tap + 1} * C + c];
+            cs[int64_t{K - 2} * C + c] = xr[c];
+        }
+    }
+    __syncthreads();
+    // q and k L2-normalised (q also by 1/sqrt(DK)).
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = t; i < DK; i += NT) sq += q[i] * q[i], sk += k[i] * k[i];
+    for (int o = 16; o > 0; o >>= 1) {
+        sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        sk += __shfl_xor_sync(0xffffffffu, sk, o);
+    }
+    if ((t & 31) == 0) red[0][t >> 5] = sq, red[1][t >> 5] = sk;
+    if (t == 0) {  // this block has read the key head's q / k conv state
+        const int blocks = (nv / nk) * static_cast<int>(gridDim.z);
+        last = atomicAdd(&counters[s * nk + kh], 1) == blocks - 1;
+    }
+    __syncthreads();
+    sq = sk = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NT / 32; ++w) sq += red[0][w], sk += red[1][w];
+    const float iq = 1.0f / sqrtf(sq + 1e-6f) * rsqrtf(static_cast<float>(DK)), ik = 1.0f / sqrtf(sk + 1e-6f);
+    for (int i = t; i < DK; i += NT) q[i] *= iq, k[i] *= ik;
+    if (last) {  // every block of the key head has read its q / k conv state: move it on
+        for (int i = t; i < 2 * DK; i += NT) {
+            const int64_t c = i < DK ? int64_t{kh} * DK + i : kd + int64_t{kh} * DK + (i - DK);
+            for (int tap = 0; tap < K - 2; ++tap) cs[int64_t{tap} * C + c] = cs[int64_t{tap + 1} * C + c];
+            cs[int64_t{K - 2} * C + c] = xr[c];
+        }
+        if (t == 0) counters[s * nk + kh] = 0;
+    }
+    __syncthreads();
+    // One row of delta_rows_kernel's recurrence.
+    const float b = ba[int64_t{r} * 2 * nv + h], a = ba[int64_t{r} * 2 * nv + nv + h];
+    const float u = a + L.dt_bias[h];
+    const float softplus = u > 20.0f ? u : log1pf(expf(u));
+    const float decay = expf(L.a_coef[h] * softplus), beta = 1.0f / (1.0f + expf(-b));
+    float4 m{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const float kk = k[rp * R + i];
+        st[i].x *= decay, st[i].y *= decay, st[i].z *= decay, st[i].w *= decay;
+        m.x += st[i].x * kk, m.y += st[i].y * kk, m.z += st[i].z * kk, m.w += st[i].w * kk;
+    }
+    red4[rp][quad] = m;
+    __syncthreads();
+    float4 mem{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int p = 0; p < 8; ++p) mem.x += red4[p][quad].x, mem.y += red4[p][quad].y, mem.z += red4[p][quad].z, mem.w += red4[p][quad].w;
+    const float4 vv{v[4 * quad], v[4 * quad + 1], v[4 * quad + 2], v[4 * quad + 3]};
+    const float4 d{(vv.x - mem.x) * beta, (vv.y - mem.y) * beta, (vv.z - mem.z) * beta, (vv.w - mem.w) * beta};
+    float4 o{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const float kk = k[rp * R + i], qq = q[rp * R + i];
+        st[i].x += kk * d.x, st[i].y += kk * d.y, st[i].z += kk * d.z, st[i].w += kk * d.w;
+        o.x += st[i].x * qq, o.y += st[i].y * qq, o.z += st[i].z * qq, o.w += st[i].w * qq;
+    }
+    __syncthreads();  // every thread has read Sᵀk's parts
+    red4[rp][quad] = o;
+    __syncthreads();
+    if (rp == 0) {
+        float4 sum{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int p = 0; p < 8; ++p) sum.x += red4[p][quad].x, sum.y += red4[p][quad].y, sum.z += red4[p][quad].z, sum.w += red4[p][quad].w;
+        *reinterpret_cast<float4*>(y + int64_t{r} * VD + int64_t{h} * DV + j0) = sum;
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) *reinterpret_cast<float4*>(S + int64_t{rp * R + i} * DV) = st[i];
 }
 
-template <int DK, int DV>
-void launch_rows_dv(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
-                    int max_rows, int cg, cudaStream_t stream) {
-    if constexpr (DV >= 128) {
-        if (cg >= 4) return launch_rows<DK, DV, 4>(xc, ba, y, seqs, L, max_rows, stream);
-    }
-    if constexpr (DV >= 64) {
-        if (cg >= 2) return launch_rows<DK, DV, 2>(xc, ba, y, seqs, L, max_rows, stream);
-    }
-    launch_rows<DK, DV, 1>(xc, ba, y, seqs, L, max_rows, stream);
+// Calls f.template operator()<DK, DV, CG>() for the layer's heads (32, 64
+// or 128 each; check_delta_layer) and up to cg column groups a value head
+// (4 from heads of 128 values, 2 from 64).
+template <class F>
+void with_heads(const DeltaLayer& L, int cg, F&& f) {
+    const auto by_dv = [&]<int DK>() {
+        const auto by_cg = [&]<int DV>() {
+            if constexpr (DV >= 128) {
+                if (cg >= 4) return f.template operator()<DK, DV, 4>();
+            }
+            if constexpr (DV >= 64) {
+                if (cg >= 2) return f.template operator()<DK, DV, 2>();
+            }
+            return f.template operator()<DK, DV, 1>();
+        };
+        if (L.head_v == 32) return by_cg.template operator()<32>();
+        if (L.head_v == 64) return by_cg.template operator()<64>();
+        return by_cg.template operator()<128>();
+    };
+    if (L.head_k == 32) return by_dv.template operator()<32>();
+    if (L.head_k == 64) return by_dv.template operator()<64>();
+    return by_dv.template operator()<128>();
 }
 
-template <int DK>
-void launch_rows_dk(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
-                    int max_rows, int cg, cudaStream_t stream) {
-    switch (L.head_v) {
-        case 32: launch_rows_dv<DK, 32>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
-        case 64: launch_rows_dv<DK, 64>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
-        default: launch_rows_dv<DK, 128>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
-    }
+/// Column groups of the token kernels: enough blocks for every SM (a lone
+/// sequence's 48 heads of the 27B shape take 4 blocks each), whole heads
+/// once the sequences alone give 4 blocks an SM.
+int token_col_groups(const DeltaSeqs& seqs, const DeltaLayer& L) {
+    const int sms = CudaContext::current_sm_count();
+    const int64_t heads = int64_t{seqs.n_seqs} * L.n_v_heads;
+    return heads >= 4 * int64_t{sms} ? 1 : heads >= sms ? 2 : 4;
 }
 
 }  // namespace
@@ -249,19 +371,14 @@ void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, con
 
 namespace {
 
-/// delta_rule_tokens after its checks. Column groups: enough blocks for
-/// every SM (a lone sequence's 48 heads of the 27B shape take 4 blocks
-/// each), whole heads once the sequences alone give 4 blocks an SM.
+/// delta_rule_tokens after its checks.
 void launch_tokens(const float* xc, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L,
                    int max_rows, cudaStream_t stream) {
-    const int sms = CudaContext::current_sm_count();
-    const int64_t heads = int64_t{seqs.n_seqs} * L.n_v_heads;
-    const int cg = heads >= 4 * int64_t{sms} ? 1 : heads >= sms ? 2 : 4;
-    switch (L.head_k) {
-        case 32: launch_rows_dk<32>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
-        case 64: launch_rows_dk<64>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
-        default: launch_rows_dk<128>(xc, ba, y, seqs, L, max_rows, cg, stream); break;
-    }
+    with_heads(L, token_col_groups(seqs, L), [&]<int DK, int DV, int CG>() {
+        const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads), CG);
+        launch_pdl(delta_rows_kernel<DK, DV, CG>, grid, dim3(8 * (DV / CG / 4)), 0, stream, xc, ba, y, seqs, L,
+                   L.conv_dim(), max_rows);
+    });
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
@@ -271,6 +388,20 @@ void delta_rule_tokens(const float* xc, const float* ba, float* y, const DeltaSe
                        int max_rows, cudaStream_t stream) {
     check_delta_layer(L, seqs);
     if (seqs.n_seqs > 0) launch_tokens(xc, ba, y, seqs, L, max_rows, stream);
+}
+
+void delta_step(const float* x, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L, int* counters,
+                cudaStream_t stream) {
+    check_delta_layer(L, seqs);
+    if (!counters) throw_error("delta_step: null counters");
+    if (seqs.snap) throw_error("delta_step: snapshots of the state are the prompt passes' (delta_conv, delta_rule)");
+    if (seqs.n_seqs <= 0) return;
+    with_heads(L, token_col_groups(seqs, L), [&]<int DK, int DV, int CG>() {
+        const dim3 grid(static_cast<unsigned>(seqs.n_seqs), static_cast<unsigned>(L.n_v_heads), CG);
+        launch_pdl(delta_step_kernel<DK, DV, CG>, grid, dim3(8 * (DV / CG / 4)), 0, stream, x, ba, y, seqs, L,
+                   L.conv_dim(), counters);
+    });
+    QUERN_CUDA_CHECK_LAUNCH();
 }
 
 void delta_rule(const float* xc, const float* ba, float* y, int64_t n, const DeltaSeqs& seqs, const DeltaLayer& L,

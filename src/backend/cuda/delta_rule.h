@@ -64,6 +64,17 @@ void delta_conv(const float* x, float* xc, int64_t n, const DeltaSeqs& seqs, con
 void delta_rule(const float* xc, const float* ba, float* y, int64_t n, const DeltaSeqs& seqs, const DeltaLayer& L,
                 cudaStream_t stream);
 
+/// delta_conv then delta_rule for a decode step, in one launch: every
+/// sequence has exactly one row (row0[s]; n_rows is not read), no
+/// snapshots (seqs.snap null, else quern::Error). Same outputs as the two
+/// (the q / k norms' sums in another order: within float rounding), the conv
+/// state moved on as delta_conv moves it. counters: n_seqs · n_k_heads ints
+/// of device memory, zero before the first call; each call leaves them zero
+/// (calls on one array must not overlap: one stream). Errors as
+/// check_delta_layer, or a null counters.
+void delta_step(const float* x, const float* ba, float* y, const DeltaSeqs& seqs, const DeltaLayer& L, int* counters,
+                cudaStream_t stream);
+
 /// Throws quern::Error naming what the kernels do not take: heads other
 /// than 32, 64 or 128, a conv of other than 2 to 8 taps, value heads that
 /// are not a multiple of the key heads, a null parameter or sequence array.

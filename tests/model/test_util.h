@@ -14,6 +14,22 @@
 
 namespace quern::test {
 
+/// True in a build under AddressSanitizer (tools/sanitize.sh), whose binaries
+/// run several times slower: end-to-end tests there run fewer cases and
+/// wall-clock bounds get slack, since that job looks for memory errors, not
+/// speed.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+
 /// Path of the default model in $QUERN_HOME (default ~/.cache/quern).
 inline std::string default_model_path() {
     const char* qh = std::getenv("QUERN_HOME");

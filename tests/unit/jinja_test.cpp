@@ -16,6 +16,7 @@
 #include "chat/chat.h"
 #include "chat/template.h"
 #include "formats/gguf.h"
+#include "../model/test_util.h"
 #include "tokenizer/tokenizer.h"
 
 using quern::jinja::Template;
@@ -182,7 +183,7 @@ TEST(Jinja, RenderTimeIsBounded) {
         "{% endfor %}{% endfor %}", {}, ro);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_NE(e.find("longer than"), std::string::npos) << e;
-    EXPECT_LT(took, 2.0);
+    EXPECT_LT(took, quern::test::kSanitizerBuild ? 6.0 : 2.0);  // unbounded, it would run for minutes
 }
 
 // A parsed template is immutable: renders from many threads at once give

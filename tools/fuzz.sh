@@ -45,7 +45,9 @@ for n in "${names[@]}"; do
     grep -E "ERROR|SUMMARY|Test unit written|==[0-9]+==" "$log" | head -5
     status=1
   fi
-  execs=$(awk '/stat::number_of_executed_units/ {s += $2} /^#[0-9]+.*(DONE|pulse|NEW|REDUCE)/ {n = substr($1, 2)} END {print (s ? s : n + 0)}' "$log")
+  # One process prints "#N<TAB>NEW ..." lines and its final stats; -fork's
+  # parent prints "#N: cov: ..." totals (its jobs' stats go to their own logs).
+  execs=$(awk '/stat::number_of_executed_units/ {s += $2} /^#[0-9]+.*(DONE|pulse|NEW|REDUCE)/ || /^#[0-9]+: cov:/ {n = substr($1, 2) + 0} END {print (s ? s : n)}' "$log")
   echo "fuzz $n: $((SECONDS - start)) s, $execs executions, corpus $(ls "$B/corpus/$n" | wc -l) files"
 done
 exit $status

@@ -103,6 +103,51 @@ __global__ void delta_conv_state_kernel(const float* __restrict__ x, DeltaSeqs s
     for (int t = 0; t < K - 1; ++t) state[int64_t{t} * C + c] = keep[t];
 }
 
+/// One row of the gated delta rule on a block's part of a value head's state
+/// (the layout of delta_rows_kernel below): decays the thread's DK / 8 rows
+/// × 4 columns `st`, subtracts Sᵀk from v scaled by beta, adds k·dᵀ, and
+/// writes (Sᵀq)'s 4 columns at y (rows part 0 only). q and k are the key
+/// head's normalised rows in shared memory, read by every thread; red is the
+/// block's [8][QB] reduction buffer. b and a: the row's beta and alpha
+/// inputs. Synchronizes the block three times; every thread must call it.
+template <int DK, int QB>
+__device__ __forceinline__ void delta_row(float4 (&st)[DK / 8], const float* q, const float* k, float4 v, float b, float a,
+                                          float a_coef, float dt_bias, float4 (*red)[QB], int rp, int quad, float* y) {
+    constexpr int R = DK / 8;
+    const float u = a + dt_bias;
+    const float softplus = u > 20.0f ? u : log1pf(expf(u));
+    const float decay = expf(a_coef * softplus), beta = 1.0f / (1.0f + expf(-b));
+    float4 m{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const float kk = k[rp * R + i];
+        st[i].x *= decay, st[i].y *= decay, st[i].z *= decay, st[i].w *= decay;
+        m.x += st[i].x * kk, m.y += st[i].y * kk, m.z += st[i].z * kk, m.w += st[i].w * kk;
+    }
+    red[rp][quad] = m;
+    __syncthreads();
+    float4 mem{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int p = 0; p < 8; ++p) mem.x += red[p][quad].x, mem.y += red[p][quad].y, mem.z += red[p][quad].z, mem.w += red[p][quad].w;
+    const float4 d{(v.x - mem.x) * beta, (v.y - mem.y) * beta, (v.z - mem.z) * beta, (v.w - mem.w) * beta};
+    float4 o{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const float kk = k[rp * R + i], qq = q[rp * R + i];
+        st[i].x += kk * d.x, st[i].y += kk * d.y, st[i].z += kk * d.z, st[i].w += kk * d.w;
+        o.x += st[i].x * qq, o.y += st[i].y * qq, o.z += st[i].z * qq, o.w += st[i].w * qq;
+    }
+    __syncthreads();  // every thread has read Sᵀk's parts
+    red[rp][quad] = o;
+    __syncthreads();
+    if (rp == 0) {
+        float4 sum{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int p = 0; p < 8; ++p) sum.x += red[p][quad].x, sum.y += red[p][quad].y, sum.z += red[p][quad].z, sum.w += red[p][quad].w;
+        *reinterpret_cast<float4*>(y) = sum;
+    }
+}
+
 /// One block per (sequence, value head, group of DV / CG value columns),
 /// 8 row parts × DV / CG / 4 column quads of threads: a thread holds DK / 8
 /// key rows × 4 value columns of the state in registers (float4 loads along
@@ -140,40 +185,9 @@ __global__ void delta_rows_kernel(const float* __restrict__ xc, const float* __r
             k[i] = row[kd + int64_t{kh} * DK + i];
         }
         __syncthreads();
-        const float b = ba[int64_t{r} * 2 * nv + h], a = ba[int64_t{r} * 2 * nv + nv + h];
-        const float u = a + dt_bias;
-        const float softplus = u > 20.0f ? u : log1pf(expf(u));
-        const float decay = expf(a_coef * softplus), beta = 1.0f / (1.0f + expf(-b));
-        float4 m{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-            const float kk = k[rp * R + i];
-            st[i].x *= decay, st[i].y *= decay, st[i].z *= decay, st[i].w *= decay;
-            m.x += st[i].x * kk, m.y += st[i].y * kk, m.z += st[i].z * kk, m.w += st[i].w * kk;
-        }
-        red[rp][quad] = m;
-        __syncthreads();
-        float4 mem{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int p = 0; p < 8; ++p) mem.x += red[p][quad].x, mem.y += red[p][quad].y, mem.z += red[p][quad].z, mem.w += red[p][quad].w;
         const float4 v = *reinterpret_cast<const float4*>(row + 2 * kd + int64_t{h} * DV + j0);
-        const float4 d{(v.x - mem.x) * beta, (v.y - mem.y) * beta, (v.z - mem.z) * beta, (v.w - mem.w) * beta};
-        float4 o{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-            const float kk = k[rp * R + i], qq = q[rp * R + i];
-            st[i].x += kk * d.x, st[i].y += kk * d.y, st[i].z += kk * d.z, st[i].w += kk * d.w;
-            o.x += st[i].x * qq, o.y += st[i].y * qq, o.z += st[i].z * qq, o.w += st[i].w * qq;
-        }
-        __syncthreads();  // every thread has read Sᵀk's parts
-        red[rp][quad] = o;
-        __syncthreads();
-        if (rp == 0) {
-            float4 sum{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int p = 0; p < 8; ++p) sum.x += red[p][quad].x, sum.y += red[p][quad].y, sum.z += red[p][quad].z, sum.w += red[p][quad].w;
-            *reinterpret_cast<float4*>(y + int64_t{r} * VD + int64_t{h} * DV + j0) = sum;
-        }
+        delta_row<DK, QB>(st, q, k, v, ba[int64_t{r} * 2 * nv + h], ba[int64_t{r} * 2 * nv + nv + h], a_coef, dt_bias,
+                          red, rp, quad, y + int64_t{r} * VD + int64_t{h} * DV + j0);
         if (seqs.snap && r < r0 + n - 1) {  // the state after this row (DeltaSeqs::snap)
             float* P = seqs.snap[s] + int64_t{r - r0} * seqs.snap_stride + int64_t{L.conv_kernel - 1} * C +
                        int64_t{h} * DK * DV + j0;
@@ -266,40 +280,9 @@ __global__ void delta_step_kernel(const float* __restrict__ x, const float* __re
     }
     __syncthreads();
     // One row of delta_rows_kernel's recurrence.
-    const float b = ba[int64_t{r} * 2 * nv + h], a = ba[int64_t{r} * 2 * nv + nv + h];
-    const float u = a + L.dt_bias[h];
-    const float softplus = u > 20.0f ? u : log1pf(expf(u));
-    const float decay = expf(L.a_coef[h] * softplus), beta = 1.0f / (1.0f + expf(-b));
-    float4 m{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-        const float kk = k[rp * R + i];
-        st[i].x *= decay, st[i].y *= decay, st[i].z *= decay, st[i].w *= decay;
-        m.x += st[i].x * kk, m.y += st[i].y * kk, m.z += st[i].z * kk, m.w += st[i].w * kk;
-    }
-    red4[rp][quad] = m;
-    __syncthreads();
-    float4 mem{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int p = 0; p < 8; ++p) mem.x += red4[p][quad].x, mem.y += red4[p][quad].y, mem.z += red4[p][quad].z, mem.w += red4[p][quad].w;
-    const float4 vv{v[4 * quad], v[4 * quad + 1], v[4 * quad + 2], v[4 * quad + 3]};
-    const float4 d{(vv.x - mem.x) * beta, (vv.y - mem.y) * beta, (vv.z - mem.z) * beta, (vv.w - mem.w) * beta};
-    float4 o{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-        const float kk = k[rp * R + i], qq = q[rp * R + i];
-        st[i].x += kk * d.x, st[i].y += kk * d.y, st[i].z += kk * d.z, st[i].w += kk * d.w;
-        o.x += st[i].x * qq, o.y += st[i].y * qq, o.z += st[i].z * qq, o.w += st[i].w * qq;
-    }
-    __syncthreads();  // every thread has read Sᵀk's parts
-    red4[rp][quad] = o;
-    __syncthreads();
-    if (rp == 0) {
-        float4 sum{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int p = 0; p < 8; ++p) sum.x += red4[p][quad].x, sum.y += red4[p][quad].y, sum.z += red4[p][quad].z, sum.w += red4[p][quad].w;
-        *reinterpret_cast<float4*>(y + int64_t{r} * VD + int64_t{h} * DV + j0) = sum;
-    }
+    delta_row<DK, QB>(st, q, k, float4{v[4 * quad], v[4 * quad + 1], v[4 * quad + 2], v[4 * quad + 3]},
+                      ba[int64_t{r} * 2 * nv + h], ba[int64_t{r} * 2 * nv + nv + h], L.a_coef[h], L.dt_bias[h], red4, rp,
+                      quad, y + int64_t{r} * VD + int64_t{h} * DV + j0);
 #pragma unroll
     for (int i = 0; i < R; ++i) *reinterpret_cast<float4*>(S + int64_t{rp * R + i} * DV) = st[i];
 }

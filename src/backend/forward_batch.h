@@ -68,7 +68,11 @@ struct ForwardBatch {
     int n_seqs = 0;
     /// true: every row's arithmetic is independent of the rest of the pass
     /// (what else is batched, how a prompt was cut into chunks) — the
-    /// serving engine's passes, whose outputs must not depend on load.
+    /// serving engine's passes, whose outputs must not depend on load. The
+    /// CPU holds this bit for bit; a GPU to its documented tolerance (its
+    /// products change form with the pass's rows: the decode step's GEMVs
+    /// for one sequence's one row, quantized tensor-core products up to 32
+    /// rows, BF16 copies beyond).
     /// false: a lone sequence whose block table is 0, 1, 2, ... (its cache
     /// contiguous from the storage's first row) may take the backend's
     /// fastest kernels for its row count — a Session's passes.

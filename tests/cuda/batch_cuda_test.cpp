@@ -1,8 +1,8 @@
 // The GPU BatchRunner (cuda::make_executor with batches): several sequences' rows per
 // pass over a paged KV cache in device memory, against the CPU runner on the
 // same model and the same batches (prompt chunks of different sizes, decode
-// rows next to prompt rows, a prompt cut across passes), and the engine
-// driven by it.
+// rows next to prompt rows, a prompt cut across passes, a sequence decoding
+// alone through the lone decode step), and the engine driven by it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -145,9 +145,27 @@ double compare_batches(Model& model, ThreadPool& pool, const cuda::SessionOption
         }
         step(b, d == 3 || d == 4 ? "decode of 3" : "decode");
     }
-    if (so.cuda_graph) {
-        EXPECT_EQ(r.gpu->graph_replays(), 28) << what << ": passes replayed from graphs";
+    // 3: a sequence alone, one decode row a pass: the lone decode step over
+    // the sequence's block table (its graph replayed each pass; sequence 1
+    // crosses from its third block into its fourth, 2 continues on its own
+    // state slot).
+    for (int d = 0; d < 12; ++d) {
+        const size_t s = d < 10 ? 1 : 2;
+        step({{&nt[s], 1, tables[s].data(), past[s]++, true, L(s)}}, "decode alone");
     }
+    // 4: sequence 3 starts again on its blocks and state slot: a one-token
+    // prompt alone at position 0 (the slot's old state dropped), three
+    // decode rows alone, then a batch pass of all four sequences' decode rows
+    // after the decode step's passes.
+    past[3] = 0;
+    step({{&nt[3], 1, tables[3].data(), past[3]++, false, L(3)}}, "restart alone");
+    for (int d = 0; d < 3; ++d) step({{&nt[3], 1, tables[3].data(), past[3]++, true, L(3)}}, "decode alone");
+    if (so.cuda_graph) {
+        EXPECT_EQ(r.gpu->graph_replays(), 28 + 16) << what << ": passes replayed from graphs";
+    }
+    std::vector<SeqBatch> all;
+    for (size_t s = 0; s < 4; ++s) all.push_back({&nt[s], 1, tables[s].data(), past[s]++, true, L(s)});
+    step(all, "decode after");
     return worst;
 }
 

@@ -673,6 +673,56 @@ TEST_F(OpsCuda, DecodeAttentionRope) {
             auto oq8 = down<int8_t>(dxq, qn);
             auto oinfo = down<ActBlockInfo>(dinfo, qn / 32);
             expect_quantized(one, oq8.data(), oinfo.data(), qn, what + " one split Q8_1");
+            // A paged cache (the serving engine's sequences): blocks of 1,
+            // 16 and 128 positions in shuffled order with no block in its own
+            // place, the rows before pos where the table puts them,
+            // everything else poisoned. The same rows read through the table
+            // give the same output bit for bit, and the new row lands where
+            // the table puts pos and nowhere else.
+            for (int shift : {0, 4, 7}) {
+                const int bsz = 1 << shift, nb = (n_ctx + bsz - 1) / bsz;
+                std::vector<int32_t> table(static_cast<size_t>(nb));
+                for (int b = 0; b < nb; ++b) table[static_cast<size_t>(b)] = b;
+                std::shuffle(table.begin(), table.end(), rng_);
+                for (int b = 0; b < nb; ++b)  // no fixed points: an ignored table cannot pass
+                    if (table[static_cast<size_t>(b)] == b)
+                        std::swap(table[static_cast<size_t>(b)], table[static_cast<size_t>((b + 1) % nb)]);
+                const auto phys = [&](int r) {
+                    return static_cast<size_t>(table[static_cast<size_t>(r >> shift)]) * bsz + (r & (bsz - 1));
+                };
+                std::vector<uint8_t> pkh(static_cast<size_t>(nb) * bsz * row_bytes, 0xFF), pvh(pkh.size(), 0xFF);
+                for (int r = 0; r < pos; ++r) {
+                    std::memcpy(pkh.data() + phys(r) * row_bytes, kbytes.data() + static_cast<size_t>(r) * row_bytes, row_bytes);
+                    std::memcpy(pvh.data() + phys(r) * row_bytes, vbytes.data() + static_cast<size_t>(r) * row_bytes, row_bytes);
+                }
+                DeviceBuffer pk(pkh.size()), pv(pvh.size());
+                pk.upload(pkh.data(), pkh.size(), st());
+                pv.upload(pvh.data(), pvh.size(), st());
+                auto dtable = up(table);
+                const std::string pw = what + " paged, blocks of " + std::to_string(bsz);
+                for (int split : {0, 1}) {  // the new row is stored again with the same bytes
+                    dout.fill_bytes(0xFF, st());
+                    AttentionExtras px = ex;
+                    px.one_split = split;
+                    px.block_table = dtable.as<int32_t>();
+                    px.block_shift = shift;
+                    decode_attention_rope(dq.as<float>(), dk.as<float>(), dv.as<float>(), pk.data(), pv.data(), c.kv,
+                                          dpos.as<int32_t>(), n_ctx, c.n_head, c.n_head_kv, c.head_dim,
+                                          dinv.as<float>(), c.rope_dim, c.neox, scale, scratch.data(),
+                                          dout.as<float>(), st(), nullptr, nullptr, nullptr, nullptr, px);
+                    auto paged = down<float>(dout, qn);
+                    ASSERT_EQ(0, std::memcmp(paged.data(), (split ? one : got).data(), got.size() * 4))
+                        << pw << (split ? ", one split" : "") << ": output differs";
+                }
+                std::memcpy(pkh.data() + phys(pos) * row_bytes, kr.data(), row_bytes);
+                std::memcpy(pvh.data() + phys(pos) * row_bytes, vr.data(), row_bytes);
+                std::vector<uint8_t> pkg(pkh.size()), pvg(pvh.size());
+                pk.download(pkg.data(), pkg.size(), st());
+                pv.download(pvg.data(), pvg.size(), st());
+                ctx_->synchronize();
+                ASSERT_TRUE(pkg == pkh) << pw << ": K rows other than the table's row of pos written, or that row wrong";
+                ASSERT_TRUE(pvg == pvh) << pw << ": V rows other than the table's row of pos written, or that row wrong";
+            }
         }
     }
 }

@@ -304,6 +304,10 @@ void CudaExecutor::step_attention(const LayerWeights& L, const BlockPlanLayer& P
     ex.window = static_cast<int>(std::min<int64_t>(A.window, nctx));
     ex.softcap = A.softcap;
     ex.one_split = short_ctx ? 1 : 0;
+    if (paged_step_) {
+        ex.block_table = dtable_.as<int32_t>();
+        ex.block_shift = block_shift_;
+    }
     if (!sk("attn")) decode_attention_rope(q, k, v, kc, vc, kv_type_, pos, nctx, static_cast<int>(c.n_head),
                           static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
                           inv_freq_[static_cast<size_t>(&P - c.layers.data())], A.rope.dim, A.rope.neox, A.scale,
@@ -333,7 +337,7 @@ void CudaExecutor::run_step(Head head, int64_t pos) {
     const cudaStream_t s = ctx_.stream();
     const bool sc = pos < short_ctx_;
     if (!opt_.cuda_graph || profile_) return enqueue_step(head, nullptr, sc);
-    cudaGraphExec_t& ge = graph_[head][sc ? 1 : 0];
+    cudaGraphExec_t& ge = graph_[head][sc ? 1 : 0][paged_step_ ? 1 : 0];
     if (!ge) {
         cudaGraph_t g = capture_step(head, sc);
         const cudaError_t e = cudaGraphInstantiate(&ge, g, 0);
@@ -480,6 +484,70 @@ int32_t CudaExecutor::took_step(int64_t p) {
     fed_pos_ = n_past_;
     fed_tok_ = t;
     return t;
+}
+
+bool CudaExecutor::takes_paged_step(const ForwardBatch& fb) const {
+    if (fb.n_seqs != 1 || !fb.invariant || fb.trace || block_shift_ < 0 || plan_.draft()) return false;
+    const SeqBatch& q = fb.seqs[0];
+    return q.n == 1 && q.n_past < n_ctx_ && !q.all_logits && !q.hidden && !q.hidden_in && !q.sampling &&
+           !q.row_states;
+}
+
+void CudaExecutor::point_step_state(int32_t slot) {
+    if (slot == step_slot_) return;
+    const size_t per = static_cast<size_t>(state_floats_) * sizeof(float);
+    float* base = slot < 0 ? lone_state_.as<float>()
+                           : reinterpret_cast<float*>(slots_.as<uint8_t>() + per * static_cast<size_t>(slot));
+    std::vector<float*> ptrs;
+    for (const LayerWeights& L : layers_)
+        if (L.delta) ptrs.push_back(base + L.state_offset);
+    // dlone_: [row0 0 | 1 | chunk rows | pad | a pointer per DeltaNet layer];
+    // the copy is synchronous: the host vector goes out of scope.
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(dlone_.as<uint8_t>() + 16, ptrs.data(), ptrs.size() * sizeof(float*),
+                                     cudaMemcpyHostToDevice, ctx_.stream()));
+    ctx_.synchronize();
+    step_slot_ = slot;
+}
+
+void CudaExecutor::forward_paged_step(const SeqBatch& q) {
+    const cudaStream_t s = ctx_.stream();
+    const int64_t p = q.n_past;
+    // The table up to position p (the host stage is free: every step ends
+    // synchronized).
+    const auto entries = static_cast<size_t>((p >> block_shift_) + 1);
+    std::memcpy(htable_.as<int32_t>(), q.block_table, entries * sizeof(int32_t));
+    QUERN_CUDA_CHECK(cudaMemcpyAsync(dtable_.data(), htable_.as<int32_t>(), entries * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    if (plan_.hybrid()) {
+        point_step_state(q.state_slot);
+        if (p == 0) {  // a new sequence starts from zeros, as in batch passes
+            const size_t per = static_cast<size_t>(state_floats_) * sizeof(float);
+            QUERN_CUDA_CHECK(cudaMemsetAsync(slots_.as<uint8_t>() + per * static_cast<size_t>(q.state_slot), 0, per, s));
+        }
+    }
+    const int64_t lone_past = n_past_;
+    n_past_ = p;
+    paged_step_ = true;
+    try {
+        begin(q.tokens, 1);
+        run_step(kArgmax, p);
+    } catch (...) {
+        paged_step_ = false;
+        n_past_ = lone_past;
+        fed_ = false;
+        cudaStreamSynchronize(s);  // the staged copies above finish before the host buffers are reused
+        cudaGetLastError();
+        throw;
+    }
+    paged_step_ = false;
+    served_paged_ = true;
+    n_past_ = lone_past;
+    fed_ = false;
+    if (q.logits)
+        QUERN_CUDA_CHECK(cudaMemcpyAsync(q.logits, logits_.data(), static_cast<size_t>(plan_.n_vocab) * sizeof(float),
+                                         cudaMemcpyDeviceToHost, s));
+    ctx_.synchronize();
+    if (q.next) *q.next = *reinterpret_cast<volatile int32_t*>(host_out_.as<int32_t>() + (p & 1));
+    if (opt_.cuda_graph && !profile_) ++graph_replays_;
 }
 
 bool CudaExecutor::samples_on_device(const SamplingSpec& sp) const {

@@ -211,14 +211,13 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
     };
     // The graphs and scratch name the old storage; its memory goes first
     // (engines made in turn on one executor).
-    for (auto& gh : graph_)
-        for (auto& g : gh)
-            if (g) cudaGraphExecDestroy(g), g = nullptr;
+    drop_step_graphs();
     clear_batch_graphs();
     kv_ = DeviceBuffer();
     attn_scratch_ = DeviceBuffer();
     n_past_ = 0;
     fed_ = false;
+    served_paged_ = false;
     size_t free_b = 0, total_b = 0;
     QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (opt_.gpu_mem_fraction > 0) {
@@ -253,6 +252,15 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
         decode_attention_scratch_bytes(static_cast<int>(n_ctx_), static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));
     tokens_ = DeviceBuffer(static_cast<size_t>(n_ctx_ + 1) * sizeof(int32_t));
     host_tokens_ = PinnedBuffer(static_cast<size_t>(n_ctx_ + 1) * sizeof(int32_t));
+    // A paged decode step's block table (positions 0 .. n_ctx_ − 1).
+    block_shift_ = -1;
+    for (int sh = 0; sh <= 24; ++sh)
+        if (int64_t{1} << sh == block_size) block_shift_ = sh;
+    if (block_shift_ >= 0) {
+        const size_t entries = static_cast<size_t>((n_ctx_ >> block_shift_) + 1);
+        dtable_ = DeviceBuffer(entries * sizeof(int32_t));
+        htable_ = PinnedBuffer(entries * sizeof(int32_t));
+    }
     if (opt_.verbose)
         std::fprintf(stderr, "quern: CUDA %s: KV cache %lld tokens (%s, %.2f GiB)\n", ctx_.name().c_str(),
                      static_cast<long long>(n_ctx_), kv_type_ == KvType::F16 ? "f16" : "f32",
@@ -293,10 +301,13 @@ void CudaExecutor::forward(const ForwardBatch& fb) {
         if (fb.seqs[i].sampling) fail("forward: device sampling needs a lone sequence over blocks 0, 1, 2, ...");
     if (!batches_ready_) fail("forward: this executor runs one sequence (make it with SessionOptions::batches)");
     if (kv_type_ != KvType::F16) fail("forward: batched passes need an f16 KV cache");
+    if (takes_paged_step(fb)) return forward_paged_step(fb.seqs[0]);
     forward_batch(fb.seqs, fb.n_seqs);
 }
 
 void CudaExecutor::forward_lone(const SeqBatch& q, const TraceFn* trace) {
+    if (served_paged_)
+        fail("forward: this executor runs the serving engine's passes; a lone sequence needs an executor of its own");
     if (q.n_past + q.n > n_ctx_)
         fail("context is full: {} tokens in the cache + {} new > context size {} (raise -c)", q.n_past, q.n, n_ctx_);
     if (q.sampling && (q.logits || q.n != 1 || trace))
@@ -305,6 +316,7 @@ void CudaExecutor::forward_lone(const SeqBatch& q, const TraceFn* trace) {
         n_past_ = q.n_past;
         fed_ = false;
     }
+    if (plan_.hybrid()) point_step_state(-1);
     if (q.n_past == 0 && lone_state_.data()) lone_state_.fill_bytes(0, ctx_.stream());  // a new sequence
     float* logits = q.logits;
     if (q.next && !logits && (q.n != 1 || trace || q.hidden || q.hidden_in)) {
@@ -335,10 +347,15 @@ void CudaExecutor::forward_lone(const SeqBatch& q, const TraceFn* trace) {
     if (q.next) *q.next = static_cast<int32_t>(std::max_element(logits, logits + plan_.n_vocab) - logits);
 }
 
+void CudaExecutor::drop_step_graphs() {
+    for (auto& by_ctx : graph_)
+        for (auto& by_paged : by_ctx)
+            for (auto& g : by_paged)
+                if (g) cudaGraphExecDestroy(g), g = nullptr;
+}
+
 CudaExecutor::~CudaExecutor() {
-    for (auto& gh : graph_)
-        for (auto& g : gh)
-            if (g) cudaGraphExecDestroy(g);
+    drop_step_graphs();
     clear_batch_graphs();
     if (profile_) {
         print_profile(prof_decode_, "step");

@@ -190,6 +190,22 @@ private:
     // Several sequences' rows per pass over the paged storage (see the top
     // of batch_pass.cpp).
     void forward_batch(const SeqBatch* seqs, int n_seqs);
+    /// Whether an invariant pass is one sequence's one decode row that the
+    /// lone decode step can run over the paged storage (forward_paged_step):
+    /// no per-row outputs, given rows, device sampling or trace; blocks of
+    /// a power-of-two size.
+    bool takes_paged_step(const ForwardBatch& fb) const;
+    /// That row through the decode step's CUDA graph (captured with the
+    /// attention reading the cache through the sequence's block table, and
+    /// for hybrid programs the DeltaNet layers on its state slot): a lone
+    /// client of the engine decodes at the lone sequence's speed. An
+    /// executor serves the engine or a session, not both: after a paged
+    /// step forward_lone refuses (its cache rows, device token history and
+    /// control block are the engine's).
+    void forward_paged_step(const SeqBatch& q);
+    /// Points the decode step's DeltaNet state (dlone_'s pointers) at slot
+    /// `slot` (-1: the lone sequence's state), uploading only on a change.
+    void point_step_state(int32_t slot);
 
 private:
     void upload_weights();
@@ -522,7 +538,21 @@ private:
     int64_t fed_pos_ = 0;
     int32_t fed_tok_ = 0;
 
-    cudaGraphExec_t graph_[3][2] = {};  // [Head][short context]
+    cudaGraphExec_t graph_[3][2][2] = {};  // [Head][short context][paged]
+    // A paged decode step (forward_paged_step): the step being enqueued or
+    // captured reads the cache through dtable_ (the sequence's block table,
+    // staged in htable_); block_shift_ = log2 of the block size (-1: not a
+    // power of two, no paged steps); step_slot_: the state slot dlone_'s
+    // DeltaNet pointers name (-1: the lone state).
+    bool paged_step_ = false;
+    // A paged step has run: the lone sequence's cache rows, token history
+    // and control block are the engine's now, so forward_lone refuses.
+    bool served_paged_ = false;
+    void drop_step_graphs();
+    DeviceBuffer dtable_;
+    PinnedBuffer htable_;
+    int block_shift_ = -1;
+    int32_t step_slot_ = -1;
     // Steps at positions below this run attention as one split per KV head
     // with no combine launch (SessionOptions::short_ctx).
     int64_t short_ctx_ = 128;

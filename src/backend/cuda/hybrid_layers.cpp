@@ -92,6 +92,7 @@ void CudaExecutor::make_state_slots(int64_t n) {
     if (n <= 0) return;
     if (!plan_.hybrid()) fail("make_state_slots: the program keeps no recurrent state");
     const size_t per = static_cast<size_t>(state_floats_) * sizeof(float);
+    point_step_state(-1);  // the decode step's pointers leave the old slots
     slots_ = DeviceBuffer();
     try {
         slots_ = DeviceBuffer(per * static_cast<size_t>(n + 1));  // + the padding rows' spare slot

@@ -146,6 +146,12 @@ struct AttentionExtras {
     /// context (a CUDA graph captured for them). 0: splits by n_ctx, one
     /// block per (split, KV head).
     int one_split = 0;
+    /// A paged cache (the serving engine's sequences, runtime/paged_kv.h):
+    /// position p lives in cache row table[p >> block_shift] · 2^block_shift
+    /// + (p mod 2^block_shift), its sequence's block table (device int32,
+    /// entries for positions 0 .. *pos, read by the launch). Null: row p.
+    const int32_t* block_table = nullptr;
+    int block_shift = 0;
 };
 
 /// Scratch of decode_attention and decode_attention_rope: partial results
@@ -185,7 +191,8 @@ void decode_attention(const float* q, const void* k_cache, const void* v_cache, 
 /// cos and sin; inv_freq: rope_dim/2
 /// floats on the device, from cpu::rope_inv_freq; pairs (2i, 2i+1) or, neox,
 /// (i, i + rope_dim/2); elements past rope_dim pass through); k and v are
-/// stored (as kv_type) in cache row *pos, which the attention then includes.
+/// stored (as kv_type) in cache row *pos (through ex.block_table where it
+/// is given), which the attention then includes.
 /// q, k and v are left unchanged. Other arguments, limits and the scratch as
 /// decode_attention; rope_dim even and <= head_dim.
 void decode_attention_rope(const float* q, const float* k, const float* v, void* k_cache, void* v_cache,

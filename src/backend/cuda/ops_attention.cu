@@ -258,6 +258,14 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
     const int h0 = (hk * qsub + sub) * g;
     const int pos = L - 1;
     const int64_t rs = static_cast<int64_t>(n_head_kv) * HD;  // cache row stride (elements)
+    // The cache row of position p: p, or through the block table of a paged
+    // cache (AttentionExtras::block_table; written before the launch).
+    const int32_t* const tbl = ROPE ? rope.ex.block_table : nullptr;
+    const int bsh = ROPE ? rope.ex.block_shift : 0;
+    const auto cache_row = [&](int p) -> int64_t {
+        if (!tbl) return p;
+        return (static_cast<int64_t>(__ldg(tbl + (p >> bsh))) << bsh) | (p & ((1 << bsh) - 1));
+    };
     // With ROPE, the split holding position pos (the last active one) stores
     // the new token's rotated K and its V in row pos, and reads that row from
     // shared memory below.
@@ -278,7 +286,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
         for (int u = 0; u < NL; ++u) {
             const int row = (u * kNW + warp) * RPW + rsub;
             if (on && row < n && t0 + row < pos && t0 + row >= lo) {
-                const int64_t off = static_cast<int64_t>(t0 + row) * rs + col;
+                const int64_t off = cache_row(t0 + row) * rs + col;
                 kd[u] = __ldg(reinterpret_cast<const uint4*>(kc + off));
                 vd[u] = __ldg(reinterpret_cast<const uint4*>(vc + off));
             } else {
@@ -340,7 +348,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_split_kernel(const float* _
                 const int64_t gi = static_cast<int64_t>(hk) * HD + e;
                 const T kt = detail::from_f32<T>(kraw[e]);
                 const T vt = detail::from_f32<T>(rope.v[gi] + (rope.ex.v_bias ? rope.ex.v_bias[gi] : 0.0f));
-                const int64_t off = static_cast<int64_t>(pos) * rs + static_cast<int64_t>(hk) * HD + e;
+                const int64_t off = cache_row(pos) * rs + static_cast<int64_t>(hk) * HD + e;
                 if (sub == 0) {  // one block of the KV head stores the row
                     kc[off] = kt;
                     vc[off] = vt;
@@ -776,6 +784,8 @@ void decode_attention_rope(const float* q, const float* k, const float* v, void*
     if (!k || !v || (rope_dim > 0 && !inv_freq)) throw_error("decode_attention_rope: null pointer");
     if (rope_dim < 0 || rope_dim % 2 != 0 || rope_dim > head_dim)
         throw_error("decode_attention_rope: rope_dim must be even and at most head_dim");
+    if (ex.block_shift < 0 || ex.block_shift > 24)
+        throw_error("decode_attention_rope: block_shift must be in [0, 24] (blocks of 1 to 2^24 positions)");
     attention_impl<true>(q, k_cache, v_cache, RopeStore{k, v, inv_freq, rope_dim, neox ? 1 : 0, ex, true}, kv_type, pos, n_ctx,
                          n_head, n_head_kv, head_dim, scale, scratch, out, stream, xq, xinfo, xq2, xinfo2,
                          "decode_attention_rope");

@@ -125,6 +125,7 @@ void CudaExecutor::prepare_batches() {
         graph_rows_ = std::min(graph_rows_, prefill_rows_);
         if (graph_rows_ > 0) bgints_ = DeviceBuffer(static_cast<size_t>(kGraphInts) * 4);
     }
+    batch_copy_bytes_ = bytes;
     if (opt_.verbose && bq_total > 0)
         std::fprintf(stderr, "quern: %.2f GiB of small-batch weight layouts on the GPU\n", gib(static_cast<double>(bq_total)));
     if (opt_.verbose)

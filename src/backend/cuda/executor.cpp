@@ -80,7 +80,11 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
     short_ctx_ = std::max<int64_t>(0, opt.short_ctx);
     kv_type_ = opt.f16_kv ? KvType::F16 : KvType::F32;
 
+    size_t free_before = 0, free_after = 0, total_b = 0;
+    QUERN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total_b));
     upload_weights();
+    QUERN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total_b));
+    weight_bytes_ = free_before > free_after ? free_before - free_after : 0;
     make_rope_tables();
     make_lone_state(program);
     if (opt.fp8_weights) {
@@ -236,13 +240,16 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
         n_blocks = std::min(n_blocks, fit);
     }
     const size_t layer = static_cast<size_t>((n_blocks + 1) * block_size) * row;
+    const double per_token = 2.0 * static_cast<double>(c.n_kv_layers) * static_cast<double>(row);  // K and V, every layer
     try {
         kv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_kv_layers) * layer);
     } catch (const Error&) {
         cudaGetLastError();
-        fail("the KV cache of {} positions needs {:.2f} GiB but the GPU has {:.2f} GiB free (lower {}{})",
-             n_blocks * block_size, gib(block_bytes(n_blocks)), gib(static_cast<double>(free_b)), flag,
-             opt_.gpu_mem_fraction > 0 ? "" : " or use --gpu-mem");
+        fail("the KV cache of {} positions needs {:.2f} GiB ({:.0f} KiB a token) but the GPU has {:.2f} GiB free, room "
+             "for about {} tokens (weights {:.2f} GiB, batch layouts and copies {:.2f} GiB); lower {}{}",
+             n_blocks * block_size, gib(block_bytes(n_blocks)), per_token / 1024.0, gib(static_cast<double>(free_b)),
+             static_cast<int64_t>(static_cast<double>(free_b) / per_token), gib(static_cast<double>(weight_bytes_)),
+             gib(static_cast<double>(batch_copy_bytes_)), flag, opt_.gpu_mem_fraction > 0 ? "" : " or use --gpu-mem");
     }
     kv_layer_bytes_ = layer;
     kv_blocks_ = n_blocks;
@@ -261,10 +268,20 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
         dtable_ = DeviceBuffer(entries * sizeof(int32_t));
         htable_ = PinnedBuffer(entries * sizeof(int32_t));
     }
-    if (opt_.verbose)
-        std::fprintf(stderr, "quern: CUDA %s: KV cache %lld tokens (%s, %.2f GiB)\n", ctx_.name().c_str(),
-                     static_cast<long long>(n_ctx_), kv_type_ == KvType::F16 ? "f16" : "f32",
-                     gib(static_cast<double>(kv_.size())));
+    if (opt_.verbose) {
+        // The memory budget in one line: what the load took, the cache, and
+        // how many more tokens the memory left would hold.
+        size_t left = 0;
+        QUERN_CUDA_CHECK(cudaMemGetInfo(&left, &total_b));
+        std::fprintf(stderr,
+                     "quern: CUDA %s: KV cache %lld tokens × %.0f KiB (%s) = %.2f GiB; weights %.2f GiB, batch layouts "
+                     "and copies %.2f GiB; %.2f of %.2f GiB free (about %lld more tokens)\n",
+                     ctx_.name().c_str(), static_cast<long long>(n_blocks * block_size), per_token / 1024.0,
+                     kv_type_ == KvType::F16 ? "f16" : "f32", gib(static_cast<double>(kv_.size())),
+                     gib(static_cast<double>(weight_bytes_)), gib(static_cast<double>(batch_copy_bytes_)),
+                     gib(static_cast<double>(left)), gib(static_cast<double>(total_b)),
+                     static_cast<long long>(static_cast<double>(left) / per_token));
+    }
     return n_blocks;
 }
 

@@ -483,6 +483,10 @@ private:
     // on the device (bints_).
     DeviceBuffer kv_;
     size_t kv_layer_bytes_ = 0;
+    // What the load took of device memory, for the memory report at
+    // make_kv_storage: the weights (free memory before and after their
+    // upload) and the batches' small-batch layouts and BF16 copies.
+    size_t weight_bytes_ = 0, batch_copy_bytes_ = 0;
     int64_t kv_blocks_ = 0, kv_block_size_ = 0;
     // The output head runs on at most kHeadRows rows at a time: its BF16
     // inputs, logits and argmaxes (device and pinned host copies).

@@ -218,6 +218,8 @@ const std::vector<SynthPreset>& synth_presets() {
          shape("synthetic llama3-1b", 128256, 2048, 16, 32, 8, 8192, 131072, 500000.0f, 1e-5f), true},
         {"llama3-8b", "Llama-3-8B shape (8.03B parameters)",
          shape("synthetic llama3-8b", 128256, 4096, 32, 32, 8, 14336, 8192, 500000.0f, 1e-5f), false},
+        {"llama3-70b", "Llama-3-70B / Llama-3.1-70B shape, 8192 positions (70.6B parameters)",
+         shape("synthetic llama3-70b", 128256, 8192, 80, 64, 8, 28672, 8192, 500000.0f, 1e-5f), false},
         {"qwen2-7b", "Qwen2-7B shape: q/k/v biases, NeoX RoPE (7.6B parameters)",
          qwen2_shape("synthetic qwen2-7b", 152064, 3584, 28, 28, 4, 18944, 32768), false},
         {"qwen3-30b-a3b", "Qwen3-30B-A3B shape: 128 experts of width 768, 8 per token, q/k norms (30.5B parameters, "

@@ -23,7 +23,7 @@ struct SynthPreset {
 };
 
 /// Named shapes from the published configs: smollm2-135m, llama3-1b,
-/// llama3-8b, qwen2-7b (arch qwen2: q/k/v biases), qwen3-30b-a3b (arch qwen3moe),
+/// llama3-8b, llama3-70b, qwen2-7b (arch qwen2: q/k/v biases), qwen3-30b-a3b (arch qwen3moe),
 /// mixtral-8x7b (arch llama with experts), qwen3-8b (arch qwen3),
 /// gemma2-2b (gemma2), gemma3-270m and gemma3-4b (gemma3), phi3-mini (phi3,
 /// fused attn_qkv and gate/up), granite-3.1-2b (granite), gpt-oss-20b and

@@ -3,9 +3,11 @@
 // CUDA backend can multiply them, to pick which row counts need the resident
 // BF16 copies and which can read the quantized weights directly.
 //
-//   bench_gemm_cuda [--reps N] [--rows 16,32,...] [--shape SUBSTR]
+//   bench_gemm_cuda [--reps N] [--rows 16,32,...] [--shape SUBSTR] [--ways copy,tile,dq,bq,qw]
+//                   [--qw-shapes]
 //
-// Ways (GB/s counts each way's own weight bytes; TFLOP/s = 2·n·N·K / time):
+// One line per (matrix, row count, way). Ways (GB/s counts each way's own
+// weight bytes; TFLOP/s = 2·n·N·K / time):
 //   copy  a resident BF16 copy multiplied by cuBLASLt (PrefillGemm::run_bf16
 //         on make_resident_bf16: what passes of many rows use today);
 //   tile  the quantized weights dequantized to BF16 tile by tile on a second
@@ -13,13 +15,16 @@
 //         the prefill and copy-less batches use);
 //   dq    dq_gemm_grouped with one group of all n rows (grouped_gemm.h:
 //         decoded in registers, mma.sync, nothing resident but the weights);
-//   bq    bq_gemm on the small-batch layout (n <= kBqMaxRows only).
+//   bq    bq_gemm on the small-batch layout (n <= kBqMaxRows only);
+//   qw    qw_gemm on the resident layout (qw_gemm.h; sm_90a, Q4_K / Q6_K),
+//         its default kernel shape, and with --qw-shapes each forced shape
+//         (qw32x1 .. qw128x2: tokens per block × weight groups per warpgroup).
 // Method: random blocks with sane scales; enough copies of each form that a
 // round of them exceeds the L2 (every call reads DRAM, as a model's layers
 // do); 3 warm-up calls, then the median of --reps rounds of 10 calls each,
-// timed with CUDA events. A spot check compares dq against copy on one row
-// count per shape (both round the weights to BF16 the same way; they may
-// differ only in summation order).
+// timed with CUDA events. Each way but copy is spot-checked against copy
+// (max |way − copy| over the product, relative to max |copy|: dq rounds the
+// weights as copy does, bq and qw from BF16 scales, ~1e-2 of the largest).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,6 +42,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/grouped_gemm.h"
+#include "backend/cuda/qw_gemm.h"
 #include "backend/cuda/weights.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -88,17 +94,23 @@ std::vector<int64_t> parse_rows(const char* s) {
 int main(int argc, char** argv) {
     int reps = 9;
     std::vector<int64_t> rows = {16, 32, 64, 128, 256, 512, 1024, 2048};
-    std::string only;
+    std::string only, ways = "copy,tile,dq,bq,qw";
+    bool qw_shapes = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--rows" && i + 1 < argc) rows = parse_rows(argv[++i]);
         else if (a == "--shape" && i + 1 < argc) only = argv[++i];
+        else if (a == "--ways" && i + 1 < argc) ways = argv[++i];
+        else if (a == "--qw-shapes") qw_shapes = true;
         else {
-            std::fprintf(stderr, "usage: bench_gemm_cuda [--reps N] [--rows 16,32,...] [--shape SUBSTR]\n");
+            std::fprintf(stderr,
+                         "usage: bench_gemm_cuda [--reps N] [--rows 16,32,...] [--shape SUBSTR] "
+                         "[--ways copy,tile,dq,bq,qw] [--qw-shapes]\n");
             return a == "-h" || a == "--help" ? 0 : 2;
         }
     }
+    const auto way = [&](const char* w) { return ("," + ways + ",").find("," + std::string(w) + ",") != std::string::npos; };
     const int64_t max_n = *std::max_element(rows.begin(), rows.end());
     CudaContext ctx;
     cudaStream_t s = ctx.stream();
@@ -124,8 +136,7 @@ int main(int argc, char** argv) {
         return 1e2 * ms[reps / 2];  // 10 calls per round: ms·1e3/10
     };
     std::mt19937 rng(11);
-    std::printf("%-26s %5s | %-22s | %-22s | %-22s | %-16s | dq vs copy\n", "shape", "n", "copy us  GB/s  TFLOP/s",
-                "tile us  GB/s  TFLOP/s", "dq us  GB/s  TFLOP/s", "bq us  GB/s");
+    std::printf("%-26s %5s %-8s %9s %6s %8s  %s\n", "shape", "n", "way", "us", "GB/s", "TFLOP/s", "vs copy: max |diff| / max |copy|");
     for (const Shape& sh : kShapes) {
         if (!only.empty() && std::string(sh.name).find(only) == std::string::npos) continue;
         const std::vector<uint8_t> bytes = random_blocks(sh.t, sh.N, sh.K, rng);
@@ -138,53 +149,74 @@ int main(int argc, char** argv) {
             wc.push_back(upload_weight(ctx, src));
             make_resident_bf16(wc.back(), s);
         }
-        const bool has_bq = bq_bytes(wq[0]) > 0;
+        const bool has_bq = way("bq") && bq_bytes(wq[0]) > 0;
         if (has_bq)
             for (size_t i = 0; i < copies(qb); ++i) {
                 wb.push_back(upload_weight(ctx, src));
                 make_resident_bq(wb.back(), s);
             }
+        const bool has_qw = way("qw") && qw_supported(sh.t, sh.K);
         std::vector<uint16_t> xh(static_cast<size_t>(max_n * sh.K));
         // BF16 activations in ±[0.5, 2): sign, exponent 126/127, random mantissa.
         for (auto& v : xh) v = static_cast<uint16_t>(((rng() & 1) << 15) | ((126 + (rng() & 1)) << 7) | (rng() & 0x7F));
         DeviceBuffer dx(xh.size() * 2), dy(static_cast<size_t>(max_n * sh.N) * 4), dy2(static_cast<size_t>(max_n * sh.N) * 4),
             doff(8);
         QUERN_CUDA_CHECK(cudaMemcpy(dx.data(), xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+        const uint16_t* x = dx.as<uint16_t>();
         for (int64_t n : rows) {
             const int32_t off[2] = {0, static_cast<int32_t>(n)};
             QUERN_CUDA_CHECK(cudaMemcpy(doff.data(), off, sizeof off, cudaMemcpyHostToDevice));
-            size_t ic = 0, it = 0, id = 0, ib = 0;
-            const double tc = time([&] {
-                gemm.run_bf16(wc[ic++ % wc.size()], dx.as<uint16_t>(), n, dy.as<float>(), sh.N, s);
-            });
-            const double tt = time([&] {
-                gemm.run_bf16(wq[it++ % wq.size()], dx.as<uint16_t>(), n, dy.as<float>(), sh.N, s);
-            });
-            const double td = time([&] {
-                dq_gemm_grouped(wq[id++ % wq.size()], sh.N, doff.as<int32_t>(), 1, n, n, dx.as<uint16_t>(),
-                                dy2.as<float>(), sh.N, s);
-            });
-            double tb = 0;
-            if (has_bq && n <= kBqMaxRows)
-                tb = time([&] { bq_gemm(wb[ib++ % wb.size()], 0, sh.N, dx.as<uint16_t>(), n, dy.as<float>(), sh.N, s); });
-            // Spot check: dq against the copy on this n (same BF16 weights).
-            gemm.run_bf16(wc[0], dx.as<uint16_t>(), n, dy.as<float>(), sh.N, s);
-            dq_gemm_grouped(wq[0], sh.N, doff.as<int32_t>(), 1, n, n, dx.as<uint16_t>(), dy2.as<float>(), sh.N, s);
-            std::vector<float> a(static_cast<size_t>(n * sh.N)), b(a.size());
-            QUERN_CUDA_CHECK(cudaMemcpy(a.data(), dy.data(), a.size() * 4, cudaMemcpyDeviceToHost));
-            QUERN_CUDA_CHECK(cudaMemcpy(b.data(), dy2.data(), b.size() * 4, cudaMemcpyDeviceToHost));
-            double worst = 0, scale = 0;
-            for (size_t i = 0; i < a.size(); ++i) {
-                worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
-                scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
-            }
             const double fl = 2.0 * static_cast<double>(n * sh.N * sh.K);
-            char bqs[40] = "";
-            if (tb > 0) std::snprintf(bqs, sizeof bqs, "%7.1f %5.0f", tb, qb / tb * 1e-3);
-            std::printf("%-26s %5lld | %7.1f %5.0f %7.1f | %7.1f %5.0f %7.1f | %7.1f %5.0f %7.1f | %-16s | %.2fx  (max |dq-copy| %.2g of %.2g)\n",
-                        sh.name, static_cast<long long>(n), tc, cb / tc * 1e-3, fl / tc * 1e-6, tt, qb / tt * 1e-3,
-                        fl / tt * 1e-6, td, qb / td * 1e-3, fl / td * 1e-6, bqs, tc / td, worst, scale);
-            std::fflush(stdout);
+            std::vector<float> ref(static_cast<size_t>(n * sh.N)), got(ref.size());
+            gemm.run_bf16(wc[0], x, n, dy.as<float>(), sh.N, s);
+            QUERN_CUDA_CHECK(cudaStreamSynchronize(s));  // cudaMemcpy does not wait for a non-blocking stream
+            QUERN_CUDA_CHECK(cudaMemcpy(ref.data(), dy.data(), ref.size() * 4, cudaMemcpyDeviceToHost));
+            // Times `call(i)` (the i-th call, rotating over the copies) and prints its line.
+            const auto report = [&](const char* name, double bytes_read, auto&& call) {
+                size_t i = 0;
+                const double us = time([&] { call(i++); });
+                std::string check;
+                if (std::strcmp(name, "copy") != 0) {
+                    QUERN_CUDA_CHECK(cudaMemsetAsync(dy2.data(), 0xFF, got.size() * 4, s));
+                    call(0);
+                    QUERN_CUDA_CHECK(cudaStreamSynchronize(s));
+                    QUERN_CUDA_CHECK(cudaMemcpy(got.data(), dy2.data(), got.size() * 4, cudaMemcpyDeviceToHost));
+                    double worst = 0, scale = 0;
+                    for (size_t k = 0; k < ref.size(); ++k) {
+                        const double d = std::fabs(static_cast<double>(got[k]) - ref[k]);
+                        worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+                        scale = std::max(scale, static_cast<double>(std::fabs(ref[k])));
+                    }
+                    char b[64];
+                    std::snprintf(b, sizeof b, "%.2g", worst / std::max(scale, 1e-30));
+                    check = b;
+                }
+                std::printf("%-26s %5lld %-8s %9.1f %6.0f %8.1f  %s\n", sh.name, static_cast<long long>(n), name, us,
+                            bytes_read / us * 1e-3, fl / us * 1e-6, check.c_str());
+                std::fflush(stdout);
+            };
+            if (way("copy"))
+                report("copy", cb, [&](size_t i) { gemm.run_bf16(wc[i % wc.size()], x, n, dy.as<float>(), sh.N, s); });
+            if (way("tile"))
+                report("tile", qb, [&](size_t i) { gemm.run_bf16(wq[i % wq.size()], x, n, dy2.as<float>(), sh.N, s); });
+            if (way("dq"))
+                report("dq", qb, [&](size_t i) {
+                    dq_gemm_grouped(wq[i % wq.size()], sh.N, doff.as<int32_t>(), 1, n, n, x, dy2.as<float>(), sh.N, s);
+                });
+            if (has_bq && n <= kBqMaxRows)
+                report("bq", qb, [&](size_t i) { bq_gemm(wb[i % wb.size()], 0, sh.N, x, n, dy2.as<float>(), sh.N, s); });
+            if (has_qw) {
+                const auto qw = [&](size_t i) { qw_gemm(wq[i % wq.size()], 0, sh.N, x, n, dy2.as<float>(), sh.N, s); };
+                report("qw", qb, qw);
+                if (qw_shapes)
+                    for (int tok : {32, 64, 128})
+                        for (int grp : {1, 2}) {
+                            qw_gemm_set_shape(tok, grp);
+                            const std::string name = "qw" + std::to_string(tok) + "x" + std::to_string(grp);
+                            report(name.c_str(), qb, qw);
+                        }
+                qw_gemm_set_shape(0, 0);
+            }
         }
     }
     return 0;

@@ -1,0 +1,163 @@
+// qw_gemm (qw_gemm.h: the GEMM on the resident quantized weights) against
+// the double product of the exact weights (dequantize_row_ref) and the BF16
+// activations, on fresh random data.
+//
+// Needs a GPU that runs the sm_90a code: skips cleanly (GTEST_SKIP) without
+// one. Outputs are poisoned (NaN bits) before each call; every element the
+// call must write is checked finite and within tolerance, the padding past
+// `rows` must keep the poison.
+// Tolerance (as bq_gemm's, whose numerics it shares): each weight is formed
+// in BF16 from a BF16 scale and offset (errors ≤ 2^-8 of |w| + |o| each,
+// random in sign), so per element |y − ref| <= 2^-5·sqrt(Σ_k (x_k·gmax_k)^2)
+// + 1e-5 (gmax_k: the largest |w| of k's 32-element group in that row), and
+// over the whole product rms(y − ref) <= 2^-7·rms(ref).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/qw_gemm.h"
+#include "core/dtype.h"
+#include "core/fp16.h"
+#include "gemm_test_util.h"
+
+using namespace quern;
+using quern::test::bf16_to_float;
+using quern::test::HostMatrix;
+using quern::test::on_device;
+using quern::test::random_matrix;
+using quern::test::upload;
+
+namespace {
+
+bool have_qw() {
+    if (cuda::CudaContext::device_count() == 0) return false;
+    return cuda::qw_supported(DType::Q4_K, 256);
+}
+#define REQUIRE_QW() \
+    if (!have_qw()) GTEST_SKIP() << "no GPU running the sm_90a code"
+
+struct ShapeGuard {  // the default kernel shape again however a test ends
+    ~ShapeGuard() { cuda::qw_gemm_set_shape(0, 0); }
+};
+
+// Every kernel shape (32, 64, 128 tokens per block × 1, 2 weight groups per
+// warpgroup) on activation counts across and past the token tiles, the
+// whole matrix and row ranges starting anywhere (the padding past `rows`
+// keeps its poison), K of one split and of several (summed over a thread
+// block cluster), N not a multiple of the block's rows.
+TEST(QwGemm, MatchesDoubleReference) {
+    REQUIRE_QW();
+    cuda::CudaContext ctx;
+    ShapeGuard guard;
+    std::mt19937 rng(307);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+        for (const auto& [N, K] : {std::pair<int64_t, int64_t>{200, 256}, {300, 768}, {130, 4096}}) {
+            ASSERT_TRUE(cuda::qw_supported(t, K));
+            HostMatrix m = random_matrix(t, N, K, rng);
+            cuda::DeviceWeight w = upload(ctx, m);
+            cuda::PrefillGemm gemm(300, K, int64_t{64} << 20);
+            std::vector<float> gmax(static_cast<size_t>(N * K));
+            for (int64_t j = 0; j < N; ++j)
+                for (int64_t k0 = 0; k0 < K; k0 += 32) {
+                    float mx = 0;
+                    for (int64_t k = k0; k < k0 + 32; ++k)
+                        mx = std::max(mx, std::fabs(m.deq[static_cast<size_t>(j * K + k)]));
+                    for (int64_t k = k0; k < k0 + 32; ++k) gmax[static_cast<size_t>(j * K + k)] = mx;
+                }
+            for (int64_t n : {1, 7, 32, 33, 64, 65, 128, 129, 300}) {
+                if (K == 4096 && n > 129) continue;  // the reference's cost
+                std::vector<float> x(static_cast<size_t>(n * K));
+                for (auto& v : x) v = nd(rng);
+                cuda::DeviceBuffer dx = on_device(x, ctx);
+                const uint16_t* xb = gemm.to_bf16(dx.as<float>(), K, n, K, ctx.stream());
+                std::vector<double> ref(static_cast<size_t>(n * N)), tol(ref.size());
+                for (int64_t r = 0; r < n; ++r)
+                    for (int64_t j = 0; j < N; ++j) {
+                        double s = 0, mag2 = 0;
+                        for (int64_t k = 0; k < K; ++k) {
+                            const double xv = bf16_to_float(fp32_to_bf16(x[static_cast<size_t>(r * K + k)]));
+                            const size_t wi = static_cast<size_t>(j * K + k);
+                            s += xv * m.deq[wi];
+                            mag2 += (xv * gmax[wi]) * (xv * gmax[wi]);
+                        }
+                        ref[static_cast<size_t>(r * N + j)] = s;
+                        tol[static_cast<size_t>(r * N + j)] = std::ldexp(1.0, -5) * std::sqrt(mag2) + 1e-5;
+                    }
+                for (int tokens : {32, 64, 128})
+                    for (int groups : {1, 2}) {
+                        cuda::qw_gemm_set_shape(tokens, groups);
+                        for (const auto& [row0, rows] : {std::pair<int64_t, int64_t>{0, N}, {37, N - 69}}) {
+                            const int64_t ldy = rows + 3;
+                            cuda::DeviceBuffer dy(static_cast<size_t>(n * ldy) * 4);
+                            dy.fill_bytes(0xFF, ctx.stream());
+                            cuda::qw_gemm(w, row0, rows, xb, n, dy.as<float>(), ldy, ctx.stream());
+                            std::vector<float> y(static_cast<size_t>(n * ldy));
+                            dy.download(y.data(), y.size() * 4, ctx.stream());
+                            int bad = 0;
+                            double e2 = 0, r2 = 0;
+                            for (int64_t r = 0; r < n; ++r) {
+                                for (int64_t j = 0; j < rows; ++j) {
+                                    const size_t ri = static_cast<size_t>(r * N + row0 + j);
+                                    const float g = y[static_cast<size_t>(r * ldy + j)];
+                                    e2 += (g - ref[ri]) * (g - ref[ri]);
+                                    r2 += ref[ri] * ref[ri];
+                                    if (!(std::fabs(g - ref[ri]) <= tol[ri]) && bad++ < 5)
+                                        ADD_FAILURE() << dtype_name(t) << " K " << K << " n " << n << " rows " << row0
+                                                      << "+" << rows << " shape " << tokens << "x" << groups << " at "
+                                                      << r << "," << j << ": " << g << " vs " << ref[ri] << " (tol "
+                                                      << tol[ri] << ")";
+                                }
+                                for (int64_t j = rows; j < ldy; ++j) {
+                                    uint32_t bits;
+                                    std::memcpy(&bits, &y[static_cast<size_t>(r * ldy + j)], 4);
+                                    if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "padding written at row " << r;
+                                }
+                            }
+                            EXPECT_LE(std::sqrt(e2), std::ldexp(1.0, -7) * std::sqrt(r2))
+                                << dtype_name(t) << " K " << K << " n " << n << " shape " << tokens << "x" << groups;
+                            EXPECT_EQ(bad, 0) << dtype_name(t) << " K " << K << " n " << n << " rows " << row0 << "+"
+                                              << rows << " shape " << tokens << "x" << groups;
+                        }
+                    }
+            }
+        }
+    }
+}
+
+// Refusals: types and row lengths it has no kernel for, shapes out of range,
+// misaligned activations — each a quern::Error, nothing launched.
+TEST(QwGemm, RejectsBadArguments) {
+    REQUIRE_QW();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(5);
+    EXPECT_FALSE(cuda::qw_supported(DType::Q8_0, 256));
+    EXPECT_FALSE(cuda::qw_supported(DType::Q4_K, 128));
+    EXPECT_FALSE(cuda::qw_supported(DType::F16, 256));
+    HostMatrix q8 = random_matrix(DType::Q8_0, 64, 256, rng);
+    HostMatrix q4 = random_matrix(DType::Q4_K, 64, 256, rng);
+    cuda::DeviceWeight w8 = upload(ctx, q8), w4 = upload(ctx, q4);
+    cuda::DeviceBuffer dx(static_cast<size_t>(65 * 256) * 2 + 16), dy(static_cast<size_t>(65 * 64) * 4);
+    const auto* xb = dx.as<uint16_t>();
+    float* y = dy.as<float>();
+    EXPECT_THROW(cuda::qw_gemm(w8, 0, 64, xb, 1, y, 64, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm(w4, 0, 64, xb, 0, y, 64, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm(w4, 1, 64, xb, 1, y, 64, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm(w4, 0, 64, xb, 1, y, 63, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm(w4, 0, 64, xb + 1, 1, y, 64, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm(w4, 0, 64, nullptr, 1, y, 64, ctx.stream()), std::runtime_error);
+    EXPECT_NO_THROW(cuda::qw_gemm(w4, 0, 64, xb, 65, y, 64, ctx.stream()));
+    ctx.synchronize();
+}
+
+}  // namespace

@@ -47,7 +47,9 @@ void CudaExecutor::prepare_batches() {
     // First the small-batch (bq) layouts: passes of few rows read those
     // instead of the 16-bit copies (on an H200 decode of one sequence in a
     // batch runs 1.3× faster, of 8 1.26×), and where no BF16 copy fits,
-    // passes of up to 64 rows.
+    // passes of up to 64 rows. Matrices qw_gemm multiplies from their
+    // resident layout (PrefillGemm::qw_weight: Q4_K and Q6_K where sm_90a
+    // runs, with Tuning::qw) get neither: no second copy of them.
     const size_t bq_total = make_small_layouts();
     size_t bytes = bq_total;  // all copies
     size_t free_b = 0, total_b = 0;
@@ -68,7 +70,7 @@ void CudaExecutor::prepare_batches() {
         int64_t rows = 0;
         for (const Piece& p : ps) {
             if (!p.w.q || p.w.bf16 || p.w.fp8_row_scaled || !gemm_weight_type_supported(p.w.type) ||
-                p.w.K != ps[0].w.K || p.offset != rows)
+                PrefillGemm::qw_weight(p.w) || p.w.K != ps[0].w.K || p.offset != rows)
                 return;
             rows += p.w.N;
         }
@@ -94,7 +96,8 @@ void CudaExecutor::prepare_batches() {
         fuse(L.gate_up, L.gate_up_bf16);
     }
     const auto resident = [&](DeviceWeight& w) {
-        if (!w.q || w.bf16 || w.fp8_row_scaled || !gemm_weight_type_supported(w.type)) return;
+        if (!w.q || w.bf16 || w.fp8_row_scaled || !gemm_weight_type_supported(w.type) || PrefillGemm::qw_weight(w))
+            return;
         copy_if_room(full, static_cast<size_t>(w.N * w.K) * 2, [&] { make_resident_bf16(w, ctx_.stream()); });
     };
     for_each_layer_matrix(resident, /*experts=*/false);
@@ -110,8 +113,8 @@ void CudaExecutor::prepare_batches() {
         bool copies = true, small = true;
         const auto check = [&](DeviceWeight& w) {
             if (!w.q || w.fp8_row_scaled) return;
-            copies = copies && w.bf16;
-            small = small && (w.bf16 || w.bq);
+            copies = copies && (w.bf16 || PrefillGemm::qw_weight(w));
+            small = small && (w.bf16 || w.bq || PrefillGemm::qw_weight(w));
         };
         for_each_layer_matrix(check, /*experts=*/false);
         check(eh_proj_.w);
@@ -141,7 +144,7 @@ size_t CudaExecutor::make_small_layouts() {
     QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     bool room = true;
     const auto small = [&](DeviceWeight& w) {
-        if (!w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K)) return;
+        if (!w.q || w.fp8_row_scaled || !bq_supported(w.type, w.K) || PrefillGemm::qw_weight(w)) return;
         copy_while_room(room, bytes, free_b, total_b / 4, bq_bytes(w), [&] { make_resident_bq(w, ctx_.stream()); });
     };
     for_each_layer_matrix(small, /*experts=*/false);

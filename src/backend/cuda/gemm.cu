@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/qw_gemm.h"
 #include "backend/cuda/minifloat.cuh"
 #include "backend/cuda/ops_common.cuh"
 
@@ -511,6 +512,15 @@ bool PrefillGemm::uses_bq(const DeviceWeight& w, int64_t n) {
     return !w.bf16 || w.N >= 65536 || n <= rows;
 }
 
+bool PrefillGemm::qw_weight(const DeviceWeight& w) {
+    return tuning().qw != 0 && w.q && !w.fp8_row_scaled && qw_supported(w.type, w.K);
+}
+
+bool PrefillGemm::uses_qw(const DeviceWeight& w, int64_t n) {
+    const int64_t limit = tuning().qw_rows >= 0 ? tuning().qw_rows : kQwRows;
+    return !w.bf16 && !w.bq && n <= limit && qw_weight(w);
+}
+
 void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,
                                 float* y, int64_t ldy, cudaStream_t stream) {
     if (!gemm_weight_type_supported(w.type))
@@ -521,6 +531,11 @@ void PrefillGemm::run_bf16_rows(const DeviceWeight& w, int64_t row0, int64_t n_r
     if (w.fp8_row_scaled && w.K % 16 == 0 && run_fp8_rows(w, row0, n_rows, xb, n, y, ldy, stream)) return;
     if (uses_bq(w, n) && row0 % 16 == 0 && reinterpret_cast<uintptr_t>(xb) % 16 == 0) {
         bq_gemm(w, row0, n_rows, xb, n, y, ldy, stream);  // few rows: read the quantized weights once
+        if (hook_) hook_("gemm");
+        return;
+    }
+    if (uses_qw(w, n) && reinterpret_cast<uintptr_t>(xb) % 16 == 0) {
+        qw_gemm(w, row0, n_rows, xb, n, y, ldy, stream);  // the quantized weights, no copy
         if (hook_) hook_("gemm");
         return;
     }

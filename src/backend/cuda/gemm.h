@@ -77,6 +77,9 @@ void make_resident_bf16(DeviceWeight& w, cudaStream_t stream);
 /// The prefill GEMM with its scratch: a cuBLASLt handle and workspace, the
 /// BF16 weight tile and the BF16 activation rows. One per session (not
 /// thread-safe); reused for every matrix.
+/// Up to how many activation rows PrefillGemm::uses_qw takes qw_gemm.
+inline constexpr int64_t kQwRows = 2048;
+
 class PrefillGemm {
 public:
     /// Scratch for up to max_n activation rows of up to max_k elements, and
@@ -117,6 +120,18 @@ public:
     /// matrices of 64k rows or more, the output head;
     /// bench/batched-cuda-h200.md). Tuning::bq_rows sets the row limit.
     static bool uses_bq(const DeviceWeight& w, int64_t n);
+
+    /// Whether w is multiplied from its resident layout by qw_gemm
+    /// (qw_gemm.h) rather than through a BF16 copy or bq layout: the batch
+    /// runner makes neither for it. Q4_K / Q6_K rows of a multiple of 256 on
+    /// a device running the sm_90a code, when Tuning::qw is set.
+    static bool qw_weight(const DeviceWeight& w);
+
+    /// Whether run_bf16 multiplies n rows by w with qw_gemm: qw_weight(w),
+    /// no BF16 copy or bq layout made for it after all, and n at most
+    /// kQwRows (Tuning::qw_rows), past which dequantized tiles and cuBLASLt
+    /// are faster (bench/batched-cuda-h200.md).
+    static bool uses_qw(const DeviceWeight& w, int64_t n);
 
     /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank
     /// of n_expert × rows): y[r·ldy + j] = Σ_k xb[r·w.K + k] · W[row0 + j][k]

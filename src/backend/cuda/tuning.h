@@ -38,6 +38,15 @@ struct Tuning {
     /// QUERN_CUDA_BQ_WGMMA=F: the bq_gemm form for 17-64 rows (0 mma.sync, 1
     /// the fastest per shape, 2-4 one wgmma configuration; -1: 1 on sm_90a).
     int bq_wgmma = -1;
+    /// QUERN_CUDA_QW=1: the batch runner multiplies the Q4_K / Q6_K matrices
+    /// from their resident layout with qw_gemm (qw_gemm.h) instead of making
+    /// BF16 copies and bq layouts of them: no second copy of the model, but
+    /// still 1.3-4x slower per product than the copies (0, the default;
+    /// bench/batched-cuda-h200.md). Only where sm_90a runs.
+    int qw = 0;
+    /// QUERN_CUDA_QW_ROWS=N: PrefillGemm::uses_qw takes qw_gemm up to N
+    /// activation rows (-1: kQwRows, gemm.h).
+    int64_t qw_rows = -1;
     /// QUERN_CUDA_BQ_BLOCKS_PER_SM=N: bq_gemm counts N blocks per SM when it
     /// picks its K splits (0: the clusters the device holds at once).
     int bq_blocks_per_sm = 0;

@@ -77,7 +77,8 @@ void make_resident_bf16(DeviceWeight& w, cudaStream_t stream);
 /// The prefill GEMM with its scratch: a cuBLASLt handle and workspace, the
 /// BF16 weight tile and the BF16 activation rows. One per session (not
 /// thread-safe); reused for every matrix.
-/// Up to how many activation rows PrefillGemm::uses_qw takes qw_gemm.
+/// Up to how many activation rows PrefillGemm::uses_qw takes qw_gemm (a pass
+/// of the batch runner has at most 2048).
 inline constexpr int64_t kQwRows = 2048;
 
 class PrefillGemm {
@@ -129,8 +130,9 @@ public:
 
     /// Whether run_bf16 multiplies n rows by w with qw_gemm: qw_weight(w),
     /// no BF16 copy or bq layout made for it after all, and n at most
-    /// kQwRows (Tuning::qw_rows), past which dequantized tiles and cuBLASLt
-    /// are faster (bench/batched-cuda-h200.md).
+    /// kQwRows (Tuning::qw_rows). Not a measured crossover: qw_gemm is slower
+    /// than the dequantized tiles from ~256 rows on today
+    /// (bench/batched-cuda-h200.md), which only matters with Tuning::qw set.
     static bool uses_qw(const DeviceWeight& w, int64_t n);
 
     /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank

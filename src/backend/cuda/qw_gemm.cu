@@ -6,11 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <string>
-#include <type_traits>
-#include <utility>
 
 #include "backend/cuda/bq_common.cuh"
 #include "backend/cuda/dequant.cuh"

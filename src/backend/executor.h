@@ -19,9 +19,11 @@ public:
     virtual std::string device_name() const = 0;
     /// Storage for a paged KV cache of up to n_blocks blocks of block_size
     /// positions (replacing any earlier one, whose contents are lost).
-    /// Returns the blocks made: n_blocks, or fewer where the executor was
-    /// given a memory budget (--gpu-mem). quern::Error naming `flag`, the
-    /// option that sized it, when not even one block fits.
+    /// Returns the blocks made: n_blocks, fewer where the executor was given
+    /// a memory budget (--gpu-mem), more where it was told to fill its budget
+    /// (a server's GPU pool: backend/kv_budget.h). quern::Error naming
+    /// `flag`, the option that sized it, when not even one block fits, or
+    /// with the numbers when the memory cannot hold what was asked.
     virtual int64_t make_kv_storage(int64_t n_blocks, int64_t block_size, const char* flag) = 0;
     /// Recurrent state for n sequences of batched passes (SeqBatch::state_slot)
     /// of a program with linear-attention layers (Program::state_floats each).

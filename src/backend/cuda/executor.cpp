@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/executor.h"
+#include "backend/kv_budget.h"
 #include "core/error.h"
 #include <tuple>
 
@@ -224,32 +225,25 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
     served_paged_ = false;
     size_t free_b = 0, total_b = 0;
     QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (opt_.gpu_mem_fraction > 0) {
-        // --gpu-mem: what is left of that share of the GPU after the weights
-        // and scratch; decode attention's partials grow with the context too
-        // (bounded by 128 splits).
-        const double used = static_cast<double>(total_b - free_b);
-        const double budget = opt_.gpu_mem_fraction * static_cast<double>(total_b) - used;
-        const double scratch = static_cast<double>(
-            decode_attention_scratch_bytes(1 << 20, static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));
-        const double per_block = block_bytes(1) / 2.0;
-        const auto fit = static_cast<int64_t>((budget - scratch) / per_block) - 1;
-        if (fit < 1)
-            fail("--gpu-mem {}: the weights already use {:.2f} of {:.2f} GiB; nothing is left for the KV cache",
-                 opt_.gpu_mem_fraction, gib(used), gib(static_cast<double>(total_b)));
-        n_blocks = std::min(n_blocks, fit);
-    }
+    // Decode attention's partials grow with the context too (bounded by 128
+    // splits): counted at their largest.
+    KvMemory mem;
+    mem.total = static_cast<double>(total_b);
+    mem.free = static_cast<double>(free_b);
+    mem.weights = static_cast<double>(weight_bytes_);
+    mem.layouts = static_cast<double>(batch_copy_bytes_);
+    mem.block = block_bytes(1) / 2.0;
+    mem.block_positions = static_cast<double>(block_size);
+    mem.scratch = static_cast<double>(
+        decode_attention_scratch_bytes(1 << 20, static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));
+    KvRequest req{n_blocks, opt_.gpu_mem_fraction, opt_.kv_fill, (int64_t{1} << 30) / block_size - 1, flag};
+    n_blocks = kv_blocks_to_make(mem, req);
     const size_t layer = static_cast<size_t>((n_blocks + 1) * block_size) * row;
-    const double per_token = 2.0 * static_cast<double>(c.n_kv_layers) * static_cast<double>(row);  // K and V, every layer
     try {
         kv_ = DeviceBuffer(2 * static_cast<size_t>(c.n_kv_layers) * layer);
     } catch (const Error&) {
-        cudaGetLastError();
-        fail("the KV cache of {} positions needs {:.2f} GiB ({:.0f} KiB a token) but the GPU has {:.2f} GiB free, room "
-             "for about {} tokens (weights {:.2f} GiB, batch layouts and copies {:.2f} GiB); lower {}{}",
-             n_blocks * block_size, gib(block_bytes(n_blocks)), per_token / 1024.0, gib(static_cast<double>(free_b)),
-             static_cast<int64_t>(static_cast<double>(free_b) / per_token), gib(static_cast<double>(weight_bytes_)),
-             gib(static_cast<double>(batch_copy_bytes_)), flag, opt_.gpu_mem_fraction > 0 ? "" : " or use --gpu-mem");
+        cudaGetLastError();  // what the budget let through still did not fit: say so with its numbers
+        throw Error(kv_refusal(mem, n_blocks, flag));
     }
     kv_layer_bytes_ = layer;
     kv_blocks_ = n_blocks;
@@ -269,18 +263,11 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
         htable_ = PinnedBuffer(entries * sizeof(int32_t));
     }
     if (opt_.verbose) {
-        // The memory budget in one line: what the load took, the cache, and
-        // how many more tokens the memory left would hold.
         size_t left = 0;
         QUERN_CUDA_CHECK(cudaMemGetInfo(&left, &total_b));
-        std::fprintf(stderr,
-                     "quern: CUDA %s: KV cache %lld tokens × %.0f KiB (%s) = %.2f GiB; weights %.2f GiB, batch layouts "
-                     "and copies %.2f GiB; %.2f of %.2f GiB free (about %lld more tokens)\n",
-                     ctx_.name().c_str(), static_cast<long long>(n_blocks * block_size), per_token / 1024.0,
-                     kv_type_ == KvType::F16 ? "f16" : "f32", gib(static_cast<double>(kv_.size())),
-                     gib(static_cast<double>(weight_bytes_)), gib(static_cast<double>(batch_copy_bytes_)),
-                     gib(static_cast<double>(left)), gib(static_cast<double>(total_b)),
-                     static_cast<long long>(static_cast<double>(left) / per_token));
+        std::fprintf(stderr, "quern: CUDA %s: %s\n", ctx_.name().c_str(),
+                     kv_budget_summary(mem, n_blocks, static_cast<double>(left), kv_type_ == KvType::F16 ? "f16" : "f32")
+                         .c_str());
     }
     return n_blocks;
 }

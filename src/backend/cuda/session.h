@@ -23,6 +23,12 @@ struct SessionOptions {
     /// When > 0: make_kv_storage makes only the blocks that fit in this
     /// fraction of the GPU's memory after the weights and scratch (--gpu-mem).
     double gpu_mem_fraction = 0;
+    /// make_kv_storage makes as many blocks as the memory budget holds (the
+    /// share gpu_mem_fraction leaves, else the free memory less
+    /// kKvMarginBytes, backend/kv_budget.h) rather than the blocks asked for:
+    /// a server's pool, where every block is room for more sequences and
+    /// cached prefixes.
+    bool kv_fill = false;
     /// Keys and values stored as fp16 (default) or fp32.
     bool f16_kv = true;
     /// Replay the decode step as a CUDA graph, and a batch runner's passes of

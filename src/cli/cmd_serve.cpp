@@ -36,7 +36,7 @@ struct ServeOptions {
     std::string template_file;
     server::ServerOptions server;
     EngineOptions engine;
-    DeviceOptions dev;  // --device and --gpu-weights only (the engine's own --kv-tokens sizes the cache)
+    DeviceOptions dev;  // --device, --gpu-weights and --gpu-mem only (the engine's own --kv-tokens sizes the cache)
     SpecOptions spec;
     std::string tool_format = "auto";
     std::string reasoning_format = "auto";
@@ -90,6 +90,10 @@ int serve(ServeOptions& o) {
     // The GPU when there is one (--device auto) and it runs the model; else the CPU.
     std::unique_ptr<Engine> engine;
     std::string backend = "CPU";
+    // --gpu-mem without --kv-tokens: the GPU pool takes what that share
+    // leaves; not with --spec, whose draft head keeps a KV cache as long as
+    // the pool after it.
+    o.dev.kv_fill = o.dev.gpu_mem > 0 && o.engine.kv_tokens == 0 && o.engine.spec_draft == 0;
     if (use_cuda(o.dev)) {
         try {
             engine = make_engine(
@@ -135,9 +139,11 @@ int serve(ServeOptions& o) {
     const int port = http.bind();
     const std::string host = o.server.host.find(':') != std::string::npos ? "[" + o.server.host + "]" : o.server.host;
     std::fprintf(stderr,
-                 "quern: serving '%s' at http://%s:%d/v1 on %s (context %lld, %d in parallel, queue %d%s); Ctrl-C stops\n",
+                 "quern: serving '%s' at http://%s:%d/v1 on %s (context %lld, %d in parallel, KV cache %lld tokens, "
+                 "queue %d%s); Ctrl-C stops\n",
                  model_id.c_str(), host.c_str(), port, backend.c_str(), static_cast<long long>(o.engine.n_ctx),
-                 o.engine.n_parallel, o.engine.max_queue, o.server.api_key.empty() ? "" : ", API key required");
+                 o.engine.n_parallel, static_cast<long long>(engine->stats().kv_tokens_total), o.engine.max_queue,
+                 o.server.api_key.empty() ? "" : ", API key required");
     if (o.server.webui) std::fprintf(stderr, "quern: web chat at http://%s:%d/\n", host.c_str(), port);
     if (o.engine.spec_draft > 0)
         std::fprintf(stderr, "quern: speculative decoding: the model's MTP head drafts %d per round (see /metrics)\n",
@@ -222,8 +228,9 @@ void add_serve_command(CLI::App& app) {
         ->capture_default_str()
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     cmd->add_option("--kv-tokens", o->engine.kv_tokens,
-                    "KV-cache positions shared by all sequences (default: context x parallel); when they run "
-                    "out, the newest sequences wait and are recomputed")
+                    "KV-cache positions shared by all sequences (default: context x parallel, or on the GPU with "
+                    "--gpu-mem as many as its share leaves); when they run out, the newest sequences wait and are "
+                    "recomputed")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
     cmd->add_option("--state-snapshots", o->engine.state_snapshots,
                     "Models with recurrent state (Qwen3.5): prefix states kept for the prefix cache (-1: as many as "
@@ -260,6 +267,10 @@ void add_serve_command(CLI::App& app) {
                     "output channel)")
         ->capture_default_str()
         ->check(CLI::IsMember({"native", "fp8"}));
+    cmd->add_option("--gpu-mem", o->dev.gpu_mem,
+                    "Fraction of the GPU's memory quern may hold (weights, scratch and KV cache): the KV cache gets "
+                    "what the rest leaves (with --kv-tokens: at most that many positions)")
+        ->check(CLI::Range(0.01, 1.0));
     add_model_options(cmd, o->mopts);
     add_threads_option(cmd, o->engine.n_threads);
     add_spec_options(cmd, o->spec);

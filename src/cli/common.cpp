@@ -260,6 +260,8 @@ std::unique_ptr<BatchRunner> make_gpu_batch_runner(Model& model, const DeviceOpt
 #ifdef QUERN_HAVE_CUDA
     cuda::SessionOptions so = gpu_session_options(model, opts, verbose);
     so.batches = true;
+    so.gpu_mem_fraction = opts.gpu_mem;
+    so.kv_fill = opts.kv_fill;
     return make_executor_runner(model, cuda::make_executor(model.program(), so));
 #else
     (void)opts;

@@ -77,6 +77,10 @@ struct DeviceOptions {
     std::string device = "auto";  ///< auto | cpu | cuda
     int64_t kv_tokens = 0;        ///< GPU KV-cache positions (0: the context size)
     double gpu_mem = 0;           ///< cap the GPU KV cache to this fraction of GPU memory (0: off)
+    /// The GPU KV pool takes the whole memory budget (gpu_mem's share, else
+    /// the free memory less a margin): `quern serve --gpu-mem` without
+    /// --kv-tokens.
+    bool kv_fill = false;
     bool no_graph = false;        ///< launch kernels one by one instead of a CUDA graph
     std::string gpu_weights = "native";  ///< native | fp8 (--gpu-weights)
     bool cuda_profile = false;    ///< GPU time per op kind, printed at exit (--cuda-profile)

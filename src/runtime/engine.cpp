@@ -107,15 +107,9 @@ public:
         if (o.spec_draft > 0 && !make_draft)
             fail("speculative decoding: this model has no multi-token-prediction head (a Qwen3.5 checkpoint with its "
                  "mtp.* tensors, or a GGUF converted without --no-mtp); drop --spec");
-        const int64_t bs = 16;
-        const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
-        const char* flag = o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel";
-        kv_ = runner_->make_kv_pool((kv_tokens + bs - 1) / bs, bs, flag);
-        if (kv_->n_blocks() * bs < o.n_ctx)  // a memory budget (--gpu-mem) made fewer blocks
-            fail("the KV cache that fits ({} tokens) holds less than one full context ({}); lower -c or raise --gpu-mem",
-                 kv_->n_blocks() * bs, o.n_ctx);
         slots_.resize(static_cast<size_t>(o.n_parallel));
-        // Linear-attention layers: one recurrent-state slot per engine slot
+        // Linear-attention layers (before the KV pool, which may take the
+        // memory that is left): one recurrent-state slot per engine slot
         // (SeqBatch::state_slot is the slot's index), and as many more for
         // snapshots of a cached prefix's state (see snapshot()).
         // Speculative rounds of a recurrent model keep a copy of each slot's
@@ -125,6 +119,14 @@ public:
             runner_->make_state_slots(o.n_parallel + n_snaps_ + (o.spec_draft > 0 ? o.n_parallel : 0));
             for (int64_t i = n_snaps_; i-- > 0;) free_snaps_.push_back(static_cast<int32_t>(o.n_parallel + i));
         }
+        const int64_t bs = 16;
+        const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : o.n_ctx * o.n_parallel;
+        const char* flag = o.kv_tokens > 0 ? "--kv-tokens" : "-c or --parallel";
+        kv_ = runner_->make_kv_pool((kv_tokens + bs - 1) / bs, bs, flag);
+        if (kv_->n_blocks() * bs < o.n_ctx)  // a memory budget (--gpu-mem) made fewer blocks
+            fail("the KV cache that fits ({} tokens) holds less than one full context ({}); lower -c or raise --gpu-mem",
+                 kv_->n_blocks() * bs, o.n_ctx);
+        stats_.kv_tokens_total = kv_->n_blocks() * bs;
         if (o.spec_draft > 0)
             heads_ = std::make_unique<SpecHeads>(make_draft(pool_), cfg_.n_embd, cfg_.n_vocab, kv_->n_blocks(), bs,
                                                  o.n_parallel);

@@ -87,7 +87,9 @@ struct EngineOptions {
     int n_threads = 0;        ///< CPU threads (0: all cores)
     /// Positions of the paged KV cache shared by all sequences (0: n_ctx ×
     /// n_parallel). When it runs out, the newest sequences are preempted
-    /// (their cache is dropped and recomputed later). At least n_ctx.
+    /// (their cache is dropped and recomputed later). At least n_ctx. A
+    /// runner with a memory budget may make fewer (--gpu-mem) or, told to
+    /// fill it, more (`quern serve` on a GPU).
     int64_t kv_tokens = 0;
     bool prefix_cache = true;  ///< reuse the cached blocks of earlier prompts with the same start
     /// Speculative decoding: tokens the model's NextN head drafts per round

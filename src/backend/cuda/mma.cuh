@@ -128,6 +128,18 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
            static_cast<uint64_t>(sbo >> 4) << 32;
 }
 
+/// Shared-memory matrix descriptor of wgmma for a K-major operand in the
+/// 128-byte swizzle mode (PTX ISA: "Matrix Descriptor Format", "Shared
+/// Memory Matrix Layout"): rows of 128 bytes (64 BF16 of K), 16-byte unit u
+/// of row r stored at unit u ^ (r % 8), in 1024-byte atoms of 8 rows (the
+/// SBO); `addr` the row-0 address of the k16 step's 32 bytes (atom base +
+/// 32·step), the atom base 1024-byte aligned. Unlike the no-swizzle form
+/// the rows' reads fall in distinct banks.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
+    return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | uint64_t{1} << 16 | uint64_t{1024 >> 4} << 32 |
+           uint64_t{1} << 62;
+}
+
 /// d += A·B for one wgmma.m64nNk16 (N = 8·NT, NT = 4, 8 or 16), BF16 inputs, fp32
 /// accumulators, A from registers, B (N × 16, K-major) from shared memory by
 /// descriptor. Warp w of the warpgroup holds rows 16w .. 16w+15 of A and D in

@@ -37,12 +37,13 @@ template <DType T, int NT, int MW>
 struct QwShape {
     static constexpr int kTok = 8 * NT;      // activation rows per block
     static constexpr int kRows = 128 * MW;   // weight rows per block: two warpgroups of MW 64-row groups
-    static constexpr int kStep = kTok * 32;  // one k16 step of the activations (wgmma's K-major core matrices)
-    static constexpr int kAct = 4 * kStep;
+    static constexpr int kAct = kTok * 128;  // a chunk of the activations: 128-byte rows, swizzled
     static constexpr int kStage = kAct + kRows * row_bytes<T>();
     static constexpr int kRing = kQwStages * kStage;
     static constexpr int kRed = MW * NT * 4 * kThreads * 4;  // bq_finish's partial sums
-    static constexpr int kSmem = kRing > kRed ? kRing : kRed;
+    // + the ring's alignment to the 1024-byte swizzle atoms.
+    static constexpr int kSmem = (kRing > kRed ? kRing : kRed) + 1024;
+    static_assert(kAct % 1024 == 0 && kStage % 1024 == 0, "stages of whole swizzle atoms");
 };
 
 [[maybe_unused]] __device__ __forceinline__ uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
@@ -170,7 +171,7 @@ struct ChunkA<DType::Q6_K> {
 //            64·(G·MW + m), warp w%4 holding 16 of them) by activation rows
 //            8·NT·t .. over chunks s·cps .. of K. Per chunk: the block copies
 //            its weight rows' records (row_bytes) and its activation rows
-//            (as four k16 steps of K-major core matrices) into the ring slot
+//            (128-byte K-major rows, 128-byte swizzle) into the ring slot
 //            of the chunk kQwStages−2 ahead (cp.async; activation rows past
 //            n_all zero-filled, weight rows past the product read its last
 //            row and are never stored); each warp decodes its tile's A
@@ -189,7 +190,9 @@ __global__ void __launch_bounds__(kThreads, NT * MW <= 8 ? 2 : 1)
 #ifdef QUERN_WGMMA
     using Sh = QwShape<T, NT, MW>;
     constexpr int S = kQwStages, R = Sh::kRows, RB = row_bytes<T>();
-    extern __shared__ __align__(128) uint8_t smem[];
+    extern __shared__ __align__(128) uint8_t smem_raw[];
+    uint8_t* const smem =
+        smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wq4 = warp & 3, g = lane >> 2, c = lane & 3;
     const int64_t K = a.K, C = K / kChunk;
@@ -203,7 +206,9 @@ __global__ void __launch_bounds__(kThreads, NT * MW <= 8 ? 2 : 1)
 
     // Activation pieces: q = k·kThreads + tid is K half hh = q%2 of token
     // 8·g8 + r8 (r8 = q/2%8) at step j = q/16%4, g8 = q/64: 16 bytes; the two
-    // halves of a token's step are one 32-byte span of x.
+    // halves of a token's step are one 32-byte span of x. Token t's chunk is
+    // a 128-byte row of the stage whose 16-byte unit u sits at u ^ (t % 8)
+    // (wgmma_desc_sw128): a k16 step's eight rows of an atom hit every bank.
     constexpr int PA = Sh::kTok * 8 / kThreads;
     static_assert(PA >= 1 && Sh::kTok * 8 % kThreads == 0, "whole activation pieces per thread");
     uint32_t adst[PA];
@@ -213,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, NT * MW <= 8 ? 2 : 1)
     for (int k = 0; k < PA; ++k) {
         const int q = k * kThreads + tid, hh = q & 1, r8 = (q >> 1) & 7, j = (q >> 4) & 3, g8 = q >> 6;
         const int t = 8 * g8 + r8;
-        adst[k] = static_cast<uint32_t>(j * Sh::kStep + g8 * 256 + hh * 128 + r8 * 16);
+        adst[k] = static_cast<uint32_t>(t * 128 + (((2 * j + hh) ^ (t & 7)) << 4));
         alive[k] = t < n;
         asrc[k] = x + static_cast<int64_t>(t0 + (t < n ? t : 0)) * K + 16 * j + 8 * hh;
     }
@@ -302,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, NT * MW <= 8 ? 2 : 1)
                 mma::fence_operand(af[mt][j]);  // decoded before the fence
             }
             mma::wgmma_fence();
-            const uint64_t desc = mma::wgmma_desc(st + j * Sh::kStep, 128, 256);
+            const uint64_t desc = mma::wgmma_desc_sw128(st + 32 * j);
 #pragma unroll
             for (int mt = 0; mt < MW; ++mt) mma::wgmma_bf16<NT>(acc[mt], af[mt][j], desc);
             mma::wgmma_commit();

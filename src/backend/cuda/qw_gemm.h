@@ -17,11 +17,14 @@
 // a thread block cluster whose partial sums are added in a fixed order.
 //
 // Speed (one H100, Llama-3-8B's matrices, bench/batched-cuda-h200.md): not
-// yet what the method allows. About 1.5 us per chunk and block whatever the
-// rows: 0.5-0.8 TB/s of the weights at 16-32 rows (the BF16 copies with
-// cuBLASLt 2-2.7 TB/s of theirs, bq_gemm 0.9-1.6), and ~180 TFLOP/s at 512
-// to 2048 rows (copies 650-800). So the batch runner takes it only with
-// Tuning::qw (tuning.h).
+// yet what the method allows. With the activations in wgmma's 128-byte
+// swizzle (1.5x faster than the interleaved layout at 2048 rows): 0.5-1.0
+// TB/s of the weights at 16 rows (the BF16 copies with cuBLASLt 2-2.7 TB/s
+// of theirs) and 190-280 TFLOP/s at 2048 rows (copies 740-790). Measured
+// limits: with no copies and no decoding at all a product of 16 rows still
+// takes ~21 us where its weights need ~5, and at 2048 rows ~315 TFLOP/s —
+// the chunk loop's fixed costs, not memory. So the batch runner takes it
+// only with Tuning::qw (tuning.h).
 //
 // Numerics: as the bq path — each weight is formed in BF16 from its integer
 // q and its group's scale rounded to BF16 (the offset folded so that it

@@ -90,10 +90,10 @@ int serve(ServeOptions& o) {
     // The GPU when there is one (--device auto) and it runs the model; else the CPU.
     std::unique_ptr<Engine> engine;
     std::string backend = "CPU";
-    // --gpu-mem without --kv-tokens: the GPU pool takes what that share
-    // leaves; not with --spec, whose draft head keeps a KV cache as long as
-    // the pool after it.
-    o.dev.kv_fill = o.dev.gpu_mem > 0 && o.engine.kv_tokens == 0 && o.engine.spec_draft == 0;
+    // The GPU pool takes the memory budget unless sized (--kv-tokens); not
+    // with --spec, whose draft head keeps a KV cache as long as the pool
+    // after it.
+    o.dev.kv_fill = o.engine.kv_tokens == 0 && o.engine.spec_draft == 0;
     if (use_cuda(o.dev)) {
         try {
             engine = make_engine(
@@ -228,9 +228,9 @@ void add_serve_command(CLI::App& app) {
         ->capture_default_str()
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     cmd->add_option("--kv-tokens", o->engine.kv_tokens,
-                    "KV-cache positions shared by all sequences (default: context x parallel, or on the GPU with "
-                    "--gpu-mem as many as its share leaves); when they run out, the newest sequences wait and are "
-                    "recomputed")
+                    "KV-cache positions shared by all sequences (default on the GPU: as many as the memory left "
+                    "after the load holds, less 1.5 GiB, or --gpu-mem's share; on the CPU or with --spec: context x "
+                    "parallel); when they run out, the newest sequences wait and are recomputed")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
     cmd->add_option("--state-snapshots", o->engine.state_snapshots,
                     "Models with recurrent state (Qwen3.5): prefix states kept for the prefix cache (-1: as many as "

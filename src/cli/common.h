@@ -78,8 +78,7 @@ struct DeviceOptions {
     int64_t kv_tokens = 0;        ///< GPU KV-cache positions (0: the context size)
     double gpu_mem = 0;           ///< cap the GPU KV cache to this fraction of GPU memory (0: off)
     /// The GPU KV pool takes the whole memory budget (gpu_mem's share, else
-    /// the free memory less a margin): `quern serve --gpu-mem` without
-    /// --kv-tokens.
+    /// the free memory less a margin): `quern serve` without --kv-tokens.
     bool kv_fill = false;
     bool no_graph = false;        ///< launch kernels one by one instead of a CUDA graph
     std::string gpu_weights = "native";  ///< native | fp8 (--gpu-weights)

@@ -9,8 +9,6 @@ namespace quern {
 
 namespace {
 
-double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
-
 // Blocks (spare block excluded) that `bytes` hold beside the scratch.
 int64_t blocks_in(const KvMemory& m, double bytes) {
     const double b = std::floor((bytes - m.scratch) / m.block) - 1;

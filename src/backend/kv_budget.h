@@ -7,6 +7,9 @@
 
 namespace quern {
 
+/// Bytes in GiB (2^30), for messages.
+inline double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
 /// Memory kept free when the KV pool is sized to the free memory (no
 /// --gpu-mem): what is made after the pool (CUDA graphs of the batch
 /// passes, a few small index buffers) and room for the driver, with slack.

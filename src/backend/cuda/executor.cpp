@@ -13,7 +13,6 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/executor.h"
-#include "backend/kv_budget.h"
 #include "core/error.h"
 #include <tuple>
 
@@ -210,10 +209,6 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
     if (n_blocks < 1 || block_size < 1 || n_blocks * block_size > (int64_t{1} << 30))
         fail("KV cache of {} blocks of {} positions out of range (lower {})", n_blocks, block_size, flag);
     const size_t row = static_cast<size_t>(c.kv_dim()) * (kv_type_ == KvType::F16 ? 2 : 4);
-    const auto block_bytes = [&](int64_t blocks) {  // K and V of every layer, + the spare block
-        return 2.0 * static_cast<double>(c.n_kv_layers) * static_cast<double>((blocks + 1) * block_size) *
-               static_cast<double>(row);
-    };
     // The graphs and scratch name the old storage; its memory goes first
     // (engines made in turn on one executor).
     drop_step_graphs();
@@ -232,7 +227,8 @@ int64_t CudaExecutor::make_kv_storage(int64_t n_blocks, int64_t block_size, cons
     mem.free = static_cast<double>(free_b);
     mem.weights = static_cast<double>(weight_bytes_);
     mem.layouts = static_cast<double>(batch_copy_bytes_);
-    mem.block = block_bytes(1) / 2.0;
+    mem.block = 2.0 * static_cast<double>(c.n_kv_layers) * static_cast<double>(block_size) *
+                static_cast<double>(row);  // K and V of every layer
     mem.block_positions = static_cast<double>(block_size);
     mem.scratch = static_cast<double>(
         decode_attention_scratch_bytes(1 << 20, static_cast<int>(c.n_head), static_cast<int>(c.head_dim)));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/block_plan.h"
+#include "backend/kv_budget.h"  // gib
 #include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/delta_rule.h"
@@ -114,8 +115,6 @@ public:
 private:
     void* p_ = nullptr;
 };
-
-inline double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
 /// Makes one more resident copy of `need` bytes with make() while `keep`
 /// bytes of the `free_b` measured before the copies stay free (`bytes`: the

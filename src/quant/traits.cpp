@@ -56,7 +56,8 @@ constexpr std::array<QuantTraits, 18> kTraits{{
     // weight-only: the matmul dequantizes inside its float kernels, activations stay f32
     {DType::F8_E4M3_B32, QK_F8, bytes<block_f8_b32>(), to_float_f8_b32, from_float_f8_b32, DType::F32},
     {DType::NVFP4, QK_NVFP4, bytes<block_nvfp4>(), to_float_nvfp4, from_float_nvfp4, DType::F32},
-    {DType::MXFP4, QK_MXFP4, bytes<block_mxfp4>(), to_float_mxfp4, from_float_mxfp4, DType::F32},
+    // doubled E2M1 values are small integers: an integer dot product with Q8_0, as Q4_0
+    {DType::MXFP4, QK_MXFP4, bytes<block_mxfp4>(), to_float_mxfp4, from_float_mxfp4, DType::Q8_0},
 }};
 
 }  // namespace

@@ -17,7 +17,7 @@ struct QuantTraits {
     /// Quantizes k floats (k a multiple of block_size, else quern::Error).
     void (*from_float)(const float* x, void* y, int64_t k);
     /// The activation type this weight type's dot product pairs with: Q8_0 for
-    /// Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1 (they need the block sum s), Q8_K for
+    /// Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1 (they need the block sum s), Q8_K for
     /// the K-quants, F32 for F32/F16/BF16 and the weight-only F8_E4M3_B32 and
     /// NVFP4 (their kernels take float activations; an activation format of
     /// their own would pair here when a W8A8 / W4A4 path joins). An activation

@@ -7,11 +7,13 @@
 // and differ only in summation order; the dot products are summed in double.
 // Tolerance: 1e-4 * sum |w_k x_k| per output, plus, for Q4_1/Q5_1, the
 // rounding of Q8_1's fp16 s field (the scalar kernel uses it as ggml does).
-// The weight-only F8_E4M3_B32 / NVFP4 / MXFP4 take f32 activations, as F32 weights do.
+// The weight-only F8_E4M3_B32 / NVFP4 take f32 activations, as F32 weights do;
+// MXFP4 takes Q8_0, as Q4_0 does.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -25,6 +27,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "quant/blocks.h"
+#include "quant/fp8.h"
 #include "quant/reference.h"
 
 using namespace quern;
@@ -554,7 +557,7 @@ TEST(MatmulBatchInvariance, EachFamilyComputesRowsIndependently) {
 TEST(MatmulWeightOnly, KernelsDecodeEveryWeightExactly) {
     std::mt19937 rng(static_cast<uint32_t>(test_seed()));
     SCOPED_TRACE(seed_note());
-    for (DType t : {DType::F8_E4M3_B32, DType::NVFP4, DType::MXFP4}) {
+    for (DType t : {DType::F8_E4M3_B32, DType::NVFP4}) {
         const int64_t K = 192, M = 19;
         const std::vector<uint8_t> w = random_blocks(t, M, K, rng);
         const Tensor W = Tensor::contiguous(t, {K, M, 1, 1}, const_cast<uint8_t*>(w.data()), "w");
@@ -578,4 +581,45 @@ TEST(MatmulWeightOnly, KernelsDecodeEveryWeightExactly) {
                 }
         }
     }
+}
+
+// MXFP4's unpacked form (kernels.h) is exact: at each SIMD level the
+// unpacker's D * u + Mn is the reference's value of every weight, for every
+// code and exponent (0 and 1 give subnormal scales; 251.. would overflow
+// 12 * 2^(e - 128)), and u stays within umax_for. The decode kernels read the
+// same values (DecodeEqualsGemm), the scalar dot product the same integers.
+TEST(MatmulMxfp4, UnpackedFormIsExact) {
+    for (int e = 0; e < 256; ++e)
+        ASSERT_EQ(std::bit_cast<uint32_t>(cpu::mxfp4_half_scale(static_cast<uint8_t>(e))),
+                  std::bit_cast<uint32_t>(e8m0_to_float(static_cast<uint8_t>(e)) * 0.5f))
+            << "e " << e;
+    std::mt19937 rng(static_cast<uint32_t>(test_seed()));
+    SCOPED_TRACE(seed_note());
+    const int64_t K = 256 * 32, M = 3;  // one block per exponent 0..250, then random ones
+    std::vector<uint8_t> w = random_blocks(DType::MXFP4, M, K, rng);
+    for (int64_t b = 0; b < M * K / 32; ++b) w[static_cast<size_t>(b * 17)] = static_cast<uint8_t>(b < 251 ? b : rng() % 251);
+    std::vector<float> ref(static_cast<size_t>(M * K));
+    const size_t rb = row_size(DType::MXFP4, K);
+    for (int64_t r = 0; r < M; ++r) dequantize_row_ref(DType::MXFP4, w.data() + r * rb, ref.data() + r * K, K);
+    int levels = 0;
+    for (Isa isa : available_isas()) {
+        if (isa == Isa::Scalar) continue;
+        const cpu::QKernels& qk = isa == Isa::AVX512 ? cpu::avx512::qkernels : cpu::avx2::qkernels;
+        const cpu::UnpackFn unpack = qk.unpack(DType::MXFP4);
+        ASSERT_NE(unpack, nullptr) << cpu::isa_name(isa);
+        const size_t ldu = K + 64, lds = K / 32 + 16;
+        std::vector<uint8_t> u(ldu * M, 0xEE);
+        std::vector<float> D(lds * M), Mn(lds * M);
+        unpack(w.data(), rb, M, K, u.data(), ldu, D.data(), Mn.data(), lds);
+        for (int64_t r = 0; r < M; ++r)
+            for (int64_t k = 0; k < K; ++k) {
+                const uint8_t uk = u[static_cast<size_t>(r * ldu + k)];
+                ASSERT_LE(uk, cpu::umax_for(DType::MXFP4)) << cpu::isa_name(isa) << " w[" << r << "][" << k << "]";
+                const float d = D[static_cast<size_t>(r * lds + k / 32)], m = Mn[static_cast<size_t>(r * lds + k / 32)];
+                ASSERT_EQ(d * static_cast<float>(uk) + m, ref[static_cast<size_t>(r * K + k)])
+                    << cpu::isa_name(isa) << " w[" << r << "][" << k << "] u " << int(uk) << " D " << d;
+            }
+        ++levels;
+    }
+    if (levels == 0) GTEST_SKIP() << "no SIMD level on this machine";
 }

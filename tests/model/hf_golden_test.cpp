@@ -50,6 +50,13 @@ Fixture load_fixture(const std::string& arch) {
 struct Case {
     std::string arch, dtype;
     double min_cos;
+    // Fast (one-level 8-bit) activations where the checkpoint has weights of
+    // the integer kernels (MXFP4: Q8_0 activations, as llama.cpp): that
+    // mode's documented ~0.99 cosine at all but 1 in 20 positions (a random
+    // model's router flips an expert choice now and then, which moves that
+    // position's logits far), no argmax check; 0 where every matmul takes
+    // float activations.
+    double fast_cos = 0.0;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.arch << "_" << c.dtype; }
@@ -75,14 +82,21 @@ TEST_P(HfGolden, LogitsMatchTransformersAtEveryPosition) {
         std::vector<float> out(static_cast<size_t>(n * V));
         model->forward(fx.tokens.data(), n, cache, out.data(), true, pool);
         double worst = 1.0;
+        const bool loose = !precise && c.fast_cos > 0.0;
+        int64_t below = 0;
         for (int64_t t = 0; t < n; ++t) {
             const float* a = out.data() + t * V;
             const float* b = ref.data() + t * V;
             const double cs = cosine_similarity(a, b, V);
             worst = std::min(worst, cs);
+            if (loose) {
+                below += cs < c.fast_cos;
+                continue;
+            }
             EXPECT_GE(cs, c.min_cos) << "position " << t << (precise ? "" : " (fast activations)");
             EXPECT_EQ(argmax(a, V), argmax(b, V)) << "position " << t << (precise ? "" : " (fast activations)");
         }
+        if (loose) EXPECT_LE(below * 20, n) << below << " of " << n << " positions below cosine " << c.fast_cos;
         std::printf("%s %s%s: %lld positions, worst cosine 1 - %.2e\n", c.arch.c_str(), c.dtype.c_str(),
                     precise ? "" : " (fast activations)", static_cast<long long>(n), 1.0 - worst);
     }
@@ -143,7 +157,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden,
                                            // sinks, alternating window 32, YaRN, biased experts; 300 positions;
                                            // MXFP4 experts against transformers' dequantization of them
                                            Case{"gpt_oss", "fp32", 0.9999}, Case{"gpt_oss", "bf16", 0.999},
-                                           Case{"gpt_oss", "mxfp4", 0.9999},
+                                           Case{"gpt_oss", "mxfp4", 0.9999, 0.99},
                                            // LongRoPE: past the original context (long factors) and within it
                                            Case{"phi3_longrope", "fp32", 0.9999}, Case{"phi3_longrope", "bf16", 0.999},
                                            Case{"phi3_longrope_short", "fp32", 0.9999},

@@ -784,6 +784,7 @@ TEST(QuantTraits, VecDotPartners) {
         {DType::Q4_1, DType::Q8_1}, {DType::Q5_1, DType::Q8_1}, {DType::Q8_1, DType::Q8_1},
         {DType::Q2_K, DType::Q8_K}, {DType::Q3_K, DType::Q8_K}, {DType::Q4_K, DType::Q8_K},
         {DType::Q5_K, DType::Q8_K}, {DType::Q6_K, DType::Q8_K}, {DType::Q8_K, DType::Q8_K},
+        {DType::MXFP4, DType::Q8_0}, {DType::F8_E4M3_B32, DType::F32}, {DType::NVFP4, DType::F32},
     };
     for (const auto& [w, a] : want) {
         EXPECT_EQ(quant_traits(w).vec_dot_type, a) << type_name(w);

@@ -28,6 +28,7 @@ UnpackFn QKernels::unpack(DType t) const {
         case DType::Q4_K: return q4_K;
         case DType::Q5_K: return q5_K;
         case DType::Q6_K: return q6_K;
+        case DType::MXFP4: return mxfp4;
         default: return nullptr;
     }
 }
@@ -75,10 +76,10 @@ void for_each_subblock(DType act, int G, int64_t K, const void* blocks, F&& f) {
 
 // ---------------------------------------------------------------- fused GEMV activations
 // Layouts (GemvAct), shared by the AVX-512 and AVX2 fused kernels:
-//  * Q4_0/Q4_1/Q5_0/Q5_1: groups of 4 blocks (128 elements): a = [a_b[0:16] for
+//  * Q4_0/Q4_1/Q5_0/Q5_1/MXFP4: groups of 4 blocks (128 elements): a = [a_b[0:16] for
 //    b = 0..3][a_b[16:32] for b = 0..3]; 16 lanes per group, lane 4b + q covers
 //    elements 4q..4q+3 and 16+4q..16+4q+3 of block b: lf = da_b, lx = int32
-//    -B * (sum of those 8 a) for offset types (B = 8, 16), float da * sum for
+//    -B * (sum of those 8 a) for offset types (B = 8, 16; MXFP4: 12), float da * sum for
 //    types with a min (Q4_1, Q5_1).
 //  * Q8_0: natural order, groups of 4 blocks; 32 lanes per group, lane l covers
 //    elements 4l..4l+3: lf = da, lx = int32 -128 * (sum of the 4 a).
@@ -152,7 +153,11 @@ void gemv_prep_generic(DType w, int64_t K, const void* q8row, uint8_t* buf, Gemv
     const int lanes = fam == Fam::Q8 ? 32 : 16;
     void* lx = buf + a64(ng * 128) + a64(ng * lanes * 4);
     std::memset(buf, 0, gemv_scratch_generic(w, K));
-    const int bias = w == DType::Q4_0 ? 8 : w == DType::Q5_0 ? 16 : w == DType::Q8_0 ? 128 : 0;
+    const int bias = w == DType::Q4_0    ? 8
+                     : w == DType::Q5_0  ? 16
+                     : w == DType::MXFP4 ? 12
+                     : w == DType::Q8_0  ? 128
+                                         : 0;
     for (int64_t i = 0; i < nb32; ++i) {
         const uint8_t* b = src + i * static_cast<int64_t>(bsz);
         uint16_t dh;

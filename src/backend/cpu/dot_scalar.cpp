@@ -25,7 +25,8 @@ DType act_type_for(DType w) {
     switch (w) {
         case DType::Q4_0:
         case DType::Q5_0:
-        case DType::Q8_0: return DType::Q8_0;
+        case DType::Q8_0:
+        case DType::MXFP4: return DType::Q8_0;
         case DType::Q4_1:
         case DType::Q5_1: return DType::Q8_1;
         case DType::Q2_K:
@@ -57,6 +58,7 @@ int umax_for(DType w) {
         case DType::Q5_1:
         case DType::Q5_K: return 31;
         case DType::Q6_K: return 63;
+        case DType::MXFP4: return 24;
         default: return 255;
     }
 }
@@ -103,6 +105,21 @@ float dot_q4_0(int64_t K, const void* w, const void* x) {
         const auto a = load<block_q8_0>(x, i);
         nibbles32(b.qs, v);
         acc += static_cast<float>(idot32(v, a.qs, 8)) * (h2f(b.d) * h2f(a.d));
+    }
+    return acc;
+}
+
+// MXFP4 against Q8_0: the doubled E2M1 values v = kMxfp4U[q] - 12 (integers
+// up to ±12) summed with the activations exactly, then times 2^(e - 128) * da.
+float dot_mxfp4(int64_t K, const void* w, const void* x) {
+    float acc = 0.0f;
+    int v[32];
+    for (int64_t i = 0; i < K / QK_MXFP4; ++i) {
+        const auto b = load<block_mxfp4>(w, i);
+        const auto a = load<block_q8_0>(x, i);
+        nibbles32(b.qs, v);
+        for (int& q : v) q = kMxfp4U[q];
+        acc += static_cast<float>(idot32(v, a.qs, 12)) * (mxfp4_half_scale(b.e) * h2f(a.d));
     }
     return acc;
 }
@@ -302,7 +319,7 @@ float dot_bf16(int64_t K, const void* w, const void* x) {
     });
 }
 
-// Weight-only FP8 / NVFP4 / MXFP4: each weight decoded to the reference's f32 value
+// Weight-only FP8 / NVFP4: each weight decoded to the reference's f32 value
 // (quant/reference_fp.cpp), then summed as the float types are.
 float dot_f8_b32(int64_t K, const void* w, const void* x) {
     return dot_float(K, w, x, [](const void* p, int64_t i) {
@@ -321,15 +338,6 @@ float dot_nvfp4(int64_t K, const void* w, const void* x) {
         const float s = kFp8E4M3Values[b[offsetof(block_nvfp4, sc) + j / NVFP4_GROUP]] * d;
         const uint8_t q = b[offsetof(block_nvfp4, qs) + j / 2];
         return fp4_e2m1_to_float(j % 2 ? q >> 4 : q & 0xF) * s;
-    });
-}
-
-float dot_mxfp4(int64_t K, const void* w, const void* x) {
-    return dot_float(K, w, x, [](const void* p, int64_t i) {
-        const uint8_t* b = static_cast<const uint8_t*>(p) + (i / QK_MXFP4) * sizeof(block_mxfp4);
-        const int64_t j = i % QK_MXFP4;
-        const uint8_t q = b[offsetof(block_mxfp4, qs) + j % (QK_MXFP4 / 2)];
-        return fp4_e2m1_to_float(j < QK_MXFP4 / 2 ? q & 0xF : q >> 4) * e8m0_to_float(b[0]);
     });
 }
 
@@ -359,9 +367,7 @@ const FKernels fkernels{4,
                         fgemm<dot_f8_b32>,
                         fgemm<dot_nvfp4>,
                         fgemm<dot_f8_b32>,
-                        fgemm<dot_nvfp4>,
-                        fgemm<dot_mxfp4>,
-                        fgemm<dot_mxfp4>};
+                        fgemm<dot_nvfp4>};
 
 ScalarDotFn dot_fn(DType t) {
     switch (t) {

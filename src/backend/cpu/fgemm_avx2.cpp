@@ -1,5 +1,5 @@
 // AVX2 kernels for float weights (F32, F16, BF16, and the weight-only
-// F8_E4M3_B32 / NVFP4 / MXFP4 decoded on load: kernels.h) x float activations.
+// F8_E4M3_B32 / NVFP4 decoded on load: kernels.h) x float activations.
 // y[c*ldy + r] = sum_k W[r][k] * x[c][k], fp32 accumulation.
 // Register tile: R = 4 weight rows x C <= 2 activation rows (8 ymm
 // accumulators, 8 elements per step, weights converted exactly on load), a
@@ -12,7 +12,6 @@
 
 #include <cstddef>
 #include <cstring>
-#include <type_traits>
 
 #include "backend/cpu/kernels.h"
 #include "quant/blocks.h"
@@ -105,30 +104,6 @@ struct LoadNvfp4 {
     }
 };
 
-// Weight-only MXFP4: the 8 weights at element k (k % 8 == 0), the low
-// (elements 0..15 of the block) or high (16..31) nibbles of 8 code bytes;
-// the magnitude and sign as for NVFP4, times 2^(e − 127).
-struct LoadMxfp4 {
-    static __m256 load(const uint8_t* p, int64_t k) {
-        const uint8_t* b = p + (k / QK_MXFP4) * static_cast<int64_t>(sizeof(block_mxfp4));
-        const int j = static_cast<int>(k % QK_MXFP4);
-        __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + offsetof(block_mxfp4, qs) + j % 16));
-        if (j >= 16) v = _mm_srli_epi16(v, 4);
-        const __m256i idx = _mm256_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F)));
-        const __m256 mag =
-            _mm256_permutevar8x32_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), idx);
-        const __m256 sign = _mm256_castsi256_ps(
-            _mm256_and_si256(_mm256_slli_epi32(idx, 28), _mm256_set1_epi32(static_cast<int>(0x80000000u))));
-        return _mm256_mul_ps(_mm256_or_ps(mag, sign), _mm256_set1_ps(e8m0_to_float(b[0])));
-    }
-    static float one(const uint8_t* p, int64_t k) {
-        const uint8_t* b = p + (k / QK_MXFP4) * static_cast<int64_t>(sizeof(block_mxfp4));
-        const int j = static_cast<int>(k % QK_MXFP4);
-        const uint8_t q = b[offsetof(block_mxfp4, qs) + j % 16];
-        return fp4_e2m1_to_float(j < 16 ? q & 0xF : q >> 4) * e8m0_to_float(b[0]);
-    }
-};
-
 inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -203,46 +178,6 @@ void rowdot(int64_t K, const uint8_t* w, const float* x, size_t ldx, float* y, s
     }
 }
 
-// Decode of MXFP4 rows a whole block at a time (as fgemm_avx512.cpp): one
-// 16-byte load gives the block's 32 codes, four 8-lane vectors through the
-// E2M1 magnitudes (sign from bit 3), and the block's power-of-two scale
-// multiplies their summed products once.
-template <int C>
-void rowdot_mxfp4(int64_t K, const uint8_t* w, const float* x, size_t ldx, float* y, size_t ldy) {
-    const __m256 mags = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-    const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-    const auto e2m1 = [&](__m128i codes8) {  // 8 codes in the low nibbles of 8 bytes
-        const __m256i idx = _mm256_cvtepu8_epi32(_mm_and_si128(codes8, _mm_set1_epi8(0x0F)));
-        const __m256 sign = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(idx, 28), sign_bit));
-        return _mm256_or_ps(_mm256_permutevar8x32_ps(mags, idx), sign);
-    };
-    __m256 acc[2][C];
-    #pragma GCC unroll 16
-    for (int u = 0; u < 2; ++u)
-        #pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) acc[u][c] = _mm256_setzero_ps();
-    const int64_t nb = K / QK_MXFP4;  // K is a multiple of the block size
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = w + b * static_cast<int64_t>(sizeof(block_mxfp4));
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(block_mxfp4, qs)));
-        const __m128i qh = _mm_srli_epi16(q, 4);
-        const __m256 w0 = e2m1(q), w1 = e2m1(_mm_unpackhi_epi64(q, q));    // elements 0..7, 8..15
-        const __m256 w2 = e2m1(qh), w3 = e2m1(_mm_unpackhi_epi64(qh, qh));  // 16..23, 24..31
-        const __m256 s = _mm256_set1_ps(e8m0_to_float(blk[0]));
-        #pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) {
-            const float* xb = x + c * ldx + b * QK_MXFP4;
-            __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
-            t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), t);
-            t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), t);
-            t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), t);
-            acc[b & 1][c] = _mm256_fmadd_ps(t, s, acc[b & 1][c]);
-        }
-    }
-    #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) y[c * ldy] = hsum(_mm256_add_ps(acc[0][c], acc[1][c]));
-}
-
 // Rowdot: take the decode kernel (rowdot) for nc <= 3; without it every
 // output element has the same arithmetic whatever nr and nc (the tiles).
 template <class L, bool Rowdot>
@@ -250,15 +185,9 @@ void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t
     const auto* w = static_cast<const uint8_t*>(wv);
     if (Rowdot && nc <= 3) {
         for (int r = 0; r < nr; ++r) {
-            if constexpr (std::is_same_v<L, LoadMxfp4>) {
-                if (nc == 1) rowdot_mxfp4<1>(K, w + r * ldw, x, ldx, y + r, ldy);
-                else if (nc == 2) rowdot_mxfp4<2>(K, w + r * ldw, x, ldx, y + r, ldy);
-                else if (nc == 3) rowdot_mxfp4<3>(K, w + r * ldw, x, ldx, y + r, ldy);
-            } else {
-                if (nc == 1) rowdot<L, 1>(K, w + r * ldw, x, ldx, y + r, ldy);
-                else if (nc == 2) rowdot<L, 2>(K, w + r * ldw, x, ldx, y + r, ldy);
-                else if (nc == 3) rowdot<L, 3>(K, w + r * ldw, x, ldx, y + r, ldy);
-            }
+            if (nc == 1) rowdot<L, 1>(K, w + r * ldw, x, ldx, y + r, ldy);
+            else if (nc == 2) rowdot<L, 2>(K, w + r * ldw, x, ldx, y + r, ldy);
+            else if (nc == 3) rowdot<L, 3>(K, w + r * ldw, x, ldx, y + r, ldy);
         }
         return;
     }
@@ -286,8 +215,6 @@ const FKernels fkernels{4,
                         fgemm<LoadF8, true>,
                         fgemm<LoadNvfp4, true>,
                         fgemm<LoadF8, false>,
-                        fgemm<LoadNvfp4, false>,
-                        fgemm<LoadMxfp4, true>,
-                        fgemm<LoadMxfp4, false>};
+                        fgemm<LoadNvfp4, false>};
 
 }  // namespace quern::cpu::avx2

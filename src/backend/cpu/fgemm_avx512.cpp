@@ -1,5 +1,5 @@
 // AVX-512 kernels for float weights (F32, F16, BF16, and the weight-only
-// F8_E4M3_B32 / NVFP4 / MXFP4 decoded on load: kernels.h) x float activations.
+// F8_E4M3_B32 / NVFP4 decoded on load: kernels.h) x float activations.
 // y[c*ldy + r] = sum_k W[r][k] * x[c][k], fp32 accumulation.
 //
 // Register tile: R = 4 weight rows x C <= 4 activation rows, 16 zmm
@@ -19,7 +19,6 @@
 
 #include <cstddef>
 #include <cstring>
-#include <type_traits>
 
 #include "backend/cpu/kernels.h"
 #include "quant/blocks.h"
@@ -91,21 +90,6 @@ struct LoadNvfp4 {
         const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
                                           -2.0f, -3.0f, -4.0f, -6.0f);
         return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(codes), lut), _mm512_set1_ps(s));
-    }
-    static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) { return _mm512_maskz_mov_ps(m, load(p, k)); }
-};
-
-// Weight-only MXFP4: the 16 weights at element k (k % 16 == 0): the low
-// (elements 0..15 of the block) or high (16..31) nibbles of its 16 code
-// bytes through the E2M1 table, times 2^(e − 127).
-struct LoadMxfp4 {
-    static __m512 load(const uint8_t* p, int64_t k) {
-        const uint8_t* b = p + (k / QK_MXFP4) * static_cast<int64_t>(sizeof(block_mxfp4));
-        __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + offsetof(block_mxfp4, qs)));
-        if (k % QK_MXFP4) v = _mm_srli_epi16(v, 4);
-        const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
-                                          -2.0f, -3.0f, -4.0f, -6.0f);
-        return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(v), lut), _mm512_set1_ps(e8m0_to_float(b[0])));
     }
     static __m512 loadm(const uint8_t* p, int64_t k, __mmask16 m) { return _mm512_maskz_mov_ps(m, load(p, k)); }
 };
@@ -189,37 +173,6 @@ void rowdot(int64_t K, const uint8_t* w, const float* x, size_t ldx, float* y, s
         y[c * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][c], acc[1][c]), _mm512_add_ps(acc[2][c], acc[3][c])));
 }
 
-// Decode of MXFP4 rows a whole block at a time: one 16-byte load gives the
-// block's low and high halves, both through the E2M1 table, and the block's
-// scale multiplies their summed products once (a power of two: exact), which
-// takes a third of the instructions of the 16-element loader.
-template <int C>
-void rowdot_mxfp4(int64_t K, const uint8_t* w, const float* x, size_t ldx, float* y, size_t ldy) {
-    const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
-                                      -3.0f, -4.0f, -6.0f);
-    __m512 acc[2][C];
-    #pragma GCC unroll 16
-    for (int u = 0; u < 2; ++u)
-        #pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) acc[u][c] = _mm512_setzero_ps();
-    const int64_t nb = K / QK_MXFP4;  // K is a multiple of the block size
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = w + b * static_cast<int64_t>(sizeof(block_mxfp4));
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(block_mxfp4, qs)));
-        const __m512 lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(q), lut);
-        const __m512 hi = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_srli_epi16(q, 4)), lut);
-        const __m512 s = _mm512_set1_ps(e8m0_to_float(blk[0]));
-        #pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) {
-            const float* xb = x + c * ldx + b * QK_MXFP4;
-            const __m512 t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(xb)));
-            acc[b & 1][c] = _mm512_fmadd_ps(t, s, acc[b & 1][c]);
-        }
-    }
-    #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) y[c * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][c], acc[1][c]));
-}
-
 // Rowdot: take the decode kernel (rowdot) for nc <= 3; without it every
 // output element has the same arithmetic whatever nr and nc (the tiles).
 template <class L, bool Rowdot>
@@ -227,15 +180,9 @@ void fgemm(int64_t K, const void* wv, size_t ldw, int nr, const float* x, size_t
     const auto* w = static_cast<const uint8_t*>(wv);
     if (Rowdot && nc <= 3) {
         for (int r = 0; r < nr; ++r) {
-            if constexpr (std::is_same_v<L, LoadMxfp4>) {
-                if (nc == 1) rowdot_mxfp4<1>(K, w + r * ldw, x, ldx, y + r, ldy);
-                else if (nc == 2) rowdot_mxfp4<2>(K, w + r * ldw, x, ldx, y + r, ldy);
-                else if (nc == 3) rowdot_mxfp4<3>(K, w + r * ldw, x, ldx, y + r, ldy);
-            } else {
-                if (nc == 1) rowdot<L, 1>(K, w + r * ldw, x, ldx, y + r, ldy);
-                else if (nc == 2) rowdot<L, 2>(K, w + r * ldw, x, ldx, y + r, ldy);
-                else if (nc == 3) rowdot<L, 3>(K, w + r * ldw, x, ldx, y + r, ldy);
-            }
+            if (nc == 1) rowdot<L, 1>(K, w + r * ldw, x, ldx, y + r, ldy);
+            else if (nc == 2) rowdot<L, 2>(K, w + r * ldw, x, ldx, y + r, ldy);
+            else if (nc == 3) rowdot<L, 3>(K, w + r * ldw, x, ldx, y + r, ldy);
         }
         return;
     }
@@ -263,8 +210,6 @@ const FKernels fkernels{4,
                         fgemm<LoadF8, true>,
                         fgemm<LoadNvfp4, true>,
                         fgemm<LoadF8, false>,
-                        fgemm<LoadNvfp4, false>,
-                        fgemm<LoadMxfp4, true>,
-                        fgemm<LoadMxfp4, false>};
+                        fgemm<LoadNvfp4, false>};
 
 }  // namespace quern::cpu::avx512

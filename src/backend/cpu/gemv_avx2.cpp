@@ -12,6 +12,7 @@
 // Alignment: none (unaligned loads; nothing is read past a row's last block).
 #include <immintrin.h>
 
+#include <array>
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
@@ -60,12 +61,23 @@ inline float hsum(__m256 v) {
 // [a x4 | b x4]
 inline __m256 two_floats(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
 
-// ============================================================ Q4_0 / Q4_1 / Q5_0 / Q5_1
+// mxfp4_half_scale by table: one L1 load per block instead of its branches
+// (the kernel is instruction-bound in cache).
+const std::array<float, 256> kMxfp4Half = [] {
+    std::array<float, 256> t{};
+    for (int e = 0; e < 256; ++e) t[static_cast<size_t>(e)] = mxfp4_half_scale(static_cast<uint8_t>(e));
+    return t;
+}();
+
+// ============================================================ Q4_0 / Q4_1 / Q5_0 / Q5_1 / MXFP4
 
 // Block layout: BS bytes; d at 0; m at MOFF; qh (32 bits) at QH; qs (16 bytes) at QS.
-template <int BS, int MOFF, int QH, int QS, int NC>
+// Fp4 (MXFP4): byte 0 is the E8M0 exponent (D = 2^(e - 128)) and the nibbles
+// are E2M1 codes, looked up as u = kMxfp4U[code] (offset 12 as in Q4_0's 8).
+template <int BS, int MOFF, int QH, int QS, int NC, bool Fp4>
 void gemv_l4(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t ldy) {
     constexpr bool kMin = MOFF >= 0;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4U)));
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i b4 = _mm256_set1_epi8(0x10);
     const __m256i ones16 = _mm256_set1_epi16(1);
@@ -86,7 +98,12 @@ void gemv_l4(int64_t K, const uint8_t* w, const GemvAct* act, float* y, size_t l
             lo = _mm256_or_si256(lo, _mm256_and_si256(bits_to_bytes((h0 & 0xFFFFu) | (h1 << 16)), b4));
             hi = _mm256_or_si256(hi, _mm256_and_si256(bits_to_bytes((h0 >> 16) | (h1 & 0xFFFF0000u)), b4));
         }
-        const __m256 D = two_floats(f16(p0), two ? f16(p1) : 0.0f);
+        if constexpr (Fp4) {
+            lo = _mm256_shuffle_epi8(lut, lo);
+            hi = _mm256_shuffle_epi8(lut, hi);
+        }
+        const __m256 D = Fp4 ? two_floats(kMxfp4Half[p0[0]], two ? kMxfp4Half[p1[0]] : 0.0f)
+                             : two_floats(f16(p0), two ? f16(p1) : 0.0f);
         __m256 M;
         if constexpr (kMin) M = two_floats(f16(p0 + MOFF), two ? f16(p1 + MOFF) : 0.0f);
         const int64_t g = b0 / 4, half = (b0 % 4) / 2;  // group of 4 blocks, which pair in it
@@ -330,12 +347,12 @@ void rows(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* act, i
         }
 }
 
-template <int BS, int MOFF, int QH, int QS>
+template <int BS, int MOFF, int QH, int QS, bool Fp4 = false>
 struct L4K {
     template <int NC>
     struct F {
         static void run(int64_t K, const uint8_t* w, const GemvAct* a, float* y, size_t ldy) {
-            gemv_l4<BS, MOFF, QH, QS, NC>(K, w, a, y, ldy);
+            gemv_l4<BS, MOFF, QH, QS, NC, Fp4>(K, w, a, y, ldy);
         }
     };
 };
@@ -364,6 +381,7 @@ GemvFn gemv_for(DType t) {
         case DType::Q5_0: return rows<L4K<sizeof(block_q5_0), -1, 2, 6>::F>;
         case DType::Q5_1: return rows<L4K<sizeof(block_q5_1), 2, 4, 8>::F>;
         case DType::Q8_0: return rows<Q8K>;
+        case DType::MXFP4: return rows<L4K<sizeof(block_mxfp4), -1, -1, offsetof(block_mxfp4, qs), true>::F>;
         case DType::Q2_K: return rows<KK<KQ2>::F>;
         case DType::Q3_K: return rows<KK<KQ3>::F>;
         case DType::Q4_K: return rows<KK<KQ45<false>>::F>;

@@ -19,6 +19,8 @@
 //    permuted once per call to match), so each 32-bit lane of vpdpbusd holds 8
 //    products of one block. The constant offset (q - 8, q - 16) is folded into
 //    the accumulator's initial value, -B * sum(a) per lane, precomputed.
+//  * MXFP4 (17-byte blocks): as Q4_0, the codes through kMxfp4U (vpshufb), the
+//    E8M0 exponent for the fp16 scale.
 //  * Q8_0 (34-byte blocks): u = q ^ 0x80 (unsigned), offset 128 folded as above.
 //  * K-quants, one 256-element super-block per step: vpmaddubsw (u8 x s8 -> int16
 //    pairs) then vpdpwssd with the int16 sub-block scales replicated per pair, so
@@ -155,6 +157,63 @@ void gemv_l4(int64_t K, const uint8_t* w0, size_t ldw, int nr, const GemvAct* ac
         }
 #pragma GCC unroll 8
         for (int c = 0; c < NC; ++c) y[c * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[c], accm[c]));
+    }
+}
+
+// ============================================================ MXFP4
+
+// 17-byte blocks, 4 per step as Q4_0 (same lanes and activation layout): the
+// odd block size rules out Q4_0's word permutes, so each block's 16 code
+// bytes are loaded into their own 128-bit lane; the nibbles go through
+// kMxfp4U (vpshufb) to u = 2 e2m1 + 12, whose offset 12 is folded into the
+// accumulator as Q4_0's 8 is. The 4 exponent bytes sit at byte 0 of dwords
+// 0, 4, 8, 12 shifted by 0, 8, 16, 24 bits: one permute and a variable shift
+// give each lane its block's e.
+template <int NC>
+void gemv_mxfp4(int64_t K, const uint8_t* w0, size_t ldw, int nr, const GemvAct* act, float* y0, size_t ldy) {
+    constexpr int BS = sizeof(block_mxfp4);
+    constexpr int QS = offsetof(block_mxfp4, qs);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4U)));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i eidx = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    const __m512i eshift = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+    const int64_t nb = K / 32;
+    const int64_t ng = (nb + 3) / 4;
+    for (int row = 0; row < nr; ++row) {
+        const uint8_t* w = w0 + row * ldw;
+        float* y = y0 + row;
+        __m512 acc[NC];
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < ng; ++g) {
+            const uint8_t* p = w + 4 * g * BS;
+            prefetch_span<4 * BS>(p + kGemvPrefetchBytes);
+            const int64_t left = nb - 4 * g;  // blocks in this group (the rest is zero)
+            auto qs = [&](int b) {
+                return b < left ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + b * BS + QS))
+                                : _mm_setzero_si128();
+            };
+            __m512i Q = _mm512_castsi128_si512(qs(0));
+            Q = _mm512_inserti32x4(Q, qs(1), 1);
+            Q = _mm512_inserti32x4(Q, qs(2), 2);
+            Q = _mm512_inserti32x4(Q, qs(3), 3);
+            const __m512i E = left >= 4 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(bytes_mask(left * BS), p);
+            const __m512i e = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(eidx, E), eshift),
+                                               _mm512_set1_epi32(0xFF));
+            const __m512 D = mxfp4_half_scale_ps(e);
+            const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(Q, m4));
+            const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4));
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; ++c) {
+                const __m512i x = _mm512_loadu_si512(static_cast<const int32_t*>(act[c].lx) + 16 * g);
+                __m512i I = _mm512_dpbusd_epi32(x, lo, _mm512_loadu_si512(act[c].a + 128 * g));
+                I = _mm512_dpbusd_epi32(I, hi, _mm512_loadu_si512(act[c].a + 128 * g + 64));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(D, _mm512_loadu_ps(act[c].lf + 16 * g)),
+                                         acc[c]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; ++c) y[c * ldy] = _mm512_reduce_add_ps(acc[c]);
     }
 }
 
@@ -479,6 +538,12 @@ struct Q8K {
         gemv_q8_0<NC>(K, w, ldw, nr, a, y, ldy);
     }
 };
+template <int NC>
+struct MX4 {
+    static void run(int64_t K, const uint8_t* w, size_t ldw, int nr, const GemvAct* a, float* y, size_t ldy) {
+        gemv_mxfp4<NC>(K, w, ldw, nr, a, y, ldy);
+    }
+};
 template <class T>
 struct KK {
     template <int NC>
@@ -503,6 +568,8 @@ GemvFn gemv_for(DType t) {
             return rows<L4K<TQ5_1>::F>;
         case DType::Q8_0:
             return rows<Q8K>;
+        case DType::MXFP4:
+            return rows<MX4>;
         case DType::Q2_K:
             return rows<KK<KQ2>::F>;
         case DType::Q3_K:

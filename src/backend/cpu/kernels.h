@@ -4,7 +4,7 @@
 // How a quantized matrix product is computed
 // ------------------------------------------
 // Activations x are quantized per row to the weight type's 8-bit partner
-// (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants): int8
+// (Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants): int8
 // values a_k and one float scale per block, da.
 //
 // Scalar level: one function per weight type computes the dot product of a
@@ -17,7 +17,10 @@
 // with u_k an unsigned 8-bit integer (natural element order), D_s and Mn_s
 // floats per sub-block. For example Q4_0: u = nibble, D = d, Mn = -8d;
 // Q4_K: u = nibble, D = d*sc, Mn = -dmin*m; Q8_0: u = q + 128, D = d,
-// Mn = -128d. The dot product with an activation row is then
+// Mn = -128d; MXFP4: u = 2 * e2m1(q) + 12 (the doubled E2M1 values are the
+// integers 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12), D = 2^(e - 128) (half the block
+// scale, mxfp4_half_scale), Mn = -12 D: every weight exactly the reference's.
+// The dot product with an activation row is then
 //     sum_s  D_s * da_s * (sum_{k in s} u_k a_k)  +  Mn_s * dsa_s
 // where da_s is the activation scale of sub-block s and dsa_s = da_s * sum a_k
 // over the sub-block. The integer sums are vpdpbusd (u8 x s8) on AVX-512 VNNI
@@ -43,8 +46,12 @@
 // for one or two activation rows, a bandwidth-bound kernel cannot afford the
 // unpacking pass through an L1 buffer. They round differently from the GEMM.
 #pragma once
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "core/dtype.h"
 
@@ -170,22 +177,44 @@ struct QKernels {
     GemvFn (*gemv_for)(DType t);
     // unpack functions indexed by weight type; nullptr where not available
     UnpackFn unpack(DType t) const;
-    UnpackFn q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K;
+    UnpackFn q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, mxfp4;
 };
+
+/// D of MXFP4's unpacked form: 2^(e - 128), half the block scale 2^(e - 127)
+/// because u holds doubled E2M1 values; built from the bits, so exact for
+/// every e (e = 0, 1: the subnormals 2^-128, 2^-127; e = 0xFF: NaN, as the
+/// reference's scale). The SIMD kernels build the same bits.
+inline float mxfp4_half_scale(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : e == 0xFF ? 0x7FC00000u : static_cast<uint32_t>(e - 1) << 23;
+    return std::bit_cast<float>(bits);
+}
+/// u of MXFP4's unpacked form for each E2M1 code: 2 * e2m1(code) + 12.
+inline constexpr uint8_t kMxfp4U[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+#if defined(__AVX512F__)
+/// mxfp4_half_scale of 16 exponents (one per 32-bit lane, 0..255): the same bits.
+inline __m512 mxfp4_half_scale_ps(__m512i e) {
+    __m512i bits = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    bits = _mm512_mask_sllv_epi32(bits, _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)),
+                                  _mm512_set1_epi32(0x00200000), e);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0xFF)),
+                                 _mm512_set1_epi32(0x7FC00000));
+    return _mm512_castsi512_ps(bits);
+}
+#endif
 
 // ---------------------------------------------------------------- float weights
 /// y[c*ldy + r] = dot(W row r, x row c) for r < nr, c < nc. W rows have stride
 /// ldw bytes (type F32/F16/BF16, or a weight-only type below), x rows stride
 /// ldx floats.
 ///
-/// Weight-only FP8 / NVFP4 / MXFP4 (F8_E4M3_B32, NVFP4, MXFP4; quant/blocks.h) run through
+/// Weight-only FP8 / NVFP4 (F8_E4M3_B32, NVFP4; quant/blocks.h) run through
 /// the same kernels: the per-type loader turns the codes of one vector's worth
 /// of elements (16 on AVX-512, 8 on AVX2; always inside one block, K being a
 /// multiple of the block size) into f32 weights in registers — E4M3 codes
 /// through F16 (sign-extend, shift, mask: the E4M3 bits become an F16 value
 /// 2^-8 times theirs, converted exactly by vcvtph2ps) times d * 256; E2M1
 /// codes through a 16-entry table (vpermps) times the group's
-/// f32(e4m3(sc) * d), or MXFP4's 2^(e − 127) — so every weight is exactly the scalar reference's
+/// f32(e4m3(sc) * d) — so every weight is exactly the scalar reference's
 /// value (quant/reference_fp.cpp) and the product with f32 activations
 /// rounds as for F32 weights. The kernels stay memory-bound in decode; the
 /// dequantization costs a few instructions per vector.
@@ -202,14 +231,14 @@ struct FKernels {
     // the same without the decode special case (nc <= 3): every output
     // element computed alike whatever nr and nc (batch-invariant)
     FGemmFn f32_tiled, f16_tiled, bf16_tiled;
-    // weight-only F8_E4M3_B32, NVFP4 and MXFP4, with and without the decode case
-    FGemmFn f8, nvfp4, f8_tiled, nvfp4_tiled, mxfp4, mxfp4_tiled;
+    // weight-only F8_E4M3_B32 and NVFP4, with and without the decode case
+    FGemmFn f8, nvfp4, f8_tiled, nvfp4_tiled;
 };
 /// True for the types the float kernels run although their blocks hold more
-/// than one element (F8_E4M3_B32, NVFP4, MXFP4).
-inline bool is_weight_only_type(DType t) {
-    return t == DType::F8_E4M3_B32 || t == DType::NVFP4 || t == DType::MXFP4;
-}
+/// than one element (F8_E4M3_B32, NVFP4). MXFP4 is not one of them: its
+/// doubled E2M1 values are small integers, so it takes Q8_0 activations and
+/// the integer kernels, as Q4_0 does.
+inline bool is_weight_only_type(DType t) { return t == DType::F8_E4M3_B32 || t == DType::NVFP4; }
 
 // ---------------------------------------------------------------- per-level tables
 #define QUERN_CPU_DECLARE_UNPACKERS(X)                                                                           \
@@ -222,7 +251,8 @@ inline bool is_weight_only_type(DType t) {
     void X##q3_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
     void X##q4_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
     void X##q5_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
-    void X##q6_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);
+    void X##q6_K(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);                 \
+    void X##mxfp4(const uint8_t*, size_t, int, int64_t, uint8_t*, size_t, float*, float*, size_t);
 namespace scalar {
 extern const ActQuantizers quantizers;
 ScalarDotFn dot_fn(DType t);  // nullptr if unsupported

@@ -175,7 +175,6 @@ void matmul_float(const Tensor& W, const float* x, int64_t n, float* y, int64_t 
         case DType::BF16: fn = tiled ? fk.bf16_tiled : fk.bf16; break;
         case DType::F8_E4M3_B32: fn = tiled ? fk.f8_tiled : fk.f8; break;
         case DType::NVFP4: fn = tiled ? fk.nvfp4_tiled : fk.nvfp4; break;
-        case DType::MXFP4: fn = tiled ? fk.mxfp4_tiled : fk.mxfp4; break;
         default: fail("matmul: no float kernel for {}", dtype_name(W.type));
     }
     const int64_t K = W.ne[0], M = W.ne[1];

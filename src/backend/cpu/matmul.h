@@ -11,7 +11,8 @@ namespace quern::cpu {
 /// y = x · Wᵀ for a batch of n activation rows.
 ///   W: ne[0] = K (row length, contiguous), ne[1] = M rows, any type with a
 ///      CPU kernel (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K,
-///      and the weight-only F8_E4M3_B32 and NVFP4 of FP8 / NVFP4 checkpoints).
+///      MXFP4, and the weight-only F8_E4M3_B32 and NVFP4 of FP8 / NVFP4
+///      checkpoints).
 ///   x: n rows of K floats, row stride K.
 ///   y: n rows of M floats, row stride ldy >= M.
 /// Activations are quantized to the weight type's 8-bit partner (Q8_0, Q8_1

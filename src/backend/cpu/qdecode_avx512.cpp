@@ -186,8 +186,8 @@ struct Prefetcher {
 // ---------------------------------------------------------------- direct loaders
 // The 32-element block types go from their blocks straight to the interleaved
 // form, 16 rows at a time, with the values the unpackers (unpack_avx512.cpp)
-// give: u = nibble (+ 16 for the fifth bit) or q + 128, D = d * 1, Mn = m * 1
-// or d * -bias (the same float multiplications).
+// give: u = nibble (+ 16 for the fifth bit), q + 128 or MXFP4's kMxfp4U[code],
+// D = d * 1, Mn = m * 1 or d * -bias (the same float multiplications).
 
 // The fp16 value in the low (Hi = false) or high half of each 32-bit lane, times mul.
 template <bool Hi>
@@ -254,12 +254,15 @@ struct MulSink {
 // block, the 16 rows' 16 bytes of nibbles become four vectors of one dword per
 // row (a 4 x 4 dword transpose in each 128-bit lane, then of the lanes); low
 // nibbles are elements 0-15, high nibbles 16-31; Q5 adds bit j of qh as 16.
-template <int BS, int DOFF, int MOFF, int QS, int QH, int BIAS, class Sink>
+// Fp4 (MXFP4): the nibbles are E2M1 codes, u = kMxfp4U[code], and byte 0 is
+// the exponent e: D = 2^(e - 128), Mn = D * -12, as unpack_mxfp4 gives them.
+template <int BS, int DOFF, int MOFF, int QS, int QH, int BIAS, bool Fp4, class Sink>
 __attribute__((noinline)) void load_legacy(const uint8_t* w, size_t ldw, __m512i idx, int64_t K, Sink& sink,
                                            const Prefetcher& pf) {
     const int64_t nb = K / 32;
     const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4U)));
     // bit i of a 4-bit index -> 16 in byte i
     const __m512i spread = _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000,
                                              0x00100010, 0x00101000, 0x00101010, 0x10000000, 0x10000010,
@@ -290,16 +293,22 @@ __attribute__((noinline)) void load_legacy(const uint8_t* w, size_t ldw, __m512i
 #pragma GCC unroll 8
         for (int g = 0; g < 8; ++g) {
             u[g] = g < 4 ? _mm512_and_si512(V[g], m4) : _mm512_and_si512(_mm512_srli_epi16(V[g - 4], 4), m4);
+            if constexpr (Fp4) u[g] = _mm512_shuffle_epi8(lut, u[g]);
             if constexpr (QH >= 0)
                 u[g] = _mm512_or_si512(u[g], _mm512_permutexvar_epi32(_mm512_and_si512(_mm512_srli_epi32(H, 4 * g),
                                                                                        _mm512_set1_epi32(15)),
                                                                       spread));
         }
-        // d (and m right after it) of the 16 rows: one gather
+        // d (and m right after it) of the 16 rows, or their exponents: one gather
         static_assert(DOFF == 0 && (MOFF < 0 || MOFF == 2));
         const __m512i dm = _mm512_i32gather_epi32(idx, w + b * BS, 1);
-        sink.block(b, u, f16_lanes<false>(dm, 1.0f),
-                   MOFF >= 0 ? f16_lanes<true>(dm, 1.0f) : f16_lanes<false>(dm, -static_cast<float>(BIAS)));
+        if constexpr (Fp4) {
+            const __m512 D = mxfp4_half_scale_ps(_mm512_and_si512(dm, _mm512_set1_epi32(0xFF)));
+            sink.block(b, u, D, _mm512_mul_ps(D, _mm512_set1_ps(-static_cast<float>(BIAS))));
+        } else {
+            sink.block(b, u, f16_lanes<false>(dm, 1.0f),
+                       MOFF >= 0 ? f16_lanes<true>(dm, 1.0f) : f16_lanes<false>(dm, -static_cast<float>(BIAS)));
+        }
         pf.fetch(static_cast<size_t>(b), static_cast<size_t>(nb));
     }
     sink.finish();
@@ -360,10 +369,11 @@ inline void copy_bytes(uint8_t* dst, const uint8_t* src, size_t n) {
 template <class Sink>
 void load_type(DType type, const uint8_t* w, size_t ldw, __m512i idx, int64_t K, Sink& sink, const Prefetcher& pf) {
     switch (type) {
-        case DType::Q4_0: load_legacy<18, 0, -1, 2, -1, 8>(w, ldw, idx, K, sink, pf); break;
-        case DType::Q4_1: load_legacy<20, 0, 2, 4, -1, 0>(w, ldw, idx, K, sink, pf); break;
-        case DType::Q5_0: load_legacy<22, 0, -1, 6, 2, 16>(w, ldw, idx, K, sink, pf); break;
-        case DType::Q5_1: load_legacy<24, 0, 2, 8, 4, 0>(w, ldw, idx, K, sink, pf); break;
+        case DType::Q4_0: load_legacy<18, 0, -1, 2, -1, 8, false>(w, ldw, idx, K, sink, pf); break;
+        case DType::Q4_1: load_legacy<20, 0, 2, 4, -1, 0, false>(w, ldw, idx, K, sink, pf); break;
+        case DType::Q5_0: load_legacy<22, 0, -1, 6, 2, 16, false>(w, ldw, idx, K, sink, pf); break;
+        case DType::Q5_1: load_legacy<24, 0, 2, 8, 4, 0, false>(w, ldw, idx, K, sink, pf); break;
+        case DType::MXFP4: load_legacy<17, 0, -1, 1, -1, 12, true>(w, ldw, idx, K, sink, pf); break;
         default: load_q8_0(w, ldw, idx, K, sink, pf); break;
     }
 }
@@ -382,6 +392,7 @@ bool decode_direct(DType type, const uint8_t* w, size_t ldw, int nr, int64_t K, 
                    : type == DType::Q5_0 ? 22
                    : type == DType::Q5_1 ? 24
                    : type == DType::Q8_0 ? 34
+                   : type == DType::MXFP4 ? 17
                                          : 0;
     if (BS == 0) return false;
     const size_t rb = static_cast<size_t>(K / 32 * BS);

@@ -164,6 +164,7 @@ const QKernels qkernels{
     unpack_q4_K,
     unpack_q5_K,
     unpack_q6_K,
+    unpack_mxfp4,
 };
 
 }  // namespace quern::cpu::avx512

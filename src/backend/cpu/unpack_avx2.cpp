@@ -129,6 +129,26 @@ void unpack_q4_0(const uint8_t* w, size_t ldw, int nr, int64_t K, uint8_t* u, si
                  size_t lds) {
     unpack_legacy<sizeof(block_q4_0), 0, -1, 2, -1, 8>(w, ldw, nr, K, u, ldu, D, Mn, lds);
 }
+// MXFP4: u = kMxfp4U[code] (vpshufb of the nibbles), D = 2^(e - 128), Mn = -12 D.
+void unpack_mxfp4(const uint8_t* w, size_t ldw, int nr, int64_t K, uint8_t* u, size_t ldu, float* D, float* Mn,
+                  size_t lds) {
+    constexpr int BS = sizeof(block_mxfp4);
+    const int64_t nb = K / QK_MXFP4;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4U)));
+    for (int r = 0; r < nr; ++r) {
+        const uint8_t* row = w + r * ldw;
+        for (int64_t i = 0; i < nb; ++i) {
+            const uint8_t* b = row + i * BS;
+            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + offsetof(block_mxfp4, qs)));
+            const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m4);
+            store256(u + r * ldu + 32 * i, _mm256_shuffle_epi8(lut, q));
+            const float d = mxfp4_half_scale(b[0]);
+            D[r * lds + i] = d;
+            Mn[r * lds + i] = -12.0f * d;
+        }
+    }
+}
 void unpack_q4_1(const uint8_t* w, size_t ldw, int nr, int64_t K, uint8_t* u, size_t ldu, float* D, float* Mn,
                  size_t lds) {
     unpack_legacy<sizeof(block_q4_1), 0, 2, 4, -1, 0>(w, ldw, nr, K, u, ldu, D, Mn, lds);

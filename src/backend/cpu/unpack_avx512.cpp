@@ -1,6 +1,6 @@
 // AVX-512 unpackers: quantized weight rows -> the common form of kernels.h,
 //     w_k = D_s * u_k + Mn_s,  u_k uint8 in natural element order,
-// with D_s, Mn_s per sub-block of G = 32 (Q4_0..Q8_0, Q4_K, Q5_K) or
+// with D_s, Mn_s per sub-block of G = 32 (Q4_0..Q8_0, MXFP4, Q4_K, Q5_K) or
 // G = 16 (Q2_K, Q3_K, Q6_K) elements.
 //
 // Layouts: weight rows are GGUF blocks at any alignment (unaligned loads);
@@ -57,9 +57,11 @@ inline void gather_f16(const uint8_t* row, int bs, int off, int64_t nb, float mu
 
 // ---------------------------------------------------------------- 32-element blocks
 // Q4/Q5 nibbles: element j < 16 = low nibble of qs[j], j + 16 = high nibble;
-// Q5 adds bit e of the 32-bit qh as bit 4. Q8_0: u = q + 128.
-template <int BS, int QS, int QH>
+// Q5 adds bit e of the 32-bit qh as bit 4. Q8_0: u = q + 128. Fp4 (MXFP4):
+// each nibble is an E2M1 code, looked up in kMxfp4U (vpshufb).
+template <int BS, int QS, int QH, bool Fp4 = false>
 void unpack_nibble_row(const uint8_t* row, int64_t nb, uint8_t* u) {
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4U)));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i b4 = _mm512_set1_epi8(0x10);
     const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
@@ -82,6 +84,10 @@ void unpack_nibble_row(const uint8_t* row, int64_t nb, uint8_t* u) {
             o0 = _mm512_mask_add_epi8(o0, h0, o0, b4);
             o1 = _mm512_mask_add_epi8(o1, h1, o1, b4);
         }
+        if constexpr (Fp4) {
+            o0 = _mm512_shuffle_epi8(lut, o0);
+            o1 = _mm512_shuffle_epi8(lut, o1);
+        }
         _mm512_storeu_si512(u + i * 32, o0);
         _mm512_storeu_si512(u + i * 32 + 64, o1);
     }
@@ -92,6 +98,7 @@ void unpack_nibble_row(const uint8_t* row, int64_t nb, uint8_t* u) {
         const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(0x0F));
         __m256i o = _mm256_set_m128i(hi, lo);
         if constexpr (QH >= 0) o = _mm256_mask_add_epi8(o, rd32(b + QH), o, _mm256_set1_epi8(0x10));
+        if constexpr (Fp4) o = _mm256_shuffle_epi8(_mm512_castsi512_si256(lut), o);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + i * 32), o);
     }
 }
@@ -116,6 +123,21 @@ void unpack_legacy(const uint8_t* w, size_t ldw, int nr, int64_t K, uint8_t* u, 
 void unpack_q4_0(const uint8_t* w, size_t ldw, int nr, int64_t K, uint8_t* u, size_t ldu, float* D, float* Mn,
                  size_t lds) {
     unpack_legacy<sizeof(block_q4_0), 0, -1, 2, -1, 8>(w, ldw, nr, K, u, ldu, D, Mn, lds);
+}
+// MXFP4: u = kMxfp4U[code], D = 2^(e - 128), Mn = -12 D (kernels.h).
+void unpack_mxfp4(const uint8_t* w, size_t ldw, int nr, int64_t K, uint8_t* u, size_t ldu, float* D, float* Mn,
+                  size_t lds) {
+    constexpr int BS = sizeof(block_mxfp4);
+    const int64_t nb = K / QK_MXFP4;
+    for (int r = 0; r < nr; ++r) {
+        const uint8_t* row = w + r * ldw;
+        unpack_nibble_row<BS, offsetof(block_mxfp4, qs), -1, true>(row, nb, u + r * ldu);
+        for (int64_t i = 0; i < nb; ++i) {
+            const float d = mxfp4_half_scale(row[i * BS]);
+            D[r * lds + i] = d;
+            Mn[r * lds + i] = -12.0f * d;
+        }
+    }
 }
 void unpack_q4_1(const uint8_t* w, size_t ldw, int nr, int64_t K, uint8_t* u, size_t ldu, float* D, float* Mn,
                  size_t lds) {

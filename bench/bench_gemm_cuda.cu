@@ -18,7 +18,8 @@
 //   bq    bq_gemm on the small-batch layout (n <= kBqMaxRows only);
 //   qw    qw_gemm on the resident layout (qw_gemm.h; sm_90a, Q4_K / Q6_K),
 //         its default kernel shape, and with --qw-shapes each forced shape
-//         (qw32x1 .. qw128x2: tokens per block × weight groups per warpgroup).
+//         (qw32x1 .. qw128x2, qw256x1: tokens per block × weight groups per
+//         warpgroup).
 // Method: random blocks with sane scales; enough copies of each form that a
 // round of them exceeds the L2 (every call reads DRAM, as a model's layers
 // do); 3 warm-up calls, then the median of --reps rounds of 10 calls each,
@@ -209,8 +210,9 @@ int main(int argc, char** argv) {
                 const auto qw = [&](size_t i) { qw_gemm(wq[i % wq.size()], 0, sh.N, x, n, dy2.as<float>(), sh.N, s); };
                 report("qw", qb, qw);
                 if (qw_shapes)
-                    for (int tok : {32, 64, 128})
+                    for (int tok : {32, 64, 128, 256})
                         for (int grp : {1, 2}) {
+                            if (tok == 256 && grp == 2) continue;  // one group at 256 tokens
                             qw_gemm_set_shape(tok, grp);
                             const std::string name = "qw" + std::to_string(tok) + "x" + std::to_string(grp);
                             report(name.c_str(), qb, qw);

@@ -230,16 +230,18 @@ std::array<int, kMaxSplits + 1> active_clusters(Kernel kernel, int smem) {
 
 // The K splits for bx row groups of C chunks: the count s (at most
 // kMaxSplits, each split at least four chunks) with the least
-// ceil(bx / active[s]) · ceil(C / s) — waves of clusters times the chunks
-// each block walks — and the fewest splits among equals. (Filling the SMs
-// by rounding up instead left a second, mostly empty wave: 30-40% longer on
-// Llama-3-8B's gate/up at 32 rows.)
-int64_t pick_splits(int64_t bx, int64_t C, const std::array<int, kMaxSplits + 1>& active) {
+// ceil(bx / active[s]) · (ceil(C / s) + (s > 1 ? reduce : 0)) — waves of
+// clusters times the chunks each block walks, plus what adding the
+// partial sums over the cluster costs in chunks (reduce: 0 where the
+// partials are small, as bq_gemm's) — and the fewest splits among equals.
+// (Filling the SMs by rounding up instead left a second, mostly empty wave:
+// 30-40% longer on Llama-3-8B's gate/up at 32 rows.)
+int64_t pick_splits(int64_t bx, int64_t C, const std::array<int, kMaxSplits + 1>& active, int64_t reduce = 0) {
     const int64_t most = std::clamp<int64_t>(C / 4, 1, kMaxSplits);
     int64_t best = 1, best_cost = -1;
     for (int64_t s = 1; s <= most; ++s) {
         const int64_t cps = (C + s - 1) / s, a = active[static_cast<size_t>(s)];
-        const int64_t cost = (bx + a - 1) / a * cps;
+        const int64_t cost = (bx + a - 1) / a * (cps + (s > 1 ? reduce : 0));
         if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
     }
     return best;

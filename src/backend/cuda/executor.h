@@ -351,6 +351,10 @@ private:
     /// Whether a pass of n rows multiplies the pieces ps through their fused
     /// BF16 copy f (qkv: Q|K|V's rule, see the definition).
     static bool use_fused(const DeviceWeight& f, const std::vector<Piece>& ps, int64_t n, bool qkv);
+    /// The pieces ps (a layer's Q|K|V or gate|up kept apart) times the n
+    /// BF16 rows xb, piece p into columns p.offset .. of y (row stride ldy):
+    /// PrefillGemm::run_bf16_pieces (one launch where qw_gemm takes them all).
+    void run_pieces(const std::vector<Piece>& ps, const uint16_t* xb, int64_t n, float* y, int64_t ldy);
     /// Layer L's attention over the n rows of layer_rows (normed input xb in
     /// BF16; paged as there), through its output projection into H.
     void rows_attention(const LayerWeights& L, const BlockPlanLayer& P, int64_t n, int64_t pos0,

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -461,6 +462,33 @@ void PrefillGemm::matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int6
 void PrefillGemm::run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
                            cudaStream_t stream) {
     run_bf16_rows(w, 0, w.N, xb, n, y, ldy, stream);
+}
+
+void PrefillGemm::run_bf16_pieces(const DeviceWeight* const* ws, const int64_t* cols, int count, const uint16_t* xb,
+                                  int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+    // The pieces qw_gemm takes go in launches of one type and K (Q4_K_M
+    // files mix Q4_K and Q6_K among a layer's Q, K and V); the rest one by one.
+    const auto qw = [&](int i) {
+        return uses_qw(*ws[i], n) && n <= max_n_ && ws[i]->K <= max_k_ && reinterpret_cast<uintptr_t>(xb) % 16 == 0;
+    };
+    std::array<bool, 16> done{};
+    if (count > static_cast<int>(done.size())) throw_error("PrefillGemm: too many pieces");
+    for (int i = 0; i < count; ++i) {
+        if (done[static_cast<size_t>(i)]) continue;
+        if (!qw(i)) {
+            run_bf16(*ws[i], xb, n, y + cols[i], ldy, stream);
+            continue;
+        }
+        QwPiece ps[kQwMaxPieces];
+        int m = 0;
+        for (int j = i; j < count && m < kQwMaxPieces; ++j)
+            if (!done[static_cast<size_t>(j)] && qw(j) && ws[j]->type == ws[i]->type && ws[j]->K == ws[i]->K) {
+                ps[m++] = QwPiece{ws[j], 0, ws[j]->N, cols[j]};
+                done[static_cast<size_t>(j)] = true;
+            }
+        qw_gemm_pieces(ps, m, xb, n, y, ldy, stream);
+        if (hook_) hook_("gemm");
+    }
 }
 
 bool PrefillGemm::run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,

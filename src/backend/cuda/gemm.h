@@ -114,6 +114,13 @@ public:
     /// (bq_gemm.h: its rounding of the weights differs slightly).
     void run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
 
+    /// run_bf16 of count (<= 16) matrices sharing xb, matrix i into columns
+    /// cols[i] .. of y (row stride ldy): those qw_gemm takes (uses_qw) in
+    /// qw_gemm_pieces launches of one type and K each (a layer's Q, K and V
+    /// kept apart: one launch instead of three), the rest by run_bf16.
+    void run_bf16_pieces(const DeviceWeight* const* ws, const int64_t* cols, int count, const uint16_t* xb,
+                         int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+
     /// Whether run_bf16 multiplies n rows by w with bq_gemm: w has a bq
     /// layout, n <= kBqMaxRows, and — when w also has a resident BF16 copy —
     /// n is at most where bq_gemm is faster than the copy with cuBLASLt on an

@@ -49,6 +49,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(n));
 }
 
+/// cp_async16 to a shared-space address (as __cvta_generic_to_shared gives).
+__device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(n));
+}
+
 /// Closes this thread's group of cp.async copies issued so far.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
@@ -140,7 +146,7 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
            uint64_t{1} << 62;
 }
 
-/// d += A·B for one wgmma.m64nNk16 (N = 8·NT, NT = 4, 8 or 16), BF16 inputs, fp32
+/// d += A·B for one wgmma.m64nNk16 (N = 8·NT, NT = 4, 8, 16 or 32), BF16 inputs, fp32
 /// accumulators, A from registers, B (N × 16, K-major) from shared memory by
 /// descriptor. Warp w of the warpgroup holds rows 16w .. 16w+15 of A and D in
 /// exactly mma_bf16's fragment layout: a as there, d[t][0..3] = the m16n8
@@ -209,5 +215,36 @@ __device__ __forceinline__ void wgmma_bf16<16>(float (&d)[16][4], const uint32_t
     __trap();
 #endif
 }
+
+// The 32 accumulator operands of tiles t .. t+7 (wgmma_bf16<32>'s 128).
+#define QUERN_WG_D1(t) "+f"(d[t][0]), "+f"(d[t][1]), "+f"(d[t][2]), "+f"(d[t][3])
+#define QUERN_WG_D8(t)                                                                                       \
+    QUERN_WG_D1(t), QUERN_WG_D1(t + 1), QUERN_WG_D1(t + 2), QUERN_WG_D1(t + 3), QUERN_WG_D1(t + 4), \
+        QUERN_WG_D1(t + 5), QUERN_WG_D1(t + 6), QUERN_WG_D1(t + 7)
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<32>(float (&d)[32][4], const uint32_t (&a)[4], uint64_t desc) {
+#ifdef QUERN_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, {%128,%129,%130,%131}, %132, p, 1, 1, 0;\n}\n"
+        : QUERN_WG_D8(0), QUERN_WG_D8(8), QUERN_WG_D8(16), QUERN_WG_D8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+#undef QUERN_WG_D8
+#undef QUERN_WG_D1
 
 }  // namespace quern::cuda::mma

@@ -6,25 +6,24 @@
 // per weight of the GGUF file once per 128 activation rows.
 //
 // Method (sm_90a only: wgmma): a block of two warpgroups multiplies 128 or
-// 256 weight rows by 32, 64 or 128 activation rows over a range of K. Per
-// chunk of 64 elements it copies the weight rows' quants and scales and the
-// activation rows (BF16) into a ring of shared-memory stages (cp.async,
-// three chunks ahead); each warp decodes its 16-row tiles into the A
-// fragments of wgmma.m64nNk16 in registers (the integer-in-mantissa trick
-// of bq_gemm.h: 128 + q as BF16 bits, then one HSUB2 and one HFMA2 per
-// pair), and the warpgroup multiplies them by the staged activations (B
-// from shared memory) while the next chunk is decoded. K may be split over
-// a thread block cluster whose partial sums are added in a fixed order.
+// 256 weight rows by 32, 64, 128 or 256 activation rows over a range of K.
+// Per chunk of 64 elements it copies the weight rows' quants and scales and
+// the activation rows (BF16, wgmma's 128-byte swizzle) into a ring of
+// shared-memory stages (cp.async, three chunks ahead); each lane turns one
+// (row, sub-block) scale into BF16 pairs for its warp, each warp decodes its
+// 16-row tiles into the A fragments of wgmma.m64nNk16 in registers (the
+// integer-in-mantissa trick of bq_gemm.h: 128 + q as BF16 bits, then one
+// HSUB2 and one HFMA2 per pair), and the warpgroup multiplies them by the
+// staged activations (B from shared memory) while the next step is decoded.
+// K may be split over a thread block cluster whose partial sums are added in
+// a fixed order. qw_gemm_pieces puts up to three matrices in one launch.
 //
-// Speed (one H100, Llama-3-8B's matrices, bench/batched-cuda-h200.md): not
-// yet what the method allows. With the activations in wgmma's 128-byte
-// swizzle (1.5x faster than the interleaved layout at 2048 rows): 0.5-1.0
-// TB/s of the weights at 16 rows (the BF16 copies with cuBLASLt 2-2.7 TB/s
-// of theirs) and 190-280 TFLOP/s at 2048 rows (copies 740-790). Measured
-// limits: with no copies and no decoding at all a product of 16 rows still
-// takes ~21 us where its weights need ~5, and at 2048 rows ~315 TFLOP/s —
-// the chunk loop's fixed costs, not memory. So the batch runner takes it
-// only with Tuning::qw (tuning.h).
+// Speed (one H100, Llama-3-8B's matrices, bench/batched-cuda-h200.md): the
+// instructions each warp issues per chunk bound it (~250 for Q4_K). At 16-64
+// rows 1.0-1.1 TB/s of the weights (gate|up at 64 rows faster than the BF16
+// copies with cuBLASLt, which read 3.6x the bytes; bq_gemm is faster below
+// ~32 rows); at 2048 rows 400-480 TFLOP/s against the copies' 750-810. So
+// the batch runner takes it only with Tuning::qw (tuning.h).
 //
 // Numerics: as the bq path — each weight is formed in BF16 from its integer
 // q and its group's scale rounded to BF16 (the offset folded so that it
@@ -56,10 +55,32 @@ bool qw_supported(DType t, int64_t K);
 void qw_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* xb, int64_t n, float* y,
              int64_t ldy, cudaStream_t stream);
 
+/// The most matrices one qw_gemm_pieces launch multiplies.
+inline constexpr int kQwMaxPieces = 3;
+
+/// One matrix of a qw_gemm_pieces launch: weight rows row0 .. row0+rows−1
+/// of *w into output columns ycol .. ycol+rows−1.
+struct QwPiece {
+    const DeviceWeight* w = nullptr;
+    int64_t row0 = 0, rows = 0, ycol = 0;
+};
+
+/// qw_gemm of up to kQwMaxPieces matrices sharing the activations xb in one
+/// launch (a layer's Q, K and V, or gate and up, kept apart in memory): for
+/// each piece p, y[r·ldy + p.ycol + j] = Σ_k xb[r·K + k] · p.w[p.row0 + j][k]
+/// for r < n, j < p.rows. One launch instead of one per matrix: the small
+/// matrices (K and V of GQA models) alone fill few of the GPU's SMs.
+/// Preconditions (else quern::Error): 1 <= count <= kQwMaxPieces, every
+/// piece's w of one type and K that qw_supported takes, row ranges inside
+/// their matrices, ycol >= 0 and ycol + rows <= ldy; xb, y, n as qw_gemm.
+void qw_gemm_pieces(const QwPiece* pieces, int count, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
+                    cudaStream_t stream);
+
 /// The kernel shape qw_gemm uses, for measurements (bench_gemm_cuda):
-/// tokens 32, 64 or 128 activation rows per block (0: by n), groups 1 or 2
-/// 64-row weight groups per warpgroup (0: by the shape). Out-of-range
-/// values are clamped; set both to 0 to restore the default.
+/// tokens 32, 64, 128 or 256 activation rows per block (0: by n), groups 1
+/// or 2 64-row weight groups per warpgroup (0: by the shape; 256 tokens
+/// take one). Out-of-range values are clamped; set both to 0 to restore the
+/// default.
 void qw_gemm_set_shape(int tokens, int groups);
 
 }  // namespace quern::cuda

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -295,7 +296,7 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
                 gemm_->run_bf16(L.down.w, hb, n, H, E, s);
             } else {
                 if (fused(L.gate_up_bf16, gu)) gemm_->run_bf16(L.gate_up_bf16, xb, n, GU, 2 * FF, s);
-                else for (const Piece& p : gu) gemm_->run_bf16(p.w, xb, n, GU + p.offset, 2 * FF, s);
+                else run_pieces(gu, xb, n, GU, 2 * FF);
                 glu_rows_bf16(GU, 2 * FF, n, FF, xb, gelu, s);
                 mark("glu");
                 gemm_->run_bf16(L.down.w, xb, n, H, E, s);
@@ -340,7 +341,7 @@ void CudaExecutor::rows_attention(const LayerWeights& L, const BlockPlanLayer& P
     float* ATT = gated ? pga_.as<float>() + QD : pattn_.as<float>();
     const int64_t LA = gated ? 2 * QD : QD;
     if (fused) gemm_->run_bf16(L.qkv_bf16, xb, n, QKV, LQ, s);
-    else for (const Piece& p : L.qkv) gemm_->run_bf16(p.w, xb, n, QKV + p.offset, LQ, s);
+    else run_pieces(L.qkv, xb, n, QKV, LQ);
     const AttentionSpec& A = *P.attn;
     auto* kc = kv_.as<uint8_t>() + 2 * static_cast<size_t>(A.kv_layer) * kv_layer_bytes_;
     auto* vc = kc + kv_layer_bytes_;
@@ -392,6 +393,20 @@ void CudaExecutor::rows_attention(const LayerWeights& L, const BlockPlanLayer& P
     }
 }
 
+void CudaExecutor::run_pieces(const std::vector<Piece>& ps, const uint16_t* xb, int64_t n, float* y, int64_t ldy) {
+    constexpr size_t kMost = 8;  // pieces of one layer's product: at most 3 today
+    if (ps.size() > kMost) {
+        for (const Piece& p : ps) gemm_->run_bf16(p.w, xb, n, y + p.offset, ldy, ctx_.stream());
+        return;
+    }
+    std::array<const DeviceWeight*, kMost> ws{};
+    std::array<int64_t, kMost> cols{};
+    for (size_t i = 0; i < ps.size(); ++i) {
+        ws[i] = &ps[i].w;
+        cols[i] = ps[i].offset;
+    }
+    gemm_->run_bf16_pieces(ws.data(), cols.data(), static_cast<int>(ps.size()), xb, n, y, ldy, ctx_.stream());
+}
 
 bool CudaExecutor::use_fused(const DeviceWeight& f, const std::vector<Piece>& ps, int64_t n, bool qkv) {
     // The fused copy unless the pieces go through bq_gemm at this size; for

@@ -40,9 +40,10 @@ struct Tuning {
     int bq_wgmma = -1;
     /// QUERN_CUDA_QW=1: the batch runner multiplies the Q4_K / Q6_K matrices
     /// from their resident layout with qw_gemm (qw_gemm.h) instead of making
-    /// BF16 copies and bq layouts of them: no second copy of the model, but
-    /// still 1.3-4x slower per product than the copies (0, the default;
-    /// bench/batched-cuda-h200.md). Only where sm_90a runs.
+    /// BF16 copies and bq layouts of them: no second copy of the model; as
+    /// fast as the copies at 64 sequences, slower below (bq_gemm) and from
+    /// ~128 on (0, the default; bench/batched-cuda-h200.md). Only where
+    /// sm_90a runs.
     int qw = 0;
     /// QUERN_CUDA_QW_ROWS=N: PrefillGemm::uses_qw takes qw_gemm up to N
     /// activation rows (-1: kQwRows, gemm.h).

@@ -77,7 +77,8 @@ void qw_gemm_pieces(const QwPiece* pieces, int count, const uint16_t* xb, int64_
                     cudaStream_t stream);
 
 /// The kernel shape qw_gemm uses, for measurements (bench_gemm_cuda):
-/// tokens 32, 64, 128 or 256 activation rows per block (0: by n), groups 1
+/// tokens 32, 64, 128 or 256 activation rows per block (0: by n and the
+/// matrices' rows, default_tokens in qw_gemm.cu), groups 1
 /// or 2 64-row weight groups per warpgroup (0: by the shape; 256 tokens
 /// take one). Out-of-range values are clamped; set both to 0 to restore the
 /// default.

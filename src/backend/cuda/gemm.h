@@ -74,13 +74,17 @@ void quantize_fp8_act_rows(const uint16_t* x, int64_t n, int64_t K, uint8_t* q, 
 /// Throws quern::Error (w unchanged) when the memory cannot be had.
 void make_resident_bf16(DeviceWeight& w, cudaStream_t stream);
 
+/// Up to how many activation rows PrefillGemm::uses_qw takes qw_gemm; larger
+/// passes (up to 2048 rows: prompt chunks) dequantize tiles for cuBLASLt.
+/// On an H100 with Llama-3-8B's matrices qw was faster up to 512 rows on
+/// most of them and the tiles from 1024 on all of them; through the engine
+/// (QUERN_CUDA_QW=1, 32-256 sequences of 128-token prompts) this limit
+/// generated 5-9 % faster than qw for every pass (bench/batched-cuda-h200.md).
+inline constexpr int64_t kQwRows = 512;
+
 /// The prefill GEMM with its scratch: a cuBLASLt handle and workspace, the
 /// BF16 weight tile and the BF16 activation rows. One per session (not
 /// thread-safe); reused for every matrix.
-/// Up to how many activation rows PrefillGemm::uses_qw takes qw_gemm (a pass
-/// of the batch runner has at most 2048).
-inline constexpr int64_t kQwRows = 2048;
-
 class PrefillGemm {
 public:
     /// Scratch for up to max_n activation rows of up to max_k elements, and
@@ -137,9 +141,7 @@ public:
 
     /// Whether run_bf16 multiplies n rows by w with qw_gemm: qw_weight(w),
     /// no BF16 copy or bq layout made for it after all, and n at most
-    /// kQwRows (Tuning::qw_rows). Not a measured crossover: qw_gemm is slower
-    /// than the dequantized tiles from ~256 rows on today
-    /// (bench/batched-cuda-h200.md), which only matters with Tuning::qw set.
+    /// kQwRows (Tuning::qw_rows); only with Tuning::qw set.
     static bool uses_qw(const DeviceWeight& w, int64_t n);
 
     /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank

@@ -430,7 +430,7 @@ std::atomic<int> g_tokens{0}, g_groups{0};  // qw_gemm_set_shape (0: by the shap
 // make `row_blocks` blocks of 128 weight rows: the tile that covers n up to
 // 128 rows; beyond, 256 where that still gives half the SMs a block, else
 // 128. On an H100 with Llama-3-8B's matrices this picked the fastest shape
-// or one within 8 % of it at 128-2048 rows: gate|up and the output head take
+// or one within 8 % of it at 256-2048 rows: gate|up and the output head take
 // 256 from 256 rows, Q|K|V from 512, the 4096-row matrices from 1024
 // (bench/batched-cuda-h200.md).
 int default_tokens(int n, int64_t row_blocks) {

@@ -394,24 +394,16 @@ __global__ void __launch_bounds__(kThreads, NT * MW <= 8 ? 2 : 1)
 #endif
 }
 
-// Blocks in x of the launch's pieces for blocks of R weight rows (setting
-// each piece's first block).
-template <int R>
-int64_t place_pieces(QwSegs& segs) {
-    int64_t bx = 0;
-    for (int i = 0; i < segs.count; ++i) {
-        segs.s[i].bx0 = bx;
-        bx += (segs.s[i].rows + R - 1) / R;
-    }
-    return bx;
-}
-
 template <DType T, int NT, int MW>
 void launch_qw(QwSegs segs, const uint16_t* x, int n, float* y, int64_t ldy, cudaStream_t stream) {
     using Sh = QwShape<T, NT, MW>;
     const auto kernel = qw_kernel<T, NT, MW>;
     static const auto active = active_clusters(kernel, Sh::kSmem);
-    const int64_t bx = place_pieces<Sh::kRows>(segs);
+    int64_t bx = 0;
+    for (int i = 0; i < segs.count; ++i) {
+        segs.s[i].bx0 = bx;
+        bx += (segs.s[i].rows + Sh::kRows - 1) / Sh::kRows;
+    }
     const int64_t C = segs.s[0].a.K / kChunk, tz = (n + Sh::kTok - 1) / Sh::kTok;
     // A split's partial sums (NT·MW·4 KiB per block) cross the cluster's
     // shared memory: about NT·MW/2 chunks' time (on an H100, 8 splits of
@@ -426,23 +418,24 @@ void launch_qw(QwSegs segs, const uint16_t* x, int n, float* y, int64_t ldy, cud
 
 std::atomic<int> g_tokens{0}, g_groups{0};  // qw_gemm_set_shape (0: by the shape)
 
-// The default token tile for n activation rows of a launch whose pieces
-// make `row_blocks` blocks of 128 weight rows: the tile that covers n up to
-// 128 rows; beyond, 256 where that still gives half the SMs a block, else
-// 128. On an H100 with Llama-3-8B's matrices this picked the fastest shape
-// or one within 8 % of it at 256-2048 rows: gate|up and the output head take
-// 256 from 256 rows, Q|K|V from 512, the 4096-row matrices from 1024
-// (bench/batched-cuda-h200.md).
-int default_tokens(int n, int64_t row_blocks) {
+// The default token tile for n activation rows of the launch's pieces: the
+// tile that covers n up to 128 rows; beyond, 256 where that still gives half
+// the SMs a block, else 128. On an H100 with Llama-3-8B's matrices this
+// picked the fastest shape or one within 8 % of it at 256-2048 rows: gate|up
+// and the output head take 256 from 256 rows, Q|K|V from 512, the 4096-row
+// matrices from 1024 (bench/batched-cuda-h200.md).
+int default_tokens(int n, const QwSegs& segs) {
     if (n <= 128) return n <= 32 ? 32 : n <= 64 ? 64 : 128;
+    int64_t row_blocks = 0;  // of 128 weight rows, as the 256-token kernel has
+    for (int i = 0; i < segs.count; ++i) row_blocks += (segs.s[i].rows + 127) / 128;
     const int64_t blocks256 = row_blocks * ((n + 255) / 256);
     return 2 * blocks256 >= CudaContext::current_sm_count() ? 256 : 128;
 }
 
 template <DType T>
-void launch_qw_n(QwSegs segs, const uint16_t* x, int n, float* y, int64_t ldy, cudaStream_t stream) {
+void launch_qw_n(const QwSegs& segs, const uint16_t* x, int n, float* y, int64_t ldy, cudaStream_t stream) {
     int tok = g_tokens.load(std::memory_order_relaxed), grp = g_groups.load(std::memory_order_relaxed);
-    if (tok == 0) tok = default_tokens(n, place_pieces<128>(segs));
+    if (tok == 0) tok = default_tokens(n, segs);
     if (grp == 0) grp = 1;
     if (tok > 128) return launch_qw<T, 32, 1>(segs, x, n, y, ldy, stream);  // 128 accumulators: one group
     if (tok <= 32) return grp == 1 ? launch_qw<T, 4, 1>(segs, x, n, y, ldy, stream)

@@ -3,7 +3,7 @@
 // CUDA backend can multiply them, to pick which row counts need the resident
 // BF16 copies and which can read the quantized weights directly.
 //
-//   bench_gemm_cuda [--reps N] [--rows 16,32,...] [--shape SUBSTR] [--ways copy,tile,dq,bq,qw]
+//   bench_gemm_cuda [--reps N] [--rows 16,32,...] [--shape SUBSTR] [--ways copy,tile,dq,bq,qw,fp8]
 //                   [--qw-shapes]
 //
 // One line per (matrix, row count, way). Ways (GB/s counts each way's own
@@ -19,7 +19,10 @@
 //   qw    qw_gemm on the resident layout (qw_gemm.h; sm_90a, Q4_K / Q6_K),
 //         its default kernel shape, and with --qw-shapes each forced shape
 //         (qw32x1 .. qw128x2, qw256x1: tokens per block × weight groups per
-//         warpgroup).
+//         warpgroup);
+//   fp8   the matrix converted to FP8 with one scale per row (to_fp8_rows:
+//         --gpu-weights fp8), the activations quantized per row, cuBLASLt's
+//         FP8 product (PrefillGemm::run_bf16 on it); not in the default list.
 // Method: random blocks with sane scales; enough copies of each form that a
 // round of them exceeds the L2 (every call reads DRAM, as a model's layers
 // do); 3 warm-up calls, then the median of --reps rounds of 10 calls each,
@@ -107,7 +110,7 @@ int main(int argc, char** argv) {
         else {
             std::fprintf(stderr,
                          "usage: bench_gemm_cuda [--reps N] [--rows 16,32,...] [--shape SUBSTR] "
-                         "[--ways copy,tile,dq,bq,qw] [--qw-shapes]\n");
+                         "[--ways copy,tile,dq,bq,qw,fp8] [--qw-shapes]\n");
             return a == "-h" || a == "--help" ? 0 : 2;
         }
     }
@@ -157,6 +160,10 @@ int main(int argc, char** argv) {
                 make_resident_bq(wb.back(), s);
             }
         const bool has_qw = way("qw") && qw_supported(sh.t, sh.K);
+        std::vector<DeviceWeight> wf;
+        const double fb = static_cast<double>(sh.N * sh.K);
+        if (way("fp8"))
+            for (size_t i = 0; i < copies(fb); ++i) wf.push_back(to_fp8_rows(upload_weight(ctx, src), s));
         std::vector<uint16_t> xh(static_cast<size_t>(max_n * sh.K));
         // BF16 activations in ±[0.5, 2): sign, exponent 126/127, random mantissa.
         for (auto& v : xh) v = static_cast<uint16_t>(((rng() & 1) << 15) | ((126 + (rng() & 1)) << 7) | (rng() & 0x7F));
@@ -204,6 +211,8 @@ int main(int argc, char** argv) {
                 report("dq", qb, [&](size_t i) {
                     dq_gemm_grouped(wq[i % wq.size()], sh.N, doff.as<int32_t>(), 1, n, n, x, dy2.as<float>(), sh.N, s);
                 });
+            if (!wf.empty())
+                report("fp8", fb, [&](size_t i) { gemm.run_bf16(wf[i % wf.size()], x, n, dy2.as<float>(), sh.N, s); });
             if (has_bq && n <= kBqMaxRows)
                 report("bq", qb, [&](size_t i) { bq_gemm(wb[i % wb.size()], 0, sh.N, x, n, dy2.as<float>(), sh.N, s); });
             if (has_qw) {

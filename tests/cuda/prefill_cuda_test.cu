@@ -857,7 +857,8 @@ TEST(CudaPrefill, MoeGatherAndWeightedSumRows) {
 
 // --gpu-weights fp8: to_fp8_rows gives, code for code, what the CPU's
 // quantize_fp8_rows gives on dequantize_row_ref's values (one scale per row,
-// in every block scale of the row), for block and float types.
+// in every block scale of the row and once in row_scale), for block and
+// float types.
 TEST(CudaPrefill, Fp8RowConversionMatchesTheCpuRecipe) {
     REQUIRE_GPU();
     cuda::CudaContext ctx;
@@ -878,11 +879,17 @@ TEST(CudaPrefill, Fp8RowConversionMatchesTheCpuRecipe) {
         std::vector<float> sc(static_cast<size_t>(N * K / 32));
         QUERN_CUDA_CHECK(cudaMemcpy(q.data(), f.q, q.size(), cudaMemcpyDeviceToHost));
         QUERN_CUDA_CHECK(cudaMemcpy(sc.data(), f.s, sc.size() * 4, cudaMemcpyDeviceToHost));
+        std::vector<float> row_scale(static_cast<size_t>(N));
+        ASSERT_NE(f.row_scale, nullptr);
+        QUERN_CUDA_CHECK(cudaMemcpy(row_scale.data(), f.row_scale, row_scale.size() * 4, cudaMemcpyDeviceToHost));
         std::vector<uint8_t> rq(q.size());
         std::vector<float> rs(static_cast<size_t>(N));
         quantize_fp8_rows(m.deq.data(), N, K, rq.data(), rs.data());
         int bad = 0;
         for (int64_t r = 0; r < N; ++r) {
+            if (row_scale[static_cast<size_t>(r)] != rs[static_cast<size_t>(r)] && bad++ < 5)
+                ADD_FAILURE() << dtype_name(t) << " row " << r << " row scale " << row_scale[static_cast<size_t>(r)]
+                              << " vs " << rs[static_cast<size_t>(r)];
             for (int64_t b = 0; b < K / 32; ++b)
                 if (sc[static_cast<size_t>(r * (K / 32) + b)] != rs[static_cast<size_t>(r)] && bad++ < 5)
                     ADD_FAILURE() << dtype_name(t) << " row " << r << " scale " << sc[static_cast<size_t>(r * (K / 32) + b)]

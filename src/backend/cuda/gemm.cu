@@ -113,7 +113,8 @@ __device__ __forceinline__ uint8_t e4m3(float x) {
 // fp8_rows_kernel<T>
 //   Shapes:  a: a weight of N rows × K elements (device layout, K % 32 == 0);
 //            q: rows × K E4M3 codes (row r at q + r·K); s: rows × K/32 f32,
-//            every entry of row r its scale (F8_E4M3_B32's layout).
+//            every entry of row r its scale (F8_E4M3_B32's layout); rs: the
+//            rows' scales once each (rows f32).
 //   Grid:    one block of 256 threads per row (row row0 + blockIdx.x):
 //            pass 1 the row's absmax (block max), pass 2 the codes
 //            E4M3(w / scale), scale = absmax / 448 (1 for an all-zero row) —
@@ -122,7 +123,7 @@ __device__ __forceinline__ uint8_t e4m3(float x) {
 //   Bound:   memory (run once at load).
 template <DType T>
 __global__ void __launch_bounds__(256) fp8_rows_kernel(DeqArgs a, int64_t row0, uint8_t* __restrict__ q,
-                                                       float* __restrict__ s) {
+                                                       float* __restrict__ s, float* __restrict__ rs) {
     __shared__ float red[32];
     const int64_t r = static_cast<int64_t>(blockIdx.x), row = row0 + r, units = a.K / 32;
     float amax = 0.0f;
@@ -134,6 +135,7 @@ __global__ void __launch_bounds__(256) fp8_rows_kernel(DeqArgs a, int64_t row0, 
     }
     amax = detail::block_max(amax, red);
     const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    if (threadIdx.x == 0) rs[r] = scale;
     for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
         float v[32];
         unit_values<T>(a, row, u, v);
@@ -154,20 +156,42 @@ __global__ void __launch_bounds__(256) fp8_rows_kernel(DeqArgs a, int64_t row0, 
 //   Shapes:  x: n rows × K BF16 (row stride K); q: n × K E4M3; sx: n f32.
 //   Grid:    one block of 256 threads per row; as fp8_rows_kernel (absmax,
 //            scale = absmax / 448 or 1, codes E4M3(x / scale)) on the BF16
-//            values: the activations' per-row (per-token) recipe.
+//            values: the activations' per-row (per-token) recipe. Eight
+//            values per 16-byte load and 8-byte store where K % 8 == 0 and
+//            x, q are so aligned, one at a time otherwise.
 //   Bound:   memory.
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
+
 __global__ void __launch_bounds__(256) fp8_act_rows_kernel(const uint16_t* __restrict__ x, int64_t K,
                                                            uint8_t* __restrict__ q, float* __restrict__ sx) {
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const uint16_t* xr = x + r * K;
+    uint8_t* qr = q + r * K;
+    const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 8 == 0;
+    const int64_t K8 = vec ? K / 8 : 0;
+    const auto* x8 = reinterpret_cast<const uint4*>(xr);
     float amax = 0.0f;
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-        amax = fmaxf(amax, fabsf(__uint_as_float(static_cast<uint32_t>(xr[k]) << 16)));
+    for (int64_t k = threadIdx.x; k < K8; k += blockDim.x) {
+        const uint4 v = x8[k];
+        for (const uint32_t w : {v.x, v.y, v.z, v.w})
+            amax = fmaxf(amax, fmaxf(fabsf(bf16_bits_to_float(w & 0xFFFFu)), fabsf(bf16_bits_to_float(w >> 16))));
+    }
+    for (int64_t k = 8 * K8 + threadIdx.x; k < K; k += blockDim.x) amax = fmaxf(amax, fabsf(bf16_bits_to_float(xr[k])));
     amax = detail::block_max(amax, red);
     const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-        q[r * K + k] = e4m3(__uint_as_float(static_cast<uint32_t>(xr[k]) << 16) / scale);
+    for (int64_t k = threadIdx.x; k < K8; k += blockDim.x) {
+        const uint4 v = x8[k];
+        uint32_t out[2] = {0, 0};
+        int e = 0;
+        for (const uint32_t w : {v.x, v.y, v.z, v.w})
+            for (const uint32_t h : {w & 0xFFFFu, w >> 16}) {
+                out[e / 4] |= static_cast<uint32_t>(e4m3(bf16_bits_to_float(h) / scale)) << (8 * (e % 4));
+                ++e;
+            }
+        reinterpret_cast<uint2*>(qr)[k] = make_uint2(out[0], out[1]);
+    }
+    for (int64_t k = 8 * K8 + threadIdx.x; k < K; k += blockDim.x) qr[k] = e4m3(bf16_bits_to_float(xr[k]) / scale);
     if (threadIdx.x == 0) sx[r] = scale;
 }
 
@@ -244,9 +268,12 @@ DeviceWeight to_fp8_rows(const DeviceWeight& w, cudaStream_t stream) {
     o.N = w.N;
     o.fp8_row_scaled = true;
     const size_t qbytes = (static_cast<size_t>(w.N * w.K) + 255) / 256 * 256;
-    o.buf = DeviceBuffer(qbytes + static_cast<size_t>(w.N * (w.K / 32)) * sizeof(float));
+    const size_t sbytes = static_cast<size_t>(w.N * (w.K / 32)) * sizeof(float);
+    o.buf = DeviceBuffer(qbytes + sbytes + static_cast<size_t>(w.N) * sizeof(float));
     o.q = o.buf.data();
     o.s = static_cast<uint8_t*>(o.buf.data()) + qbytes;
+    auto* rs = reinterpret_cast<float*>(static_cast<uint8_t*>(o.buf.data()) + qbytes + sbytes);
+    o.row_scale = rs;
     const DeqArgs a{static_cast<const uint8_t*>(w.q), static_cast<const uint8_t*>(w.q2),
                     static_cast<const uint8_t*>(w.s), static_cast<const uint8_t*>(w.s2), w.K};
     auto* q = static_cast<uint8_t*>(o.q);
@@ -255,10 +282,11 @@ DeviceWeight to_fp8_rows(const DeviceWeight& w, cudaStream_t stream) {
         const int64_t rows = std::min<int64_t>(65535, w.N - r0);
         uint8_t* qr = q + r0 * w.K;
         float* sr = sc + r0 * (w.K / 32);
+        float* rsr = rs + r0;
         const auto g = static_cast<unsigned>(rows);
         switch (w.type) {
 #define QUERN_FP8_CASE(T) \
-    case DType::T: fp8_rows_kernel<DType::T><<<g, 256, 0, stream>>>(a, r0, qr, sr); break;
+    case DType::T: fp8_rows_kernel<DType::T><<<g, 256, 0, stream>>>(a, r0, qr, sr, rsr); break;
             QUERN_FP8_CASE(F32) QUERN_FP8_CASE(F16) QUERN_FP8_CASE(BF16) QUERN_FP8_CASE(Q8_0) QUERN_FP8_CASE(Q4_0)
             QUERN_FP8_CASE(Q4_1) QUERN_FP8_CASE(Q5_0) QUERN_FP8_CASE(Q5_1) QUERN_FP8_CASE(Q4_K) QUERN_FP8_CASE(Q5_K)
             QUERN_FP8_CASE(Q6_K) QUERN_FP8_CASE(Q2_K) QUERN_FP8_CASE(Q3_K) QUERN_FP8_CASE(F8_E4M3_B32)
@@ -307,6 +335,9 @@ struct PrefillGemm::Plan {
     cublasLtMatmulAlgo_t candidates[8]{};  // (a fixed array: nvcc 13.0's front end
     int n_candidates = 0;                  //  fails on a std::vector of them here)
     bool tuned = true;
+    // FP8: cuBLASLt applies the weight rows' and the tokens' scales itself
+    // (outer-vector scale modes); else a second pass does.
+    bool outer = false;
     ~Plan() {
         if (a) cublasLtMatrixLayoutDestroy(a);
         if (b) cublasLtMatrixLayoutDestroy(b);
@@ -379,10 +410,24 @@ PrefillGemm::Plan& PrefillGemm::plan(int64_t m, int64_t n, int64_t k, int64_t ld
     if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
     auto* p = new Plan;
     try {
-        check_lt(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
-        const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-        check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)), "TRANSA");
-        check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)), "TRANSB");
+        // The FP8 form first asks for the outer-vector scales (cuBLASLt 12.9
+        // on); without an algorithm for them it falls back to plain FP8.
+        p->outer = fp8;
+        const auto make_desc = [&] {
+            if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+            p->desc = nullptr;
+            check_lt(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+            const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+            check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)), "TRANSA");
+            check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)), "TRANSB");
+            if (!p->outer) return;
+            const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+            check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)),
+                     "A_SCALE_MODE");
+            check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)),
+                     "B_SCALE_MODE");
+        };
+        make_desc();
         const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
         check_lt(cublasLtMatrixLayoutCreate(&p->a, in, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
                  "layout A");
@@ -402,9 +447,16 @@ PrefillGemm::Plan& PrefillGemm::plan(int64_t m, int64_t n, int64_t k, int64_t ld
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
         cublasLtMatmulHeuristicResult_t res[kTuneCandidates]{};
         int found = 0;
-        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->a,
-                                                                 p->b, p->c, p->c, pref, tune_ ? kTuneCandidates : 1,
-                                                                 res, &found);
+        const auto heuristic = [&] {
+            return cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->a, p->b, p->c,
+                                                  p->c, pref, tune_ ? kTuneCandidates : 1, res, &found);
+        };
+        cublasStatus_t st = heuristic();
+        if (p->outer && (st != CUBLAS_STATUS_SUCCESS || found < 1)) {
+            p->outer = false;
+            make_desc();
+            st = heuristic();
+        }
         cublasLtMatmulPreferenceDestroy(pref);
         check_lt(st, "AlgoGetHeuristic");
         if (found < 1) throw_error("cuBLASLt: no algorithm for the prefill GEMM shape");
@@ -424,7 +476,12 @@ PrefillGemm::Plan& PrefillGemm::plan(int64_t m, int64_t n, int64_t k, int64_t ld
 void PrefillGemm::matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int64_t n, int64_t k, float* y,
                          int64_t ldy, cudaStream_t stream) {
     Plan& p = plan(m, n, k, ldy, alignment(wb, k * 2), alignment(xb, k * 2), alignment(y, ldy * 4), false);
+    check_lt(static_cast<cublasStatus_t>(launch(p, wb, xb, y, stream)), "Matmul");
+}
+
+int PrefillGemm::launch(Plan& p, const void* a, const void* b, float* y, cudaStream_t stream) {
     const float alpha = 1.0f, beta = 0.0f;
+    const auto lt = static_cast<cublasLtHandle_t>(handle_);
     if (!p.tuned) {
         // Time each candidate on this product (it writes y; the call below
         // writes it again) and keep the fastest; a candidate that fails is
@@ -439,9 +496,8 @@ void PrefillGemm::matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int6
             bool ok = true;
             for (int rep = 0; rep < 4 && ok; ++rep) {  // the first run warms up
                 if (rep == 1) QUERN_CUDA_CHECK(cudaEventRecord(e0, stream));
-                ok = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, wb, p.a, xb, p.b, &beta, y,
-                                    p.c, y, p.c, &algo, workspace_.data(), kWorkspaceBytes, stream) ==
-                     CUBLAS_STATUS_SUCCESS;
+                ok = cublasLtMatmul(lt, p.desc, &alpha, a, p.a, b, p.b, &beta, y, p.c, y, p.c, &algo,
+                                    workspace_.data(), kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
             }
             if (!ok) continue;
             QUERN_CUDA_CHECK(cudaEventRecord(e1, stream));
@@ -454,9 +510,8 @@ void PrefillGemm::matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int6
         p.n_candidates = 0;
         p.tuned = true;
     }
-    check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, wb, p.a, xb, p.b, &beta, y, p.c, y,
-                            p.c, &p.algo, workspace_.data(), kWorkspaceBytes, stream),
-             "Matmul");
+    return static_cast<int>(cublasLtMatmul(lt, p.desc, &alpha, a, p.a, b, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                                           workspace_.data(), kWorkspaceBytes, stream));
 }
 
 void PrefillGemm::run_bf16(const DeviceWeight& w, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
@@ -517,11 +572,23 @@ bool PrefillGemm::run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_ro
     }
     quantize_fp8_act_rows(xb, n, w.K, qx_.as<uint8_t>(), sx_.as<float>(), stream);
     if (hook_) hook_("fp8_act");
-    const float alpha = 1.0f, beta = 0.0f;
-    const cublasStatus_t st = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, a, p->a,
-                                             qx_.data(), p->b, &beta, y, p->c, y, p->c, &p->algo, workspace_.data(),
-                                             kWorkspaceBytes, stream);
+    if (p->outer) {
+        if (!w.row_scale) throw_error("PrefillGemm: an FP8 weight without its row scales");
+        // The scale pointers are the call's (the plan is per shape, shared by
+        // every matrix of it); the launch reads them as it is enqueued.
+        const float* sa = w.row_scale + row0;
+        const float* sb = sx_.as<float>();
+        check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)),
+                 "A_SCALE_POINTER");
+        check_lt(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)),
+                 "B_SCALE_POINTER");
+    }
+    const auto st = static_cast<cublasStatus_t>(launch(*p, a, qx_.data(), y, stream));
     if (st != CUBLAS_STATUS_SUCCESS) return refuse("cublasLtMatmul failed");
+    if (p->outer) {
+        if (hook_) hook_("gemm");
+        return true;
+    }
     const int64_t units = w.K / 32;
     fp8_outer_scale_kernel<<<grid_for(n * n_rows), 256, 0, stream>>>(
         y, ldy, n, n_rows, sx_.as<float>(), static_cast<const float*>(w.s) + row0 * units, units);

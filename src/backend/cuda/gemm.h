@@ -57,9 +57,11 @@ void f32_to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* ou
 /// all-zero row), code = E4M3(w / scale_r) rounded to nearest even with
 /// subnormals kept — quantize_fp8_rows (quant/fp8.h) applied to the values
 /// dequantize_row_ref gives, code for code. The result is an F8_E4M3_B32
-/// DeviceWeight (its block scales all equal to the row's) with
-/// fp8_row_scaled set: the decode GEMVs read it as any FP8 weight, and the
-/// prefill GEMM multiplies its codes in FP8 on the tensor cores. Synchronizes
+/// DeviceWeight (its block scales all equal to the row's, and row_scale the
+/// N scales once each) with fp8_row_scaled set: the decode GEMVs read it as
+/// any FP8 weight, and the prefill GEMM multiplies its codes in FP8 on the
+/// tensor cores, cuBLASLt applying both scales (outer-vector scale modes)
+/// where it offers them, else a second pass. Synchronizes
 /// `stream`. Throws quern::Error for other types or K % 32 != 0.
 DeviceWeight to_fp8_rows(const DeviceWeight& w, cudaStream_t stream);
 
@@ -186,6 +188,9 @@ private:
     bool run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n, float* y,
                       int64_t ldy, cudaStream_t stream);
     static uint32_t alignment(const void* p, int64_t ld_bytes);
+    /// cublasLtMatmul of plan p (A = weights, B = activations, D = y), first
+    /// timing the plan's candidates once when Tuning::gemm_tune left some.
+    int launch(Plan& p, const void* a, const void* b, float* y, cudaStream_t stream);
     void matmul(const uint16_t* wb, int64_t m, const uint16_t* xb, int64_t n, int64_t k, float* y, int64_t ldy,
                 cudaStream_t stream);
 

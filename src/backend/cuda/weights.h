@@ -91,6 +91,10 @@ struct DeviceWeight {
     /// F8_E4M3_B32 whose block scales are one per row (to_fp8_rows, gemm.h):
     /// the prefill multiplies its codes directly in FP8.
     bool fp8_row_scaled = false;
+    /// With fp8_row_scaled: the N row scales once each (N f32, contiguous;
+    /// the same values as s holds per 32-element block), the outer-vector
+    /// scale cuBLASLt applies to the FP8 product.
+    const float* row_scale = nullptr;
     /// A resident BF16 copy of the whole matrix (N × K, row-major; made by
     /// make_resident_bf16, gemm.h), or null: the GEMMs read it instead of
     /// dequantizing tiles on every call.

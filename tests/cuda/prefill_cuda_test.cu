@@ -1354,10 +1354,11 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
                            &pos[static_cast<size_t>(r)], 1, c.n_head, c.n_head_kv, c.hd, scale,
                            ref.data() + static_cast<size_t>(r) * qd, pool, c.window, c.softcap);
         }
-        // The grouped kernel, the scalar one, and the grouped one with its
-        // keys split across blocks (flash-decoding) and merged; each also
-        // with BF16 output (the output projection's input: within one BF16
-        // rounding, 2^-8 relative, of the reference).
+        // The grouped kernel (within 2e-3: f16 queries and weights), the
+        // scalar one (2e-5), and the grouped one with its keys split across
+        // blocks (flash-decoding) and merged; each also with BF16 output (the
+        // output projection's input: within one more BF16 rounding, 2^-8
+        // relative, of the reference).
         cuda::DeviceBuffer dws(static_cast<size_t>(n * c.n_head * 8 * (c.hd + 2)) * 4);
         cuda::DeviceBuffer dob(static_cast<size_t>(n * qd + 16) * 2);
         for (int mode : {0, 1, 2}) {
@@ -1386,7 +1387,10 @@ TEST(CudaPrefill, PagedAttentionMatchesCpu) {
                         const float e = ref[static_cast<size_t>(r * qd + i)];
                         const float g = bf16 ? bf16_to_float(gotb[static_cast<size_t>(r * qd + i)])
                                              : got[static_cast<size_t>(r * ldo + i)];
-                        const float tol = bf16 ? 2e-5f + std::ldexp(std::fabs(e), -8) : 2e-5f;
+                        // The grouped kernel multiplies on the tensor cores with
+                        // q·scale and the softmax weights in f16 (ops_paged.cu).
+                        const float base = scalar ? 2e-5f : 2e-3f;
+                        const float tol = bf16 ? base + std::ldexp(std::fabs(e), -8) : base;
                         if (!(std::fabs(g - e) <= tol) && bad++ < 5)
                             ADD_FAILURE() << "hd " << c.hd << name << (bf16 ? " bf16" : "") << " row " << r << " [" << i
                                           << "] " << g << " vs " << e;

@@ -1,8 +1,9 @@
 // Tensor-core and asynchronous-copy primitives (PTX ISA 8.x:
 // mma.sync.m16n8k16 and m16n8k8, wgmma.mma_async, cp.async), shared by the kernels that stage
 // their operands in shared memory themselves (bq_gemm.cu, grouped_gemm.cu,
-// ops_prefill.cu's paged attention, delta_rule_chunked.cu).
+// ops_paged.cu, ops_flash.cu, delta_rule_chunked.cu).
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,6 +20,33 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// mma_bf16 with f16 inputs (same fragment layouts).
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// Two floats rounded to f16 (to nearest) in one register, a in the low half.
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+/// Four 8×8 b16 matrices, transposed (ldmatrix .x4 .trans), from the row
+/// addresses of lanes 0-7, 8-15, 16-23, 24-31 (shared memory, 16-byte
+/// aligned rows): register i holds matrix i, as mma B fragments of a
+/// row-major K × N tile.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                                  const void* p) {
+    const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(a));
 }
 
 /// x rounded to TF32 (cvt.rna: to nearest, ties away from zero), the form

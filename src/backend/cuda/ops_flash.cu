@@ -37,6 +37,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_flash.h"
 
@@ -49,29 +50,8 @@ __host__ __device__ constexpr int kTile(int hd) { return hd > 128 ? 32 : 64; }
 constexpr int kWarps = 4;
 constexpr int kPad = 8;     // halves of padding per shared-memory row
 
-__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// D = A·B + D, m16n8k16, f16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8×8 b16 matrices, transposed, from the row addresses of lanes
-// 0-7, 8-15, 16-23, 24-31.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
-                                                  const __half* p) {
-    const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(a));
-}
+using mma::ldmatrix_x4_trans;
+using mma::pack_half2;
 
 template <int HD, bool SOFTCAP>
 __global__ void __launch_bounds__(32 * kWarps)
@@ -152,7 +132,7 @@ __global__ void __launch_bounds__(32 * kWarps)
             for (int kk = 0; kk < KS; ++kk) {
                 const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + kk * 16);
                 const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 8);
-                mma_16816(s[j], qa[kk], b0, b1);
+                mma::mma_f16(s[j], qa[kk], b0, b1);
             }
         }
         // Soft-cap, mask, row maxima.
@@ -213,8 +193,8 @@ __global__ void __launch_bounds__(32 * kWarps)
             for (int j = 0; j < NT; j += 2) {
                 uint32_t b0, b1, b2, b3;
                 ldmatrix_x4_trans(b0, b1, b2, b3, vrow + j * 8);
-                mma_16816(o[j], a, b0, b1);
-                mma_16816(o[j + 1], a, b2, b3);
+                mma::mma_f16(o[j], a, b0, b1);
+                mma::mma_f16(o[j + 1], a, b2, b3);
             }
         }
     }

@@ -13,76 +13,27 @@
 #include <string>
 #include <type_traits>
 
-#include "backend/cuda/tuning.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
-#include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/ops_flash.h"
+#include "backend/cuda/ops_paged.h"
+#include "backend/cuda/ops_rows.cuh"
 
 namespace quern::cuda {
 namespace {
 
+using detail::ContiguousRows;
 using detail::from_f32;
+using detail::PagedMap;
+using detail::rope_head;
 using detail::rope_angle;
 using detail::to_f32;
 using detail::warp_sum;
 
 constexpr int kMaxHeadDim = 256;
-
-// Where query row r sits and where the keys/values of a position live:
-// one sequence's consecutive rows over its own cache (the prefill), or rows
-// of several sequences over a paged cache (PagedRows, ops.h).
-struct ContiguousRows {
-    int pos0;
-    __device__ __forceinline__ int pos(int r) const { return pos0 + r; }
-    __device__ __forceinline__ int64_t cache_row(int, int p) const { return p; }
-    __device__ __forceinline__ const float* freq(int, const float* inv_freq) const { return inv_freq; }
-};
-struct PagedMap {
-    PagedRows pr;
-    __device__ __forceinline__ int pos(int r) const { return pr.pos[r]; }
-    __device__ __forceinline__ int64_t cache_row(int r, int p) const {
-        return static_cast<int64_t>(pr.tables[pr.table_off[r] + p / pr.block_size]) * pr.block_size +
-               p % pr.block_size;
-    }
-    __device__ __forceinline__ const float* freq(int r, const float* inv_freq) const {
-        return pr.rope_long && pr.rope_long[r] ? pr.inv_freq_long : inv_freq;
-    }
-};
-
-// One warp readies a head for attention: xs (shared, hd floats) = the head
-// at src plus bias (when given), RMS-normed with weights nw (when given: one
-// warp sum, eps), its first rope_dim elements rotated pair by pair at
-// position pos (lane i: pairs i, i+32, ...; angles by rope_angle as the
-// decode kernel; neox: pairs (i, i + rope_dim/2), else (2i, 2i+1)). Ends
-// with __syncwarp; the whole warp calls it.
-__device__ __forceinline__ void rope_head(float* xs, const float* __restrict__ src, const float* __restrict__ bias,
-                                          const float* __restrict__ nw, float eps, int hd, int pos,
-                                          const float* __restrict__ freq, int rope_dim, int neox, int lane) {
-    for (int e = lane; e < hd; e += 32) xs[e] = src[e] + (bias ? bias[e] : 0.0f);
-    __syncwarp();
-    if (nw) {
-        float ss = 0.0f;
-        for (int e = lane; e < hd; e += 32) ss += xs[e] * xs[e];
-        ss = warp_sum(ss);
-        const float sc = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
-        for (int e = lane; e < hd; e += 32) xs[e] = xs[e] * sc * nw[e];
-        __syncwarp();
-    }
-    const int half = rope_dim / 2;
-    for (int i = lane; i < half; i += 32) {
-        float c, s;
-        rope_angle(pos, freq[i], &c, &s);
-        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        const float a = xs[i0], b = xs[i1];
-        xs[i0] = a * c - b * s;
-        xs[i1] = a * s + b * c;
-    }
-    __syncwarp();
-}
 
 // prefill_rope_kv_kernel<T>
 //   Shapes:  qkv: n rows at stride ld floats, each [q (n_head·HD) | k
@@ -385,303 +336,6 @@ void dispatch_attn(int hd, const float* q, int64_t ldq, const void* kc, const vo
     }
 }
 
-// paged_grouped_attention_kernel<HD, SOFTCAP>
-//   Shapes:  as prefill_attention_kernel with a PagedMap and an f16 cache
-//            (HD <= 128), for n_head / n_head_kv = g <= 16.
-//   Grid:    (n_head_kv, n) blocks of 4 warps: block (hk, r) computes the g
-//            query heads of KV head hk for row r (warp w: heads hk·g + w,
-//            + 4, ...; at most 4 each). The keys lo .. pos(r) go 32 at a
-//            time: the block stages the 32 K rows (padded by 8 halves: the
-//            lanes' whole-row dot products then hit distinct banks) and V
-//            rows in shared memory with 16-byte cp.async, once for all g heads
-//            (the scalar kernel reads them once per head); lane l scores key
-//            l for each of its warp's heads, the online softmax updates in
-//            fp32, and lane l accumulates output elements l·E .. l·E + E − 1
-//            (E = HD/32) from the staged V rows.
-//            Two buffers: the next 32 keys' rows are copied (cp.async) while
-//            the current ones are scored; the dot products keep four
-//            partial sums and the V sums two (shorter dependent chains).
-//            With nsplit > 1 (grid.z = nsplit), block z takes the z-th of
-//            nsplit equal ranges (whole 32-key steps) of the row's keys and
-//            leaves its unnormalized sums, running max and sum in ws
-//            (paged_merge_kernel combines them).
-//            fold.on (paged_rope_attention): each warp readies its query
-//            heads from the raw row (rope_head: bias, q norm, RoPE), and the
-//            block whose range ends at the row's own position readies the
-//            KV head's key the same way and writes it and the value to the
-//            row's cache row before any copy of that position is issued —
-//            what paged_rope_kv_store would have written, in the same
-//            launch.
-//   Bound:   latency at decode lengths (a few µs per 32 keys); K/V traffic
-//            once per KV head and row.
-constexpr int kGroupWarps = 4;
-constexpr int kGroupMaxPerWarp = 4;  // g <= 16
-
-// RoPE and the KV write folded into the grouped paged attention
-// (paged_rope_attention): q holds the rows as the QKV projection left them
-// ([q | k | v], raw), each row the only one of its sequence in the pass —
-// or rows that share a cache row and write it alike (the batch runner's
-// padding rows), whose outputs mean nothing. kc / vc (not __restrict__:
-// fold.kc / fold.vc write them) are read only by cp.async.
-struct RopeFold {
-    bool on = false;
-    const float* inv_freq = nullptr;  // per map.freq (LongRoPE rows their long table)
-    int rope_dim = 0;
-    int neox = 0;
-    AttentionExtras ex;
-    __half* kc = nullptr;  // the caches, written at each row's position
-    __half* vc = nullptr;
-};
-
-template <int HD, bool SOFTCAP>
-__global__ void __launch_bounds__(32 * kGroupWarps)
-    paged_grouped_attention_kernel(const float* __restrict__ q, int64_t ldq, const __half* kc,
-                                   const __half* vc, const PagedMap map, int n_head, int n_head_kv,
-                                   float scale, int window, float softcap, float* __restrict__ out, int64_t ldo,
-                                   int nsplit, float* __restrict__ ws, uint16_t* __restrict__ ob, const RopeFold fold) {
-    constexpr int E = HD / 32, KP = HD + 8, C16 = HD / 8;  // C16: 16-byte chunks per row
-    __shared__ float qsh[kGroupWarps * kGroupMaxPerWarp][HD];
-    __shared__ float kx[HD];  // fold: the row's key for this KV head
-    __shared__ __align__(16) __half ksh[2][32][KP];
-    __shared__ __align__(16) __half vsh[2][32][HD];
-    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-    const int hk = static_cast<int>(blockIdx.x), r = static_cast<int>(blockIdx.y);
-    const int g = n_head / n_head_kv;
-    const int pos = map.pos(r);
-    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
-    const int nh = (g - warp + kGroupWarps - 1) / kGroupWarps;  // heads of this warp (may be 0)
-    const int64_t kv_stride = static_cast<int64_t>(n_head_kv) * HD;
-    float acc[kGroupMaxPerWarp][E], m[kGroupMaxPerWarp], l[kGroupMaxPerWarp];
-#pragma unroll
-    for (int i = 0; i < kGroupMaxPerWarp; ++i) {
-        m[i] = -INFINITY, l[i] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[i][e] = 0.0f;
-    }
-    // This block's keys k0 .. k1 (all of lo .. pos without a split).
-    int k0 = lo, k1 = pos;
-    if (nsplit > 1) {
-        const int span = ((pos - lo + 1 + nsplit - 1) / nsplit + 31) / 32 * 32;
-        k0 = lo + static_cast<int>(blockIdx.z) * span;
-        k1 = min(pos, k0 + span - 1);
-    }
-    // Two buffers: the next 32 keys' K and V rows are copied (cp.async) while
-    // the current ones are scored.
-    const auto issue = [&](int j0, int b) {
-        const int nt = min(32, k1 - j0 + 1);
-        for (int c = static_cast<int>(threadIdx.x); c < 32 * C16; c += 32 * kGroupWarps) {
-            const int t = c / C16, part = c % C16;
-            const int64_t off =
-                t < nt ? map.cache_row(r, j0 + t) * kv_stride + static_cast<int64_t>(hk) * HD + part * 8 : 0;
-            mma::cp_async16(&ksh[b][t][part * 8], kc + off, t < nt);  // zeros past the keys
-            mma::cp_async16(&vsh[b][t][part * 8], vc + off, t < nt);
-        }
-        mma::cp_async_commit();
-    };
-    // fold: the block whose range ends at pos writes that key; its copy of
-    // the tile holding pos waits for the barrier below when that is the
-    // first tile (later tiles are issued after barriers anyway).
-    const bool writer = fold.on && k0 <= pos && k1 == pos;
-    const bool early = !(writer && pos < k0 + 32);
-    if (early && k0 <= k1) issue(k0, 0);
-    const float* qrow = q + static_cast<int64_t>(r) * ldq;
-    if (fold.on) {
-        const float* freq = map.freq(r, fold.inv_freq);
-        for (int i = 0; i < nh; ++i) {
-            const int j = warp + kGroupWarps * i, h = hk * g + j;
-            rope_head(qsh[j], qrow + static_cast<int64_t>(h) * HD, fold.ex.q_bias ? fold.ex.q_bias + h * HD : nullptr,
-                      fold.ex.q_norm, fold.ex.norm_eps, HD, pos, freq, fold.rope_dim, fold.neox, lane);
-            for (int e = lane; e < HD; e += 32) qsh[j][e] *= scale;
-        }
-        if (writer && warp == g % kGroupWarps) {
-            const float* kr = qrow + static_cast<int64_t>(n_head + hk) * HD;
-            const float* vr = qrow + static_cast<int64_t>(n_head + n_head_kv + hk) * HD;
-            rope_head(kx, kr, fold.ex.k_bias ? fold.ex.k_bias + hk * HD : nullptr, fold.ex.k_norm, fold.ex.norm_eps, HD,
-                      pos, freq, fold.rope_dim, fold.neox, lane);
-            const int64_t crow = map.cache_row(r, pos) * kv_stride + static_cast<int64_t>(hk) * HD;
-            for (int e = lane; e < HD; e += 32) {
-                fold.kc[crow + e] = from_f32<__half>(kx[e]);
-                fold.vc[crow + e] = from_f32<__half>(vr[e] + (fold.ex.v_bias ? fold.ex.v_bias[hk * HD + e] : 0.0f));
-            }
-        }
-    } else {
-        for (int idx = static_cast<int>(threadIdx.x); idx < g * HD; idx += 32 * kGroupWarps) {
-            const int j = idx / HD, e = idx % HD;
-            qsh[j][e] = qrow[static_cast<int64_t>(hk * g + j) * HD + e] * scale;
-        }
-    }
-    __syncthreads();  // q is staged (also when this block has no keys); fold: the row's key and value are written
-    if (!early && k0 <= k1) issue(k0, 0);
-    int b = 0;
-    for (int j0 = k0; j0 <= k1; j0 += 32, b ^= 1) {
-        const int nt = min(32, k1 - j0 + 1);
-        if (j0 + 32 <= k1) issue(j0 + 32, b ^ 1);
-        else mma::cp_async_commit();
-        mma::cp_async_wait<1>();  // this thread's copies of keys j0 .. are in
-        __syncthreads();          // everyone's
-#pragma unroll
-        for (int i = 0; i < kGroupMaxPerWarp; ++i) {
-            if (i >= nh) break;  // warp-uniform
-            const float* qs = qsh[warp + kGroupWarps * i];
-            float s = -INFINITY;
-            if (lane < nt) {
-                // Four partial sums: a chain of HD/4 dependent FMAs, not HD.
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const __half2* kr = reinterpret_cast<const __half2*>(ksh[b][lane]);
-#pragma unroll 8
-                for (int e2 = 0; e2 < HD / 2; e2 += 2) {
-                    const float2 f0 = __half22float2(kr[e2]), f1 = __half22float2(kr[e2 + 1]);
-                    d[0] = fmaf(qs[2 * e2], f0.x, d[0]);
-                    d[1] = fmaf(qs[2 * e2 + 1], f0.y, d[1]);
-                    d[2] = fmaf(qs[2 * e2 + 2], f1.x, d[2]);
-                    d[3] = fmaf(qs[2 * e2 + 3], f1.y, d[3]);
-                }
-                const float dot = (d[0] + d[1]) + (d[2] + d[3]);
-                s = SOFTCAP ? softcap * tanhf(dot / softcap) : dot;
-            }
-            const float m_new = fmaxf(m[i], detail::warp_max(s));  // lane 0 always has a key
-            const float corr = expf(m[i] - m_new);
-            const float p = lane < nt ? expf(s - m_new) : 0.0f;
-            l[i] = l[i] * corr + warp_sum(p);
-            // Even and odd keys in two sums: chains of 16 FMAs per element.
-            float a2[2][E];
-#pragma unroll
-            for (int e = 0; e < E; ++e) a2[0][e] = acc[i][e] * corr, a2[1][e] = 0.0f;
-#pragma unroll 4
-            for (int t = 0; t < 32; t += 2) {
-                const float p0 = __shfl_sync(0xFFFFFFFFu, p, t), p1 = __shfl_sync(0xFFFFFFFFu, p, t + 1);  // 0 past nt
-#pragma unroll
-                for (int e = 0; e < E; ++e) {
-                    a2[0][e] = fmaf(p0, __half2float(vsh[b][t][lane * E + e]), a2[0][e]);
-                    a2[1][e] = fmaf(p1, __half2float(vsh[b][t + 1][lane * E + e]), a2[1][e]);
-                }
-            }
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[i][e] = a2[0][e] + a2[1][e];
-            m[i] = m_new;
-        }
-        __syncthreads();  // buffer b is consumed before the next copies into it
-    }
-    mma::cp_async_wait<0>();
-    if (nsplit > 1) {
-#pragma unroll
-        for (int i = 0; i < kGroupMaxPerWarp; ++i) {
-            if (i >= nh) break;
-            const int h = hk * g + warp + kGroupWarps * i;
-            float* o = ws + ((static_cast<int64_t>(r) * n_head + h) * nsplit + blockIdx.z) * (HD + 2);
-#pragma unroll
-            for (int e = 0; e < E; ++e) o[lane * E + e] = acc[i][e];
-            if (lane == 0) o[HD] = m[i], o[HD + 1] = l[i];
-        }
-        return;
-    }
-#pragma unroll
-    for (int i = 0; i < kGroupMaxPerWarp; ++i) {
-        if (i >= nh) break;
-        const int h = hk * g + warp + kGroupWarps * i;
-        const float inv = 1.0f / l[i];
-        if (ob) {
-            uint16_t* o = ob + static_cast<int64_t>(r) * n_head * HD + static_cast<int64_t>(h) * HD + lane * E;
-#pragma unroll
-            for (int e = 0; e < E; ++e) o[e] = detail::bf16_bits(acc[i][e] * inv);
-            continue;
-        }
-        float* o = out + static_cast<int64_t>(r) * ldo + static_cast<int64_t>(h) * HD + lane * E;
-#pragma unroll
-        for (int e = 0; e < E; ++e) o[e] = acc[i][e] * inv;
-    }
-}
-
-// paged_merge_kernel<HD>
-//   Shapes:  ws: n rows × n_head heads × nsplit records of HD + 2 floats
-//            (unnormalized sums, running max m, sum l); out as the
-//            attention's.
-//   Grid:    (n_head, n) blocks of one warp: out = Σ_z e^{m_z − M}·acc_z /
-//            Σ_z e^{m_z − M}·l_z with M = max_z m_z (ranges without keys
-//            have m = −inf and weigh nothing).
-//   Bound:   latency (tiny).
-template <int HD>
-__global__ void __launch_bounds__(32) paged_merge_kernel(const float* __restrict__ ws, int n_head, int nsplit,
-                                                         float* __restrict__ out, int64_t ldo, uint16_t* __restrict__ ob) {
-    constexpr int E = HD / 32;
-    const int lane = static_cast<int>(threadIdx.x), h = static_cast<int>(blockIdx.x), r = static_cast<int>(blockIdx.y);
-    const float* rec = ws + (static_cast<int64_t>(r) * n_head + h) * nsplit * (HD + 2);
-    float M = -INFINITY;
-    for (int z = 0; z < nsplit; ++z) M = fmaxf(M, rec[z * (HD + 2) + HD]);
-    float L = 0.0f, acc[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    for (int z = 0; z < nsplit; ++z) {
-        const float mz = rec[z * (HD + 2) + HD];
-        if (mz == -INFINITY) continue;
-        const float wz = expf(mz - M);
-        L += wz * rec[z * (HD + 2) + HD + 1];
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] += wz * rec[z * (HD + 2) + lane * E + e];
-    }
-    const float inv = 1.0f / L;  // L >= 1: the range holding the row's own key has weight e^0 · l >= 1
-    if (ob) {
-        uint16_t* o = ob + static_cast<int64_t>(r) * n_head * HD + static_cast<int64_t>(h) * HD + lane * E;
-#pragma unroll
-        for (int e = 0; e < E; ++e) o[e] = detail::bf16_bits(acc[e] * inv);
-        return;
-    }
-    float* o = out + static_cast<int64_t>(r) * ldo + static_cast<int64_t>(h) * HD + lane * E;
-#pragma unroll
-    for (int e = 0; e < E; ++e) o[e] = acc[e] * inv;
-}
-
-template <int HD>
-void launch_grouped(const float* q, int64_t ldq, const void* kc, const void* vc, int n, const PagedMap& map,
-                    int n_head, int n_head_kv, float scale, int window, float softcap, float* out, int64_t ldo,
-                    const RopeFold& fold, cudaStream_t stream) {
-    // Split the keys when the rows' blocks would fill under a quarter of the
-    // blocks that run at once (few rows), into no more blocks than run at
-    // once: ranges of at least 64 keys, as many as the scratch holds. (H200,
-    // llama3-8b at 32 and 64 sequences: unsplit is ~1% faster than 2 ranges,
-    // 7-10% faster than 3, whose second wave of blocks runs nearly alone.)
-    const PagedRows& pr = map.pr;
-    int nsplit = 1;
-    if (pr.split_ws && pr.max_keys > 64) {
-        static const int per_sm = [] {
-            int b = 0;
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, paged_grouped_attention_kernel<HD, false>,
-                                                              32 * kGroupWarps, 0) != cudaSuccess) {
-                (void)cudaGetLastError();
-                b = 4;
-            }
-            return std::max(b, 1);
-        }();
-        const int64_t blocks = static_cast<int64_t>(n) * n_head_kv;
-        const int64_t resident = static_cast<int64_t>(per_sm) * CudaContext::current_sm_count();
-        const int64_t forced = tuning().paged_splits;  // N ranges (for measurements)
-        const int64_t want =
-            forced > 0 ? forced
-            : 4 * blocks > resident
-                ? 1
-                : std::min((4 * CudaContext::current_sm_count() + blocks - 1) / blocks, resident / blocks);
-        const int64_t fit = pr.split_ws_floats / (static_cast<int64_t>(n) * n_head * (HD + 2));
-        nsplit = static_cast<int>(std::clamp<int64_t>(std::min({want, int64_t{pr.max_splits}, fit,
-                                                                 int64_t{(pr.max_keys + 63) / 64}}),
-                                                      1, 64));
-    }
-    const dim3 grid(static_cast<unsigned>(n_head_kv), static_cast<unsigned>(n), static_cast<unsigned>(nsplit)),
-        block(32 * kGroupWarps);
-    if (softcap > 0.0f)
-        paged_grouped_attention_kernel<HD, true><<<grid, block, 0, stream>>>(
-            q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
-            window, softcap, out, ldo, nsplit, pr.split_ws, nsplit > 1 ? nullptr : pr.out_bf16, fold);
-    else
-        paged_grouped_attention_kernel<HD, false><<<grid, block, 0, stream>>>(
-            q, ldq, static_cast<const __half*>(kc), static_cast<const __half*>(vc), map, n_head, n_head_kv, scale,
-            window, softcap, out, ldo, nsplit, pr.split_ws, nsplit > 1 ? nullptr : pr.out_bf16, fold);
-    if (nsplit > 1) {
-        QUERN_CUDA_CHECK_LAUNCH();
-        paged_merge_kernel<HD><<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(n)), 32, 0, stream>>>(
-            pr.split_ws, n_head, nsplit, out, ldo, pr.out_bf16);
-    }
-}
-
 unsigned grid_for(int64_t threads) {
     return static_cast<unsigned>(std::clamp<int64_t>((threads + 255) / 256, 1, 65535));
 }
@@ -776,29 +430,6 @@ void prefill_attention(const float* q, int64_t ldq, const void* k_cache, const v
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
-namespace {
-
-// Whether paged_attention takes the grouped kernel: f16, heads of 32 .. 128,
-// at most 16 query heads per KV head, n <= 65535 rows.
-bool grouped_applies(const PagedRows& pr, KvType kv_type, int n, int n_head, int n_head_kv, int head_dim) {
-    const int g = n_head / n_head_kv;
-    return !pr.scalar && kv_type == KvType::F16 && g <= kGroupWarps * kGroupMaxPerWarp &&
-           n <= 65535 && (head_dim == 32 || head_dim == 64 || head_dim == 128);
-}
-
-void launch_grouped_hd(const float* q, int64_t ldq, const void* kc, const void* vc, int n, const PagedMap& map,
-                       int n_head, int n_head_kv, int head_dim, float scale, int window, float softcap, float* out,
-                       int64_t ldo, const RopeFold& fold, cudaStream_t stream) {
-    switch (head_dim) {
-        case 32: launch_grouped<32>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, fold, stream); break;
-        case 64: launch_grouped<64>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, fold, stream); break;
-        default: launch_grouped<128>(q, ldq, kc, vc, n, map, n_head, n_head_kv, scale, window, softcap, out, ldo, fold, stream); break;
-    }
-    QUERN_CUDA_CHECK_LAUNCH();
-}
-
-}  // namespace
-
 void paged_rope_kv_store(float* qkv, int64_t ld, int n, const PagedRows& pr, void* k_cache, void* v_cache,
                          KvType kv_type, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int rope_dim,
                          bool neox, const AttentionExtras& ex, cudaStream_t stream) {
@@ -816,9 +447,9 @@ void paged_attention(const float* q, int64_t ldq, const void* k_cache, const voi
         throw_error("paged_attention: null row map or bad block size");
     check_attention("paged_attention", q, ldq, k_cache, v_cache, n, n_head, n_head_kv, head_dim, window, softcap, out,
                     ldo);
-    if (grouped_applies(pr, kv_type, n, n_head, n_head_kv, head_dim)) {
-        launch_grouped_hd(q, ldq, k_cache, v_cache, n, PagedMap{pr}, n_head, n_head_kv, head_dim, scale, window,
-                          softcap, out, ldo, RopeFold{}, stream);
+    if (paged_grouped_applies(pr, kv_type, n, n_head, n_head_kv, head_dim)) {
+        paged_grouped_attention(q, ldq, k_cache, v_cache, n, pr, n_head, n_head_kv, head_dim, scale, window, softcap,
+                                out, ldo, RopeFold{}, stream);
         return;
     }
     if (kv_type == KvType::F16)
@@ -835,7 +466,7 @@ void paged_rope_attention(float* qkv, int64_t ld, void* k_cache, void* v_cache, 
                           const PagedRows& pr, int n_head, int n_head_kv, int head_dim, float scale, int window,
                           float softcap, const float* inv_freq, int rope_dim, bool neox, const AttentionExtras& ex,
                           float* out, int64_t ldo, cudaStream_t stream) {
-    if (!grouped_applies(pr, kv_type, n, n_head, n_head_kv, head_dim)) {  // the two launches
+    if (!paged_grouped_applies(pr, kv_type, n, n_head, n_head_kv, head_dim)) {  // the two launches
         paged_rope_kv_store(qkv, ld, n, pr, k_cache, v_cache, kv_type, n_head, n_head_kv, head_dim, inv_freq, rope_dim,
                             neox, ex, stream);
         paged_attention(qkv, ld, k_cache, v_cache, kv_type, n, pr, n_head, n_head_kv, head_dim, scale, window, softcap,
@@ -857,8 +488,8 @@ void paged_rope_attention(float* qkv, int64_t ld, void* k_cache, void* v_cache, 
     fold.ex = ex;
     fold.kc = static_cast<__half*>(k_cache);
     fold.vc = static_cast<__half*>(v_cache);
-    launch_grouped_hd(qkv, ld, k_cache, v_cache, n, PagedMap{pr}, n_head, n_head_kv, head_dim, scale, window, softcap,
-                      out, ldo, fold, stream);
+    paged_grouped_attention(qkv, ld, k_cache, v_cache, n, pr, n_head, n_head_kv, head_dim, scale, window, softcap, out,
+                            ldo, fold, stream);
 }
 
 void glu_rows_bf16(const float* gu, int64_t ld, int64_t n, int64_t n_ff, uint16_t* out, int act,

@@ -13,6 +13,8 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/executor.h"
+#include "backend/cuda/qw_gemm.h"
+#include "backend/cuda/tuning.h"
 #include "core/error.h"
 #include <chrono>
 
@@ -50,6 +52,7 @@ void CudaExecutor::prepare_batches() {
     // passes of up to 64 rows. Matrices qw_gemm multiplies from their
     // resident layout (PrefillGemm::qw_weight: Q4_K and Q6_K where sm_90a
     // runs, with Tuning::qw) get neither: no second copy of them.
+    const bool copy_free = choose_copy_free();
     const size_t bq_total = make_small_layouts();
     size_t bytes = bq_total;  // all copies
     size_t free_b = 0, total_b = 0;
@@ -131,10 +134,39 @@ void CudaExecutor::prepare_batches() {
     batch_copy_bytes_ = bytes;
     if (opt_.verbose && bq_total > 0)
         std::fprintf(stderr, "quern: %.2f GiB of small-batch weight layouts on the GPU\n", gib(static_cast<double>(bq_total)));
-    if (opt_.verbose)
+    if (opt_.verbose && !copy_free)
         std::fprintf(stderr, "quern: %.2f GiB of BF16 weight copies on the GPU for batches%s\n", gib(static_cast<double>(bytes - bq_total)),
                      full ? "" : " (no more fit beside a free quarter of GPU memory: the rest are dequantized per pass)");
     batches_ready_ = true;
+}
+
+bool CudaExecutor::choose_copy_free() {
+    if (tuning().qw != 0 || small_layouts_) return false;
+    size_t need = 0;
+    bool any = false;
+    const auto count = [&](DeviceWeight& w) {
+        if (!w.q || w.fp8_row_scaled || !gemm_weight_type_supported(w.type)) return;
+        need += static_cast<size_t>(w.N * w.K) * 2 + (bq_supported(w.type, w.K) ? bq_bytes(w) : 0);
+        any = any || qw_supported(w.type, w.K);
+    };
+    for_each_layer_matrix(count, /*experts=*/false);
+    count(output_.w);
+    if (eh_proj_.w.q) count(eh_proj_.w);
+    size_t free_b = 0, total_b = 0;
+    QUERN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (!any || need + total_b / 4 <= free_b) return false;
+    const auto mark = [](DeviceWeight& w) {
+        if (w.q && !w.fp8_row_scaled && qw_supported(w.type, w.K)) w.qw = true;
+    };
+    for_each_layer_matrix(mark, /*experts=*/false);
+    mark(output_.w);
+    if (eh_proj_.w.q) mark(eh_proj_.w);
+    if (opt_.verbose)
+        std::fprintf(stderr,
+                     "quern: the weight copies for batches (BF16 and small-batch layouts) would take %.2f GiB and "
+                     "%.2f GiB is free: batches multiply the quantized weights directly (qw_gemm), with no copies\n",
+                     gib(static_cast<double>(need)), gib(static_cast<double>(free_b)));
+    return true;
 }
 
 size_t CudaExecutor::make_small_layouts() {

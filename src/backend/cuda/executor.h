@@ -162,6 +162,14 @@ public:
     /// copies of the dense matrices (as memory allows). quern::Error when the
     /// model has no batched path on this GPU.
     void prepare_batches();
+    /// Before any copy is made: when the BF16 copies and bq layouts of every
+    /// matrix would not fit beside a free quarter of the GPU's memory (a
+    /// 70B model on one GPU), marks the matrices qw_gemm takes
+    /// (DeviceWeight::qw) so that none is copied, instead of copying part of
+    /// the model and dequantizing the rest on every pass. Returns whether it
+    /// did. Nothing where QUERN_CUDA_QW decides already, where the small
+    /// layouts exist, or where qw_gemm does not run (no sm_90a).
+    bool choose_copy_free();
     /// The bq layouts (bq_gemm.h: 5.5 or 11 bits per weight) of the dense
     /// layer matrices, the output head and a draft head's eh_proj, while a
     /// quarter of the GPU's memory stays free: passes of few rows

@@ -608,7 +608,7 @@ bool PrefillGemm::uses_bq(const DeviceWeight& w, int64_t n) {
 }
 
 bool PrefillGemm::qw_weight(const DeviceWeight& w) {
-    return tuning().qw != 0 && w.q && !w.fp8_row_scaled && qw_supported(w.type, w.K);
+    return (tuning().qw != 0 || w.qw) && w.q && !w.fp8_row_scaled && qw_supported(w.type, w.K);
 }
 
 bool PrefillGemm::uses_qw(const DeviceWeight& w, int64_t n) {

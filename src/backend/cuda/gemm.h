@@ -138,12 +138,13 @@ public:
     /// Whether w is multiplied from its resident layout by qw_gemm
     /// (qw_gemm.h) rather than through a BF16 copy or bq layout: the batch
     /// runner makes neither for it. Q4_K / Q6_K rows of a multiple of 256 on
-    /// a device running the sm_90a code, when Tuning::qw is set.
+    /// a device running the sm_90a code, when Tuning::qw is set or the batch
+    /// runner marked w (DeviceWeight::qw: the copies would not fit).
     static bool qw_weight(const DeviceWeight& w);
 
     /// Whether run_bf16 multiplies n rows by w with qw_gemm: qw_weight(w),
     /// no BF16 copy or bq layout made for it after all, and n at most
-    /// kQwRows (Tuning::qw_rows); only with Tuning::qw set.
+    /// kQwRows (Tuning::qw_rows).
     static bool uses_qw(const DeviceWeight& w, int64_t n);
 
     /// run_bf16 on rows row0 .. row0+rows−1 of w only (one expert of a bank

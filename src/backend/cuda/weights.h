@@ -105,6 +105,9 @@ struct DeviceWeight {
     const uint8_t* bq = nullptr;
     int bq_bits = 0;  ///< 4 (B4) or 8 (B8) when bq is set
     DeviceBuffer bq_buf;
+    /// The batch runner multiplies this matrix with qw_gemm from the layout
+    /// above and makes no copy of it (CudaExecutor::choose_copy_free).
+    bool qw = false;
 
     /// Bytes one pass over the matrix reads (the tensor's GGUF size).
     size_t bytes() const { return row_size(type, K) * static_cast<size_t>(N); }

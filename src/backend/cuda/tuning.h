@@ -42,8 +42,9 @@ struct Tuning {
     /// from their resident layout with qw_gemm (qw_gemm.h) instead of making
     /// BF16 copies and bq layouts of them: no second copy of the model; as
     /// fast as the copies at 64 sequences, slower below (bq_gemm) and from
-    /// ~128 on (0, the default; bench/batched-cuda-h200.md). Only where
-    /// sm_90a runs.
+    /// ~128 on (0, the default: only for models whose copies would not fit,
+    /// CudaExecutor::choose_copy_free; bench/batched-cuda-h200.md). Only
+    /// where sm_90a runs.
     int qw = 0;
     /// QUERN_CUDA_QW_ROWS=N: PrefillGemm::uses_qw takes qw_gemm up to N
     /// activation rows (-1: kQwRows, gemm.h).

@@ -51,7 +51,8 @@ void CudaExecutor::prepare_batches() {
     // batch runs 1.3× faster, of 8 1.26×), and where no BF16 copy fits,
     // passes of up to 64 rows. Matrices qw_gemm multiplies from their
     // resident layout (PrefillGemm::qw_weight: Q4_K and Q6_K where sm_90a
-    // runs, with Tuning::qw) get neither: no second copy of them.
+    // runs, with Tuning::qw or marked by choose_copy_free when the copies
+    // would not all fit) get neither: no second copy of them.
     const bool copy_free = choose_copy_free();
     const size_t bq_total = make_small_layouts();
     size_t bytes = bq_total;  // all copies

@@ -1,10 +1,10 @@
 // bench_gemm_cuda: the batch runner's products of n activation rows by one
-// weight matrix (Y = X · Wᵀ, N rows × K, Llama-3-8B shapes), each way the
+// weight matrix (Y = X · Wᵀ, N rows × K, Llama-3-8B or -70B shapes), each way the
 // CUDA backend can multiply them, to pick which row counts need the resident
 // BF16 copies and which can read the quantized weights directly.
 //
 //   bench_gemm_cuda [--reps N] [--rows 16,32,...] [--shape SUBSTR] [--ways copy,tile,dq,bq,qw,fp8]
-//                   [--qw-shapes]
+//                   [--qw-shapes] [--model llama3-8b|llama3-70b]
 //
 // One line per (matrix, row count, way). Ways (GB/s counts each way's own
 // weight bytes; TFLOP/s = 2·n·N·K / time):
@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -62,12 +63,18 @@ struct Shape {
     int64_t N, K;
     DType t;
 };
-const Shape kShapes[] = {{"qkv Q4_K 6144x4096", 6144, 4096, DType::Q4_K},
+const Shape kShapes8b[] = {{"qkv Q4_K 6144x4096", 6144, 4096, DType::Q4_K},
                          {"wo Q4_K 4096x4096", 4096, 4096, DType::Q4_K},
                          {"gate+up Q4_K 28672x4096", 28672, 4096, DType::Q4_K},
                          {"down Q6_K 4096x14336", 4096, 14336, DType::Q6_K},
                          {"down Q4_K 4096x14336", 4096, 14336, DType::Q4_K},
                          {"head Q6_K 128256x4096", 128256, 4096, DType::Q6_K}};
+// Llama-3-70B (Q4_K_M: Q|K|V, wo, gate|up in Q4_K, down and the head in Q6_K).
+const Shape kShapes70b[] = {{"qkv Q4_K 10240x8192", 10240, 8192, DType::Q4_K},
+                            {"wo Q4_K 8192x8192", 8192, 8192, DType::Q4_K},
+                            {"gate+up Q4_K 57344x8192", 57344, 8192, DType::Q4_K},
+                            {"down Q6_K 8192x28672", 8192, 28672, DType::Q6_K},
+                            {"head Q6_K 128256x8192", 128256, 8192, DType::Q6_K}};
 
 /// Random blocks of type t whose scales are sane (fp16 1.0 for d, 0.01 for
 /// Q4_K's dmin): no infinities or NaNs in the products.
@@ -100,6 +107,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> rows = {16, 32, 64, 128, 256, 512, 1024, 2048};
     std::string only, ways = "copy,tile,dq,bq,qw";
     bool qw_shapes = false;
+    std::string model = "llama3-8b";
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
@@ -107,18 +115,26 @@ int main(int argc, char** argv) {
         else if (a == "--shape" && i + 1 < argc) only = argv[++i];
         else if (a == "--ways" && i + 1 < argc) ways = argv[++i];
         else if (a == "--qw-shapes") qw_shapes = true;
+        else if (a == "--model" && i + 1 < argc) model = argv[++i];
         else {
             std::fprintf(stderr,
                          "usage: bench_gemm_cuda [--reps N] [--rows 16,32,...] [--shape SUBSTR] "
-                         "[--ways copy,tile,dq,bq,qw,fp8] [--qw-shapes]\n");
+                         "[--ways copy,tile,dq,bq,qw,fp8] [--qw-shapes] [--model llama3-8b|llama3-70b]\n");
             return a == "-h" || a == "--help" ? 0 : 2;
         }
     }
     const auto way = [&](const char* w) { return ("," + ways + ",").find("," + std::string(w) + ",") != std::string::npos; };
+    if (model != "llama3-8b" && model != "llama3-70b") {
+        std::fprintf(stderr, "bench_gemm_cuda: --model takes llama3-8b or llama3-70b, not '%s'\n", model.c_str());
+        return 2;
+    }
+    const bool big = model == "llama3-70b";
+    const std::vector<Shape> shapes = big ? std::vector<Shape>(std::begin(kShapes70b), std::end(kShapes70b))
+                                          : std::vector<Shape>(std::begin(kShapes8b), std::end(kShapes8b));
     const int64_t max_n = *std::max_element(rows.begin(), rows.end());
     CudaContext ctx;
     cudaStream_t s = ctx.stream();
-    PrefillGemm gemm(max_n, 14336, int64_t{64} << 20);
+    PrefillGemm gemm(max_n, big ? 28672 : 14336, int64_t{64} << 20);
     gemm.set_verbose(false);
     cudaEvent_t e0, e1;
     QUERN_CUDA_CHECK(cudaEventCreate(&e0));
@@ -141,7 +157,7 @@ int main(int argc, char** argv) {
     };
     std::mt19937 rng(11);
     std::printf("%-26s %5s %-8s %9s %6s %8s  %s\n", "shape", "n", "way", "us", "GB/s", "TFLOP/s", "vs copy: max |diff| / max |copy|");
-    for (const Shape& sh : kShapes) {
+    for (const Shape& sh : shapes) {
         if (!only.empty() && std::string(sh.name).find(only) == std::string::npos) continue;
         const std::vector<uint8_t> bytes = random_blocks(sh.t, sh.N, sh.K, rng);
         const Tensor src = Tensor::contiguous(sh.t, {sh.K, sh.N, 1, 1}, const_cast<uint8_t*>(bytes.data()), "w");

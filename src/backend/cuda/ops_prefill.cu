@@ -29,7 +29,6 @@ using detail::ContiguousRows;
 using detail::from_f32;
 using detail::PagedMap;
 using detail::rope_head;
-using detail::rope_angle;
 using detail::to_f32;
 using detail::warp_sum;
 

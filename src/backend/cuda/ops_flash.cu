@@ -37,6 +37,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/flash_softmax.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_flash.h"
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     float o[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;  // rows g and g+8
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g+8: running max and sum
     const int pa = pos0 + r0 + g, pb = pa + 8;                         // their positions
 
     // The block's keys: from the first row's window start to its last row.
@@ -135,8 +136,7 @@ __global__ void __launch_bounds__(32 * kWarps)
                 mma::mma_f16(s[j], qa[kk], b0, b1);
             }
         }
-        // Soft-cap, mask, row maxima.
-        float mx_a = -INFINITY, mx_b = -INFINITY;
+        // Soft-cap and mask.
 #pragma unroll
         for (int j = 0; j < kBc / 8; ++j) {
 #pragma unroll
@@ -146,42 +146,18 @@ __global__ void __launch_bounds__(32 * kWarps)
                 float v = s[j][e];
                 if constexpr (SOFTCAP) v = softcap * tanhf(v / softcap);
                 const bool ok = key <= p && key <= kv_hi && (window <= 0 || key > p - window);
-                v = ok ? v : -INFINITY;
-                s[j][e] = v;
-                if (e < 2) mx_a = fmaxf(mx_a, v);
-                else mx_b = fmaxf(mx_b, v);
+                s[j][e] = ok ? v : -INFINITY;
             }
         }
-#pragma unroll
-        for (int d = 1; d <= 2; d <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, d));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, d));
-        }
-        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-        // A row with no key so far keeps −inf: subtract 0 instead (p = 0, no NaN).
-        const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-        const float corr_a = expf(m_a - base_a), corr_b = expf(m_b - base_b);  // 0 while m is −inf
-        m_a = mn_a;
-        m_b = mn_b;
-        float sum_a = 0.0f, sum_b = 0.0f;
+        float corr[2];
         uint32_t pf[kBc / 8][2];  // P as f16 pairs: rows g (0) and g+8 (1) of each n-tile
-#pragma unroll
-        for (int j = 0; j < kBc / 8; ++j) {
-            const float p0 = expf(s[j][0] - base_a), p1 = expf(s[j][1] - base_a);
-            const float p2 = expf(s[j][2] - base_b), p3 = expf(s[j][3] - base_b);
-            sum_a += p0 + p1;
-            sum_b += p2 + p3;
-            pf[j][0] = pack_half2(p0, p1);
-            pf[j][1] = pack_half2(p2, p3);
-        }
-        l_a = l_a * corr_a + sum_a;
-        l_b = l_b * corr_b + sum_b;
+        detail::online_softmax_step(s, m, l, corr, pf);
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            o[j][0] *= corr_a;
-            o[j][1] *= corr_a;
-            o[j][2] *= corr_b;
-            o[j][3] *= corr_b;
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
         }
         // O += P·V: k-steps of 16 keys (n-tiles 2t and 2t+1 of S form the A
         // fragment), two n-tiles of 8 head elements per ldmatrix.x4.trans.
@@ -202,10 +178,10 @@ __global__ void __launch_bounds__(32 * kWarps)
     // The row sums over the quad, then O / l.
 #pragma unroll
     for (int d = 1; d <= 2; d <<= 1) {
-        l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, d);
-        l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, d);
+        l[0] += __shfl_xor_sync(0xFFFFFFFFu, l[0], d);
+        l[1] += __shfl_xor_sync(0xFFFFFFFFu, l[1], d);
     }
-    const float ia = 1.0f / l_a, ib = 1.0f / l_b;  // l >= 1: the key at the row's own position is seen
+    const float ia = 1.0f / l[0], ib = 1.0f / l[1];  // l >= 1: the key at the row's own position is seen
     const int ra = r0 + g, rb = r0 + g + 8;
     float* oa = out + static_cast<int64_t>(ra) * ldo + static_cast<int64_t>(h) * HD + 2 * tg;
     float* ob = out + static_cast<int64_t>(rb) * ldo + static_cast<int64_t>(h) * HD + 2 * tg;

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/flash_softmax.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/ops_paged.h"
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
     float o[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;  // heads gq and gq + 8
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads gq and gq + 8: running max and sum
     int b = 0;
     for (int j0 = k0; j0 <= k1; j0 += kGroupKeys, b ^= 1) {
         if (j0 + kGroupKeys <= k1) issue(j0 + kGroupKeys, b ^ 1);
@@ -168,47 +169,23 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
                     mma::mma_f16(s[j], qa[kk], b0, b1);
                 }
             }
-            float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 2; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     float v = s[j][e];
                     if constexpr (SOFTCAP) v = softcap * tanhf(v / softcap);
-                    v = kw + j * 8 + 2 * tg + (e & 1) <= k1 ? v : -INFINITY;
-                    s[j][e] = v;
-                    if (e < 2) mx_a = fmaxf(mx_a, v);
-                    else mx_b = fmaxf(mx_b, v);
+                    s[j][e] = kw + j * 8 + 2 * tg + (e & 1) <= k1 ? v : -INFINITY;
                 }
-#pragma unroll
-            for (int d = 1; d <= 2; d <<= 1) {
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xFFFFFFFFu, mx_a, d));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xFFFFFFFFu, mx_b, d));
-            }
-            // Key kw is in range: every head's new max is finite.
-            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-            const float corr_a = expf(m_a - mn_a), corr_b = expf(m_b - mn_b);  // 0 while m is −inf
-            m_a = mn_a;
-            m_b = mn_b;
+            float corr[2];
             uint32_t pf[2][2];
-            float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const float p0 = expf(s[j][0] - mn_a), p1 = expf(s[j][1] - mn_a);
-                const float p2 = expf(s[j][2] - mn_b), p3 = expf(s[j][3] - mn_b);
-                sum_a += p0 + p1;
-                sum_b += p2 + p3;
-                pf[j][0] = mma::pack_half2(p0, p1);
-                pf[j][1] = mma::pack_half2(p2, p3);
-            }
-            l_a = l_a * corr_a + sum_a;
-            l_b = l_b * corr_b + sum_b;
+            detail::online_softmax_step(s, m, l, corr, pf);
             const uint32_t a[4] = {pf[0][0], pf[0][1], pf[1][0], pf[1][1]};
             const __half* vrow = &vsh[b][16 * warp + (lane & 15)][(lane >> 4) * 8];
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
-                o[j][0] *= corr_a, o[j][1] *= corr_a, o[j][2] *= corr_b, o[j][3] *= corr_b;
-                o[j + 1][0] *= corr_a, o[j + 1][1] *= corr_a, o[j + 1][2] *= corr_b, o[j + 1][3] *= corr_b;
+                o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
+                o[j + 1][0] *= corr[0], o[j + 1][1] *= corr[0], o[j + 1][2] *= corr[1], o[j + 1][3] *= corr[1];
                 uint32_t b0, b1, b2, b3;
                 mma::ldmatrix_x4_trans(b0, b1, b2, b3, vrow + j * 8);
                 mma::mma_f16(o[j], a, b0, b1);
@@ -220,8 +197,8 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
     mma::cp_async_wait<0>();
 #pragma unroll
     for (int d = 1; d <= 2; d <<= 1) {
-        l_a += __shfl_xor_sync(0xFFFFFFFFu, l_a, d);
-        l_b += __shfl_xor_sync(0xFFFFFFFFu, l_b, d);
+        l[0] += __shfl_xor_sync(0xFFFFFFFFu, l[0], d);
+        l[1] += __shfl_xor_sync(0xFFFFFFFFu, l[1], d);
     }
     // The second warp hands its (max, sum, O) to the first through shared
     // memory (the K buffers and kx are free now).
@@ -229,7 +206,7 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
     static_assert(sizeof(ksh) >= sizeof(float) * kGroupMaxHeads * HD, "the hand-over fits the K buffers");
     auto osh = reinterpret_cast<float(*)[HD]>(&ksh[0][0][0]);
     if (warp == 1) {
-        if (tg == 0) kx[gq] = m_a, kx[gq + 8] = m_b, kx[16 + gq] = l_a, kx[24 + gq] = l_b;
+        if (tg == 0) kx[gq] = m[0], kx[gq + 8] = m[1], kx[16 + gq] = l[0], kx[24 + gq] = l[1];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             *reinterpret_cast<float2*>(&osh[gq][j * 8 + 2 * tg]) = make_float2(o[j][0], o[j][1]);
@@ -248,8 +225,8 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
         m = M;
     };
     float ca1, ca2, cb1, cb2;
-    merge(m_a, l_a, kx[gq], kx[16 + gq], ca1, ca2);
-    merge(m_b, l_b, kx[gq + 8], kx[24 + gq], cb1, cb2);
+    merge(m[0], l[0], kx[gq], kx[16 + gq], ca1, ca2);
+    merge(m[1], l[1], kx[gq + 8], kx[24 + gq], cb1, cb2);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
         const float2 oa = *reinterpret_cast<const float2*>(&osh[gq][j * 8 + 2 * tg]);
@@ -263,16 +240,16 @@ __global__ void __launch_bounds__(32 * kGroupWarps)
         const int j_head = gq + 8 * half;
         if (j_head >= g) continue;
         const int h = hk * g + j_head;
-        const float m = half ? m_b : m_a, l = half ? l_b : l_a;
+        const float mh = m[half], lh = l[half];
         if (nsplit > 1) {
             float* rec = ws + ((static_cast<int64_t>(r) * n_head + h) * nsplit + blockIdx.z) * (HD + 2);
 #pragma unroll
             for (int j = 0; j < NT; ++j)
                 *reinterpret_cast<float2*>(rec + j * 8 + 2 * tg) = make_float2(o[j][2 * half], o[j][2 * half + 1]);
-            if (tg == 0) rec[HD] = m, rec[HD + 1] = l;
+            if (tg == 0) rec[HD] = mh, rec[HD + 1] = lh;
             continue;
         }
-        const float inv = 1.0f / l;  // l >= 1: the row's own key is in its range
+        const float inv = 1.0f / lh;  // l >= 1: the row's own key is in its range
         if (ob) {
             uint16_t* orow = ob + static_cast<int64_t>(r) * n_head * HD + static_cast<int64_t>(h) * HD + 2 * tg;
 #pragma unroll

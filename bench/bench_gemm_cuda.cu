@@ -132,9 +132,11 @@ int main(int argc, char** argv) {
     const std::vector<Shape> shapes = big ? std::vector<Shape>(std::begin(kShapes70b), std::end(kShapes70b))
                                           : std::vector<Shape>(std::begin(kShapes8b), std::end(kShapes8b));
     const int64_t max_n = *std::max_element(rows.begin(), rows.end());
+    int64_t max_k = 0;
+    for (const Shape& sh : shapes) max_k = std::max(max_k, sh.K);
     CudaContext ctx;
     cudaStream_t s = ctx.stream();
-    PrefillGemm gemm(max_n, big ? 28672 : 14336, int64_t{64} << 20);
+    PrefillGemm gemm(max_n, max_k, int64_t{64} << 20);
     gemm.set_verbose(false);
     cudaEvent_t e0, e1;
     QUERN_CUDA_CHECK(cudaEventCreate(&e0));

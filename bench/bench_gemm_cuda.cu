@@ -21,8 +21,9 @@
 //         (qw32x1 .. qw128x2, qw256x1: tokens per block × weight groups per
 //         warpgroup);
 //   fp8   the matrix converted to FP8 with one scale per row (to_fp8_rows:
-//         --gpu-weights fp8), the activations quantized per row, cuBLASLt's
-//         FP8 product (PrefillGemm::run_bf16 on it); not in the default list.
+//         --gpu-weights fp8), the activations quantized per row, the FP8
+//         product (PrefillGemm::run_bf16 on it: fp8_gemm on sm_90a, cuBLASLt
+//         with QUERN_CUDA_FP8_CUBLAS=1); not in the default list.
 // Method: random blocks with sane scales; enough copies of each form that a
 // round of them exceeds the L2 (every call reads DRAM, as a model's layers
 // do); 3 warm-up calls, then the median of --reps rounds of 10 calls each,

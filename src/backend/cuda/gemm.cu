@@ -17,6 +17,7 @@
 #include "backend/cuda/bq_gemm.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/fp8_gemm.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/qw_gemm.h"
 #include "backend/cuda/minifloat.cuh"
@@ -348,6 +349,9 @@ struct PrefillGemm::Plan {
 
 namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// fp8_gemm's K splits of products with few blocks: 8 MiB holds two splits of
+// 256 tokens by 4096 rows (an 8B model's down projection at 256 sequences).
+constexpr int64_t kF8WorkElems = int64_t{2} << 20;
 constexpr int kTuneCandidates = 8;
 }
 
@@ -364,6 +368,7 @@ PrefillGemm::PrefillGemm(int64_t max_n, int64_t max_k, int64_t max_tile_elems)
         xact_ = DeviceBuffer(static_cast<size_t>(max_n * max_k) * 2);
         qx_ = DeviceBuffer(static_cast<size_t>(max_n * max_k));
         sx_ = DeviceBuffer(static_cast<size_t>(max_n) * sizeof(float));
+        f8_work_ = DeviceBuffer(static_cast<size_t>(kF8WorkElems) * sizeof(float));
         QUERN_CUDA_CHECK(cudaStreamCreateWithFlags(&dq_stream_, cudaStreamNonBlocking));
         for (int b = 0; b < 2; ++b) {
             QUERN_CUDA_CHECK(cudaEventCreateWithFlags(&dq_done_[b], cudaEventDisableTiming));
@@ -548,6 +553,14 @@ void PrefillGemm::run_bf16_pieces(const DeviceWeight* const* ws, const int64_t* 
 
 bool PrefillGemm::run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n,
                                float* y, int64_t ldy, cudaStream_t stream) {
+    if (!tuning().fp8_cublas && w.row_scale && fp8_gemm_supported(w.K)) {
+        quantize_fp8_act_rows(xb, n, w.K, qx_.as<uint8_t>(), sx_.as<float>(), stream);
+        if (hook_) hook_("fp8_act");
+        fp8_gemm(static_cast<const uint8_t*>(w.q), w.row_scale, w.N, w.K, row0, n_rows, qx_.as<uint8_t>(),
+                 sx_.as<float>(), n, y, ldy, stream, f8_work_.as<float>(), kF8WorkElems);
+        if (hook_) hook_("gemm");
+        return true;
+    }
     const auto* a = static_cast<const uint8_t*>(w.q) + row0 * w.K;
     const uint32_t aa = alignment(a, w.K), ab = alignment(qx_.data(), w.K), ac = alignment(y, ldy * 4);
     const auto key = std::make_tuple(n_rows, n, w.K, ldy, aa, ab, ac);

@@ -60,8 +60,9 @@ void f32_to_bf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* ou
 /// DeviceWeight (its block scales all equal to the row's, and row_scale the
 /// N scales once each) with fp8_row_scaled set: the decode GEMVs read it as
 /// any FP8 weight, and the prefill GEMM multiplies its codes in FP8 on the
-/// tensor cores, cuBLASLt applying both scales (outer-vector scale modes)
-/// where it offers them, else a second pass. Synchronizes
+/// tensor cores: fp8_gemm (fp8_gemm.h) where sm_90a runs, else cuBLASLt
+/// applying both scales (outer-vector scale modes) where it offers them, else
+/// a second pass. Synchronizes
 /// `stream`. Throws quern::Error for other types or K % 32 != 0.
 DeviceWeight to_fp8_rows(const DeviceWeight& w, cudaStream_t stream);
 
@@ -184,7 +185,8 @@ private:
     struct Plan;  // cuBLASLt descriptors and the chosen algorithm of one shape
     Plan& plan(int64_t m, int64_t n, int64_t k, int64_t ldc, uint32_t align_a, uint32_t align_b, uint32_t align_c,
                bool fp8);
-    /// The FP8 product for a weight with fp8_row_scaled; false (nothing
+    /// The FP8 product for a weight with fp8_row_scaled: fp8_gemm where it
+    /// runs (Tuning::fp8_cublas aside), else cuBLASLt; false (nothing
     /// written, the shape remembered) when cuBLASLt has no FP8 kernel for it.
     bool run_fp8_rows(const DeviceWeight& w, int64_t row0, int64_t n_rows, const uint16_t* xb, int64_t n, float* y,
                       int64_t ldy, cudaStream_t stream);
@@ -202,6 +204,7 @@ private:
     void* handle_ = nullptr;  // cublasLtHandle_t
     DeviceBuffer workspace_, wtile_[2], xact_;
     DeviceBuffer qx_, sx_;  // the activations in E4M3 and their per-row scales (FP8 path)
+    DeviceBuffer f8_work_;  // fp8_gemm's K-split sums (kF8WorkElems floats)
     std::set<std::tuple<int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>> fp8_refused_;
     int64_t fp8_fallbacks_ = 0;
     bool verbose_ = true;

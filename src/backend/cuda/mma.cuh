@@ -272,6 +272,58 @@ __device__ __forceinline__ void wgmma_bf16<32>(float (&d)[32][4], const uint32_t
     __trap();
 #endif
 }
+/// d = A·B (accumulate false: scale-d 0) or d += A·B for one
+/// wgmma.m64nNk32 (N = 8·NT, NT = 4, 8 or 16) of OCP E4M3 inputs with fp32
+/// accumulators, A (64 × 32) and B (N × 32) both from shared memory by
+/// descriptor, both K-major (the only layout FP8 takes). D as wgmma_bf16.
+/// The tensor cores add FP8 products with fewer bits than fp32 (about 14
+/// mantissa bits kept between partial sums, DeepSeek-V3 report §3.3.2):
+/// callers over long K add a few steps' d into fp32 themselves.
+template <int NT>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[NT][4], uint64_t da, uint64_t db, bool accumulate);
+
+template <>
+__device__ __forceinline__ void wgmma_e4m3<4>(float (&d)[4][4], uint64_t da, uint64_t db, bool accumulate) {
+#ifdef QUERN_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}\n"
+        : QUERN_WG_D1(0), QUERN_WG_D1(1), QUERN_WG_D1(2), QUERN_WG_D1(3)
+        : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)));
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
+template <>
+__device__ __forceinline__ void wgmma_e4m3<8>(float (&d)[8][4], uint64_t da, uint64_t db, bool accumulate) {
+#ifdef QUERN_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"
+        : QUERN_WG_D8(0)
+        : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)));
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
+template <>
+__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[16][4], uint64_t da, uint64_t db, bool accumulate) {
+#ifdef QUERN_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"
+        : QUERN_WG_D8(0), QUERN_WG_D8(8)
+        : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)));
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
 #undef QUERN_WG_D8
 #undef QUERN_WG_D1
 

@@ -46,6 +46,7 @@ const Tuning& tuning() {
         x.bq_wgmma = static_cast<int>(env_int("QUERN_CUDA_BQ_WGMMA", -1));
         x.qw = env_int("QUERN_CUDA_QW", 0) != 0 ? 1 : 0;
         x.qw_rows = env_int("QUERN_CUDA_QW_ROWS", -1);
+        x.fp8_cublas = env_int("QUERN_CUDA_FP8_CUBLAS", 0) != 0;
         x.bq_blocks_per_sm = static_cast<int>(std::max<int64_t>(0, env_int("QUERN_CUDA_BQ_BLOCKS_PER_SM", 0)));
         x.paged_splits = static_cast<int>(std::max<int64_t>(0, env_int("QUERN_CUDA_PAGED_SPLITS", 0)));
         x.dq_tokens = static_cast<int>(env_int("QUERN_CUDA_DQ_TOKENS", 0));

@@ -49,6 +49,9 @@ struct Tuning {
     /// QUERN_CUDA_QW_ROWS=N: PrefillGemm::uses_qw takes qw_gemm up to N
     /// activation rows (-1: kQwRows, gemm.h).
     int64_t qw_rows = -1;
+    /// QUERN_CUDA_FP8_CUBLAS=1: FP8 products (`--gpu-weights fp8`) through
+    /// cuBLASLt instead of fp8_gemm (fp8_gemm.h), where that runs.
+    bool fp8_cublas = false;
     /// QUERN_CUDA_BQ_BLOCKS_PER_SM=N: bq_gemm counts N blocks per SM when it
     /// picks its K splits (0: the clusters the device holds at once).
     int bq_blocks_per_sm = 0;

@@ -118,29 +118,20 @@ __global__ void __launch_bounds__(kF8Threads, 1)
     }
     const int w = lt >> 5, lane = lt & 31, g = lane >> 2, q = lane & 3;
     const int ra = rb + 64 * c + 16 * w + g, rb8 = ra + 8;
-    if (gridDim.z > 1) {  // a split's sums, unscaled, for fp8_splits_kernel
-        float* wz = work + static_cast<int64_t>(blockIdx.z) * n * rows;
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int tk = t0 + 8 * t + 2 * q + e;
-                if (tk >= n) continue;
-                float* wr = wz + static_cast<int64_t>(tk) * rows;
-                if (ra < rows) wr[ra] = acc[t][e];
-                if (rb8 < rows) wr[rb8] = acc[t][2 + e];
-            }
-        return;
-    }
-    const float swa = ra < rows ? sw[row0 + ra] : 0.0f, swb = rb8 < rows ? sw[row0 + rb8] : 0.0f;
+    // One split: scaled into y; several: this split's sums, unscaled (× 1
+    // is exact), into work for fp8_splits_kernel.
+    const bool split = gridDim.z > 1;
+    float* const out = split ? work + static_cast<int64_t>(blockIdx.z) * n * rows : y;
+    const int64_t ld = split ? rows : ldy;
+    const float swa = ra < rows && !split ? sw[row0 + ra] : 1.0f, swb = rb8 < rows && !split ? sw[row0 + rb8] : 1.0f;
 #pragma unroll
     for (int t = 0; t < NT; ++t)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int tk = t0 + 8 * t + 2 * q + e;
             if (tk >= n) continue;
-            const float s = sx[tk];
-            float* yr = y + static_cast<int64_t>(tk) * ldy;
+            const float s = split ? 1.0f : sx[tk];
+            float* yr = out + static_cast<int64_t>(tk) * ld;
             if (ra < rows) yr[ra] = acc[t][e] * swa * s;
             if (rb8 < rows) yr[rb8] = acc[t][2 + e] * swb * s;
         }

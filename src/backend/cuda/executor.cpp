@@ -93,6 +93,8 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
         // A matrix that does not fit twice (old and new during its
         // conversion) stays as it is, with a note.
         bool kept = false;
+        size_t free_fp8 = 0;
+        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_fp8, &total_b));
         const auto fp8 = [&](DeviceWeight& w) {
             if (!w.q || !gemm_weight_type_supported(w.type) || w.K % 32 != 0) return;
             try {
@@ -106,6 +108,10 @@ CudaExecutor::CudaExecutor(const Program& program, const SessionOptions& opt) : 
             }
         };
         for_each_layer_matrix(fp8, /*experts=*/true);
+        // The weights as held: FP8 codes and scales (about 1.1 bytes a
+        // weight) in place of the file's blocks.
+        QUERN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total_b));
+        weight_bytes_ = weight_bytes_ + free_fp8 > free_after ? weight_bytes_ + free_fp8 - free_after : 0;
     }
     if (c.moe) make_expert_bq();
 

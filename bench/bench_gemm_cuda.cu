@@ -17,7 +17,8 @@
 //         decoded in registers, mma.sync, nothing resident but the weights);
 //   bq    bq_gemm on the small-batch layout (n <= kBqMaxRows only);
 //   qw    qw_gemm on the resident layout (qw_gemm.h; sm_90a, Q4_K / Q6_K),
-//         its default kernel shape, and with --qw-shapes each forced shape
+//         its default kernel and shape, and with --qw-shapes the skinny
+//         kernel forced (qw-skinny), the tiled one by its rule (qw-tiles), and each forced shape
 //         (qw32x1 .. qw128x2, qw256x1: tokens per block × weight groups per
 //         warpgroup);
 //   fp8   the matrix converted to FP8 with one scale per row (to_fp8_rows:
@@ -237,6 +238,12 @@ int main(int argc, char** argv) {
             if (has_qw) {
                 const auto qw = [&](size_t i) { qw_gemm(wq[i % wq.size()], 0, sh.N, x, n, dy2.as<float>(), sh.N, s); };
                 report("qw", qb, qw);
+                if (qw_shapes) {
+                    qw_gemm_set_form(QwForm::kSkinny);
+                    report("qw-skinny", qb, qw);
+                    qw_gemm_set_form(QwForm::kTiles);
+                    report("qw-tiles", qb, qw);
+                }
                 if (qw_shapes)
                     for (int tok : {32, 64, 128, 256})
                         for (int grp : {1, 2}) {
@@ -246,6 +253,7 @@ int main(int argc, char** argv) {
                             report(name.c_str(), qb, qw);
                         }
                 qw_gemm_set_shape(0, 0);
+                qw_gemm_set_form(QwForm::kAuto);
             }
         }
     }

@@ -13,6 +13,7 @@
 // over the whole product rms(y − ref) <= 2^-7·rms(ref).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -46,11 +47,26 @@ bool have_qw() {
 #define REQUIRE_QW() \
     if (!have_qw()) GTEST_SKIP() << "no GPU running the sm_90a code"
 
-struct ShapeGuard {  // the default kernel shape again however a test ends
-    ~ShapeGuard() { cuda::qw_gemm_set_shape(0, 0); }
+// The largest |w| of each weight's 32-element group, per weight (the bound below).
+std::vector<float> group_max(const HostMatrix& m) {
+    std::vector<float> gm(m.deq.size());
+    for (size_t i0 = 0; i0 + 32 <= gm.size(); i0 += 32) {
+        float mx = 0;
+        for (size_t i = i0; i < i0 + 32; ++i) mx = std::max(mx, std::fabs(m.deq[i]));
+        for (size_t i = i0; i < i0 + 32; ++i) gm[i] = mx;
+    }
+    return gm;
+}
+
+struct ShapeGuard {  // the default kernel and shape again however a test ends
+    ~ShapeGuard() {
+        cuda::qw_gemm_set_shape(0, 0);
+        cuda::qw_gemm_set_form(cuda::QwForm::kAuto);
+    }
 };
 
-// Every kernel shape (32, 64, 128 tokens per block × 1, 2 weight groups per
+// The skinny kernel (8, 16, 32, 64 tokens per block by n; token groups of 64
+// past that) and every shape of the tiled one (32, 64, 128 tokens per block × 1, 2 weight groups per
 // warpgroup, and 256 × 1) on activation counts across and past the token tiles, the
 // whole matrix and row ranges starting anywhere (the padding past `rows`
 // keeps its poison), K of one split and of several (summed over a thread
@@ -67,15 +83,8 @@ TEST(QwGemm, MatchesDoubleReference) {
             HostMatrix m = random_matrix(t, N, K, rng);
             cuda::DeviceWeight w = upload(ctx, m);
             cuda::PrefillGemm gemm(300, K, int64_t{64} << 20);
-            std::vector<float> gmax(static_cast<size_t>(N * K));
-            for (int64_t j = 0; j < N; ++j)
-                for (int64_t k0 = 0; k0 < K; k0 += 32) {
-                    float mx = 0;
-                    for (int64_t k = k0; k < k0 + 32; ++k)
-                        mx = std::max(mx, std::fabs(m.deq[static_cast<size_t>(j * K + k)]));
-                    for (int64_t k = k0; k < k0 + 32; ++k) gmax[static_cast<size_t>(j * K + k)] = mx;
-                }
-            for (int64_t n : {1, 7, 32, 33, 64, 65, 128, 129, 300}) {
+            const std::vector<float> gmax = group_max(m);
+            for (int64_t n : {1, 7, 9, 16, 32, 33, 64, 65, 128, 129, 300}) {
                 if (K == 4096 && n > 129) continue;  // the reference's cost
                 std::vector<float> x(static_cast<size_t>(n * K));
                 for (auto& v : x) v = nd(rng);
@@ -94,9 +103,10 @@ TEST(QwGemm, MatchesDoubleReference) {
                         ref[static_cast<size_t>(r * N + j)] = s;
                         tol[static_cast<size_t>(r * N + j)] = std::ldexp(1.0, -5) * std::sqrt(mag2) + 1e-5;
                     }
-                for (int tokens : {32, 64, 128, 256})
+                for (int tokens : {0, 32, 64, 128, 256})  // 0: the skinny kernel
                     for (int groups : {1, 2}) {
-                        if (tokens == 256 && groups == 2) continue;  // one group at 256 tokens
+                        if ((tokens == 256 || tokens == 0) && groups == 2) continue;  // one group at 256 tokens
+                        cuda::qw_gemm_set_form(tokens == 0 ? cuda::QwForm::kSkinny : cuda::QwForm::kTiles);
                         cuda::qw_gemm_set_shape(tokens, groups);
                         for (const auto& [row0, rows] : {std::pair<int64_t, int64_t>{0, N}, {37, N - 69}}) {
                             const int64_t ldy = rows + 3;
@@ -190,6 +200,96 @@ TEST(QwGemm, PiecesMatchOneLaunchPerMatrix) {
         }
     }
     EXPECT_THROW(cuda::qw_gemm_pieces(nullptr, 1, nullptr, 1, nullptr, 1, ctx.stream()), std::runtime_error);
+}
+
+// qw_gemm_glu (gate and up products and the gated unit in one launch of the
+// skinny kernel) against the double reference act(Σ x·G)·(Σ x·U) on fresh
+// random data: one fused [gate | up] weight, two separate ones, and gate
+// rows starting inside a weight; SiLU and GELU; 1-64 rows (token groups of
+// 32 past 32); K with one split and with several. The bound is the per
+// product one above carried through the activation (|act'| <= 1.2) plus the
+// BF16 rounding of h; padding columns of h keep their poison.
+TEST(QwGemm, GluMatchesReference) {
+    REQUIRE_QW();
+    cuda::CudaContext ctx;
+    std::mt19937 rng(41);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const auto act = [](double g, bool gelu) {
+        return gelu ? 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+                    : g / (1.0 + std::exp(-g));
+    };
+    const char* const layouts[] = {"fused", "pair", "offset"};
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+        for (const int64_t K : {int64_t{256}, int64_t{2048}}) {
+            for (int lay = 0; lay < 3; ++lay) {
+                const bool one = lay != 1;  // gate and up in one weight
+                const int64_t F = one ? 144 : 136, g0 = lay == 2 ? 16 : 0;
+                HostMatrix mg = random_matrix(t, one ? g0 + 2 * F : F, K, rng);
+                HostMatrix mu = one ? mg : random_matrix(t, F, K, rng);
+                cuda::DeviceWeight wg = upload(ctx, mg);
+                cuda::DeviceWeight wu = one ? cuda::DeviceWeight() : upload(ctx, mu);
+                const cuda::DeviceWeight& up = one ? wg : wu;
+                const int64_t up0 = one ? g0 + F : 0;
+                const std::vector<float> gmg = group_max(mg), gmu = group_max(mu);
+                cuda::PrefillGemm gemm(64, K, int64_t{64} << 20);
+                for (int64_t n : {1, 9, 17, 33, 64})
+                    for (const bool gelu : {false, true}) {
+                        ASSERT_TRUE(cuda::qw_glu_supported(wg, up, n));
+                        const int64_t ldh = F + 5;
+                        std::vector<float> x(static_cast<size_t>(n * K));
+                        for (auto& v : x) v = nd(rng);
+                        cuda::DeviceBuffer dx = on_device(x, ctx), dh(static_cast<size_t>(n * ldh) * 2);
+                        const uint16_t* xb = gemm.to_bf16(dx.as<float>(), K, n, K, ctx.stream());
+                        dh.fill_bytes(0xFF, ctx.stream());
+                        cuda::qw_gemm_glu(wg, g0, up, up0, F, xb, n, dh.as<uint16_t>(), ldh, gelu, ctx.stream());
+                        std::vector<uint16_t> h(static_cast<size_t>(n * ldh));
+                        dh.download(h.data(), h.size() * 2, ctx.stream());
+                        int bad = 0;
+                        for (int64_t r = 0; r < n; ++r) {
+                            for (int64_t j = 0; j < F; ++j) {
+                                double g = 0, u = 0, mg2 = 0, mu2 = 0;
+                                for (int64_t k = 0; k < K; ++k) {
+                                    const double xv = bf16_to_float(fp32_to_bf16(x[static_cast<size_t>(r * K + k)]));
+                                    const size_t ig = static_cast<size_t>((g0 + j) * K + k);
+                                    const size_t iu = static_cast<size_t>((up0 + j) * K + k);
+                                    g += xv * mg.deq[ig];
+                                    u += xv * mu.deq[iu];
+                                    mg2 += (xv * gmg[ig]) * (xv * gmg[ig]);
+                                    mu2 += (xv * gmu[iu]) * (xv * gmu[iu]);
+                                }
+                                const double ref = act(g, gelu) * u;
+                                const double tg = std::ldexp(1.0, -5) * std::sqrt(mg2) + 1e-5;
+                                const double tu = std::ldexp(1.0, -5) * std::sqrt(mu2) + 1e-5;
+                                const double tol = 1.2 * (std::fabs(u) + tu) * tg + (std::fabs(act(g, gelu)) + 1.2 * tg) * tu +
+                                                   std::ldexp(std::fabs(ref), -8) + 1e-5;
+                                const float got = bf16_to_float(h[static_cast<size_t>(r * ldh + j)]);
+                                if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
+                                    ADD_FAILURE() << dtype_name(t) << " K " << K << " " << layouts[lay] << " n " << n
+                                                  << (gelu ? " gelu" : " silu") << " at " << r << "," << j << ": " << got
+                                                  << " vs " << ref << " (tol " << tol << ")";
+                            }
+                            for (int64_t j = F; j < ldh; ++j)
+                                if (h[static_cast<size_t>(r * ldh + j)] != 0xFFFFu && bad++ < 5)
+                                    ADD_FAILURE() << "padding written at row " << r;
+                        }
+                        EXPECT_EQ(bad, 0) << dtype_name(t) << " K " << K << " " << layouts[lay] << " n " << n;
+                    }
+            }
+        }
+    }
+    // Refusals: two types, too many rows, ranges past a matrix.
+    HostMatrix a = random_matrix(DType::Q4_K, 64, 256, rng), b = random_matrix(DType::Q6_K, 64, 256, rng);
+    cuda::DeviceWeight wa = upload(ctx, a), wb = upload(ctx, b);
+    cuda::DeviceBuffer dx(static_cast<size_t>(65 * 256) * 2), dh(static_cast<size_t>(65 * 64) * 2);
+    const auto* xb = dx.as<uint16_t>();
+    auto* hb = dh.as<uint16_t>();
+    EXPECT_FALSE(cuda::qw_glu_supported(wa, wb, 8));
+    EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wb, 0, 64, xb, 8, hb, 64, false, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wa, 0, 64, xb, 65, hb, 64, false, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wa, 8, 64, xb, 8, hb, 64, false, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wa, 0, 64, xb, 8, hb, 63, false, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wa, 0, 64, xb + 1, 8, hb, 64, false, ctx.stream()), std::runtime_error);
+    ctx.synchronize();
 }
 
 // Refusals: types and row lengths it has no kernel for, shapes out of range,

@@ -12,6 +12,7 @@
 #include "backend/cuda/bq_common.cuh"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/qw_common.cuh"
 
 namespace quern::cuda {
 namespace {
@@ -190,18 +191,8 @@ struct ChunkA<DType::Q6_K> {
 
 #endif  // QUERN_WGMMA
 
-// The matrices of one launch (qw_gemm_pieces): up to kQwMaxPieces of one
-// type and K side by side in the grid's x, each writing its own columns of y.
-struct QwSeg {
-    DeqArgs a;
-    int64_t row0, rows;  // the product's weight rows: row0 .. row0 + rows − 1 of a's matrix
-    int64_t ycol;        // output column of its first row
-    int64_t bx0;         // its first block in x
-};
-struct QwSegs {
-    QwSeg s[kQwMaxPieces];
-    int count;
-};
+using QwSeg = qw::Seg;
+using QwSegs = qw::Segs;
 
 // qw_kernel<T, NT, MW>
 //   Shapes:  a: the matrix in its resident layout (weights.h); the product
@@ -417,6 +408,7 @@ void launch_qw(QwSegs segs, const uint16_t* x, int n, float* y, int64_t ldy, cud
 }
 
 std::atomic<int> g_tokens{0}, g_groups{0};  // qw_gemm_set_shape (0: by the shape)
+std::atomic<int> g_form{static_cast<int>(QwForm::kAuto)};  // qw_gemm_set_form
 
 // The default token tile for n activation rows of the launch's pieces: the
 // tile that covers n up to 128 rows; beyond, 256 where that still gives half
@@ -476,8 +468,15 @@ void qw_gemm_pieces(const QwPiece* pieces, int count, const uint16_t* xb, int64_
                           p.row0, p.rows, p.ycol, 0};
     }
     const int nn = static_cast<int>(n);
-    if (w0->type == DType::Q4_K) launch_qw_n<DType::Q4_K>(segs, xb, nn, y, ldy, stream);
-    else launch_qw_n<DType::Q6_K>(segs, xb, nn, y, ldy, stream);
+    const auto form = static_cast<QwForm>(g_form.load(std::memory_order_relaxed));
+    const bool tiled = g_tokens.load(std::memory_order_relaxed) != 0;  // a forced tile shape
+    if (form == QwForm::kSkinny || (form == QwForm::kAuto && !tiled && n <= kQwSkinnyRows)) {
+        qw::launch_skinny(w0->type, segs, xb, nn, y, ldy, stream);
+    } else if (w0->type == DType::Q4_K) {
+        launch_qw_n<DType::Q4_K>(segs, xb, nn, y, ldy, stream);
+    } else {
+        launch_qw_n<DType::Q6_K>(segs, xb, nn, y, ldy, stream);
+    }
     QUERN_CUDA_CHECK_LAUNCH();
 }
 
@@ -486,6 +485,34 @@ void qw_gemm(const DeviceWeight& w, int64_t row0, int64_t rows, const uint16_t* 
     const QwPiece p{&w, row0, rows, 0};
     qw_gemm_pieces(&p, 1, xb, n, y, ldy, stream);
 }
+
+bool qw_glu_supported(const DeviceWeight& gate, const DeviceWeight& up, int64_t n) {
+    return gate.q && up.q && gate.type == up.type && gate.K == up.K && qw_supported(gate.type, gate.K) && n >= 1 &&
+           n <= kQwGluMaxRows;
+}
+
+void qw_gemm_glu(const DeviceWeight& gate, int64_t gate_row0, const DeviceWeight& up, int64_t up_row0, int64_t rows,
+                 const uint16_t* xb, int64_t n, uint16_t* h, int64_t ldh, bool gelu, cudaStream_t stream) {
+    if (!xb || !h) throw_error("qw_gemm_glu: null pointer");
+    if (!qw_glu_supported(gate, up, n))
+        throw_error("qw_gemm_glu: gate and up must be one type and K that qw_gemm takes, for 1 to " +
+                    std::to_string(kQwGluMaxRows) + " activation rows");
+    if (rows < 1 || gate_row0 < 0 || up_row0 < 0 || gate_row0 + rows > gate.N || up_row0 + rows > up.N || ldh < rows)
+        throw_error("qw_gemm_glu: shape out of range");
+    if (reinterpret_cast<uintptr_t>(xb) % 16 != 0) throw_error("qw_gemm_glu: activations must be 16-byte aligned");
+    const auto args = [](const DeviceWeight& w) {
+        return DeqArgs{static_cast<const uint8_t*>(w.q), static_cast<const uint8_t*>(w.q2),
+                       static_cast<const uint8_t*>(w.s), static_cast<const uint8_t*>(w.s2), w.K};
+    };
+    QwSegs segs{};
+    segs.count = 2;
+    segs.s[0] = QwSeg{args(gate), gate_row0, rows, 0, 0};
+    segs.s[1] = QwSeg{args(up), up_row0, rows, 0, 0};
+    qw::launch_skinny_glu(gate.type, segs, xb, static_cast<int>(n), h, ldh, gelu, stream);
+    QUERN_CUDA_CHECK_LAUNCH();
+}
+
+void qw_gemm_set_form(QwForm form) { g_form.store(static_cast<int>(form), std::memory_order_relaxed); }
 
 void qw_gemm_set_shape(int tokens, int groups) {
     g_tokens.store(tokens <= 0 ? 0 : tokens <= 32 ? 32 : tokens <= 64 ? 64 : tokens <= 128 ? 128 : 256,

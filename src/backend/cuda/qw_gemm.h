@@ -5,7 +5,15 @@
 // 5.5 or 11) — and each product reads the 4.5 (Q4_K) or 6.56 (Q6_K) bits
 // per weight of the GGUF file once per 128 activation rows.
 //
-// Method (sm_90a only: wgmma): a block of two warpgroups multiplies 128 or
+// Method, up to kQwSkinnyRows activation rows (the skinny kernel,
+// qw_skinny.cu): each warp streams 16 weight rows from global memory into
+// registers a super-block ahead, forms them in BF16 there and multiplies
+// them with mma.sync.m16n8k16 (8 activation rows per mma); only the
+// activations pass through shared memory. A lane decodes whole sub-blocks
+// (so its mma k positions hold elements of its own sub-block: the same sum
+// over K in another order).
+//
+// Method above (the tiled kernel, sm_90a only: wgmma): a block of two warpgroups multiplies 128 or
 // 256 weight rows by 32, 64, 128 or 256 activation rows over a range of K.
 // Per chunk of 64 elements it copies the weight rows' quants and scales and
 // the activation rows (BF16, wgmma's 128-byte swizzle) into a ring of
@@ -76,7 +84,39 @@ struct QwPiece {
 void qw_gemm_pieces(const QwPiece* pieces, int count, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
                     cudaStream_t stream);
 
-/// The kernel shape qw_gemm uses, for measurements (bench_gemm_cuda):
+/// Most activation rows qw_gemm_glu takes.
+inline constexpr int64_t kQwGluMaxRows = 64;
+
+/// Whether qw_gemm_glu takes gate and up for n activation rows: both of one
+/// type and K that qw_supported takes, 1 <= n <= kQwGluMaxRows.
+bool qw_glu_supported(const DeviceWeight& gate, const DeviceWeight& up, int64_t n);
+
+/// A GLU feed-forward layer's gated values straight from its two products
+/// on the resident layout (one launch of the skinny kernel, no float
+/// intermediate): for r < n, j < rows
+///   h[r·ldh + j] = BF16(act(Σ_k x_rk·G[gate_row0 + j][k]) · Σ_k x_rk·U[up_row0 + j][k])
+/// with x_rk = xb[r·K + k] (BF16, row stride K = gate.K), act = SiLU, or
+/// GELU in its tanh form when gelu: glu_rows_bf16 applied to the two qw_gemm
+/// products up to the order of the fp32 sums. gate and up may be one weight
+/// (a fused [gate | up] matrix: up_row0 = rows). h: n rows at stride ldh
+/// BF16, must not overlap xb. Preconditions (else quern::Error):
+/// qw_glu_supported(gate, up, n), row ranges inside both matrices, ldh >=
+/// rows, xb 16-byte aligned. Asynchronous on `stream`; graph-safe.
+void qw_gemm_glu(const DeviceWeight& gate, int64_t gate_row0, const DeviceWeight& up, int64_t up_row0, int64_t rows,
+                 const uint16_t* xb, int64_t n, uint16_t* h, int64_t ldh, bool gelu, cudaStream_t stream);
+
+/// Up to how many activation rows qw_gemm takes the skinny kernel
+/// (qw_gemm_set_form: kAuto).
+inline constexpr int64_t kQwSkinnyRows = 64;
+
+/// Which kernel qw_gemm runs, for measurements and tests: kAuto the skinny
+/// one up to kQwSkinnyRows rows and the tiled one above (or whenever
+/// qw_gemm_set_shape forced a tile shape); kSkinny the skinny one for every
+/// row count (token groups of 64 rows); kTiles the tiled one.
+enum class QwForm { kAuto, kSkinny, kTiles };
+void qw_gemm_set_form(QwForm form);
+
+/// The tiled kernel's shape, for measurements (bench_gemm_cuda):
 /// tokens 32, 64, 128 or 256 activation rows per block (0: by n and the
 /// matrices' rows, default_tokens in qw_gemm.cu), groups 1
 /// or 2 64-row weight groups per warpgroup (0: by the shape; 256 tokens

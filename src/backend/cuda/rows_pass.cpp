@@ -14,7 +14,8 @@
 //     H = A · W_oᵀ (HRES = RMSNorm(H, post_attn_norm))    PrefillGemm (+ rms_norm_q8_1)
 //     XN = RMSNorm(X += HRES, ffn_norm) in BF16           rms_norm_bf16
 //     GU = XN · W_gate_upᵀ; F = SiLU|GELU(G) · U in BF16  PrefillGemm, glu_rows_bf16
-//                                  (passes of <= 32 rows on bq layouts: bq_gemm_glu, one launch)
+//                                  (passes of <= 32 rows on bq layouts: bq_gemm_glu, one launch;
+//                                  of <= 64 on the resident layout: qw_gemm_glu)
 //     H = F · W_downᵀ (HRES = RMSNorm(H, post_ffn_norm))
 //   last chunk, last row only: RMSNorm(x += h, output_norm), logits = W_out · xq
 //   with the decode step's GEMV (and soft-capping).
@@ -32,6 +33,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/executor.h"
+#include "backend/cuda/qw_gemm.h"
 #include "backend/cuda/tuning.h"
 #include "core/error.h"
 #include <vector>
@@ -289,9 +291,17 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
                 ((gu.size() == 1 && gu[0].w.N == 2 * FF && FF % 16 == 0) ||
                  (gu.size() == 2 && gu[0].w.N == FF && gu[1].w.N == FF)) &&
                 bq_glu_supported(gu.front().w, gu.back().w, n);
-            if (glu_bq) {
+            // Or on the resident layout (qw_gemm_glu), likewise.
+            const bool glu_qw =
+                !glu_bq && !fused(L.gate_up_bf16, gu) &&
+                std::all_of(gu.begin(), gu.end(), [&](const Piece& p) { return PrefillGemm::uses_qw(p.w, n); }) &&
+                ((gu.size() == 1 && gu[0].w.N == 2 * FF) || (gu.size() == 2 && gu[0].w.N == FF && gu[1].w.N == FF)) &&
+                qw_glu_supported(gu.front().w, gu.back().w, n);
+            if (glu_bq || glu_qw) {
                 auto* hb = reinterpret_cast<uint16_t*>(GU);
-                bq_gemm_glu(gu.front().w, 0, gu.back().w, gu.size() == 1 ? FF : 0, FF, xb, n, hb, FF, gelu, s);
+                const int64_t up0 = gu.size() == 1 ? FF : 0;
+                if (glu_bq) bq_gemm_glu(gu.front().w, 0, gu.back().w, up0, FF, xb, n, hb, FF, gelu, s);
+                else qw_gemm_glu(gu.front().w, 0, gu.back().w, up0, FF, xb, n, hb, FF, gelu, s);
                 mark("glu");
                 gemm_->run_bf16(L.down.w, hb, n, H, E, s);
             } else {

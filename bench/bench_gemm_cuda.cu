@@ -20,7 +20,8 @@
 //         its default kernel and shape, and with --qw-shapes the skinny
 //         kernel forced (qw-skinny), the tiled one by its rule (qw-tiles), and each forced shape
 //         (qw32x1 .. qw128x2, qw256x1: tokens per block × weight groups per
-//         warpgroup);
+//         warpgroup), and on the gate+up shape the GLU form (qw-glu:
+//         qw_gemm_glu, the gated values instead of the two products);
 //   fp8   the matrix converted to FP8 with one scale per row (to_fp8_rows:
 //         --gpu-weights fp8), the activations quantized per row, the FP8
 //         product (PrefillGemm::run_bf16 on it: fp8_gemm on sm_90a, cuBLASLt
@@ -254,6 +255,18 @@ int main(int argc, char** argv) {
                         }
                 qw_gemm_set_shape(0, 0);
                 qw_gemm_set_form(QwForm::kAuto);
+                // The GLU form on a [gate | up] matrix: both products and the
+                // gated values in one launch (its output is h, not y: no check).
+                if (qw_shapes && std::strncmp(sh.name, "gate+up", 7) == 0 && n <= kQwGluMaxRows) {
+                    const int64_t F = sh.N / 2;
+                    size_t i = 0;
+                    const double us = time([&] {
+                        const DeviceWeight& w = wq[i++ % wq.size()];
+                        qw_gemm_glu(w, 0, w, F, F, x, n, reinterpret_cast<uint16_t*>(dy2.data()), F, false, s);
+                    });
+                    std::printf("%-26s %5lld %-8s %9.1f %6.0f %8.1f  -\n", sh.name, static_cast<long long>(n), "qw-glu", us,
+                                qb / us * 1e-3, fl / us * 1e-6);
+                }
             }
         }
     }

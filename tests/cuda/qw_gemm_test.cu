@@ -205,8 +205,8 @@ TEST(QwGemm, PiecesMatchOneLaunchPerMatrix) {
 // qw_gemm_glu (gate and up products and the gated unit in one launch of the
 // skinny kernel) against the double reference act(Σ x·G)·(Σ x·U) on fresh
 // random data: one fused [gate | up] weight, two separate ones, and gate
-// rows starting inside a weight; SiLU and GELU; 1-64 rows (token groups of
-// 32 past 32); K with one split and with several. The bound is the per
+// rows starting inside a weight; SiLU and GELU; 1-16 rows; K with one split
+// and with several. The bound is the per
 // product one above carried through the activation (|act'| <= 1.2) plus the
 // BF16 rounding of h; padding columns of h keep their poison.
 TEST(QwGemm, GluMatchesReference) {
@@ -232,7 +232,7 @@ TEST(QwGemm, GluMatchesReference) {
                 const int64_t up0 = one ? g0 + F : 0;
                 const std::vector<float> gmg = group_max(mg), gmu = group_max(mu);
                 cuda::PrefillGemm gemm(64, K, int64_t{64} << 20);
-                for (int64_t n : {1, 9, 17, 33, 64})
+                for (int64_t n : {1, 9, 16})
                     for (const bool gelu : {false, true}) {
                         ASSERT_TRUE(cuda::qw_glu_supported(wg, up, n));
                         const int64_t ldh = F + 5;
@@ -285,7 +285,7 @@ TEST(QwGemm, GluMatchesReference) {
     auto* hb = dh.as<uint16_t>();
     EXPECT_FALSE(cuda::qw_glu_supported(wa, wb, 8));
     EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wb, 0, 64, xb, 8, hb, 64, false, ctx.stream()), std::runtime_error);
-    EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wa, 0, 64, xb, 65, hb, 64, false, ctx.stream()), std::runtime_error);
+    EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wa, 0, 64, xb, 17, hb, 64, false, ctx.stream()), std::runtime_error);
     EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wa, 8, 64, xb, 8, hb, 64, false, ctx.stream()), std::runtime_error);
     EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wa, 0, 64, xb, 8, hb, 63, false, ctx.stream()), std::runtime_error);
     EXPECT_THROW(cuda::qw_gemm_glu(wa, 0, wa, 0, 64, xb + 1, 8, hb, 64, false, ctx.stream()), std::runtime_error);

@@ -84,8 +84,10 @@ struct QwPiece {
 void qw_gemm_pieces(const QwPiece* pieces, int count, const uint16_t* xb, int64_t n, float* y, int64_t ldy,
                     cudaStream_t stream);
 
-/// Most activation rows qw_gemm_glu takes.
-inline constexpr int64_t kQwGluMaxRows = 64;
+/// Most activation rows qw_gemm_glu takes: the form keeps two matrices'
+/// weights in flight per lane (one block per SM); through the engine it was
+/// measured at 8 and 16 rows only.
+inline constexpr int64_t kQwGluMaxRows = 16;
 
 /// Whether qw_gemm_glu takes gate and up for n activation rows: both of one
 /// type and K that qw_supported takes, 1 <= n <= kQwGluMaxRows.
@@ -106,8 +108,10 @@ void qw_gemm_glu(const DeviceWeight& gate, int64_t gate_row0, const DeviceWeight
                  const uint16_t* xb, int64_t n, uint16_t* h, int64_t ldh, bool gelu, cudaStream_t stream);
 
 /// Up to how many activation rows qw_gemm takes the skinny kernel
-/// (qw_gemm_set_form: kAuto).
-inline constexpr int64_t kQwSkinnyRows = 64;
+/// (qw_gemm_set_form: kAuto). On an H100 with Llama-3-8B's matrices it beat
+/// the tiled kernel on every shape at 1-32 rows and lost on every Q4_K shape
+/// at 64 (bench/batched-cuda-h200.md).
+inline constexpr int64_t kQwSkinnyRows = 32;
 
 /// Which kernel qw_gemm runs, for measurements and tests: kAuto the skinny
 /// one up to kQwSkinnyRows rows and the tiled one above (or whenever

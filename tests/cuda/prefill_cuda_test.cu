@@ -326,10 +326,6 @@ TEST(CudaPrefill, BqGemmGluMatchesReference) {
         int f = cuda::bq_gemm_form();
         ~FormGuard() { cuda::bq_gemm_set_form(f); }
     } guard;
-    const auto act = [](double g, bool gelu) {
-        return gelu ? 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
-                    : g / (1.0 + std::exp(-g));
-    };
     // Layouts: one [gate | up] weight (F = 144: 9 tiles, a partial block of
     // pair tiles), two weights of 136 rows (a partial last tile), and one
     // weight whose gate starts at row 16 ([16 other rows | gate | up]).
@@ -347,20 +343,7 @@ TEST(CudaPrefill, BqGemmGluMatchesReference) {
                 if (!one) cuda::make_resident_bq(wu, ctx.stream());
                 const cuda::DeviceWeight& up = one ? wg : wu;
                 const int64_t up0 = one ? g0 + F : 0;
-                const auto w_at = [&](const HostMatrix& m, int64_t j, int64_t k) {
-                    return static_cast<double>(m.deq[static_cast<size_t>(j * K + k)]);
-                };
-                // The largest |w| of each weight's 32-element group (the bq test's bound).
-                const auto group_max = [&](const HostMatrix& m) {
-                    std::vector<double> gm(m.deq.size());
-                    for (size_t i0 = 0; i0 < gm.size(); i0 += 32) {
-                        float mx = 0;
-                        for (size_t i = i0; i < i0 + 32; ++i) mx = std::max(mx, std::fabs(m.deq[i]));
-                        std::fill(gm.begin() + static_cast<std::ptrdiff_t>(i0), gm.begin() + static_cast<std::ptrdiff_t>(i0 + 32), mx);
-                    }
-                    return gm;
-                };
-                const std::vector<double> gmg = group_max(mg), gmu = group_max(mu);
+                const std::vector<float> gmg = quern::test::group_max(mg), gmu = quern::test::group_max(mu);
                 cuda::PrefillGemm gemm(32, K, int64_t{64} << 20);
                 for (int form : {0, 1, 4})
                     for (int64_t n : {1, 8, 9, 16, 17, 32})
@@ -381,21 +364,8 @@ TEST(CudaPrefill, BqGemmGluMatchesReference) {
                             int bad = 0;
                             for (int64_t r = 0; r < n; ++r) {
                                 for (int64_t j = 0; j < F; ++j) {
-                                    double g = 0, u = 0, mg2 = 0, mu2 = 0;
-                                    for (int64_t k = 0; k < K; ++k) {
-                                        const double xv = bf16_to_float(fp32_to_bf16(x[static_cast<size_t>(r * K + k)]));
-                                        g += xv * w_at(mg, g0 + j, k);
-                                        u += xv * w_at(mu, up0 + j, k);
-                                        const double eg = xv * gmg[static_cast<size_t>((g0 + j) * K + k)];
-                                        const double eu = xv * gmu[static_cast<size_t>((up0 + j) * K + k)];
-                                        mg2 += eg * eg;
-                                        mu2 += eu * eu;
-                                    }
-                                    const double ref = act(g, gelu) * u;
-                                    const double tg = std::ldexp(1.0, -5) * std::sqrt(mg2) + 1e-5;
-                                    const double tu = std::ldexp(1.0, -5) * std::sqrt(mu2) + 1e-5;
-                                    const double tol = 1.2 * (std::fabs(u) + tu) * tg + (std::fabs(act(g, gelu)) + 1.2 * tg) * tu +
-                                                       std::ldexp(std::fabs(ref), -8) + 1e-5;
+                                    const auto [ref, tol] = quern::test::glu_reference(x.data() + r * K, mg, gmg, g0 + j, mu,
+                                                                                       gmu, up0 + j, gelu);
                                     const float got = bf16_to_float(h[static_cast<size_t>(r * ldh + j)]);
                                     if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
                                         ADD_FAILURE() << dtype_name(t) << " K " << K << " " << layouts[lay] << " form "

@@ -33,6 +33,8 @@
 
 using namespace quern;
 using quern::test::bf16_to_float;
+using quern::test::glu_reference;
+using quern::test::group_max;
 using quern::test::HostMatrix;
 using quern::test::on_device;
 using quern::test::random_matrix;
@@ -46,17 +48,6 @@ bool have_qw() {
 }
 #define REQUIRE_QW() \
     if (!have_qw()) GTEST_SKIP() << "no GPU running the sm_90a code"
-
-// The largest |w| of each weight's 32-element group, per weight (the bound below).
-std::vector<float> group_max(const HostMatrix& m) {
-    std::vector<float> gm(m.deq.size());
-    for (size_t i0 = 0; i0 + 32 <= gm.size(); i0 += 32) {
-        float mx = 0;
-        for (size_t i = i0; i < i0 + 32; ++i) mx = std::max(mx, std::fabs(m.deq[i]));
-        for (size_t i = i0; i < i0 + 32; ++i) gm[i] = mx;
-    }
-    return gm;
-}
 
 struct ShapeGuard {  // the default kernel and shape again however a test ends
     ~ShapeGuard() {
@@ -214,10 +205,6 @@ TEST(QwGemm, GluMatchesReference) {
     cuda::CudaContext ctx;
     std::mt19937 rng(41);
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    const auto act = [](double g, bool gelu) {
-        return gelu ? 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
-                    : g / (1.0 + std::exp(-g));
-    };
     const char* const layouts[] = {"fused", "pair", "offset"};
     for (DType t : {DType::Q4_K, DType::Q6_K}) {
         for (const int64_t K : {int64_t{256}, int64_t{2048}}) {
@@ -247,21 +234,7 @@ TEST(QwGemm, GluMatchesReference) {
                         int bad = 0;
                         for (int64_t r = 0; r < n; ++r) {
                             for (int64_t j = 0; j < F; ++j) {
-                                double g = 0, u = 0, mg2 = 0, mu2 = 0;
-                                for (int64_t k = 0; k < K; ++k) {
-                                    const double xv = bf16_to_float(fp32_to_bf16(x[static_cast<size_t>(r * K + k)]));
-                                    const size_t ig = static_cast<size_t>((g0 + j) * K + k);
-                                    const size_t iu = static_cast<size_t>((up0 + j) * K + k);
-                                    g += xv * mg.deq[ig];
-                                    u += xv * mu.deq[iu];
-                                    mg2 += (xv * gmg[ig]) * (xv * gmg[ig]);
-                                    mu2 += (xv * gmu[iu]) * (xv * gmu[iu]);
-                                }
-                                const double ref = act(g, gelu) * u;
-                                const double tg = std::ldexp(1.0, -5) * std::sqrt(mg2) + 1e-5;
-                                const double tu = std::ldexp(1.0, -5) * std::sqrt(mu2) + 1e-5;
-                                const double tol = 1.2 * (std::fabs(u) + tu) * tg + (std::fabs(act(g, gelu)) + 1.2 * tg) * tu +
-                                                   std::ldexp(std::fabs(ref), -8) + 1e-5;
+                                const auto [ref, tol] = glu_reference(x.data() + r * K, mg, gmg, g0 + j, mu, gmu, up0 + j, gelu);
                                 const float got = bf16_to_float(h[static_cast<size_t>(r * ldh + j)]);
                                 if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
                                     ADD_FAILURE() << dtype_name(t) << " K " << K << " " << layouts[lay] << " n " << n

@@ -13,8 +13,9 @@
 // (so its mma k positions hold elements of its own sub-block: the same sum
 // over K in another order).
 //
-// Method above (the tiled kernel, sm_90a only: wgmma): a block of two warpgroups multiplies 128 or
-// 256 weight rows by 32, 64, 128 or 256 activation rows over a range of K.
+// Method above (the tiled kernel, sm_90a only: wgmma): a block of two
+// warpgroups multiplies 128 or 256 weight rows by 32, 64, 128 or 256
+// activation rows over a range of K.
 // Per chunk of 64 elements it copies the weight rows' quants and scales and
 // the activation rows (BF16, wgmma's 128-byte swizzle) into a ring of
 // shared-memory stages (cp.async, three chunks ahead); each lane turns one
@@ -27,11 +28,14 @@
 // a fixed order. qw_gemm_pieces puts up to three matrices in one launch.
 //
 // Speed (one H100, Llama-3-8B's matrices, bench/batched-cuda-h200.md): the
-// instructions each warp issues per chunk bound it (~250 for Q4_K). At 16-64
-// rows 1.0-1.1 TB/s of the weights (gate|up at 64 rows faster than the BF16
-// copies with cuBLASLt, which read 3.6x the bytes; bq_gemm is faster below
-// ~32 rows); at 2048 rows 400-480 TFLOP/s against the copies' 750-810. So
-// the batch runner takes it only with Tuning::qw (tuning.h).
+// skinny kernel at 1-16 rows as fast as bq_gemm on its 5.5-bit layout for
+// Q4_K and 18-24 % faster for Q6_K (1.8-2.4 TB/s on the large matrices at
+// one row). The tiled kernel is bound by the instructions each warp issues
+// per chunk (~250 for Q4_K): at 64 rows 1.0-1.1 TB/s of the weights (gate|up
+// faster than the BF16 copies with cuBLASLt, which read 3.6x the bytes); at
+// 2048 rows 400-480 TFLOP/s against the copies' 750-810. So the batch
+// runner takes qw_gemm only with Tuning::qw (tuning.h) or where the copies
+// would not fit.
 //
 // Numerics: as the bq path — each weight is formed in BF16 from its integer
 // q and its group's scale rounded to BF16 (the offset folded so that it

@@ -78,16 +78,29 @@ __device__ __forceinline__ void nibble_pairs(uint32_t w, uint32_t (&p)[4]) {
 template <DType T>
 struct SkWeights;
 
-template <>
-struct SkWeights<DType::Q4_K> {
+// The 4-bit quants both types keep in the same layout (Q6_K's low nibbles):
+// sub-blocks c and 4+c of rows g, g+8.
+struct SkQuants {
     uint4 q[2][2];  // [row][hh]
+    __device__ __forceinline__ void load_quants(const DeqArgs& a, int r, int64_t row, int64_t sb, int c) {
+        const uint8_t* p = a.q + row * (a.K / 2) + sb * 128 + 16 * c;
+        q[r][0] = ldw16(p);
+        q[r][1] = ldw16(p + 64);
+    }
+    // nibble_pairs of word 2u + ww of row r's sub-block hh.
+    __device__ __forceinline__ void pairs(int r, int hh, int u, int ww, uint32_t (&p)[4]) const {
+        const uint4 v = q[r][hh];
+        nibble_pairs(u == 0 ? (ww == 0 ? v.x : v.y) : (ww == 0 ? v.z : v.w), p);
+    }
+};
+
+template <>
+struct SkWeights<DType::Q4_K> : SkQuants {
     uint4 head[2];  // [row]: fp16 d, dmin, the packed scales and mins (weights.h)
     __device__ __forceinline__ void load(const DeqArgs& a, const int64_t (&row)[2], int64_t sb, int c) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const uint8_t* p = a.q + row[r] * (a.K / 2) + sb * 128 + 16 * c;
-            q[r][0] = ldw16(p);
-            q[r][1] = ldw16(p + 64);
+            load_quants(a, r, row[r], sb, c);
             head[r] = ldw16(a.s + (row[r] * (a.K / 256) + sb) * 16);
         }
     }
@@ -116,10 +129,7 @@ struct SkWeights<DType::Q4_K> {
         for (int ww = 0; ww < 2; ++ww) {
             uint32_t p[2][4];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const uint4 v = q[r][hh];
-                nibble_pairs(u == 0 ? (ww == 0 ? v.x : v.y) : (ww == 0 ? v.z : v.w), p[r]);
-            }
+            for (int r = 0; r < 2; ++r) pairs(r, hh, u, ww, p[r]);
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi)
 #pragma unroll
@@ -135,17 +145,14 @@ struct SkWeights<DType::Q4_K> {
 // int8 scale per 16 elements (a sub-block's low nibbles take scale 2j, its
 // high nibbles 2j+1).
 template <>
-struct SkWeights<DType::Q6_K> {
-    uint4 q[2][2];   // [row][hh]: low nibbles
+struct SkWeights<DType::Q6_K> : SkQuants {
     uint2 qh[2][2];  // [row][hh]: high bits, word 0 of elements 0..15, word 1 of 16..31
     uint4 sc[2];     // [row]: the super-block's sixteen int8 scales
     uint32_t d[2];   // [row]: fp16 d
     __device__ __forceinline__ void load(const DeqArgs& a, const int64_t (&row)[2], int64_t sb, int c) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const uint8_t* p = a.q + row[r] * (a.K / 2) + sb * 128 + 16 * c;
-            q[r][0] = ldw16(p);
-            q[r][1] = ldw16(p + 64);
+            load_quants(a, r, row[r], sb, c);
             const uint8_t* h = a.q2 + row[r] * (a.K / 4) + sb * 64 + 8 * c;
             qh[r][0] = ldw8(h);
             qh[r][1] = ldw8(h + 32);
@@ -176,8 +183,7 @@ struct SkWeights<DType::Q6_K> {
             uint32_t p[2][4];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const uint4 v = q[r][hh];
-                nibble_pairs(u == 0 ? (ww == 0 ? v.x : v.y) : (ww == 0 ? v.z : v.w), p[r]);
+                pairs(r, hh, u, ww, p[r]);
                 // High bits of element 16h + 4wi + k: word h, byte k, bits 2wi, 2wi+1.
                 const uint32_t lo = (qh[r][hh].x >> (2 * wi)) & 0x03030303u;
                 const uint32_t hi = (qh[r][hh].y >> (2 * wi)) & 0x03030303u;

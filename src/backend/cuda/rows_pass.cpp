@@ -15,7 +15,7 @@
 //     XN = RMSNorm(X += HRES, ffn_norm) in BF16           rms_norm_bf16
 //     GU = XN · W_gate_upᵀ; F = SiLU|GELU(G) · U in BF16  PrefillGemm, glu_rows_bf16
 //                                  (passes of <= 32 rows on bq layouts: bq_gemm_glu, one launch;
-//                                  of <= 64 on the resident layout: qw_gemm_glu)
+//                                  of <= 16 on the resident layout: qw_gemm_glu)
 //     H = F · W_downᵀ (HRES = RMSNorm(H, post_ffn_norm))
 //   last chunk, last row only: RMSNorm(x += h, output_norm), logits = W_out · xq
 //   with the decode step's GEMV (and soft-capping).
@@ -284,19 +284,16 @@ void CudaExecutor::layer_rows(const int32_t* dtokens, int64_t n, int64_t pos0, c
             // Gate and up on bq_gemm (a [gate | up] piece, or two pieces of
             // one bq width): the gated values come out of that launch, in
             // GU's memory as the down projection's BF16 input.
-            const std::vector<Piece>& gu = L.gate_up;
-            const bool glu_bq =
-                !fused(L.gate_up_bf16, gu) &&
-                std::all_of(gu.begin(), gu.end(), [&](const Piece& p) { return PrefillGemm::uses_bq(p.w, n); }) &&
-                ((gu.size() == 1 && gu[0].w.N == 2 * FF && FF % 16 == 0) ||
-                 (gu.size() == 2 && gu[0].w.N == FF && gu[1].w.N == FF)) &&
-                bq_glu_supported(gu.front().w, gu.back().w, n);
             // Or on the resident layout (qw_gemm_glu), likewise.
-            const bool glu_qw =
-                !glu_bq && !fused(L.gate_up_bf16, gu) &&
-                std::all_of(gu.begin(), gu.end(), [&](const Piece& p) { return PrefillGemm::uses_qw(p.w, n); }) &&
-                ((gu.size() == 1 && gu[0].w.N == 2 * FF) || (gu.size() == 2 && gu[0].w.N == FF && gu[1].w.N == FF)) &&
-                qw_glu_supported(gu.front().w, gu.back().w, n);
+            const std::vector<Piece>& gu = L.gate_up;
+            const bool pair = !fused(L.gate_up_bf16, gu) && ((gu.size() == 1 && gu[0].w.N == 2 * FF) ||
+                                                            (gu.size() == 2 && gu[0].w.N == FF && gu[1].w.N == FF));
+            const auto all = [&](bool (*uses)(const DeviceWeight&, int64_t)) {
+                return std::all_of(gu.begin(), gu.end(), [&](const Piece& p) { return uses(p.w, n); });
+            };
+            const bool glu_bq = pair && (gu.size() == 2 || FF % 16 == 0) && all(PrefillGemm::uses_bq) &&
+                                bq_glu_supported(gu.front().w, gu.back().w, n);
+            const bool glu_qw = !glu_bq && pair && all(PrefillGemm::uses_qw) && qw_glu_supported(gu.front().w, gu.back().w, n);
             if (glu_bq || glu_qw) {
                 auto* hb = reinterpret_cast<uint16_t*>(GU);
                 const int64_t up0 = gu.size() == 1 ? FF : 0;

@@ -244,8 +244,6 @@ int main(int argc, char** argv) {
                     report("qw-skinny", qb, qw);
                     qw_gemm_set_form(QwForm::kTiles);
                     report("qw-tiles", qb, qw);
-                }
-                if (qw_shapes)
                     for (int tok : {32, 64, 128, 256})
                         for (int grp : {1, 2}) {
                             if (tok == 256 && grp == 2) continue;  // one group at 256 tokens
@@ -253,6 +251,7 @@ int main(int argc, char** argv) {
                             const std::string name = "qw" + std::to_string(tok) + "x" + std::to_string(grp);
                             report(name.c_str(), qb, qw);
                         }
+                }
                 qw_gemm_set_shape(0, 0);
                 qw_gemm_set_form(QwForm::kAuto);
                 // The GLU form on a [gate | up] matrix: both products and the

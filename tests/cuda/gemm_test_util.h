@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/device_buffer.h"
@@ -99,6 +102,31 @@ inline GluRef glu_reference(const float* x, const HostMatrix& mg, const std::vec
     const double tu = std::ldexp(1.0, -5) * std::sqrt(mu2) + 1e-5;
     const double tol = 1.2 * (std::fabs(u) + tu) * tg + (std::fabs(a) + 1.2 * tg) * tu + std::ldexp(std::fabs(ref), -8) + 1e-5;
     return {ref, tol};
+}
+
+/// Checks a GLU launch's output h (n rows at stride ldh BF16, F values each,
+/// the padding up to ldh still 0xFFFF) against glu_reference for gate rows
+/// g0 + j of mg and up rows up0 + j of mu; x: n rows of K floats. Reports
+/// the first five mismatches (prefixed by `what`) and returns their count.
+inline int count_glu_mismatches(const std::vector<uint16_t>& h, int64_t n, int64_t ldh, int64_t F,
+                                const std::vector<float>& x, const HostMatrix& mg, const std::vector<float>& gmg,
+                                int64_t g0, const HostMatrix& mu, const std::vector<float>& gmu, int64_t up0,
+                                bool gelu, const std::string& what) {
+    const int64_t K = mg.K;
+    int bad = 0;
+    for (int64_t r = 0; r < n; ++r) {
+        for (int64_t j = 0; j < F; ++j) {
+            const auto [ref, tol] = glu_reference(x.data() + r * K, mg, gmg, g0 + j, mu, gmu, up0 + j, gelu);
+            const float got = bf16_to_float(h[static_cast<size_t>(r * ldh + j)]);
+            if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
+                ADD_FAILURE() << what << (gelu ? " gelu" : " silu") << " at " << r << "," << j << ": " << got
+                              << " vs " << ref << " (tol " << tol << ")";
+        }
+        for (int64_t j = F; j < ldh; ++j)
+            if (h[static_cast<size_t>(r * ldh + j)] != 0xFFFFu && bad++ < 5)
+                ADD_FAILURE() << "padding written at row " << r;
+    }
+    return bad;
 }
 
 inline cuda::DeviceWeight upload(cuda::CudaContext& ctx, HostMatrix& m) {

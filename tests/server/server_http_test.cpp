@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <csignal>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -77,7 +78,13 @@ protected:
         eo.n_ctx = template_file.empty() ? 64 : 4096;  // a real template renders tools into a long prompt
         eo.n_parallel = parallel;
         eo.max_queue = queue;
-        engine_ = std::make_unique<test::FakeEngine>([this](const GenerationRequest&) { return script_; }, eo, interval);
+        engine_ = std::make_unique<test::FakeEngine>(
+            [this](const GenerationRequest& r) {
+                std::lock_guard<std::mutex> l(prompt_mu_);
+                last_prompt_ = r.prompt;
+                return script_;
+            },
+            eo, interval);
         if (template_file.empty()) {
             tmpl_ = std::make_unique<chat::ChatTemplate>(*chat::builtin_template("chatml"), "", "<|endoftext|>", "chatml");
         } else {
@@ -143,6 +150,12 @@ protected:
 
     std::unique_ptr<Tokenizer> tok_;
     std::vector<int32_t> script_;
+    std::mutex prompt_mu_;
+    std::vector<int32_t> last_prompt_;  // the prompt of the latest request the engine took
+    std::string last_prompt_text() {
+        std::lock_guard<std::mutex> l(prompt_mu_);
+        return tok_->decode(last_prompt_);
+    }
     std::unique_ptr<test::FakeEngine> engine_;
     std::unique_ptr<chat::ChatTemplate> tmpl_;
     std::unique_ptr<HttpServer> server_;
@@ -456,6 +469,77 @@ TEST_F(HttpTest, ReasoningAndToolCallsAreParsed) {
     EXPECT_EQ(Json::parse(one["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
               Json::parse(R"({"city": "Paris"})"));
     EXPECT_EQ(one["finish_reason"], "tool_calls");
+}
+
+// enable_thinking=false end to end: the template closes the think block in
+// the prompt, and the same output then comes back as content, not reasoning
+// (chat, streamed and not; Anthropic's thinking.type "disabled"; Responses'
+// reasoning effort "none"). With thinking on, the prompt opens the block and
+// the output is reasoning.
+TEST_F(HttpTest, EnableThinkingFalseIsHonoured) {
+    const std::string out = "The answer is 4.";
+    start(std::chrono::microseconds(200), 4, 8, "", out, "Qwen3.5-4B.jinja");
+    const auto ends_with = [](const std::string& s, const std::string& t) {
+        return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+    };
+    const std::string closed = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    const std::string open = "<|im_start|>assistant\n<think>\n";
+    const std::string chat = R"({"messages": [{"role": "user", "content": "2+2?"}])";
+
+    auto r = post("/v1/chat/completions", chat + R"(, "chat_template_kwargs": {"enable_thinking": false}})");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_TRUE(ends_with(last_prompt_text(), closed)) << last_prompt_text();
+    Json m = Json::parse(r->body)["choices"][0]["message"];
+    EXPECT_EQ(m["content"], out);
+    EXPECT_FALSE(m.contains("reasoning_content")) << m.dump();
+
+    r = post("/v1/chat/completions", chat + R"(, "stream": true, "chat_template_kwargs": {"enable_thinking": false}})");
+    ASSERT_TRUE(r);
+    std::string content;
+    for (const std::string& e : events(r->body)) {
+        if (e == "[DONE]") break;
+        const Json d = Json::parse(e)["choices"][0]["delta"];
+        EXPECT_FALSE(d.contains("reasoning_content")) << e;
+        if (d.contains("content") && d["content"].is_string()) content += d["content"].get<std::string>();
+    }
+    EXPECT_EQ(content, out);
+
+    // thinking on (the template's default): the prompt opens the block
+    r = post("/v1/chat/completions", chat + "}");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_TRUE(ends_with(last_prompt_text(), open)) << last_prompt_text();
+    m = Json::parse(r->body)["choices"][0]["message"];
+    EXPECT_EQ(m["reasoning_content"], out);
+
+    const std::string msgs = R"({"model": "test-model", "max_tokens": 64, "messages": [{"role": "user", "content": "2+2?"}])";
+    r = post("/v1/messages", msgs + R"(, "thinking": {"type": "disabled"}})");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_TRUE(ends_with(last_prompt_text(), closed)) << last_prompt_text();
+    Json blocks = Json::parse(r->body)["content"];
+    ASSERT_EQ(blocks.size(), 1u) << blocks.dump();
+    EXPECT_EQ(blocks[0]["type"], "text");
+    EXPECT_EQ(blocks[0]["text"], out);
+
+    r = post("/v1/messages", msgs + R"(, "thinking": {"type": "enabled", "budget_tokens": 1024}})");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_TRUE(ends_with(last_prompt_text(), open)) << last_prompt_text();
+    blocks = Json::parse(r->body)["content"];
+    ASSERT_EQ(blocks.size(), 1u) << blocks.dump();
+    EXPECT_EQ(blocks[0]["type"], "thinking");
+    EXPECT_EQ(blocks[0]["thinking"], out);
+
+    r = post("/v1/responses", R"({"model": "test-model", "input": "2+2?", "reasoning": {"effort": "none"}})");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_TRUE(ends_with(last_prompt_text(), closed)) << last_prompt_text();
+    const Json items = Json::parse(r->body)["output"];
+    ASSERT_EQ(items.size(), 1u) << items.dump();
+    EXPECT_EQ(items[0]["type"], "message");
+    EXPECT_EQ(items[0]["content"][0]["text"], out);
 }
 
 // /v1/tokenize and /v1/detokenize: a prompt, messages as the template

@@ -16,6 +16,8 @@ second, which would otherwise cap the measured throughput.
 Usage:
   python3 bench/loadgen.py --base-url http://127.0.0.1:8080/v1 --concurrency 1,4,16,64 \\
       --requests 64 --max-tokens 64 --json /tmp/serve-cpu.json   # then: bench/append_results.py serve-cpu /tmp/serve-cpu.json
+  python3 bench/loadgen.py --concurrency 64 --max-tokens 128 --response-format schema:bench/schemas/loadgen.json
+      # constrained decoding: every request's output under that JSON schema
 Needs the `openai` package (pip install openai).
 """
 
@@ -48,7 +50,7 @@ def pct(values, p):
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-async def one_request(client, model, prompt, max_tokens, seed, temperature):
+async def one_request(client, model, prompt, max_tokens, seed, temperature, response_format=None):
     t0 = time.perf_counter()
     first = None
     last = None
@@ -62,6 +64,7 @@ async def one_request(client, model, prompt, max_tokens, seed, temperature):
         seed=seed,
         stream=True,
         stream_options={"include_usage": True},
+        **({"response_format": response_format} if response_format else {}),
     )
     async for chunk in stream:
         now = time.perf_counter()
@@ -83,7 +86,7 @@ async def one_request(client, model, prompt, max_tokens, seed, temperature):
     }
 
 
-async def run_requests(client, model, conc, indices, max_tokens, seed0, temperature):
+async def run_requests(client, model, conc, indices, max_tokens, seed0, temperature, response_format):
     """Keeps `conc` requests in flight over the request numbers in `indices`."""
     results = []
     todo = list(indices)
@@ -92,13 +95,14 @@ async def run_requests(client, model, conc, indices, max_tokens, seed0, temperat
         while todo:
             i = todo.pop(0)
             results.append(await one_request(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, seed0 + i,
-                                             temperature))
+                                             temperature, response_format))
 
     await asyncio.gather(*(worker() for _ in range(conc)))
     return results
 
 
-def process_main(base_url, api_key, model, conc, indices, max_tokens, seed0, temperature, start_at, out):
+def process_main(base_url, api_key, model, conc, indices, max_tokens, seed0, temperature, response_format, start_at,
+                 out):
     """One client process: waits for the common start time, runs its share, returns its results."""
     from openai import AsyncOpenAI
 
@@ -107,7 +111,7 @@ def process_main(base_url, api_key, model, conc, indices, max_tokens, seed0, tem
         delay = start_at - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        return await run_requests(client, model, conc, indices, max_tokens, seed0, temperature)
+        return await run_requests(client, model, conc, indices, max_tokens, seed0, temperature, response_format)
 
     out.put(asyncio.run(go()))
 
@@ -143,8 +147,8 @@ def run_level(args, model, conc, n_requests, processes):
         share = conc // p + (1 if k < conc % p else 0)
         idx = list(range(k, n_requests, p))
         procs.append(ctx.Process(target=process_main, args=(args.base_url, args.api_key, model, share, idx,
-                                                            args.max_tokens, args.seed, args.temperature, start_at,
-                                                            out)))
+                                                            args.max_tokens, args.seed, args.temperature,
+                                                            args.response_format, start_at, out)))
     for pr in procs:
         pr.start()
     results = []
@@ -168,8 +172,19 @@ async def main():
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of every request (0: greedy)")
     ap.add_argument("--processes", type=int, default=0,
                     help="client processes sharing the streams (default: half the CPUs, at most the concurrency)")
+    ap.add_argument("--response-format", default=None,
+                    help="constrain every request's output: json_object, or schema:FILE (a JSON schema, sent as "
+                         "response_format json_schema)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
+    if args.response_format == "json_object":
+        args.response_format = {"type": "json_object"}
+    elif args.response_format and args.response_format.startswith("schema:"):
+        with open(args.response_format[len("schema:"):]) as f:
+            args.response_format = {"type": "json_schema",
+                                    "json_schema": {"name": "loadgen", "schema": json.load(f), "strict": True}}
+    elif args.response_format:
+        sys.exit("loadgen: --response-format takes json_object or schema:FILE")
     try:
         from openai import AsyncOpenAI
     except ImportError:
@@ -192,7 +207,8 @@ async def main():
               f"{L['itl_ms']['p50']:.1f} / {L['itl_ms']['p90']:.1f} | {L['per_request_decode_tps_median']:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"base_url": args.base_url, "model": model, "max_tokens": args.max_tokens, "temperature": args.temperature, "levels": levels}, f,
+            json.dump({"base_url": args.base_url, "model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
+                       "response_format": args.response_format, "levels": levels}, f,
                       indent=1)
 
 

@@ -94,6 +94,7 @@ int serve(ServeOptions& o) {
     // with --spec, whose draft head keeps a KV cache as long as the pool
     // after it.
     o.dev.kv_fill = o.engine.kv_tokens == 0 && o.engine.spec_draft == 0;
+    o.engine.warm_grammar = true;  // the first request with a JSON schema finds the shared masks made
     if (use_cuda(o.dev)) {
         try {
             engine = make_engine(

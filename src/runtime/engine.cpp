@@ -31,6 +31,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <future>
 #include <list>
 #include <mutex>
 #include <random>
@@ -43,6 +44,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "grammar/token_matcher.h"
+#include "grammar/warm.h"
 #include "runtime/batch_runner.h"
 #include "runtime/paged_kv.h"
 #include "runtime/spec_heads.h"
@@ -130,6 +132,15 @@ public:
         if (o.spec_draft > 0)
             heads_ = std::make_unique<SpecHeads>(make_draft(pool_), cfg_.n_embd, cfg_.n_vocab, kv_->n_blocks(), bs,
                                                  o.n_parallel);
+        if (o.warm_grammar)  // waited for by the first constrained request, or by the destructor
+            warm_ = std::async(std::launch::async, [this] {
+                auto p = grammar::TokenPieces::of(tok_);
+                try {
+                    grammar::warm_json_masks(tok_, p);
+                } catch (const std::exception&) {  // a tokenizer that cannot encode the samples: cold caches
+                }
+                return p;
+            });
         worker_ = std::thread([this] { loop(); });
     }
     ~BatchEngine() override { shutdown(); }
@@ -291,7 +302,7 @@ private:
             s.spec = heads_ && s.req.logit_bias.empty() && s.req.top_logprobs < 0 && !s.req.grammar;
             s.matcher.reset();
             if (s.req.grammar) {
-                if (!pieces_) pieces_ = grammar::TokenPieces::of(tok_);  // once per engine
+                if (!pieces_) pieces_ = warm_.valid() ? warm_.get() : grammar::TokenPieces::of(tok_);  // once per engine
                 s.matcher = std::make_unique<grammar::TokenMatcher>(s.req.grammar, pieces_);
             }
             s.draft_rng.seed(s.req.sampling.seed ^ 0x9E3779B97F4A7C15ull);
@@ -782,6 +793,7 @@ private:
     std::unordered_map<uint64_t, std::list<uint64_t>::iterator> snap_pos_;
     std::unique_ptr<SpecHeads> heads_;  // speculative rounds' draft heads (null: off)
     std::shared_ptr<const grammar::TokenPieces> pieces_;  // the vocabulary's texts, for constrained requests
+    std::future<std::shared_ptr<const grammar::TokenPieces>> warm_;  // EngineOptions::warm_grammar's, until taken
 
     mutable std::mutex mu_;
     std::condition_variable cv_;

@@ -101,6 +101,11 @@ struct EngineOptions {
     /// prefix cache (each one sequence's state; least recently used out).
     /// -1: as many as n_parallel. 0: prompts with a cached start recompute it.
     int state_snapshots = -1;
+    /// At start, build the vocabulary's token texts for constrained requests
+    /// and fill their mask caches from sample JSON documents on a thread of
+    /// their own (grammar/warm.h), so that the first request with a schema
+    /// finds them (`quern serve`). Off: on the first constrained request.
+    bool warm_grammar = false;
 };
 
 /// Counters for /metrics (monotonic unless noted).

@@ -135,7 +135,9 @@ TEST(Grammar, JsonAcceptsRandomDocumentsAndRefusesBrokenOnes) {
 
 #include <chrono>
 
+#include "grammar/json_schema.h"
 #include "grammar/token_matcher.h"
+#include "grammar/warm.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -190,6 +192,40 @@ TEST(TokenMatcher, MasksFollowTheGrammar) {
     }
     std::printf("mask on a %d-token vocabulary: at most %.1f ms per step; a cached state %.0f us per step\n",
                 tok->n_vocab(), worst_ms, total_us / static_cast<double>(ids.size() + 1));
+}
+
+// The warm-up walks its sample documents to the end (so it reaches the chains
+// it is for), and masks from warmed caches equal those built on demand, step
+// by step, for a schema of its own.
+TEST(TokenMatcher, WarmedCachesGiveTheSameMasks) {
+    auto tok = Tokenizer::from_file(std::string(QUERN_TESTDATA_DIR) + "/vocab/ggml-vocab-gpt-2.gguf");
+    const auto warmed = grammar::TokenPieces::of(*tok);
+    const grammar::WarmStats st = grammar::warm_json_masks(*tok, warmed);
+    EXPECT_EQ(st.documents, 2);
+    EXPECT_EQ(st.accepted, st.documents);
+    EXPECT_GT(st.steps, 150);
+    const auto cold = grammar::TokenPieces::of(*tok);
+    const auto g = grammar::json_schema_grammar(nlohmann::ordered_json::parse(
+        R"({"type":"object","properties":{"title":{"type":"string","maxLength":20},"year":{"type":"integer"},
+            "genres":{"type":"array","items":{"enum":["drama","comedy"]}}},"required":["title","year","genres"]})"));
+    const std::vector<int32_t> ids =
+        tok->encode(R"({"title":"Rashomon","year":1950,"genres":["drama"]})", false, false);
+    grammar::TokenMatcher a(g, warmed), b(g, cold);
+    std::vector<float> la(static_cast<size_t>(tok->n_vocab())), lb(la.size());
+    for (size_t i = 0; i <= ids.size(); ++i) {
+        std::fill(la.begin(), la.end(), 0.0f);
+        std::fill(lb.begin(), lb.end(), 0.0f);
+        EXPECT_EQ(a.mask(la.data()), b.mask(lb.data())) << "step " << i;
+        for (size_t t = 0; t < la.size(); ++t)
+            if (std::isinf(la[t]) != std::isinf(lb[t])) {
+                ADD_FAILURE() << "step " << i << ": token " << t << " differs";
+                break;
+            }
+        if (i == ids.size()) break;
+        ASSERT_TRUE(a.accept(ids[i]));
+        ASSERT_TRUE(b.accept(ids[i]));
+    }
+    EXPECT_TRUE(a.accepting());
 }
 
 }  // namespace

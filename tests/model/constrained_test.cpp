@@ -3,7 +3,9 @@
 // with many seeds and greedy, all come back as JSON objects that parse (or,
 // cut at max_tokens, as a prefix the grammar still accepts); a small GBNF
 // grammar's sentences likewise; and constrained and free requests share
-// batches without touching each other's tokens.
+// batches without touching each other's tokens. Once with the masks built on
+// demand, once with the engine's start-up warm-up (EngineOptions::
+// warm_grammar, as `quern serve` runs), which the first requests wait for.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -29,8 +31,7 @@ struct Out {
     bool done = false;
 };
 
-TEST(Constrained, JsonObjectsAndGrammarsFromTheDefaultModel) {
-    if (!test::have_default_model()) GTEST_SKIP() << "default model missing";
+void check_constrained_requests(bool warm_grammar) {
     auto file = std::make_shared<GgufFile>(test::default_model_path());
     auto model = Model::from_gguf(file);
     auto tok = Tokenizer::from_gguf(*file);
@@ -38,6 +39,7 @@ TEST(Constrained, JsonObjectsAndGrammarsFromTheDefaultModel) {
     o.n_ctx = 512;
     o.n_parallel = 8;
     o.n_threads = 2;
+    o.warm_grammar = warm_grammar;
     auto engine = make_engine(*model, *tok, o);
     const auto json = grammar::Grammar::json(true);
     const auto digits = grammar::Grammar::parse(R"(root ::= "The answer is " [1-9] [0-9]? "." )");
@@ -92,6 +94,16 @@ TEST(Constrained, JsonObjectsAndGrammarsFromTheDefaultModel) {
         }
     }
     EXPECT_GT(whole, kRequests / 3) << "most constrained requests should finish within 160 tokens";
+}
+
+TEST(Constrained, JsonObjectsAndGrammarsFromTheDefaultModel) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model missing";
+    check_constrained_requests(false);
+}
+
+TEST(Constrained, TheSameRightAfterTheStartUpWarmUp) {
+    if (!test::have_default_model()) GTEST_SKIP() << "default model missing";
+    check_constrained_requests(true);
 }
 
 }  // namespace

@@ -261,7 +261,21 @@ private:
         stats_.kv_tokens_used = kv_->used_blocks() * kv_->block_size();
     }
 
+    /// The warm-up's token texts (EngineOptions::warm_grammar), taken outside
+    /// mu_ once it is done or a constrained request waits for it, so that
+    /// submit() and /metrics never wait on the warm-up behind the lock.
+    void take_warm_pieces() {
+        if (pieces_ || !warm_.valid()) return;
+        bool wanted = false;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            for (const Pending& p : waiting_) wanted = wanted || p.req.grammar != nullptr;
+        }
+        if (wanted || warm_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) pieces_ = warm_.get();
+    }
+
     void admit() {
+        take_warm_pieces();
         std::unique_lock<std::mutex> lk(mu_);
         for (uint64_t id : cancelled_) {
             for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
